@@ -1,0 +1,32 @@
+// Building components from resolved spec nodes through the registry (Megatron's
+// ModuleSpec, by name): a node `{"impl": NAME, ...options}` in a slot of kind K is built by
+// the factory (K, NAME), which builds its own child nodes through IBuildContext.
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "core/plugin/plugin_manager.h"
+#include "loom/object.h"
+
+namespace loom::core {
+
+/// Deletes an IObject through its own library.
+struct ObjectDeleter {
+  void operator()(IObject* object) const {
+    if (object != nullptr) object->destroy();
+  }
+};
+using ObjectPtr = std::unique_ptr<IObject, ObjectDeleter>;
+
+/// Builds the component at `pointer` of kind `kind` from the resolved `node`.
+/// Throws SpecError (unknown impl), PluginError (factory failed or returned the wrong kind).
+/// \param plugins  loaded plugins (their registry and host)
+/// \param node     the resolved spec node, with "impl"
+/// \param kind     the interface the slot requires
+/// \param pointer  JSON pointer of the node, for messages
+ObjectPtr build_component(PluginManager& plugins, const nlohmann::json& node,
+                          const InterfaceInfo& kind, const std::string& pointer);
+
+}  // namespace loom::core

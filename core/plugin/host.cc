@@ -1,0 +1,104 @@
+#include "core/plugin/host.h"
+
+#include <cstdlib>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "core/util/log.h"
+#include "core/version.h"
+#include "loom/cpp/error.h"
+#include "loom/kinds.h"
+
+namespace loom::core {
+namespace {
+
+std::string_view sv(StringView s) { return {s.data == nullptr ? "" : s.data, s.size}; }
+
+}  // namespace
+
+InterfaceInfo Host::interface_info() const noexcept { return kinds::kHost; }
+
+StringView Host::core_version() const noexcept { return make_string_view(kLoomVersion); }
+
+void Host::log(LogLevel level, StringView source, StringView message) noexcept {
+  try {
+    core::log(level, sv(source), sv(message));
+  } catch (...) {
+    // Logging must never take the process down.
+  }
+}
+
+Status Host::allocate(Device device, uint64_t bytes, uint64_t alignment, void** out) noexcept {
+  return guard([&] {
+    *out = nullptr;
+    if (device.type != DeviceType::kCpu)
+      fail(Code::kUnavailable,
+           fmt::format("no allocator for device type {} in this process: load the kernel "
+                       "library of that device (spec /kernels)",
+                       static_cast<int>(device.type)));
+    if (bytes == 0) return;
+    if (alignment < 64) alignment = 64;
+    if ((alignment & (alignment - 1)) != 0)
+      fail(Code::kInvalidArgument, fmt::format("alignment {} is not a power of two", alignment));
+    uint64_t rounded = (bytes + alignment - 1) / alignment * alignment;
+    void* p = std::aligned_alloc(alignment, rounded);
+    if (p == nullptr)
+      fail(Code::kResourceExhausted,
+           fmt::format("out of host memory allocating {} bytes (in use: {} bytes)", bytes,
+                       cpu_memory().current));
+    std::lock_guard<std::mutex> lock(mutex_);
+    cpu_blocks_[p] = rounded;
+    cpu_stats_.current += rounded;
+    if (cpu_stats_.current > cpu_stats_.peak) cpu_stats_.peak = cpu_stats_.current;
+    *out = p;
+  });
+}
+
+void Host::deallocate(Device device, void* pointer) noexcept {
+  if (pointer == nullptr || device.type != DeviceType::kCpu) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = cpu_blocks_.find(pointer);
+  if (it == cpu_blocks_.end()) {
+    core::log(LogLevel::kError, "allocator", "deallocate of a pointer this allocator did not give out");
+    return;
+  }
+  cpu_stats_.current -= it->second;
+  cpu_blocks_.erase(it);
+  std::free(pointer);
+}
+
+MemoryStats Host::cpu_memory() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return cpu_stats_;
+}
+
+Status Host::find_kernel(StringView op, DeviceType device, DType dtype, const OpCall* example,
+                         KernelDesc* out) noexcept {
+  return guard([&] {
+    std::string name(sv(op));
+    auto candidates = registry_->kernels(name, device, dtype);
+    for (const KernelEntry* k : candidates) {
+      if (example != nullptr && k->desc.supports != nullptr && !k->desc.supports(example)) continue;
+      *out = k->desc;
+      return;
+    }
+    fail(Code::kNotFound,
+         fmt::format("no kernel for op '{}' on device type {} with dtype {}{}: load a kernel "
+                     "library that provides it",
+                     name, static_cast<int>(device), dtype_name(dtype),
+                     candidates.empty() ? "" : " (registered kernels reject these shapes)"));
+  });
+}
+
+Status Host::communicator(StringView dims, ICommunicator** out) noexcept {
+  return guard([&] {
+    *out = nullptr;
+    fail(Code::kUnavailable,
+         fmt::format("no communicator for process group '{}': this process was started without "
+                     "a process grid",
+                     sv(dims)));
+  });
+}
+
+}  // namespace loom::core

@@ -1,0 +1,49 @@
+// Host: the core's implementation of loom::IHost, the services plugins reach.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "core/plugin/registry.h"
+#include "loom/host.h"
+
+namespace loom::core {
+
+/// Memory figures of one device, in bytes.
+struct MemoryStats {
+  uint64_t current = 0;
+  uint64_t peak = 0;
+};
+
+class Host final : public IHost {
+ public:
+  /// \param registry  where kernels are looked up; must outlive the host
+  /// \param seed      the run's base seed
+  Host(const Registry* registry, uint64_t seed) : registry_(registry), seed_(seed) {}
+  virtual ~Host() = default;
+
+  InterfaceInfo interface_info() const noexcept override;
+  StringView core_version() const noexcept override;
+  void log(LogLevel level, StringView source, StringView message) noexcept override;
+  Status allocate(Device device, uint64_t bytes, uint64_t alignment, void** out) noexcept override;
+  void deallocate(Device device, void* pointer) noexcept override;
+  Status find_kernel(StringView op, DeviceType device, DType dtype, const OpCall* example,
+                     KernelDesc* out) noexcept override;
+  Status communicator(StringView dims, ICommunicator** out) noexcept override;
+  uint64_t seed() const noexcept override { return seed_; }
+
+  /// Memory use of the CPU allocator.
+  MemoryStats cpu_memory() const;
+
+ private:
+  const Registry* registry_;
+  uint64_t seed_;
+  mutable std::mutex mutex_;
+  std::map<void*, uint64_t> cpu_blocks_;  // live allocations: pointer -> bytes
+  MemoryStats cpu_stats_;
+};
+
+}  // namespace loom::core

@@ -1,0 +1,124 @@
+// The schema of the core's own spec sections. Components (model, optimizer, ...) are
+// `x-loom-component` slots: their options are checked against the schema of whatever
+// implementation the spec selects.
+#include <nlohmann/json.hpp>
+
+#include "core/spec/spec.h"
+
+namespace loom::core {
+namespace {
+
+constexpr const char* kCoreSchema = R"json({
+  "type": "object",
+  "additionalProperties": false,
+  "properties": {
+    "model": {"x-loom-component": "model", "description": "the network"},
+    "parallel": {
+      "type": "object", "default": {}, "additionalProperties": false,
+      "description": "process grid sizes, in Megatron's order tp, cp, ep, dp, pp",
+      "properties": {
+        "tp": {"type": "integer", "minimum": 1, "default": 1, "description": "tensor parallel"},
+        "cp": {"type": "integer", "minimum": 1, "default": 1, "description": "context parallel"},
+        "ep": {"type": "integer", "minimum": 1, "default": 1, "description": "expert parallel"},
+        "dp": {"type": "integer", "minimum": 1, "default": 1, "description": "data parallel"},
+        "pp": {"type": "integer", "minimum": 1, "default": 1, "description": "pipeline parallel"},
+        "vpp": {"type": "integer", "minimum": 1, "default": 1,
+                "description": "virtual pipeline chunks per pipeline rank"},
+        "sequence_parallel": {"type": "boolean", "default": false},
+        "distributed_optimizer": {"type": "boolean", "default": false},
+        "pipeline_schedule": {"x-loom-component": "pipeline_schedule"},
+        "comm_backend": {"x-loom-component": "comm_backend"}
+      }
+    },
+    "precision": {
+      "type": "object", "default": {}, "additionalProperties": false,
+      "properties": {
+        "params": {"enum": ["f32", "bf16", "f16"], "default": "f32",
+                   "description": "dtype of parameters and activations"},
+        "master_weights": {"enum": ["f32"], "default": "f32"},
+        "initial_loss_scale": {"type": "number", "exclusiveMinimum": 0, "default": 65536,
+                               "description": "f16 only: dynamic loss scaling start"},
+        "min_loss_scale": {"type": "number", "exclusiveMinimum": 0, "default": 1},
+        "loss_scale_window": {"type": "integer", "minimum": 1, "default": 1000},
+        "hysteresis": {"type": "integer", "minimum": 1, "default": 2},
+        "fp8": {"x-loom-component": "fp8_recipe"}
+      }
+    },
+    "optimizer": {"x-loom-component": "optimizer"},
+    "lr_schedule": {"x-loom-component": "lr_schedule"},
+    "data": {
+      "type": "object", "default": {}, "additionalProperties": false,
+      "properties": {
+        "paths": {"type": "array", "items": {"type": ["string", "number"]},
+                  "description": "dataset prefixes, optionally preceded by blend weights"},
+        "split": {"type": "string", "pattern": "^[0-9.]+(,[0-9.]+){0,2}$", "default": "949,50,1"},
+        "tokenizer": {"type": "object"}
+      }
+    },
+    "train": {
+      "type": "object", "default": {}, "additionalProperties": false,
+      "properties": {
+        "steps": {"type": "integer", "minimum": 1, "default": 1000},
+        "micro_batch_size": {"type": "integer", "minimum": 1, "default": 1},
+        "global_batch_size": {"type": "integer", "minimum": 1,
+                              "description": "default: micro_batch_size x dp"},
+        "seq_length": {"type": "integer", "minimum": 1, "default": 1024},
+        "seed": {"type": "integer", "minimum": 0, "default": 1234},
+        "device": {"enum": ["cpu", "cuda"], "default": "cpu"},
+        "grad_clip": {"type": "number", "minimum": 0, "default": 1.0},
+        "log_interval": {"type": "integer", "minimum": 1, "default": 10},
+        "eval_interval": {"type": "integer", "minimum": 1, "default": 100},
+        "eval_steps": {"type": "integer", "minimum": 1, "default": 10},
+        "max_nonfinite_steps": {"type": "integer", "minimum": 1, "default": 3},
+        "recompute": {"enum": ["none", "selective", "full"], "default": "none"}
+      }
+    },
+    "checkpoint": {
+      "type": "object", "default": {}, "additionalProperties": false,
+      "properties": {
+        "format": {"x-loom-component": "checkpoint_format"},
+        "dir": {"type": "string"},
+        "interval": {"type": "integer", "minimum": 1},
+        "keep": {"type": "integer", "minimum": 1, "default": 3},
+        "resume": {"enum": ["none", "auto"], "default": "none"}
+      }
+    },
+    "plugins": {
+      "type": "object", "default": {}, "additionalProperties": false,
+      "properties": {
+        "search_paths": {"type": "array", "items": {"type": "string", "minLength": 1},
+                         "default": [],
+                         "description": "directories searched first, relative to the spec"},
+        "load": {"type": "array", "items": {"type": "string", "minLength": 1}, "default": [],
+                 "description": "plugins loaded even when no impl names them"},
+        "options": {"type": "object", "default": {},
+                    "additionalProperties": {"type": "object"},
+                    "description": "per-plugin init options, by plugin name"}
+      }
+    },
+    "kernels": {
+      "type": "object", "default": {}, "additionalProperties": false,
+      "properties": {
+        "pin": {"type": "object", "default": {}, "additionalProperties": {"type": "string"},
+                "description": "op name -> kernel name that must serve it"}
+      }
+    },
+    "log": {
+      "type": "object", "default": {}, "additionalProperties": false,
+      "properties": {
+        "level": {"enum": ["debug", "info", "warning", "error"], "default": "info"},
+        "run_dir": {"type": "string",
+                    "description": "where metrics and the resolved spec go; default runs/<spec name>"}
+      }
+    }
+  }
+})json";
+
+}  // namespace
+
+const nlohmann::json& core_spec_schema() {
+  static const nlohmann::json schema = nlohmann::json::parse(kCoreSchema);
+  return schema;
+}
+
+}  // namespace loom::core

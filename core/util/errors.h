@@ -1,0 +1,47 @@
+// Error categories of the core and the exit codes the `loom` command maps them to.
+//
+// User errors are exceptions inside the core (loom::Error and the classes below); the
+// command line turns each into one clean message and the documented exit code.
+#pragma once
+
+#include <string>
+
+#include "loom/cpp/error.h"
+
+namespace loom::core {
+
+/// Exit codes of the `loom` command (documented in README.md and `loom --help`).
+enum ExitCode : int {
+  kExitOk = 0,
+  kExitInternal = 1,     ///< a bug in loom: please report it
+  kExitUsage = 2,        ///< bad command-line arguments
+  kExitSpec = 3,         ///< the spec is malformed or breaks a rule
+  kExitPlugin = 4,       ///< a plugin is missing, unloadable or misbehaves
+  kExitIo = 5,           ///< a file could not be read or written
+  kExitRuntime = 6,      ///< training failed while running
+  kExitUnavailable = 7,  ///< something the run needs is not available here
+  kExitInterrupted = 130,
+};
+
+/// A problem with a plugin (loading, ABI, registration, init).
+class PluginError : public Error {
+ public:
+  PluginError(Code code, std::string message) : Error(code, std::move(message)) {}
+};
+
+/// A file that cannot be read or written.
+class IoError : public Error {
+ public:
+  explicit IoError(std::string message) : Error(Code::kIoError, std::move(message)) {}
+};
+
+/// A bad command line.
+class UsageError : public Error {
+ public:
+  explicit UsageError(std::string message) : Error(Code::kInvalidArgument, std::move(message)) {}
+};
+
+/// Maps an exception caught at the top of the command to its exit code.
+int exit_code_for(const std::exception& error);
+
+}  // namespace loom::core

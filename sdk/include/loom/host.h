@@ -1,0 +1,65 @@
+// IHost: everything a plugin needs from the core, handed to the plugin's `init`.
+//
+// Plugins link no loom library: there is one core, one registry and one allocator per
+// process, and they are reached only through this interface. The pointer stays valid until
+// the plugin's `shutdown` returns.
+#pragma once
+
+#include <stdint.h>
+
+#include "loom/kernel.h"
+#include "loom/object.h"
+#include "loom/status.h"
+#include "loom/types.h"
+
+namespace loom {
+
+class ICommunicator;
+
+/// Services of the core. Version 1.0; methods are only appended.
+class IHost {
+ public:
+  /// Returns kinds::kHost with the version the core implements.
+  virtual InterfaceInfo interface_info() const noexcept = 0;
+
+  /// Version string of the running loom ("0.1.0").
+  virtual StringView core_version() const noexcept = 0;
+
+  /// Writes one log line through the core's logger.
+  /// \param level   severity
+  /// \param source  who speaks, e.g. the plugin's name
+  /// \param message the text, without a trailing newline
+  virtual void log(LogLevel level, StringView source, StringView message) noexcept = 0;
+
+  /// Allocates device memory from the core's allocator (tracked in the memory figures).
+  /// \param device     where to allocate
+  /// \param bytes      size; 0 gives a null pointer and kOk
+  /// \param alignment  power of two, at least 64 is always honoured
+  /// \param[out] out   the memory
+  virtual Status allocate(Device device, uint64_t bytes, uint64_t alignment,
+                          void** out) noexcept = 0;
+
+  /// Returns memory from `allocate` to the core's allocator. Null is a no-op.
+  virtual void deallocate(Device device, void* pointer) noexcept = 0;
+
+  /// Resolves the kernel for an op: a spec pin first, then the highest-priority kernel
+  /// whose `supports` accepts `example`.
+  /// \param op        op name, e.g. "gemm"
+  /// \param device    device family
+  /// \param dtype     the dtype the op keys on
+  /// \param example   a call with the shapes to be used (data may be null), or null
+  /// \param[out] out  a copy of the chosen kernel's descriptor
+  virtual Status find_kernel(StringView op, DeviceType device, DType dtype,
+                             const OpCall* example, KernelDesc* out) noexcept = 0;
+
+  /// Returns the communicator of a process group named by grid dimensions, e.g. "tp",
+  /// "dp", "tp,cp" (DESIGN.md section 5). Owned by the core.
+  /// \param dims      comma-separated dimension names
+  /// \param[out] out  the communicator; a single-process run has only size-1 groups
+  virtual Status communicator(StringView dims, ICommunicator** out) noexcept = 0;
+
+  /// The run's base seed (spec /train/seed), for plugins that draw random numbers.
+  virtual uint64_t seed() const noexcept = 0;
+};
+
+}  // namespace loom

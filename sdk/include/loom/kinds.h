@@ -1,0 +1,45 @@
+// The interface kinds that plugins implement, each with the (major, minor) version these
+// headers describe. A spec node's `"impl"` names a factory registered for one of them.
+//
+// New kinds are appended; an existing kind changes its major only with the ABI major.
+#pragma once
+
+#include "loom/types.h"
+
+namespace loom::kinds {
+
+// Modules (loom/kinds/module.h and the headers beside it).
+inline constexpr InterfaceInfo kModel{"model", 1, 0};              ///< whole network
+inline constexpr InterfaceInfo kLayer{"layer", 1, 0};              ///< one transformer layer
+inline constexpr InterfaceInfo kModule{"module", 1, 0};            ///< any other module
+inline constexpr InterfaceInfo kAttention{"attention", 1, 0};      ///< attention core
+inline constexpr InterfaceInfo kMlp{"mlp", 1, 0};                  ///< feed-forward block
+inline constexpr InterfaceInfo kNorm{"norm", 1, 0};                ///< LayerNorm, RMSNorm, ...
+inline constexpr InterfaceInfo kMixer{"mixer", 1, 0};              ///< sequence mixer (Mamba)
+inline constexpr InterfaceInfo kRouter{"router", 1, 0};            ///< MoE router
+inline constexpr InterfaceInfo kMoeDispatcher{"moe_dispatcher", 1, 0};  ///< MoE token moves
+// Numerics and training.
+inline constexpr InterfaceInfo kFp8Recipe{"fp8_recipe", 1, 0};
+inline constexpr InterfaceInfo kOptimizer{"optimizer", 1, 0};
+inline constexpr InterfaceInfo kLrSchedule{"lr_schedule", 1, 0};
+inline constexpr InterfaceInfo kPipelineSchedule{"pipeline_schedule", 1, 0};
+// Infrastructure.
+inline constexpr InterfaceInfo kCheckpointFormat{"checkpoint_format", 1, 0};
+inline constexpr InterfaceInfo kCommBackend{"comm_backend", 1, 0};
+// Not spec-selected kinds, but versioned the same way.
+inline constexpr InterfaceInfo kFactory{"factory", 1, 0};
+inline constexpr InterfaceInfo kHost{"host", 1, 0};
+inline constexpr InterfaceInfo kRegistry{"registry", 1, 0};
+inline constexpr InterfaceInfo kBuildContext{"build_context", 1, 0};
+inline constexpr InterfaceInfo kForwardContext{"forward_context", 1, 0};
+inline constexpr InterfaceInfo kCommunicator{"communicator", 1, 0};
+inline constexpr InterfaceInfo kKernel{"kernel", 1, 0};  ///< op kernels, loom/kernel.h
+
+/// Every kind a factory may be registered for, in the order `loom plugins list` prints.
+inline constexpr InterfaceInfo kComponentKinds[] = {
+    kModel,     kLayer,        kModule,      kAttention,   kMlp,
+    kNorm,      kMixer,        kRouter,      kMoeDispatcher, kFp8Recipe,
+    kOptimizer, kLrSchedule,   kPipelineSchedule, kCheckpointFormat, kCommBackend,
+};
+
+}  // namespace loom::kinds

@@ -1,0 +1,59 @@
+// kinds::kFp8Recipe: how tensors are scaled into FP8 for GEMMs (delayed scaling with an
+// amax history, current per-tensor scaling, blockwise, MXFP8).
+//
+// A GEMM-bearing module asks the recipe for a quantiser per operand (by role) when it is
+// built; the recipe owns the scaling state (amax history, scale) of that quantiser.
+#pragma once
+
+#include <stdint.h>
+
+#include "loom/kinds/module.h"
+
+namespace loom {
+
+/// Which operand a quantiser serves; recipes may treat them differently (E4M3 forward,
+/// E5M2 gradients in the "hybrid" format).
+enum class Fp8Role : int32_t {
+  kActivation = 0,
+  kWeight = 1,
+  kGradOutput = 2,
+};
+
+/// Scaling granularity of the quantised output.
+enum class Fp8Granularity : int32_t {
+  kPerTensor = 0,  ///< one scale
+  kBlock1x128 = 1, ///< one scale per 1x128 block (activations, blockwise recipe)
+  kBlock128x128 = 2,
+  kMx1x32 = 3,     ///< MXFP8: one E8M0 scale per 32 elements
+};
+
+/// Describes what `quantize` produces for one quantiser.
+struct Fp8QuantizerInfo {
+  uint32_t struct_size;
+  DType dtype;                  ///< kF8E4M3 or kF8E5M2
+  Fp8Granularity granularity;
+  DType scale_dtype;            ///< kF32 or kF8E8M0
+};
+
+class IFp8Recipe : public IObject {
+ public:
+  /// Creates (or returns) the quantiser for `role` of the module `owner`.
+  /// \param owner      the module (its `this`)
+  /// \param role       operand role
+  /// \param[out] id    handle used in the calls below
+  /// \param[out] info  output dtype and scale layout
+  virtual Status quantizer(const void* owner, Fp8Role role, int32_t* id,
+                           Fp8QuantizerInfo* info) noexcept = 0;
+  /// Quantises `input` (f32/bf16/f16) into `output` and writes the scales the GEMM must
+  /// multiply by (scale_inv), recording the amax for the recipe's state.
+  virtual Status quantize(int32_t id, const TensorView* input, TensorView* output,
+                          TensorView* scale_inv, void* stream) noexcept = 0;
+  /// Called once per optimizer step, after the step: update amax histories and scales
+  /// (reduced over the given communicator when not null).
+  virtual Status step_end(class ICommunicator* amax_group, void* stream) noexcept = 0;
+
+ protected:
+  ~IFp8Recipe() = default;
+};
+
+}  // namespace loom

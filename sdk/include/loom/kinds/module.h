@@ -1,0 +1,128 @@
+// IModule: the common shape of every trainable part (model, layer, attention, mlp, norm,
+// mixer, router, any other module), and IForwardContext, the per-micro-batch state.
+//
+// A module declares its parameters with their parallel layout; the core allocates them
+// (and their gradients) and binds views. Forward and backward are explicit and side by
+// side. Anything backward needs is saved in the forward context, never in the module, so a
+// pipeline schedule can keep several micro-batches in flight. Activation recomputation is
+// a policy of the context (DESIGN.md section 4).
+#pragma once
+
+#include <stdint.h>
+
+#include "loom/object.h"
+#include "loom/status.h"
+#include "loom/types.h"
+
+namespace loom {
+
+/// Flags of a parameter (ParamInfo::flags).
+enum ParamFlags : uint32_t {
+  kParamNone = 0,
+  kParamNoWeightDecay = 1u << 0,    ///< norms and biases: AdamW skips decay
+  kParamSequenceParallel = 1u << 1, ///< replicated in TP but computed on sequence shards:
+                                    ///< its gradient is all-reduced over the TP group
+  kParamExpert = 1u << 2,           ///< owned by one expert-parallel rank (expert_index)
+  kParamTiedEmbedding = 1u << 3,    ///< shared between embedding and output layer
+  kParamFrozen = 1u << 4,           ///< no gradient, not updated
+};
+
+/// How a parameter starts out (ParamInfo::init).
+enum class ParamInit : int32_t {
+  kZeros = 0,
+  kOnes = 1,
+  kNormal = 2,        ///< normal(0, init_std)
+  kScaledNormal = 3,  ///< normal(0, init_std / sqrt(2 * num_layers)), output projections
+  kUniform = 4,       ///< uniform(-init_std, init_std)
+  kCustom = 5,        ///< the module fills it in IModule::init_param
+};
+
+/// One parameter declared by a module, with its parallel layout. The layout is what the
+/// optimizer, the gradient reduction and the checkpoint formats read; nothing guesses it.
+struct ParamInfo {
+  uint32_t struct_size;              ///< sizeof(ParamInfo) of the module's library
+  const char* name;                  ///< name within the module, e.g. "weight"; static
+  DType dtype;                       ///< storage dtype of the parameter
+  int32_t ndim;                      ///< rank of the shapes below
+  int64_t shape[kMaxDims];           ///< shape on this rank
+  int64_t global_shape[kMaxDims];    ///< shape of the whole tensor across ranks
+  int32_t tp_split_dim;              ///< dimension split over the TP group, -1 if none
+  int32_t expert_index;              ///< global expert id when kParamExpert, else -1
+  uint32_t flags;                    ///< ParamFlags
+  ParamInit init;                    ///< initialisation rule
+  float init_std;                    ///< scale for kNormal / kScaledNormal / kUniform
+};
+
+/// Activation recomputation policy of a forward context.
+enum class RecomputePolicy : int32_t {
+  kNone = 0,       ///< save what backward needs
+  kSelective = 1,  ///< recompute the attention core (and modules that opt in)
+  kFull = 2,       ///< save only module inputs, rerun forward in backward
+};
+
+/// State of one micro-batch between its forward and its backward. Owned by the core.
+class IForwardContext {
+ public:
+  /// kinds::kForwardContext.
+  virtual InterfaceInfo interface_info() const noexcept = 0;
+  /// True in training (dropout on, tensors saved for backward).
+  virtual bool training() const noexcept = 0;
+  /// The recomputation policy for this micro-batch.
+  virtual RecomputePolicy recompute() const noexcept = 0;
+  /// Index of the micro-batch within the step (for RNG streams and debugging).
+  virtual int32_t micro_batch() const noexcept = 0;
+  /// Allocates an activation tensor that lives until the context is released.
+  /// \param dtype, ndim, shape  what to allocate (contiguous)
+  /// \param device              where
+  /// \param[out] out            the view
+  virtual Status allocate(DType dtype, int32_t ndim, const int64_t* shape, Device device,
+                          TensorView* out) noexcept = 0;
+  /// Keeps `tensor` for backward under (owner, slot). The context takes a reference: the
+  /// memory must come from `allocate` of this context or be a bound parameter.
+  /// \param owner  the module saving it (its `this`), so slots of modules do not clash
+  /// \param slot   small integer chosen by the module
+  virtual Status save(const void* owner, int32_t slot, const TensorView* tensor) noexcept = 0;
+  /// Returns what `save` kept under (owner, slot); kNotFound when nothing was saved.
+  virtual Status load(const void* owner, int32_t slot, TensorView* out) noexcept = 0;
+  /// A Philox-style counter-based random stream for (owner, purpose), reproducible for
+  /// the run's seed, the step and the micro-batch: returns the key and the first counter.
+  virtual void rng(const void* owner, uint64_t purpose, uint64_t* key, uint64_t* counter) noexcept = 0;
+};
+
+/// Base of every trainable module. Inputs and outputs are positional; each kind's header
+/// documents its own positions and shapes.
+class IModule : public IObject {
+ public:
+  /// Number of parameters this module declares directly (children declare their own).
+  virtual int32_t param_count() const noexcept = 0;
+  /// Describes parameter `index` in [0, param_count()).
+  virtual Status param_info(int32_t index, ParamInfo* out) const noexcept = 0;
+  /// Gives the module the storage of parameter `index` and of its gradient (the core owns
+  /// both; the gradient view is accumulated into by backward, never overwritten).
+  virtual Status bind_param(int32_t index, const TensorView* param,
+                            const TensorView* grad) noexcept = 0;
+  /// Fills parameter `index` when its init is kCustom.
+  virtual Status init_param(int32_t index, uint64_t seed) noexcept = 0;
+  /// Number of child modules (built from the spec node's child slots).
+  virtual int32_t child_count() const noexcept = 0;
+  /// Child `index` and its name ("attention", "layers.3").
+  virtual Status child(int32_t index, StringView* name, IModule** out) noexcept = 0;
+
+  /// Forward pass.
+  /// \param ctx       the micro-batch context
+  /// \param inputs    [num_inputs] input views
+  /// \param[out] outputs  [num_outputs]; the module allocates them from ctx
+  virtual Status forward(IForwardContext* ctx, const TensorView* inputs, int32_t num_inputs,
+                         TensorView* outputs, int32_t num_outputs) noexcept = 0;
+  /// Backward pass: gradients of the outputs in, gradients of the inputs out (allocated
+  /// from ctx; an input that needs no gradient gets a view with data == null), and the
+  /// parameter gradients accumulated into the bound grad views.
+  virtual Status backward(IForwardContext* ctx, const TensorView* grad_outputs,
+                          int32_t num_grad_outputs, TensorView* grad_inputs,
+                          int32_t num_grad_inputs) noexcept = 0;
+
+ protected:
+  ~IModule() = default;
+};
+
+}  // namespace loom

@@ -1,0 +1,37 @@
+// Test helpers: lay out plugin directories from the test plugins in runfiles, and run the
+// loom binary capturing its exit code, stdout and stderr.
+#pragma once
+
+#include <filesystem>
+#include <string>
+
+namespace loom::testing {
+
+/// $TEST_TMPDIR/<name>, created empty (removed first if it exists).
+std::filesystem::path fresh_dir(const std::string& name);
+
+/// Copies test plugin `package` (a folder under tests/plugins, e.g. "good") into
+/// `root`/<plugin name>/ as plugin.json + libloom_<plugin name>.so. Returns the plugin dir.
+std::filesystem::path install_test_plugin(const std::filesystem::path& root,
+                                          const std::string& package,
+                                          const std::string& plugin_name);
+
+/// Writes `text` to `path` (creating parent directories).
+void write_file(const std::filesystem::path& path, const std::string& text);
+
+/// Reads a whole file.
+std::string read_file(const std::filesystem::path& path);
+
+/// Result of running a command.
+struct RunResult {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+/// Runs the loom binary (from runfiles) with `args` (already shell-quoted as needed) and
+/// the environment prefix `env` ("LOOM_PLUGIN_PATH=/x"), in directory `cwd`.
+RunResult run_loom(const std::string& args, const std::string& env = "",
+                   const std::filesystem::path& cwd = {});
+
+}  // namespace loom::testing

@@ -1,0 +1,46 @@
+// The subcommands of `loom`. Each returns the process exit code (core/util/errors.h) and
+// throws loom::Error subclasses for user errors, which main() prints as one line.
+#pragma once
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/plugin/catalog.h"
+#include "core/plugin/plugin_manager.h"
+#include "core/spec/spec.h"
+#include "tools/cli/args.h"
+
+namespace loom::cli {
+
+int cmd_version(const std::vector<std::string>& argv);
+int cmd_plugins(const std::vector<std::string>& argv);
+int cmd_spec(const std::vector<std::string>& argv);
+int cmd_train(const std::vector<std::string>& argv);
+
+/// A spec read from disk, overridden, and validated against the plugins' manifests.
+struct ResolvedSpec {
+  std::filesystem::path path;
+  nlohmann::json spec;  ///< resolved: defaults filled in
+  std::vector<core::ImplUse> uses;
+  std::unique_ptr<core::Catalog> catalog;
+};
+
+/// Loads SPEC (args.positionals[0]), applies every --set and finds plugins (--plugin-path,
+/// the spec's plugins.search_paths, LOOM_PLUGIN_PATH, the install); does not validate.
+ResolvedSpec read_spec(const Args& args);
+
+/// read_spec, then validates against the plugins' manifests (fills spec and uses).
+ResolvedSpec load_spec(const Args& args);
+
+/// Loads the plugins a resolved spec needs (providers of its impls and plugins.load) and
+/// validates it again against what they registered.
+void load_plugins_for(ResolvedSpec& spec, core::PluginManager& manager);
+
+/// The catalog for commands without a spec: --plugin-path, LOOM_PLUGIN_PATH, install.
+core::Catalog catalog_from_args(const Args& args);
+
+}  // namespace loom::cli

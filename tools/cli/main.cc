@@ -1,0 +1,65 @@
+// `loom`: the front door. One binary with subcommands; see `loom --help`.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "core/util/errors.h"
+#include "core/version.h"
+#include "tools/cli/commands.h"
+
+namespace {
+
+constexpr const char* kHelp = R"(loom: train large language models from a JSON spec, with plugins.
+
+usage: loom COMMAND [ARGS]
+
+commands:
+  train SPEC [--set PATH=VALUE]... [--run-dir DIR]   train the model a spec describes
+  spec validate SPEC [--set PATH=VALUE]... [--write-resolved FILE] [--load]
+                                                     check a spec without running it
+  plugins list [--json]                              plugins on the search path (manifests)
+  plugins describe NAME [--json]                     a plugin's or component's options
+  plugins check [NAME]                               load plugins and verify their ABI
+  version                                            versions of loom, its SDK and ABI
+
+options for every command:
+  --plugin-path DIR    search DIR for plugins first (repeatable); LOOM_PLUGIN_PATH is
+                       searched next, then the install's plugin directory
+
+exit codes:
+  0  success                 4  plugin error (missing, unloadable, ABI, duplicate, init)
+  1  internal error (a bug)  5  I/O error (a file cannot be read or written)
+  2  usage error             6  training failed while running
+  3  spec error              7  something the run needs is not available
+  130 interrupted
+)";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty() || args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
+    std::fputs(kHelp, args.empty() ? stderr : stdout);
+    return args.empty() ? loom::core::kExitUsage : loom::core::kExitOk;
+  }
+  std::string command = args[0];
+  std::vector<std::string> rest(args.begin() + 1, args.end());
+  try {
+    if (command == "version" || command == "--version") return loom::cli::cmd_version(rest);
+    if (command == "plugins") return loom::cli::cmd_plugins(rest);
+    if (command == "spec") return loom::cli::cmd_spec(rest);
+    if (command == "train") return loom::cli::cmd_train(rest);
+    throw loom::core::UsageError(
+        fmt::format("unknown command '{}'; run 'loom --help' for the list", command));
+  } catch (const std::exception& e) {
+    int code = loom::core::exit_code_for(e);
+    const char* kind = code == loom::core::kExitInternal ? "internal error" : "error";
+    std::fprintf(stderr, "loom %s: %s: %s\n", command.c_str(), kind, e.what());
+    if (code == loom::core::kExitInternal)
+      std::fprintf(stderr, "this is a bug in loom %s; please report it with the command line\n",
+                   loom::core::kLoomVersion);
+    return code;
+  }
+}
