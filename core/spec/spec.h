@@ -18,8 +18,8 @@ namespace loom::core {
 class Catalog;
 class Registry;
 
-/// Reads and parses a spec file. Throws IoError when unreadable, SpecError
-/// "spec FILE:LINE:COL: syntax error: ..." when it is not JSON.
+/// Reads and parses a spec file. Throws IoError when unreadable, loom::Error
+/// (kInvalidArgument) "spec FILE:LINE:COL: syntax error: ..." when it is not JSON.
 nlohmann::json load_spec_file(const std::filesystem::path& path);
 
 /// Parses JSON text with the same line:column messages; `origin` names it ("spec x.json").

@@ -341,8 +341,49 @@ exports_only_entry "$work/pc/hello/libloom_hello.so"
 "$work/load_check" "$work/pc/hello/libloom_hello.so" "$work/pc/hello/plugin.json" > /dev/null ||
   fail "the pkg-config-built plugin does not load or run as expected"
 
-# --- loom CLI checks (added by the main developer) ---
-# Placeholder: `loom plugins list` / `loom spec validate` against the plugin directory
-# "$build/hello" (libloom_hello.so + plugin.json) go here.
+# --- loom CLI checks: the g++-built loom lists, loads and uses the clang-built plugin ---
+loom="$runfiles/tools/loom"
+good_root="$work/good_root"
+mkdir -p "$good_root/testgood"
+cp "$runfiles/tests/plugins/good/plugin.json" "$runfiles/tests/plugins/good/libloom_testgood.so" \
+  "$good_root/testgood/"
+
+step "loom plugins list shows hello and its component"
+"$loom" plugins list --plugin-path "$build" > "$work/list.out" || fail "plugins list failed"
+grep -q "^hello 0.1.0" "$work/list.out" || fail "plugins list: no hello: $(cat "$work/list.out")"
+grep -Eq "norm +scale_norm" "$work/list.out" || fail "plugins list: no scale_norm: $(cat "$work/list.out")"
+
+step "loom plugins describe scale_norm prints its options"
+"$loom" plugins describe scale_norm --plugin-path "$build" > "$work/describe.out"
+grep -Eq "scale +number exclusiveMinimum=0 default 1.0" "$work/describe.out" ||
+  fail "describe: $(cat "$work/describe.out")"
+
+step "loom plugins check loads the clang-built plugin into the g++-built loom"
+"$loom" plugins check hello --plugin-path "$build" > "$work/check.out" 2>&1 ||
+  fail "plugins check failed: $(cat "$work/check.out")"
+grep -Eq "^hello +0.1.0 +ok +ABI 1.0 +clang" "$work/check.out" || fail "check: $(cat "$work/check.out")"
+
+step "loom spec validate uses hello's scale_norm inside another plugin's model"
+cat > "$work/spec.json" <<'JSON'
+{"model": {"impl": "test_model", "vocab_size": 8, "norm": {"impl": "scale_norm", "scale": 2.5}}}
+JSON
+"$loom" spec validate "$work/spec.json" --load --plugin-path "$build" --plugin-path "$good_root" \
+  --write-resolved "$work/resolved.json" > "$work/validate.out" 2>&1 ||
+  fail "spec validate failed: $(cat "$work/validate.out")"
+grep -Eq "/model/norm +norm +scale_norm +plugin hello" "$work/validate.out" ||
+  fail "validate: $(cat "$work/validate.out")"
+grep -q "plugins loaded and verified: 2" "$work/validate.out" || fail "validate: $(cat "$work/validate.out")"
+grep -q '"scale": 2.5' "$work/resolved.json" || fail "resolved spec lacks the scale"
+grep -q '"hidden_size": 4' "$work/resolved.json" || fail "resolved spec lacks the default hidden_size"
+
+step "a bad option of hello's component is refused with its JSON pointer (exit 3)"
+set +e
+"$loom" spec validate "$work/spec.json" --set model.norm.scale=0 --plugin-path "$build" \
+  --plugin-path "$good_root" > "$work/bad.out" 2>&1
+rc=$?
+set -e
+[[ $rc -eq 3 ]] || fail "expected exit 3, got $rc: $(cat "$work/bad.out")"
+grep -q "spec /model/norm/scale: expected number > 0, got 0" "$work/bad.out" ||
+  fail "bad option message: $(cat "$work/bad.out")"
 
 echo "PASS"

@@ -25,6 +25,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -50,9 +51,18 @@ inline nlohmann::json parse_options(StringView options_json) {
 }
 
 /// Adds factories and kernels; wraps IRegistry during register_components.
+/// A factory the C++ conveniences made; owned by the plugin, freed at its shutdown.
+class OwnedFactory : public IFactory {
+ public:
+  virtual ~OwnedFactory() = default;
+};
+
 class Registrar {
  public:
-  explicit Registrar(IRegistry* registry) : registry_(registry) {}
+  /// \param registry  the core's registrar for this plugin
+  /// \param owned     where the factories made here are kept (the plugin's lifetime)
+  Registrar(IRegistry* registry, std::vector<std::unique_ptr<OwnedFactory>>& owned)
+      : registry_(registry), owned_(owned) {}
 
   /// Registers `Impl` (a class derived from Object<I>) under `name` for I's kind. `Impl`
   /// must have a constructor `Impl(const nlohmann::json& options, IBuildContext& ctx)`.
@@ -70,12 +80,13 @@ class Registrar {
       fail(Code::kInvalidArgument, std::string("component (") + kind.kind + ", " + name +
                                        ") is registered but missing from the plugin's "
                                        "manifest: add it to plugin.json's \"components\"");
-    auto* entry = new FactoryEntry<Impl>();  // lives as long as the process
+    auto entry = std::make_unique<FactoryEntry<Impl>>();
     entry->schema = component->value("options", nlohmann::json::object()).dump();
     entry->description = component->value("description", "");
     FactoryDesc desc{sizeof(FactoryDesc), kind, name, entry->description.c_str(),
                      entry->schema.c_str()};
-    throw_if_error(registry_->add_factory(&desc, entry));
+    owned_.push_back(std::move(entry));  // the core keeps a pointer until shutdown
+    throw_if_error(registry_->add_factory(&desc, owned_.back().get()));
   }
 
   /// Registers a kernel (see loom/kernel.h); struct_size is filled in.
@@ -88,7 +99,7 @@ class Registrar {
 
  private:
   template <class Impl>
-  struct FactoryEntry final : IFactory {
+  struct FactoryEntry final : OwnedFactory {
     std::string schema;
     std::string description;
     InterfaceInfo interface_info() const noexcept override { return kinds::kFactory; }
@@ -97,6 +108,7 @@ class Registrar {
     }
   };
   IRegistry* registry_;
+  std::vector<std::unique_ptr<OwnedFactory>>& owned_;
 };
 
 /// Base of a plugin's main class. One instance per process, made by `init`.
@@ -123,6 +135,7 @@ class Plugin {
   template <class P>
   friend const PluginInfo* plugin_info();
   IHost* host_ = nullptr;
+  std::vector<std::unique_ptr<OwnedFactory>> factories_;  // registered through Registrar
 };
 
 /// Builds the PluginInfo for plugin class `P` (used by LOOM_PLUGIN).
@@ -139,8 +152,9 @@ const PluginInfo* plugin_info() {
     }
     static Status register_components(void* state, IRegistry* registry) {
       return guard([&] {
-        Registrar registrar(registry);
-        static_cast<P*>(state)->register_components(registrar);
+        auto* plugin = static_cast<P*>(state);
+        Registrar registrar(registry, static_cast<Plugin*>(plugin)->factories_);
+        plugin->register_components(registrar);
       });
     }
     static void shutdown(void* state) {

@@ -1,0 +1,230 @@
+// The `loom` command end to end: every kind of bad input gives one clean message that
+// names the place and the fix, and the documented exit code (README.md, `loom --help`).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/util/test_plugins.h"
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+namespace loom {
+namespace {
+
+using testing::fresh_dir;
+using testing::install_test_plugin;
+using testing::read_file;
+using testing::run_loom;
+using testing::RunResult;
+using testing::write_file;
+
+constexpr int kOk = 0, kUsage = 2, kSpec = 3, kPlugin = 4, kIo = 5, kUnavailable = 7;
+
+// Exactly one error line, "loom COMMAND: error: ...".
+void expect_one_error(const RunResult& r, const std::string& command) {
+  EXPECT_THAT(r.err, StartsWith("loom " + command + ": error: ")) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+}
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fresh_dir(::testing::UnitTest::GetInstance()->current_test_info()->name());
+    plugins_ = dir_ / "plugins";
+    install_test_plugin(plugins_, "good", "testgood");
+  }
+  // Writes a spec into the test's directory; it finds the plugins through search_paths.
+  fs::path spec(const std::string& name, nlohmann::json body) {
+    if (!body.contains("plugins")) body["plugins"] = {{"search_paths", {"plugins"}}};
+    fs::path path = dir_ / name;
+    write_file(path, body.dump(2));
+    return path;
+  }
+  std::string q(const fs::path& p) { return "'" + p.string() + "'"; }
+  nlohmann::json warmup() { return {{"impl", "test_warmup"}, {"lr", 0.1}}; }
+
+  fs::path dir_, plugins_;
+};
+
+TEST_F(CliTest, VersionAndHelp) {
+  RunResult r = run_loom("version");
+  EXPECT_EQ(r.exit_code, kOk);
+  EXPECT_THAT(r.out, HasSubstr("plugin ABI 1.0"));
+  r = run_loom("--help");
+  EXPECT_EQ(r.exit_code, kOk);
+  EXPECT_THAT(r.out, HasSubstr("exit codes:"));
+}
+
+TEST_F(CliTest, UsageErrorsExitTwo) {
+  RunResult r = run_loom("trian x.json");
+  EXPECT_EQ(r.exit_code, kUsage);
+  expect_one_error(r, "trian");
+  EXPECT_THAT(r.err, HasSubstr("unknown command 'trian'"));
+  r = run_loom("spec validate");
+  EXPECT_EQ(r.exit_code, kUsage);
+  EXPECT_THAT(r.err, HasSubstr("missing argument\nusage: loom spec validate SPEC"));
+  r = run_loom("spec validate x.json --sett a=1");
+  EXPECT_EQ(r.exit_code, kUsage);
+  EXPECT_THAT(r.err, HasSubstr("unknown option '--sett' (did you mean '--set'?)"));
+  r = run_loom("spec validate " + q(spec("s.json", {})) + " --set nonsense");
+  EXPECT_EQ(r.exit_code, kUsage);
+  EXPECT_THAT(r.err, HasSubstr("--set 'nonsense': expected PATH=VALUE"));
+}
+
+TEST_F(CliTest, ValidSpecIsAcceptedAndResolvedWithDefaults) {
+  fs::path s = spec("ok.json", {{"lr_schedule", warmup()}});
+  fs::path resolved = dir_ / "out" / "resolved.json";
+  RunResult r = run_loom("spec validate " + q(s) + " --set lr_schedule.warmup_steps=7 " +
+                         "--set train.steps=5 --write-resolved " + q(resolved));
+  ASSERT_EQ(r.exit_code, kOk) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("is valid"));
+  EXPECT_THAT(r.out, HasSubstr("test_warmup"));
+  nlohmann::json j = nlohmann::json::parse(read_file(resolved));
+  EXPECT_EQ(j["lr_schedule"]["warmup_steps"], 7);        // --set
+  EXPECT_EQ(j["lr_schedule"]["style"], "linear");        // plugin default
+  EXPECT_EQ(j["train"]["steps"], 5);                     // --set into a core section
+  EXPECT_EQ(j["train"]["micro_batch_size"], 1);          // core default
+  EXPECT_EQ(j["parallel"]["tp"], 1);
+  EXPECT_EQ(j["lr_schedule"]["impl"], "test_warmup");
+}
+
+TEST_F(CliTest, MalformedJsonNamesLineAndColumn) {
+  fs::path s = dir_ / "bad.json";
+  write_file(s, "{\n  \"train\": {\"steps\": 10,}\n}\n");
+  RunResult r = run_loom("spec validate " + q(s));
+  EXPECT_EQ(r.exit_code, kSpec);
+  expect_one_error(r, "spec");
+  EXPECT_THAT(r.err, HasSubstr("error: spec " + s.string() + ":2:25: syntax error"));
+}
+
+TEST_F(CliTest, SpecMistakesNameThePointerAndTheFix) {
+  struct Case {
+    nlohmann::json spec;
+    std::string message;
+  };
+  std::vector<Case> cases = {
+      {{{"modle", {{"impl", "test_model"}}}},
+       "spec /modle: unknown key 'modle' (did you mean 'model'?)"},
+      {{{"lr_schedule", {{"impl", "test_warmup"}, {"lr", 0.1}, {"warmup_step", 3}}}},
+       "spec /lr_schedule/warmup_step: unknown key 'warmup_step' (did you mean 'warmup_steps'?)"},
+      {{{"lr_schedule", {{"impl", "test_warmup"}, {"lr", "big"}}}},
+       "spec /lr_schedule/lr: expected number, got string \"big\""},
+      {{{"lr_schedule", {{"impl", "test_warmup"}, {"lr", 0}}}},
+       "spec /lr_schedule/lr: expected number > 0, got 0"},
+      {{{"parallel", {{"tp", 0}}}}, "spec /parallel/tp: expected integer >= 1, got 0"},
+      {{{"lr_schedule", {{"impl", "test_warmup"}}}}, "spec /lr_schedule: missing required key 'lr'"},
+      {{{"lr_schedule", {{"impl", "test_warmpu"}, {"lr", 1}}}},
+       "spec /lr_schedule/impl: unknown lr_schedule impl 'test_warmpu' (did you mean "
+       "'test_warmup', provided by plugin testgood?)"},
+      {{{"optimizer", {{"impl", "adamw"}}}},
+       "spec /optimizer/impl: unknown optimizer impl 'adamw'; no plugin found provides any "
+       "optimizer; plugins searched: "},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    fs::path s = spec("case" + std::to_string(i) + ".json", cases[i].spec);
+    RunResult r = run_loom("spec validate " + q(s));
+    EXPECT_EQ(r.exit_code, kSpec) << cases[i].spec.dump();
+    expect_one_error(r, "spec");
+    EXPECT_THAT(r.err, HasSubstr(cases[i].message)) << cases[i].spec.dump();
+  }
+}
+
+TEST_F(CliTest, MissingSpecFileIsAnIoError) {
+  RunResult r = run_loom("spec validate " + q(dir_ / "nope.json"));
+  EXPECT_EQ(r.exit_code, kIo);
+  expect_one_error(r, "spec");
+  EXPECT_THAT(r.err, HasSubstr("nope.json does not exist"));
+}
+
+TEST_F(CliTest, PluginProblemsExitFour) {
+  struct Case {
+    std::string package, plugin, message;
+  };
+  std::vector<Case> cases = {
+      {"no_entry", "testnoentry", "does not export 'loom_plugin_v1'"},
+      {"abi_major", "testabimajor", "was built for SDK ABI 2.0, this loom provides 1.0"},
+      {"abi_minor", "testabiminor", "newer than this loom's 1.0"},
+      {"init_fails", "testinitfails", "init failed: license server unreachable (test)"},
+  };
+  for (const Case& c : cases) {
+    fs::path root = dir_ / ("root_" + c.plugin);
+    install_test_plugin(root, c.package, c.plugin);
+    RunResult r = run_loom("plugins check " + c.plugin + " --plugin-path " + q(root));
+    EXPECT_EQ(r.exit_code, kPlugin) << c.plugin << ": " << r.err;
+    expect_one_error(r, "plugins");
+    EXPECT_THAT(r.err, HasSubstr(c.message));
+  }
+  // Missing file, and a file that is not a shared object, reached through a spec.
+  fs::path s = spec("load.json", {{"lr_schedule", warmup()}});
+  fs::path lib = plugins_ / "testgood" / "libloom_testgood.so";
+  fs::rename(lib, dir_ / "saved.so");
+  RunResult r = run_loom("spec validate --load " + q(s));
+  EXPECT_EQ(r.exit_code, kPlugin);
+  expect_one_error(r, "spec");
+  EXPECT_THAT(r.err, HasSubstr("libloom_testgood.so is missing"));
+  write_file(lib, "not a library");
+  r = run_loom("spec validate --load " + q(s));
+  EXPECT_EQ(r.exit_code, kPlugin);
+  EXPECT_THAT(r.err, HasSubstr("is not a shared object"));
+  // A plugin named by plugins.load that is nowhere.
+  fs::rename(dir_ / "saved.so", lib);
+  s = spec("missing.json", {{"plugins", {{"search_paths", {"plugins"}}, {"load", {"moe"}}}}});
+  r = run_loom("spec validate --load " + q(s));
+  EXPECT_EQ(r.exit_code, kPlugin);
+  EXPECT_THAT(r.err, HasSubstr("plugin 'moe' not found; searched: " + plugins_.string()));
+}
+
+TEST_F(CliTest, DuplicateRegistrationExitsFour) {
+  install_test_plugin(plugins_, "dup", "testdup");
+  RunResult r = run_loom("plugins check --plugin-path " + q(plugins_));
+  EXPECT_EQ(r.exit_code, kPlugin);
+  expect_one_error(r, "plugins");
+  EXPECT_THAT(r.err, HasSubstr("duplicate registration of norm 'test_scale'"));
+}
+
+TEST_F(CliTest, ListAndDescribeReadManifestsOnly) {
+  // A broken library does not matter to list/describe: they never load code.
+  write_file(plugins_ / "testgood" / "libloom_testgood.so", "not a library");
+  RunResult r = run_loom("plugins list --plugin-path " + q(plugins_));
+  ASSERT_EQ(r.exit_code, kOk) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("testgood 1.2.3"));
+  EXPECT_THAT(r.out, HasSubstr("test_warmup"));
+  r = run_loom("plugins describe test_warmup --plugin-path " + q(plugins_));
+  ASSERT_EQ(r.exit_code, kOk) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("lr"));
+  EXPECT_THAT(r.out, HasSubstr("required"));
+  r = run_loom("plugins describe test_warmpu --plugin-path " + q(plugins_));
+  EXPECT_EQ(r.exit_code, kPlugin);
+  EXPECT_THAT(r.err, HasSubstr("(did you mean 'test_warmup'?)"));
+}
+
+TEST_F(CliTest, TrainWithoutAModelPluginSaysSo) {
+  fs::create_directories(dir_ / "empty");
+  fs::path s = spec("gpt.json", {{"model", {{"impl", "gpt"}}},
+                                 {"plugins", {{"search_paths", {"empty"}}}}});
+  RunResult r = run_loom("train " + q(s));
+  EXPECT_EQ(r.exit_code, kUnavailable);
+  expect_one_error(r, "train");
+  EXPECT_THAT(r.err, HasSubstr("no model plugin yet"));
+}
+
+TEST_F(CliTest, TrainBuildsTheModelAndWritesTheResolvedSpec) {
+  fs::path s = spec("model.json", {{"model", {{"impl", "test_model"}, {"norm", {{"impl", "test_scale"}}}}}});
+  fs::path run_dir = dir_ / "run";
+  RunResult r = run_loom("train " + q(s) + " --run-dir " + q(run_dir));
+  EXPECT_THAT(r.out, HasSubstr("layout: tp=1 cp=1 ep=1 dp=1 pp=1 (world size 1)"));
+  EXPECT_THAT(r.out, HasSubstr("model: test_model, 64 parameters in 1 tensors"));
+  nlohmann::json j = nlohmann::json::parse(read_file(run_dir / "spec.resolved.json"));
+  EXPECT_EQ(j["model"]["vocab_size"], 16);
+  EXPECT_EQ(j["model"]["norm"]["scale"], 1.0);
+  EXPECT_EQ(j["log"]["run_dir"], run_dir.string());
+  // No trainer is part of this build yet: it says so and exits non-zero.
+  EXPECT_EQ(r.exit_code, kUnavailable);
+  EXPECT_THAT(r.err, HasSubstr("no training loop yet"));
+}
+
+}  // namespace
+}  // namespace loom
