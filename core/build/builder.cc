@@ -1,8 +1,8 @@
 #include "core/build/builder.h"
 
-#include <cstring>
-
 #include <fmt/format.h>
+
+#include <cstring>
 
 #include "core/spec/schema.h"
 #include "core/util/errors.h"
@@ -67,12 +67,12 @@ ObjectPtr build_component(PluginManager& plugins, const nlohmann::json& node,
                                                    kind.kind, name, factory->plugin));
   InterfaceInfo got = raw->interface_info();
   if (got.kind == nullptr || std::strcmp(got.kind, kind.kind) != 0 || got.major != kind.major)
-    throw PluginError(Code::kAbiMismatch,
-                      fmt::format("{} '{}' (plugin '{}') built a '{}' {}.{} object where a {} "
-                                  "{}.x was required",
-                                  kind.kind, name, factory->plugin,
-                                  got.kind == nullptr ? "?" : got.kind, got.major, got.minor,
-                                  kind.kind, kind.major));
+    throw PluginError(
+        Code::kAbiMismatch,
+        fmt::format("{} '{}' (plugin '{}') built a '{}' {}.{} object where a {} "
+                    "{}.x was required",
+                    kind.kind, name, factory->plugin, got.kind == nullptr ? "?" : got.kind,
+                    got.major, got.minor, kind.kind, kind.major));
   return object;
 }
 

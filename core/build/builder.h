@@ -3,9 +3,8 @@
 // the factory (K, NAME), which builds its own child nodes through IBuildContext.
 #pragma once
 
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "core/plugin/plugin_manager.h"
 #include "loom/object.h"

@@ -1,13 +1,13 @@
 #include "core/plugin/catalog.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <boost/dll/runtime_symbol_info.hpp>
 #include <cstdlib>
 #include <fstream>
 #include <regex>
 #include <sstream>
-
-#include <boost/dll/runtime_symbol_info.hpp>
-#include <fmt/format.h>
 
 #include "core/spec/schema.h"
 #include "core/util/errors.h"
@@ -50,8 +50,10 @@ std::vector<SearchRoot> plugin_search_roots(const std::vector<fs::path>& spec_pa
   std::error_code ec;
   fs::path exe_dir = boost::dll::program_location(ec).parent_path();
   if (!ec) {
-    for (fs::path candidate : {exe_dir / ".." / "lib" / "loom" / "plugins", exe_dir / ".." / "plugins"}) {
-      if (fs::is_directory(candidate, ec)) roots.push_back({fs::canonical(candidate, ec), "install"});
+    for (fs::path candidate :
+         {exe_dir / ".." / "lib" / "loom" / "plugins", exe_dir / ".." / "plugins"}) {
+      if (fs::is_directory(candidate, ec))
+        roots.push_back({fs::canonical(candidate, ec), "install"});
     }
   }
   return roots;
@@ -76,9 +78,9 @@ PluginRecord read_manifest(const fs::path& path, const std::string& origin) {
   try {
     record.manifest = nlohmann::json::parse(read_text(path));
   } catch (const nlohmann::json::parse_error& e) {
-    throw PluginError(Code::kInvalidArgument,
-                      fmt::format("{}: not valid JSON ({}); fix the plugin's manifest", where,
-                                  e.what()));
+    throw PluginError(
+        Code::kInvalidArgument,
+        fmt::format("{}: not valid JSON ({}); fix the plugin's manifest", where, e.what()));
   }
   const nlohmann::json& m = record.manifest;
   auto need_string = [&](const nlohmann::json& obj, const char* key, const std::string& at) {
@@ -90,19 +92,19 @@ PluginRecord read_manifest(const fs::path& path, const std::string& origin) {
   if (!m.is_object()) throw PluginError(Code::kInvalidArgument, where + ": must be a JSON object");
   std::string schema = need_string(m, "schema", "");
   if (schema != "loom.plugin/1")
-    throw PluginError(Code::kInvalidArgument,
-                      fmt::format("{}: /schema is '{}', this loom reads 'loom.plugin/1'", where,
-                                  schema));
+    throw PluginError(
+        Code::kInvalidArgument,
+        fmt::format("{}: /schema is '{}', this loom reads 'loom.plugin/1'", where, schema));
   record.name = need_string(m, "name", "");
   static const std::regex kName("[a-z0-9][a-z0-9_.-]*");
   if (!std::regex_match(record.name, kName))
-    throw PluginError(Code::kInvalidArgument,
-                      fmt::format("{}: /name '{}' must match [a-z0-9][a-z0-9_.-]*", where,
-                                  record.name));
+    throw PluginError(
+        Code::kInvalidArgument,
+        fmt::format("{}: /name '{}' must match [a-z0-9][a-z0-9_.-]*", where, record.name));
   record.version = need_string(m, "version", "");
   record.description = m.value("description", "");
-  std::string library = m.contains("library") ? need_string(m, "library", "")
-                                              : "libloom_" + record.name + ".so";
+  std::string library =
+      m.contains("library") ? need_string(m, "library", "") : "libloom_" + record.name + ".so";
   record.library = record.dir / library;
   if (m.contains("components") && !m["components"].is_array())
     throw PluginError(Code::kInvalidArgument, where + ": /components must be an array");
@@ -115,8 +117,8 @@ PluginRecord read_manifest(const fs::path& path, const std::string& origin) {
     component.description = c.value("description", "");
     if (!is_component_kind(component.kind))
       throw PluginError(Code::kInvalidArgument,
-                        fmt::format("{}: {}/kind '{}' is not a component kind of this loom",
-                                    where, at, component.kind));
+                        fmt::format("{}: {}/kind '{}' is not a component kind of this loom", where,
+                                    at, component.kind));
     component.options = c.value("options", nlohmann::json::object());
     try {
       check_schema(component.options, fmt::format("{} {}/options", where, at));

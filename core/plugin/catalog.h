@@ -9,11 +9,10 @@
 #pragma once
 
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 namespace loom::core {
 
@@ -30,11 +29,11 @@ struct PluginRecord {
   std::string name;
   std::string version;
   std::string description;
-  std::filesystem::path dir;        ///< the plugin's directory
-  std::filesystem::path library;    ///< the shared object (may not exist)
+  std::filesystem::path dir;      ///< the plugin's directory
+  std::filesystem::path library;  ///< the shared object (may not exist)
   std::filesystem::path manifest_path;
-  std::string origin;               ///< which search root found it, e.g. "LOOM_PLUGIN_PATH"
-  nlohmann::json manifest;          ///< parsed plugin.json
+  std::string origin;       ///< which search root found it, e.g. "LOOM_PLUGIN_PATH"
+  nlohmann::json manifest;  ///< parsed plugin.json
   std::vector<ManifestComponent> components;
 };
 

@@ -1,9 +1,9 @@
 #include "core/plugin/host.h"
 
+#include <fmt/format.h>
+
 #include <cstdlib>
 #include <string>
-
-#include <fmt/format.h>
 
 #include "core/util/log.h"
 #include "core/version.h"
@@ -60,7 +60,8 @@ void Host::deallocate(Device device, void* pointer) noexcept {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = cpu_blocks_.find(pointer);
   if (it == cpu_blocks_.end()) {
-    core::log(LogLevel::kError, "allocator", "deallocate of a pointer this allocator did not give out");
+    core::log(LogLevel::kError, "allocator",
+              "deallocate of a pointer this allocator did not give out");
     return;
   }
   cpu_stats_.current -= it->second;

@@ -1,14 +1,13 @@
 #include "core/plugin/plugin_manager.h"
 
 #include <dlfcn.h>
+#include <fmt/format.h>
 
 #include <algorithm>
-#include <cstddef>
-#include <fstream>
-
 #include <boost/dll/library_info.hpp>
 #include <boost/dll/shared_library.hpp>
-#include <fmt/format.h>
+#include <cstddef>
+#include <fstream>
 
 #include "core/util/errors.h"
 #include "core/util/log.h"
@@ -65,12 +64,14 @@ void check_library_file(const PluginRecord& record) {
   bool has_entry = false;
   std::vector<std::string> other_entries;
   for (const std::string& s : symbols) {
-    if (s == LOOM_PLUGIN_ENTRY_V1) has_entry = true;
-    else if (s.rfind("loom_plugin_v", 0) == 0) other_entries.push_back(s);
+    if (s == LOOM_PLUGIN_ENTRY_V1)
+      has_entry = true;
+    else if (s.rfind("loom_plugin_v", 0) == 0)
+      other_entries.push_back(s);
   }
   if (!has_entry) {
-    std::string found = other_entries.empty() ? "no loom entry point"
-                                              : "found " + other_entries.front();
+    std::string found =
+        other_entries.empty() ? "no loom entry point" : "found " + other_entries.front();
     throw PluginError(Code::kAbiMismatch,
                       fmt::format("plugin '{}': {} does not export '{}' ({}); a loom plugin "
                                   "defines it with LOOM_PLUGIN(...) from <loom/sdk.h>",
@@ -111,9 +112,8 @@ void PluginManager::load(const std::string& name) {
   if (is_loaded(name)) return;
   const PluginRecord* record = catalog_.find(name);
   if (record == nullptr)
-    throw PluginError(Code::kNotFound,
-                      fmt::format("plugin '{}' not found; searched: {}", name,
-                                  describe_roots(catalog_.roots())));
+    throw PluginError(Code::kNotFound, fmt::format("plugin '{}' not found; searched: {}", name,
+                                                   describe_roots(catalog_.roots())));
   const std::string lib = record->library.string();
   check_library_file(*record);
 
@@ -121,9 +121,8 @@ void PluginManager::load(const std::string& name) {
   std::error_code ec;
   library.load(record->library, dll::load_mode::rtld_now | dll::load_mode::rtld_local, ec);
   if (ec || !library.is_loaded())
-    throw PluginError(Code::kInvalidArgument,
-                      fmt::format("plugin '{}': cannot load {}: {}", name, lib,
-                                  last_dlerror_for(record->library)));
+    throw PluginError(Code::kInvalidArgument, fmt::format("plugin '{}': cannot load {}: {}", name,
+                                                          lib, last_dlerror_for(record->library)));
   open_libraries().push_back(library);  // never unloaded
   if (!library.has(LOOM_PLUGIN_ENTRY_V1))
     throw PluginError(Code::kAbiMismatch,
@@ -139,21 +138,21 @@ void PluginManager::load(const std::string& name) {
     throw PluginError(Code::kAbiMismatch,
                       fmt::format("plugin '{}': {} returned no plugin info", name, lib));
   if (info->abi_major != LOOM_ABI_MAJOR)
-    throw PluginError(Code::kAbiMismatch,
-                      fmt::format("{} was built for SDK ABI {}.{}, this loom provides {}: "
-                                  "rebuild it against SDK {}.x",
-                                  lib, info->abi_major, info->abi_minor, LOOM_ABI_STRING,
-                                  LOOM_ABI_MAJOR));
+    throw PluginError(
+        Code::kAbiMismatch,
+        fmt::format("{} was built for SDK ABI {}.{}, this loom provides {}: "
+                    "rebuild it against SDK {}.x",
+                    lib, info->abi_major, info->abi_minor, LOOM_ABI_STRING, LOOM_ABI_MAJOR));
   if (info->abi_minor > LOOM_ABI_MINOR)
-    throw PluginError(Code::kAbiMismatch,
-                      fmt::format("{} was built for SDK ABI {}.{}, newer than this loom's {}: "
-                                  "upgrade loom or rebuild the plugin against SDK {}",
-                                  lib, info->abi_major, info->abi_minor, LOOM_ABI_STRING,
-                                  LOOM_ABI_STRING));
+    throw PluginError(
+        Code::kAbiMismatch,
+        fmt::format("{} was built for SDK ABI {}.{}, newer than this loom's {}: "
+                    "upgrade loom or rebuild the plugin against SDK {}",
+                    lib, info->abi_major, info->abi_minor, LOOM_ABI_STRING, LOOM_ABI_STRING));
   if (info->struct_size < kMinPluginInfoSize)
     throw PluginError(Code::kAbiMismatch,
-                      fmt::format("{}: plugin info is {} bytes, ABI {}.0 needs {}; rebuild it",
-                                  lib, info->struct_size, LOOM_ABI_MAJOR, kMinPluginInfoSize));
+                      fmt::format("{}: plugin info is {} bytes, ABI {}.0 needs {}; rebuild it", lib,
+                                  info->struct_size, LOOM_ABI_MAJOR, kMinPluginInfoSize));
   if (info->init == nullptr || info->register_components == nullptr || info->name == nullptr ||
       info->version == nullptr || info->manifest_json == nullptr)
     throw PluginError(Code::kAbiMismatch,
@@ -190,9 +189,9 @@ void PluginManager::load(const std::string& name) {
     loaded.build = nlohmann::json::object();
   }
   nlohmann::json core_build = nlohmann::json::parse(core_build_fingerprint());
-  log_debug("plugins", fmt::format("loading '{}' {} from {} (ABI {}.{}, build {})", name,
-                                   info->version, lib, info->abi_major, info->abi_minor,
-                                   loaded.build.dump()));
+  log_debug("plugins",
+            fmt::format("loading '{}' {} from {} (ABI {}.{}, build {})", name, info->version, lib,
+                        info->abi_major, info->abi_minor, loaded.build.dump()));
   for (const char* key : {"cxx11_abi", "glibcxx_debug"})
     if (loaded.build.contains(key) && loaded.build[key] != core_build[key])
       log_warning("plugins",
@@ -206,9 +205,9 @@ void PluginManager::load(const std::string& name) {
   if (status.code != Code::kOk) {
     std::string why = status.message != nullptr ? status.message : "(no message)";
     status_release(&status);
-    throw PluginError(status.code == Code::kAbiMismatch ? Code::kAbiMismatch
-                                                        : Code::kFailedPrecondition,
-                      fmt::format("plugin '{}' ({}): init failed: {}", name, lib, why));
+    throw PluginError(
+        status.code == Code::kAbiMismatch ? Code::kAbiMismatch : Code::kFailedPrecondition,
+        fmt::format("plugin '{}' ({}): init failed: {}", name, lib, why));
   }
   loaded_.push_back(loaded);  // from here on, shutdown is owed
   auto view = registry_.view_for(name);
@@ -217,7 +216,8 @@ void PluginManager::load(const std::string& name) {
     std::string why = status.message != nullptr ? status.message : "(no message)";
     Code code = status.code;
     status_release(&status);
-    throw PluginError(code, fmt::format("plugin '{}' ({}): registration failed: {}", name, lib, why));
+    throw PluginError(code,
+                      fmt::format("plugin '{}' ({}): registration failed: {}", name, lib, why));
   }
 
   // What was registered must be what the manifest declares, both ways.
@@ -235,9 +235,10 @@ void PluginManager::load(const std::string& name) {
                                     name, c.kind, c.name));
   }
   for (const FactoryEntry* f : registry_.factories())
-    if (f->plugin == name &&
-        std::none_of(record->components.begin(), record->components.end(),
-                     [&](const ManifestComponent& c) { return c.kind == f->kind && c.name == f->name; }))
+    if (f->plugin == name && std::none_of(record->components.begin(), record->components.end(),
+                                          [&](const ManifestComponent& c) {
+                                            return c.kind == f->kind && c.name == f->name;
+                                          }))
       throw PluginError(Code::kInvalidArgument,
                         fmt::format("plugin '{}' registers {} '{}', which its manifest does not "
                                     "declare: add it to the manifest's components",

@@ -9,10 +9,9 @@
 #pragma once
 
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "core/plugin/catalog.h"
 #include "core/plugin/host.h"

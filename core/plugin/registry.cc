@@ -1,10 +1,10 @@
 #include "core/plugin/registry.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cstring>
 #include <tuple>
-
-#include <fmt/format.h>
 
 #include "core/spec/schema.h"
 #include "loom/cpp/error.h"
@@ -49,8 +49,7 @@ std::unique_ptr<IRegistry, void (*)(IRegistry*)> Registry::view_for(const std::s
           [](IRegistry* view) { delete static_cast<RegistryView*>(view); }};
 }
 
-void Registry::add_factory(const std::string& plugin, const FactoryDesc& desc,
-                           IFactory* factory) {
+void Registry::add_factory(const std::string& plugin, const FactoryDesc& desc, IFactory* factory) {
   if (desc.struct_size < sizeof(FactoryDesc))
     fail(Code::kAbiMismatch, fmt::format("plugin '{}': FactoryDesc of {} bytes is older than "
                                          "ABI 1.0 ({} bytes): rebuild the plugin",
@@ -89,8 +88,8 @@ void Registry::add_factory(const std::string& plugin, const FactoryDesc& desc,
     entry->schema = nlohmann::json::parse(
         desc.options_schema_json == nullptr ? "{}" : desc.options_schema_json);
   } catch (const nlohmann::json::exception& e) {
-    fail(Code::kInvalidArgument, fmt::format("{}: options schema is not valid JSON: {}", origin,
-                                             e.what()));
+    fail(Code::kInvalidArgument,
+         fmt::format("{}: options schema is not valid JSON: {}", origin, e.what()));
   }
   check_schema(entry->schema, origin);
   entry->factory = factory;
@@ -107,8 +106,7 @@ void Registry::add_kernel(const std::string& plugin, const KernelDesc& desc) {
     fail(Code::kInvalidArgument,
          fmt::format("plugin '{}': add_kernel needs an op, a name and a function", plugin));
   for (const auto& k : kernels_) {
-    if (k->op != desc.op || k->desc.device != desc.device || k->desc.dtype != desc.dtype)
-      continue;
+    if (k->op != desc.op || k->desc.device != desc.device || k->desc.dtype != desc.dtype) continue;
     if (k->name == desc.name)
       fail(Code::kAlreadyExists,
            fmt::format("duplicate kernel '{}' for op '{}' ({}): registered by plugin '{}' and "
@@ -132,8 +130,7 @@ void Registry::add_kernel(const std::string& plugin, const KernelDesc& desc) {
   kernels_.push_back(std::move(entry));
 }
 
-const FactoryEntry* Registry::find_factory(const std::string& kind,
-                                           const std::string& name) const {
+const FactoryEntry* Registry::find_factory(const std::string& kind, const std::string& name) const {
   auto it = factories_.find({kind, name});
   return it == factories_.end() ? nullptr : it->second.get();
 }

@@ -6,11 +6,10 @@
 
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "loom/registry.h"
 
@@ -25,7 +24,7 @@ struct FactoryEntry {
   std::string description;
   nlohmann::json schema;  ///< options schema, checked when registered
   IFactory* factory = nullptr;
-  std::string plugin;     ///< name of the plugin that registered it
+  std::string plugin;  ///< name of the plugin that registered it
 };
 
 /// A registered kernel; the descriptor's strings point into this entry.

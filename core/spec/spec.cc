@@ -52,8 +52,8 @@ nlohmann::json parse_spec_text(const std::string& text, const std::string& origi
   } catch (const nlohmann::json::parse_error& e) {
     // e.byte is 1-based and points just past the offending character.
     auto [line, column] = line_column(text, e.byte > 0 ? e.byte - 1 : 0);
-    throw Error(Code::kInvalidArgument, fmt::format("spec {}:{}:{}: syntax error: {}", origin,
-                                                    line, column, parse_problem(e)));
+    throw Error(Code::kInvalidArgument, fmt::format("spec {}:{}:{}: syntax error: {}", origin, line,
+                                                    column, parse_problem(e)));
   }
 }
 

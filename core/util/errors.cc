@@ -15,19 +15,25 @@ int exit_code_for(const std::exception& error) {
   if (const auto* e = dynamic_cast<const Error*>(&error)) {
     switch (e->code()) {
       case Code::kInvalidArgument:
-      case Code::kOutOfRange: return kExitSpec;
+      case Code::kOutOfRange:
+        return kExitSpec;
       case Code::kAbiMismatch:
-      case Code::kAlreadyExists: return kExitPlugin;
+      case Code::kAlreadyExists:
+        return kExitPlugin;
       case Code::kIoError:
-      case Code::kNotFound: return kExitIo;
+      case Code::kNotFound:
+        return kExitIo;
       case Code::kUnavailable:
-      case Code::kUnimplemented: return kExitUnavailable;
+      case Code::kUnimplemented:
+        return kExitUnavailable;
       case Code::kAborted:
       case Code::kDeadlineExceeded:
       case Code::kResourceExhausted:
-      case Code::kFailedPrecondition: return kExitRuntime;
+      case Code::kFailedPrecondition:
+        return kExitRuntime;
       case Code::kOk:
-      case Code::kInternal: return kExitInternal;
+      case Code::kInternal:
+        return kExitInternal;
     }
   }
   return kExitInternal;

@@ -17,7 +17,9 @@ bool parse_log_level(std::string_view text, LogLevel* out);
 /// Prints "[loom LEVEL] source: message" to stderr when `level` is enabled.
 void log(LogLevel level, std::string_view source, std::string_view message);
 
-inline void log_info(std::string_view source, std::string_view m) { log(LogLevel::kInfo, source, m); }
+inline void log_info(std::string_view source, std::string_view m) {
+  log(LogLevel::kInfo, source, m);
+}
 inline void log_warning(std::string_view source, std::string_view m) {
   log(LogLevel::kWarning, source, m);
 }

@@ -83,10 +83,10 @@ TEST_F(CliTest, ValidSpecIsAcceptedAndResolvedWithDefaults) {
   EXPECT_THAT(r.out, HasSubstr("is valid"));
   EXPECT_THAT(r.out, HasSubstr("test_warmup"));
   nlohmann::json j = nlohmann::json::parse(read_file(resolved));
-  EXPECT_EQ(j["lr_schedule"]["warmup_steps"], 7);        // --set
-  EXPECT_EQ(j["lr_schedule"]["style"], "linear");        // plugin default
-  EXPECT_EQ(j["train"]["steps"], 5);                     // --set into a core section
-  EXPECT_EQ(j["train"]["micro_batch_size"], 1);          // core default
+  EXPECT_EQ(j["lr_schedule"]["warmup_steps"], 7);  // --set
+  EXPECT_EQ(j["lr_schedule"]["style"], "linear");  // plugin default
+  EXPECT_EQ(j["train"]["steps"], 5);               // --set into a core section
+  EXPECT_EQ(j["train"]["micro_batch_size"], 1);    // core default
   EXPECT_EQ(j["parallel"]["tp"], 1);
   EXPECT_EQ(j["lr_schedule"]["impl"], "test_warmup");
 }
@@ -115,7 +115,8 @@ TEST_F(CliTest, SpecMistakesNameThePointerAndTheFix) {
       {{{"lr_schedule", {{"impl", "test_warmup"}, {"lr", 0}}}},
        "spec /lr_schedule/lr: expected number > 0, got 0"},
       {{{"parallel", {{"tp", 0}}}}, "spec /parallel/tp: expected integer >= 1, got 0"},
-      {{{"lr_schedule", {{"impl", "test_warmup"}}}}, "spec /lr_schedule: missing required key 'lr'"},
+      {{{"lr_schedule", {{"impl", "test_warmup"}}}},
+       "spec /lr_schedule: missing required key 'lr'"},
       {{{"lr_schedule", {{"impl", "test_warmpu"}, {"lr", 1}}}},
        "spec /lr_schedule/impl: unknown lr_schedule impl 'test_warmpu' (did you mean "
        "'test_warmup', provided by plugin testgood?)"},
@@ -203,8 +204,8 @@ TEST_F(CliTest, ListAndDescribeReadManifestsOnly) {
 
 TEST_F(CliTest, TrainWithoutAModelPluginSaysSo) {
   fs::create_directories(dir_ / "empty");
-  fs::path s = spec("gpt.json", {{"model", {{"impl", "gpt"}}},
-                                 {"plugins", {{"search_paths", {"empty"}}}}});
+  fs::path s =
+      spec("gpt.json", {{"model", {{"impl", "gpt"}}}, {"plugins", {{"search_paths", {"empty"}}}}});
   RunResult r = run_loom("train " + q(s));
   EXPECT_EQ(r.exit_code, kUnavailable);
   expect_one_error(r, "train");
@@ -212,7 +213,8 @@ TEST_F(CliTest, TrainWithoutAModelPluginSaysSo) {
 }
 
 TEST_F(CliTest, TrainBuildsTheModelAndWritesTheResolvedSpec) {
-  fs::path s = spec("model.json", {{"model", {{"impl", "test_model"}, {"norm", {{"impl", "test_scale"}}}}}});
+  fs::path s =
+      spec("model.json", {{"model", {{"impl", "test_model"}, {"norm", {{"impl", "test_scale"}}}}}});
   fs::path run_dir = dir_ / "run";
   RunResult r = run_loom("train " + q(s) + " --run-dir " + q(run_dir));
   EXPECT_THAT(r.out, HasSubstr("layout: tp=1 cp=1 ep=1 dp=1 pp=1 (world size 1)"));

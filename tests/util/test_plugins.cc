@@ -64,9 +64,9 @@ RunResult run_loom(const std::string& args, const std::string& env, const fs::pa
   fs::path base = tmp_root() / ("run_" + std::to_string(counter++));
   fs::path out = base.string() + ".out", err = base.string() + ".err";
   std::string loom = runfile("tools/loom").string();
-  std::string command = (cwd.empty() ? std::string() : "cd '" + cwd.string() + "' && ") +
-                        "env " + (env.empty() ? std::string("LOOM_UNUSED=1") : env) + " '" + loom +
-                        "' " + args + " > '" + out.string() + "' 2> '" + err.string() + "'";
+  std::string command = (cwd.empty() ? std::string() : "cd '" + cwd.string() + "' && ") + "env " +
+                        (env.empty() ? std::string("LOOM_UNUSED=1") : env) + " '" + loom + "' " +
+                        args + " > '" + out.string() + "' 2> '" + err.string() + "'";
   int status = std::system(command.c_str());
   RunResult r;
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;

@@ -1,8 +1,8 @@
 #include "tools/cli/args.h"
 
-#include <algorithm>
-
 #include <fmt/format.h>
+
+#include <algorithm>
 
 #include "core/spec/did_you_mean.h"
 #include "core/util/errors.h"

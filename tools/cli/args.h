@@ -15,7 +15,7 @@ struct ArgSpec {
   std::vector<std::string> values;  ///< options with a value, e.g. "--set" (repeatable)
   int min_positionals = 0;
   int max_positionals = 0;
-  std::string usage;                ///< "loom spec validate SPEC [--set PATH=VALUE]..."
+  std::string usage;  ///< "loom spec validate SPEC [--set PATH=VALUE]..."
 };
 
 /// Parsed arguments.

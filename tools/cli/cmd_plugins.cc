@@ -1,7 +1,7 @@
 // loom plugins list | describe NAME | check [NAME]
-#include <cstdio>
-
 #include <fmt/format.h>
+
+#include <cstdio>
 
 #include "core/plugin/plugin_manager.h"
 #include "core/spec/did_you_mean.h"
@@ -20,18 +20,24 @@ void print_options(const nlohmann::json& schema, const std::string& indent) {
   std::vector<std::string> required = schema.value("required", std::vector<std::string>{});
   for (const auto& [name, prop] : schema["properties"].items()) {
     std::string type;
-    if (prop.contains("x-loom-component")) type = "component " + prop["x-loom-component"].get<std::string>();
-    else if (prop.contains("enum")) type = "one of " + prop["enum"].dump();
-    else if (prop.contains("type")) type = prop["type"].is_string() ? prop["type"].get<std::string>() : prop["type"].dump();
+    if (prop.contains("x-loom-component"))
+      type = "component " + prop["x-loom-component"].get<std::string>();
+    else if (prop.contains("enum"))
+      type = "one of " + prop["enum"].dump();
+    else if (prop.contains("type"))
+      type = prop["type"].is_string() ? prop["type"].get<std::string>() : prop["type"].dump();
     std::string range;
     for (const char* k : {"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"})
       if (prop.contains(k)) range += fmt::format(" {}={}", k, prop[k].dump());
     std::string def = prop.contains("default") ? " default " + prop["default"].dump()
-                      : std::find(required.begin(), required.end(), name) != required.end() ? " required"
-                                                                                             : "";
-    std::printf("%s%-22s %s%s%s\n", indent.c_str(), name.c_str(), type.c_str(), range.c_str(), def.c_str());
+                      : std::find(required.begin(), required.end(), name) != required.end()
+                          ? " required"
+                          : "";
+    std::printf("%s%-22s %s%s%s\n", indent.c_str(), name.c_str(), type.c_str(), range.c_str(),
+                def.c_str());
     if (prop.contains("description"))
-      std::printf("%s%-22s   %s\n", indent.c_str(), "", prop["description"].get<std::string>().c_str());
+      std::printf("%s%-22s   %s\n", indent.c_str(), "",
+                  prop["description"].get<std::string>().c_str());
   }
 }
 
@@ -40,8 +46,11 @@ int plugins_list(const Args& args) {
   if (args.flag("--json")) {
     nlohmann::json out = nlohmann::json::array();
     for (const core::PluginRecord& p : catalog.plugins())
-      out.push_back({{"name", p.name}, {"version", p.version}, {"dir", p.dir.string()},
-                     {"origin", p.origin}, {"manifest", p.manifest}});
+      out.push_back({{"name", p.name},
+                     {"version", p.version},
+                     {"dir", p.dir.string()},
+                     {"origin", p.origin},
+                     {"manifest", p.manifest}});
     std::printf("%s\n", out.dump(2).c_str());
     return core::kExitOk;
   }
@@ -87,9 +96,13 @@ int plugins_describe(const Args& args) {
       if (c.name != name) continue;
       found = true;
       if (json) {
-        std::printf("%s\n", nlohmann::json({{"plugin", p.name}, {"kind", c.kind}, {"name", c.name},
-                                             {"description", c.description}, {"options", c.options}})
-                                .dump(2).c_str());
+        std::printf("%s\n", nlohmann::json({{"plugin", p.name},
+                                            {"kind", c.kind},
+                                            {"name", c.name},
+                                            {"description", c.description},
+                                            {"options", c.options}})
+                                .dump(2)
+                                .c_str());
         continue;
       }
       std::printf("%s '%s' (plugin %s %s): %s\n", c.kind.c_str(), c.name.c_str(), p.name.c_str(),
@@ -102,16 +115,17 @@ int plugins_describe(const Args& args) {
     names.push_back(p.name);
     for (const core::ManifestComponent& c : p.components) names.push_back(c.name);
   }
-  throw core::PluginError(Code::kNotFound,
-                          fmt::format("no plugin or component named '{}'{}; searched: {}", name,
-                                      core::did_you_mean(name, names),
-                                      core::describe_roots(catalog.roots())));
+  throw core::PluginError(
+      Code::kNotFound,
+      fmt::format("no plugin or component named '{}'{}; searched: {}", name,
+                  core::did_you_mean(name, names), core::describe_roots(catalog.roots())));
 }
 
 int plugins_check(const Args& args) {
   core::PluginManager manager(catalog_from_args(args));
   std::vector<std::string> names;
-  if (!args.positionals.empty()) names.push_back(args.positionals[0]);
+  if (!args.positionals.empty())
+    names.push_back(args.positionals[0]);
   else
     for (const core::PluginRecord& p : manager.catalog().plugins()) names.push_back(p.name);
   if (names.empty()) {
@@ -131,16 +145,28 @@ int plugins_check(const Args& args) {
 }  // namespace
 
 int cmd_plugins(const std::vector<std::string>& argv) {
-  const std::string usage = "loom plugins list|describe NAME|check [NAME] [--json] [--plugin-path DIR]";
+  const std::string usage =
+      "loom plugins list|describe NAME|check [NAME] [--json] [--plugin-path DIR]";
   if (argv.empty()) throw core::UsageError("missing subcommand\nusage: " + usage);
   std::vector<std::string> rest(argv.begin() + 1, argv.end());
   const std::string& sub = argv[0];
-  if (sub == "list") return plugins_list(parse_args(rest, {{"--json"}, {"--plugin-path"}, 0, 0, "loom plugins list [--json] [--plugin-path DIR]"}));
+  if (sub == "list")
+    return plugins_list(parse_args(
+        rest,
+        {{"--json"}, {"--plugin-path"}, 0, 0, "loom plugins list [--json] [--plugin-path DIR]"}));
   if (sub == "describe")
-    return plugins_describe(parse_args(rest, {{"--json"}, {"--plugin-path"}, 1, 1, "loom plugins describe NAME [--json] [--plugin-path DIR]"}));
-  if (sub == "check") return plugins_check(parse_args(rest, {{}, {"--plugin-path"}, 0, 1, "loom plugins check [NAME] [--plugin-path DIR]"}));
+    return plugins_describe(
+        parse_args(rest, {{"--json"},
+                          {"--plugin-path"},
+                          1,
+                          1,
+                          "loom plugins describe NAME [--json] [--plugin-path DIR]"}));
+  if (sub == "check")
+    return plugins_check(parse_args(
+        rest, {{}, {"--plugin-path"}, 0, 1, "loom plugins check [NAME] [--plugin-path DIR]"}));
   throw core::UsageError(fmt::format("unknown subcommand 'plugins {}'{}\nusage: {}", sub,
-                                     core::did_you_mean(sub, {"list", "describe", "check"}), usage));
+                                     core::did_you_mean(sub, {"list", "describe", "check"}),
+                                     usage));
 }
 
 }  // namespace loom::cli

@@ -1,7 +1,7 @@
 // loom spec validate SPEC [--set PATH=VALUE]... [--write-resolved FILE] [--load]
-#include <cstdio>
-
 #include <fmt/format.h>
+
+#include <cstdio>
 
 #include "core/plugin/plugin_manager.h"
 #include "core/spec/did_you_mean.h"
@@ -50,8 +50,8 @@ int cmd_spec(const std::vector<std::string>& argv) {
   if (argv[0] != "validate")
     throw core::UsageError(fmt::format("unknown subcommand 'spec {}'{}\nusage: {}", argv[0],
                                        core::did_you_mean(argv[0], {"validate"}), usage));
-  return spec_validate(parse_args(
-      rest, {{"--load"}, {"--set", "--write-resolved", "--plugin-path"}, 1, 1, usage}));
+  return spec_validate(
+      parse_args(rest, {{"--load"}, {"--set", "--write-resolved", "--plugin-path"}, 1, 1, usage}));
 }
 
 }  // namespace loom::cli

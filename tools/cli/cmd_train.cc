@@ -1,7 +1,7 @@
 // loom train SPEC [--set PATH=VALUE]... [--run-dir DIR]
-#include <cstdio>
-
 #include <fmt/format.h>
+
+#include <cstdio>
 
 #include "core/build/builder.h"
 #include "core/plugin/plugin_manager.h"
@@ -50,13 +50,13 @@ int cmd_train(const std::vector<std::string>& argv) {
   if (!spec.spec.contains("model"))
     throw core::SpecError("/model", "missing: training needs a model node {\"impl\": NAME, ...}");
   if (spec.catalog->component_names("model").empty())
-    throw Error(Code::kUnavailable,
-                fmt::format("no model plugin yet: the spec selects model '{}' but no plugin on "
-                            "the search path provides any model (searched: {}); build the "
-                            "model plugins (`tools/loom test` builds everything) or add their "
-                            "directory with --plugin-path",
-                            spec.spec["model"].is_object() ? spec.spec["model"].value("impl", "?") : "?",
-                            core::describe_roots(spec.catalog->roots())));
+    throw Error(
+        Code::kUnavailable,
+        fmt::format("no model plugin yet: the spec selects model '{}' but no plugin on "
+                    "the search path provides any model (searched: {}); add the directory of a "
+                    "plugin that provides one with --plugin-path or LOOM_PLUGIN_PATH",
+                    spec.spec["model"].is_object() ? spec.spec["model"].value("impl", "?") : "?",
+                    core::describe_roots(spec.catalog->roots())));
   spec.uses = core::resolve_spec(spec.spec, *spec.catalog);
 
   const nlohmann::json& log = spec.spec["log"];
@@ -78,10 +78,11 @@ int cmd_train(const std::vector<std::string>& argv) {
   const nlohmann::json& par = spec.spec["parallel"];
   int64_t world = par["tp"].get<int64_t>() * par["cp"].get<int64_t>() * par["dp"].get<int64_t>() *
                   par["pp"].get<int64_t>();
-  std::printf("loom train %s\n  run dir: %s\n  layout: tp=%d cp=%d ep=%d dp=%d pp=%d (world size %lld)\n",
-              spec.path.string().c_str(), run_dir.string().c_str(), par["tp"].get<int>(),
-              par["cp"].get<int>(), par["ep"].get<int>(), par["dp"].get<int>(),
-              par["pp"].get<int>(), static_cast<long long>(world));
+  std::printf(
+      "loom train %s\n  run dir: %s\n  layout: tp=%d cp=%d ep=%d dp=%d pp=%d (world size %lld)\n",
+      spec.path.string().c_str(), run_dir.string().c_str(), par["tp"].get<int>(),
+      par["cp"].get<int>(), par["ep"].get<int>(), par["dp"].get<int>(), par["pp"].get<int>(),
+      static_cast<long long>(world));
   for (const core::LoadedPlugin& p : manager.loaded())
     std::printf("  plugin %s %s (%s)\n", p.record->name.c_str(), p.info->version,
                 p.record->library.string().c_str());

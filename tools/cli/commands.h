@@ -4,10 +4,9 @@
 
 #include <filesystem>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "core/plugin/catalog.h"
 #include "core/plugin/plugin_manager.h"

@@ -1,6 +1,6 @@
-#include <cstdio>
-
 #include <fmt/format.h>
+
+#include <cstdio>
 
 #include "core/plugin/plugin_manager.h"
 #include "core/spec/schema.h"
@@ -23,7 +23,8 @@ ResolvedSpec read_spec(const Args& args) {
   ResolvedSpec out;
   out.path = args.positionals.at(0);
   out.spec = core::load_spec_file(out.path);
-  for (const std::string& assignment : args.all("--set")) core::apply_override(out.spec, assignment);
+  for (const std::string& assignment : args.all("--set"))
+    core::apply_override(out.spec, assignment);
   // Search paths: --plugin-path first, then the spec's (relative to the spec file).
   std::vector<fs::path> paths;
   for (const std::string& p : args.all("--plugin-path")) paths.push_back(fs::absolute(p));

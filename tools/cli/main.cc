@@ -1,9 +1,9 @@
 // `loom`: the front door. One binary with subcommands; see `loom --help`.
+#include <fmt/format.h>
+
 #include <cstdio>
 #include <string>
 #include <vector>
-
-#include <fmt/format.h>
 
 #include "core/util/errors.h"
 #include "core/version.h"

@@ -49,8 +49,8 @@ class IHost {
   /// \param dtype     the dtype the op keys on
   /// \param example   a call with the shapes to be used (data may be null), or null
   /// \param[out] out  a copy of the chosen kernel's descriptor
-  virtual Status find_kernel(StringView op, DeviceType device, DType dtype,
-                             const OpCall* example, KernelDesc* out) noexcept = 0;
+  virtual Status find_kernel(StringView op, DeviceType device, DType dtype, const OpCall* example,
+                             KernelDesc* out) noexcept = 0;
 
   /// Returns the communicator of a process group named by grid dimensions, e.g. "tp",
   /// "dp", "tp,cp" (DESIGN.md section 5). Owned by the core.

@@ -18,15 +18,15 @@ namespace loom {
 
 /// One invocation of an op.
 struct OpCall {
-  uint32_t struct_size;         ///< sizeof(OpCall) of the caller; fields are appended
-  const TensorView* inputs;     ///< [num_inputs]
+  uint32_t struct_size;      ///< sizeof(OpCall) of the caller; fields are appended
+  const TensorView* inputs;  ///< [num_inputs]
   int32_t num_inputs;
-  TensorView* outputs;          ///< [num_outputs], memory provided by the caller
+  TensorView* outputs;  ///< [num_outputs], memory provided by the caller
   int32_t num_outputs;
-  const void* attrs;            ///< op-specific attributes struct, or null
-  uint64_t attrs_size;          ///< sizeof(*attrs), checked by the kernel
-  void* stream;                 ///< device stream (cudaStream_t) or null on the CPU
-  void* workspace;              ///< scratch memory from the caller, may be null
+  const void* attrs;    ///< op-specific attributes struct, or null
+  uint64_t attrs_size;  ///< sizeof(*attrs), checked by the kernel
+  void* stream;         ///< device stream (cudaStream_t) or null on the CPU
+  void* workspace;      ///< scratch memory from the caller, may be null
   uint64_t workspace_bytes;
 };
 
@@ -49,17 +49,17 @@ typedef uint64_t (*KernelWorkspaceFn)(const OpCall* call);
 
 /// A kernel as registered with IRegistry::add_kernel.
 struct KernelDesc {
-  uint32_t struct_size;          ///< sizeof(KernelDesc) of the registering plugin
-  const char* op;                ///< op name, e.g. "gemm", "rmsnorm_fwd"; static string
-  int32_t op_version;            ///< version of the op's contract (attrs, inputs, outputs)
-  DeviceType device;             ///< device family it runs on
-  DType dtype;                   ///< dtype it serves (the op defines which tensor it keys on)
-  const char* name;              ///< kernel name, unique per op, e.g. "cpu.blas"
-  int32_t priority;              ///< highest priority whose `supports` accepts a call wins
-  KernelFn fn;                   ///< the kernel
-  KernelSupportsFn supports;     ///< may be null
-  KernelCostFn cost;             ///< may be null
-  KernelWorkspaceFn workspace;   ///< may be null
+  uint32_t struct_size;         ///< sizeof(KernelDesc) of the registering plugin
+  const char* op;               ///< op name, e.g. "gemm", "rmsnorm_fwd"; static string
+  int32_t op_version;           ///< version of the op's contract (attrs, inputs, outputs)
+  DeviceType device;            ///< device family it runs on
+  DType dtype;                  ///< dtype it serves (the op defines which tensor it keys on)
+  const char* name;             ///< kernel name, unique per op, e.g. "cpu.blas"
+  int32_t priority;             ///< highest priority whose `supports` accepts a call wins
+  KernelFn fn;                  ///< the kernel
+  KernelSupportsFn supports;    ///< may be null
+  KernelCostFn cost;            ///< may be null
+  KernelWorkspaceFn workspace;  ///< may be null
 };
 
 }  // namespace loom

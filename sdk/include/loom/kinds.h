@@ -9,14 +9,14 @@
 namespace loom::kinds {
 
 // Modules (loom/kinds/module.h and the headers beside it).
-inline constexpr InterfaceInfo kModel{"model", 1, 0};              ///< whole network
-inline constexpr InterfaceInfo kLayer{"layer", 1, 0};              ///< one transformer layer
-inline constexpr InterfaceInfo kModule{"module", 1, 0};            ///< any other module
-inline constexpr InterfaceInfo kAttention{"attention", 1, 0};      ///< attention core
-inline constexpr InterfaceInfo kMlp{"mlp", 1, 0};                  ///< feed-forward block
-inline constexpr InterfaceInfo kNorm{"norm", 1, 0};                ///< LayerNorm, RMSNorm, ...
-inline constexpr InterfaceInfo kMixer{"mixer", 1, 0};              ///< sequence mixer (Mamba)
-inline constexpr InterfaceInfo kRouter{"router", 1, 0};            ///< MoE router
+inline constexpr InterfaceInfo kModel{"model", 1, 0};                   ///< whole network
+inline constexpr InterfaceInfo kLayer{"layer", 1, 0};                   ///< one transformer layer
+inline constexpr InterfaceInfo kModule{"module", 1, 0};                 ///< any other module
+inline constexpr InterfaceInfo kAttention{"attention", 1, 0};           ///< attention core
+inline constexpr InterfaceInfo kMlp{"mlp", 1, 0};                       ///< feed-forward block
+inline constexpr InterfaceInfo kNorm{"norm", 1, 0};                     ///< LayerNorm, RMSNorm, ...
+inline constexpr InterfaceInfo kMixer{"mixer", 1, 0};                   ///< sequence mixer (Mamba)
+inline constexpr InterfaceInfo kRouter{"router", 1, 0};                 ///< MoE router
 inline constexpr InterfaceInfo kMoeDispatcher{"moe_dispatcher", 1, 0};  ///< MoE token moves
 // Numerics and training.
 inline constexpr InterfaceInfo kFp8Recipe{"fp8_recipe", 1, 0};
@@ -37,9 +37,9 @@ inline constexpr InterfaceInfo kKernel{"kernel", 1, 0};  ///< op kernels, loom/k
 
 /// Every kind a factory may be registered for, in the order `loom plugins list` prints.
 inline constexpr InterfaceInfo kComponentKinds[] = {
-    kModel,     kLayer,        kModule,      kAttention,   kMlp,
-    kNorm,      kMixer,        kRouter,      kMoeDispatcher, kFp8Recipe,
-    kOptimizer, kLrSchedule,   kPipelineSchedule, kCheckpointFormat, kCommBackend,
+    kModel,     kLayer,      kModule,           kAttention,        kMlp,
+    kNorm,      kMixer,      kRouter,           kMoeDispatcher,    kFp8Recipe,
+    kOptimizer, kLrSchedule, kPipelineSchedule, kCheckpointFormat, kCommBackend,
 };
 
 }  // namespace loom::kinds

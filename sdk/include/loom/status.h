@@ -34,20 +34,34 @@ enum class Code : int32_t {
 /// Returns the lower-case name of a code ("invalid_argument"); "unknown" for others.
 inline const char* code_name(Code code) noexcept {
   switch (code) {
-    case Code::kOk: return "ok";
-    case Code::kInvalidArgument: return "invalid_argument";
-    case Code::kNotFound: return "not_found";
-    case Code::kAlreadyExists: return "already_exists";
-    case Code::kFailedPrecondition: return "failed_precondition";
-    case Code::kOutOfRange: return "out_of_range";
-    case Code::kUnimplemented: return "unimplemented";
-    case Code::kInternal: return "internal";
-    case Code::kUnavailable: return "unavailable";
-    case Code::kResourceExhausted: return "resource_exhausted";
-    case Code::kIoError: return "io_error";
-    case Code::kAborted: return "aborted";
-    case Code::kDeadlineExceeded: return "deadline_exceeded";
-    case Code::kAbiMismatch: return "abi_mismatch";
+    case Code::kOk:
+      return "ok";
+    case Code::kInvalidArgument:
+      return "invalid_argument";
+    case Code::kNotFound:
+      return "not_found";
+    case Code::kAlreadyExists:
+      return "already_exists";
+    case Code::kFailedPrecondition:
+      return "failed_precondition";
+    case Code::kOutOfRange:
+      return "out_of_range";
+    case Code::kUnimplemented:
+      return "unimplemented";
+    case Code::kInternal:
+      return "internal";
+    case Code::kUnavailable:
+      return "unavailable";
+    case Code::kResourceExhausted:
+      return "resource_exhausted";
+    case Code::kIoError:
+      return "io_error";
+    case Code::kAborted:
+      return "aborted";
+    case Code::kDeadlineExceeded:
+      return "deadline_exceeded";
+    case Code::kAbiMismatch:
+      return "abi_mismatch";
   }
   return "unknown";
 }

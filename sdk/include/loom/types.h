@@ -45,12 +45,26 @@ enum class DType : int32_t {
 /// Size in bytes of one element of `dtype` (0 for kInvalid or unknown values).
 inline size_t dtype_size(DType dtype) noexcept {
   switch (dtype) {
-    case DType::kF64: case DType::kI64: return 8;
-    case DType::kF32: case DType::kI32: return 4;
-    case DType::kF16: case DType::kBF16: case DType::kI16: case DType::kU16: return 2;
-    case DType::kF8E4M3: case DType::kF8E5M2: case DType::kF8E8M0:
-    case DType::kI8: case DType::kU8: case DType::kBool: return 1;
-    case DType::kInvalid: return 0;
+    case DType::kF64:
+    case DType::kI64:
+      return 8;
+    case DType::kF32:
+    case DType::kI32:
+      return 4;
+    case DType::kF16:
+    case DType::kBF16:
+    case DType::kI16:
+    case DType::kU16:
+      return 2;
+    case DType::kF8E4M3:
+    case DType::kF8E5M2:
+    case DType::kF8E8M0:
+    case DType::kI8:
+    case DType::kU8:
+    case DType::kBool:
+      return 1;
+    case DType::kInvalid:
+      return 0;
   }
   return 0;
 }
@@ -58,21 +72,36 @@ inline size_t dtype_size(DType dtype) noexcept {
 /// The spec's name of a dtype ("f32", "bf16", "fp8_e4m3", ...); "invalid" otherwise.
 inline const char* dtype_name(DType dtype) noexcept {
   switch (dtype) {
-    case DType::kF32: return "f32";
-    case DType::kF16: return "f16";
-    case DType::kBF16: return "bf16";
-    case DType::kF8E4M3: return "fp8_e4m3";
-    case DType::kF8E5M2: return "fp8_e5m2";
-    case DType::kF64: return "f64";
-    case DType::kI8: return "i8";
-    case DType::kU8: return "u8";
-    case DType::kI16: return "i16";
-    case DType::kU16: return "u16";
-    case DType::kI32: return "i32";
-    case DType::kI64: return "i64";
-    case DType::kBool: return "bool";
-    case DType::kF8E8M0: return "fp8_e8m0";
-    case DType::kInvalid: return "invalid";
+    case DType::kF32:
+      return "f32";
+    case DType::kF16:
+      return "f16";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kF8E4M3:
+      return "fp8_e4m3";
+    case DType::kF8E5M2:
+      return "fp8_e5m2";
+    case DType::kF64:
+      return "f64";
+    case DType::kI8:
+      return "i8";
+    case DType::kU8:
+      return "u8";
+    case DType::kI16:
+      return "i16";
+    case DType::kU16:
+      return "u16";
+    case DType::kI32:
+      return "i32";
+    case DType::kI64:
+      return "i64";
+    case DType::kBool:
+      return "bool";
+    case DType::kF8E8M0:
+      return "fp8_e8m0";
+    case DType::kInvalid:
+      return "invalid";
   }
   return "invalid";
 }

@@ -83,7 +83,9 @@ TEST(PluginManagerTest, BuildsAModelWithItsChildThroughTheRegistry) {
   install_test_plugin(root, "good", "testgood");
   PluginManager manager(catalog_of(root));
   manager.load("testgood");
-  nlohmann::json node = {{"impl", "test_model"}, {"vocab_size", 7}, {"hidden_size", 3},
+  nlohmann::json node = {{"impl", "test_model"},
+                         {"vocab_size", 7},
+                         {"hidden_size", 3},
                          {"norm", {{"impl", "test_scale"}, {"scale", 2.0}}}};
   ObjectPtr object = build_component(manager, node, kinds::kModel, "/model");
   IModel* model = interface_cast<IModel>(object.get());
@@ -136,7 +138,9 @@ TEST(PluginManagerTest, FileThatIsNotASharedObjectIsReported) {
   fs::path dir = install_test_plugin(root, "good", "testgood");
   write_file(dir / "libloom_testgood.so", "this is text, not ELF\n");
   EXPECT_THAT(load_error(root, "testgood"), HasSubstr("is not a shared object"));
-  write_file(dir / "libloom_testgood.so", "\x7f" "ELF but truncated");
+  write_file(dir / "libloom_testgood.so",
+             "\x7f"
+             "ELF but truncated");
   EXPECT_THAT(load_error(root, "testgood"), HasSubstr("is not a readable shared object"));
 }
 

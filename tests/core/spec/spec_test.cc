@@ -16,7 +16,7 @@ TEST(ApplyOverrideTest, ParsesJsonValuesAndFallsBackToStrings) {
   nlohmann::json spec = {{"train", {{"steps", 10}}}};
   apply_override(spec, "train.steps=20");
   apply_override(spec, "train.device=cuda");
-  apply_override(spec, "model.impl=gpt");                       // creates /model
+  apply_override(spec, "model.impl=gpt");                      // creates /model
   apply_override(spec, "plugins.search_paths=[\"a\",\"b\"]");  // JSON array
   apply_override(spec, "optimizer.lr=3e-4");
   EXPECT_EQ(spec["train"]["steps"], 20);

@@ -1,39 +1,17 @@
 // A well-behaved test plugin: a model with a child norm, a norm and an LR schedule, and a
 // kernel, all registered through the SDK's C++ conveniences (loom/sdk.h).
+#include <loom/sdk.h>
+
 #include <cmath>
 #include <string>
 
-#include <loom/sdk.h>
+#include "tests/plugins/common/test_module.h"
 
 namespace {
 
 using loom::Status;
 
-// Shared module bookkeeping for the two test modules: no parameters unless overridden.
-template <class I>
-class TestModule : public loom::Object<I> {
- public:
-  int32_t param_count() const noexcept override { return 0; }
-  Status param_info(int32_t, loom::ParamInfo*) const noexcept override {
-    return loom::make_status(loom::Code::kOutOfRange, "no parameters");
-  }
-  Status bind_param(int32_t, const loom::TensorView*, const loom::TensorView*) noexcept override {
-    return loom::make_status(loom::Code::kOutOfRange, "no parameters");
-  }
-  Status init_param(int32_t, uint64_t) noexcept override { return loom::ok_status(); }
-  int32_t child_count() const noexcept override { return 0; }
-  Status child(int32_t, loom::StringView*, loom::IModule**) noexcept override {
-    return loom::make_status(loom::Code::kOutOfRange, "no children");
-  }
-  Status forward(loom::IForwardContext*, const loom::TensorView*, int32_t, loom::TensorView*,
-                 int32_t) noexcept override {
-    return loom::make_status(loom::Code::kUnimplemented, "test module");
-  }
-  Status backward(loom::IForwardContext*, const loom::TensorView*, int32_t, loom::TensorView*,
-                  int32_t) noexcept override {
-    return loom::make_status(loom::Code::kUnimplemented, "test module");
-  }
-};
+using loom::testing::TestModule;
 
 class TestScale final : public TestModule<loom::INorm> {
  public:
@@ -48,8 +26,9 @@ class TestModel final : public TestModule<loom::IModel> {
       : vocab_(options.at("vocab_size").get<int64_t>()),
         hidden_(options.at("hidden_size").get<int64_t>()) {
     loom::IObject* child = nullptr;
-    loom::throw_if_error(ctx.build_child(loom::make_string_view("norm"), loom::kinds::kNorm, &child),
-                         "building the norm");
+    loom::throw_if_error(
+        ctx.build_child(loom::make_string_view("norm"), loom::kinds::kNorm, &child),
+        "building the norm");
     norm_ = loom::interface_cast<loom::INorm>(child);
     LOOM_CHECK(norm_ != nullptr, "child is not a norm");
   }

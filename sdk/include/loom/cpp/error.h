@@ -74,10 +74,10 @@ std::string concat(Args&&... args) {
 
 /// Internal invariant: on failure throws loom::Error(kInternal) with file, line, the
 /// condition and the streamed values, e.g. LOOM_CHECK(n > 0, "n=", n).
-#define LOOM_CHECK(cond, ...)                                                          \
-  do {                                                                                 \
-    if (!(cond))                                                                       \
-      ::loom::fail(::loom::Code::kInternal,                                            \
-                   ::loom::detail::concat(__FILE__, ":", __LINE__, ": check failed: ", \
-                                          #cond, " " __VA_OPT__(, ) __VA_ARGS__));     \
+#define LOOM_CHECK(cond, ...)                                                                 \
+  do {                                                                                        \
+    if (!(cond))                                                                              \
+      ::loom::fail(::loom::Code::kInternal,                                                   \
+                   ::loom::detail::concat(__FILE__, ":", __LINE__, ": check failed: ", #cond, \
+                                          " " __VA_OPT__(, ) __VA_ARGS__));                   \
   } while (0)

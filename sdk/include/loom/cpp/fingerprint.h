@@ -39,7 +39,7 @@
 #endif
 
 /// The fingerprint of the translation unit that expands it, as a JSON string literal.
-#define LOOM_BUILD_FINGERPRINT_JSON                                                   \
-  "{\"compiler\":\"" LOOM_FP_COMPILER "\",\"cxx_stdlib\":\"" LOOM_FP_STDLIB           \
+#define LOOM_BUILD_FINGERPRINT_JSON                                                 \
+  "{\"compiler\":\"" LOOM_FP_COMPILER "\",\"cxx_stdlib\":\"" LOOM_FP_STDLIB         \
   "\",\"cxx11_abi\":" LOOM_FP_CXX11_ABI ",\"glibcxx_debug\":" LOOM_FP_GLIBCXX_DEBUG \
   ",\"cuda\":" LOOM_FP_CUDA ",\"sdk\":\"" LOOM_SDK_VERSION "\",\"abi\":\"" LOOM_ABI_STRING "\"}"

@@ -20,9 +20,9 @@ namespace loom {
 /// Maps an interface class to its (kind, version).
 template <class Interface>
 struct KindOf;
-#define LOOM_KIND_OF(Interface, info) \
-  template <>                         \
-  struct KindOf<Interface> {          \
+#define LOOM_KIND_OF(Interface, info)            \
+  template <>                                    \
+  struct KindOf<Interface> {                     \
     static constexpr InterfaceInfo value = info; \
   }
 LOOM_KIND_OF(IModel, kinds::kModel);

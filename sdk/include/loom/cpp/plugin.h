@@ -23,11 +23,10 @@
 
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "loom/cpp/error.h"
 #include "loom/cpp/fingerprint.h"
@@ -183,7 +182,7 @@ const PluginInfo* plugin_info() {
 
 /// Defines the plugin's entry point for main class `PluginClass` (derived from
 /// loom::Plugin). Use once per plugin, at namespace scope.
-#define LOOM_PLUGIN(PluginClass)                                     \
+#define LOOM_PLUGIN(PluginClass)                                      \
   extern "C" LOOM_EXPORT const ::loom::PluginInfo* loom_plugin_v1() { \
     return ::loom::plugin_info<PluginClass>();                        \
   }

@@ -16,7 +16,7 @@ namespace loom {
 /// One tensor, or this rank's slice of it.
 struct CheckpointTensor {
   uint32_t struct_size;
-  const char* name;                ///< global name, e.g. "model.layers.3.mlp.fc1.weight"
+  const char* name;  ///< global name, e.g. "model.layers.3.mlp.fc1.weight"
   int32_t ndim;
   int64_t global_shape[kMaxDims];  ///< the whole tensor
   int64_t offset[kMaxDims];        ///< where this slice starts in the whole tensor

@@ -43,7 +43,8 @@ class ICommunicator : public IObject {
                             const int64_t* recv_counts, const int64_t* recv_offsets,
                             void* stream) noexcept = 0;
   /// Point-to-point: not collective.
-  virtual Status send(const TensorView* tensor, int32_t peer, int32_t tag, void* stream) noexcept = 0;
+  virtual Status send(const TensorView* tensor, int32_t peer, int32_t tag,
+                      void* stream) noexcept = 0;
   virtual Status recv(TensorView* tensor, int32_t peer, int32_t tag, void* stream) noexcept = 0;
   virtual Status barrier() noexcept = 0;
   /// Timeout of every operation, in milliseconds.
@@ -74,8 +75,8 @@ class ICommBackend : public IObject {
   /// \param rank, size  this rank in the group and the group's size
   /// \param device      the device family this communicator serves
   /// \param[out] out    the communicator; the caller owns it
-  virtual Status create_communicator(IRendezvousStore* store, StringView group_key,
-                                     int32_t rank, int32_t size, DeviceType device,
+  virtual Status create_communicator(IRendezvousStore* store, StringView group_key, int32_t rank,
+                                     int32_t size, DeviceType device,
                                      ICommunicator** out) noexcept = 0;
 
  protected:

@@ -21,18 +21,18 @@ enum class Fp8Role : int32_t {
 
 /// Scaling granularity of the quantised output.
 enum class Fp8Granularity : int32_t {
-  kPerTensor = 0,  ///< one scale
-  kBlock1x128 = 1, ///< one scale per 1x128 block (activations, blockwise recipe)
+  kPerTensor = 0,   ///< one scale
+  kBlock1x128 = 1,  ///< one scale per 1x128 block (activations, blockwise recipe)
   kBlock128x128 = 2,
-  kMx1x32 = 3,     ///< MXFP8: one E8M0 scale per 32 elements
+  kMx1x32 = 3,  ///< MXFP8: one E8M0 scale per 32 elements
 };
 
 /// Describes what `quantize` produces for one quantiser.
 struct Fp8QuantizerInfo {
   uint32_t struct_size;
-  DType dtype;                  ///< kF8E4M3 or kF8E5M2
+  DType dtype;  ///< kF8E4M3 or kF8E5M2
   Fp8Granularity granularity;
-  DType scale_dtype;            ///< kF32 or kF8E8M0
+  DType scale_dtype;  ///< kF32 or kF8E8M0
 };
 
 class IFp8Recipe : public IObject {

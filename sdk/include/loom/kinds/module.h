@@ -19,12 +19,12 @@ namespace loom {
 /// Flags of a parameter (ParamInfo::flags).
 enum ParamFlags : uint32_t {
   kParamNone = 0,
-  kParamNoWeightDecay = 1u << 0,    ///< norms and biases: AdamW skips decay
-  kParamSequenceParallel = 1u << 1, ///< replicated in TP but computed on sequence shards:
-                                    ///< its gradient is all-reduced over the TP group
-  kParamExpert = 1u << 2,           ///< owned by one expert-parallel rank (expert_index)
-  kParamTiedEmbedding = 1u << 3,    ///< shared between embedding and output layer
-  kParamFrozen = 1u << 4,           ///< no gradient, not updated
+  kParamNoWeightDecay = 1u << 0,     ///< norms and biases: AdamW skips decay
+  kParamSequenceParallel = 1u << 1,  ///< replicated in TP but computed on sequence shards:
+                                     ///< its gradient is all-reduced over the TP group
+  kParamExpert = 1u << 2,            ///< owned by one expert-parallel rank (expert_index)
+  kParamTiedEmbedding = 1u << 3,     ///< shared between embedding and output layer
+  kParamFrozen = 1u << 4,            ///< no gradient, not updated
 };
 
 /// How a parameter starts out (ParamInfo::init).
@@ -40,17 +40,17 @@ enum class ParamInit : int32_t {
 /// One parameter declared by a module, with its parallel layout. The layout is what the
 /// optimizer, the gradient reduction and the checkpoint formats read; nothing guesses it.
 struct ParamInfo {
-  uint32_t struct_size;              ///< sizeof(ParamInfo) of the module's library
-  const char* name;                  ///< name within the module, e.g. "weight"; static
-  DType dtype;                       ///< storage dtype of the parameter
-  int32_t ndim;                      ///< rank of the shapes below
-  int64_t shape[kMaxDims];           ///< shape on this rank
-  int64_t global_shape[kMaxDims];    ///< shape of the whole tensor across ranks
-  int32_t tp_split_dim;              ///< dimension split over the TP group, -1 if none
-  int32_t expert_index;              ///< global expert id when kParamExpert, else -1
-  uint32_t flags;                    ///< ParamFlags
-  ParamInit init;                    ///< initialisation rule
-  float init_std;                    ///< scale for kNormal / kScaledNormal / kUniform
+  uint32_t struct_size;            ///< sizeof(ParamInfo) of the module's library
+  const char* name;                ///< name within the module, e.g. "weight"; static
+  DType dtype;                     ///< storage dtype of the parameter
+  int32_t ndim;                    ///< rank of the shapes below
+  int64_t shape[kMaxDims];         ///< shape on this rank
+  int64_t global_shape[kMaxDims];  ///< shape of the whole tensor across ranks
+  int32_t tp_split_dim;            ///< dimension split over the TP group, -1 if none
+  int32_t expert_index;            ///< global expert id when kParamExpert, else -1
+  uint32_t flags;                  ///< ParamFlags
+  ParamInit init;                  ///< initialisation rule
+  float init_std;                  ///< scale for kNormal / kScaledNormal / kUniform
 };
 
 /// Activation recomputation policy of a forward context.
@@ -86,7 +86,8 @@ class IForwardContext {
   virtual Status load(const void* owner, int32_t slot, TensorView* out) noexcept = 0;
   /// A Philox-style counter-based random stream for (owner, purpose), reproducible for
   /// the run's seed, the step and the micro-batch: returns the key and the first counter.
-  virtual void rng(const void* owner, uint64_t purpose, uint64_t* key, uint64_t* counter) noexcept = 0;
+  virtual void rng(const void* owner, uint64_t purpose, uint64_t* key,
+                   uint64_t* counter) noexcept = 0;
 };
 
 /// Base of every trainable module. Inputs and outputs are positional; each kind's header

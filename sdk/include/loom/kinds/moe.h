@@ -27,9 +27,8 @@ class IMoeDispatcher : public IObject {
   /// \param experts             (N, K) i32, global expert ids
   /// \param[out] dispatched     (M, C), grouped by local expert
   /// \param[out] tokens_per_expert  (E_local,) i64
-  virtual Status dispatch(IForwardContext* ctx, const TensorView* hidden,
-                          const TensorView* experts, TensorView* dispatched,
-                          TensorView* tokens_per_expert) noexcept = 0;
+  virtual Status dispatch(IForwardContext* ctx, const TensorView* hidden, const TensorView* experts,
+                          TensorView* dispatched, TensorView* tokens_per_expert) noexcept = 0;
   /// Brings expert outputs back and sums them with the router's weights.
   /// \param expert_out  (M, C)
   /// \param probs       (N, K) f32
@@ -38,8 +37,7 @@ class IMoeDispatcher : public IObject {
                          const TensorView* probs, TensorView* hidden) noexcept = 0;
   /// Backward of combine: grad (N, C) -> grad of expert_out (M, C) and of probs (N, K).
   virtual Status combine_backward(IForwardContext* ctx, const TensorView* grad_hidden,
-                                  TensorView* grad_expert_out,
-                                  TensorView* grad_probs) noexcept = 0;
+                                  TensorView* grad_expert_out, TensorView* grad_probs) noexcept = 0;
   /// Backward of dispatch: grad (M, C) -> grad of hidden (N, C).
   virtual Status dispatch_backward(IForwardContext* ctx, const TensorView* grad_dispatched,
                                    TensorView* grad_hidden) noexcept = 0;

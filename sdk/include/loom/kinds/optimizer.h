@@ -12,10 +12,10 @@ namespace loom {
 /// Hyper-parameters that may change every step (from the LR schedule and the trainer).
 struct OptimizerStep {
   uint32_t struct_size;
-  int64_t step;          ///< 1-based optimizer step
-  double lr;             ///< learning rate for this step
-  double weight_decay;   ///< decoupled weight decay for params without kParamNoWeightDecay
-  double grad_scale;     ///< gradients are multiplied by this first (clipping, 1/loss scale)
+  int64_t step;         ///< 1-based optimizer step
+  double lr;            ///< learning rate for this step
+  double weight_decay;  ///< decoupled weight decay for params without kParamNoWeightDecay
+  double grad_scale;    ///< gradients are multiplied by this first (clipping, 1/loss scale)
 };
 
 /// An optimizer updates fp32 master weights from gradients. The core owns every buffer;

@@ -14,14 +14,14 @@
 namespace loom {
 
 enum class PipelineOp : int32_t {
-  kForward = 0,       ///< run forward of (micro_batch, chunk)
-  kBackward = 1,      ///< run backward of (micro_batch, chunk)
-  kSendActivation = 2,    ///< send forward output to the next stage
-  kRecvActivation = 3,    ///< receive forward input from the previous stage
-  kSendGrad = 4,      ///< send input gradient to the previous stage
-  kRecvGrad = 5,      ///< receive output gradient from the next stage
-  kBackwardInput = 6,     ///< backward for the input gradient only (zero-bubble split)
-  kBackwardWeight = 7,    ///< the deferred weight-gradient part
+  kForward = 0,         ///< run forward of (micro_batch, chunk)
+  kBackward = 1,        ///< run backward of (micro_batch, chunk)
+  kSendActivation = 2,  ///< send forward output to the next stage
+  kRecvActivation = 3,  ///< receive forward input from the previous stage
+  kSendGrad = 4,        ///< send input gradient to the previous stage
+  kRecvGrad = 5,        ///< receive output gradient from the next stage
+  kBackwardInput = 6,   ///< backward for the input gradient only (zero-bubble split)
+  kBackwardWeight = 7,  ///< the deferred weight-gradient part
 };
 
 struct PipelineAction {
@@ -33,10 +33,10 @@ struct PipelineAction {
 /// The shape of the pipeline a schedule is asked about.
 struct PipelineShape {
   uint32_t struct_size;
-  int32_t stages;          ///< pipeline-parallel size
-  int32_t rank;            ///< this rank's stage, 0-based
-  int32_t micro_batches;   ///< per optimizer step
-  int32_t chunks;          ///< virtual chunks per rank (1 without interleaving)
+  int32_t stages;         ///< pipeline-parallel size
+  int32_t rank;           ///< this rank's stage, 0-based
+  int32_t micro_batches;  ///< per optimizer step
+  int32_t chunks;         ///< virtual chunks per rank (1 without interleaving)
 };
 
 class IPipelineSchedule : public IObject {
