@@ -41,7 +41,7 @@ struct FactoryDesc {
   InterfaceInfo interface;          ///< kind and the version the objects implement
   const char* name;                 ///< what a spec writes in "impl", e.g. "rmsnorm"
   const char* description;          ///< one line for `loom plugins describe`
-  const char* options_schema_json;  ///< JSON Schema subset (see docs in sdk/README.md)
+  const char* options_schema_json;  ///< JSON Schema subset (sdk/README.md lists the keywords)
 };
 
 /// The registrar handed to a plugin's `register_components`. Valid only during that call.
