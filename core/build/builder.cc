@@ -54,12 +54,10 @@ ObjectPtr build_component(PluginManager& plugins, const nlohmann::json& node,
   IObject* raw = nullptr;
   Status status = factory->factory->create(StringView{options.data(), options.size()}, &ctx, &raw);
   if (status.code != Code::kOk) {
-    std::string why = status.message != nullptr ? status.message : "(no message)";
-    Code code = status.code;
-    status_release(&status);
-    if (code == Code::kInvalidArgument) throw SpecError(pointer, why);
-    throw PluginError(code, fmt::format("{} '{}' (plugin '{}') at spec {}: {}", kind.kind, name,
-                                        factory->plugin, pointer, why));
+    std::string why = take_message(&status);
+    if (status.code == Code::kInvalidArgument) throw SpecError(pointer, why);
+    throw PluginError(status.code, fmt::format("{} '{}' (plugin '{}') at spec {}: {}", kind.kind,
+                                               name, factory->plugin, pointer, why));
   }
   ObjectPtr object(raw);
   if (raw == nullptr)

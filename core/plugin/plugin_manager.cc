@@ -203,8 +203,7 @@ void PluginManager::load(const std::string& name) {
   std::string options = plugin_options_.contains(name) ? plugin_options_[name].dump() : "{}";
   Status status = info->init(&host_, StringView{options.data(), options.size()}, &loaded.state);
   if (status.code != Code::kOk) {
-    std::string why = status.message != nullptr ? status.message : "(no message)";
-    status_release(&status);
+    std::string why = take_message(&status);
     throw PluginError(
         status.code == Code::kAbiMismatch ? Code::kAbiMismatch : Code::kFailedPrecondition,
         fmt::format("plugin '{}' ({}): init failed: {}", name, lib, why));
@@ -213,10 +212,8 @@ void PluginManager::load(const std::string& name) {
   auto view = registry_.view_for(name);
   status = info->register_components(loaded.state, view.get());
   if (status.code != Code::kOk) {
-    std::string why = status.message != nullptr ? status.message : "(no message)";
-    Code code = status.code;
-    status_release(&status);
-    throw PluginError(code,
+    std::string why = take_message(&status);
+    throw PluginError(status.code,
                       fmt::format("plugin '{}' ({}): registration failed: {}", name, lib, why));
   }
 

@@ -32,15 +32,21 @@ class Error : public std::runtime_error {
   throw Error(code, std::move(message));
 }
 
+/// Returns the message of `status` ("(no message)" when it has none) and releases it; the
+/// code stays readable afterwards.
+inline std::string take_message(Status* status) {
+  std::string message = status->message != nullptr ? status->message : "(no message)";
+  status_release(status);
+  return message;
+}
+
 /// Releases `status` and, when it failed, throws it as an Error.
 /// \param status   what a boundary call returned
 /// \param context  prefixed to the message when not empty ("plugin 'x' init: ...")
 inline void throw_if_error(Status status, const std::string& context = {}) {
   if (status.code == Code::kOk) return;
-  std::string message = status.message != nullptr ? status.message : "(no message)";
-  Code code = status.code;
-  status_release(&status);
-  throw Error(code, context.empty() ? message : context + ": " + message);
+  std::string message = take_message(&status);
+  throw Error(status.code, context.empty() ? message : context + ": " + message);
 }
 
 /// Runs `body` and converts whatever it throws into a Status: for use inside every
