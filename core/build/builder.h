@@ -25,7 +25,10 @@ using ObjectPtr = std::unique_ptr<IObject, ObjectDeleter>;
 /// \param node     the resolved spec node, with "impl"
 /// \param kind     the interface the slot requires
 /// \param pointer  JSON pointer of the node, for messages
+/// \param inherited options handed down by the enclosing component (or the core): keys the
+///                  node does not set are added; keys it sets must be equal
 ObjectPtr build_component(PluginManager& plugins, const nlohmann::json& node,
-                          const InterfaceInfo& kind, const std::string& pointer);
+                          const InterfaceInfo& kind, const std::string& pointer,
+                          const nlohmann::json& inherited = nlohmann::json::object());
 
 }  // namespace loom::core

@@ -46,12 +46,13 @@ std::vector<SearchRoot> plugin_search_roots(const std::vector<fs::path>& spec_pa
   }
   // The install's plugin directory, found from the executable (never from the cwd):
   // PREFIX/bin/loom -> PREFIX/lib/loom/plugins; in the build tree bazel-bin/tools/loom ->
-  // bazel-bin/plugins.
+  // bazel-bin/plugins and bazel-bin/kernels (kernel libraries are plugins too).
   std::error_code ec;
   fs::path exe_dir = boost::dll::program_location(ec).parent_path();
   if (!ec) {
     for (fs::path candidate :
-         {exe_dir / ".." / "lib" / "loom" / "plugins", exe_dir / ".." / "plugins"}) {
+         {exe_dir / ".." / "lib" / "loom" / "plugins", exe_dir / ".." / "plugins",
+          exe_dir / ".." / "kernels"}) {
       if (fs::is_directory(candidate, ec))
         roots.push_back({fs::canonical(candidate, ec), "install"});
     }

@@ -79,17 +79,45 @@ Status Host::find_kernel(StringView op, DeviceType device, DType dtype, const Op
   return guard([&] {
     std::string name(sv(op));
     auto candidates = registry_->kernels(name, device, dtype);
+    auto pin = pins_.find(name);
+    const KernelEntry* chosen = nullptr;
     for (const KernelEntry* k : candidates) {
+      if (pin != pins_.end()) {
+        if (k->name == pin->second) chosen = k;
+        continue;
+      }
       if (example != nullptr && k->desc.supports != nullptr && !k->desc.supports(example)) continue;
-      *out = k->desc;
-      return;
+      chosen = k;
+      break;
     }
-    fail(Code::kNotFound,
-         fmt::format("no kernel for op '{}' on device type {} with dtype {}{}: load a kernel "
-                     "library that provides it",
-                     name, static_cast<int>(device), dtype_name(dtype),
-                     candidates.empty() ? "" : " (registered kernels reject these shapes)"));
+    if (chosen == nullptr && pin != pins_.end()) {
+      std::string names;
+      for (const KernelEntry* k : candidates) names += (names.empty() ? "" : ", ") + k->name;
+      fail(Code::kNotFound,
+           fmt::format("spec /kernels/pin/{}: no kernel '{}' for op '{}' with dtype {} (available: "
+                       "{}); change the pin or load the library that provides it",
+                       name, pin->second, name, dtype_name(dtype), names.empty() ? "none" : names));
+    }
+    if (chosen == nullptr)
+      fail(Code::kNotFound,
+           fmt::format("no kernel for op '{}' on device type {} with dtype {}{}: load a kernel "
+                       "library that provides it",
+                       name, static_cast<int>(device), dtype_name(dtype),
+                       candidates.empty() ? "" : " (registered kernels reject these shapes)"));
+    *out = chosen->desc;
+    std::lock_guard<std::mutex> lock(mutex_);
+    resolutions_.insert(Resolution{name, device, dtype, chosen->name, chosen->plugin});
   });
+}
+
+std::vector<Host::Resolution> Host::resolutions() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return {resolutions_.begin(), resolutions_.end()};
+}
+
+void Host::reset_peak() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  cpu_stats_.peak = cpu_stats_.current;
 }
 
 Status Host::communicator(StringView dims, ICommunicator** out) noexcept {

@@ -5,7 +5,10 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "core/plugin/registry.h"
 #include "loom/host.h"
@@ -37,6 +40,26 @@ class Host final : public IHost {
 
   /// Memory use of the CPU allocator.
   MemoryStats cpu_memory() const;
+  /// Resets the peak of the CPU allocator to its current use (for per-phase figures).
+  void reset_peak();
+
+  /// Pins ops to kernels by name (spec /kernels/pin: {"gemm": "cpu.ref"}): find_kernel
+  /// then returns that kernel or fails naming the pin.
+  void set_pins(std::map<std::string, std::string> pins) { pins_ = std::move(pins); }
+
+  /// One kernel resolution made through find_kernel.
+  struct Resolution {
+    std::string op;
+    DeviceType device;
+    DType dtype;
+    std::string kernel;  ///< KernelDesc::name
+    std::string plugin;  ///< the library that registered it
+    bool operator<(const Resolution& o) const {
+      return std::tie(op, device, dtype, kernel) < std::tie(o.op, o.device, o.dtype, o.kernel);
+    }
+  };
+  /// Every distinct resolution so far, sorted (what `loom train` prints).
+  std::vector<Resolution> resolutions() const;
 
  private:
   const Registry* registry_;
@@ -44,6 +67,8 @@ class Host final : public IHost {
   mutable std::mutex mutex_;
   std::map<void*, uint64_t> cpu_blocks_;  // live allocations: pointer -> bytes
   MemoryStats cpu_stats_;
+  std::map<std::string, std::string> pins_;
+  std::set<Resolution> resolutions_;
 };
 
 }  // namespace loom::core

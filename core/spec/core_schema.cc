@@ -52,7 +52,15 @@ constexpr const char* kCoreSchema = R"json({
         "paths": {"type": "array", "items": {"type": ["string", "number"]},
                   "description": "dataset prefixes, optionally preceded by blend weights"},
         "split": {"type": "string", "pattern": "^[0-9.]+(,[0-9.]+){0,2}$", "default": "949,50,1"},
-        "tokenizer": {"type": "object"}
+        "tokenizer": {"type": "object"},
+        "mock": {"type": "boolean", "default": false,
+                 "description": "synthetic Markov-chain tokens (Megatron's --mock-data), for benchmarks and smoke tests"},
+        "token_file": {"type": "string", "minLength": 1,
+                       "description": "a flat file of token ids (little-endian), cut into seq_length + 1 windows"},
+        "token_dtype": {"enum": ["u16", "i32"], "default": "u16",
+                        "description": "element type of token_file"},
+        "vocab_size": {"type": "integer", "minimum": 1,
+                       "description": "ids must be below it; default /model/vocab_size"}
       }
     },
     "train": {
@@ -100,7 +108,9 @@ constexpr const char* kCoreSchema = R"json({
       "type": "object", "default": {}, "additionalProperties": false,
       "properties": {
         "pin": {"type": "object", "default": {}, "additionalProperties": {"type": "string"},
-                "description": "op name -> kernel name that must serve it"}
+                "description": "op name -> kernel name that must serve it"},
+        "libraries": {"type": "array", "items": {"type": "string", "minLength": 1}, "default": [],
+                      "description": "kernel plugins to load; default kernels_<train.device>"}
       }
     },
     "log": {

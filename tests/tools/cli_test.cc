@@ -52,7 +52,7 @@ class CliTest : public ::testing::Test {
 TEST_F(CliTest, VersionAndHelp) {
   RunResult r = run_loom("version");
   EXPECT_EQ(r.exit_code, kOk);
-  EXPECT_THAT(r.out, HasSubstr("plugin ABI 1.0"));
+  EXPECT_THAT(r.out, HasSubstr("plugin ABI 1.1"));
   r = run_loom("--help");
   EXPECT_EQ(r.exit_code, kOk);
   EXPECT_THAT(r.out, HasSubstr("exit codes:"));
@@ -146,8 +146,8 @@ TEST_F(CliTest, PluginProblemsExitFour) {
   };
   std::vector<Case> cases = {
       {"no_entry", "testnoentry", "does not export 'loom_plugin_v1'"},
-      {"abi_major", "testabimajor", "was built for SDK ABI 2.0, this loom provides 1.0"},
-      {"abi_minor", "testabiminor", "newer than this loom's 1.0"},
+      {"abi_major", "testabimajor", "was built for SDK ABI 2.0, this loom provides 1.1"},
+      {"abi_minor", "testabiminor", "newer than this loom's 1.1"},
       {"init_fails", "testinitfails", "init failed: license server unreachable (test)"},
   };
   for (const Case& c : cases) {
@@ -205,27 +205,47 @@ TEST_F(CliTest, ListAndDescribeReadManifestsOnly) {
 TEST_F(CliTest, TrainWithoutAModelPluginSaysSo) {
   fs::create_directories(dir_ / "empty");
   fs::path s =
-      spec("gpt.json", {{"model", {{"impl", "gpt"}}}, {"plugins", {{"search_paths", {"empty"}}}}});
+      spec("gpt.json", {{"model", {{"impl", "gptx"}}}, {"plugins", {{"search_paths", {"empty"}}}}});
   RunResult r = run_loom("train " + q(s));
-  EXPECT_EQ(r.exit_code, kUnavailable);
+  EXPECT_EQ(r.exit_code, kSpec);
   expect_one_error(r, "train");
-  EXPECT_THAT(r.err, HasSubstr("no model plugin yet"));
+  EXPECT_THAT(r.err, HasSubstr("/model/impl"));
+  EXPECT_THAT(r.err, HasSubstr("gptx"));
 }
 
-TEST_F(CliTest, TrainBuildsTheModelAndWritesTheResolvedSpec) {
+TEST_F(CliTest, TrainWritesTheResolvedSpecAndNeedsAKernelLibrary) {
   fs::path s =
       spec("model.json", {{"model", {{"impl", "test_model"}, {"norm", {{"impl", "test_scale"}}}}}});
   fs::path run_dir = dir_ / "run";
   RunResult r = run_loom("train " + q(s) + " --run-dir " + q(run_dir));
   EXPECT_THAT(r.out, HasSubstr("layout: tp=1 cp=1 ep=1 dp=1 pp=1 (world size 1)"));
-  EXPECT_THAT(r.out, HasSubstr("model: test_model, 64 parameters in 1 tensors"));
   nlohmann::json j = nlohmann::json::parse(read_file(run_dir / "spec.resolved.json"));
   EXPECT_EQ(j["model"]["vocab_size"], 16);
   EXPECT_EQ(j["model"]["norm"]["scale"], 1.0);
   EXPECT_EQ(j["log"]["run_dir"], run_dir.string());
-  // No trainer is part of this build yet: it says so and exits non-zero.
+  // Only the test plugins are on the search path: the CPU kernel library is missing, and
+  // the message says where it looked.
+  EXPECT_EQ(r.exit_code, kPlugin);
+  expect_one_error(r, "train");
+  EXPECT_THAT(r.err, HasSubstr("kernel library 'kernels_cpu' not found"));
+}
+
+TEST_F(CliTest, TrainRefusesParallelLayoutsItCannotStart) {
+  fs::path s = spec("tp.json", {{"model", {{"impl", "test_model"}, {"norm", {{"impl", "test_scale"}}}}},
+                                {"parallel", {{"tp", 2}}}});
+  RunResult r = run_loom("train " + q(s) + " --run-dir " + q(dir_ / "tp"));
   EXPECT_EQ(r.exit_code, kUnavailable);
-  EXPECT_THAT(r.err, HasSubstr("no training loop yet"));
+  expect_one_error(r, "train");
+  EXPECT_THAT(r.err, HasSubstr("/parallel/tp"));
+}
+
+TEST_F(CliTest, BenchRejectsBadNumbers) {
+  fs::path s =
+      spec("model.json", {{"model", {{"impl", "test_model"}, {"norm", {{"impl", "test_scale"}}}}}});
+  RunResult r = run_loom("bench " + q(s) + " --steps ten");
+  EXPECT_EQ(r.exit_code, kUsage);
+  expect_one_error(r, "bench");
+  EXPECT_THAT(r.err, HasSubstr("--steps expects a non-negative integer, got 'ten'"));
 }
 
 }  // namespace

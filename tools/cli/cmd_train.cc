@@ -1,15 +1,17 @@
-// loom train SPEC [--set PATH=VALUE]... [--run-dir DIR]
+// loom train SPEC [--set PATH=VALUE]... [--run-dir DIR] [--plugin-path DIR]
+// loom bench SPEC [--steps N] [--warmup N] [--set ...]: warm-up plus timed steps on
+// synthetic tokens; prints tokens/s, ms/step, MFU and peak memory.
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 
-#include "core/build/builder.h"
 #include "core/plugin/plugin_manager.h"
 #include "core/spec/schema.h"
+#include "core/train/trainer.h"
 #include "core/util/errors.h"
 #include "core/util/log.h"
-#include "loom/cpp/object.h"
-#include "loom/kinds.h"
 #include "tools/cli/commands.h"
 
 namespace fs = std::filesystem;
@@ -17,27 +19,50 @@ namespace fs = std::filesystem;
 namespace loom::cli {
 namespace {
 
-// Parameters of a module tree: (count of tensors, count of elements).
-std::pair<int64_t, int64_t> count_params(IModule* module) {
-  std::pair<int64_t, int64_t> total{0, 0};
-  for (int32_t i = 0; i < module->param_count(); ++i) {
-    ParamInfo info{};
-    info.struct_size = sizeof(ParamInfo);
-    throw_if_error(module->param_info(i, &info), "param_info");
-    int64_t n = 1;
-    for (int32_t d = 0; d < info.ndim; ++d) n *= info.global_shape[d];
-    total.first += 1;
-    total.second += n;
-  }
-  for (int32_t i = 0; i < module->child_count(); ++i) {
-    StringView name{};
-    IModule* child = nullptr;
-    throw_if_error(module->child(i, &name, &child), "child");
-    auto sub = count_params(child);
-    total.first += sub.first;
-    total.second += sub.second;
-  }
-  return total;
+// Reads, validates and resolves the spec, loads its plugins; shared by train and bench.
+struct Session {
+  ResolvedSpec spec;
+  std::unique_ptr<core::PluginManager> plugins;
+};
+
+Session open_session(const Args& args, bool print) {
+  Session s;
+  s.spec = read_spec(args);
+  if (!s.spec.spec.contains("model"))
+    throw core::SpecError("/model", "missing: training needs a model node {\"impl\": NAME, ...}");
+  s.spec.uses = core::resolve_spec(s.spec.spec, *s.spec.catalog);
+  const nlohmann::json& log = s.spec.spec["log"];
+  LogLevel level;
+  if (core::parse_log_level(log["level"].get<std::string>(), &level)) core::set_log_level(level);
+  s.plugins = std::make_unique<core::PluginManager>(std::move(*s.spec.catalog),
+                                                    s.spec.spec["plugins"]["options"],
+                                                    s.spec.spec["train"]["seed"].get<uint64_t>());
+  load_plugins_for(s.spec, *s.plugins);
+  (void)print;
+  return s;
+}
+
+void print_layout(const Session& s, const fs::path& run_dir) {
+  const nlohmann::json& par = s.spec.spec["parallel"];
+  int64_t world = par["tp"].get<int64_t>() * par["cp"].get<int64_t>() * par["dp"].get<int64_t>() *
+                  par["pp"].get<int64_t>();
+  std::printf("  run dir: %s\n  layout: tp=%d cp=%d ep=%d dp=%d pp=%d (world size %lld)\n",
+              run_dir.string().c_str(), par["tp"].get<int>(), par["cp"].get<int>(),
+              par["ep"].get<int>(), par["dp"].get<int>(), par["pp"].get<int>(),
+              static_cast<long long>(world));
+  for (const core::LoadedPlugin& p : s.plugins->loaded())
+    std::printf("  plugin %s %s (%s)\n", p.record->name.c_str(), p.info->version,
+                p.record->library.string().c_str());
+}
+
+void require_single_process(const nlohmann::json& spec) {
+  const nlohmann::json& par = spec["parallel"];
+  for (const char* dim : {"tp", "cp", "ep", "dp", "pp"})
+    if (par[dim].get<int64_t>() != 1)
+      throw Error(Code::kUnimplemented,
+                  fmt::format("spec /parallel/{}: {} needs several processes, which this loom "
+                              "cannot start yet; set it to 1",
+                              dim, par[dim].get<int64_t>()));
 }
 
 }  // namespace
@@ -46,56 +71,100 @@ int cmd_train(const std::vector<std::string>& argv) {
   const std::string usage =
       "loom train SPEC [--set PATH=VALUE]... [--run-dir DIR] [--plugin-path DIR]";
   Args args = parse_args(argv, {{}, {"--set", "--run-dir", "--plugin-path"}, 1, 1, usage});
-  ResolvedSpec spec = read_spec(args);
-  if (!spec.spec.contains("model"))
-    throw core::SpecError("/model", "missing: training needs a model node {\"impl\": NAME, ...}");
-  if (spec.catalog->component_names("model").empty())
-    throw Error(
-        Code::kUnavailable,
-        fmt::format("no model plugin yet: the spec selects model '{}' but no plugin on "
-                    "the search path provides any model (searched: {}); add the directory of a "
-                    "plugin that provides one with --plugin-path or LOOM_PLUGIN_PATH",
-                    spec.spec["model"].is_object() ? spec.spec["model"].value("impl", "?") : "?",
-                    core::describe_roots(spec.catalog->roots())));
-  spec.uses = core::resolve_spec(spec.spec, *spec.catalog);
+  Session s = open_session(args, true);
+  require_single_process(s.spec.spec);
 
-  const nlohmann::json& log = spec.spec["log"];
-  LogLevel level;
-  if (core::parse_log_level(log["level"].get<std::string>(), &level)) core::set_log_level(level);
-
-  core::PluginManager manager(std::move(*spec.catalog), spec.spec["plugins"]["options"],
-                              spec.spec["train"]["seed"].get<uint64_t>());
-  load_plugins_for(spec, manager);
-
-  // The run directory holds the resolved spec (defaults filled in), metrics, checkpoints.
+  // The run directory holds the resolved spec (defaults filled in) and metrics.
+  const nlohmann::json& log = s.spec.spec["log"];
   fs::path run_dir = args.get("--run-dir");
   if (run_dir.empty())
     run_dir = log.contains("run_dir") ? fs::path(log["run_dir"].get<std::string>())
-                                      : fs::path("runs") / spec.path.stem();
-  spec.spec["log"]["run_dir"] = run_dir.string();
-  core::write_json_atomically(spec.spec, run_dir / "spec.resolved.json");
+                                      : fs::path("runs") / s.spec.path.stem();
+  s.spec.spec["log"]["run_dir"] = run_dir.string();
+  core::write_json_atomically(s.spec.spec, run_dir / "spec.resolved.json");
 
-  const nlohmann::json& par = spec.spec["parallel"];
-  int64_t world = par["tp"].get<int64_t>() * par["cp"].get<int64_t>() * par["dp"].get<int64_t>() *
-                  par["pp"].get<int64_t>();
-  std::printf(
-      "loom train %s\n  run dir: %s\n  layout: tp=%d cp=%d ep=%d dp=%d pp=%d (world size %lld)\n",
-      spec.path.string().c_str(), run_dir.string().c_str(), par["tp"].get<int>(),
-      par["cp"].get<int>(), par["ep"].get<int>(), par["dp"].get<int>(), par["pp"].get<int>(),
-      static_cast<long long>(world));
-  for (const core::LoadedPlugin& p : manager.loaded())
-    std::printf("  plugin %s %s (%s)\n", p.record->name.c_str(), p.info->version,
-                p.record->library.string().c_str());
+  std::printf("loom train %s\n", s.spec.path.string().c_str());
+  print_layout(s, run_dir);
+  core::Trainer trainer(s.spec.spec, *s.plugins);
+  trainer.print_banner(stdout);
+  core::RunOptions options;
+  options.run_dir = run_dir;
+  auto t0 = std::chrono::steady_clock::now();
+  trainer.run(options);
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("done: %lld steps in %.1f s; metrics in %s\n",
+              static_cast<long long>(trainer.iteration()), seconds,
+              (run_dir / "metrics.jsonl").string().c_str());
+  return core::kExitOk;
+}
 
-  core::ObjectPtr model_object =
-      core::build_component(manager, spec.spec["model"], kinds::kModel, "/model");
-  IModel* model = interface_cast<IModel>(model_object.get());
-  auto [tensors, elements] = count_params(model);
-  std::printf("  model: %s, %lld parameters in %lld tensors\n",
-              spec.spec["model"]["impl"].get<std::string>().c_str(),
-              static_cast<long long>(elements), static_cast<long long>(tensors));
-  throw Error(Code::kUnimplemented,
-              "the model was built, but this loom has no training loop yet; nothing was trained");
+int cmd_bench(const std::vector<std::string>& argv) {
+  const std::string usage =
+      "loom bench SPEC [--steps N] [--warmup N] [--set PATH=VALUE]... [--plugin-path DIR] [--json]";
+  Args args = parse_args(argv, {{"--json"}, {"--set", "--steps", "--warmup", "--plugin-path"}, 1, 1, usage});
+  auto number = [&](const char* flag, int64_t fallback) {
+    std::string v = args.get(flag);
+    if (v.empty()) return fallback;
+    try {
+      size_t used = 0;
+      int64_t n = std::stoll(v, &used);
+      if (used != v.size() || n < 0) throw std::invalid_argument(v);
+      return n;
+    } catch (const std::exception&) {
+      throw core::UsageError(
+          fmt::format("{} expects a non-negative integer, got '{}' ({})", flag, v, usage));
+    }
+  };
+  int64_t steps = number("--steps", 10);
+  int64_t warmup = number("--warmup", 2);
+  if (steps < 1) throw core::UsageError("--steps must be at least 1 (" + usage + ")");
+  Session s = open_session(args, false);
+  require_single_process(s.spec.spec);
+  // Benchmarks measure compute: synthetic tokens, no evaluation, no files.
+  s.spec.spec["data"] = {{"mock", true}, {"split", "949,50,1"}};
+  bool json = args.flag("--json");
+  core::Trainer trainer(s.spec.spec, *s.plugins);
+  if (!json) {
+    std::printf("loom bench %s\n", s.spec.path.string().c_str());
+    trainer.print_banner(stdout);
+  }
+  for (int64_t i = 0; i < warmup; ++i) trainer.step();
+  std::vector<double> times;
+  int64_t tokens = 0;
+  double loss = 0;
+  for (int64_t i = 0; i < steps; ++i) {
+    core::StepResult r = trainer.step();
+    times.push_back(r.seconds);
+    tokens = r.tokens;
+    loss = r.loss;
+  }
+  std::vector<double> sorted = times;
+  std::sort(sorted.begin(), sorted.end());
+  double mean = 0;
+  for (double t : times) mean += t;
+  mean /= static_cast<double>(times.size());
+  double median = sorted[sorted.size() / 2];
+  double tps = static_cast<double>(tokens) / mean;
+  double mfu = trainer.peak_flops() > 0 ? trainer.flops_per_step() / mean / trainer.peak_flops() : 0;
+  uint64_t peak = s.plugins->host().cpu_memory().peak;
+  if (json) {
+    nlohmann::json out = {{"spec", s.spec.path.string()}, {"steps", steps},
+                          {"warmup", warmup},             {"tokens_per_step", tokens},
+                          {"ms_per_step_mean", 1e3 * mean}, {"ms_per_step_median", 1e3 * median},
+                          {"tokens_per_s", tps},          {"mfu", mfu},
+                          {"model_flops_per_step", trainer.flops_per_step()},
+                          {"gemm_peak_flops", trainer.peak_flops()},
+                          {"peak_mem_bytes", peak},       {"last_loss", loss}};
+    std::printf("%s\n", out.dump(2).c_str());
+  } else {
+    std::printf(
+        "bench: %lld timed steps after %lld warm-up | %.0f tok/s | %.1f ms/step (median %.1f) | "
+        "MFU %.1f%% of %.1f GFLOP/s | achieved %.1f GFLOP/s | peak mem %.1f MiB\n",
+        static_cast<long long>(steps), static_cast<long long>(warmup), tps, 1e3 * mean,
+        1e3 * median, 100 * mfu, trainer.peak_flops() / 1e9, trainer.flops_per_step() / mean / 1e9,
+        static_cast<double>(peak) / (1 << 20));
+  }
+  return core::kExitOk;
 }
 
 }  // namespace loom::cli

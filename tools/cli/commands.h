@@ -19,6 +19,7 @@ int cmd_version(const std::vector<std::string>& argv);
 int cmd_plugins(const std::vector<std::string>& argv);
 int cmd_spec(const std::vector<std::string>& argv);
 int cmd_train(const std::vector<std::string>& argv);
+int cmd_bench(const std::vector<std::string>& argv);
 
 /// A spec read from disk, overridden, and validated against the plugins' manifests.
 struct ResolvedSpec {

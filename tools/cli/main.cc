@@ -17,6 +17,7 @@ usage: loom COMMAND [ARGS]
 
 commands:
   train SPEC [--set PATH=VALUE]... [--run-dir DIR]   train the model a spec describes
+  bench SPEC [--steps N] [--warmup N] [--json]      time training steps (synthetic tokens)
   spec validate SPEC [--set PATH=VALUE]... [--write-resolved FILE] [--load]
                                                      check a spec without running it
   plugins list [--json]                              plugins on the search path (manifests)
@@ -51,6 +52,7 @@ int main(int argc, char** argv) {
     if (command == "plugins") return loom::cli::cmd_plugins(rest);
     if (command == "spec") return loom::cli::cmd_spec(rest);
     if (command == "train") return loom::cli::cmd_train(rest);
+    if (command == "bench") return loom::cli::cmd_bench(rest);
     throw loom::core::UsageError(
         fmt::format("unknown command '{}'; run 'loom --help' for the list", command));
   } catch (const std::exception& e) {

@@ -78,6 +78,17 @@ class IBuildContext {
   virtual Status build_child(StringView key, InterfaceInfo kind, IObject** out) noexcept = 0;
   /// The host, for kernels, memory and communicators.
   virtual class IHost* host() noexcept = 0;
+  /// Builds the child at `key` like build_child, with `inherited_json` (a JSON object
+  /// text) merged into its options: a key the child's node does not set takes the
+  /// inherited value; a key it sets must hold the same value, else kInvalidArgument naming
+  /// both places. This is how a model hands its shape (hidden size, heads, dtype) to its
+  /// layers, as Megatron's TransformerConfig does. ABI 1.1.
+  virtual Status build_child_with(StringView key, InterfaceInfo kind, StringView inherited_json,
+                                  IObject** out) noexcept = 0;
+  /// The options the parent handed down to this node (a JSON object text, "{}" at the
+  /// root unless the core passes some: the root model gets "seq_length",
+  /// "micro_batch_size", "params_dtype" and "device"). ABI 1.1.
+  virtual StringView inherited() const noexcept = 0;
 
  protected:
   ~IBuildContext() = default;

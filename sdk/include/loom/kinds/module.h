@@ -32,7 +32,8 @@ enum class ParamInit : int32_t {
   kZeros = 0,
   kOnes = 1,
   kNormal = 2,        ///< normal(0, init_std)
-  kScaledNormal = 3,  ///< normal(0, init_std / sqrt(2 * num_layers)), output projections
+  kScaledNormal = 3,  ///< output projections: normal(0, init_std) where the module has
+                      ///< already divided init_std by sqrt(2 * num_layers) (Megatron)
   kUniform = 4,       ///< uniform(-init_std, init_std)
   kCustom = 5,        ///< the module fills it in IModule::init_param
 };

@@ -1,0 +1,72 @@
+// ForwardContext: the core's IForwardContext, the state of one micro-batch between its
+// forward and its backward (DESIGN.md section 4).
+//
+// Activations come from the host's allocator (so they count in the memory figures) and
+// live until the context is reset or destroyed. Saved tensors are kept by (owner, slot);
+// saving again under the same key replaces the entry (full recomputation reruns a
+// forward inside backward). Random streams depend only on the run's seed, the step, the
+// micro-batch, the module's stable id and the purpose, never on addresses, so a run is
+// reproducible across processes.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "loom/host.h"
+#include "loom/kinds/module.h"
+
+namespace loom::core {
+
+class ForwardContext final : public IForwardContext {
+ public:
+  /// \param host         allocator of activations
+  /// \param training     dropout on and tensors saved for backward
+  /// \param recompute    recomputation policy
+  /// \param micro_batch  index of the micro-batch within the step
+  /// \param seed         the run's seed
+  /// \param step         1-based optimizer step (random streams differ per step)
+  /// \param module_ids   stable ids of the model's modules (tree order), or null; other
+  ///                     owners get ids in the order of their first rng call
+  ForwardContext(IHost& host, bool training, RecomputePolicy recompute, int32_t micro_batch,
+                 uint64_t seed, int64_t step,
+                 const std::unordered_map<const void*, uint64_t>* module_ids = nullptr);
+  ~ForwardContext();
+  ForwardContext(const ForwardContext&) = delete;
+  ForwardContext& operator=(const ForwardContext&) = delete;
+
+  /// Frees every activation and forgets every saved tensor.
+  void reset();
+  /// Bytes currently allocated through this context.
+  uint64_t bytes_allocated() const { return bytes_; }
+
+  InterfaceInfo interface_info() const noexcept override;
+  bool training() const noexcept override { return training_; }
+  RecomputePolicy recompute() const noexcept override { return recompute_; }
+  int32_t micro_batch() const noexcept override { return micro_batch_; }
+  Status allocate(DType dtype, int32_t ndim, const int64_t* shape, Device device,
+                  TensorView* out) noexcept override;
+  Status save(const void* owner, int32_t slot, const TensorView* tensor) noexcept override;
+  Status load(const void* owner, int32_t slot, TensorView* out) noexcept override;
+  void rng(const void* owner, uint64_t purpose, uint64_t* key, uint64_t* counter) noexcept override;
+
+ private:
+  IHost& host_;
+  bool training_;
+  RecomputePolicy recompute_;
+  int32_t micro_batch_;
+  uint64_t seed_;
+  int64_t step_;
+  const std::unordered_map<const void*, uint64_t>* module_ids_;
+  std::unordered_map<const void*, uint64_t> extra_ids_;
+  std::vector<std::pair<Device, void*>> blocks_;
+  std::map<std::pair<const void*, int32_t>, TensorView> saved_;
+  uint64_t bytes_ = 0;
+};
+
+/// SplitMix64 finaliser: mixes 64 bits (for seeds and stream keys).
+uint64_t mix64(uint64_t x);
+
+}  // namespace loom::core

@@ -1,0 +1,475 @@
+#include "core/train/trainer.h"
+
+#include <fmt/format.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+
+#include "core/data/mock_data.h"
+#include "core/data/token_file.h"
+#include "core/runtime/forward_context.h"
+#include "core/spec/schema.h"
+#include "core/train/flops.h"
+#include "core/util/errors.h"
+#include "loom/cpp/object.h"
+#include "loom/kinds.h"
+
+namespace loom::core {
+
+// Per-parameter optimizer memory: f32 master weights (the parameter itself when it is
+// f32) and the optimizer's state tensors.
+struct Trainer::ParamState {
+  Parameter* param = nullptr;
+  TensorView master{};             // f32 (n,)
+  std::vector<TensorView> states;  // f32 (n,) each
+  std::vector<void*> owned;        // host allocations to free
+  bool decay = true;
+};
+
+namespace {
+
+DType parse_dtype(const std::string& name) {
+  if (name == "f32") return DType::kF32;
+  if (name == "bf16") return DType::kBF16;
+  if (name == "f16") return DType::kF16;
+  throw SpecError("/precision/params", fmt::format("unknown dtype '{}'", name));
+}
+
+std::unique_ptr<DataSource> make_data(const nlohmann::json& spec) {
+  const nlohmann::json& data = spec["data"];
+  const nlohmann::json& train = spec["train"];
+  int64_t b = train["micro_batch_size"].get<int64_t>();
+  int64_t t = train["seq_length"].get<int64_t>();
+  uint64_t seed = train["seed"].get<uint64_t>();
+  int64_t vocab = 0;
+  if (spec["model"].is_object() && spec["model"].contains("vocab_size"))
+    vocab = spec["model"]["vocab_size"].get<int64_t>();
+  if (data.contains("vocab_size")) vocab = data["vocab_size"].get<int64_t>();
+  if (vocab <= 0)
+    throw SpecError("/data/vocab_size",
+                    "unknown vocabulary size: set it here or as /model/vocab_size");
+  if (data.value("mock", false)) return std::make_unique<MockData>(vocab, b, t, seed);
+  if (data.contains("token_file")) {
+    std::filesystem::path path = data["token_file"].get<std::string>();
+    return std::make_unique<TokenFile>(path, data.value("token_dtype", "u16"), vocab, b, t,
+                                       data["split"].get<std::string>(), seed);
+  }
+  if (data.contains("paths"))
+    throw Error(Code::kUnimplemented,
+                "spec /data/paths: indexed datasets are not available in this build yet; use "
+                "/data/token_file (a flat file of token ids) or /data/mock = true");
+  throw SpecError("/data", "no training data: set /data/token_file (a flat file of token ids) "
+                           "or /data/mock = true (synthetic tokens)");
+}
+
+uint64_t max_rss_bytes() {
+  struct rusage usage {};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<uint64_t>(usage.ru_maxrss) * 1024;
+}
+
+std::string human_bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) b /= 1024, ++u;
+  return fmt::format("{:.1f} {}", b, units[u]);
+}
+
+}  // namespace
+
+Trainer::Trainer(const nlohmann::json& spec, PluginManager& plugins,
+                 std::unique_ptr<DataSource> data, const nlohmann::json& model_inherited)
+    : spec_(spec), plugins_(plugins) {
+  const nlohmann::json& train = spec_["train"];
+  const nlohmann::json& precision = spec_["precision"];
+  std::string device = train["device"].get<std::string>();
+  device_ = device == "cuda" ? Device{DeviceType::kCuda, 0} : kCpu;
+  params_dtype_ = parse_dtype(precision["params"].get<std::string>());
+  micro_batch_ = train["micro_batch_size"].get<int64_t>();
+  seq_length_ = train["seq_length"].get<int64_t>();
+  int64_t global = train.contains("global_batch_size") ? train["global_batch_size"].get<int64_t>()
+                                                       : micro_batch_;
+  int64_t dp = spec_["parallel"]["dp"].get<int64_t>();
+  if (global % (micro_batch_ * dp) != 0)
+    throw SpecError("/train/global_batch_size",
+                    fmt::format("{} is not a multiple of micro_batch_size x dp = {} x {}", global,
+                                micro_batch_, dp));
+  micro_batches_ = global / (micro_batch_ * dp);
+  grad_clip_ = train["grad_clip"].get<double>();
+
+  // Kernels: the device's library plus any the spec names; pins first.
+  std::vector<std::string> libraries;
+  if (spec_["kernels"].contains("libraries"))
+    for (const auto& l : spec_["kernels"]["libraries"]) libraries.push_back(l.get<std::string>());
+  if (libraries.empty()) libraries.push_back("kernels_" + device);
+  for (const std::string& lib : libraries) {
+    if (plugins_.catalog().find(lib) == nullptr)
+      throw PluginError(Code::kNotFound,
+                        fmt::format("kernel library '{}' not found (spec /kernels/libraries, or "
+                                    "the default for device '{}'); searched: {}",
+                                    lib, device, describe_roots(plugins_.catalog().roots())));
+    plugins_.load(lib);
+  }
+  std::map<std::string, std::string> pins;
+  for (const auto& [op, kernel] : spec_["kernels"]["pin"].items())
+    pins[op] = kernel.get<std::string>();
+  plugins_.host().set_pins(std::move(pins));
+
+  // The model, with the run's shape handed down (Megatron's config).
+  nlohmann::json inherited = {{"seq_length", seq_length_},
+                              {"micro_batch_size", micro_batch_},
+                              {"params_dtype", precision["params"]},
+                              {"device", device}};
+  for (const auto& [k, v] : model_inherited.items()) inherited[k] = v;
+  return_logits_ = inherited.value("return_logits", false);
+  model_object_ = build_component(plugins_, spec_["model"], kinds::kModel, "/model", inherited);
+  model_ = interface_cast<IModel>(model_object_.get());
+  params_ = std::make_unique<ParameterSet>(plugins_.host(), *model_, device_);
+  params_->initialize(train["seed"].get<uint64_t>());
+
+  // Optimizer and LR schedule. The schedule inherits the optimizer's peak LR and the run
+  // length.
+  if (!spec_.contains("optimizer"))
+    throw SpecError("/optimizer", "missing: training needs an optimizer, e.g. {\"impl\": \"adamw\"}");
+  optimizer_object_ = build_component(plugins_, spec_["optimizer"], kinds::kOptimizer, "/optimizer");
+  optimizer_ = interface_cast<IOptimizer>(optimizer_object_.get());
+  weight_decay_ = spec_["optimizer"].value("weight_decay", 0.0);
+  constant_lr_ = spec_["optimizer"].value("lr", 0.0);
+  if (spec_.contains("lr_schedule")) {
+    nlohmann::json sched_inherited = {{"train_steps", train["steps"]}};
+    if (spec_["optimizer"].contains("lr")) sched_inherited["lr"] = spec_["optimizer"]["lr"];
+    schedule_object_ = build_component(plugins_, spec_["lr_schedule"], kinds::kLrSchedule,
+                                       "/lr_schedule", sched_inherited);
+    schedule_ = interface_cast<ILrSchedule>(schedule_object_.get());
+  }
+
+  // Master weights and optimizer states.
+  IHost& host = plugins_.host();
+  for (Parameter& p : params_->all()) {
+    auto st = std::make_unique<ParamState>();
+    st->param = &p;
+    st->decay = (p.info.flags & kParamNoWeightDecay) == 0;
+    int64_t n = p.numel();
+    auto alloc_f32 = [&]() {
+      void* mem = nullptr;
+      throw_if_error(host.allocate(device_, static_cast<uint64_t>(n) * 4, 64, &mem));
+      if (mem != nullptr) std::memset(mem, 0, static_cast<size_t>(n) * 4);
+      st->owned.push_back(mem);
+      return make_view(mem, DType::kF32, {n}, device_);
+    };
+    if (p.info.dtype == DType::kF32) {
+      st->master = make_view(p.value.data, DType::kF32, {n}, device_);
+    } else {
+      st->master = alloc_f32();
+      load_floats(p.value, static_cast<float*>(st->master.data));
+    }
+    for (int32_t s = 0; s < optimizer_->state_count(); ++s) st->states.push_back(alloc_f32());
+    states_.push_back(std::move(st));
+  }
+  sumsq_ = Kernel(host, ops::kSumSq, device_, DType::kF32);
+  if (params_dtype_ != DType::kF32) cast_ = Kernel(host, ops::kCast, device_, DType::kF32);
+
+  dynamic_scaling_ = params_dtype_ == DType::kF16;
+  if (dynamic_scaling_) {
+    loss_scale_ = precision["initial_loss_scale"].get<double>();
+    min_loss_scale_ = precision["min_loss_scale"].get<double>();
+    scale_window_ = precision["loss_scale_window"].get<int64_t>();
+    hysteresis_ = hysteresis_left_ = precision["hysteresis"].get<int64_t>();
+  }
+
+  data_ = data ? std::move(data) : make_data(spec_);
+  data_description_ = data_->describe();
+  flops_per_step_ = model_flops_per_token(params_->numel(), spec_["model"], seq_length_) *
+                    static_cast<double>(micro_batch_ * seq_length_ * micro_batches_ * dp);
+  if (device_.type == DeviceType::kCpu) peak_flops_ = measure_gemm_peak(host);
+}
+
+Trainer::~Trainer() {
+  for (auto& st : states_)
+    for (void* p : st->owned) plugins_.host().deallocate(device_, p);
+}
+
+void Trainer::print_banner(std::FILE* out) const {
+  const nlohmann::json& train = spec_["train"];
+  int64_t tensors = static_cast<int64_t>(params_->all().size());
+  std::fprintf(out, "  model: %s, %lld parameters in %lld tensors (%s)\n",
+               spec_["model"]["impl"].get<std::string>().c_str(),
+               static_cast<long long>(params_->numel()), static_cast<long long>(tensors),
+               dtype_name(params_dtype_));
+  std::fprintf(out, "  batch: %lld micro-batches of %lld x %lld tokens per step; %lld steps\n",
+               static_cast<long long>(micro_batches_), static_cast<long long>(micro_batch_),
+               static_cast<long long>(seq_length_),
+               static_cast<long long>(train["steps"].get<int64_t>()));
+  std::fprintf(out, "  data: %s\n", data_description_.c_str());
+  std::fprintf(out, "  model FLOPs per step: %.3g (6N + 6LTC per token); fp32 GEMM peak %.1f GFLOP/s\n",
+               flops_per_step_, peak_flops_ / 1e9);
+  std::string kernels;
+  for (const auto& r : plugins_.host().resolutions())
+    kernels += fmt::format("{}{}:{}={}", kernels.empty() ? "" : ", ", r.op, dtype_name(r.dtype),
+                           r.kernel);
+  std::fprintf(out, "  kernels: %s\n", kernels.c_str());
+  std::fflush(out);
+}
+
+double Trainer::lr_at(int64_t step) const {
+  return schedule_ != nullptr ? schedule_->lr(step) : constant_lr_;
+}
+
+namespace {
+
+// Views of a host batch for the model's inputs (CPU: no copy).
+struct BatchViews {
+  TensorView tokens, labels, mask, positions;
+};
+
+BatchViews batch_views(const Batch& batch, Device device) {
+  if (device.type != DeviceType::kCpu)
+    fail(Code::kUnimplemented, "batches on devices other than the CPU need the CUDA backend");
+  BatchViews v;
+  auto* tokens = const_cast<int32_t*>(batch.tokens.data());
+  auto* labels = const_cast<int32_t*>(batch.labels.data());
+  auto* mask = const_cast<float*>(batch.loss_mask.data());
+  v.tokens = make_view(tokens, DType::kI32, {batch.batch, batch.seq_length});
+  v.labels = make_view(labels, DType::kI32, {batch.batch, batch.seq_length});
+  v.mask = make_view(mask, DType::kF32, {batch.batch, batch.seq_length});
+  v.positions = empty_view();
+  if (!batch.position_ids.empty())
+    v.positions = make_view(const_cast<int32_t*>(batch.position_ids.data()), DType::kI32,
+                            {batch.batch, batch.seq_length});
+  return v;
+}
+
+double read_scalar(const TensorView& v) {
+  float x = 0;
+  std::memcpy(&x, v.data, 4);
+  return x;
+}
+
+}  // namespace
+
+double Trainer::forward_backward(const Batch& batch, double loss_weight,
+                                 std::vector<float>* logits) {
+  RecomputePolicy policy = RecomputePolicy::kNone;
+  std::string recompute = spec_["train"]["recompute"].get<std::string>();
+  if (recompute == "selective") policy = RecomputePolicy::kSelective;
+  if (recompute == "full") policy = RecomputePolicy::kFull;
+  ForwardContext ctx(plugins_.host(), true, policy, 0, spec_["train"]["seed"].get<uint64_t>(),
+                     iteration_ + 1, &params_->module_ids());
+  BatchViews v = batch_views(batch, device_);
+  TensorView inputs[4] = {v.tokens, v.labels, v.mask, v.positions};
+  TensorView outputs[2] = {};
+  throw_if_error(model_->forward(&ctx, inputs, 4, outputs, return_logits_ ? 2 : 1), "model forward");
+  double loss = read_scalar(outputs[0]);
+  if (logits != nullptr && return_logits_ && outputs[1].data != nullptr) {
+    logits->resize(static_cast<size_t>(numel(outputs[1])));
+    load_floats(outputs[1], logits->data());
+  }
+  float dloss = static_cast<float>(loss_weight);
+  TensorView grad_out = allocate(ctx, DType::kF32, {}, device_);
+  std::memcpy(grad_out.data, &dloss, 4);
+  throw_if_error(model_->backward(&ctx, &grad_out, 1, nullptr, 0), "model backward");
+  return loss;
+}
+
+double Trainer::forward_only(const Batch& batch, std::vector<float>* logits) {
+  ForwardContext ctx(plugins_.host(), false, RecomputePolicy::kNone, 0,
+                     spec_["train"]["seed"].get<uint64_t>(), iteration_ + 1,
+                     &params_->module_ids());
+  BatchViews v = batch_views(batch, device_);
+  TensorView inputs[4] = {v.tokens, v.labels, v.mask, v.positions};
+  TensorView outputs[2] = {};
+  throw_if_error(model_->forward(&ctx, inputs, 4, outputs, return_logits_ ? 2 : 1), "model forward");
+  if (logits != nullptr && return_logits_ && outputs[1].data != nullptr) {
+    logits->resize(static_cast<size_t>(numel(outputs[1])));
+    load_floats(outputs[1], logits->data());
+  }
+  return read_scalar(outputs[0]);
+}
+
+void Trainer::update_loss_scale(bool overflow) {
+  if (!dynamic_scaling_) return;
+  if (overflow) {
+    good_steps_ = 0;
+    if (--hysteresis_left_ <= 0) {
+      loss_scale_ = std::max(loss_scale_ * 0.5, min_loss_scale_);
+      hysteresis_left_ = hysteresis_;
+    }
+  } else if (++good_steps_ >= scale_window_) {
+    loss_scale_ *= 2;
+    good_steps_ = 0;
+    hysteresis_left_ = hysteresis_;
+  }
+}
+
+StepResult Trainer::step() {
+  auto t0 = std::chrono::steady_clock::now();
+  StepResult r;
+  r.step = iteration_ + 1;
+  r.loss_scale = loss_scale_;
+  params_->zero_grads();
+  Batch batch;
+  double loss_sum = 0;
+  for (int64_t m = 0; m < micro_batches_; ++m) {
+    data_->next_train(batch);
+    loss_sum += forward_backward(batch, loss_scale_ / static_cast<double>(micro_batches_));
+    r.tokens += batch.batch * batch.seq_length;
+  }
+  r.loss = loss_sum / static_cast<double>(micro_batches_);
+
+  // Global gradient norm (over every parameter), unscaled.
+  double sumsq = 0;
+  for (Parameter& p : params_->all()) {
+    if (p.info.flags & kParamFrozen) continue;
+    TensorView flat = make_view(p.grad.data, DType::kF32, {p.numel()}, device_);
+    TensorView acc = make_view(&sumsq, DType::kF64, {1});
+    sumsq_({flat}, {acc});
+  }
+  r.grad_norm = std::sqrt(sumsq) / loss_scale_;
+  bool finite = std::isfinite(r.grad_norm) && std::isfinite(r.loss);
+  update_loss_scale(!finite);
+  r.lr = lr_at(r.step);
+  if (!finite) {
+    r.skipped = true;
+    ++nonfinite_in_a_row_;
+    int64_t limit = spec_["train"]["max_nonfinite_steps"].get<int64_t>();
+    if (!dynamic_scaling_ && nonfinite_in_a_row_ >= limit)
+      throw Error(Code::kAborted,
+                  fmt::format("step {}: the loss or gradients were non-finite {} steps in a row "
+                              "(limit /train/max_nonfinite_steps = {}); lower the learning rate "
+                              "or check the data",
+                              r.step, nonfinite_in_a_row_, limit));
+  } else {
+    nonfinite_in_a_row_ = 0;
+    double grad_scale = 1.0 / loss_scale_;
+    if (grad_clip_ > 0) {
+      double coeff = grad_clip_ / (r.grad_norm + 1e-6);
+      if (coeff < 1) grad_scale *= coeff;
+    }
+    OptimizerStep hp{sizeof(OptimizerStep), r.step, r.lr, weight_decay_, grad_scale};
+    for (auto& st : states_) {
+      Parameter& p = *st->param;
+      if (p.info.flags & kParamFrozen) continue;
+      TensorView grad = make_view(p.grad.data, DType::kF32, {p.numel()}, device_);
+      OptimizerStep h = hp;
+      if (!st->decay) h.weight_decay = 0;
+      throw_if_error(optimizer_->update(&h, st->decay, &st->master, &grad, st->states.data(),
+                                        nullptr),
+                     fmt::format("optimizer update of {}", p.name));
+      if (p.info.dtype != DType::kF32) {
+        TensorView dst = make_view(p.value.data, p.info.dtype, {p.numel()}, device_);
+        cast_({st->master}, {dst});
+      }
+    }
+  }
+  ++iteration_;
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+double Trainer::evaluate() {
+  int64_t steps = spec_["train"]["eval_steps"].get<int64_t>();
+  Batch batch;
+  double sum = 0;
+  for (int64_t i = 0; i < steps; ++i) {
+    if (!data_->valid_batch(i, batch)) return std::nan("");
+    sum += forward_only(batch);
+  }
+  return sum / static_cast<double>(steps);
+}
+
+void Trainer::run(const RunOptions& options) {
+  const nlohmann::json& train = spec_["train"];
+  int64_t steps = options.steps >= 0 ? options.steps : train["steps"].get<int64_t>();
+  int64_t log_interval = train["log_interval"].get<int64_t>();
+  int64_t eval_interval = train["eval_interval"].get<int64_t>();
+  std::ofstream metrics;
+  if (!options.run_dir.empty()) {
+    std::filesystem::create_directories(options.run_dir);
+    metrics.open(options.run_dir / "metrics.jsonl", std::ios::app);
+    if (!metrics)
+      throw IoError(fmt::format("cannot write {}", (options.run_dir / "metrics.jsonl").string()));
+  }
+  bool tty = isatty(fileno(stdout)) != 0;
+  double loss_acc = 0, time_acc = 0, norm_acc = 0;
+  int64_t count = 0, tokens_acc = 0, skipped = 0;
+  auto clear_bar = [&] {
+    if (tty) std::printf("\r\033[K");
+  };
+  auto t_start = std::chrono::steady_clock::now();
+  while (iteration_ < steps) {
+    StepResult r = step();
+    if (r.skipped) {
+      ++skipped;
+      clear_bar();
+      std::printf("step %lld skipped: non-finite %s (loss scale %g)\n",
+                  static_cast<long long>(r.step), std::isfinite(r.loss) ? "gradients" : "loss",
+                  r.loss_scale);
+    } else {
+      loss_acc += r.loss;
+      norm_acc += r.grad_norm;
+      ++count;
+    }
+    time_acc += r.seconds;
+    tokens_acc += r.tokens;
+    if (iteration_ % log_interval == 0 || iteration_ == steps) {
+      double step_ms = 1e3 * time_acc / static_cast<double>(log_interval);
+      int64_t steps_in = iteration_ % log_interval == 0 ? log_interval : iteration_ % log_interval;
+      step_ms = 1e3 * time_acc / static_cast<double>(steps_in);
+      double tps = static_cast<double>(tokens_acc) / time_acc;
+      double mfu = peak_flops_ > 0 ? flops_per_step_ * steps_in / time_acc / peak_flops_ : 0;
+      double loss = count ? loss_acc / count : std::nan("");
+      double norm = count ? norm_acc / count : std::nan("");
+      uint64_t peak = plugins_.host().cpu_memory().peak;
+      clear_bar();
+      std::printf(
+          "iter %6lld/%lld | loss %.4f | lr %.3e | grad norm %.3f | %.0f tok/s | %.1f ms/step "
+          "| MFU %.1f%% | mem %s (rss %s)%s\n",
+          static_cast<long long>(iteration_), static_cast<long long>(steps), loss, r.lr, norm, tps,
+          step_ms, 100 * mfu, human_bytes(static_cast<double>(peak)).c_str(),
+          human_bytes(static_cast<double>(max_rss_bytes())).c_str(),
+          dynamic_scaling_ ? fmt::format(" | scale {:g}", loss_scale_).c_str() : "");
+      if (metrics.is_open()) {
+        nlohmann::json line = {{"step", iteration_},       {"loss", loss},
+                               {"lr", r.lr},               {"grad_norm", norm},
+                               {"tokens_per_s", tps},      {"step_ms", step_ms},
+                               {"mfu", mfu},               {"peak_mem_bytes", peak},
+                               {"max_rss_bytes", max_rss_bytes()}, {"skipped", skipped},
+                               {"loss_scale", loss_scale_}};
+        if (!std::isfinite(loss)) line["loss"] = nullptr;
+        if (!std::isfinite(norm)) line["grad_norm"] = nullptr;
+        metrics << line.dump() << "\n" << std::flush;
+      }
+      loss_acc = time_acc = norm_acc = 0;
+      count = tokens_acc = skipped = 0;
+    }
+    if (options.evaluate && (iteration_ % eval_interval == 0 || iteration_ == steps)) {
+      double valid = evaluate();
+      if (std::isfinite(valid)) {
+        clear_bar();
+        std::printf("validation at iter %lld | loss %.4f | ppl %.2f\n",
+                    static_cast<long long>(iteration_), valid, std::exp(valid));
+        if (metrics.is_open())
+          metrics << nlohmann::json{{"step", iteration_}, {"valid_loss", valid}}.dump() << "\n"
+                  << std::flush;
+      }
+    }
+    if (tty && iteration_ < steps) {
+      double elapsed =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+      double eta = elapsed / static_cast<double>(iteration_) * static_cast<double>(steps - iteration_);
+      int width = 30, filled = static_cast<int>(width * iteration_ / steps);
+      std::printf("\r[%s%s] %lld/%lld  eta %.0fs", std::string(filled, '#').c_str(),
+                  std::string(width - filled, '.').c_str(), static_cast<long long>(iteration_),
+                  static_cast<long long>(steps), eta);
+    }
+    std::fflush(stdout);
+  }
+  clear_bar();
+  std::fflush(stdout);
+}
+
+}  // namespace loom::core

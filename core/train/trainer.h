@@ -1,0 +1,114 @@
+// Trainer: one training run on one process (DESIGN.md sections 4, 6 and 8).
+//
+// It builds the model, optimizer and LR schedule from the resolved spec through the
+// registry, allocates parameters (and f32 master weights when parameters are bf16/f16),
+// then runs steps: gradient accumulation over micro-batches, dynamic loss scaling for
+// f16, the global gradient norm and clipping, the optimizer on every parameter, and the
+// cast back to the parameter dtype. `run` adds logging, evaluation and metrics.jsonl.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/build/builder.h"
+#include "core/data/data_source.h"
+#include "core/plugin/plugin_manager.h"
+#include "core/runtime/parameters.h"
+#include "loom/cpp/tensor.h"
+#include "loom/kinds/model.h"
+#include "loom/kinds/optimizer.h"
+
+namespace loom::core {
+
+/// What one optimizer step did.
+struct StepResult {
+  int64_t step = 0;         ///< 1-based step just taken (or skipped)
+  double loss = 0;          ///< mean of the micro-batch losses
+  double grad_norm = 0;     ///< global L2 norm of the (unscaled, unclipped) gradients
+  double lr = 0;            ///< learning rate used
+  double loss_scale = 1;    ///< loss scale used (f16), else 1
+  bool skipped = false;     ///< non-finite gradients or loss: no update
+  double seconds = 0;       ///< wall time of the step
+  int64_t tokens = 0;       ///< tokens processed
+};
+
+/// Options of `Trainer::run`.
+struct RunOptions {
+  std::filesystem::path run_dir;  ///< metrics.jsonl goes here; empty for none
+  int64_t steps = -1;             ///< overrides /train/steps when >= 0
+  bool evaluate = true;           ///< run validation at eval_interval and at the end
+};
+
+class Trainer {
+ public:
+  /// \param spec      the resolved spec (defaults filled in)
+  /// \param plugins   loaded plugins; the device's kernel library is loaded here
+  /// \param data      the data source, or null to make one from /data
+  /// \param model_inherited  extra options handed to the model (e.g. return_logits)
+  Trainer(const nlohmann::json& spec, PluginManager& plugins,
+          std::unique_ptr<DataSource> data = nullptr,
+          const nlohmann::json& model_inherited = nlohmann::json::object());
+  ~Trainer();
+
+  /// Prints the layout, parameter count, data source and kernels.
+  void print_banner(std::FILE* out) const;
+  /// Runs the loop with a log line every /train/log_interval steps.
+  void run(const RunOptions& options);
+  /// One optimizer step over the global batch.
+  StepResult step();
+  /// Mean loss over /train/eval_steps validation batches; NaN when the data has none.
+  double evaluate();
+
+  /// Forward and backward of one batch; the loss gradient is `loss_weight` (the trainer
+  /// passes loss_scale / micro-batches). Returns the loss. When the model returns logits
+  /// and `logits` is non-null, copies them out (B*T*V floats).
+  double forward_backward(const Batch& batch, double loss_weight,
+                          std::vector<float>* logits = nullptr);
+  /// Forward only (no dropout, nothing saved).
+  double forward_only(const Batch& batch, std::vector<float>* logits = nullptr);
+
+  IModel& model() { return *model_; }
+  ParameterSet& params() { return *params_; }
+  DataSource& data() { return *data_; }
+  int64_t iteration() const { return iteration_; }
+  /// Model FLOPs of one step (see flops.h) and the measured GEMM peak (FLOP/s).
+  double flops_per_step() const { return flops_per_step_; }
+  double peak_flops() const { return peak_flops_; }
+
+ private:
+  struct ParamState;
+  double loss_scale() const { return loss_scale_; }
+  void update_loss_scale(bool overflow);
+  double lr_at(int64_t step) const;
+
+  const nlohmann::json spec_;
+  PluginManager& plugins_;
+  Device device_;
+  DType params_dtype_;
+  ObjectPtr model_object_, optimizer_object_, schedule_object_;
+  IModel* model_ = nullptr;
+  IOptimizer* optimizer_ = nullptr;
+  ILrSchedule* schedule_ = nullptr;
+  std::unique_ptr<ParameterSet> params_;
+  std::vector<std::unique_ptr<ParamState>> states_;
+  std::unique_ptr<DataSource> data_;
+  Kernel sumsq_, cast_;
+  int64_t micro_batch_, seq_length_, micro_batches_;
+  double weight_decay_ = 0, constant_lr_ = 0, grad_clip_ = 0;
+  bool return_logits_ = false;
+  int64_t iteration_ = 0;
+  int64_t nonfinite_in_a_row_ = 0;
+  // Dynamic loss scaling (f16 only).
+  bool dynamic_scaling_ = false;
+  double loss_scale_ = 1, min_loss_scale_ = 1;
+  int64_t scale_window_ = 1000, hysteresis_ = 2, hysteresis_left_ = 2, good_steps_ = 0;
+  double flops_per_step_ = 0, peak_flops_ = 0;
+  std::string data_description_;
+};
+
+}  // namespace loom::core

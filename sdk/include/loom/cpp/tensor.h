@@ -1,0 +1,126 @@
+// Tensor views and kernel calls in ordinary C++: build views of contiguous memory, take
+// activations from a forward context, and resolve a kernel once and call it many times.
+//
+//   loom::Kernel gemm(host, loom::ops::kGemm, device, DType::kF32);   // once, when built
+//   loom::ops::GemmAttrs attrs{0, 1, 1.f, 0.f};
+//   gemm({x, w}, {y}, attrs);                                          // every step
+#pragma once
+
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "loom/cpp/error.h"
+#include "loom/host.h"
+#include "loom/kernel.h"
+#include "loom/kinds/module.h"
+#include "loom/ops.h"
+
+namespace loom {
+
+/// The CPU device.
+inline constexpr Device kCpu{DeviceType::kCpu, 0};
+
+/// A contiguous view of `data` with `shape` (at most kMaxDims entries).
+inline TensorView make_view(void* data, DType dtype, const int64_t* shape, int32_t ndim,
+                            Device device = kCpu) {
+  if (ndim < 0 || ndim > kMaxDims) fail(Code::kInvalidArgument, "tensor rank out of range");
+  TensorView v{};
+  v.data = data;
+  v.dtype = dtype;
+  v.device = device;
+  v.ndim = ndim;
+  int64_t stride = 1;
+  for (int32_t i = ndim - 1; i >= 0; --i) {
+    v.shape[i] = shape[i];
+    v.strides[i] = stride;
+    stride *= shape[i];
+  }
+  return v;
+}
+inline TensorView make_view(void* data, DType dtype, std::initializer_list<int64_t> shape,
+                            Device device = kCpu) {
+  return make_view(data, dtype, shape.begin(), static_cast<int32_t>(shape.size()), device);
+}
+
+/// An absent optional tensor (data == null).
+inline TensorView empty_view() { return TensorView{}; }
+
+/// True when `view` is present (data != null).
+inline bool present(const TensorView& view) { return view.data != nullptr; }
+
+/// The same memory seen with another shape (same element count; the view must be
+/// contiguous).
+inline TensorView reshape(const TensorView& view, std::initializer_list<int64_t> shape) {
+  TensorView out = make_view(view.data, view.dtype, shape, view.device);
+  if (numel(out) != numel(view))
+    fail(Code::kInvalidArgument, "reshape: element count differs");
+  return out;
+}
+
+/// Bytes of a contiguous view.
+inline size_t nbytes(const TensorView& view) {
+  return static_cast<size_t>(numel(view)) * dtype_size(view.dtype);
+}
+
+/// Shape as text, "(2, 3, 4)", for messages.
+inline std::string shape_string(const TensorView& view) {
+  std::string s = "(";
+  for (int32_t i = 0; i < view.ndim; ++i) {
+    if (i) s += ", ";
+    s += std::to_string(view.shape[i]);
+  }
+  return s + ")";
+}
+
+/// Allocates a contiguous activation from the forward context (lives until the context is
+/// released).
+inline TensorView allocate(IForwardContext& ctx, DType dtype, std::initializer_list<int64_t> shape,
+                           Device device = kCpu) {
+  TensorView out{};
+  throw_if_error(ctx.allocate(dtype, static_cast<int32_t>(shape.size()), shape.begin(), device,
+                              &out));
+  return out;
+}
+
+/// A kernel resolved once through the host; call it with views and an attrs struct.
+class Kernel {
+ public:
+  Kernel() = default;
+  /// Resolves `op` for (device, dtype); throws with the op's name when no kernel serves it.
+  Kernel(IHost& host, const char* op, Device device, DType dtype,
+         const OpCall* example = nullptr) {
+    throw_if_error(host.find_kernel(make_string_view(op), device.type, dtype, example, &desc_));
+  }
+  /// True when resolved.
+  explicit operator bool() const { return desc_.fn != nullptr; }
+  /// The chosen kernel's name ("cpu.fast").
+  const char* name() const { return desc_.name; }
+
+  /// Runs the op; throws on a failed status.
+  template <class Attrs>
+  void operator()(std::initializer_list<TensorView> inputs, std::initializer_list<TensorView> outputs,
+                  const Attrs& attrs, void* stream = nullptr) const {
+    call(inputs, outputs, &attrs, sizeof(Attrs), stream);
+  }
+  void operator()(std::initializer_list<TensorView> inputs,
+                  std::initializer_list<TensorView> outputs, void* stream = nullptr) const {
+    call(inputs, outputs, nullptr, 0, stream);
+  }
+
+ private:
+  void call(std::initializer_list<TensorView> inputs, std::initializer_list<TensorView> outputs,
+            const void* attrs, uint64_t attrs_size, void* stream) const {
+    if (desc_.fn == nullptr) fail(Code::kFailedPrecondition, "kernel called before it was resolved");
+    // Outputs are written through the views' data pointers; the array itself is scratch.
+    TensorView outs[16];
+    int32_t n_out = 0;
+    for (const TensorView& v : outputs) outs[n_out++] = v;
+    OpCall call{sizeof(OpCall), inputs.begin(), static_cast<int32_t>(inputs.size()), outs, n_out,
+                attrs, attrs_size, stream, nullptr, 0};
+    throw_if_error(desc_.fn(&call));
+  }
+  KernelDesc desc_{};
+};
+
+}  // namespace loom

@@ -1,0 +1,153 @@
+#!/usr/bin/python3
+"""PyTorch CPU baseline for `loom bench`: the same model, batch and thread count.
+
+Runs with Debian's /usr/bin/python3 (python3-torch 1.13, an OpenBLAS-OpenMP build). Builds
+the model a loom spec describes (GPT-2 or LLaMA style: the spec's model node), then times
+full training steps (forward, backward, AdamW) on random tokens, after warm-up, and
+prints one JSON object: tokens/s, ms/step, model FLOPs (6N + 6LTC per token, as loom
+counts them).
+
+usage: torch_gpt.py SPEC [--batch B] [--seq T] [--steps N] [--warmup N] [--threads N]
+"""
+import argparse
+import json
+import math
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Block(nn.Module):
+    def __init__(self, m):
+        super().__init__()
+        C, H = m["hidden_size"], m["num_attention_heads"]
+        G = m.get("num_query_groups", H)
+        D = m.get("kv_channels", C // H)
+        Fh = m.get("ffn_hidden_size", 4 * C)
+        bias = m.get("add_bias_linear", True)
+        self.H, self.G, self.D = H, G, D
+        self.rms = m["layer"]["norm"]["impl"] == "rmsnorm"
+        self.swiglu = m["layer"]["mlp"].get("activation") == "swiglu"
+        self.rope = m.get("position_embedding", "learned") == "rope"
+        Norm = (lambda c: nn.LayerNorm(c)) if not self.rms else (lambda c: RMSNorm(c))
+        self.ln1, self.ln2 = Norm(C), Norm(C)
+        self.qkv = nn.Linear(C, (H + 2 * G) * D, bias=m.get("add_qkv_bias", bias))
+        self.proj = nn.Linear(H * D, C, bias=bias)
+        self.fc1 = nn.Linear(C, 2 * Fh if self.swiglu else Fh, bias=bias)
+        self.fc2 = nn.Linear(Fh, C, bias=bias)
+
+    def forward(self, x, cos, sin):
+        B, T, C = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(
+            [self.H * self.D, self.G * self.D, self.G * self.D], dim=-1)
+        q = q.view(B, T, self.H, self.D).transpose(1, 2)
+        k = k.view(B, T, self.G, self.D).transpose(1, 2)
+        v = v.view(B, T, self.G, self.D).transpose(1, 2)
+        if self.rope:
+            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        if self.G != self.H:
+            k = k.repeat_interleave(self.H // self.G, dim=1)
+            v = v.repeat_interleave(self.H // self.G, dim=1)
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(self.D)
+        mask = torch.ones(T, T, dtype=torch.bool).tril()
+        att = att.masked_fill(~mask, float("-inf")).softmax(-1)
+        y = (att @ v).transpose(1, 2).reshape(B, T, self.H * self.D)
+        x = x + self.proj(y)
+        h = self.fc1(self.ln2(x))
+        if self.swiglu:
+            a, b = h.chunk(2, dim=-1)
+            h = F.silu(a) * b
+        else:
+            h = F.gelu(h, approximate="tanh")
+        return x + self.fc2(h)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, c, eps=1e-5):
+        super().__init__()
+        self.weight, self.eps = nn.Parameter(torch.ones(c)), eps
+
+    def forward(self, x):
+        return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def rotate(x, cos, sin):
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+class GPT(nn.Module):
+    def __init__(self, m, T):
+        super().__init__()
+        C, V = m["hidden_size"], m["vocab_size"]
+        self.wte = nn.Embedding(V, C)
+        self.learned = m.get("position_embedding", "learned") == "learned"
+        if self.learned:
+            self.wpe = nn.Embedding(m["max_position_embeddings"], C)
+        self.blocks = nn.ModuleList(Block(m) for _ in range(m["num_layers"]))
+        self.ln_f = RMSNorm(C) if m["final_norm"]["impl"] == "rmsnorm" else nn.LayerNorm(C)
+        self.tied = m.get("tie_embeddings", True)
+        if not self.tied:
+            self.head = nn.Linear(C, V, bias=False)
+        D = m.get("kv_channels", C // m["num_attention_heads"])
+        f = 1.0 / (m.get("rotary", {}).get("base", 10000) ** (torch.arange(0, D, 2) / D))
+        ang = torch.arange(T)[:, None] * f[None]
+        self.cos, self.sin = ang.cos(), ang.sin()
+
+    def forward(self, idx, targets):
+        B, T = idx.shape
+        x = self.wte(idx)
+        if self.learned:
+            x = x + self.wpe(torch.arange(T))
+        for b in self.blocks:
+            x = b(x, self.cos[:T], self.sin[:T])
+        x = self.ln_f(x)
+        logits = x @ (self.wte.weight if self.tied else self.head.weight).T
+        return F.cross_entropy(logits.view(B * T, -1), targets.view(-1))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("spec")
+    ap.add_argument("--batch", type=int)
+    ap.add_argument("--seq", type=int)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2)
+    a = ap.parse_args()
+    spec = json.load(open(a.spec))
+    m = spec["model"]
+    B = a.batch or spec["train"].get("micro_batch_size", 1)
+    T = a.seq or spec["train"].get("seq_length", 1024)
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(0)
+    model = GPT(m, T)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
+    V = m["vocab_size"]
+    times = []
+    for i in range(a.warmup + a.steps):
+        idx = torch.randint(0, V, (B, T))
+        tgt = torch.randint(0, V, (B, T))
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss = model(idx, tgt)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if i >= a.warmup:
+            times.append(time.perf_counter() - t0)
+    n = sum(p.numel() for p in model.parameters())
+    L, C = m["num_layers"], m.get("kv_channels", m["hidden_size"] // m["num_attention_heads"]) * m["num_attention_heads"]
+    flops = (6 * n + 6 * L * T * C) * B * T
+    mean = sum(times) / len(times)
+    print(json.dumps({"torch": torch.__version__, "threads": a.threads, "batch": B, "seq": T,
+                      "params": n, "ms_per_step_mean": 1e3 * mean,
+                      "ms_per_step_median": 1e3 * sorted(times)[len(times) // 2],
+                      "tokens_per_s": B * T / mean, "model_gflops_per_s": flops / mean / 1e9}))
+
+
+if __name__ == "__main__":
+    main()
