@@ -1,0 +1,231 @@
+#include "kernels/cpu/common.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <sstream>
+
+#include "kernels/cpu/cpu_kernels.h"
+
+namespace loom::kernels::cpu {
+
+bool cpu_has_avx2() {
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                          __builtin_cpu_supports("f16c");
+  return has;
+}
+
+LOOM_CPU_FAST_BEGIN
+
+void load_row(const void* data, DType t, int64_t i, int64_t n, float* out) {
+  int64_t k = 0;
+  if (t == DType::kF32) {
+    const float* p = static_cast<const float*>(data) + i;
+    for (; k < n; ++k) out[k] = p[k];
+  } else if (t == DType::kBF16) {
+    const uint16_t* p = static_cast<const uint16_t*>(data) + i;
+    for (; k + 8 <= n; k += 8) {
+      __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + k));
+      __m256i w = _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16);
+      _mm256_storeu_ps(out + k, _mm256_castsi256_ps(w));
+    }
+    for (; k < n; ++k) out[k] = bf16_to_f32(p[k]);
+  } else if (t == DType::kF16) {
+    const uint16_t* p = static_cast<const uint16_t*>(data) + i;
+    for (; k + 8 <= n; k += 8)
+      _mm256_storeu_ps(out + k,
+                       _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + k))));
+    for (; k < n; ++k) out[k] = f16_to_f32(p[k]);
+  }
+}
+
+void store_row(void* data, DType t, int64_t i, int64_t n, const float* in) {
+  int64_t k = 0;
+  if (t == DType::kF32) {
+    float* p = static_cast<float*>(data) + i;
+    for (; k < n; ++k) p[k] = in[k];
+  } else if (t == DType::kBF16) {
+    // Round to nearest even as f32_to_bf16 does; NaNs take the scalar path (quiet bit set).
+    uint16_t* p = static_cast<uint16_t*>(data) + i;
+    const __m256i bias = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1);
+    for (; k + 8 <= n; k += 8) {
+      __m256 x = _mm256_loadu_ps(in + k);
+      if (_mm256_movemask_ps(_mm256_cmp_ps(x, x, _CMP_UNORD_Q)) != 0) {
+        for (int j = 0; j < 8; ++j) p[k + j] = f32_to_bf16(in[k + j]);
+        continue;
+      }
+      __m256i b = _mm256_castps_si256(x);
+      __m256i r = _mm256_add_epi32(
+          b, _mm256_add_epi32(bias, _mm256_and_si256(_mm256_srli_epi32(b, 16), one)));
+      r = _mm256_srli_epi32(r, 16);
+      // Pack 8 x u32 (< 2^16) into 8 x u16: packus works per 128-bit lane.
+      __m128i lo = _mm256_castsi256_si128(r), hi = _mm256_extracti128_si256(r, 1);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(p + k), _mm_packus_epi32(lo, hi));
+    }
+    for (; k < n; ++k) p[k] = f32_to_bf16(in[k]);
+  } else if (t == DType::kF16) {
+    uint16_t* p = static_cast<uint16_t*>(data) + i;
+    for (; k + 8 <= n; k += 8) {
+      __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(in + k), _MM_FROUND_TO_NEAREST_INT);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(p + k), h);
+    }
+    for (; k < n; ++k) p[k] = f32_to_f16(in[k]);
+  }
+}
+
+F32Copy::F32Copy(const TensorView& v) {
+  if (v.dtype == DType::kF32) {
+    ptr_ = static_cast<const float*>(v.data);
+    return;
+  }
+  int64_t n = numel(v);
+  copy_.resize(static_cast<size_t>(n));
+  constexpr int64_t kChunk = 4096;
+#pragma omp parallel for schedule(static) if (n > 4 * kChunk)
+  for (int64_t c = 0; c < n; c += kChunk)
+    load_row(v.data, v.dtype, c, std::min(kChunk, n - c), copy_.data() + c);
+  ptr_ = copy_.data();
+}
+
+LOOM_CPU_FAST_END
+
+std::string dims_str(std::initializer_list<int64_t> dims) {
+  std::ostringstream s;
+  s << "(";
+  bool first = true;
+  for (int64_t d : dims) {
+    s << (first ? "" : ", ") << d;
+    first = false;
+  }
+  s << ")";
+  return s.str();
+}
+
+std::string shape_str(const TensorView& v) {
+  std::ostringstream s;
+  s << "(";
+  for (int32_t d = 0; d < v.ndim; ++d) s << (d ? ", " : "") << v.shape[d];
+  s << ")";
+  return s.str();
+}
+
+Args::Args(const OpCall* call, const char* op, std::initializer_list<const char*> inputs,
+           std::initializer_list<const char*> outputs, bool shapes_only)
+    : call_(call), op_(op), inputs_(inputs), outputs_(outputs), shapes_only_(shapes_only) {
+  if (call == nullptr) fail("the call is null");
+  if (call->struct_size < sizeof(OpCall))
+    fail("OpCall of " + std::to_string(call->struct_size) + " bytes is older than this kernel's (" +
+         std::to_string(sizeof(OpCall)) + "): rebuild the caller");
+  if (call->num_inputs != static_cast<int32_t>(inputs_.size()) ||
+      call->num_outputs != static_cast<int32_t>(outputs_.size()))
+    fail("takes " + std::to_string(inputs_.size()) + " inputs and " +
+         std::to_string(outputs_.size()) + " outputs, got " + std::to_string(call->num_inputs) +
+         " and " + std::to_string(call->num_outputs) + " (pass empty views for optional ones)");
+  if ((call->num_inputs > 0 && call->inputs == nullptr) ||
+      (call->num_outputs > 0 && call->outputs == nullptr))
+    fail("inputs or outputs array is null");
+}
+
+void Args::fail(const std::string& what, Code code) const {
+  throw Error(code, std::string(op_) + ": " + what);
+}
+
+std::string Args::in_label(int i) const {
+  return "input " + std::to_string(i) + " (" + inputs_[i] + ")";
+}
+std::string Args::out_label(int i) const {
+  return "output " + std::to_string(i) + " (" + outputs_[i] + ")";
+}
+
+const TensorView& Args::tensor(bool input, int i, DType want) const {
+  const TensorView& v = input ? call_->inputs[i] : call_->outputs[i];
+  std::string label = input ? in_label(i) : out_label(i);
+  if (!present(v)) fail(label + " is required but empty");
+  if (v.device.type != DeviceType::kCpu)
+    fail(label + " is not in CPU memory: the cpu kernels run on host tensors only");
+  bool ok = want == DType::kInvalid ? is_float(v.dtype) : v.dtype == want;
+  if (!ok)
+    fail(label + " has dtype " + dtype_name(v.dtype) + ", expected " +
+         (want == DType::kInvalid ? std::string("a float dtype (f32, bf16, f16)")
+                                  : dtype_name(want)));
+  if (v.ndim < 0 || v.ndim > kMaxDims) fail(label + " has ndim " + std::to_string(v.ndim));
+  for (int32_t d = 0; d < v.ndim; ++d)
+    if (v.shape[d] < 0) fail(label + " has a negative extent: " + shape_str(v));
+  if (!is_contiguous(v))
+    fail(label + " of shape " + shape_str(v) + " is not contiguous: pass a packed tensor");
+  if (!shapes_only_ && v.data == nullptr && numel(v) > 0) fail(label + " has null data");
+  return v;
+}
+
+void Args::shape(bool input, int i, std::initializer_list<int64_t> dims, const char* expect) const {
+  const TensorView& v = input ? call_->inputs[i] : call_->outputs[i];
+  bool ok = v.ndim == static_cast<int32_t>(dims.size());
+  int32_t d = 0;
+  for (int64_t e : dims) ok = ok && v.shape[d++] == e;
+  if (!ok)
+    fail((input ? in_label(i) : out_label(i)) + " has shape " + shape_str(v) + ", expected " +
+         expect + " = " + dims_str(dims));
+}
+void Args::shape_in(int i, std::initializer_list<int64_t> dims, const char* expect) const {
+  shape(true, i, dims, expect);
+}
+void Args::shape_out(int i, std::initializer_list<int64_t> dims, const char* expect) const {
+  shape(false, i, dims, expect);
+}
+void Args::rank_in(int i, int32_t min_ndim, const char* expect) const {
+  if (in(i).ndim < min_ndim)
+    fail(in_label(i) + " has shape " + shape_str(in(i)) + ", expected " + expect);
+}
+void Args::rank_out(int i, int32_t min_ndim, const char* expect) const {
+  if (out(i).ndim < min_ndim)
+    fail(out_label(i) + " has shape " + shape_str(out(i)) + ", expected " + expect);
+}
+void Args::numel_in(int i, int64_t n, const char* expect) const {
+  if (numel(in(i)) != n)
+    fail(in_label(i) + " has shape " + shape_str(in(i)) + " (" + std::to_string(numel(in(i))) +
+         " elements), expected " + expect + " with " + std::to_string(n) + " elements");
+}
+void Args::numel_out(int i, int64_t n, const char* expect) const {
+  if (numel(out(i)) != n)
+    fail(out_label(i) + " has shape " + shape_str(out(i)) + " (" + std::to_string(numel(out(i))) +
+         " elements), expected " + expect + " with " + std::to_string(n) + " elements");
+}
+
+OpCost io_cost(const OpCall* call, double flops) {
+  OpCost c{flops, 0.0, 0.0};
+  for (int32_t i = 0; i < call->num_inputs; ++i)
+    c.bytes_read += static_cast<double>(numel(call->inputs[i])) *
+                    static_cast<double>(dtype_size(call->inputs[i].dtype));
+  for (int32_t i = 0; i < call->num_outputs; ++i)
+    c.bytes_written += static_cast<double>(numel(call->outputs[i])) *
+                       static_cast<double>(dtype_size(call->outputs[i].dtype));
+  return c;
+}
+
+int64_t max_numel(const OpCall* call) {
+  int64_t n = 0;
+  for (int32_t i = 0; i < call->num_inputs; ++i) n = std::max(n, numel(call->inputs[i]));
+  for (int32_t i = 0; i < call->num_outputs; ++i) n = std::max(n, numel(call->outputs[i]));
+  return n;
+}
+
+void add_kernels(std::vector<KernelDesc>& out, const char* op, const char* name, int32_t priority,
+                 KernelFn fn, KernelSupportsFn supports, KernelCostFn cost) {
+  for (DType t : kFloatTypes) {
+    KernelDesc k{};
+    k.struct_size = sizeof(KernelDesc);
+    k.op = op;
+    k.op_version = ops::kVersion;
+    k.device = DeviceType::kCpu;
+    k.dtype = t;
+    k.name = name;
+    k.priority = priority;
+    k.fn = fn;
+    k.supports = supports;
+    k.cost = cost;
+    k.workspace = nullptr;
+    out.push_back(k);
+  }
+}
+
+}  // namespace loom::kernels::cpu

@@ -1,0 +1,256 @@
+// Shared internals of the CPU kernels: element loads and stores in every float dtype, the
+// argument checks that turn a bad call into a Status naming the op and the problem, and
+// the helpers that build KernelDescs.
+//
+// Every op file follows one pattern:
+//   Shape check_OP(const OpCall*, bool shapes_only);  // throws loom::Error naming the op
+//   Status OP_ref(const OpCall*);     // plain loops, one element at a time: the oracle
+//   Status OP_fast(const OpCall*);    // OpenMP + AVX2 (or OpenBLAS), tested against _ref
+// Reference code is compiled for the baseline x86-64 ISA; fast code sits between
+// LOOM_CPU_FAST_BEGIN / LOOM_CPU_FAST_END and is compiled for AVX2+FMA+F16C, and the
+// fast kernels' `supports` return false on a CPU without them, so find_kernel falls back
+// to the reference instead of dying of SIGILL.
+#pragma once
+
+#include <loom/cpp/error.h>
+#include <loom/cpp/half.h>
+#include <loom/kernel.h>
+#include <loom/ops.h>
+#include <stdint.h>
+
+#include <cmath>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#define LOOM_CPU_FAST_BEGIN _Pragma("GCC push_options") _Pragma("GCC target(\"avx2,fma,f16c\")")
+#define LOOM_CPU_FAST_END _Pragma("GCC pop_options")
+
+namespace loom::kernels::cpu {
+
+inline constexpr int32_t kRefPriority = 0;
+inline constexpr int32_t kFastPriority = 10;
+inline constexpr const char* kRefName = "cpu.ref";
+inline constexpr const char* kFastName = "cpu.fast";
+
+inline bool is_float(DType t) { return t == DType::kF32 || t == DType::kBF16 || t == DType::kF16; }
+
+// ---- Element access (the reference path converts one element at a time) -----------------
+
+inline float load(const void* data, DType t, int64_t i) {
+  switch (t) {
+    case DType::kF32:
+      return static_cast<const float*>(data)[i];
+    case DType::kBF16:
+      return bf16_to_f32(static_cast<const uint16_t*>(data)[i]);
+    case DType::kF16:
+      return f16_to_f32(static_cast<const uint16_t*>(data)[i]);
+    default:
+      return 0.0f;  // unreachable: the checks admit float dtypes only
+  }
+}
+
+inline void store(void* data, DType t, int64_t i, float v) {
+  switch (t) {
+    case DType::kF32:
+      static_cast<float*>(data)[i] = v;
+      break;
+    case DType::kBF16:
+      static_cast<uint16_t*>(data)[i] = f32_to_bf16(v);
+      break;
+    case DType::kF16:
+      static_cast<uint16_t*>(data)[i] = f32_to_f16(v);
+      break;
+    default:
+      break;
+  }
+}
+
+inline float load(const TensorView& v, int64_t i) { return load(v.data, v.dtype, i); }
+inline void store(const TensorView& v, int64_t i, float x) { store(v.data, v.dtype, i, x); }
+inline const float* f32(const TensorView& v) { return static_cast<const float*>(v.data); }
+inline float* f32_mut(const TensorView& v) { return static_cast<float*>(v.data); }
+inline const int32_t* i32(const TensorView& v) { return static_cast<const int32_t*>(v.data); }
+
+// Fast path: converts n elements of `data` (dtype t) from element i on into / out of f32
+// (AVX2 + F16C; bf16 stores round to nearest even like f32_to_bf16). Defined in common.cc.
+void load_row(const void* data, DType t, int64_t i, int64_t n, float* out);
+void store_row(void* data, DType t, int64_t i, int64_t n, const float* in);
+
+// A whole tensor as f32: the tensor's own memory when it is f32, else a converted copy
+// (converted in parallel). Used where a fast kernel reads an operand many times.
+class F32Copy {
+ public:
+  explicit F32Copy(const TensorView& v);
+  const float* data() const { return ptr_; }
+
+ private:
+  std::vector<float> copy_;
+  const float* ptr_;
+};
+
+// True when this CPU runs the fast kernels' instruction set (AVX2, FMA, F16C).
+bool cpu_has_avx2();
+
+// ---- Argument checks ------------------------------------------------------------------
+
+// "(3, 4)"
+std::string shape_str(const TensorView& v);
+std::string dims_str(std::initializer_list<int64_t> dims);
+
+// The checks of one call. `shapes_only` is true inside `supports` (data may be null there,
+// so an optional tensor counts as present when it has dimensions). Every failure throws
+// loom::Error(kInvalidArgument) whose message starts with the op's name.
+class Args {
+ public:
+  Args(const OpCall* call, const char* op, std::initializer_list<const char*> inputs,
+       std::initializer_list<const char*> outputs, bool shapes_only);
+
+  [[noreturn]] void fail(const std::string& what, Code code = Code::kInvalidArgument) const;
+
+  // Plain attributes struct A, checked for presence and size.
+  template <class A>
+  const A& attrs() const {
+    if (call_->attrs == nullptr || call_->attrs_size != sizeof(A))
+      fail("attrs must point to the op's attributes struct of " + std::to_string(sizeof(A)) +
+           " bytes (got " +
+           (call_->attrs == nullptr ? std::string("null")
+                                    : "attrs_size " + std::to_string(call_->attrs_size)) +
+           ")");
+    return *static_cast<const A*>(call_->attrs);
+  }
+
+  bool has_in(int i) const { return present(call_->inputs[i]); }
+  bool has_out(int i) const { return present(call_->outputs[i]); }
+  const TensorView& in(int i) const { return call_->inputs[i]; }
+  const TensorView& out(int i) const { return call_->outputs[i]; }
+
+  // Required float / i32 / f32 / f64 tensors: present, contiguous, right dtype.
+  const TensorView& float_in(int i) const { return tensor(true, i, DType::kInvalid); }
+  const TensorView& i32_in(int i) const { return tensor(true, i, DType::kI32); }
+  const TensorView& f32_in(int i) const { return tensor(true, i, DType::kF32); }
+  const TensorView& float_out(int i) const { return tensor(false, i, DType::kInvalid); }
+  const TensorView& f32_out(int i) const { return tensor(false, i, DType::kF32); }
+  const TensorView& f64_out(int i) const { return tensor(false, i, DType::kF64); }
+  // Optional ones: null when absent.
+  const TensorView* opt_float_in(int i) const { return has_in(i) ? &float_in(i) : nullptr; }
+  const TensorView* opt_i32_in(int i) const { return has_in(i) ? &i32_in(i) : nullptr; }
+  const TensorView* opt_f32_in(int i) const { return has_in(i) ? &f32_in(i) : nullptr; }
+  const TensorView* opt_float_out(int i) const { return has_out(i) ? &float_out(i) : nullptr; }
+  const TensorView* opt_f32_out(int i) const { return has_out(i) ? &f32_out(i) : nullptr; }
+
+  // Shape checks; `expect` names the dimensions, e.g. "(N, C)".
+  void shape_in(int i, std::initializer_list<int64_t> dims, const char* expect) const;
+  void shape_out(int i, std::initializer_list<int64_t> dims, const char* expect) const;
+  void rank_in(int i, int32_t min_ndim, const char* expect) const;
+  void rank_out(int i, int32_t min_ndim, const char* expect) const;
+  // Same number of elements (for ops that accept any shape, e.g. elementwise).
+  void numel_out(int i, int64_t n, const char* expect) const;
+  void numel_in(int i, int64_t n, const char* expect) const;
+
+  std::string in_label(int i) const;
+  std::string out_label(int i) const;
+  const char* op() const { return op_; }
+  bool shapes_only() const { return shapes_only_; }
+
+ private:
+  bool present(const TensorView& v) const {
+    // An empty optional is a view with null data and no dimensions; a zero-size tensor
+    // (e.g. N == 0) may have null data and still be present.
+    return v.data != nullptr || (v.ndim > 0 && (shapes_only_ || numel(v) == 0));
+  }
+  // kInvalid means "any float dtype".
+  const TensorView& tensor(bool input, int i, DType want) const;
+  void shape(bool input, int i, std::initializer_list<int64_t> dims, const char* expect) const;
+
+  const OpCall* call_;
+  const char* op_;
+  std::vector<const char*> inputs_, outputs_;
+  bool shapes_only_;
+};
+
+// Runs `check` and reports whether it passed (for `supports`: never throws).
+template <class F>
+bool passes(F&& check) noexcept {
+  try {
+    check();
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
+// Rows of a (..., C) tensor: every dimension but the last.
+inline int64_t rows_of(const TensorView& v) {
+  int64_t n = 1;
+  for (int32_t d = 0; d + 1 < v.ndim; ++d) n *= v.shape[d];
+  return n;
+}
+inline int64_t last_dim(const TensorView& v) { return v.ndim > 0 ? v.shape[v.ndim - 1] : 1; }
+
+// The attention mask of loom/ops.h: key s is hidden from query t (of T queries and S keys)
+// when causal and s > t + (S - T), or when their segment ids differ (`seg`: the batch
+// row's (T) ids, T == S, or null).
+inline bool attention_masked(bool causal, int64_t t, int64_t s, int64_t T, int64_t S,
+                             const int32_t* seg) {
+  if (causal && s > t + (S - T)) return true;
+  return seg != nullptr && seg[t] != seg[s];
+}
+
+// ---- Cost helpers ---------------------------------------------------------------------
+
+// Bytes of every present input and output; flops as given.
+OpCost io_cost(const OpCall* call, double flops);
+// Largest element count among the call's tensors (the "n" of an elementwise op).
+int64_t max_numel(const OpCall* call);
+
+// Defines NAME_supports (the reference's: the checks pass), NAME_fast_supports (also needs
+// AVX2) and NAME_cost (FLOPS_PER_ELEM * max_numel, bytes of every tensor) for an op whose
+// checks are `CHECK(const OpCall*, bool shapes_only)`.
+#define LOOM_CPU_HOOKS(NAME, CHECK, FLOPS_PER_ELEM)                            \
+  [[maybe_unused]] bool NAME##_supports(const OpCall* c) {                     \
+    return passes([&] { CHECK(c, true); });                                    \
+  }                                                                            \
+  [[maybe_unused]] bool NAME##_fast_supports(const OpCall* c) {                \
+    return cpu_has_avx2() && NAME##_supports(c);                               \
+  }                                                                            \
+  [[maybe_unused]] Status NAME##_cost(const OpCall* c, OpCost* out) {          \
+    return guard([&] {                                                         \
+      CHECK(c, true);                                                          \
+      *out = io_cost(c, (FLOPS_PER_ELEM) * static_cast<double>(max_numel(c))); \
+    });                                                                        \
+  }
+
+// Registers NAME_ref and NAME_fast (with the hooks above) for OP in every float dtype.
+#define LOOM_CPU_REGISTER(OUT, OP, NAME)                                                    \
+  do {                                                                                      \
+    add_kernels(OUT, OP, kRefName, kRefPriority, NAME##_ref, NAME##_supports, NAME##_cost); \
+    add_kernels(OUT, OP, kFastName, kFastPriority, NAME##_fast, NAME##_fast_supports,       \
+                NAME##_cost);                                                               \
+  } while (0)
+
+// ---- Kernel registration ---------------------------------------------------------------
+
+inline constexpr DType kFloatTypes[] = {DType::kF32, DType::kBF16, DType::kF16};
+
+// Appends one KernelDesc per float dtype.
+void add_kernels(std::vector<KernelDesc>& out, const char* op, const char* name, int32_t priority,
+                 KernelFn fn, KernelSupportsFn supports, KernelCostFn cost);
+
+// Each op family appends its reference and fast kernels.
+void add_gemm_kernels(std::vector<KernelDesc>& out);
+void add_elementwise_kernels(std::vector<KernelDesc>& out);
+void add_activation_kernels(std::vector<KernelDesc>& out);
+void add_dropout_kernels(std::vector<KernelDesc>& out);
+void add_embedding_kernels(std::vector<KernelDesc>& out);
+void add_layernorm_kernels(std::vector<KernelDesc>& out);
+void add_rmsnorm_kernels(std::vector<KernelDesc>& out);
+void add_rope_kernels(std::vector<KernelDesc>& out);
+void add_qkv_kernels(std::vector<KernelDesc>& out);
+void add_softmax_kernels(std::vector<KernelDesc>& out);
+void add_attention_kernels(std::vector<KernelDesc>& out);
+void add_flash_attention_kernels(std::vector<KernelDesc>& out);
+void add_cross_entropy_kernels(std::vector<KernelDesc>& out);
+void add_optim_kernels(std::vector<KernelDesc>& out);
+
+}  // namespace loom::kernels::cpu

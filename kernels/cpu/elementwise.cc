@@ -1,0 +1,279 @@
+// add, bias_add, bias_grad, cast, scale, sumsq (loom/ops.h, "Elementwise").
+//   reference: one element at a time.
+//   fast: OpenMP over chunks, each chunk converted to f32, computed with AVX2, stored back.
+#include <immintrin.h>
+
+#include <algorithm>
+
+#include "kernels/cpu/common.h"
+#include "kernels/cpu/simd.h"
+
+namespace loom::kernels::cpu {
+namespace {
+
+constexpr int64_t kChunk = 2048;  // elements per task: fits L1 as f32, amortises scheduling
+
+// ---- add: Y = A + B ---------------------------------------------------------------------
+
+int64_t check_add(const OpCall* call, bool shapes_only) {
+  Args a(call, ops::kAdd, {"A", "B"}, {"Y"}, shapes_only);
+  const TensorView& A = a.float_in(0);
+  a.float_in(1);
+  a.float_out(0);
+  a.numel_in(1, numel(A), "A's shape");
+  a.numel_out(0, numel(A), "A's shape");
+  return numel(A);
+}
+
+Status add_ref(const OpCall* call) {
+  return guard([&] {
+    int64_t n = check_add(call, false);
+    const TensorView &A = call->inputs[0], &B = call->inputs[1], &Y = call->outputs[0];
+    for (int64_t i = 0; i < n; ++i) store(Y, i, load(A, i) + load(B, i));
+  });
+}
+
+// ---- bias_add: Y[n, c] += bias[c] -------------------------------------------------------
+
+void check_bias_add(const OpCall* call, bool shapes_only) {
+  Args a(call, ops::kBiasAdd, {"bias"}, {"Y"}, shapes_only);
+  const TensorView& Y = a.float_out(0);
+  a.float_in(0);
+  a.rank_out(0, 1, "(N, C)");
+  a.shape_in(0, {last_dim(Y)}, "(C)");
+}
+
+Status bias_add_ref(const OpCall* call) {
+  return guard([&] {
+    check_bias_add(call, false);
+    const TensorView &bias = call->inputs[0], &Y = call->outputs[0];
+    int64_t C = last_dim(Y), N = rows_of(Y);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t c = 0; c < C; ++c) store(Y, n * C + c, load(Y, n * C + c) + load(bias, c));
+  });
+}
+
+// ---- bias_grad: dbias[c] += sum_n dY[n, c] ---------------------------------------------
+
+void check_bias_grad(const OpCall* call, bool shapes_only) {
+  Args a(call, ops::kBiasGrad, {"dY"}, {"dbias"}, shapes_only);
+  const TensorView& dY = a.float_in(0);
+  a.f32_out(0);
+  a.rank_in(0, 1, "(N, C)");
+  a.shape_out(0, {last_dim(dY)}, "(C)");
+}
+
+Status bias_grad_ref(const OpCall* call) {
+  return guard([&] {
+    check_bias_grad(call, false);
+    const TensorView &dY = call->inputs[0], &db = call->outputs[0];
+    int64_t C = last_dim(dY), N = rows_of(dY);
+    for (int64_t c = 0; c < C; ++c) {
+      double acc = 0.0;
+      for (int64_t n = 0; n < N; ++n) acc += load(dY, n * C + c);
+      f32_mut(db)[c] += static_cast<float>(acc);
+    }
+  });
+}
+
+// ---- cast: Y = X in Y's dtype ----------------------------------------------------------
+
+int64_t check_cast(const OpCall* call, bool shapes_only) {
+  Args a(call, ops::kCast, {"X"}, {"Y"}, shapes_only);
+  const TensorView& X = a.float_in(0);
+  a.float_out(0);
+  a.numel_out(0, numel(X), "X's shape");
+  return numel(X);
+}
+
+Status cast_ref(const OpCall* call) {
+  return guard([&] {
+    int64_t n = check_cast(call, false);
+    for (int64_t i = 0; i < n; ++i) store(call->outputs[0], i, load(call->inputs[0], i));
+  });
+}
+
+// ---- scale: Y = alpha * X --------------------------------------------------------------
+
+int64_t check_scale(const OpCall* call, bool shapes_only) {
+  Args a(call, ops::kScale, {"X"}, {"Y"}, shapes_only);
+  a.attrs<ops::ScaleAttrs>();
+  const TensorView& X = a.float_in(0);
+  a.float_out(0);
+  a.numel_out(0, numel(X), "X's shape");
+  return numel(X);
+}
+
+Status scale_ref(const OpCall* call) {
+  return guard([&] {
+    int64_t n = check_scale(call, false);
+    float alpha = static_cast<const ops::ScaleAttrs*>(call->attrs)->alpha;
+    for (int64_t i = 0; i < n; ++i) store(call->outputs[0], i, alpha * load(call->inputs[0], i));
+  });
+}
+
+// ---- sumsq: out += sum X^2 in f64 ------------------------------------------------------
+
+int64_t check_sumsq(const OpCall* call, bool shapes_only) {
+  Args a(call, ops::kSumSq, {"X"}, {"out"}, shapes_only);
+  const TensorView& X = a.float_in(0);
+  a.f64_out(0);
+  a.shape_out(0, {1}, "(1)");
+  return numel(X);
+}
+
+Status sumsq_ref(const OpCall* call) {
+  return guard([&] {
+    int64_t n = check_sumsq(call, false);
+    double acc = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+      double x = load(call->inputs[0], i);
+      acc += x * x;
+    }
+    static_cast<double*>(call->outputs[0].data)[0] += acc;
+  });
+}
+
+// ---- fast paths ---------------------------------------------------------------------
+
+LOOM_CPU_FAST_BEGIN
+
+Status add_fast(const OpCall* call) {
+  return guard([&] {
+    int64_t n = check_add(call, false);
+    const TensorView &A = call->inputs[0], &B = call->inputs[1], &Y = call->outputs[0];
+#pragma omp parallel for schedule(static)
+    for (int64_t c = 0; c < n; c += kChunk) {
+      float a[kChunk], b[kChunk];
+      int64_t len = std::min(kChunk, n - c);
+      load_row(A.data, A.dtype, c, len, a);
+      load_row(B.data, B.dtype, c, len, b);
+      int64_t i = 0;
+      for (; i + 8 <= len; i += 8)
+        _mm256_storeu_ps(a + i, _mm256_add_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i)));
+      for (; i < len; ++i) a[i] += b[i];
+      store_row(Y.data, Y.dtype, c, len, a);
+    }
+  });
+}
+
+Status bias_add_fast(const OpCall* call) {
+  return guard([&] {
+    check_bias_add(call, false);
+    const TensorView &bias = call->inputs[0], &Y = call->outputs[0];
+    int64_t C = last_dim(Y), N = rows_of(Y);
+    std::vector<float> b(static_cast<size_t>(C));
+    load_row(bias.data, bias.dtype, 0, C, b.data());
+#pragma omp parallel
+    {
+      std::vector<float> row(static_cast<size_t>(C));
+#pragma omp for schedule(static)
+      for (int64_t n = 0; n < N; ++n) {
+        load_row(Y.data, Y.dtype, n * C, C, row.data());
+        simd::axpy(1.0f, b.data(), row.data(), C);
+        store_row(Y.data, Y.dtype, n * C, C, row.data());
+      }
+    }
+  });
+}
+
+Status bias_grad_fast(const OpCall* call) {
+  return guard([&] {
+    check_bias_grad(call, false);
+    const TensorView &dY = call->inputs[0], &db = call->outputs[0];
+    int64_t C = last_dim(dY), N = rows_of(dY);
+    constexpr int64_t kCols = 256;  // each task owns a column block: no reduction races
+#pragma omp parallel for schedule(static)
+    for (int64_t c0 = 0; c0 < C; c0 += kCols) {
+      float acc[kCols] = {}, row[kCols];
+      int64_t len = std::min(kCols, C - c0);
+      for (int64_t n = 0; n < N; ++n) {
+        load_row(dY.data, dY.dtype, n * C + c0, len, row);
+        simd::axpy(1.0f, row, acc, len);
+      }
+      simd::axpy(1.0f, acc, f32_mut(db) + c0, len);
+    }
+  });
+}
+
+Status cast_fast(const OpCall* call) {
+  return guard([&] {
+    int64_t n = check_cast(call, false);
+    const TensorView &X = call->inputs[0], &Y = call->outputs[0];
+#pragma omp parallel for schedule(static)
+    for (int64_t c = 0; c < n; c += kChunk) {
+      float x[kChunk];
+      int64_t len = std::min(kChunk, n - c);
+      load_row(X.data, X.dtype, c, len, x);
+      store_row(Y.data, Y.dtype, c, len, x);
+    }
+  });
+}
+
+Status scale_fast(const OpCall* call) {
+  return guard([&] {
+    int64_t n = check_scale(call, false);
+    float alpha = static_cast<const ops::ScaleAttrs*>(call->attrs)->alpha;
+    const TensorView &X = call->inputs[0], &Y = call->outputs[0];
+#pragma omp parallel for schedule(static)
+    for (int64_t c = 0; c < n; c += kChunk) {
+      float x[kChunk];
+      int64_t len = std::min(kChunk, n - c);
+      load_row(X.data, X.dtype, c, len, x);
+      simd::scal(alpha, x, len);
+      store_row(Y.data, Y.dtype, c, len, x);
+    }
+  });
+}
+
+Status sumsq_fast(const OpCall* call) {
+  return guard([&] {
+    int64_t n = check_sumsq(call, false);
+    const TensorView& X = call->inputs[0];
+    double total = 0.0;
+#pragma omp parallel for schedule(static) reduction(+ : total)
+    for (int64_t c = 0; c < n; c += kChunk) {
+      float x[kChunk];
+      int64_t len = std::min(kChunk, n - c);
+      load_row(X.data, X.dtype, c, len, x);
+      __m256d acc0 = _mm256_setzero_pd(), acc1 = _mm256_setzero_pd();
+      int64_t i = 0;
+      for (; i + 8 <= len; i += 8) {
+        __m256d lo = _mm256_cvtps_pd(_mm_loadu_ps(x + i));
+        __m256d hi = _mm256_cvtps_pd(_mm_loadu_ps(x + i + 4));
+        acc0 = _mm256_fmadd_pd(lo, lo, acc0);
+        acc1 = _mm256_fmadd_pd(hi, hi, acc1);
+      }
+      double part[4];
+      _mm256_storeu_pd(part, _mm256_add_pd(acc0, acc1));
+      double s = part[0] + part[1] + part[2] + part[3];
+      for (; i < len; ++i) s += static_cast<double>(x[i]) * x[i];
+      total += s;
+    }
+    static_cast<double*>(call->outputs[0].data)[0] += total;
+  });
+}
+
+LOOM_CPU_FAST_END
+
+// ---- registration ---------------------------------------------------------------------
+
+LOOM_CPU_HOOKS(add, check_add, 1)
+LOOM_CPU_HOOKS(bias_add, check_bias_add, 1)
+LOOM_CPU_HOOKS(bias_grad, check_bias_grad, 1)
+LOOM_CPU_HOOKS(cast, check_cast, 0)
+LOOM_CPU_HOOKS(scale, check_scale, 1)
+LOOM_CPU_HOOKS(sumsq, check_sumsq, 2)
+
+}  // namespace
+
+void add_elementwise_kernels(std::vector<KernelDesc>& out) {
+  LOOM_CPU_REGISTER(out, ops::kAdd, add);
+  LOOM_CPU_REGISTER(out, ops::kBiasAdd, bias_add);
+  LOOM_CPU_REGISTER(out, ops::kBiasGrad, bias_grad);
+  LOOM_CPU_REGISTER(out, ops::kCast, cast);
+  LOOM_CPU_REGISTER(out, ops::kScale, scale);
+  LOOM_CPU_REGISTER(out, ops::kSumSq, sumsq);
+}
+
+}  // namespace loom::kernels::cpu

@@ -1,0 +1,171 @@
+// gemm: Y[b] = alpha * op(A[b]) @ op(B[b]) + beta * Y[b] (loom/ops.h).
+//   reference: triple loop, f64 accumulation.
+//   fast: OpenBLAS cblas_sgemm per batch (one call when B is shared and A not transposed);
+//         bf16 / f16 operands are converted to f32 scratch first.
+#include <cblas.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/cpu/common.h"
+
+namespace loom::kernels::cpu {
+namespace {
+
+using ops::GemmAttrs;
+
+struct GemmShape {
+  int64_t batch, m, n, k;
+  bool shared_b;  // B is 2-D: one matrix for every batch index
+  GemmAttrs attrs;
+};
+
+GemmShape check_gemm(const OpCall* call, bool shapes_only) {
+  Args a(call, ops::kGemm, {"A", "B"}, {"Y"}, shapes_only);
+  GemmShape s{};
+  s.attrs = a.attrs<GemmAttrs>();
+  const TensorView& A = a.float_in(0);
+  const TensorView& B = a.float_in(1);
+  const TensorView& Y = a.float_out(0);
+  a.rank_in(0, 2, s.attrs.trans_a ? "(batch..., K, M)" : "(batch..., M, K)");
+  a.rank_in(1, 2, s.attrs.trans_b ? "(N, K) or (batch..., N, K)" : "(K, N) or (batch..., K, N)");
+  int32_t nd = A.ndim;
+  s.m = A.shape[nd - (s.attrs.trans_a ? 1 : 2)];
+  s.k = A.shape[nd - (s.attrs.trans_a ? 2 : 1)];
+  s.batch = 1;
+  for (int32_t d = 0; d < nd - 2; ++d) s.batch *= A.shape[d];
+  s.shared_b = B.ndim == 2;
+  int64_t bk = B.shape[B.ndim - (s.attrs.trans_b ? 1 : 2)];
+  s.n = B.shape[B.ndim - (s.attrs.trans_b ? 2 : 1)];
+  bool b_batch_ok = s.shared_b || B.ndim == nd;
+  for (int32_t d = 0; b_batch_ok && !s.shared_b && d < nd - 2; ++d)
+    b_batch_ok = B.shape[d] == A.shape[d];
+  if (!b_batch_ok)
+    a.fail(a.in_label(1) + " has shape " + shape_str(B) + ": its batch dimensions must equal A's " +
+           shape_str(A) + " or be absent (2-D B)");
+  if (bk != s.k)
+    a.fail(a.in_label(1) + " has shape " + shape_str(B) + ", expected " +
+           (s.attrs.trans_b ? "(..., N, K)" : "(..., K, N)") + " with K = " + std::to_string(s.k) +
+           " (A's inner dimension, A is " + shape_str(A) + ")");
+  bool y_ok = Y.ndim == nd && Y.shape[nd - 2] == s.m && Y.shape[nd - 1] == s.n;
+  for (int32_t d = 0; y_ok && d < nd - 2; ++d) y_ok = Y.shape[d] == A.shape[d];
+  if (!y_ok)
+    a.fail(a.out_label(0) + " has shape " + shape_str(Y) + ", expected (batch..., M, N) with M = " +
+           std::to_string(s.m) + ", N = " + std::to_string(s.n) + " and A's batch dimensions");
+  return s;
+}
+
+bool gemm_supports(const OpCall* call) {
+  return passes([&] { check_gemm(call, true); });
+}
+
+Status gemm_cost(const OpCall* call, OpCost* out) {
+  return guard([&] {
+    GemmShape s = check_gemm(call, true);
+    *out = io_cost(call, 2.0 * s.batch * s.m * s.n * s.k);
+    if (s.attrs.beta != 0.0f)  // Y is read too
+      out->bytes_read += static_cast<double>(numel(call->outputs[0])) *
+                         static_cast<double>(dtype_size(call->outputs[0].dtype));
+  });
+}
+
+Status gemm_ref(const OpCall* call) {
+  return guard([&] {
+    GemmShape s = check_gemm(call, false);
+    const TensorView &A = call->inputs[0], &B = call->inputs[1], &Y = call->outputs[0];
+    const GemmAttrs& at = s.attrs;
+    for (int64_t b = 0; b < s.batch; ++b) {
+      int64_t a0 = b * s.m * s.k, b0 = s.shared_b ? 0 : b * s.k * s.n, y0 = b * s.m * s.n;
+      for (int64_t i = 0; i < s.m; ++i)
+        for (int64_t j = 0; j < s.n; ++j) {
+          double acc = 0.0;
+          for (int64_t p = 0; p < s.k; ++p) {
+            float av = load(A, a0 + (at.trans_a ? p * s.m + i : i * s.k + p));
+            float bv = load(B, b0 + (at.trans_b ? j * s.k + p : p * s.n + j));
+            acc += static_cast<double>(av) * bv;
+          }
+          double y = at.alpha * acc;
+          // beta == 0 overwrites without reading Y (it may hold NaN).
+          if (at.beta != 0.0f) y += static_cast<double>(at.beta) * load(Y, y0 + i * s.n + j);
+          store(Y, y0 + i * s.n + j, static_cast<float>(y));
+        }
+    }
+  });
+}
+
+// f32 scratch of at least n floats, one per thread and slot (reused across calls).
+float* scratch(int slot, int64_t n) {
+  thread_local std::vector<float> buffers[3];
+  std::vector<float>& v = buffers[slot];
+  if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
+  return v.data();
+}
+
+Status gemm_fast(const OpCall* call) {
+  return guard([&] {
+    GemmShape s = check_gemm(call, false);
+    const TensorView &A = call->inputs[0], &B = call->inputs[1], &Y = call->outputs[0];
+    const GemmAttrs& at = s.attrs;
+    int64_t y_size = s.m * s.n;
+    if (y_size == 0 || s.batch == 0) return;
+    // One sgemm over all batches when they stack along M: B shared and A (batch*M, K).
+    int64_t calls = s.batch, m = s.m;
+    if (s.shared_b && !at.trans_a) {
+      m = s.batch * s.m;
+      calls = 1;
+    }
+    int64_t a_size = m * s.k, b_size = s.k * s.n, c_size = m * s.n;
+    for (int64_t b = 0; b < calls; ++b) {
+      const float* pa = A.dtype == DType::kF32 ? f32(A) + b * a_size : nullptr;
+      const float* pb = B.dtype == DType::kF32 ? f32(B) + (s.shared_b ? 0 : b * b_size) : nullptr;
+      float* pc = Y.dtype == DType::kF32 ? f32_mut(Y) + b * c_size : nullptr;
+      if (pa == nullptr) {
+        float* t = scratch(0, a_size);
+        load_row(A.data, A.dtype, b * a_size, a_size, t);
+        pa = t;
+      }
+      if (pb == nullptr && (b == 0 || !s.shared_b)) {
+        float* t = scratch(1, b_size);
+        load_row(B.data, B.dtype, s.shared_b ? 0 : b * b_size, b_size, t);
+        pb = t;
+      } else if (pb == nullptr) {
+        pb = scratch(1, b_size);  // shared B, converted at b == 0
+      }
+      bool convert_c = pc == nullptr;
+      if (convert_c) {
+        pc = scratch(2, c_size);
+        if (at.beta != 0.0f) load_row(Y.data, Y.dtype, b * c_size, c_size, pc);
+      }
+      // beta == 0 must not read Y (it may hold NaN); zero it so no BLAS reads garbage.
+      if (at.beta == 0.0f) std::memset(pc, 0, static_cast<size_t>(c_size) * sizeof(float));
+      if (s.k == 0) {
+        if (at.beta != 0.0f && at.beta != 1.0f)
+          for (int64_t i = 0; i < c_size; ++i) pc[i] *= at.beta;
+      } else {
+        cblas_sgemm(CblasRowMajor, at.trans_a ? CblasTrans : CblasNoTrans,
+                    at.trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(m),
+                    static_cast<int>(s.n), static_cast<int>(s.k), at.alpha, pa,
+                    static_cast<int>(at.trans_a ? m : s.k), pb,
+                    static_cast<int>(at.trans_b ? s.k : s.n), at.beta, pc, static_cast<int>(s.n));
+      }
+      if (convert_c) store_row(Y.data, Y.dtype, b * c_size, c_size, pc);
+    }
+  });
+}
+
+bool gemm_fast_supports(const OpCall* call) {
+  // BLAS takes int dimensions.
+  return cpu_has_avx2() && passes([&] {
+           GemmShape s = check_gemm(call, true);
+           if (s.batch * s.m > INT32_MAX || s.n > INT32_MAX || s.k > INT32_MAX) throw 0;
+         });
+}
+
+}  // namespace
+
+void add_gemm_kernels(std::vector<KernelDesc>& out) {
+  add_kernels(out, ops::kGemm, kRefName, kRefPriority, gemm_ref, gemm_supports, gemm_cost);
+  add_kernels(out, ops::kGemm, kFastName, kFastPriority, gemm_fast, gemm_fast_supports, gemm_cost);
+}
+
+}  // namespace loom::kernels::cpu

@@ -1,0 +1,37 @@
+// The library's kernel list, assembled once from every op family.
+#include <cstring>
+
+#include "kernels/cpu/common.h"
+#include "kernels/cpu/cpu_kernels.h"
+
+namespace loom::kernels::cpu {
+
+const std::vector<KernelDesc>& all_kernels() {
+  static const std::vector<KernelDesc> kernels = [] {
+    std::vector<KernelDesc> k;
+    add_gemm_kernels(k);
+    add_elementwise_kernels(k);
+    add_activation_kernels(k);
+    add_dropout_kernels(k);
+    add_embedding_kernels(k);
+    add_layernorm_kernels(k);
+    add_rmsnorm_kernels(k);
+    add_rope_kernels(k);
+    add_qkv_kernels(k);
+    add_softmax_kernels(k);
+    add_attention_kernels(k);
+    add_flash_attention_kernels(k);
+    add_cross_entropy_kernels(k);
+    add_optim_kernels(k);
+    return k;
+  }();
+  return kernels;
+}
+
+const KernelDesc* find_kernel(const char* op, DType dtype, const char* name) {
+  for (const KernelDesc& k : all_kernels())
+    if (std::strcmp(k.op, op) == 0 && k.dtype == dtype && std::strcmp(k.name, name) == 0) return &k;
+  return nullptr;
+}
+
+}  // namespace loom::kernels::cpu

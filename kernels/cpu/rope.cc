@@ -1,0 +1,126 @@
+// rope_fwd / rope_bwd: rotary position embedding, GPT-NeoX / Llama layout (channel i pairs
+// with i + rotary_dim / 2), angle = position * inv_freq[i] (loom/ops.h). Backward rotates
+// by the opposite angle (a rotation's gradient is its transpose).
+//   reference: element pairs, angle in f64.
+//   fast: OpenMP over (b, t); cos / sin computed once per position and reused by every
+//         head; AVX2 rotation.
+#include <immintrin.h>
+
+#include "kernels/cpu/common.h"
+
+namespace loom::kernels::cpu {
+namespace {
+
+struct RopeShape {
+  int64_t b, t, h, d, half;
+};
+
+RopeShape check_rope(const OpCall* call, bool shapes_only, const char* op) {
+  Args a(call, op, {"X", "positions", "inv_freq"}, {"Y"}, shapes_only);
+  const ops::RopeAttrs& at = a.attrs<ops::RopeAttrs>();
+  const TensorView& X = a.float_in(0);
+  if (X.ndim != 4) a.fail(a.in_label(0) + " has shape " + shape_str(X) + ", expected (B, T, H, D)");
+  RopeShape s{X.shape[0], X.shape[1], X.shape[2], X.shape[3], at.rotary_dim / 2};
+  if (at.rotary_dim < 0 || at.rotary_dim % 2 != 0 || at.rotary_dim > s.d)
+    a.fail("rotary_dim = " + std::to_string(at.rotary_dim) +
+           " must be even and in [0, D = " + std::to_string(s.d) + "]");
+  if (a.opt_i32_in(1)) a.shape_in(1, {s.b, s.t}, "(B, T)");
+  a.f32_in(2);
+  a.shape_in(2, {s.half}, "(rotary_dim / 2)");
+  a.float_out(0);
+  a.shape_out(0, {s.b, s.t, s.h, s.d}, "X's shape (B, T, H, D)");
+  return s;
+}
+RopeShape check_rope_fwd(const OpCall* c, bool s) { return check_rope(c, s, ops::kRopeFwd); }
+RopeShape check_rope_bwd(const OpCall* c, bool s) { return check_rope(c, s, ops::kRopeBwd); }
+
+double position(const OpCall* call, const RopeShape& s, int64_t b, int64_t t) {
+  const TensorView& pos = call->inputs[1];
+  return pos.data != nullptr ? static_cast<double>(i32(pos)[b * s.t + t]) : static_cast<double>(t);
+}
+
+// sign = +1 rotates by +angle (forward), -1 by -angle (backward).
+void rope_ref_impl(const OpCall* call, const RopeShape& s, double sign) {
+  const TensorView &X = call->inputs[0], &Y = call->outputs[0];
+  const float* inv_freq = f32(call->inputs[2]);
+  for (int64_t b = 0; b < s.b; ++b)
+    for (int64_t t = 0; t < s.t; ++t)
+      for (int64_t h = 0; h < s.h; ++h) {
+        int64_t base = ((b * s.t + t) * s.h + h) * s.d;
+        for (int64_t i = 0; i < s.half; ++i) {
+          double angle = position(call, s, b, t) * static_cast<double>(inv_freq[i]);
+          double c = std::cos(angle), sn = sign * std::sin(angle);
+          double x1 = load(X, base + i), x2 = load(X, base + i + s.half);
+          store(Y, base + i, static_cast<float>(x1 * c - x2 * sn));
+          store(Y, base + i + s.half, static_cast<float>(x2 * c + x1 * sn));
+        }
+        for (int64_t i = 2 * s.half; i < s.d; ++i) store(Y, base + i, load(X, base + i));
+      }
+}
+
+Status rope_fwd_ref(const OpCall* call) {
+  return guard([&] { rope_ref_impl(call, check_rope_fwd(call, false), 1.0); });
+}
+Status rope_bwd_ref(const OpCall* call) {
+  return guard([&] { rope_ref_impl(call, check_rope_bwd(call, false), -1.0); });
+}
+
+LOOM_CPU_FAST_BEGIN
+
+void rope_fast_impl(const OpCall* call, const RopeShape& s, double sign) {
+  const TensorView &X = call->inputs[0], &Y = call->outputs[0];
+  const float* inv_freq = f32(call->inputs[2]);
+#pragma omp parallel
+  {
+    std::vector<float> cs(static_cast<size_t>(s.half)), sn(static_cast<size_t>(s.half));
+    std::vector<float> row(static_cast<size_t>(s.d));
+#pragma omp for schedule(static)
+    for (int64_t bt = 0; bt < s.b * s.t; ++bt) {
+      double p = position(call, s, bt / s.t, bt % s.t);
+      for (int64_t i = 0; i < s.half; ++i) {
+        double angle = p * static_cast<double>(inv_freq[i]);
+        cs[i] = static_cast<float>(std::cos(angle));
+        sn[i] = static_cast<float>(sign * std::sin(angle));
+      }
+      for (int64_t h = 0; h < s.h; ++h) {
+        int64_t base = (bt * s.h + h) * s.d;
+        float* x = row.data();
+        load_row(X.data, X.dtype, base, s.d, x);
+        int64_t i = 0;
+        for (; i + 8 <= s.half; i += 8) {
+          __m256 x1 = _mm256_loadu_ps(x + i), x2 = _mm256_loadu_ps(x + i + s.half);
+          __m256 c = _mm256_loadu_ps(&cs[i]), si = _mm256_loadu_ps(&sn[i]);
+          _mm256_storeu_ps(x + i, _mm256_fnmadd_ps(x2, si, _mm256_mul_ps(x1, c)));
+          _mm256_storeu_ps(x + i + s.half, _mm256_fmadd_ps(x1, si, _mm256_mul_ps(x2, c)));
+        }
+        for (; i < s.half; ++i) {
+          float x1 = x[i], x2 = x[i + s.half];
+          x[i] = x1 * cs[i] - x2 * sn[i];
+          x[i + s.half] = x2 * cs[i] + x1 * sn[i];
+        }
+        store_row(Y.data, Y.dtype, base, s.d, x);
+      }
+    }
+  }
+}
+
+Status rope_fwd_fast(const OpCall* call) {
+  return guard([&] { rope_fast_impl(call, check_rope_fwd(call, false), 1.0); });
+}
+Status rope_bwd_fast(const OpCall* call) {
+  return guard([&] { rope_fast_impl(call, check_rope_bwd(call, false), -1.0); });
+}
+
+LOOM_CPU_FAST_END
+
+LOOM_CPU_HOOKS(rope_fwd, check_rope_fwd, 3)
+LOOM_CPU_HOOKS(rope_bwd, check_rope_bwd, 3)
+
+}  // namespace
+
+void add_rope_kernels(std::vector<KernelDesc>& out) {
+  LOOM_CPU_REGISTER(out, ops::kRopeFwd, rope_fwd);
+  LOOM_CPU_REGISTER(out, ops::kRopeBwd, rope_bwd);
+}
+
+}  // namespace loom::kernels::cpu

@@ -1,0 +1,41 @@
+// AdamW (Loshchilov & Hutter, "Decoupled Weight Decay Regularization"), as in
+// torch.optim.AdamW and Megatron's Adam with decoupled weight decay.
+#pragma once
+
+#include <loom/sdk.h>
+
+#include <nlohmann/json.hpp>
+
+#include "plugins/optim/step_kernels.h"
+
+namespace loom::optim {
+
+/// Options (manifest "adamw"): lr (1e-3), beta1 (0.9), beta2 (0.999), eps (1e-8),
+/// weight_decay (0.01), device and params_dtype (set by the core).
+///
+/// The core reads lr and weight_decay from the same spec node and hands them to every
+/// update in OptimizerStep (lr from the schedule when there is one); update uses
+/// hp->lr and hp->weight_decay, not the options, so that the schedule drives them. The
+/// betas and eps are fixed at construction. The math is the "adamw_step" kernel's
+/// (loom/ops.h), keyed on the gradient's dtype.
+class AdamW final : public Object<IOptimizer> {
+ public:
+  AdamW(const nlohmann::json& options, IBuildContext& ctx);
+
+  /// 2: "exp_avg" (first moment), "exp_avg_sq" (second moment).
+  int32_t state_count() const noexcept override { return 2; }
+  const char* state_name(int32_t index) const noexcept override;
+  /// One step over a contiguous (n,) shard; decay == false (norms, biases) uses weight
+  /// decay 0 whatever hp->weight_decay says. The cast of master into the parameter's own
+  /// dtype is the core's (output [3] of adamw_step stays empty).
+  Status update(const OptimizerStep* hp, bool decay, TensorView* master, const TensorView* grad,
+                TensorView* states, void* stream) noexcept override;
+
+ private:
+  float beta1_ = 0.9f;
+  float beta2_ = 0.999f;
+  float eps_ = 1e-8f;
+  StepKernels kernels_;
+};
+
+}  // namespace loom::optim

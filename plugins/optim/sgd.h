@@ -1,0 +1,38 @@
+// Stochastic gradient descent with momentum and Nesterov momentum, as torch.optim.SGD
+// (dampening 0): weight decay is an L2 term added to the gradient, not decoupled.
+#pragma once
+
+#include <loom/sdk.h>
+
+#include <nlohmann/json.hpp>
+
+#include "plugins/optim/step_kernels.h"
+
+namespace loom::optim {
+
+/// Options (manifest "sgd"): lr (1e-3), momentum (0.9), nesterov (false), weight_decay (0),
+/// device and params_dtype (set by the core).
+///
+/// As for AdamW, update uses hp->lr and hp->weight_decay (the core fills them from the
+/// schedule and from this node's options); momentum and nesterov are fixed at
+/// construction. The math is the "sgd_step" kernel's (loom/ops.h).
+class Sgd final : public Object<IOptimizer> {
+ public:
+  Sgd(const nlohmann::json& options, IBuildContext& ctx);
+
+  /// 1 ("momentum_buffer") when momentum > 0, else 0.
+  int32_t state_count() const noexcept override { return momentum_ > 0 ? 1 : 0; }
+  const char* state_name(int32_t index) const noexcept override;
+  /// One step over a contiguous (n,) shard; decay == false uses weight decay 0. At
+  /// hp->step == 1 the momentum buffer is set to the gradient (its old contents are
+  /// ignored), as PyTorch does on its first step.
+  Status update(const OptimizerStep* hp, bool decay, TensorView* master, const TensorView* grad,
+                TensorView* states, void* stream) noexcept override;
+
+ private:
+  float momentum_ = 0.9f;
+  bool nesterov_ = false;
+  StepKernels kernels_;
+};
+
+}  // namespace loom::optim

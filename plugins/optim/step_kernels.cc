@@ -1,0 +1,80 @@
+#include "plugins/optim/step_kernels.h"
+
+#include <cmath>
+
+#include "plugins/optim/options.h"
+
+namespace loom::optim {
+namespace {
+
+DeviceType parse_device(const nlohmann::json& options) {
+  std::string name = string_or(options, "device", "cpu");
+  if (name == "cpu") return DeviceType::kCpu;
+  if (name == "cuda") return DeviceType::kCuda;
+  bad_option("device", "must be \"cpu\" or \"cuda\", got \"" + name + "\"");
+}
+
+DType parse_params_dtype(const nlohmann::json& options) {
+  std::string name = string_or(options, "params_dtype", "f32");
+  if (name == "f32") return DType::kF32;
+  if (name == "bf16") return DType::kBF16;
+  if (name == "f16") return DType::kF16;
+  bad_option("params_dtype", "must be \"f32\", \"bf16\" or \"f16\", got \"" + name + "\"");
+}
+
+}  // namespace
+
+StepKernels::StepKernels(IHost& host, const char* op, const nlohmann::json& options)
+    : op_(op), device_(parse_device(options)), params_dtype_(parse_params_dtype(options)) {
+  Device device{device_, 0};
+  f32_ = Kernel(host, op, device, DType::kF32);
+  if (params_dtype_ != DType::kF32) params_ = Kernel(host, op, device, params_dtype_);
+}
+
+const Kernel& StepKernels::for_grad(DType dtype) const {
+  if (dtype == DType::kF32) return f32_;
+  if (dtype == params_dtype_) return params_;
+  fail(Code::kInvalidArgument,
+       op_ + ": gradient dtype " + dtype_name(dtype) + " is neither f32 nor the parameter dtype " +
+           dtype_name(params_dtype_) + " the optimizer was built for (option params_dtype)");
+}
+
+void StepKernels::check(const TensorView* master, const TensorView* grad, const TensorView* states,
+                        int32_t state_count) const {
+  if (master == nullptr || grad == nullptr || (state_count > 0 && states == nullptr))
+    fail(Code::kInvalidArgument, op_ + ": master, grad and states must not be null");
+  if (master->dtype != DType::kF32)
+    fail(Code::kInvalidArgument,
+         op_ + ": master weights must be f32, got " + dtype_name(master->dtype));
+  if (master->device.type != device_)
+    fail(Code::kInvalidArgument, op_ + ": master weights are on another device than the one " +
+                                     "the optimizer was built for (option device)");
+  int64_t n = numel(*master);
+  if (numel(*grad) != n)
+    fail(Code::kInvalidArgument, op_ + ": grad has " + std::to_string(numel(*grad)) +
+                                     " elements, master " + std::to_string(n));
+  for (int32_t i = 0; i < state_count; ++i) {
+    if (states[i].dtype != DType::kF32 || numel(states[i]) != n)
+      fail(Code::kInvalidArgument, op_ + ": state " + std::to_string(i) + " must be f32 with " +
+                                       std::to_string(n) + " elements");
+  }
+}
+
+void check_step(const OptimizerStep* hp, const char* who) {
+  std::string w = who;
+  if (hp == nullptr) fail(Code::kInvalidArgument, w + " update: no step hyper-parameters");
+  if (hp->step < 1)
+    fail(Code::kInvalidArgument,
+         w + " update: step is " + std::to_string(hp->step) + ", steps are 1-based");
+  if (!std::isfinite(hp->lr) || hp->lr < 0)
+    fail(Code::kInvalidArgument,
+         w + " update: lr must be finite and >= 0, got " + nlohmann::json(hp->lr).dump());
+  if (!std::isfinite(hp->weight_decay) || hp->weight_decay < 0)
+    fail(Code::kInvalidArgument, w + " update: weight_decay must be finite and >= 0, got " +
+                                     nlohmann::json(hp->weight_decay).dump());
+  if (!std::isfinite(hp->grad_scale))
+    fail(Code::kInvalidArgument,
+         w + " update: grad_scale must be finite, got " + nlohmann::json(hp->grad_scale).dump());
+}
+
+}  // namespace loom::optim

@@ -1,0 +1,298 @@
+// masked_softmax and attention: the references against f64 computations written here
+// (causal with S != T, GQA, segment ids, fully masked rows), the fused attention against
+// the reference over dtypes and odd shapes, backward of the references against finite
+// differences, and fused attention with dropout against the composition of reference ops
+// (gemm, masked_softmax_fwd, dropout_fwd, gemm).
+#include <cmath>
+
+#include "tests/kernels/cpu/op_test_util.h"
+
+namespace loom::kernels::cpu::testing {
+namespace {
+
+struct AttnCase {
+  int64_t b, t, s, h, g, d;
+  bool causal, segments;
+};
+
+std::string describe(const AttnCase& c) {
+  return "B" + std::to_string(c.b) + " T" + std::to_string(c.t) + " S" + std::to_string(c.s) +
+         " H" + std::to_string(c.h) + " G" + std::to_string(c.g) + " D" + std::to_string(c.d) +
+         (c.causal ? " causal" : "") + (c.segments ? " segments" : "");
+}
+
+struct AttnInputs {
+  Tensor q, k, v, seg;
+};
+
+AttnInputs make_inputs(const AttnCase& c, DType dt, std::mt19937& rng) {
+  AttnInputs in{Tensor::random(dt, {c.b, c.t, c.h, c.d}, rng, -2, 2),
+                Tensor::random(dt, {c.b, c.s, c.g, c.d}, rng, -2, 2),
+                Tensor::random(dt, {c.b, c.s, c.g, c.d}, rng), Tensor()};
+  if (c.segments) {  // two or three documents per row
+    std::vector<int32_t> ids(c.b * c.t);
+    for (int64_t b = 0; b < c.b; ++b)
+      for (int64_t t = 0; t < c.t; ++t)
+        ids[b * c.t + t] = static_cast<int32_t>((t * (2 + b)) / c.t);
+    in.seg = Tensor::i32({c.b, c.t}, ids);
+  }
+  return in;
+}
+
+bool masked(const AttnCase& c, const Tensor& seg, int64_t b, int64_t t, int64_t s) {
+  if (c.causal && s > t + (c.s - c.t)) return true;
+  return !seg.empty() && seg.get(b * c.t + t) != seg.get(b * c.t + s);
+}
+
+// O (B, T, H, D) and lse (B, H, T) in f64, straight from the definition.
+void naive_attention(const AttnCase& c, const AttnInputs& in, float scale, std::vector<double>& o,
+                     std::vector<double>& lse) {
+  o.assign(c.b * c.t * c.h * c.d, 0.0);
+  lse.assign(c.b * c.h * c.t, 0.0);
+  for (int64_t b = 0; b < c.b; ++b)
+    for (int64_t h = 0; h < c.h; ++h)
+      for (int64_t t = 0; t < c.t; ++t) {
+        int64_t g = h / (c.h / c.g);
+        std::vector<double> sc(c.s, -INFINITY);
+        double m = -INFINITY;
+        for (int64_t s = 0; s < c.s; ++s) {
+          if (masked(c, in.seg, b, t, s)) continue;
+          double dot = 0;
+          for (int64_t i = 0; i < c.d; ++i)
+            dot += in.q.get(((b * c.t + t) * c.h + h) * c.d + i) *
+                   in.k.get(((b * c.s + s) * c.g + g) * c.d + i);
+          sc[s] = scale * dot;
+          m = std::max(m, sc[s]);
+        }
+        double sum = 0;
+        for (int64_t s = 0; s < c.s; ++s) sum += m == -INFINITY ? 0 : std::exp(sc[s] - m);
+        lse[(b * c.h + h) * c.t + t] = sum > 0 ? m + std::log(sum) : -INFINITY;
+        for (int64_t s = 0; s < c.s; ++s) {
+          double p = sum > 0 ? std::exp(sc[s] - m) / sum : 0.0;
+          for (int64_t i = 0; i < c.d; ++i)
+            o[((b * c.t + t) * c.h + h) * c.d + i] +=
+                p * in.v.get(((b * c.s + s) * c.g + g) * c.d + i);
+        }
+      }
+}
+
+const std::vector<AttnCase> kOracleCases = {
+    {2, 5, 5, 4, 2, 3, false, false}, {2, 5, 5, 4, 2, 3, true, false},
+    {1, 3, 7, 2, 1, 4, true, false},  // more keys than queries (KV cache)
+    {1, 7, 3, 2, 2, 4, true, false},  // fewer keys: the first rows are fully masked
+    {2, 9, 9, 3, 1, 5, true, true},   {2, 9, 9, 2, 2, 5, false, true},
+};
+
+class AttentionTest : public ::testing::TestWithParam<DType> {};
+
+TEST_P(AttentionTest, ReferenceMatchesF64) {
+  std::mt19937 rng(1);
+  DType dt = GetParam();
+  for (const AttnCase& c : kOracleCases) {
+    AttnInputs in = make_inputs(c, dt, rng);
+    float scale = 1.0f / std::sqrt(static_cast<float>(c.d));
+    ops::AttentionAttrs at{scale, c.causal, 0.0f, 0, 0};
+    Tensor o(dt, {c.b, c.t, c.h, c.d}), lse(DType::kF32, {c.b, c.h, c.t});
+    run_ref(ops::kAttentionFwd, dt, {&in.q, &in.k, &in.v, &in.seg}, {&o, &lse}, &at);
+    std::vector<double> eo, expected_lse;
+    naive_attention(c, in, scale, eo, expected_lse);
+    expect_close(o, eo, dt, "attention O " + describe(c));
+    expect_close(lse, expected_lse, DType::kF32, "attention lse " + describe(c));
+  }
+}
+
+TEST_P(AttentionTest, FusedMatchesReference) {
+  std::mt19937 rng(2);
+  DType dt = GetParam();
+  std::vector<AttnCase> cases = kOracleCases;
+  cases.push_back({1, 1, 1, 1, 1, 1, false, false});
+  cases.push_back({1, 65, 65, 4, 2, 16, true, false});  // key blocks of 64 plus a tail
+  cases.push_back({2, 33, 127, 2, 1, 7, true, false});
+  cases.push_back({1, 130, 130, 2, 2, 8, false, true});
+  for (const AttnCase& c : cases)
+    for (float p : {0.0f, 0.25f}) {
+      AttnInputs in = make_inputs(c, dt, rng);
+      ops::AttentionAttrs at{0.7f / std::sqrt(static_cast<float>(c.d)), c.causal, p, 1234, 99};
+      std::string what = describe(c) + " dropout " + std::to_string(p);
+      expect_fast_matches_ref(
+          ops::kAttentionFwd, dt, {in.q, in.k, in.v, in.seg},
+          {Tensor(dt, {c.b, c.t, c.h, c.d}), Tensor(DType::kF32, {c.b, c.h, c.t})}, &at, what);
+      Tensor o(dt, {c.b, c.t, c.h, c.d}), lse(DType::kF32, {c.b, c.h, c.t});
+      run_ref(ops::kAttentionFwd, dt, {&in.q, &in.k, &in.v, &in.seg}, {&o, &lse}, &at);
+      Tensor dout = Tensor::random(dt, {c.b, c.t, c.h, c.d}, rng);
+      expect_fast_matches_ref(ops::kAttentionBwd, dt, {dout, in.q, in.k, in.v, o, lse, in.seg},
+                              {Tensor(dt, {c.b, c.t, c.h, c.d}), Tensor(dt, {c.b, c.s, c.g, c.d}),
+                               Tensor(dt, {c.b, c.s, c.g, c.d})},
+                              &at, what);
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, AttentionTest, ::testing::ValuesIn(float_dtypes()),
+                         dtype_param_name);
+
+TEST(AttentionGradients, ReferenceMatchesFiniteDifferences) {
+  std::mt19937 rng(3);
+  for (AttnCase c :
+       {AttnCase{1, 4, 4, 2, 1, 3, true, false}, AttnCase{1, 2, 5, 2, 2, 2, false, false},
+        AttnCase{1, 5, 5, 2, 1, 2, true, true}}) {
+    AttnInputs in = make_inputs(c, DType::kF32, rng);
+    ops::AttentionAttrs at{0.6f, c.causal, 0.0f, 0, 0};
+    std::vector<double> w = random_weights(c.b * c.t * c.h * c.d, rng);
+    auto forward = [&] {
+      Tensor o(DType::kF32, {c.b, c.t, c.h, c.d}), lse(DType::kF32, {c.b, c.h, c.t});
+      run_ref(ops::kAttentionFwd, DType::kF32, {&in.q, &in.k, &in.v, &in.seg}, {&o, &lse}, &at);
+      return o.values();
+    };
+    Tensor o(DType::kF32, {c.b, c.t, c.h, c.d}), lse(DType::kF32, {c.b, c.h, c.t});
+    run_ref(ops::kAttentionFwd, DType::kF32, {&in.q, &in.k, &in.v, &in.seg}, {&o, &lse}, &at);
+    Tensor dout(DType::kF32, {c.b, c.t, c.h, c.d});
+    for (int64_t i = 0; i < dout.numel(); ++i) dout.set(i, w[i]);
+    Tensor dq(DType::kF32, {c.b, c.t, c.h, c.d}), dk(DType::kF32, {c.b, c.s, c.g, c.d});
+    Tensor dv(DType::kF32, {c.b, c.s, c.g, c.d});
+    run_ref(ops::kAttentionBwd, DType::kF32, {&dout, &in.q, &in.k, &in.v, &o, &lse, &in.seg},
+            {&dq, &dk, &dv}, &at);
+    expect_close(dq.values(), numeric_grad(in.q, w, forward), fd_tolerance(), "dQ " + describe(c));
+    expect_close(dk.values(), numeric_grad(in.k, w, forward), fd_tolerance(), "dK " + describe(c));
+    expect_close(dv.values(), numeric_grad(in.v, w, forward), fd_tolerance(), "dV " + describe(c));
+  }
+}
+
+// (B, X, H, D) -> (B, H, X, D) with key/value heads repeated to H (head-major for gemm).
+Tensor head_major(const Tensor& x, int64_t b, int64_t n, int64_t heads, int64_t h, int64_t d) {
+  Tensor y(DType::kF32, {b, h, n, d});
+  for (int64_t bi = 0; bi < b; ++bi)
+    for (int64_t hi = 0; hi < h; ++hi)
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < d; ++j)
+          y.set(((bi * h + hi) * n + i) * d + j,
+                x.get(((bi * n + i) * heads + hi / (h / heads)) * d + j));
+  return y;
+}
+
+TEST(AttentionDropout, FusedEqualsReferenceOpComposition) {
+  std::mt19937 rng(4);
+  AttnCase c{2, 37, 37, 4, 2, 8, true, false};
+  AttnInputs in = make_inputs(c, DType::kF32, rng);
+  ops::AttentionAttrs at{0.35f, 1, 0.3f, 0xfeedbeefcafeull, 12345};
+  Tensor o(DType::kF32, {c.b, c.t, c.h, c.d}), lse(DType::kF32, {c.b, c.h, c.t});
+  run(ops::kAttentionFwd, "cpu.fast", DType::kF32, {&in.q, &in.k, &in.v, &in.seg}, {&o, &lse}, &at);
+
+  // S = Q K^T per (b, h); P = masked_softmax(scale S); Pd = dropout(P); O = Pd V.
+  Tensor qh = head_major(in.q, c.b, c.t, c.h, c.h, c.d),
+         kh = head_major(in.k, c.b, c.s, c.g, c.h, c.d);
+  Tensor vh = head_major(in.v, c.b, c.s, c.g, c.h, c.d);
+  Tensor scores(DType::kF32, {c.b, c.h, c.t, c.s}), probs(DType::kF32, {c.b, c.h, c.t, c.s});
+  ops::GemmAttrs qk{0, 1, 1.0f, 0.0f}, pv{0, 0, 1.0f, 0.0f};
+  run_ref(ops::kGemm, DType::kF32, {&qh, &kh}, {&scores}, &qk);
+  ops::SoftmaxAttrs sm{at.scale, 1};
+  Tensor no_seg;
+  run_ref(ops::kMaskedSoftmaxFwd, DType::kF32, {&scores, &no_seg}, {&probs}, &sm);
+  ops::DropoutAttrs dr{at.dropout_p, at.key, at.counter};
+  Tensor dropped(DType::kF32, {c.b, c.h, c.t, c.s});
+  run_ref(ops::kDropoutFwd, DType::kF32, {&probs}, {&dropped}, &dr);
+  Tensor oh(DType::kF32, {c.b, c.h, c.t, c.d});
+  run_ref(ops::kGemm, DType::kF32, {&dropped, &vh}, {&oh}, &pv);
+  int64_t zeros = 0;
+  for (int64_t i = 0; i < dropped.numel(); ++i)
+    zeros += dropped.get(i) == 0.0 && probs.get(i) != 0.0;
+  EXPECT_GT(zeros, 0) << "dropout dropped nothing";
+  std::vector<double> expected(o.numel());
+  for (int64_t b = 0; b < c.b; ++b)
+    for (int64_t h = 0; h < c.h; ++h)
+      for (int64_t t = 0; t < c.t; ++t)
+        for (int64_t j = 0; j < c.d; ++j)
+          expected[((b * c.t + t) * c.h + h) * c.d + j] =
+              oh.get(((b * c.h + h) * c.t + t) * c.d + j);
+  expect_close(o, expected, DType::kF32, "fused attention with dropout vs op composition");
+}
+
+// ---- masked_softmax --------------------------------------------------------------------
+
+class MaskedSoftmaxTest : public ::testing::TestWithParam<DType> {};
+
+TEST_P(MaskedSoftmaxTest, ReferenceMatchesF64AndFastMatchesReference) {
+  std::mt19937 rng(5);
+  DType dt = GetParam();
+  for (AttnCase c : kOracleCases) {
+    for (int64_t sk : {c.s, int64_t{65}}) {
+      if (c.segments && sk != c.t) continue;
+      c.s = sk;
+      Tensor s = Tensor::random(dt, {c.b, c.h, c.t, c.s}, rng, -4, 4);
+      AttnInputs in = make_inputs(c, dt, rng);
+      ops::SoftmaxAttrs at{0.8f, c.causal};
+      Tensor p(dt, {c.b, c.h, c.t, c.s});
+      run_ref(ops::kMaskedSoftmaxFwd, dt, {&s, &in.seg}, {&p}, &at);
+      std::vector<double> expected(p.numel());
+      for (int64_t r = 0; r < c.b * c.h * c.t; ++r) {
+        int64_t b = r / (c.h * c.t), t = r % c.t;
+        double m = -INFINITY, sum = 0;
+        for (int64_t k = 0; k < c.s; ++k)
+          if (!masked(c, in.seg, b, t, k)) m = std::max(m, 0.8 * s.get(r * c.s + k));
+        for (int64_t k = 0; k < c.s; ++k)
+          if (!masked(c, in.seg, b, t, k)) sum += std::exp(0.8 * s.get(r * c.s + k) - m);
+        for (int64_t k = 0; k < c.s; ++k)
+          expected[r * c.s + k] =
+              masked(c, in.seg, b, t, k) ? 0.0 : std::exp(0.8 * s.get(r * c.s + k) - m) / sum;
+      }
+      expect_close(p, expected, dt, "masked_softmax " + describe(c));
+      expect_fast_matches_ref(ops::kMaskedSoftmaxFwd, dt, {s, in.seg},
+                              {Tensor(dt, {c.b, c.h, c.t, c.s})}, &at, describe(c));
+      Tensor dp = Tensor::random(dt, {c.b, c.h, c.t, c.s}, rng);
+      expect_fast_matches_ref(ops::kMaskedSoftmaxBwd, dt, {dp, p},
+                              {Tensor(dt, {c.b, c.h, c.t, c.s})}, &at, describe(c));
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, MaskedSoftmaxTest, ::testing::ValuesIn(float_dtypes()),
+                         dtype_param_name);
+
+TEST(MaskedSoftmaxGradient, ReferenceMatchesFiniteDifferences) {
+  std::mt19937 rng(6);
+  Tensor s = Tensor::random(DType::kF32, {1, 2, 3, 4}, rng, -2, 2), no_seg;
+  ops::SoftmaxAttrs at{0.7f, 1};
+  std::vector<double> w = random_weights(24, rng);
+  auto forward = [&] {
+    Tensor p(DType::kF32, {1, 2, 3, 4});
+    run_ref(ops::kMaskedSoftmaxFwd, DType::kF32, {&s, &no_seg}, {&p}, &at);
+    return p.values();
+  };
+  Tensor p(DType::kF32, {1, 2, 3, 4}), dp(DType::kF32, {1, 2, 3, 4}), ds(DType::kF32, {1, 2, 3, 4});
+  run_ref(ops::kMaskedSoftmaxFwd, DType::kF32, {&s, &no_seg}, {&p}, &at);
+  for (int i = 0; i < 24; ++i) dp.set(i, w[i]);
+  run_ref(ops::kMaskedSoftmaxBwd, DType::kF32, {&dp, &p}, {&ds}, &at);
+  expect_close(ds.values(), numeric_grad(s, w, forward), fd_tolerance(), "masked_softmax_bwd");
+}
+
+TEST(AttentionErrors, HeadsNotMultipleOfGroupsNamesOp) {
+  Tensor q(DType::kF32, {1, 4, 3, 8}), k(DType::kF32, {1, 4, 2, 8}), v(DType::kF32, {1, 4, 2, 8});
+  Tensor none, o(DType::kF32, {1, 4, 3, 8}), lse(DType::kF32, {1, 3, 4});
+  ops::AttentionAttrs at{0.3f, 0, 0.0f, 0, 0};
+  for (const char* name : {"cpu.ref", "cpu.fast"}) {
+    const KernelDesc& kd = kernel(ops::kAttentionFwd, DType::kF32, name);
+    CallHolder h({&q, &k, &v, &none}, {&o, &lse}, &at);
+    EXPECT_FALSE(kd.supports(&h.call));
+    Status s = kd.fn(&h.call);
+    EXPECT_EQ(s.code, Code::kInvalidArgument);
+    std::string msg = take_message(&s);
+    EXPECT_NE(
+        msg.find("attention_fwd: query heads H = 3 must be a multiple of key/value heads G = 2"),
+        std::string::npos)
+        << msg;
+  }
+}
+
+TEST(AttentionCost, CausalCountsVisiblePairs) {
+  Tensor q(DType::kBF16, {2, 4, 2, 8}), k(DType::kBF16, {2, 4, 1, 8}),
+      v(DType::kBF16, {2, 4, 1, 8});
+  Tensor none, o(DType::kBF16, {2, 4, 2, 8}), lse(DType::kF32, {2, 2, 4});
+  ops::AttentionAttrs at{0.3f, 1, 0.0f, 0, 0};
+  CallHolder h({&q, &k, &v, &none}, {&o, &lse}, &at);
+  OpCost cost{};
+  Status s = kernel(ops::kAttentionFwd, DType::kBF16, "cpu.fast").cost(&h.call, &cost);
+  ASSERT_EQ(s.code, Code::kOk) << take_message(&s);
+  EXPECT_EQ(cost.flops, 4.0 * (1 + 2 + 3 + 4) * 2 * 2 * 8);  // B H pairs D
+}
+
+}  // namespace
+}  // namespace loom::kernels::cpu::testing

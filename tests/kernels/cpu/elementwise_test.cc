@@ -1,0 +1,187 @@
+// Elementwise ops and activations: fast against reference over dtypes and odd sizes; the
+// reference against f64 formulas written here; backward ops against finite differences.
+#include <cmath>
+
+#include "tests/kernels/cpu/op_test_util.h"
+
+namespace loom::kernels::cpu::testing {
+namespace {
+
+const std::vector<int64_t> kSizes = {1, 7, 33, 65, 127, 5000};
+
+class ElementwiseTest : public ::testing::TestWithParam<DType> {};
+
+TEST_P(ElementwiseTest, AddFastMatchesReferenceAcrossDtypes) {
+  std::mt19937 rng(1);
+  for (int64_t n : kSizes) {
+    Tensor a = Tensor::random(GetParam(), {n}, rng), b = Tensor::random(DType::kF32, {n}, rng);
+    Tensor y(DType::kBF16, {n});
+    expect_fast_matches_ref(ops::kAdd, GetParam(), {a, b}, {y});
+    std::vector<double> expected(n);
+    for (int64_t i = 0; i < n; ++i) expected[i] = a.get(i) + b.get(i);
+    run_ref(ops::kAdd, GetParam(), {&a, &b}, {&y});
+    expect_close(y, expected, DType::kBF16, "add ref");
+  }
+}
+
+TEST_P(ElementwiseTest, AddInPlace) {
+  std::mt19937 rng(2);
+  Tensor a = Tensor::random(GetParam(), {33}, rng), b = Tensor::random(GetParam(), {33}, rng);
+  std::vector<double> expected(33);
+  for (int i = 0; i < 33; ++i) expected[i] = a.get(i) + b.get(i);
+  Tensor a2 = a;
+  run(ops::kAdd, "cpu.fast", GetParam(), {&a, &b}, {&a});  // Y aliases A
+  run(ops::kAdd, "cpu.ref", GetParam(), {&a2, &b}, {&a2});
+  expect_close(a, expected, GetParam(), "fast in place");
+  expect_close(a2, expected, GetParam(), "ref in place");
+}
+
+TEST_P(ElementwiseTest, BiasAddAndBiasGrad) {
+  std::mt19937 rng(3);
+  for (int64_t n : {1, 7, 65})
+    for (int64_t c : {1, 33, 300}) {
+      Tensor bias = Tensor::random(GetParam(), {c}, rng),
+             y = Tensor::random(GetParam(), {n, c}, rng);
+      expect_fast_matches_ref(ops::kBiasAdd, GetParam(), {bias}, {y});
+      Tensor dbias = Tensor::random(DType::kF32, {c}, rng);
+      expect_fast_matches_ref(ops::kBiasGrad, GetParam(), {y}, {dbias});
+      std::vector<double> expected(c);
+      for (int64_t j = 0; j < c; ++j) {
+        expected[j] = dbias.get(j);
+        for (int64_t i = 0; i < n; ++i) expected[j] += y.get(i * c + j);
+      }
+      run_ref(ops::kBiasGrad, GetParam(), {&y}, {&dbias});
+      expect_close(dbias, expected, DType::kF32, "bias_grad accumulates");
+    }
+}
+
+TEST_P(ElementwiseTest, CastScaleSumsq) {
+  std::mt19937 rng(4);
+  for (int64_t n : kSizes) {
+    Tensor x = Tensor::random(GetParam(), {n}, rng, -3.0, 3.0);
+    for (DType to : float_dtypes()) {
+      Tensor y(to, {n});
+      expect_fast_matches_ref(ops::kCast, GetParam(), {x}, {y});
+      run_ref(ops::kCast, GetParam(), {&x}, {&y});
+      for (int64_t i = 0; i < n; ++i) {
+        Tensor one(to, {1});
+        one.set(0, x.get(i));  // the harness's own round-to-nearest-even
+        ASSERT_EQ(y.get(i), one.get(0)) << "cast element " << i;
+      }
+    }
+    ops::ScaleAttrs sc{-1.75f};
+    expect_fast_matches_ref(ops::kScale, GetParam(), {x}, {Tensor(GetParam(), {n})}, &sc);
+    Tensor out = Tensor::filled(DType::kF64, {1}, 2.0);
+    expect_fast_matches_ref(ops::kSumSq, GetParam(), {x}, {out});
+    double expected = 2.0;
+    for (int64_t i = 0; i < n; ++i) expected += x.get(i) * x.get(i);
+    run_ref(ops::kSumSq, GetParam(), {&x}, {&out});
+    EXPECT_NEAR(out.get(0), expected, 1e-9 * expected);
+  }
+}
+
+TEST(ElementwiseSumsq, NonFiniteGivesNonFinite) {
+  Tensor x = Tensor::filled(DType::kF32, {40}, 1.0);
+  x.set(17, INFINITY);
+  for (const char* name : {"cpu.ref", "cpu.fast"}) {
+    Tensor out = Tensor::filled(DType::kF64, {1}, 0.0);
+    run(ops::kSumSq, name, DType::kF32, {&x}, {&out});
+    EXPECT_FALSE(std::isfinite(out.get(0))) << name;
+  }
+}
+
+// ---- gelu ----------------------------------------------------------------------------
+
+double gelu64(double x, bool approx) {
+  if (approx) return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
+  return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0)));
+}
+
+TEST_P(ElementwiseTest, GeluForwardAndBackward) {
+  std::mt19937 rng(5);
+  for (int approx : {0, 1}) {
+    ops::GeluAttrs at{approx};
+    for (int64_t n : kSizes) {
+      Tensor x = Tensor::random(GetParam(), {n}, rng, -6.0, 6.0);
+      Tensor dy = Tensor::random(GetParam(), {n}, rng);
+      expect_fast_matches_ref(ops::kGeluFwd, GetParam(), {x}, {Tensor(GetParam(), {n})}, &at);
+      expect_fast_matches_ref(ops::kGeluBwd, GetParam(), {dy, x}, {Tensor(GetParam(), {n})}, &at);
+      Tensor y(GetParam(), {n});
+      run_ref(ops::kGeluFwd, GetParam(), {&x}, {&y}, &at);
+      std::vector<double> expected(n);
+      for (int64_t i = 0; i < n; ++i) expected[i] = gelu64(x.get(i), approx);
+      expect_close(y, expected, GetParam(), approx ? "gelu tanh" : "gelu erf");
+    }
+  }
+}
+
+TEST(GeluGradient, ReferenceMatchesFiniteDifferences) {
+  std::mt19937 rng(6);
+  for (int approx : {0, 1}) {
+    ops::GeluAttrs at{approx};
+    Tensor x = Tensor::random(DType::kF32, {9}, rng, -3.0, 3.0);
+    Tensor dy = Tensor::random(DType::kF32, {9}, rng), dx(DType::kF32, {9});
+    run_ref(ops::kGeluBwd, DType::kF32, {&dy, &x}, {&dx}, &at);
+    std::vector<double> fd = numeric_grad(x, dy.values(), [&] {
+      Tensor y(DType::kF32, {9});
+      run_ref(ops::kGeluFwd, DType::kF32, {&x}, {&y}, &at);
+      return y.values();
+    });
+    expect_close(dx.values(), fd, fd_tolerance(), "gelu_bwd vs finite differences");
+  }
+}
+
+// ---- swiglu --------------------------------------------------------------------------
+
+TEST_P(ElementwiseTest, SwigluForwardAndBackward) {
+  std::mt19937 rng(7);
+  for (int64_t n : {1, 7, 33})
+    for (int64_t f : {1, 7, 65}) {
+      Tensor x = Tensor::random(GetParam(), {n, 2 * f}, rng, -4.0, 4.0);
+      Tensor dy = Tensor::random(GetParam(), {n, f}, rng);
+      expect_fast_matches_ref(ops::kSwigluFwd, GetParam(), {x}, {Tensor(GetParam(), {n, f})});
+      expect_fast_matches_ref(ops::kSwigluBwd, GetParam(), {dy, x},
+                              {Tensor(GetParam(), {n, 2 * f})});
+      Tensor y(GetParam(), {n, f});
+      run_ref(ops::kSwigluFwd, GetParam(), {&x}, {&y});
+      std::vector<double> expected(n * f);
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < f; ++j) {
+          double g = x.get(i * 2 * f + j), u = x.get(i * 2 * f + f + j);
+          expected[i * f + j] = g / (1 + std::exp(-g)) * u;  // gate first, then up
+        }
+      expect_close(y, expected, GetParam(), "swiglu");
+    }
+}
+
+TEST(SwigluGradient, ReferenceMatchesFiniteDifferences) {
+  std::mt19937 rng(8);
+  Tensor x = Tensor::random(DType::kF32, {3, 10}, rng, -2.0, 2.0);
+  Tensor dy = Tensor::random(DType::kF32, {3, 5}, rng), dx(DType::kF32, {3, 10});
+  run_ref(ops::kSwigluBwd, DType::kF32, {&dy, &x}, {&dx});
+  std::vector<double> fd = numeric_grad(x, dy.values(), [&] {
+    Tensor y(DType::kF32, {3, 5});
+    run_ref(ops::kSwigluFwd, DType::kF32, {&x}, {&y});
+    return y.values();
+  });
+  expect_close(dx.values(), fd, fd_tolerance(), "swiglu_bwd vs finite differences");
+}
+
+TEST(SwigluErrors, OddWidthNamesOp) {
+  Tensor x(DType::kF32, {2, 7}), y(DType::kF32, {2, 3});
+  Status s = call_kernel(ops::kSwigluFwd, "cpu.ref", DType::kF32, {&x}, {&y});
+  EXPECT_EQ(s.code, Code::kUnimplemented);  // supports declines
+  status_release(&s);
+  const KernelDesc& k = kernel(ops::kSwigluFwd, DType::kF32, "cpu.ref");
+  CallHolder h({&x}, {&y}, static_cast<const NoAttrs*>(nullptr));
+  s = k.fn(&h.call);
+  EXPECT_EQ(s.code, Code::kInvalidArgument);
+  std::string msg = take_message(&s);
+  EXPECT_NE(msg.find("swiglu_fwd: input 0 (X) has shape (2, 7)"), std::string::npos) << msg;
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, ElementwiseTest, ::testing::ValuesIn(float_dtypes()),
+                         dtype_param_name);
+
+}  // namespace
+}  // namespace loom::kernels::cpu::testing

@@ -1,0 +1,108 @@
+// The kernel list: every op of loom/ops.h has a reference and a fast kernel for f32, bf16
+// and f16, descriptors are well formed and unambiguous, the plugin manifest lists exactly
+// these kernels, and the ops that MFU counts have a cost model.
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <tuple>
+
+#include "tests/kernels/cpu/op_test_util.h"
+
+namespace loom::kernels::cpu::testing {
+namespace {
+
+const std::vector<const char*> kAllOps = {
+    ops::kGemm,
+    ops::kAdd,
+    ops::kBiasAdd,
+    ops::kBiasGrad,
+    ops::kCast,
+    ops::kScale,
+    ops::kSumSq,
+    ops::kGeluFwd,
+    ops::kGeluBwd,
+    ops::kSwigluFwd,
+    ops::kSwigluBwd,
+    ops::kDropoutFwd,
+    ops::kDropoutBwd,
+    ops::kEmbeddingFwd,
+    ops::kEmbeddingBwd,
+    ops::kLayerNormFwd,
+    ops::kLayerNormBwd,
+    ops::kRmsNormFwd,
+    ops::kRmsNormBwd,
+    ops::kRopeFwd,
+    ops::kRopeBwd,
+    ops::kSwapAxes12,
+    ops::kSplitQkv,
+    ops::kMergeQkv,
+    ops::kMaskedSoftmaxFwd,
+    ops::kMaskedSoftmaxBwd,
+    ops::kAttentionFwd,
+    ops::kAttentionBwd,
+    ops::kCrossEntropyFwd,
+    ops::kCrossEntropyBwd,
+    ops::kAdamWStep,
+    ops::kSgdStep,
+};
+
+TEST(Registry, EveryOpHasReferenceAndFastForEveryFloatDtype) {
+  for (const char* op : kAllOps)
+    for (DType dt : float_dtypes()) {
+      const KernelDesc* ref = find_kernel(op, dt, "cpu.ref");
+      const KernelDesc* fast = find_kernel(op, dt, "cpu.fast");
+      ASSERT_NE(ref, nullptr) << op << " " << dtype_name(dt);
+      ASSERT_NE(fast, nullptr) << op << " " << dtype_name(dt);
+      EXPECT_EQ(ref->priority, 0);
+      EXPECT_EQ(fast->priority, 10);
+      EXPECT_NE(ref->supports, nullptr) << op;  // lets find_kernel fall back on bad shapes
+      EXPECT_NE(fast->supports, nullptr) << op;
+      EXPECT_NE(ref->cost, nullptr) << op;
+    }
+}
+
+TEST(Registry, DescriptorsAreWellFormedAndUnambiguous) {
+  std::set<std::tuple<std::string, DType, std::string>> names;
+  std::set<std::tuple<std::string, DType, int32_t>> priorities;
+  for (const KernelDesc& k : all_kernels()) {
+    EXPECT_EQ(k.struct_size, sizeof(KernelDesc));
+    EXPECT_EQ(k.op_version, ops::kVersion);
+    EXPECT_EQ(k.device, DeviceType::kCpu);
+    EXPECT_NE(k.fn, nullptr);
+    EXPECT_TRUE(names.insert({k.op, k.dtype, k.name}).second)
+        << "duplicate " << k.op << " " << k.name;
+    EXPECT_TRUE(priorities.insert({k.op, k.dtype, k.priority}).second) << "tied priority " << k.op;
+    bool known = false;
+    for (const char* op : kAllOps) known = known || std::string(op) == k.op;
+    EXPECT_TRUE(known) << k.op << " is not an op of loom/ops.h";
+  }
+}
+
+TEST(Registry, ManifestListsExactlyTheRegisteredKernels) {
+  std::ifstream file("kernels/cpu/manifest.json");
+  ASSERT_TRUE(file.good()) << "manifest.json not in the test's runfiles";
+  nlohmann::json manifest = nlohmann::json::parse(file);
+  EXPECT_EQ(manifest["name"], "kernels_cpu");
+  std::multiset<std::string> listed, registered;
+  for (const auto& k : manifest["kernels"])
+    listed.insert(k["op"].get<std::string>() + "/" + k["device"].get<std::string>() + "/" +
+                  k["dtype"].get<std::string>() + "/" + k["name"].get<std::string>());
+  for (const KernelDesc& k : all_kernels())
+    registered.insert(std::string(k.op) + "/cpu/" + dtype_name(k.dtype) + "/" + k.name);
+  EXPECT_EQ(listed, registered);
+}
+
+TEST(Registry, SupportsLooksAtShapesOnly) {
+  // Null data pointers (shapes only): supports must still decide, and accept a good call.
+  Tensor x(DType::kBF16, {4, 8}), w(DType::kBF16, {8}), y(DType::kBF16, {4, 8}),
+      r(DType::kF32, {4});
+  ops::NormAttrs at{1e-5f, 0};
+  CallHolder h({&x, &w}, {&y, &r}, &at);
+  for (TensorView& v : h.in) v.data = nullptr;
+  for (TensorView& v : h.out) v.data = nullptr;
+  for (const char* name : {"cpu.ref", "cpu.fast"})
+    EXPECT_TRUE(kernel(ops::kRmsNormFwd, DType::kBF16, name).supports(&h.call)) << name;
+}
+
+}  // namespace
+}  // namespace loom::kernels::cpu::testing
