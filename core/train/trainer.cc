@@ -135,7 +135,8 @@ Trainer::Trainer(const nlohmann::json& spec, PluginManager& plugins,
   // length.
   if (!spec_.contains("optimizer"))
     throw SpecError("/optimizer", "missing: training needs an optimizer, e.g. {\"impl\": \"adamw\"}");
-  optimizer_object_ = build_component(plugins_, spec_["optimizer"], kinds::kOptimizer, "/optimizer");
+  optimizer_object_ = build_component(plugins_, spec_["optimizer"], kinds::kOptimizer, "/optimizer",
+                                      {{"device", device}});
   optimizer_ = interface_cast<IOptimizer>(optimizer_object_.get());
   weight_decay_ = spec_["optimizer"].value("weight_decay", 0.0);
   constant_lr_ = spec_["optimizer"].value("lr", 0.0);

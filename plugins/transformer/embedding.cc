@@ -1,0 +1,110 @@
+#include "plugins/transformer/embedding.h"
+
+#include "plugins/transformer/views.h"
+
+namespace loom::transformer {
+namespace {
+
+enum Slot : int32_t { kTokens, kPositions };
+constexpr uint64_t kDropoutStream = 1;
+
+}  // namespace
+
+Embedding::Embedding(IHost& host, const EmbeddingConfig& config) : config_(config) {
+  int64_t v = config.vocab_size, c = config.hidden_size;
+  word_ = add_param("word_embeddings.weight", config.dtype,
+                    ParamSpec{{v, c},
+                              0,
+                              config.tied ? kParamTiedEmbedding : kParamNone,
+                              ParamInit::kNormal,
+                              config.init_std});
+  if (config.max_positions > 0)
+    position_ = add_param(
+        "position_embeddings.weight", config.dtype,
+        ParamSpec{{config.max_positions, c}, -1, kParamNone, ParamInit::kNormal, config.init_std});
+  Device device = config.device;
+  embed_fwd_ = Kernel(host, ops::kEmbeddingFwd, device, config.dtype);
+  embed_bwd_ = Kernel(host, ops::kEmbeddingBwd, device, config.dtype);
+  add_ = Kernel(host, ops::kAdd, device, config.dtype);
+  dropout_fwd_ = Kernel(host, ops::kDropoutFwd, device, config.dtype);
+  dropout_bwd_ = Kernel(host, ops::kDropoutBwd, device, config.dtype);
+}
+
+TensorView Embedding::first_rows(const TensorView& table, int64_t t) const {
+  if (t > config_.max_positions)
+    fail(Code::kInvalidArgument,
+         detail::concat("embedding: sequence length ", t, " exceeds max_position_embeddings ",
+                        config_.max_positions, " of the learned position table"));
+  return make_view(table.data, table.dtype, {t, config_.hidden_size}, table.device);
+}
+
+void Embedding::run_forward(IForwardContext& ctx, const TensorView* inputs, int32_t num_inputs,
+                            TensorView* outputs, int32_t num_outputs) {
+  expect_count("embedding forward inputs", num_inputs, 1);
+  expect_count("embedding forward outputs", num_outputs, 1);
+  const TensorView& tokens = inputs[0];
+  expect(tokens, {-1, -1}, DType::kI32, "tokens");
+  int64_t b = tokens.shape[0], t = tokens.shape[1], c = config_.hidden_size;
+  TensorView positions = num_inputs > 1 ? inputs[1] : empty_view();
+  if (present(positions)) expect(positions, {b, t}, DType::kI32, "position ids");
+
+  TensorView y = allocate(ctx, config_.dtype, {b, t, c}, config_.device);
+  embed_fwd_({value(word_), reshape(tokens, {b * t})}, {rows(y, c)});
+  if (position_ >= 0) {
+    if (present(positions)) {
+      TensorView pos = allocate(ctx, config_.dtype, {b, t, c}, config_.device);
+      embed_fwd_({value(position_), reshape(positions, {b * t})}, {rows(pos, c)});
+      add_({y, pos}, {y});
+    } else {  // positions 0..T-1: the first T rows of the table, added to every sequence
+      TensorView table = first_rows(value(position_), t);
+      for (int64_t i = 0; i < b; ++i) {
+        TensorView yi = make_view(static_cast<char*>(y.data) + i * t * c * dtype_size(y.dtype),
+                                  y.dtype, {t, c}, y.device);
+        add_({yi, table}, {yi});
+      }
+    }
+  }
+  if (ctx.training() && config_.dropout > 0.f) {
+    ops::DropoutAttrs attrs{config_.dropout, 0, 0};
+    ctx.rng(this, kDropoutStream, &attrs.key, &attrs.counter);
+    dropout_fwd_({y}, {y}, attrs);
+  }
+  if (ctx.training()) {
+    save(ctx, this, kTokens, tokens);
+    save(ctx, this, kPositions, positions);
+  }
+  outputs[0] = y;
+}
+
+void Embedding::run_backward(IForwardContext& ctx, const TensorView* grad_outputs,
+                             int32_t num_grad_outputs, TensorView* grad_inputs,
+                             int32_t num_grad_inputs) {
+  expect_count("embedding backward grad outputs", num_grad_outputs, 1);
+  TensorView tokens = load(ctx, this, kTokens), positions = load(ctx, this, kPositions);
+  int64_t b = tokens.shape[0], t = tokens.shape[1], c = config_.hidden_size;
+  TensorView dy = grad_outputs[0];
+  expect(dy, {b, t, c}, config_.dtype, "embedding grad output");
+  if (ctx.training() && config_.dropout > 0.f) {
+    ops::DropoutAttrs attrs{config_.dropout, 0, 0};
+    ctx.rng(this, kDropoutStream, &attrs.key, &attrs.counter);
+    TensorView dx = allocate_like(ctx, dy);
+    dropout_bwd_({dy}, {dx}, attrs);
+    dy = dx;
+  }
+  embed_bwd_({rows(dy, c), reshape(tokens, {b * t})}, {grad(word_)});
+  if (position_ >= 0) {
+    if (present(positions)) {
+      embed_bwd_({rows(dy, c), reshape(positions, {b * t})}, {grad(position_)});
+    } else {
+      TensorView dtable = first_rows(grad(position_), t);
+      for (int64_t i = 0; i < b; ++i) {
+        TensorView dyi = make_view(static_cast<char*>(dy.data) + i * t * c * dtype_size(dy.dtype),
+                                   dy.dtype, {t, c}, dy.device);
+        add_({dyi, dtable}, {dtable});  // f32 += activation dtype
+      }
+    }
+  }
+  for (int32_t i = 0; i < num_grad_inputs; ++i) grad_inputs[i] = empty_view();
+}
+
+}  // namespace loom::transformer

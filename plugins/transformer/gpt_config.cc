@@ -1,0 +1,103 @@
+#include "plugins/transformer/gpt_config.h"
+
+#include "plugins/transformer/options.h"
+#include "plugins/transformer/rotary.h"
+
+namespace loom::transformer {
+namespace {
+
+std::string str(int64_t value) { return std::to_string(value); }
+
+void check_probability(double p, const char* key) {
+  if (!(p >= 0.0 && p < 1.0))
+    invalid(std::string("/") + key + ": " + std::to_string(p) +
+            " is not a probability in [0, 1): use 0 to turn dropout off");
+}
+
+}  // namespace
+
+GptConfig GptConfig::from_options(const nlohmann::json& o) {
+  GptConfig c;
+  c.num_layers = o.at("num_layers").get<int64_t>();
+  c.hidden_size = o.at("hidden_size").get<int64_t>();
+  c.num_attention_heads = o.at("num_attention_heads").get<int64_t>();
+  c.vocab_size = o.at("vocab_size").get<int64_t>();
+  c.position_embedding = o.at("position_embedding").get<std::string>();
+  c.rotary = o.at("rotary");
+  c.add_bias_linear = o.at("add_bias_linear").get<bool>();
+  c.add_qkv_bias = inherited_or<bool>(o, "add_qkv_bias", c.add_bias_linear);
+  c.tie_embeddings = o.at("tie_embeddings").get<bool>();
+  c.init_std = o.at("init_std").get<double>();
+  c.hidden_dropout = o.at("hidden_dropout").get<double>();
+  c.attention_dropout = o.at("attention_dropout").get<double>();
+  c.seq_length = inherited<int64_t>(o, "seq_length", "gpt model");
+  c.micro_batch_size = inherited_or<int64_t>(o, "micro_batch_size", 1);
+  c.return_logits = inherited_or<bool>(o, "return_logits", false);
+  c.params_dtype = transformer::params_dtype(o);
+  c.device = device_of(o);
+
+  for (const char* key : {"num_layers", "hidden_size", "num_attention_heads", "vocab_size"})
+    if (o.at(key).get<int64_t>() < 1)
+      invalid(std::string("/") + key + ": must be >= 1, got " + o.at(key).dump());
+  int64_t heads = c.num_attention_heads;
+  if (o.contains("kv_channels") && !o["kv_channels"].is_null()) {
+    c.kv_channels = o["kv_channels"].get<int64_t>();
+    if (c.kv_channels < 1) invalid("/kv_channels: must be >= 1, got " + str(c.kv_channels));
+  } else {
+    if (c.hidden_size % heads != 0)
+      invalid("/num_attention_heads: " + str(heads) + " does not divide hidden_size " +
+              str(c.hidden_size) +
+              ": choose a head count that divides it, or set kv_channels (the head dimension)");
+    c.kv_channels = c.hidden_size / heads;
+  }
+  c.num_query_groups = inherited_or<int64_t>(o, "num_query_groups", heads);
+  if (c.num_query_groups < 1 || heads % c.num_query_groups != 0)
+    invalid("/num_query_groups: " + str(c.num_query_groups) +
+            " does not divide num_attention_heads " + str(heads) +
+            ": use a divisor of it (1 for multi-query, " + str(heads) + " for multi-head)");
+  c.ffn_hidden_size = inherited_or<int64_t>(o, "ffn_hidden_size", 4 * c.hidden_size);
+  if (c.ffn_hidden_size < 1)
+    invalid("/ffn_hidden_size: must be >= 1, got " + str(c.ffn_hidden_size));
+  c.max_position_embeddings = inherited_or<int64_t>(o, "max_position_embeddings", c.seq_length);
+  if (c.max_position_embeddings < 1)
+    invalid("/max_position_embeddings: must be >= 1, got " + str(c.max_position_embeddings));
+
+  if (c.position_embedding == "learned") {
+    if (c.seq_length > c.max_position_embeddings)
+      invalid("#/train/seq_length: " + str(c.seq_length) +
+              " exceeds the model's max_position_embeddings " + str(c.max_position_embeddings) +
+              " (learned position embeddings have one row per position): lower seq_length or "
+              "raise /model/max_position_embeddings");
+  } else if (c.position_embedding == "rope") {
+    rotary_inv_freq(c.rotary, rotary_dim(c.rotary, c.kv_channels));  // validates "/rotary/..."
+  } else if (c.position_embedding != "none") {
+    invalid("/position_embedding: '" + c.position_embedding +
+            "' is not one of learned, rope, none");
+  }
+  if (!(c.init_std > 0.0)) invalid("/init_std: must be > 0, got " + std::to_string(c.init_std));
+  check_probability(c.hidden_dropout, "hidden_dropout");
+  check_probability(c.attention_dropout, "attention_dropout");
+  if (c.seq_length < 1) invalid("#/train/seq_length: must be >= 1, got " + str(c.seq_length));
+  return c;
+}
+
+nlohmann::json GptConfig::layer_options(int64_t layer_number) const {
+  return {{"hidden_size", hidden_size},
+          {"num_attention_heads", num_attention_heads},
+          {"num_query_groups", num_query_groups},
+          {"kv_channels", kv_channels},
+          {"ffn_hidden_size", ffn_hidden_size},
+          {"add_bias_linear", add_bias_linear},
+          {"add_qkv_bias", add_qkv_bias},
+          {"init_std", init_std},
+          {"num_layers", num_layers},
+          {"layer_number", layer_number},
+          {"hidden_dropout", hidden_dropout},
+          {"attention_dropout", attention_dropout},
+          {"position_embedding", position_embedding},
+          {"rotary", rotary},
+          {"params_dtype", dtype_name(params_dtype)},
+          {"device", device_name(device)}};
+}
+
+}  // namespace loom::transformer

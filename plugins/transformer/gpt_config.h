@@ -1,0 +1,32 @@
+// GptConfig: the model-level configuration of the "gpt" model, read from its options (its
+// own spec keys plus what the core hands the root model: seq_length, micro_batch_size,
+// params_dtype, device, return_logits) and validated as a whole, up front, before any
+// child is built (as Megatron's TransformerConfig.__post_init__ does). Every rule that is
+// broken throws kInvalidArgument with the spec key, the rule and the fix.
+#pragma once
+
+#include <loom/sdk.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace loom::transformer {
+
+struct GptConfig {
+  int64_t num_layers, hidden_size, num_attention_heads, num_query_groups, kv_channels;
+  int64_t ffn_hidden_size, vocab_size, max_position_embeddings;
+  std::string position_embedding;  // "learned", "rope" or "none"
+  nlohmann::json rotary;           // {"base", "percent", "scaling": {...}}
+  bool add_bias_linear, add_qkv_bias, tie_embeddings, return_logits;
+  double init_std, hidden_dropout, attention_dropout;
+  int64_t seq_length, micro_batch_size;
+  DType params_dtype;
+  Device device;
+
+  /// Reads and validates `options` (the merged options handed to the factory).
+  static GptConfig from_options(const nlohmann::json& options);
+  /// What the layer numbered `layer_number` (1-based, as in Megatron) inherits.
+  nlohmann::json layer_options(int64_t layer_number) const;
+};
+
+}  // namespace loom::transformer

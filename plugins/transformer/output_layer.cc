@@ -1,0 +1,55 @@
+#include "plugins/transformer/output_layer.h"
+
+#include "plugins/transformer/views.h"
+
+namespace loom::transformer {
+namespace {
+enum Slot : int32_t { kInput };
+}  // namespace
+
+OutputLayer::OutputLayer(IHost& host, const EmbeddingConfig& config, const Embedding* tied_to)
+    : config_(config), tied_to_(tied_to), linear_(host, config.device, config.dtype) {
+  if (tied_to_ == nullptr)
+    weight_ = add_param("weight", config.dtype,
+                        ParamSpec{{config.vocab_size, config.hidden_size},
+                                  0,
+                                  kParamNone,
+                                  ParamInit::kNormal,
+                                  config.init_std});
+}
+
+const TensorView& OutputLayer::weight() const {
+  return tied_to_ != nullptr ? tied_to_->word_weight() : value(weight_);
+}
+const TensorView& OutputLayer::weight_grad() const {
+  return tied_to_ != nullptr ? tied_to_->word_grad() : grad(weight_);
+}
+
+void OutputLayer::run_forward(IForwardContext& ctx, const TensorView* inputs, int32_t num_inputs,
+                              TensorView* outputs, int32_t num_outputs) {
+  expect_count("output_layer forward inputs", num_inputs, 1);
+  expect_count("output_layer forward outputs", num_outputs, 1);
+  const TensorView& x = inputs[0];
+  int64_t c = config_.hidden_size, v = config_.vocab_size;
+  expect(x, {-1, -1, c}, config_.dtype, "output_layer input");
+  TensorView logits = allocate(ctx, config_.dtype, {x.shape[0], x.shape[1], v}, config_.device);
+  linear_.forward(rows(x, c), weight(), empty_view(), rows(logits, v));
+  if (ctx.training()) save(ctx, this, kInput, x);
+  outputs[0] = logits;
+}
+
+void OutputLayer::run_backward(IForwardContext& ctx, const TensorView* grad_outputs,
+                               int32_t num_grad_outputs, TensorView* grad_inputs,
+                               int32_t num_grad_inputs) {
+  expect_count("output_layer backward grad outputs", num_grad_outputs, 1);
+  expect_count("output_layer backward grad inputs", num_grad_inputs, 1);
+  TensorView x = load(ctx, this, kInput);
+  int64_t c = config_.hidden_size, v = config_.vocab_size;
+  expect(grad_outputs[0], {x.shape[0], x.shape[1], v}, config_.dtype, "output_layer grad output");
+  TensorView dx = allocate_like(ctx, x);
+  linear_.backward(rows(grad_outputs[0], v), rows(x, c), weight(), weight_grad(), empty_view(),
+                   rows(dx, c));
+  grad_inputs[0] = dx;
+}
+
+}  // namespace loom::transformer

@@ -1,0 +1,34 @@
+// OutputLayer (internal module of the GPT model, child "output_layer"): logits = x W^T,
+// with W (V, C) either its own parameter "weight" (split over TP by vocabulary rows) or,
+// with tied embeddings, the word embedding table (gradients accumulate into that table's
+// gradient; the layer then declares no parameter).
+//   forward:  [0] x (B, T, C) -> [0] logits (B, T, V)
+//   backward: dlogits -> dx; dW accumulated
+#pragma once
+
+#include "plugins/transformer/embedding.h"
+#include "plugins/transformer/linear.h"
+#include "plugins/transformer/module_base.h"
+
+namespace loom::transformer {
+
+class OutputLayer final : public ModuleBase<IGenericModule> {
+ public:
+  /// \param tied_to  the embedding whose word table is shared, or null for an own weight
+  OutputLayer(IHost& host, const EmbeddingConfig& config, const Embedding* tied_to);
+
+ private:
+  void run_forward(IForwardContext& ctx, const TensorView* inputs, int32_t num_inputs,
+                   TensorView* outputs, int32_t num_outputs) override;
+  void run_backward(IForwardContext& ctx, const TensorView* grad_outputs, int32_t num_grad_outputs,
+                    TensorView* grad_inputs, int32_t num_grad_inputs) override;
+  const TensorView& weight() const;
+  const TensorView& weight_grad() const;
+
+  EmbeddingConfig config_;
+  const Embedding* tied_to_;
+  int32_t weight_ = -1;
+  Linear linear_;
+};
+
+}  // namespace loom::transformer

@@ -1,0 +1,60 @@
+#include "plugins/transformer/rmsnorm.h"
+
+#include "plugins/transformer/options.h"
+#include "plugins/transformer/views.h"
+
+namespace loom::transformer {
+namespace {
+enum Slot : int32_t { kInput, kRstd };
+}  // namespace
+
+RmsNorm::RmsNorm(const nlohmann::json& options, IBuildContext& ctx)
+    : hidden_(inherited<int64_t>(options, "hidden_size", "rmsnorm")),
+      attrs_{options.at("eps").get<float>(), options.at("zero_centered_gamma").get<bool>()},
+      dtype_(params_dtype(options)),
+      device_(device_of(options)) {
+  if (hidden_ < 1) invalid("/hidden_size: must be >= 1, got " + std::to_string(hidden_));
+  weight_ = add_param("weight", dtype_,
+                      ParamSpec{{hidden_},
+                                -1,
+                                kParamNoWeightDecay,
+                                attrs_.zero_centered_gamma ? ParamInit::kZeros : ParamInit::kOnes,
+                                0.f});
+  fwd_ = Kernel(*ctx.host(), ops::kRmsNormFwd, device_, dtype_);
+  bwd_ = Kernel(*ctx.host(), ops::kRmsNormBwd, device_, dtype_);
+}
+
+void RmsNorm::run_forward(IForwardContext& ctx, const TensorView* inputs, int32_t num_inputs,
+                          TensorView* outputs, int32_t num_outputs) {
+  expect_count("rmsnorm forward inputs", num_inputs, 1);
+  expect_count("rmsnorm forward outputs", num_outputs, 1);
+  const TensorView& x = inputs[0];
+  if (x.ndim < 1 || x.shape[x.ndim - 1] != hidden_ || x.dtype != dtype_ || !is_contiguous(x))
+    fail(Code::kInvalidArgument,
+         detail::concat("rmsnorm input: expected contiguous ", dtype_name(dtype_), " (..., ",
+                        hidden_, "), got ", dtype_name(x.dtype), shape_string(x)));
+  TensorView y = allocate_like(ctx, x);
+  TensorView rstd = allocate(ctx, DType::kF32, {numel(x) / hidden_}, device_);
+  fwd_({rows(x, hidden_), value(weight_)}, {rows(y, hidden_), rstd}, attrs_);
+  if (ctx.training()) {
+    save(ctx, this, kInput, x);
+    save(ctx, this, kRstd, rstd);
+  }
+  outputs[0] = y;
+}
+
+void RmsNorm::run_backward(IForwardContext& ctx, const TensorView* grad_outputs,
+                           int32_t num_grad_outputs, TensorView* grad_inputs,
+                           int32_t num_grad_inputs) {
+  expect_count("rmsnorm backward grad outputs", num_grad_outputs, 1);
+  expect_count("rmsnorm backward grad inputs", num_grad_inputs, 1);
+  TensorView x = load(ctx, this, kInput);
+  const TensorView& dy = grad_outputs[0];
+  expect(dy, std::vector<int64_t>(x.shape, x.shape + x.ndim), dtype_, "rmsnorm grad output");
+  TensorView dx = allocate_like(ctx, x);
+  bwd_({rows(dy, hidden_), rows(x, hidden_), value(weight_), load(ctx, this, kRstd)},
+       {rows(dx, hidden_), grad(weight_)}, attrs_);
+  grad_inputs[0] = dx;
+}
+
+}  // namespace loom::transformer

@@ -1,0 +1,31 @@
+// RMSNorm (kinds::kNorm "rmsnorm"): y = x * rstd * weight, rstd = 1 / sqrt(mean(x^2) + eps), over
+// the last dimension (C). Parameter: weight (C), without weight decay.
+//   forward:  [0] x (..., C)  ->  [0] y (..., C)
+//   backward: dy -> dx; dweight accumulated
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include "plugins/transformer/module_base.h"
+
+namespace loom::transformer {
+
+class RmsNorm final : public ModuleBase<INorm> {
+ public:
+  RmsNorm(const nlohmann::json& options, IBuildContext& ctx);
+
+ private:
+  void run_forward(IForwardContext& ctx, const TensorView* inputs, int32_t num_inputs,
+                   TensorView* outputs, int32_t num_outputs) override;
+  void run_backward(IForwardContext& ctx, const TensorView* grad_outputs, int32_t num_grad_outputs,
+                    TensorView* grad_inputs, int32_t num_grad_inputs) override;
+
+  int64_t hidden_;
+  ops::NormAttrs attrs_;
+  DType dtype_;
+  Device device_;
+  int32_t weight_;
+  Kernel fwd_, bwd_;
+};
+
+}  // namespace loom::transformer

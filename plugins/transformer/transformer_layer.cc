@@ -1,0 +1,225 @@
+#include "plugins/transformer/transformer_layer.h"
+
+#include <cmath>
+#include <string>
+
+#include "plugins/transformer/child.h"
+#include "plugins/transformer/forward_only_context.h"
+#include "plugins/transformer/options.h"
+#include "plugins/transformer/views.h"
+
+namespace loom::transformer {
+namespace {
+
+enum Slot : int32_t { kInput, kPositions, kNormed, kCoreOut };
+enum Stream : uint64_t { kAttentionOutDropout = 1, kMlpOutDropout = 2 };
+
+}  // namespace
+
+TransformerLayer::TransformerLayer(const nlohmann::json& options, IBuildContext& ctx)
+    : hidden_(inherited<int64_t>(options, "hidden_size", "transformer_layer")),
+      heads_(inherited<int64_t>(options, "num_attention_heads", "transformer_layer")),
+      groups_(inherited_or<int64_t>(options, "num_query_groups", heads_)),
+      head_dim_(inherited_or<int64_t>(options, "kv_channels", heads_ > 0 ? hidden_ / heads_ : 0)),
+      qkv_bias_(
+          inherited_or<bool>(options, "add_qkv_bias",
+                             inherited<bool>(options, "add_bias_linear", "transformer_layer"))),
+      proj_bias_(inherited<bool>(options, "add_bias_linear", "transformer_layer")),
+      hidden_dropout_(inherited_or<float>(options, "hidden_dropout", 0.f)),
+      dtype_(params_dtype(options)),
+      device_(device_of(options)),
+      linear_(*ctx.host(), device_, dtype_) {
+  // The model validates all of this first with spec pointers; a layer built on its own
+  // (tests, other models) still gets a clear message.
+  if (hidden_ < 1) invalid("/hidden_size: must be >= 1");
+  if (heads_ < 1) invalid("/num_attention_heads: must be >= 1");
+  if (groups_ < 1 || heads_ % groups_ != 0)
+    invalid("/num_query_groups: " + std::to_string(groups_) +
+            " does not divide num_attention_heads " + std::to_string(heads_));
+  if (head_dim_ < 1)
+    invalid(
+        "/kv_channels: the head dimension must be >= 1 (hidden_size / num_attention_heads "
+        "when not set)");
+  if (!(hidden_dropout_ >= 0.f && hidden_dropout_ < 1.f))
+    invalid("/hidden_dropout: must be in [0, 1)");
+  double init_std = inherited<double>(options, "init_std", "transformer_layer");
+  int64_t layers = inherited<int64_t>(options, "num_layers", "transformer_layer");
+  if (layers < 1) invalid("/num_layers: must be >= 1");
+  float out_std = static_cast<float>(init_std / std::sqrt(2.0 * static_cast<double>(layers)));
+
+  IHost& host = *ctx.host();
+  if (inherited_or<std::string>(options, "position_embedding", "learned") == "rope") {
+    nlohmann::json rotary = inherited_or(options, "rotary", nlohmann::json::object());
+    rotary_dim_ = rotary_dim(rotary, head_dim_);
+    inv_freq_ = std::make_unique<RotaryTable>(host, device_, rotary_inv_freq(rotary, rotary_dim_));
+    rope_fwd_ = Kernel(host, ops::kRopeFwd, device_, dtype_);
+    rope_bwd_ = Kernel(host, ops::kRopeBwd, device_, dtype_);
+  }
+
+  int64_t qkv_out = (heads_ + 2 * groups_) * head_dim_;
+  qkv_weight_ = add_param(
+      "self_attention.linear_qkv.weight", dtype_,
+      ParamSpec{
+          {qkv_out, hidden_}, 0, kParamNone, ParamInit::kNormal, static_cast<float>(init_std)});
+  if (qkv_bias_)
+    qkv_bias_index_ =
+        add_param("self_attention.linear_qkv.bias", dtype_,
+                  ParamSpec{{qkv_out}, 0, kParamNoWeightDecay, ParamInit::kZeros, 0.f});
+  proj_weight_ = add_param(
+      "self_attention.linear_proj.weight", dtype_,
+      ParamSpec{{hidden_, heads_ * head_dim_}, 1, kParamNone, ParamInit::kScaledNormal, out_std});
+  if (proj_bias_)
+    proj_bias_index_ =
+        add_param("self_attention.linear_proj.bias", dtype_,
+                  ParamSpec{{hidden_}, -1, kParamNoWeightDecay, ParamInit::kZeros, 0.f});
+
+  // What each child needs of the model's configuration.
+  nlohmann::json common = {{"params_dtype", dtype_name(dtype_)}, {"device", device_name(device_)}};
+  nlohmann::json norm = common;
+  norm["hidden_size"] = hidden_;
+  nlohmann::json core = common;
+  core["num_attention_heads"] = heads_;
+  core["num_query_groups"] = groups_;
+  core["kv_channels"] = head_dim_;
+  core["attention_dropout"] = inherited_or<double>(options, "attention_dropout", 0.0);
+  nlohmann::json mlp = common;
+  mlp["hidden_size"] = hidden_;
+  mlp["ffn_hidden_size"] = inherited_or<int64_t>(options, "ffn_hidden_size", 4 * hidden_);
+  mlp["add_bias_linear"] = proj_bias_;
+  mlp["init_std"] = init_std;
+  mlp["num_layers"] = layers;
+  add_child("input_layernorm", input_norm_ = build_child<INorm>(ctx, "norm", norm));
+  add_child("self_attention.core_attention",
+            core_ = build_child<IAttention>(ctx, "attention", core));
+  add_child("pre_mlp_layernorm", pre_mlp_norm_ = build_child<INorm>(ctx, "norm", norm));
+  add_child("mlp", mlp_ = build_child<IMlp>(ctx, "mlp", mlp));
+
+  split_ = Kernel(host, ops::kSplitQkv, device_, dtype_);
+  merge_ = Kernel(host, ops::kMergeQkv, device_, dtype_);
+  add_ = Kernel(host, ops::kAdd, device_, dtype_);
+  dropout_fwd_ = Kernel(host, ops::kDropoutFwd, device_, dtype_);
+  dropout_bwd_ = Kernel(host, ops::kDropoutBwd, device_, dtype_);
+}
+
+void TransformerLayer::dropout_forward(IForwardContext& ctx, const TensorView& x,
+                                       uint64_t purpose) const {
+  if (!ctx.training() || hidden_dropout_ == 0.f) return;
+  ops::DropoutAttrs attrs{hidden_dropout_, 0, 0};
+  ctx.rng(this, purpose, &attrs.key, &attrs.counter);
+  dropout_fwd_({x}, {x}, attrs);
+}
+
+TensorView TransformerLayer::dropout_backward(IForwardContext& ctx, const TensorView& dy,
+                                              uint64_t purpose) const {
+  if (!ctx.training() || hidden_dropout_ == 0.f) return dy;
+  ops::DropoutAttrs attrs{hidden_dropout_, 0, 0};
+  ctx.rng(this, purpose, &attrs.key, &attrs.counter);
+  TensorView dx = allocate_like(ctx, dy);
+  dropout_bwd_({dy}, {dx}, attrs);
+  return dx;
+}
+
+void TransformerLayer::run_forward(IForwardContext& ctx, const TensorView* inputs,
+                                   int32_t num_inputs, TensorView* outputs, int32_t num_outputs) {
+  expect_count("transformer_layer forward inputs", num_inputs, 1);
+  expect_count("transformer_layer forward outputs", num_outputs, 1);
+  const TensorView& x = inputs[0];
+  expect(x, {-1, -1, hidden_}, dtype_, "transformer_layer hidden");
+  TensorView positions = num_inputs > 1 ? inputs[1] : empty_view();
+  if (present(positions))
+    expect(positions, {x.shape[0], x.shape[1]}, DType::kI32, "transformer_layer position ids");
+  if (ctx.training() && ctx.recompute() == RecomputePolicy::kFull) {
+    save(ctx, this, kInput, x);
+    save(ctx, this, kPositions, positions);
+    ForwardOnlyContext forward_only(ctx);
+    outputs[0] = forward_impl(forward_only, x, positions);
+  } else {
+    outputs[0] = forward_impl(ctx, x, positions);
+  }
+}
+
+TensorView TransformerLayer::forward_impl(IForwardContext& ctx, const TensorView& x,
+                                          const TensorView& positions) {
+  int64_t b = x.shape[0], t = x.shape[1];
+  int64_t h = heads_, g = groups_, d = head_dim_;
+  TensorView normed = call_forward(*input_norm_, ctx, {x}, 1, "input_layernorm")[0];
+  TensorView qkv = allocate(ctx, dtype_, {b, t, g, (h / g + 2) * d}, device_);
+  linear_.forward(rows(normed, hidden_), value(qkv_weight_),
+                  qkv_bias_ ? value(qkv_bias_index_) : empty_view(), rows(qkv, (h + 2 * g) * d));
+  TensorView q = allocate(ctx, dtype_, {b, t, h, d}, device_);
+  TensorView k = allocate(ctx, dtype_, {b, t, g, d}, device_);
+  TensorView v = allocate(ctx, dtype_, {b, t, g, d}, device_);
+  split_({qkv}, {q, k, v});
+  if (inv_freq_) {
+    ops::RopeAttrs attrs{rotary_dim_};
+    rope_fwd_({q, positions, inv_freq_->view()}, {q}, attrs);
+    rope_fwd_({k, positions, inv_freq_->view()}, {k}, attrs);
+  }
+  TensorView core_out =
+      call_forward(*core_, ctx, {q, k, v, empty_view(), empty_view()}, 1, "attention")[0];
+  TensorView attn = allocate(ctx, dtype_, {b, t, hidden_}, device_);
+  linear_.forward(rows(core_out, h * d), value(proj_weight_),
+                  proj_bias_ ? value(proj_bias_index_) : empty_view(), rows(attn, hidden_));
+  dropout_forward(ctx, attn, kAttentionOutDropout);
+  TensorView residual = allocate_like(ctx, x);  // (B, T, C)
+  add_({x, attn}, {residual});
+  TensorView normed2 = call_forward(*pre_mlp_norm_, ctx, {residual}, 1, "pre_mlp_layernorm")[0];
+  TensorView mlp_out = call_forward(*mlp_, ctx, {normed2}, 1, "mlp")[0];
+  dropout_forward(ctx, mlp_out, kMlpOutDropout);
+  TensorView y = allocate_like(ctx, x);
+  add_({residual, mlp_out}, {y});
+  if (ctx.training()) {
+    save(ctx, this, kPositions, positions);
+    save(ctx, this, kNormed, normed);
+    save(ctx, this, kCoreOut, core_out);
+  }
+  return y;
+}
+
+void TransformerLayer::run_backward(IForwardContext& ctx, const TensorView* grad_outputs,
+                                    int32_t num_grad_outputs, TensorView* grad_inputs,
+                                    int32_t num_grad_inputs) {
+  expect_count("transformer_layer backward grad outputs", num_grad_outputs, 1);
+  expect_count("transformer_layer backward grad inputs", num_grad_inputs, 1);
+  if (ctx.recompute() == RecomputePolicy::kFull)  // rerun forward, saving this time
+    forward_impl(ctx, load(ctx, this, kInput), load(ctx, this, kPositions));
+  TensorView positions = load(ctx, this, kPositions);
+  TensorView normed = load(ctx, this, kNormed), core_out = load(ctx, this, kCoreOut);
+  const TensorView& dy = grad_outputs[0];
+  int64_t b = normed.shape[0], t = normed.shape[1];
+  int64_t h = heads_, g = groups_, d = head_dim_;
+  expect(dy, {b, t, hidden_}, dtype_, "transformer_layer grad output");
+
+  // y = residual + dropout(mlp(norm2(residual)))
+  TensorView dmlp_out = dropout_backward(ctx, dy, kMlpOutDropout);
+  TensorView dnormed2 = call_backward(*mlp_, ctx, {dmlp_out}, 1, "mlp")[0];
+  TensorView dres_norm = call_backward(*pre_mlp_norm_, ctx, {dnormed2}, 1, "pre_mlp_layernorm")[0];
+  TensorView dresidual = allocate_like(ctx, dy);
+  add_({dy, dres_norm}, {dresidual});
+
+  // residual = x + dropout(proj(core(q, k, v)))
+  TensorView dattn = dropout_backward(ctx, dresidual, kAttentionOutDropout);
+  TensorView dcore_out = allocate(ctx, dtype_, {b, t, h, d}, device_);
+  linear_.backward(rows(dattn, hidden_), rows(core_out, h * d), value(proj_weight_),
+                   grad(proj_weight_), proj_bias_ ? grad(proj_bias_index_) : empty_view(),
+                   rows(dcore_out, h * d));
+  std::vector<TensorView> dqkv3 = call_backward(*core_, ctx, {dcore_out}, 3, "attention");
+  if (inv_freq_) {
+    ops::RopeAttrs attrs{rotary_dim_};
+    rope_bwd_({dqkv3[0], positions, inv_freq_->view()}, {dqkv3[0]}, attrs);
+    rope_bwd_({dqkv3[1], positions, inv_freq_->view()}, {dqkv3[1]}, attrs);
+  }
+  TensorView dqkv = allocate(ctx, dtype_, {b, t, g, (h / g + 2) * d}, device_);
+  merge_({dqkv3[0], dqkv3[1], dqkv3[2]}, {dqkv});
+  TensorView dnormed = allocate_like(ctx, dy);
+  linear_.backward(rows(dqkv, (h + 2 * g) * d), rows(normed, hidden_), value(qkv_weight_),
+                   grad(qkv_weight_), qkv_bias_ ? grad(qkv_bias_index_) : empty_view(),
+                   rows(dnormed, hidden_));
+  TensorView dx_norm = call_backward(*input_norm_, ctx, {dnormed}, 1, "input_layernorm")[0];
+  TensorView dx = allocate_like(ctx, dy);
+  add_({dresidual, dx_norm}, {dx});
+  grad_inputs[0] = dx;
+  if (num_grad_inputs > 1) grad_inputs[1] = empty_view();
+}
+
+}  // namespace loom::transformer

@@ -1,0 +1,54 @@
+// TransformerLayer (kinds::kLayer "transformer_layer"): Megatron's pre-norm decoder layer,
+//   h = x + dropout(proj(core(rope(split(qkv(norm1(x)))))))
+//   y = h + dropout(mlp(norm2(h)))
+// Children (spec slots): "norm" (built twice: input_layernorm, pre_mlp_layernorm),
+// "attention" (the core, self_attention.core_attention) and "mlp". The projections are the
+// layer's own parameters, with Megatron-Core names:
+//   self_attention.linear_qkv.weight ((H + 2G) * D, C), grouped [G, (H/G + 2) * D, C]
+//   self_attention.linear_qkv.bias   ((H + 2G) * D)          when add_qkv_bias
+//   self_attention.linear_proj.weight (C, H * D)
+//   self_attention.linear_proj.bias   (C)                    when add_bias_linear
+//   forward:  [0] hidden (B, T, C), [1] position ids (B, T) i32 or empty -> [0] (B, T, C)
+//   backward: dy -> dx (and an empty gradient for the position ids)
+// Recompute kFull: only the input is saved; backward reruns forward, then goes back.
+#pragma once
+
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "plugins/transformer/linear.h"
+#include "plugins/transformer/module_base.h"
+#include "plugins/transformer/rotary.h"
+
+namespace loom::transformer {
+
+class TransformerLayer final : public ModuleBase<ILayer> {
+ public:
+  TransformerLayer(const nlohmann::json& options, IBuildContext& ctx);
+
+ private:
+  void run_forward(IForwardContext& ctx, const TensorView* inputs, int32_t num_inputs,
+                   TensorView* outputs, int32_t num_outputs) override;
+  void run_backward(IForwardContext& ctx, const TensorView* grad_outputs, int32_t num_grad_outputs,
+                    TensorView* grad_inputs, int32_t num_grad_inputs) override;
+  // The forward proper; saves through `ctx` what backward needs.
+  TensorView forward_impl(IForwardContext& ctx, const TensorView& x, const TensorView& positions);
+  // Hidden dropout of `x` in place (forward) and its gradient (backward, a new tensor), with
+  // the random stream `purpose`; identity outside training or when the probability is 0.
+  void dropout_forward(IForwardContext& ctx, const TensorView& x, uint64_t purpose) const;
+  TensorView dropout_backward(IForwardContext& ctx, const TensorView& dy, uint64_t purpose) const;
+
+  int64_t hidden_, heads_, groups_, head_dim_;
+  bool qkv_bias_, proj_bias_;
+  float hidden_dropout_;
+  DType dtype_;
+  Device device_;
+  int32_t rotary_dim_ = 0;
+  std::unique_ptr<RotaryTable> inv_freq_;  // null without rope
+  int32_t qkv_weight_, qkv_bias_index_ = -1, proj_weight_, proj_bias_index_ = -1;
+  IModule *input_norm_, *core_, *pre_mlp_norm_, *mlp_;
+  Linear linear_;
+  Kernel split_, merge_, rope_fwd_, rope_bwd_, add_, dropout_fwd_, dropout_bwd_;
+};
+
+}  // namespace loom::transformer

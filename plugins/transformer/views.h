@@ -1,0 +1,35 @@
+// Small helpers over loom::TensorView for the transformer modules: shape checks with
+// messages, flat 2-D views of contiguous activations, allocation of a tensor shaped like
+// another, and saving / loading through the forward context.
+#pragma once
+
+#include <loom/cpp/tensor.h>
+
+#include <string>
+#include <vector>
+
+namespace loom::transformer {
+
+/// Throws kInvalidArgument unless `view` is contiguous with exactly `shape` (-1 matches
+/// any extent) and dtype `dtype`.
+void expect(const TensorView& view, std::vector<int64_t> shape, DType dtype, const char* what);
+
+/// The contiguous `view` seen as (numel / cols, cols).
+TensorView rows(const TensorView& view, int64_t cols);
+
+/// A new activation with the shape of `like` and `dtype` (like's dtype when kInvalid).
+TensorView allocate_like(IForwardContext& ctx, const TensorView& like,
+                         DType dtype = DType::kInvalid);
+
+/// A new activation of any rank.
+TensorView allocate_shape(IForwardContext& ctx, DType dtype, const std::vector<int64_t>& shape,
+                          Device device);
+
+/// ctx.save / ctx.load, throwing on failure.
+void save(IForwardContext& ctx, const void* owner, int32_t slot, const TensorView& view);
+TensorView load(IForwardContext& ctx, const void* owner, int32_t slot);
+
+/// Checks the number of inputs / outputs a module was called with.
+void expect_count(const char* what, int32_t got, int32_t at_least);
+
+}  // namespace loom::transformer

@@ -1,0 +1,118 @@
+// LayerNorm, RMSNorm and the MLP (gelu, gelu_tanh, swiglu; with and without biases):
+// backward against central finite differences, parameter layout, bad options.
+#include <gtest/gtest.h>
+
+#include "core/spec/schema.h"
+#include "tests/plugins/transformer/module_check.h"
+
+namespace loom::testing {
+namespace {
+
+using nlohmann::json;
+
+TensorView random_input(ModuleHarness& h, std::vector<int64_t> shape, uint64_t seed) {
+  TensorView x = h.tensor(DType::kF32, shape);
+  h.fill_random(x, seed);
+  return x;
+}
+
+class NormTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(NormTest, BackwardMatchesFiniteDifferences) {
+  ModuleHarness h(transformer_plugins());
+  IModule& norm = build_resolved(h, kinds::kNorm, {{"impl", GetParam()}}, {{"hidden_size", 8}});
+  randomize_params(h, 5, 0.5f);
+  ModuleCheck check(h, norm, {{random_input(h, {2, 3, 8}, 1)}, {true}});
+  check.check_gradients();
+}
+
+TEST_P(NormTest, DeclaresWeightsWithoutDecay) {
+  ModuleHarness h(transformer_plugins());
+  build_resolved(h, kinds::kNorm, {{"impl", GetParam()}, {"zero_centered_gamma", true}},
+                 {{"hidden_size", 8}});
+  auto& all = h.params().all();
+  ASSERT_EQ(all.size(), GetParam() == "layernorm" ? 2u : 1u);
+  EXPECT_EQ(all[0].name, "weight");
+  EXPECT_EQ(all[0].info.init, ParamInit::kZeros);  // zero-centred gamma
+  for (auto& p : all) {
+    EXPECT_EQ(p.info.shape[0], 8);
+    EXPECT_TRUE(p.info.flags & kParamNoWeightDecay) << p.name;
+  }
+}
+
+TEST_P(NormTest, RefusesAMissingHiddenSize) {
+  ModuleHarness h(transformer_plugins());
+  try {
+    build_resolved(h, kinds::kNorm, {{"impl", GetParam()}});
+    FAIL() << "built without hidden_size";
+  } catch (const core::SpecError& e) {
+    EXPECT_EQ(e.pointer(), "/test/hidden_size");
+    EXPECT_NE(e.problem().find("enclosing component"), std::string::npos) << e.what();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Norms, NormTest, ::testing::Values("layernorm", "rmsnorm"));
+
+struct MlpCase {
+  std::string activation;
+  bool bias;
+};
+
+class MlpTest : public ::testing::TestWithParam<MlpCase> {};
+
+json mlp_inherited(bool bias) {
+  return {{"hidden_size", 8},
+          {"ffn_hidden_size", 6},
+          {"add_bias_linear", bias},
+          {"init_std", 0.02},
+          {"num_layers", 2}};
+}
+
+TEST_P(MlpTest, BackwardMatchesFiniteDifferences) {
+  ModuleHarness h(transformer_plugins());
+  IModule& mlp =
+      build_resolved(h, kinds::kMlp, {{"impl", "mlp"}, {"activation", GetParam().activation}},
+                     mlp_inherited(GetParam().bias));
+  randomize_params(h, 9, 0.4f);
+  ModuleCheck check(h, mlp, {{random_input(h, {2, 3, 8}, 2)}, {true}});
+  check.check_gradients();
+}
+
+TEST_P(MlpTest, DeclaresMegatronParameters) {
+  ModuleHarness h(transformer_plugins());
+  build_resolved(h, kinds::kMlp, {{"impl", "mlp"}, {"activation", GetParam().activation}},
+                 mlp_inherited(GetParam().bias));
+  int64_t fc1_rows = GetParam().activation == "swiglu" ? 12 : 6;
+  core::Parameter* fc1 = h.params().find("linear_fc1.weight");
+  core::Parameter* fc2 = h.params().find("linear_fc2.weight");
+  ASSERT_TRUE(fc1 && fc2);
+  EXPECT_EQ(fc1->info.shape[0], fc1_rows);
+  EXPECT_EQ(fc1->info.shape[1], 8);
+  EXPECT_EQ(fc1->info.tp_split_dim, 0);
+  EXPECT_EQ(fc1->info.init, ParamInit::kNormal);
+  EXPECT_FLOAT_EQ(fc1->info.init_std, 0.02f);
+  EXPECT_EQ(fc2->info.shape[0], 8);
+  EXPECT_EQ(fc2->info.shape[1], 6);
+  EXPECT_EQ(fc2->info.tp_split_dim, 1);
+  EXPECT_EQ(fc2->info.init, ParamInit::kScaledNormal);
+  EXPECT_FLOAT_EQ(fc2->info.init_std, 0.01f);  // 0.02 / sqrt(2 * 2 layers)
+  EXPECT_EQ(h.params().find("linear_fc1.bias") != nullptr, GetParam().bias);
+  EXPECT_EQ(h.params().all().size(), GetParam().bias ? 4u : 2u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Activations, MlpTest,
+                         ::testing::Values(MlpCase{"gelu", true}, MlpCase{"gelu_tanh", true},
+                                           MlpCase{"swiglu", false}, MlpCase{"swiglu", true}),
+                         [](const auto& info) {
+                           return info.param.activation + (info.param.bias ? "_bias" : "");
+                         });
+
+TEST(MlpOptions, RefusesAnUnknownActivation) {
+  ModuleHarness h(transformer_plugins());
+  EXPECT_THROW(build_resolved(h, kinds::kMlp, {{"impl", "mlp"}, {"activation", "relu"}},
+                              mlp_inherited(true)),
+               core::SpecError);
+}
+
+}  // namespace
+}  // namespace loom::testing

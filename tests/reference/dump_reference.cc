@@ -1,0 +1,121 @@
+// dump_reference SPEC OUT_DIR PLUGIN_DIR...: runs a tiny model the way `loom train` does and
+// writes what tests/reference/check_against_torch.py compares with PyTorch:
+//   OUT_DIR/weights.safetensors  initial parameters (f32), by Megatron name
+//   OUT_DIR/forward.safetensors  batch 0 (tokens, labels, loss_mask), its logits, loss and
+//                                every parameter's gradient ("grad.<name>")
+//   OUT_DIR/train.json           per step: the batch's tokens and labels, loss, grad norm, lr
+//   OUT_DIR/final.safetensors    parameters after the steps
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+#include "core/io/safetensors.h"
+#include "core/plugin/catalog.h"
+#include "core/plugin/plugin_manager.h"
+#include "core/spec/spec.h"
+#include "core/train/trainer.h"
+#include "core/util/errors.h"
+
+namespace fs = std::filesystem;
+using namespace loom;
+
+namespace {
+
+std::vector<float> as_floats(const TensorView& v) {
+  std::vector<float> out(static_cast<size_t>(numel(v)));
+  core::load_floats(v, out.data());
+  return out;
+}
+
+void dump_params(core::ParameterSet& params, const fs::path& path) {
+  std::vector<std::vector<float>> keep;
+  std::vector<core::SafetensorsEntry> entries;
+  keep.reserve(params.all().size());
+  for (core::Parameter& p : params.all()) {
+    keep.push_back(as_floats(p.value));
+    entries.push_back({p.name, DType::kF32,
+                       std::vector<int64_t>(p.value.shape, p.value.shape + p.value.ndim),
+                       keep.back().data()});
+  }
+  core::write_safetensors(path, entries);
+}
+
+int run(int argc, char** argv) {
+  if (argc < 4) {
+    std::fprintf(stderr, "usage: dump_reference SPEC OUT_DIR PLUGIN_DIR...\n");
+    return 2;
+  }
+  fs::path out = argv[2];
+  fs::create_directories(out);
+  nlohmann::json spec = core::load_spec_file(argv[1]);
+  std::vector<core::SearchRoot> roots;
+  for (int i = 3; i < argc; ++i) roots.push_back({fs::absolute(argv[i]), "test"});
+  auto catalog = std::make_unique<core::Catalog>(roots);
+  core::resolve_spec(spec, *catalog);
+  core::PluginManager plugins(std::move(*catalog), nlohmann::json::object(),
+                              spec["train"]["seed"].get<uint64_t>());
+  plugins.load_all();
+  core::Trainer trainer(spec, plugins, nullptr, {{"return_logits", true}});
+  dump_params(trainer.params(), out / "weights.safetensors");
+
+  // Batch 0: logits, loss and gradients with d(loss) = 1.
+  core::Batch batch;
+  int64_t start = trainer.data().position();
+  trainer.data().next_train(batch);
+  trainer.data().seek(start);
+  trainer.params().zero_grads();
+  std::vector<float> logits;
+  float loss = static_cast<float>(trainer.forward_backward(batch, 1.0, &logits));
+  {
+    std::vector<std::vector<float>> keep;
+    std::vector<core::SafetensorsEntry> entries;
+    keep.reserve(trainer.params().all().size());
+    int64_t b = batch.batch, t = batch.seq_length;
+    entries.push_back({"tokens", DType::kI32, {b, t}, batch.tokens.data()});
+    entries.push_back({"labels", DType::kI32, {b, t}, batch.labels.data()});
+    entries.push_back({"loss_mask", DType::kF32, {b, t}, batch.loss_mask.data()});
+    entries.push_back({"logits", DType::kF32, {b, t, static_cast<int64_t>(logits.size()) / (b * t)},
+                       logits.data()});
+    entries.push_back({"loss", DType::kF32, {}, &loss});
+    for (core::Parameter& p : trainer.params().all()) {
+      keep.push_back(as_floats(p.grad));
+      entries.push_back({"grad." + p.name, DType::kF32,
+                         std::vector<int64_t>(p.grad.shape, p.grad.shape + p.grad.ndim),
+                         keep.back().data()});
+    }
+    core::write_safetensors(out / "forward.safetensors", entries);
+  }
+
+  // Training steps: record each step's batch, loss, grad norm and LR.
+  nlohmann::json steps = nlohmann::json::array();
+  int64_t n = spec["train"]["steps"].get<int64_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t pos = trainer.data().position();
+    trainer.data().next_train(batch);
+    trainer.data().seek(pos);
+    core::StepResult r = trainer.step();
+    steps.push_back({{"step", r.step},
+                     {"tokens", batch.tokens},
+                     {"labels", batch.labels},
+                     {"loss", r.loss},
+                     {"grad_norm", r.grad_norm},
+                     {"lr", r.lr},
+                     {"skipped", r.skipped}});
+  }
+  std::ofstream(out / "train.json") << steps.dump() << "\n";
+  dump_params(trainer.params(), out / "final.safetensors");
+  std::printf("dump_reference: wrote %s (loss %.6f)\n", out.string().c_str(), loss);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dump_reference: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,131 @@
+// `loom train` and `loom bench` end to end with the shipped plugins and the CPU kernels:
+// a tiny model learns, logs and writes metrics; bad shapes are refused with the pointer
+// and the rule broken before anything runs.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "tests/util/test_plugins.h"
+
+namespace loom {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using testing::fresh_dir;
+using testing::read_file;
+using testing::run_loom;
+using testing::write_file;
+
+constexpr int kOk = 0, kSpec = 3;
+
+nlohmann::json tiny_spec() {
+  return nlohmann::json::parse(R"({
+    "model": {"impl": "gpt", "num_layers": 2, "hidden_size": 32, "num_attention_heads": 4,
+              "vocab_size": 64, "max_position_embeddings": 32,
+              "layer": {"impl": "transformer_layer", "norm": {"impl": "layernorm"},
+                        "attention": {"impl": "fused"}, "mlp": {"impl": "mlp"}},
+              "final_norm": {"impl": "layernorm"}},
+    "optimizer": {"impl": "adamw", "lr": 0.01},
+    "lr_schedule": {"impl": "cosine", "warmup_steps": 5},
+    "data": {"mock": true},
+    "train": {"steps": 40, "micro_batch_size": 4, "seq_length": 16, "log_interval": 10,
+              "eval_interval": 20, "eval_steps": 2}
+  })");
+}
+
+class TrainTest : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = fresh_dir("train_test"); }
+  fs::path spec(const std::string& name, const nlohmann::json& body) {
+    fs::path p = dir_ / name;
+    write_file(p, body.dump(2));
+    return p;
+  }
+  static std::string q(const fs::path& p) { return "'" + p.string() + "'"; }
+  fs::path dir_;
+};
+
+std::vector<nlohmann::json> read_jsonl(const fs::path& path) {
+  std::vector<nlohmann::json> out;
+  std::stringstream lines(read_file(path));
+  std::string line;
+  while (std::getline(lines, line))
+    if (!line.empty()) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+TEST_F(TrainTest, TinyGptLearnsAndLogs) {
+  fs::path run = dir_ / "run";
+  auto r = run_loom("train " + q(spec("tiny.json", tiny_spec())) + " --run-dir " + q(run));
+  ASSERT_EQ(r.exit_code, kOk) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("model: gpt, "));
+  EXPECT_THAT(r.out, HasSubstr("kernels: "));
+  EXPECT_THAT(r.out, HasSubstr("gemm:f32=cpu."));
+  EXPECT_THAT(r.out, HasSubstr("iter     40/40 | loss "));
+  EXPECT_THAT(r.out, HasSubstr("MFU"));
+  EXPECT_THAT(r.out, HasSubstr("validation at iter 40"));
+  auto metrics = read_jsonl(run / "metrics.jsonl");
+  std::vector<double> losses, valid;
+  for (const auto& m : metrics) {
+    if (m.contains("loss")) losses.push_back(m["loss"].get<double>());
+    if (m.contains("valid_loss")) valid.push_back(m["valid_loss"].get<double>());
+    if (m.contains("loss")) {
+      EXPECT_GT(m["tokens_per_s"].get<double>(), 0);
+      EXPECT_GT(m["mfu"].get<double>(), 0);
+      EXPECT_GT(m["peak_mem_bytes"].get<double>(), 0);
+    }
+  }
+  ASSERT_EQ(losses.size(), 4u);
+  ASSERT_EQ(valid.size(), 2u);
+  // From ln(64) = 4.16 at the start, the Markov tokens (4 successors each) are learnable.
+  EXPECT_LT(losses.back(), losses.front() - 0.3);
+  EXPECT_LT(valid.back(), 4.0);
+  EXPECT_TRUE(fs::exists(run / "spec.resolved.json"));
+}
+
+TEST_F(TrainTest, MixedPrecisionAndRecomputeRun) {
+  for (const char* setting : {"precision.params=\"bf16\"", "precision.params=\"f16\"",
+                              "train.recompute=\"full\"", "train.recompute=\"selective\""}) {
+    nlohmann::json s = tiny_spec();
+    s["train"]["steps"] = 10;
+    s["model"]["layer"]["attention"]["impl"] = "dot_product";
+    auto r = run_loom("train " + q(spec("mp.json", s)) + " --set '" + setting + "' --run-dir " +
+                      q(dir_ / "mp"));
+    ASSERT_EQ(r.exit_code, kOk) << setting << "\n" << r.out << r.err;
+    EXPECT_THAT(r.out, HasSubstr("iter     10/10 | loss ")) << setting;
+    EXPECT_THAT(r.out, ::testing::Not(HasSubstr("loss nan"))) << setting;
+  }
+}
+
+TEST_F(TrainTest, ShapesThatDoNotFitAreRefusedWithThePointer) {
+  struct Case {
+    const char* setting;
+    const char* pointer;
+  };
+  for (const Case& c : {Case{"model.num_attention_heads=5", "/model/num_attention_heads"},
+                        Case{"model.num_query_groups=3", "/model/num_query_groups"},
+                        Case{"train.seq_length=64", "/train/seq_length"}}) {
+    auto r = run_loom("train " + q(spec("bad.json", tiny_spec())) + " --set " + c.setting +
+                      " --run-dir " + q(dir_ / "bad"));
+    EXPECT_EQ(r.exit_code, kSpec) << c.setting << "\n" << r.err;
+    EXPECT_THAT(r.err, HasSubstr(c.pointer)) << c.setting;
+    EXPECT_THAT(r.out, ::testing::Not(HasSubstr("iter "))) << c.setting;
+  }
+}
+
+TEST_F(TrainTest, BenchPrintsThroughput) {
+  auto r = run_loom("bench " + q(spec("tiny.json", tiny_spec())) + " --steps 2 --warmup 1 --json");
+  ASSERT_EQ(r.exit_code, kOk) << r.out << r.err;
+  nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["steps"], 2);
+  EXPECT_EQ(j["tokens_per_step"], 64);
+  EXPECT_GT(j["tokens_per_s"].get<double>(), 0);
+  EXPECT_GT(j["mfu"].get<double>(), 0);
+  EXPECT_GT(j["gemm_peak_flops"].get<double>(), 0);
+}
+
+}  // namespace
+}  // namespace loom
