@@ -32,6 +32,7 @@ void expect_one_error(const RunResult& r, const std::string& command) {
 class CliTest : public ::testing::Test {
  protected:
   void SetUp() override {
+    loom::testing::isolated_binary = true;
     dir_ = fresh_dir(::testing::UnitTest::GetInstance()->current_test_info()->name());
     plugins_ = dir_ / "plugins";
     install_test_plugin(plugins_, "good", "testgood");

@@ -59,11 +59,23 @@ std::string read_file(const fs::path& path) {
   return text.str();
 }
 
+bool isolated_binary = false;
+
 RunResult run_loom(const std::string& args, const std::string& env, const fs::path& cwd) {
   static int counter = 0;
   fs::path base = tmp_root() / ("run_" + std::to_string(counter++));
   fs::path out = base.string() + ".out", err = base.string() + ".err";
   std::string loom = runfile("tools/loom").string();
+  if (isolated_binary) {
+    // A copy of the binary in a folder of its own: no install plugin directory beside it,
+    // so only the plugins the test puts on the search path are found.
+    fs::path copy = tmp_root() / "isolated" / "bin" / "loom";
+    if (!fs::exists(copy)) {
+      fs::create_directories(copy.parent_path());
+      fs::copy_file(loom, copy);
+    }
+    loom = copy.string();
+  }
   std::string command = (cwd.empty() ? std::string() : "cd '" + cwd.string() + "' && ") + "env " +
                         (env.empty() ? std::string("LOOM_UNUSED=1") : env) + " '" + loom + "' " +
                         args + " > '" + out.string() + "' 2> '" + err.string() + "'";

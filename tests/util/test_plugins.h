@@ -29,6 +29,10 @@ struct RunResult {
   std::string err;
 };
 
+/// When true, run_loom runs a copy of the binary that has no install plugin directory
+/// beside it (tests that must see only their own plugins set it).
+extern bool isolated_binary;
+
 /// Runs the loom binary (from runfiles) with `args` (already shell-quoted as needed) and
 /// the environment prefix `env` ("LOOM_PLUGIN_PATH=/x"), in directory `cwd`.
 RunResult run_loom(const std::string& args, const std::string& env = "",
