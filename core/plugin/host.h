@@ -26,7 +26,7 @@ class Host final : public IHost {
   /// \param registry  where kernels are looked up; must outlive the host
   /// \param seed      the run's base seed
   Host(const Registry* registry, uint64_t seed) : registry_(registry), seed_(seed) {}
-  virtual ~Host() = default;
+  virtual ~Host();
 
   InterfaceInfo interface_info() const noexcept override;
   StringView core_version() const noexcept override;
@@ -40,6 +40,13 @@ class Host final : public IHost {
 
   /// Memory use of the CPU allocator.
   MemoryStats cpu_memory() const;
+  /// Returns the cached free blocks of the CPU allocator to the system.
+  void release_cache() noexcept;
+  /// Bytes held in the CPU allocator's cache (freed by their users, kept for reuse).
+  uint64_t cpu_cached_bytes() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return cpu_cached_bytes_;
+  }
   /// Resets the peak of the CPU allocator to its current use (for per-phase figures).
   void reset_peak();
 
@@ -67,6 +74,8 @@ class Host final : public IHost {
   mutable std::mutex mutex_;
   std::map<void*, uint64_t> cpu_blocks_;  // live allocations: pointer -> bytes
   MemoryStats cpu_stats_;
+  std::multimap<uint64_t, void*> cpu_cache_;  // freed large blocks by rounded size
+  uint64_t cpu_cached_bytes_ = 0;
   std::map<std::string, std::string> pins_;
   std::set<Resolution> resolutions_;
 };

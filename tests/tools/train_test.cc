@@ -100,6 +100,36 @@ TEST_F(TrainTest, MixedPrecisionAndRecomputeRun) {
   }
 }
 
+// Gradient accumulation: two micro-batches of 2 sequences make the same step as one of 4
+// (the mock stream hands out the same 4 samples either way).
+TEST_F(TrainTest, GradientAccumulationMatchesOneLargeMicroBatch) {
+  std::vector<std::vector<nlohmann::json>> runs;
+  for (int mbs : {4, 2}) {
+    nlohmann::json s = tiny_spec();
+    s["train"]["steps"] = 3;
+    s["train"]["log_interval"] = 1;
+    s["lr_schedule"]["warmup_steps"] = 1;
+    s["train"]["micro_batch_size"] = mbs;
+    s["train"]["global_batch_size"] = 4;
+    fs::path run = dir_ / ("acc" + std::to_string(mbs));
+    auto r = run_loom("train " + q(spec("acc.json", s)) + " --run-dir " + q(run));
+    ASSERT_EQ(r.exit_code, kOk) << r.out << r.err;
+    if (mbs == 2) EXPECT_THAT(r.out, HasSubstr("batch: 2 micro-batches of 2 x 16 tokens"));
+    std::vector<nlohmann::json> steps;
+    for (const auto& m : read_jsonl(run / "metrics.jsonl"))
+      if (m.contains("loss")) steps.push_back(m);
+    runs.push_back(steps);
+  }
+  ASSERT_EQ(runs[0].size(), 3u);
+  ASSERT_EQ(runs[1].size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_NEAR(runs[0][i]["loss"].get<double>(), runs[1][i]["loss"].get<double>(), 1e-5) << i;
+    EXPECT_NEAR(runs[0][i]["grad_norm"].get<double>(), runs[1][i]["grad_norm"].get<double>(),
+                1e-5 * runs[0][i]["grad_norm"].get<double>())
+        << i;
+  }
+}
+
 TEST_F(TrainTest, ShapesThatDoNotFitAreRefusedWithThePointer) {
   struct Case {
     const char* setting;

@@ -135,9 +135,20 @@ def loom_system_libraries():
     )
     system_cc_library(
         name = "openblas",
-        probe_headers = ["/usr/include/x86_64-linux-gnu/cblas.h"],
-        debian_package = "libopenblas-dev",
-        linkopts = ["-lopenblas"],
+        # The OpenMP build of OpenBLAS (libopenblas0-openmp), linked by path: the CPU kernels
+        # run OpenMP regions between GEMMs, and with the pthreads build the two thread pools
+        # spin against each other on 2 cores (about 10% of a GPT-2 step in sched_yield).
+        probe_headers = [
+            "/usr/include/x86_64-linux-gnu/cblas.h",
+            "/usr/lib/x86_64-linux-gnu/openblas-openmp/libopenblas.so.0",
+        ],
+        debian_package = "libopenblas-dev libopenblas0-openmp",
+        linkopts = [
+            "-L/usr/lib/x86_64-linux-gnu/openblas-openmp",
+            "-Wl,-rpath,/usr/lib/x86_64-linux-gnu/openblas-openmp",
+            "-l:libopenblas.so.0",
+            "-fopenmp",
+        ],
     )
     system_cc_library(
         name = "gloo",
