@@ -16,7 +16,10 @@ class BuildContext final : public IBuildContext {
  public:
   BuildContext(PluginManager& plugins, const nlohmann::json& node, std::string pointer,
                const nlohmann::json& inherited)
-      : plugins_(plugins), node_(node), pointer_(std::move(pointer)), inherited_(inherited.dump()) {}
+      : plugins_(plugins),
+        node_(node),
+        pointer_(std::move(pointer)),
+        inherited_(inherited.dump()) {}
   virtual ~BuildContext() = default;
 
   InterfaceInfo interface_info() const noexcept override { return kinds::kBuildContext; }
@@ -87,8 +90,7 @@ ObjectPtr build_component(PluginManager& plugins, const nlohmann::json& node,
       size_t colon = why.find(": ");
       if (colon != std::string::npos && why.rfind("#/", 0) == 0)
         throw SpecError(why.substr(1, colon - 1), why.substr(colon + 2));
-      if (colon != std::string::npos && why.rfind("/", 0) == 0 &&
-          why.find(' ') > colon)
+      if (colon != std::string::npos && why.rfind("/", 0) == 0 && why.find(' ') > colon)
         throw SpecError(pointer + why.substr(0, colon), why.substr(colon + 2));
       throw SpecError(pointer, why);
     }

@@ -18,29 +18,36 @@ namespace loom::core {
 TokenFile::TokenFile(const std::filesystem::path& path, const std::string& dtype,
                      int64_t vocab_size, int64_t batch, int64_t seq_length,
                      const std::string& split, uint64_t seed)
-    : path_(path), width_(dtype == "i32" ? 4 : 2), vocab_(vocab_size), batch_(batch),
-      seq_(seq_length), seed_(seed) {
+    : path_(path),
+      width_(dtype == "i32" ? 4 : 2),
+      vocab_(vocab_size),
+      batch_(batch),
+      seq_(seq_length),
+      seed_(seed) {
   int fd = ::open(path.c_str(), O_RDONLY);
   if (fd < 0)
-    throw IoError(fmt::format("data.token_file {}: cannot open ({}); fix the path in spec "
-                              "/data/token_file",
-                              path.string(), std::strerror(errno)));
+    throw IoError(
+        fmt::format("data.token_file {}: cannot open ({}); fix the path in spec "
+                    "/data/token_file",
+                    path.string(), std::strerror(errno)));
   struct stat st {};
   ::fstat(fd, &st);
   size_ = static_cast<size_t>(st.st_size);
   if (size_ % width_ != 0) {
     ::close(fd);
-    throw IoError(fmt::format("data.token_file {}: size {} is not a multiple of {} bytes; is "
-                              "/data/token_dtype ({}) right?",
-                              path.string(), size_, width_, dtype));
+    throw IoError(
+        fmt::format("data.token_file {}: size {} is not a multiple of {} bytes; is "
+                    "/data/token_dtype ({}) right?",
+                    path.string(), size_, width_, dtype));
   }
   int64_t tokens = static_cast<int64_t>(size_ / width_);
   windows_ = tokens > 0 ? (tokens - 1) / seq_ : 0;
   if (windows_ < 1) {
     ::close(fd);
-    throw IoError(fmt::format("data.token_file {}: {} tokens is fewer than one sample of "
-                              "seq_length + 1 = {}",
-                              path.string(), tokens, seq_ + 1));
+    throw IoError(
+        fmt::format("data.token_file {}: {} tokens is fewer than one sample of "
+                    "seq_length + 1 = {}",
+                    path.string(), tokens, seq_ + 1));
   }
   void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
   ::close(fd);
@@ -98,9 +105,10 @@ void TokenFile::window(int64_t index, int64_t row, Batch& out) const {
       id = v;
     }
     if (id < 0 || id >= vocab_)
-      throw IoError(fmt::format("data.token_file {}: token {} at position {} is outside the "
-                                "vocabulary [0, {}); wrong /data/token_dtype or model vocab_size?",
-                                path_.string(), id, start + t, vocab_));
+      throw IoError(
+          fmt::format("data.token_file {}: token {} at position {} is outside the "
+                      "vocabulary [0, {}); wrong /data/token_dtype or model vocab_size?",
+                      path_.string(), id, start + t, vocab_));
     if (t < seq_) out.tokens[row * seq_ + t] = static_cast<int32_t>(id);
     if (t > 0) out.labels[row * seq_ + t - 1] = static_cast<int32_t>(id);
   }

@@ -21,10 +21,10 @@ struct DTypeName {
   const char* name;
 };
 constexpr DTypeName kNames[] = {
-    {DType::kF32, "F32"},      {DType::kF16, "F16"},        {DType::kBF16, "BF16"},
-    {DType::kF64, "F64"},      {DType::kI8, "I8"},          {DType::kU8, "U8"},
-    {DType::kI16, "I16"},      {DType::kU16, "U16"},        {DType::kI32, "I32"},
-    {DType::kI64, "I64"},      {DType::kBool, "BOOL"},      {DType::kF8E4M3, "F8_E4M3"},
+    {DType::kF32, "F32"},        {DType::kF16, "F16"},        {DType::kBF16, "BF16"},
+    {DType::kF64, "F64"},        {DType::kI8, "I8"},          {DType::kU8, "U8"},
+    {DType::kI16, "I16"},        {DType::kU16, "U16"},        {DType::kI32, "I32"},
+    {DType::kI64, "I64"},        {DType::kBool, "BOOL"},      {DType::kF8E4M3, "F8_E4M3"},
     {DType::kF8E5M2, "F8_E5M2"}, {DType::kF8E8M0, "F8_E8M0"},
 };
 
@@ -145,8 +145,8 @@ SafetensorsFile::SafetensorsFile(const fs::path& path) : path_(path) {
     uint64_t begin = value["data_offsets"][0].get<uint64_t>();
     uint64_t end = value["data_offsets"][1].get<uint64_t>();
     if (end < begin || end > data_size)
-      throw bad(fmt::format("tensor '{}' data [{}, {}) lies outside the {} data bytes", name,
-                            begin, end, data_size));
+      throw bad(fmt::format("tensor '{}' data [{}, {}) lies outside the {} data bytes", name, begin,
+                            end, data_size));
     if (end - begin != count * dtype_size(t.dtype))
       throw bad(fmt::format("tensor '{}' has {} bytes, its shape and dtype need {}", name,
                             end - begin, count * dtype_size(t.dtype)));
@@ -164,8 +164,7 @@ std::vector<std::string> SafetensorsFile::names() const {
 
 const SafetensorsFile::Tensor& SafetensorsFile::get(const std::string& name) const {
   auto it = tensors_.find(name);
-  if (it == tensors_.end())
-    throw IoError(fmt::format("{}: no tensor '{}'", path_.string(), name));
+  if (it == tensors_.end()) throw IoError(fmt::format("{}: no tensor '{}'", path_.string(), name));
   return it->second;
 }
 

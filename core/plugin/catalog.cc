@@ -50,9 +50,8 @@ std::vector<SearchRoot> plugin_search_roots(const std::vector<fs::path>& spec_pa
   std::error_code ec;
   fs::path exe_dir = boost::dll::program_location(ec).parent_path();
   if (!ec) {
-    for (fs::path candidate :
-         {exe_dir / ".." / "lib" / "loom" / "plugins", exe_dir / ".." / "plugins",
-          exe_dir / ".." / "kernels"}) {
+    for (fs::path candidate : {exe_dir / ".." / "lib" / "loom" / "plugins",
+                               exe_dir / ".." / "plugins", exe_dir / ".." / "kernels"}) {
       if (fs::is_directory(candidate, ec))
         roots.push_back({fs::canonical(candidate, ec), "install"});
     }

@@ -67,8 +67,8 @@ Status Host::allocate(Device device, uint64_t bytes, uint64_t alignment, void** 
       }
     }
     if (p == nullptr) {
-      p = std::aligned_alloc(rounded >= kCacheFrom ? std::max<uint64_t>(alignment, 4096) : alignment,
-                             rounded);
+      p = std::aligned_alloc(
+          rounded >= kCacheFrom ? std::max<uint64_t>(alignment, 4096) : alignment, rounded);
       if (p == nullptr) {
         release_cache();
         p = std::aligned_alloc(alignment, rounded);

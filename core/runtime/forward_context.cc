@@ -40,9 +40,11 @@ Status ForwardContext::allocate(DType dtype, int32_t ndim, const int64_t* shape,
                                 TensorView* out) noexcept {
   return guard([&] {
     if (ndim < 0 || ndim > kMaxDims)
-      fail(Code::kInvalidArgument, fmt::format("allocate: rank {} is outside 0..{}", ndim, kMaxDims));
+      fail(Code::kInvalidArgument,
+           fmt::format("allocate: rank {} is outside 0..{}", ndim, kMaxDims));
     if (dtype_size(dtype) == 0)
-      fail(Code::kInvalidArgument, fmt::format("allocate: invalid dtype {}", static_cast<int>(dtype)));
+      fail(Code::kInvalidArgument,
+           fmt::format("allocate: invalid dtype {}", static_cast<int>(dtype)));
     TensorView v{};
     v.dtype = dtype;
     v.device = device;

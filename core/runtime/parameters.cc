@@ -130,7 +130,8 @@ void ParameterSet::walk(IModule& module, const std::string& path) {
     throw_if_error(module.param_info(i, &info));
     std::string name = prefix + (info.name != nullptr ? info.name : fmt::format("param{}", i));
     if (info.ndim < 0 || info.ndim > kMaxDims)
-      fail(Code::kInvalidArgument, fmt::format("parameter {}: rank {} out of range", name, info.ndim));
+      fail(Code::kInvalidArgument,
+           fmt::format("parameter {}: rank {} out of range", name, info.ndim));
     for (const Parameter& p : params_)
       if (p.name == name)
         fail(Code::kInvalidArgument,

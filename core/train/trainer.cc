@@ -62,8 +62,9 @@ std::unique_ptr<DataSource> make_data(const nlohmann::json& spec) {
     throw Error(Code::kUnimplemented,
                 "spec /data/paths: indexed datasets are not available in this build yet; use "
                 "/data/token_file (a flat file of token ids) or /data/mock = true");
-  throw SpecError("/data", "no training data: set /data/token_file (a flat file of token ids) "
-                           "or /data/mock = true (synthetic tokens)");
+  throw SpecError("/data",
+                  "no training data: set /data/token_file (a flat file of token ids) "
+                  "or /data/mock = true (synthetic tokens)");
 }
 
 uint64_t max_rss_bytes() {
@@ -134,7 +135,8 @@ Trainer::Trainer(const nlohmann::json& spec, PluginManager& plugins,
   // Optimizer and LR schedule. The schedule inherits the optimizer's peak LR and the run
   // length.
   if (!spec_.contains("optimizer"))
-    throw SpecError("/optimizer", "missing: training needs an optimizer, e.g. {\"impl\": \"adamw\"}");
+    throw SpecError("/optimizer",
+                    "missing: training needs an optimizer, e.g. {\"impl\": \"adamw\"}");
   optimizer_object_ = build_component(plugins_, spec_["optimizer"], kinds::kOptimizer, "/optimizer",
                                       {{"device", device}});
   optimizer_ = interface_cast<IOptimizer>(optimizer_object_.get());
@@ -206,12 +208,13 @@ void Trainer::print_banner(std::FILE* out) const {
                static_cast<long long>(seq_length_),
                static_cast<long long>(train["steps"].get<int64_t>()));
   std::fprintf(out, "  data: %s\n", data_description_.c_str());
-  std::fprintf(out, "  model FLOPs per step: %.3g (6N + 6LTC per token); fp32 GEMM peak %.1f GFLOP/s\n",
+  std::fprintf(out,
+               "  model FLOPs per step: %.3g (6N + 6LTC per token); fp32 GEMM peak %.1f GFLOP/s\n",
                flops_per_step_, peak_flops_ / 1e9);
   std::string kernels;
   for (const auto& r : plugins_.host().resolutions())
-    kernels += fmt::format("{}{}:{}={}", kernels.empty() ? "" : ", ", r.op, dtype_name(r.dtype),
-                           r.kernel);
+    kernels +=
+        fmt::format("{}{}:{}={}", kernels.empty() ? "" : ", ", r.op, dtype_name(r.dtype), r.kernel);
   std::fprintf(out, "  kernels: %s\n", kernels.c_str());
   std::fflush(out);
 }
@@ -263,7 +266,8 @@ double Trainer::forward_backward(const Batch& batch, double loss_weight,
   BatchViews v = batch_views(batch, device_);
   TensorView inputs[4] = {v.tokens, v.labels, v.mask, v.positions};
   TensorView outputs[2] = {};
-  throw_if_error(model_->forward(&ctx, inputs, 4, outputs, return_logits_ ? 2 : 1), "model forward");
+  throw_if_error(model_->forward(&ctx, inputs, 4, outputs, return_logits_ ? 2 : 1),
+                 "model forward");
   double loss = read_scalar(outputs[0]);
   if (logits != nullptr && return_logits_ && outputs[1].data != nullptr) {
     logits->resize(static_cast<size_t>(numel(outputs[1])));
@@ -283,7 +287,8 @@ double Trainer::forward_only(const Batch& batch, std::vector<float>* logits) {
   BatchViews v = batch_views(batch, device_);
   TensorView inputs[4] = {v.tokens, v.labels, v.mask, v.positions};
   TensorView outputs[2] = {};
-  throw_if_error(model_->forward(&ctx, inputs, 4, outputs, return_logits_ ? 2 : 1), "model forward");
+  throw_if_error(model_->forward(&ctx, inputs, 4, outputs, return_logits_ ? 2 : 1),
+                 "model forward");
   if (logits != nullptr && return_logits_ && outputs[1].data != nullptr) {
     logits->resize(static_cast<size_t>(numel(outputs[1])));
     load_floats(outputs[1], logits->data());
@@ -357,9 +362,9 @@ StepResult Trainer::step() {
       TensorView grad = make_view(p.grad.data, DType::kF32, {p.numel()}, device_);
       OptimizerStep h = hp;
       if (!st->decay) h.weight_decay = 0;
-      throw_if_error(optimizer_->update(&h, st->decay, &st->master, &grad, st->states.data(),
-                                        nullptr),
-                     fmt::format("optimizer update of {}", p.name));
+      throw_if_error(
+          optimizer_->update(&h, st->decay, &st->master, &grad, st->states.data(), nullptr),
+          fmt::format("optimizer update of {}", p.name));
       if (p.info.dtype != DType::kF32) {
         TensorView dst = make_view(p.value.data, p.info.dtype, {p.numel()}, device_);
         cast_({st->master}, {dst});
@@ -434,11 +439,16 @@ void Trainer::run(const RunOptions& options) {
           human_bytes(static_cast<double>(max_rss_bytes())).c_str(),
           dynamic_scaling_ ? fmt::format(" | scale {:g}", loss_scale_).c_str() : "");
       if (metrics.is_open()) {
-        nlohmann::json line = {{"step", iteration_},       {"loss", loss},
-                               {"lr", r.lr},               {"grad_norm", norm},
-                               {"tokens_per_s", tps},      {"step_ms", step_ms},
-                               {"mfu", mfu},               {"peak_mem_bytes", peak},
-                               {"max_rss_bytes", max_rss_bytes()}, {"skipped", skipped},
+        nlohmann::json line = {{"step", iteration_},
+                               {"loss", loss},
+                               {"lr", r.lr},
+                               {"grad_norm", norm},
+                               {"tokens_per_s", tps},
+                               {"step_ms", step_ms},
+                               {"mfu", mfu},
+                               {"peak_mem_bytes", peak},
+                               {"max_rss_bytes", max_rss_bytes()},
+                               {"skipped", skipped},
                                {"loss_scale", loss_scale_}};
         if (!std::isfinite(loss)) line["loss"] = nullptr;
         if (!std::isfinite(norm)) line["grad_norm"] = nullptr;
@@ -461,7 +471,8 @@ void Trainer::run(const RunOptions& options) {
     if (tty && iteration_ < steps) {
       double elapsed =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-      double eta = elapsed / static_cast<double>(iteration_) * static_cast<double>(steps - iteration_);
+      double eta =
+          elapsed / static_cast<double>(iteration_) * static_cast<double>(steps - iteration_);
       int width = 30, filled = static_cast<int>(width * iteration_ / steps);
       std::printf("\r[%s%s] %lld/%lld  eta %.0fs", std::string(filled, '#').c_str(),
                   std::string(width - filled, '.').c_str(), static_cast<long long>(iteration_),

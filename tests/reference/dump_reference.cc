@@ -75,7 +75,9 @@ int run(int argc, char** argv) {
     entries.push_back({"tokens", DType::kI32, {b, t}, batch.tokens.data()});
     entries.push_back({"labels", DType::kI32, {b, t}, batch.labels.data()});
     entries.push_back({"loss_mask", DType::kF32, {b, t}, batch.loss_mask.data()});
-    entries.push_back({"logits", DType::kF32, {b, t, static_cast<int64_t>(logits.size()) / (b * t)},
+    entries.push_back({"logits",
+                       DType::kF32,
+                       {b, t, static_cast<int64_t>(logits.size()) / (b * t)},
                        logits.data()});
     entries.push_back({"loss", DType::kF32, {}, &loss});
     for (core::Parameter& p : trainer.params().all()) {

@@ -232,8 +232,9 @@ TEST_F(CliTest, TrainWritesTheResolvedSpecAndNeedsAKernelLibrary) {
 }
 
 TEST_F(CliTest, TrainRefusesParallelLayoutsItCannotStart) {
-  fs::path s = spec("tp.json", {{"model", {{"impl", "test_model"}, {"norm", {{"impl", "test_scale"}}}}},
-                                {"parallel", {{"tp", 2}}}});
+  fs::path s =
+      spec("tp.json", {{"model", {{"impl", "test_model"}, {"norm", {{"impl", "test_scale"}}}}},
+                       {"parallel", {{"tp", 2}}}});
   RunResult r = run_loom("train " + q(s) + " --run-dir " + q(dir_ / "tp"));
   EXPECT_EQ(r.exit_code, kUnavailable);
   expect_one_error(r, "train");

@@ -13,8 +13,8 @@ namespace loom {
 namespace {
 
 namespace fs = std::filesystem;
-using ::testing::HasSubstr;
 using testing::fresh_dir;
+using ::testing::HasSubstr;
 using testing::read_file;
 using testing::run_loom;
 using testing::write_file;

@@ -18,8 +18,8 @@ ModuleHarness::ModuleHarness(std::vector<std::string> plugin_dirs, uint64_t seed
                                " (add the plugin target to the test's data)");
     roots.push_back({fs::absolute(dir), "test"});
   }
-  plugins_ = std::make_unique<core::PluginManager>(core::Catalog(roots),
-                                                   nlohmann::json::object(), seed);
+  plugins_ =
+      std::make_unique<core::PluginManager>(core::Catalog(roots), nlohmann::json::object(), seed);
   plugins_->load_all();
 }
 
@@ -45,9 +45,9 @@ IModule& ModuleHarness::build(InterfaceInfo kind, const nlohmann::json& node,
 core::ForwardContext& ModuleHarness::new_context(bool training, RecomputePolicy policy,
                                                  int64_t step) {
   context_.reset();
-  context_ = std::make_unique<core::ForwardContext>(
-      plugins_->host(), training, policy, 0, seed_, step,
-      params_ ? &params_->module_ids() : nullptr);
+  context_ =
+      std::make_unique<core::ForwardContext>(plugins_->host(), training, policy, 0, seed_, step,
+                                             params_ ? &params_->module_ids() : nullptr);
   return *context_;
 }
 

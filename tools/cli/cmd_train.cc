@@ -101,7 +101,8 @@ int cmd_train(const std::vector<std::string>& argv) {
 int cmd_bench(const std::vector<std::string>& argv) {
   const std::string usage =
       "loom bench SPEC [--steps N] [--warmup N] [--set PATH=VALUE]... [--plugin-path DIR] [--json]";
-  Args args = parse_args(argv, {{"--json"}, {"--set", "--steps", "--warmup", "--plugin-path"}, 1, 1, usage});
+  Args args = parse_args(
+      argv, {{"--json"}, {"--set", "--steps", "--warmup", "--plugin-path"}, 1, 1, usage});
   auto number = [&](const char* flag, int64_t fallback) {
     std::string v = args.get(flag);
     if (v.empty()) return fallback;
@@ -145,16 +146,22 @@ int cmd_bench(const std::vector<std::string>& argv) {
   mean /= static_cast<double>(times.size());
   double median = sorted[sorted.size() / 2];
   double tps = static_cast<double>(tokens) / mean;
-  double mfu = trainer.peak_flops() > 0 ? trainer.flops_per_step() / mean / trainer.peak_flops() : 0;
+  double mfu =
+      trainer.peak_flops() > 0 ? trainer.flops_per_step() / mean / trainer.peak_flops() : 0;
   uint64_t peak = s.plugins->host().cpu_memory().peak;
   if (json) {
-    nlohmann::json out = {{"spec", s.spec.path.string()}, {"steps", steps},
-                          {"warmup", warmup},             {"tokens_per_step", tokens},
-                          {"ms_per_step_mean", 1e3 * mean}, {"ms_per_step_median", 1e3 * median},
-                          {"tokens_per_s", tps},          {"mfu", mfu},
+    nlohmann::json out = {{"spec", s.spec.path.string()},
+                          {"steps", steps},
+                          {"warmup", warmup},
+                          {"tokens_per_step", tokens},
+                          {"ms_per_step_mean", 1e3 * mean},
+                          {"ms_per_step_median", 1e3 * median},
+                          {"tokens_per_s", tps},
+                          {"mfu", mfu},
                           {"model_flops_per_step", trainer.flops_per_step()},
                           {"gemm_peak_flops", trainer.peak_flops()},
-                          {"peak_mem_bytes", peak},       {"last_loss", loss}};
+                          {"peak_mem_bytes", peak},
+                          {"last_loss", loss}};
     std::printf("%s\n", out.dump(2).c_str());
   } else {
     std::printf(

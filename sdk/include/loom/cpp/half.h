@@ -54,9 +54,9 @@ inline uint16_t f32_to_f16(float f) {
   std::memcpy(&bits, &f, 4);
   uint32_t sign = (bits >> 16) & 0x8000u;
   uint32_t abs = bits & 0x7fffffffu;
-  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
+  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);   // NaN
   if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow -> inf
-  if (abs < 0x38800000u) {  // subnormal or zero in f16
+  if (abs < 0x38800000u) {                                               // subnormal or zero in f16
     if (abs < 0x33000000u) return static_cast<uint16_t>(sign);
     // f16 subnormal m * 2^-24 from f32 mant * 2^(e - 150): drop 126 - e bits, round even.
     uint32_t mant = (abs & 0x7fffffu) | 0x800000u;

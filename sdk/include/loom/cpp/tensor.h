@@ -53,8 +53,7 @@ inline bool present(const TensorView& view) { return view.data != nullptr; }
 /// contiguous).
 inline TensorView reshape(const TensorView& view, std::initializer_list<int64_t> shape) {
   TensorView out = make_view(view.data, view.dtype, shape, view.device);
-  if (numel(out) != numel(view))
-    fail(Code::kInvalidArgument, "reshape: element count differs");
+  if (numel(out) != numel(view)) fail(Code::kInvalidArgument, "reshape: element count differs");
   return out;
 }
 
@@ -78,8 +77,8 @@ inline std::string shape_string(const TensorView& view) {
 inline TensorView allocate(IForwardContext& ctx, DType dtype, std::initializer_list<int64_t> shape,
                            Device device = kCpu) {
   TensorView out{};
-  throw_if_error(ctx.allocate(dtype, static_cast<int32_t>(shape.size()), shape.begin(), device,
-                              &out));
+  throw_if_error(
+      ctx.allocate(dtype, static_cast<int32_t>(shape.size()), shape.begin(), device, &out));
   return out;
 }
 
@@ -88,8 +87,7 @@ class Kernel {
  public:
   Kernel() = default;
   /// Resolves `op` for (device, dtype); throws with the op's name when no kernel serves it.
-  Kernel(IHost& host, const char* op, Device device, DType dtype,
-         const OpCall* example = nullptr) {
+  Kernel(IHost& host, const char* op, Device device, DType dtype, const OpCall* example = nullptr) {
     throw_if_error(host.find_kernel(make_string_view(op), device.type, dtype, example, &desc_));
   }
   /// True when resolved.
@@ -99,8 +97,9 @@ class Kernel {
 
   /// Runs the op; throws on a failed status.
   template <class Attrs>
-  void operator()(std::initializer_list<TensorView> inputs, std::initializer_list<TensorView> outputs,
-                  const Attrs& attrs, void* stream = nullptr) const {
+  void operator()(std::initializer_list<TensorView> inputs,
+                  std::initializer_list<TensorView> outputs, const Attrs& attrs,
+                  void* stream = nullptr) const {
     call(inputs, outputs, &attrs, sizeof(Attrs), stream);
   }
   void operator()(std::initializer_list<TensorView> inputs,
@@ -111,13 +110,22 @@ class Kernel {
  private:
   void call(std::initializer_list<TensorView> inputs, std::initializer_list<TensorView> outputs,
             const void* attrs, uint64_t attrs_size, void* stream) const {
-    if (desc_.fn == nullptr) fail(Code::kFailedPrecondition, "kernel called before it was resolved");
+    if (desc_.fn == nullptr)
+      fail(Code::kFailedPrecondition, "kernel called before it was resolved");
     // Outputs are written through the views' data pointers; the array itself is scratch.
     TensorView outs[16];
     int32_t n_out = 0;
     for (const TensorView& v : outputs) outs[n_out++] = v;
-    OpCall call{sizeof(OpCall), inputs.begin(), static_cast<int32_t>(inputs.size()), outs, n_out,
-                attrs, attrs_size, stream, nullptr, 0};
+    OpCall call{sizeof(OpCall),
+                inputs.begin(),
+                static_cast<int32_t>(inputs.size()),
+                outs,
+                n_out,
+                attrs,
+                attrs_size,
+                stream,
+                nullptr,
+                0};
     throw_if_error(desc_.fn(&call));
   }
   KernelDesc desc_{};
