@@ -255,6 +255,21 @@ double read_scalar(const TensorView& v) {
 
 }  // namespace
 
+// Runs the model's forward on `batch` in `ctx`: returns the loss and, when asked and
+// available, copies the logits out.
+double Trainer::run_forward(ForwardContext& ctx, const Batch& batch, std::vector<float>* logits) {
+  BatchViews v = batch_views(batch, device_);
+  TensorView inputs[4] = {v.tokens, v.labels, v.mask, v.positions};
+  TensorView outputs[2] = {};
+  throw_if_error(model_->forward(&ctx, inputs, 4, outputs, return_logits_ ? 2 : 1),
+                 "model forward");
+  if (logits != nullptr && return_logits_ && outputs[1].data != nullptr) {
+    logits->resize(static_cast<size_t>(numel(outputs[1])));
+    load_floats(outputs[1], logits->data());
+  }
+  return read_scalar(outputs[0]);
+}
+
 double Trainer::forward_backward(const Batch& batch, double loss_weight,
                                  std::vector<float>* logits) {
   RecomputePolicy policy = RecomputePolicy::kNone;
@@ -263,16 +278,7 @@ double Trainer::forward_backward(const Batch& batch, double loss_weight,
   if (recompute == "full") policy = RecomputePolicy::kFull;
   ForwardContext ctx(plugins_.host(), true, policy, 0, spec_["train"]["seed"].get<uint64_t>(),
                      iteration_ + 1, &params_->module_ids());
-  BatchViews v = batch_views(batch, device_);
-  TensorView inputs[4] = {v.tokens, v.labels, v.mask, v.positions};
-  TensorView outputs[2] = {};
-  throw_if_error(model_->forward(&ctx, inputs, 4, outputs, return_logits_ ? 2 : 1),
-                 "model forward");
-  double loss = read_scalar(outputs[0]);
-  if (logits != nullptr && return_logits_ && outputs[1].data != nullptr) {
-    logits->resize(static_cast<size_t>(numel(outputs[1])));
-    load_floats(outputs[1], logits->data());
-  }
+  double loss = run_forward(ctx, batch, logits);
   float dloss = static_cast<float>(loss_weight);
   TensorView grad_out = allocate(ctx, DType::kF32, {}, device_);
   std::memcpy(grad_out.data, &dloss, 4);
@@ -284,16 +290,7 @@ double Trainer::forward_only(const Batch& batch, std::vector<float>* logits) {
   ForwardContext ctx(plugins_.host(), false, RecomputePolicy::kNone, 0,
                      spec_["train"]["seed"].get<uint64_t>(), iteration_ + 1,
                      &params_->module_ids());
-  BatchViews v = batch_views(batch, device_);
-  TensorView inputs[4] = {v.tokens, v.labels, v.mask, v.positions};
-  TensorView outputs[2] = {};
-  throw_if_error(model_->forward(&ctx, inputs, 4, outputs, return_logits_ ? 2 : 1),
-                 "model forward");
-  if (logits != nullptr && return_logits_ && outputs[1].data != nullptr) {
-    logits->resize(static_cast<size_t>(numel(outputs[1])));
-    load_floats(outputs[1], logits->data());
-  }
-  return read_scalar(outputs[0]);
+  return run_forward(ctx, batch, logits);
 }
 
 void Trainer::update_loss_scale(bool overflow) {
@@ -422,9 +419,8 @@ void Trainer::run(const RunOptions& options) {
     time_acc += r.seconds;
     tokens_acc += r.tokens;
     if (iteration_ % log_interval == 0 || iteration_ == steps) {
-      double step_ms = 1e3 * time_acc / static_cast<double>(log_interval);
       int64_t steps_in = iteration_ % log_interval == 0 ? log_interval : iteration_ % log_interval;
-      step_ms = 1e3 * time_acc / static_cast<double>(steps_in);
+      double step_ms = 1e3 * time_acc / static_cast<double>(steps_in);
       double tps = static_cast<double>(tokens_acc) / time_acc;
       double mfu = peak_flops_ > 0 ? flops_per_step_ * steps_in / time_acc / peak_flops_ : 0;
       double loss = count ? loss_acc / count : std::nan("");

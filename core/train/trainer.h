@@ -18,6 +18,7 @@
 #include "core/build/builder.h"
 #include "core/data/data_source.h"
 #include "core/plugin/plugin_manager.h"
+#include "core/runtime/forward_context.h"
 #include "core/runtime/parameters.h"
 #include "loom/cpp/tensor.h"
 #include "loom/kinds/model.h"
@@ -82,6 +83,7 @@ class Trainer {
 
  private:
   struct ParamState;
+  double run_forward(ForwardContext& ctx, const Batch& batch, std::vector<float>* logits);
   double loss_scale() const { return loss_scale_; }
   void update_loss_scale(bool overflow);
   double lr_at(int64_t step) const;

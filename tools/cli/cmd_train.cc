@@ -25,7 +25,7 @@ struct Session {
   std::unique_ptr<core::PluginManager> plugins;
 };
 
-Session open_session(const Args& args, bool print) {
+Session open_session(const Args& args) {
   Session s;
   s.spec = read_spec(args);
   if (!s.spec.spec.contains("model"))
@@ -38,7 +38,6 @@ Session open_session(const Args& args, bool print) {
                                                     s.spec.spec["plugins"]["options"],
                                                     s.spec.spec["train"]["seed"].get<uint64_t>());
   load_plugins_for(s.spec, *s.plugins);
-  (void)print;
   return s;
 }
 
@@ -71,7 +70,7 @@ int cmd_train(const std::vector<std::string>& argv) {
   const std::string usage =
       "loom train SPEC [--set PATH=VALUE]... [--run-dir DIR] [--plugin-path DIR]";
   Args args = parse_args(argv, {{}, {"--set", "--run-dir", "--plugin-path"}, 1, 1, usage});
-  Session s = open_session(args, true);
+  Session s = open_session(args);
   require_single_process(s.spec.spec);
 
   // The run directory holds the resolved spec (defaults filled in) and metrics.
@@ -119,7 +118,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
   int64_t steps = number("--steps", 10);
   int64_t warmup = number("--warmup", 2);
   if (steps < 1) throw core::UsageError("--steps must be at least 1 (" + usage + ")");
-  Session s = open_session(args, false);
+  Session s = open_session(args);
   require_single_process(s.spec.spec);
   // Benchmarks measure compute: synthetic tokens, no evaluation, no files.
   s.spec.spec["data"] = {{"mock", true}, {"split", "949,50,1"}};
