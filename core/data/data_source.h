@@ -17,6 +17,8 @@ struct Batch {
   std::vector<int32_t> labels;        ///< (B, T): the next token
   std::vector<float> loss_mask;       ///< (B, T): 1 where the loss counts
   std::vector<int32_t> position_ids;  ///< (B, T), or empty for 0..T-1
+  std::vector<int32_t> segment_ids;   ///< (B, T) document of each token, or empty: attention
+                                      ///< stays within a segment (reset_attention_mask)
 
   /// Sizes the buffers for (B, T).
   void resize(int64_t b, int64_t t);

@@ -15,6 +15,7 @@ void Batch::resize(int64_t b, int64_t t) {
   labels.assign(static_cast<size_t>(b * t), 0);
   loss_mask.assign(static_cast<size_t>(b * t), 1.f);
   position_ids.clear();
+  segment_ids.clear();
 }
 
 MockData::MockData(int64_t vocab_size, int64_t batch, int64_t seq_length, uint64_t seed,

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/util/errors.h"
+#include "core/util/files.h"
 
 namespace fs = std::filesystem;
 
@@ -32,19 +33,6 @@ DType dtype_from_name(const std::string& name) {
   for (const auto& n : kNames)
     if (name == n.name) return n.dtype;
   return DType::kInvalid;
-}
-
-void write_all(int fd, const void* data, size_t size, const fs::path& path) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  while (size > 0) {
-    ssize_t n = ::write(fd, p, size);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      throw IoError(fmt::format("{}: write failed: {}", path.string(), std::strerror(errno)));
-    }
-    p += n;
-    size -= static_cast<size_t>(n);
-  }
 }
 
 }  // namespace
@@ -76,8 +64,7 @@ void write_safetensors(const fs::path& path, std::vector<SafetensorsEntry> entri
   std::string text = header.dump();
   while (text.size() % 8 != 0) text.push_back(' ');  // align the data (as HF does)
   if (path.has_parent_path()) fs::create_directories(path.parent_path());
-  fs::path tmp = path;
-  tmp += fmt::format(".tmp.{}", ::getpid());
+  fs::path tmp = temporary_path(path);
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0)
     throw IoError(fmt::format("{}: cannot create: {}", tmp.string(), std::strerror(errno)));
@@ -88,20 +75,13 @@ void write_safetensors(const fs::path& path, std::vector<SafetensorsEntry> entri
     write_all(fd, len, 8, tmp);
     write_all(fd, text.data(), text.size(), tmp);
     for (size_t i = 0; i < entries.size(); ++i) write_all(fd, entries[i].data, sizes[i], tmp);
-    if (::fsync(fd) != 0)
-      throw IoError(fmt::format("{}: fsync failed: {}", tmp.string(), std::strerror(errno)));
   } catch (...) {
     ::close(fd);
-    fs::remove(tmp);
+    std::error_code ec;
+    fs::remove(tmp, ec);
     throw;
   }
-  ::close(fd);
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) {
-    fs::remove(tmp);
-    throw IoError(fmt::format("{}: rename failed: {}", path.string(), ec.message()));
-  }
+  commit_file(fd, tmp, path);
 }
 
 SafetensorsFile::SafetensorsFile(const fs::path& path) : path_(path) {

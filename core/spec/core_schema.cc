@@ -51,8 +51,39 @@ constexpr const char* kCoreSchema = R"json({
       "properties": {
         "paths": {"type": "array", "items": {"type": ["string", "number"]},
                   "description": "dataset prefixes, optionally preceded by blend weights"},
-        "split": {"type": "string", "pattern": "^[0-9.]+(,[0-9.]+){0,2}$", "default": "949,50,1"},
-        "tokenizer": {"type": "object"},
+        "split": {"type": "string", "pattern": "^[0-9.]+(,[0-9.]+){0,2}$", "default": "949,50,1",
+                  "description": "train,valid,test weights over each dataset's documents"},
+        "cache_dir": {"type": "string", "minLength": 1,
+                      "description": "where GPT dataset indices are cached; default <first prefix's dir>/cache/GPTDataset_indices"},
+        "tokenizer": {"type": "object", "additionalProperties": false, "required": ["path"],
+                      "properties": {
+                        "path": {"type": "string", "minLength": 1,
+                                 "description": "tokenizer.json, or a directory with vocab.json + merges.txt"}
+                      },
+                      "description": "the tokenizer the data was written with (its EOD id; its size is checked against the model)"},
+        "eod_id": {"type": "integer", "minimum": 0,
+                   "description": "end-of-document id; default: the tokenizer's"},
+        "eod_mask_loss": {"type": "boolean", "default": false,
+                          "description": "no loss where the input token is EOD"},
+        "reset_position_ids": {"type": "boolean", "default": false,
+                               "description": "positions restart after each EOD"},
+        "reset_attention_mask": {"type": "boolean", "default": false,
+                                 "description": "tokens attend only within their document"},
+        "corpus": {
+          "type": "object", "additionalProperties": false, "required": ["inputs"],
+          "description": "raw text that loom tokenises on first use (training a tokenizer when none is given) and caches as an indexed dataset",
+          "properties": {
+            "inputs": {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1},
+                       "description": "files or directories: .txt, .jsonl, .html"},
+            "exclude": {"type": "array", "items": {"type": "string", "minLength": 1}, "default": [],
+                        "description": "file-name patterns to leave out (* and ? wildcards)"},
+            "json_key": {"type": "string", "minLength": 1, "default": "text"},
+            "vocab_size": {"type": "integer", "minimum": 257, "default": 8192,
+                           "description": "size of the byte-level BPE vocabulary trained on the corpus"},
+            "cache_dir": {"type": "string", "minLength": 1,
+                          "description": "default $XDG_CACHE_HOME/loom/corpora (~/.cache/loom/corpora)"}
+          }
+        },
         "mock": {"type": "boolean", "default": false,
                  "description": "synthetic Markov-chain tokens (Megatron's --mock-data), for benchmarks and smoke tests"},
         "token_file": {"type": "string", "minLength": 1,

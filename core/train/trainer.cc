@@ -9,12 +9,16 @@
 #include <cstring>
 #include <fstream>
 
+#include "core/data/corpus.h"
+#include "core/data/gpt_data.h"
 #include "core/data/mock_data.h"
 #include "core/data/token_file.h"
+#include "core/data/tokenizer.h"
 #include "core/runtime/forward_context.h"
 #include "core/spec/schema.h"
 #include "core/train/flops.h"
 #include "core/util/errors.h"
+#include "core/util/log.h"
 #include "loom/cpp/object.h"
 #include "loom/kinds.h"
 
@@ -58,13 +62,53 @@ std::unique_ptr<DataSource> make_data(const nlohmann::json& spec) {
     return std::make_unique<TokenFile>(path, data.value("token_dtype", "u16"), vocab, b, t,
                                        data["split"].get<std::string>(), seed);
   }
-  if (data.contains("paths"))
-    throw Error(Code::kUnimplemented,
-                "spec /data/paths: indexed datasets are not available in this build yet; use "
-                "/data/token_file (a flat file of token ids) or /data/mock = true");
+  if (data.contains("paths") || data.contains("corpus")) {
+    GptDataOptions o;
+    o.spec_pointer = "/data";
+    std::optional<std::filesystem::path> tokenizer_path;
+    if (data.contains("tokenizer")) tokenizer_path = data["tokenizer"]["path"].get<std::string>();
+    if (data.contains("corpus")) {
+      if (data.contains("paths"))
+        throw SpecError("/data/corpus", "set either /data/corpus or /data/paths, not both");
+      PreparedCorpus corpus = prepare_corpus(data["corpus"], "/data/corpus", tokenizer_path);
+      if (corpus.reused)
+        log_info("data", fmt::format("corpus: {} (cached; delete it to rebuild)",
+                                     corpus.prefix.parent_path().string()));
+      o.prefixes.push_back(corpus.prefix);
+      tokenizer_path = corpus.tokenizer;
+    } else {
+      parse_data_paths(data["paths"], "/data/paths", o.prefixes, o.weights);
+    }
+    if (tokenizer_path) {
+      std::unique_ptr<Tokenizer> tokenizer = Tokenizer::load(*tokenizer_path);
+      if (tokenizer->vocab_size() > vocab)
+        throw SpecError("/model/vocab_size",
+                        fmt::format("{} is smaller than the tokenizer's {} ids ({}); raise it "
+                                    "to at least {}",
+                                    vocab, tokenizer->vocab_size(), tokenizer_path->string(),
+                                    tokenizer->vocab_size()));
+      o.eod = tokenizer->eod();
+    }
+    if (data.contains("eod_id")) o.eod = data["eod_id"].get<int32_t>();
+    o.split = data["split"].get<std::string>();
+    o.batch = b;
+    o.seq_length = t;
+    o.seed = static_cast<uint32_t>(seed);
+    int64_t global =
+        train.contains("global_batch_size") ? train["global_batch_size"].get<int64_t>() : b;
+    o.train_samples = train["steps"].get<int64_t>() * global;
+    o.valid_samples = train["eval_steps"].get<int64_t>() * b;
+    if (data.contains("cache_dir")) o.cache_dir = data["cache_dir"].get<std::string>();
+    o.vocab_size = vocab;
+    o.eod_mask_loss = data["eod_mask_loss"].get<bool>();
+    o.reset_position_ids = data["reset_position_ids"].get<bool>();
+    o.reset_attention_mask = data["reset_attention_mask"].get<bool>();
+    return std::make_unique<GptData>(o);
+  }
   throw SpecError("/data",
-                  "no training data: set /data/token_file (a flat file of token ids) "
-                  "or /data/mock = true (synthetic tokens)");
+                  "no training data: set /data/paths (indexed datasets from `loom preprocess`), "
+                  "/data/corpus (raw text loom prepares), /data/token_file (a flat file of "
+                  "token ids) or /data/mock = true (synthetic tokens)");
 }
 
 uint64_t max_rss_bytes() {
@@ -227,7 +271,7 @@ namespace {
 
 // Views of a host batch for the model's inputs (CPU: no copy).
 struct BatchViews {
-  TensorView tokens, labels, mask, positions;
+  TensorView tokens, labels, mask, positions, segments;
 };
 
 BatchViews batch_views(const Batch& batch, Device device) {
@@ -244,6 +288,10 @@ BatchViews batch_views(const Batch& batch, Device device) {
   if (!batch.position_ids.empty())
     v.positions = make_view(const_cast<int32_t*>(batch.position_ids.data()), DType::kI32,
                             {batch.batch, batch.seq_length});
+  v.segments = empty_view();
+  if (!batch.segment_ids.empty())
+    v.segments = make_view(const_cast<int32_t*>(batch.segment_ids.data()), DType::kI32,
+                           {batch.batch, batch.seq_length});
   return v;
 }
 
@@ -259,9 +307,9 @@ double read_scalar(const TensorView& v) {
 // available, copies the logits out.
 double Trainer::run_forward(ForwardContext& ctx, const Batch& batch, std::vector<float>* logits) {
   BatchViews v = batch_views(batch, device_);
-  TensorView inputs[4] = {v.tokens, v.labels, v.mask, v.positions};
+  TensorView inputs[5] = {v.tokens, v.labels, v.mask, v.positions, v.segments};
   TensorView outputs[2] = {};
-  throw_if_error(model_->forward(&ctx, inputs, 4, outputs, return_logits_ ? 2 : 1),
+  throw_if_error(model_->forward(&ctx, inputs, 5, outputs, return_logits_ ? 2 : 1),
                  "model forward");
   if (logits != nullptr && return_logits_ && outputs[1].data != nullptr) {
     logits->resize(static_cast<size_t>(numel(outputs[1])));

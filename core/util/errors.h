@@ -41,6 +41,14 @@ class UsageError : public Error {
   explicit UsageError(std::string message) : Error(Code::kInvalidArgument, std::move(message)) {}
 };
 
+/// A bad value handed to a core function (an id outside a vocabulary, a value that does not
+/// fit a file's dtype).
+class InvalidArgument : public Error {
+ public:
+  explicit InvalidArgument(std::string message)
+      : Error(Code::kInvalidArgument, std::move(message)) {}
+};
+
 /// Maps an exception caught at the top of the command to its exit code.
 int exit_code_for(const std::exception& error);
 

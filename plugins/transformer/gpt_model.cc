@@ -55,10 +55,12 @@ void GptModel::run_forward(IForwardContext& ctx, const TensorView* inputs, int32
   TensorView mask = num_inputs > 2 ? inputs[2] : empty_view();
   if (present(mask)) expect(mask, {b, t}, DType::kF32, "gpt loss mask");
   TensorView positions = num_inputs > 3 ? inputs[3] : empty_view();
+  TensorView segments = num_inputs > 4 ? inputs[4] : empty_view();
+  if (present(segments)) expect(segments, {b, t}, DType::kI32, "gpt segment ids");
 
   TensorView hidden = call_forward(*embedding_, ctx, {tokens, positions}, 1, "embedding")[0];
   for (size_t i = 0; i < layers_.size(); ++i)
-    hidden = call_forward(*layers_[i], ctx, {hidden, positions}, 1, "decoder layer")[0];
+    hidden = call_forward(*layers_[i], ctx, {hidden, positions, segments}, 1, "decoder layer")[0];
   hidden = call_forward(*final_norm_, ctx, {hidden}, 1, "final_layernorm")[0];
   TensorView logits = call_forward(*output_layer_, ctx, {hidden}, 1, "output_layer")[0];
 
@@ -98,7 +100,7 @@ void GptModel::run_backward(IForwardContext& ctx, const TensorView* grad_outputs
   TensorView dhidden = call_backward(*output_layer_, ctx, {dlogits}, 1, "output_layer")[0];
   dhidden = call_backward(*final_norm_, ctx, {dhidden}, 1, "final_layernorm")[0];
   for (size_t i = layers_.size(); i-- > 0;)
-    dhidden = call_backward(*layers_[i], ctx, {dhidden}, 2, "decoder layer")[0];
+    dhidden = call_backward(*layers_[i], ctx, {dhidden}, 3, "decoder layer")[0];
   call_backward(*embedding_, ctx, {dhidden}, 0, "embedding");
   for (int32_t i = 0; i < num_grad_inputs; ++i) grad_inputs[i] = empty_view();
 }

@@ -11,7 +11,7 @@
 namespace loom::transformer {
 namespace {
 
-enum Slot : int32_t { kInput, kPositions, kNormed, kCoreOut };
+enum Slot : int32_t { kInput, kPositions, kSegments, kNormed, kCoreOut };
 enum Stream : uint64_t { kAttentionOutDropout = 1, kMlpOutDropout = 2 };
 
 }  // namespace
@@ -128,18 +128,22 @@ void TransformerLayer::run_forward(IForwardContext& ctx, const TensorView* input
   TensorView positions = num_inputs > 1 ? inputs[1] : empty_view();
   if (present(positions))
     expect(positions, {x.shape[0], x.shape[1]}, DType::kI32, "transformer_layer position ids");
+  TensorView segments = num_inputs > 2 ? inputs[2] : empty_view();
+  if (present(segments))
+    expect(segments, {x.shape[0], x.shape[1]}, DType::kI32, "transformer_layer segment ids");
   if (ctx.training() && ctx.recompute() == RecomputePolicy::kFull) {
     save(ctx, this, kInput, x);
     save(ctx, this, kPositions, positions);
+    save(ctx, this, kSegments, segments);
     ForwardOnlyContext forward_only(ctx);
-    outputs[0] = forward_impl(forward_only, x, positions);
+    outputs[0] = forward_impl(forward_only, x, positions, segments);
   } else {
-    outputs[0] = forward_impl(ctx, x, positions);
+    outputs[0] = forward_impl(ctx, x, positions, segments);
   }
 }
 
 TensorView TransformerLayer::forward_impl(IForwardContext& ctx, const TensorView& x,
-                                          const TensorView& positions) {
+                                          const TensorView& positions, const TensorView& segments) {
   int64_t b = x.shape[0], t = x.shape[1];
   int64_t h = heads_, g = groups_, d = head_dim_;
   TensorView normed = call_forward(*input_norm_, ctx, {x}, 1, "input_layernorm")[0];
@@ -156,7 +160,7 @@ TensorView TransformerLayer::forward_impl(IForwardContext& ctx, const TensorView
     rope_fwd_({k, positions, inv_freq_->view()}, {k}, attrs);
   }
   TensorView core_out =
-      call_forward(*core_, ctx, {q, k, v, empty_view(), empty_view()}, 1, "attention")[0];
+      call_forward(*core_, ctx, {q, k, v, segments, empty_view()}, 1, "attention")[0];
   TensorView attn = allocate(ctx, dtype_, {b, t, hidden_}, device_);
   linear_.forward(rows(core_out, h * d), value(proj_weight_),
                   proj_bias_ ? value(proj_bias_index_) : empty_view(), rows(attn, hidden_));
@@ -182,7 +186,8 @@ void TransformerLayer::run_backward(IForwardContext& ctx, const TensorView* grad
   expect_count("transformer_layer backward grad outputs", num_grad_outputs, 1);
   expect_count("transformer_layer backward grad inputs", num_grad_inputs, 1);
   if (ctx.recompute() == RecomputePolicy::kFull)  // rerun forward, saving this time
-    forward_impl(ctx, load(ctx, this, kInput), load(ctx, this, kPositions));
+    forward_impl(ctx, load(ctx, this, kInput), load(ctx, this, kPositions),
+                 load(ctx, this, kSegments));
   TensorView positions = load(ctx, this, kPositions);
   TensorView normed = load(ctx, this, kNormed), core_out = load(ctx, this, kCoreOut);
   const TensorView& dy = grad_outputs[0];
@@ -219,7 +224,7 @@ void TransformerLayer::run_backward(IForwardContext& ctx, const TensorView* grad
   TensorView dx = allocate_like(ctx, dy);
   add_({dresidual, dx_norm}, {dx});
   grad_inputs[0] = dx;
-  if (num_grad_inputs > 1) grad_inputs[1] = empty_view();
+  for (int32_t i = 1; i < num_grad_inputs; ++i) grad_inputs[i] = empty_view();
 }
 
 }  // namespace loom::transformer

@@ -32,7 +32,8 @@ class TransformerLayer final : public ModuleBase<ILayer> {
   void run_backward(IForwardContext& ctx, const TensorView* grad_outputs, int32_t num_grad_outputs,
                     TensorView* grad_inputs, int32_t num_grad_inputs) override;
   // The forward proper; saves through `ctx` what backward needs.
-  TensorView forward_impl(IForwardContext& ctx, const TensorView& x, const TensorView& positions);
+  TensorView forward_impl(IForwardContext& ctx, const TensorView& x, const TensorView& positions,
+                          const TensorView& segments);
   // Hidden dropout of `x` in place (forward) and its gradient (backward, a new tensor), with
   // the random stream `purpose`; identity outside training or when the probability is 0.
   void dropout_forward(IForwardContext& ctx, const TensorView& x, uint64_t purpose) const;

@@ -20,6 +20,9 @@ int cmd_plugins(const std::vector<std::string>& argv);
 int cmd_spec(const std::vector<std::string>& argv);
 int cmd_train(const std::vector<std::string>& argv);
 int cmd_bench(const std::vector<std::string>& argv);
+int cmd_tokenizer(const std::vector<std::string>& argv);
+int cmd_preprocess(const std::vector<std::string>& argv);
+int cmd_dataset(const std::vector<std::string>& argv);
 
 /// A spec read from disk, overridden, and validated against the plugins' manifests.
 struct ResolvedSpec {

@@ -19,6 +19,12 @@ usage: loom COMMAND [ARGS]
 commands:
   train SPEC [--set PATH=VALUE]... [--run-dir DIR]   train the model a spec describes
   bench SPEC [--steps N] [--warmup N] [--json]      time training steps (synthetic tokens)
+  preprocess --input FILE|DIR --tokenizer PATH --output PREFIX [--append-eod] ...
+                                                     text -> Megatron .bin/.idx dataset
+  dataset inspect PREFIX [--show N] [--tokenizer PATH] [--json]
+                                                     check and describe a .bin/.idx dataset
+  tokenizer train|encode|decode|bench|info ...       byte-level BPE tokenizers: learn one,
+                                                     encode, decode, time
   spec validate SPEC [--set PATH=VALUE]... [--write-resolved FILE] [--load]
                                                      check a spec without running it
   plugins list [--json]                              plugins on the search path (manifests)
@@ -60,6 +66,9 @@ int main(int argc, char** argv) {
     if (command == "spec") return loom::cli::cmd_spec(rest);
     if (command == "train") return loom::cli::cmd_train(rest);
     if (command == "bench") return loom::cli::cmd_bench(rest);
+    if (command == "tokenizer") return loom::cli::cmd_tokenizer(rest);
+    if (command == "preprocess") return loom::cli::cmd_preprocess(rest);
+    if (command == "dataset") return loom::cli::cmd_dataset(rest);
     throw loom::core::UsageError(
         fmt::format("unknown command '{}'; run 'loom --help' for the list", command));
   } catch (const std::exception& e) {

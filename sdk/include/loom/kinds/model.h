@@ -10,7 +10,9 @@ namespace loom {
 
 /// kinds::kModel. The whole network: tokens in, loss out.
 ///   forward inputs:  [0] tokens (B, T) i32, [1] labels (B, T) i32, [2] loss mask (B, T) f32,
-///                    [3] position ids (B, T) i32 (optional: data == null for 0..T-1)
+///                    [3] position ids (B, T) i32 (optional: data == null for 0..T-1),
+///                    [4] segment ids (B, T) i32 (optional: data == null for one segment;
+///                        a token attends only to earlier tokens of its own segment)
 ///   forward outputs: [0] loss, scalar f32 (mean over unmasked tokens of this micro-batch),
 ///                    [1] logits (B, T, V) when the model was built to return them, else empty
 ///   backward:        grad_outputs[0] is d(total loss)/d(loss), scalar; no grad inputs.
@@ -20,7 +22,8 @@ class IModel : public IModule {
 };
 
 /// kinds::kLayer. One transformer (or hybrid) layer: (B, T, C) -> (B, T, C).
-///   forward inputs: [0] hidden, [1] position ids (B, T) i32 or empty
+///   forward inputs: [0] hidden, [1] position ids (B, T) i32 or empty,
+///                   [2] segment ids (B, T) i32 or empty (attention stays in a segment)
 class ILayer : public IModule {
  protected:
   ~ILayer() = default;
