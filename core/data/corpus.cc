@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 
@@ -13,6 +14,7 @@
 #include "core/spec/schema.h"
 #include "core/util/errors.h"
 #include "core/util/files.h"
+#include "core/util/hash.h"
 #include "core/util/log.h"
 
 namespace loom::core {
@@ -21,11 +23,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-uint64_t fnv1a(std::string_view s) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
-  return h;
-}
 
 fs::path default_cache_root() {
   if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && *xdg != '\0')
@@ -112,6 +109,13 @@ PreparedCorpus prepare_corpus(const nlohmann::json& corpus, const std::string& p
   if (files.empty())
     throw IoError(fmt::format("spec {}/inputs: every input file is excluded by {}/exclude", pointer,
                               pointer));
+  // Documents go into the dataset in an order fixed by a hash of their names, not in path
+  // order, so that the last documents (the valid and test splits) are a sample of the whole
+  // corpus rather than its alphabetical tail (for the Python docs: the "what's new" pages).
+  std::stable_sort(files.begin(), files.end(), [](const fs::path& a, const fs::path& b) {
+    return fnv1a64(a.filename().string() + a.parent_path().filename().string()) <
+           fnv1a64(b.filename().string() + b.parent_path().filename().string());
+  });
 
   // The cache key: every file's path, size and modification time, and the options.
   int64_t vocab_size = corpus.value("vocab_size", 8192);
@@ -131,7 +135,7 @@ PreparedCorpus prepare_corpus(const nlohmann::json& corpus, const std::string& p
                                                : default_cache_root();
   std::string stem = fs::absolute(inputs[0]).lexically_normal().filename().string();
   if (stem.empty()) stem = "corpus";
-  fs::path dir = root / fmt::format("{}-{:016x}", stem, fnv1a(key.dump()));
+  fs::path dir = root / fmt::format("{}-{:016x}", stem, fnv1a64(key.dump()));
   PreparedCorpus out{dir / "corpus", tokenizer ? *tokenizer : dir / "tokenizer", false};
   if (usable(dir, !tokenizer)) {
     out.reused = true;

@@ -13,6 +13,7 @@
 #include "core/spec/schema.h"
 #include "core/util/errors.h"
 #include "core/util/files.h"
+#include "core/util/hash.h"
 #include "core/util/log.h"
 
 namespace loom::core {
@@ -21,12 +22,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// FNV-1a, 64 bits: a stable name for a description (std::hash is not stable across builds).
-uint64_t fnv1a(std::string_view s) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
-  return h;
-}
 
 // Megatron's _build_document_index: the split's documents tiled over `epochs` and shuffled.
 void append_shuffled_epochs(int64_t begin, int64_t end, int64_t epochs, NumpyRandomState& rng,
@@ -97,7 +92,7 @@ GptDataset::GptDataset(std::shared_ptr<const IndexedDataset> data, int64_t begin
   description_ = description.dump(2);
   if (!config_.cache_dir.empty())
     cache_stem_ =
-        config_.cache_dir / fmt::format("{:016x}-GPTDataset-{}", fnv1a(description_), split_);
+        config_.cache_dir / fmt::format("{:016x}-GPTDataset-{}", fnv1a64(description_), split_);
   if (!cache_stem_.empty() && load_cache()) {
     from_cache_ = true;
     return;

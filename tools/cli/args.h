@@ -3,6 +3,7 @@
 // did-you-mean.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
@@ -29,6 +30,12 @@ struct Args {
   std::vector<std::string> all(const std::string& name) const;
   /// The last value of an option, or `fallback`.
   std::string get(const std::string& name, const std::string& fallback = {}) const;
+  /// The last value of an option as an integer in [min, max], or `fallback` when absent.
+  /// Throws core::UsageError naming the option, the range and the usage line otherwise.
+  int64_t integer(const std::string& name, int64_t fallback, int64_t min = 0,
+                  int64_t max = INT64_MAX) const;
+
+  std::string usage;  ///< the subcommand's usage line (for messages)
 };
 
 /// Parses `argv` against `spec`. Throws core::UsageError naming the bad argument and the

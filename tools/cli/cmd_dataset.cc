@@ -39,16 +39,7 @@ std::string one_line(const std::string& text, size_t limit) {
 
 int dataset_inspect(const Args& args) {
   const std::string prefix = args.positionals[0];
-  int64_t show = 5;
-  if (!args.get("--show").empty()) {
-    try {
-      show = std::stoll(args.get("--show"));
-    } catch (const std::exception&) {
-      show = -1;
-    }
-    if (show < 0)
-      throw core::UsageError(fmt::format("--show {}: expected a count", args.get("--show")));
-  }
+  int64_t show = args.integer("--show", 5);
   std::unique_ptr<core::Tokenizer> tokenizer;
   if (!args.get("--tokenizer").empty()) tokenizer = core::Tokenizer::load(args.get("--tokenizer"));
 

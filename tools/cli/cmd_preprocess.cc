@@ -49,16 +49,6 @@ std::vector<std::string> split_commas(const std::string& list) {
   return out;
 }
 
-int parse_workers(const std::string& text) {
-  try {
-    size_t used = 0;
-    int n = std::stoi(text, &used);
-    if (used == text.size() && n >= 1 && n <= 1024) return n;
-  } catch (const std::exception&) {
-  }
-  throw core::UsageError(fmt::format("--workers {}: expected a number from 1 to 1024", text));
-}
-
 }  // namespace
 
 int cmd_preprocess(const std::vector<std::string>& argv) {
@@ -91,7 +81,7 @@ int cmd_preprocess(const std::vector<std::string>& argv) {
   }
   for (const std::string& list : args.all("--ext"))
     for (const std::string& ext : split_commas(list)) options.source.extensions.push_back(ext);
-  if (!args.get("--workers").empty()) options.workers = parse_workers(args.get("--workers"));
+  options.workers = static_cast<int>(args.integer("--workers", 0, 1, 1024));
 
   std::unique_ptr<core::Tokenizer> tokenizer = core::Tokenizer::load(args.get("--tokenizer"));
   options.tokenizer = tokenizer.get();

@@ -28,21 +28,6 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-int64_t integer_option(const Args& args, const std::string& name, int64_t fallback,
-                       const std::string& usage) {
-  std::string v = args.get(name);
-  if (v.empty()) return fallback;
-  try {
-    size_t used = 0;
-    int64_t n = std::stoll(v, &used);
-    if (used != v.size() || n < 0) throw std::invalid_argument(v);
-    return n;
-  } catch (const std::exception&) {
-    throw core::UsageError(
-        fmt::format("{} expects a non-negative integer, got '{}'\nusage: {}", name, v, usage));
-  }
-}
-
 // The bytes of FILE, or of standard input for "-".
 std::string read_input(const std::string& file) {
   if (file != "-") return core::read_file(file);
@@ -97,9 +82,9 @@ int tokenizer_train(const std::vector<std::string>& argv) {
                                 1 << 20,
                                 usage});
   core::BpeTrainOptions options;
-  options.vocab_size = integer_option(args, "--vocab-size", -1, usage);
+  options.vocab_size = args.integer("--vocab-size", -1);
   if (options.vocab_size < 0) throw core::UsageError("--vocab-size N is required\nusage: " + usage);
-  options.min_frequency = integer_option(args, "--min-frequency", 2, usage);
+  options.min_frequency = args.integer("--min-frequency", 2);
   if (args.values.count("--special-token")) options.special_tokens = args.all("--special-token");
   options.progress = isatty(2);
   std::string out = args.get("--output");
@@ -255,7 +240,7 @@ int tokenizer_bench(const std::vector<std::string>& argv) {
   const std::string usage = "loom tokenizer bench --tokenizer PATH FILE [--repeat N] [--json]";
   Args args =
       parse_args(argv, {{"--json"}, {"--tokenizer", "--repeat", "--plugin-path"}, 1, 1, usage});
-  int64_t repeat = std::max<int64_t>(1, integer_option(args, "--repeat", 3, usage));
+  int64_t repeat = args.integer("--repeat", 3, 1);
   auto tokenizer = open_tokenizer(args, usage);
   std::string text = core::read_file(args.positionals[0]);
   double mb = static_cast<double>(text.size()) / 1e6;

@@ -102,21 +102,8 @@ int cmd_bench(const std::vector<std::string>& argv) {
       "loom bench SPEC [--steps N] [--warmup N] [--set PATH=VALUE]... [--plugin-path DIR] [--json]";
   Args args = parse_args(
       argv, {{"--json"}, {"--set", "--steps", "--warmup", "--plugin-path"}, 1, 1, usage});
-  auto number = [&](const char* flag, int64_t fallback) {
-    std::string v = args.get(flag);
-    if (v.empty()) return fallback;
-    try {
-      size_t used = 0;
-      int64_t n = std::stoll(v, &used);
-      if (used != v.size() || n < 0) throw std::invalid_argument(v);
-      return n;
-    } catch (const std::exception&) {
-      throw core::UsageError(
-          fmt::format("{} expects a non-negative integer, got '{}' ({})", flag, v, usage));
-    }
-  };
-  int64_t steps = number("--steps", 10);
-  int64_t warmup = number("--warmup", 2);
+  int64_t steps = args.integer("--steps", 10);
+  int64_t warmup = args.integer("--warmup", 2);
   if (steps < 1) throw core::UsageError("--steps must be at least 1 (" + usage + ")");
   Session s = open_session(args);
   require_single_process(s.spec.spec);
