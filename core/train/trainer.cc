@@ -164,6 +164,11 @@ Trainer::Trainer(const nlohmann::json& spec, PluginManager& plugins,
     pins[op] = kernel.get<std::string>();
   plugins_.host().set_pins(std::move(pins));
 
+  // Data before the model: its errors (missing files, a tokenizer larger than the model)
+  // come before anything is built or allocated.
+  data_ = data ? std::move(data) : make_data(spec_);
+  data_description_ = data_->describe();
+
   // The model, with the run's shape handed down (Megatron's config).
   nlohmann::json inherited = {{"seq_length", seq_length_},
                               {"micro_batch_size", micro_batch_},
@@ -194,50 +199,57 @@ Trainer::Trainer(const nlohmann::json& spec, PluginManager& plugins,
     schedule_ = interface_cast<ILrSchedule>(schedule_object_.get());
   }
 
-  // Master weights and optimizer states.
+  // Master weights and optimizer states. The destructor does not run when the constructor
+  // throws: whatever was allocated is freed here then.
   IHost& host = plugins_.host();
-  for (Parameter& p : params_->all()) {
-    auto st = std::make_unique<ParamState>();
-    st->param = &p;
-    st->decay = (p.info.flags & kParamNoWeightDecay) == 0;
-    int64_t n = p.numel();
-    auto alloc_f32 = [&]() {
-      void* mem = nullptr;
-      throw_if_error(host.allocate(device_, static_cast<uint64_t>(n) * 4, 64, &mem));
-      if (mem != nullptr) std::memset(mem, 0, static_cast<size_t>(n) * 4);
-      st->owned.push_back(mem);
-      return make_view(mem, DType::kF32, {n}, device_);
-    };
-    if (p.info.dtype == DType::kF32) {
-      st->master = make_view(p.value.data, DType::kF32, {n}, device_);
-    } else {
-      st->master = alloc_f32();
-      load_floats(p.value, static_cast<float*>(st->master.data));
+  try {
+    for (Parameter& p : params_->all()) {
+      states_.push_back(std::make_unique<ParamState>());
+      ParamState* st = states_.back().get();
+      st->param = &p;
+      st->decay = (p.info.flags & kParamNoWeightDecay) == 0;
+      int64_t n = p.numel();
+      auto alloc_f32 = [&]() {
+        void* mem = nullptr;
+        throw_if_error(host.allocate(device_, static_cast<uint64_t>(n) * 4, 64, &mem));
+        if (mem != nullptr) std::memset(mem, 0, static_cast<size_t>(n) * 4);
+        st->owned.push_back(mem);
+        return make_view(mem, DType::kF32, {n}, device_);
+      };
+      if (p.info.dtype == DType::kF32) {
+        st->master = make_view(p.value.data, DType::kF32, {n}, device_);
+      } else {
+        st->master = alloc_f32();
+        load_floats(p.value, static_cast<float*>(st->master.data));
+      }
+      for (int32_t s = 0; s < optimizer_->state_count(); ++s) st->states.push_back(alloc_f32());
     }
-    for (int32_t s = 0; s < optimizer_->state_count(); ++s) st->states.push_back(alloc_f32());
-    states_.push_back(std::move(st));
-  }
-  sumsq_ = Kernel(host, ops::kSumSq, device_, DType::kF32);
-  if (params_dtype_ != DType::kF32) cast_ = Kernel(host, ops::kCast, device_, DType::kF32);
+    sumsq_ = Kernel(host, ops::kSumSq, device_, DType::kF32);
+    if (params_dtype_ != DType::kF32) cast_ = Kernel(host, ops::kCast, device_, DType::kF32);
 
-  dynamic_scaling_ = params_dtype_ == DType::kF16;
-  if (dynamic_scaling_) {
-    loss_scale_ = precision["initial_loss_scale"].get<double>();
-    min_loss_scale_ = precision["min_loss_scale"].get<double>();
-    scale_window_ = precision["loss_scale_window"].get<int64_t>();
-    hysteresis_ = hysteresis_left_ = precision["hysteresis"].get<int64_t>();
-  }
+    dynamic_scaling_ = params_dtype_ == DType::kF16;
+    if (dynamic_scaling_) {
+      loss_scale_ = precision["initial_loss_scale"].get<double>();
+      min_loss_scale_ = precision["min_loss_scale"].get<double>();
+      scale_window_ = precision["loss_scale_window"].get<int64_t>();
+      hysteresis_ = hysteresis_left_ = precision["hysteresis"].get<int64_t>();
+    }
 
-  data_ = data ? std::move(data) : make_data(spec_);
-  data_description_ = data_->describe();
-  flops_per_step_ = model_flops_per_token(params_->numel(), spec_["model"], seq_length_) *
-                    static_cast<double>(micro_batch_ * seq_length_ * micro_batches_ * dp);
-  if (device_.type == DeviceType::kCpu) peak_flops_ = measure_gemm_peak(host);
+    flops_per_step_ = model_flops_per_token(params_->numel(), spec_["model"], seq_length_) *
+                      static_cast<double>(micro_batch_ * seq_length_ * micro_batches_ * dp);
+    if (device_.type == DeviceType::kCpu) peak_flops_ = measure_gemm_peak(host);
+  } catch (...) {
+    release_states();
+    throw;
+  }
 }
 
-Trainer::~Trainer() {
+Trainer::~Trainer() { release_states(); }
+
+void Trainer::release_states() {
   for (auto& st : states_)
     for (void* p : st->owned) plugins_.host().deallocate(device_, p);
+  states_.clear();
 }
 
 void Trainer::print_banner(std::FILE* out) const {

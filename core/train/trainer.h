@@ -82,6 +82,8 @@ class Trainer {
   double peak_flops() const { return peak_flops_; }
 
  private:
+  /// Frees the master weights and optimizer states (destructor, failed constructor).
+  void release_states();
   struct ParamState;
   double run_forward(ForwardContext& ctx, const Batch& batch, std::vector<float>* logits);
   double loss_scale() const { return loss_scale_; }

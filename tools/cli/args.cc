@@ -24,8 +24,7 @@ std::string Args::get(const std::string& name, const std::string& fallback) cons
   return it == values.end() || it->second.empty() ? fallback : it->second.back();
 }
 
-int64_t Args::integer(const std::string& name, int64_t fallback, int64_t min,
-                      int64_t max) const {
+int64_t Args::integer(const std::string& name, int64_t fallback, int64_t min, int64_t max) const {
   std::string v = get(name);
   if (v.empty()) return fallback;
   try {
@@ -34,9 +33,10 @@ int64_t Args::integer(const std::string& name, int64_t fallback, int64_t min,
     if (used == v.size() && n >= min && n <= max) return n;
   } catch (const std::exception&) {
   }
-  std::string range = max == INT64_MAX ? fmt::format("an integer >= {}", min)
+  std::string range = max == INT64_MAX ? (min == 0 ? std::string("a non-negative integer")
+                                                   : fmt::format("an integer >= {}", min))
                                        : fmt::format("an integer from {} to {}", min, max);
-  throw core::UsageError(fmt::format("{} expects {}, got '{}'\nusage: {}", name, range, v, usage));
+  throw core::UsageError(fmt::format("{} expects {}, got '{}' ({})", name, range, v, usage));
 }
 
 Args parse_args(const std::vector<std::string>& argv, const ArgSpec& spec) {
