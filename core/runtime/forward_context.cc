@@ -34,6 +34,13 @@ void ForwardContext::reset() {
   bytes_ = 0;
 }
 
+void ForwardContext::set_kv_cache(IKvCache* cache) {
+  if (cache != nullptr && training_)
+    fail(Code::kFailedPrecondition,
+         "forward context: a kv cache is for inference only; this context is training");
+  kv_cache_ = cache;
+}
+
 InterfaceInfo ForwardContext::interface_info() const noexcept { return kinds::kForwardContext; }
 
 Status ForwardContext::allocate(DType dtype, int32_t ndim, const int64_t* shape, Device device,

@@ -6,7 +6,8 @@
 // saving again under the same key replaces the entry (full recomputation reruns a
 // forward inside backward). Random streams depend only on the run's seed, the step, the
 // micro-batch, the module's stable id and the purpose, never on addresses, so a run is
-// reproducible across processes.
+// reproducible across processes. An inference context may carry a KV cache
+// (set_kv_cache, core/runtime/kv_cache.h) for incremental decoding.
 #pragma once
 
 #include <cstdint>
@@ -41,6 +42,11 @@ class ForwardContext final : public IForwardContext {
   void reset();
   /// Bytes currently allocated through this context.
   uint64_t bytes_allocated() const { return bytes_; }
+  /// Makes the forward passes in this context decode incrementally through `cache` (null:
+  /// full-sequence passes, the default). The caller keeps ownership and advances the cache
+  /// after each pass. Throws Error(kFailedPrecondition) on a training context: cached keys
+  /// and values are not saved for backward.
+  void set_kv_cache(IKvCache* cache);
 
   InterfaceInfo interface_info() const noexcept override;
   bool training() const noexcept override { return training_; }
@@ -51,6 +57,7 @@ class ForwardContext final : public IForwardContext {
   Status save(const void* owner, int32_t slot, const TensorView* tensor) noexcept override;
   Status load(const void* owner, int32_t slot, TensorView* out) noexcept override;
   void rng(const void* owner, uint64_t purpose, uint64_t* key, uint64_t* counter) noexcept override;
+  IKvCache* kv_cache() noexcept override { return kv_cache_; }
 
  private:
   IHost& host_;
@@ -64,6 +71,7 @@ class ForwardContext final : public IForwardContext {
   std::vector<std::pair<Device, void*>> blocks_;
   std::map<std::pair<const void*, int32_t>, TensorView> saved_;
   uint64_t bytes_ = 0;
+  IKvCache* kv_cache_ = nullptr;
 };
 
 /// SplitMix64 finaliser: mixes 64 bits (for seeds and stream keys).

@@ -115,11 +115,22 @@ constexpr const char* kCoreSchema = R"json({
     "checkpoint": {
       "type": "object", "default": {}, "additionalProperties": false,
       "properties": {
-        "format": {"x-loom-component": "checkpoint_format"},
-        "dir": {"type": "string"},
-        "interval": {"type": "integer", "minimum": 1},
-        "keep": {"type": "integer", "minimum": 1, "default": 3},
-        "resume": {"enum": ["none", "auto"], "default": "none"}
+        "format": {"x-loom-component": "checkpoint_format",
+                   "description": "how checkpoints are written; default {\"impl\": \"sharded\"}"},
+        "dir": {"type": "string", "minLength": 1,
+                "description": "checkpoint root; default <run_dir>/checkpoints"},
+        "interval": {"type": "integer", "minimum": 1,
+                     "description": "save every this many steps; default: only at the end"},
+        "keep": {"type": "integer", "minimum": 0, "default": 3,
+                 "description": "complete checkpoints kept (older ones are deleted); 0 keeps all"},
+        "resume": {"enum": ["none", "auto"], "default": "none",
+                   "description": "auto: continue from the newest good checkpoint in dir"},
+        "async": {"type": "boolean", "default": false,
+                  "description": "write checkpoints in the background from a snapshot"},
+        "save_at_end": {"type": "boolean", "default": true,
+                        "description": "save when the run reaches train.steps"},
+        "init_from": {"type": "string", "minLength": 1,
+                      "description": "start from these model weights (a loom checkpoint or a Hugging Face directory); optimizer state and iteration start fresh"}
       }
     },
     "plugins": {
@@ -149,7 +160,19 @@ constexpr const char* kCoreSchema = R"json({
       "properties": {
         "level": {"enum": ["debug", "info", "warning", "error"], "default": "info"},
         "run_dir": {"type": "string",
-                    "description": "where metrics and the resolved spec go; default runs/<spec name>"}
+                    "description": "where metrics and the resolved spec go; default runs/<spec name>"},
+        "sample": {
+          "type": "object", "additionalProperties": false,
+          "description": "text generated from the trained model at the end of the run",
+          "properties": {
+            "prompt": {"type": "string", "default": ""},
+            "max_new_tokens": {"type": "integer", "minimum": 1, "default": 48},
+            "temperature": {"type": "number", "minimum": 0, "default": 0.8},
+            "top_k": {"type": "integer", "minimum": 0, "default": 40},
+            "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1, "default": 1.0},
+            "seed": {"type": "integer", "minimum": 0, "default": 0}
+          }
+        }
       }
     }
   }

@@ -24,16 +24,6 @@
 
 namespace loom::core {
 
-// Per-parameter optimizer memory: f32 master weights (the parameter itself when it is
-// f32) and the optimizer's state tensors.
-struct Trainer::ParamState {
-  Parameter* param = nullptr;
-  TensorView master{};             // f32 (n,)
-  std::vector<TensorView> states;  // f32 (n,) each
-  std::vector<void*> owned;        // host allocations to free
-  bool decay = true;
-};
-
 namespace {
 
 DType parse_dtype(const std::string& name) {
@@ -43,7 +33,8 @@ DType parse_dtype(const std::string& name) {
   throw SpecError("/precision/params", fmt::format("unknown dtype '{}'", name));
 }
 
-std::unique_ptr<DataSource> make_data(const nlohmann::json& spec) {
+std::unique_ptr<DataSource> make_data(const nlohmann::json& spec,
+                                      std::optional<std::filesystem::path>* tokenizer_out) {
   const nlohmann::json& data = spec["data"];
   const nlohmann::json& train = spec["train"];
   int64_t b = train["micro_batch_size"].get<int64_t>();
@@ -88,6 +79,7 @@ std::unique_ptr<DataSource> make_data(const nlohmann::json& spec) {
                                     vocab, tokenizer->vocab_size(), tokenizer_path->string(),
                                     tokenizer->vocab_size()));
       o.eod = tokenizer->eod();
+      *tokenizer_out = *tokenizer_path;
     }
     if (data.contains("eod_id")) o.eod = data["eod_id"].get<int32_t>();
     o.split = data["split"].get<std::string>();
@@ -166,7 +158,7 @@ Trainer::Trainer(const nlohmann::json& spec, PluginManager& plugins,
 
   // Data before the model: its errors (missing files, a tokenizer larger than the model)
   // come before anything is built or allocated.
-  data_ = data ? std::move(data) : make_data(spec_);
+  data_ = data ? std::move(data) : make_data(spec_, &tokenizer_path_);
   data_description_ = data_->describe();
 
   // The model, with the run's shape handed down (Megatron's config).
@@ -444,7 +436,7 @@ double Trainer::evaluate() {
   return sum / static_cast<double>(steps);
 }
 
-void Trainer::run(const RunOptions& options) {
+RunResult Trainer::run(const RunOptions& options) {
   const nlohmann::json& train = spec_["train"];
   int64_t steps = options.steps >= 0 ? options.steps : train["steps"].get<int64_t>();
   int64_t log_interval = train["log_interval"].get<int64_t>();
@@ -458,11 +450,22 @@ void Trainer::run(const RunOptions& options) {
   }
   bool tty = isatty(fileno(stdout)) != 0;
   double loss_acc = 0, time_acc = 0, norm_acc = 0;
-  int64_t count = 0, tokens_acc = 0, skipped = 0;
+  int64_t count = 0, tokens_acc = 0, skipped = 0, steps_acc = 0;
   auto clear_bar = [&] {
     if (tty) std::printf("\r\033[K");
   };
   auto t_start = std::chrono::steady_clock::now();
+  int64_t first_iteration = iteration_;
+  RunResult result;
+  int64_t last_saved = -1;
+  auto save = [&](bool blocking) {
+    if (options.checkpoint == nullptr || last_saved == iteration_) return;
+    clear_bar();
+    std::fflush(stdout);
+    options.checkpoint->save(iteration_, checkpoint_tensors(), checkpoint_metadata());
+    if (blocking) options.checkpoint->wait();
+    last_saved = iteration_;
+  };
   while (iteration_ < steps) {
     StepResult r = step();
     if (r.skipped) {
@@ -478,8 +481,9 @@ void Trainer::run(const RunOptions& options) {
     }
     time_acc += r.seconds;
     tokens_acc += r.tokens;
+    ++steps_acc;
     if (iteration_ % log_interval == 0 || iteration_ == steps) {
-      int64_t steps_in = iteration_ % log_interval == 0 ? log_interval : iteration_ % log_interval;
+      int64_t steps_in = steps_acc;
       double step_ms = 1e3 * time_acc / static_cast<double>(steps_in);
       double tps = static_cast<double>(tokens_acc) / time_acc;
       double mfu = peak_flops_ > 0 ? flops_per_step_ * steps_in / time_acc / peak_flops_ : 0;
@@ -511,7 +515,7 @@ void Trainer::run(const RunOptions& options) {
         metrics << line.dump() << "\n" << std::flush;
       }
       loss_acc = time_acc = norm_acc = 0;
-      count = tokens_acc = skipped = 0;
+      count = tokens_acc = skipped = steps_acc = 0;
     }
     if (options.evaluate && (iteration_ % eval_interval == 0 || iteration_ == steps)) {
       double valid = evaluate();
@@ -527,17 +531,31 @@ void Trainer::run(const RunOptions& options) {
     if (tty && iteration_ < steps) {
       double elapsed =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-      double eta =
-          elapsed / static_cast<double>(iteration_) * static_cast<double>(steps - iteration_);
+      double eta = elapsed / static_cast<double>(iteration_ - first_iteration) *
+                   static_cast<double>(steps - iteration_);
       int width = 30, filled = static_cast<int>(width * iteration_ / steps);
       std::printf("\r[%s%s] %lld/%lld  eta %.0fs", std::string(filled, '#').c_str(),
                   std::string(width - filled, '.').c_str(), static_cast<long long>(iteration_),
                   static_cast<long long>(steps), eta);
     }
     std::fflush(stdout);
+    if (options.stop_signal != nullptr && options.stop_signal->load() != 0) {
+      result.stop_signal = options.stop_signal->load();
+      save(true);
+      break;
+    }
+    if (options.save_interval > 0 && iteration_ % options.save_interval == 0 && iteration_ < steps)
+      save(false);
+  }
+  if (result.stop_signal == 0 && options.save_at_end) save(true);
+  if (options.checkpoint != nullptr) {
+    options.checkpoint->wait();
+    result.checkpoint = options.checkpoint->last_saved();
   }
   clear_bar();
   std::fflush(stdout);
+  result.iteration = iteration_;
+  return result;
 }
 
 }  // namespace loom::core

@@ -7,15 +7,19 @@
 // cast back to the parameter dtype. `run` adds logging, evaluation and metrics.jsonl.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "core/build/builder.h"
+#include "core/checkpoint/checkpoint.h"
+#include "core/checkpoint/checkpoint_writer.h"
 #include "core/data/data_source.h"
 #include "core/plugin/plugin_manager.h"
 #include "core/runtime/forward_context.h"
@@ -40,9 +44,21 @@ struct StepResult {
 
 /// Options of `Trainer::run`.
 struct RunOptions {
-  std::filesystem::path run_dir;  ///< metrics.jsonl goes here; empty for none
-  int64_t steps = -1;             ///< overrides /train/steps when >= 0
-  bool evaluate = true;           ///< run validation at eval_interval and at the end
+  std::filesystem::path run_dir;           ///< metrics.jsonl goes here; empty for none
+  int64_t steps = -1;                      ///< overrides /train/steps when >= 0
+  bool evaluate = true;                    ///< run validation at eval_interval and at the end
+  CheckpointWriter* checkpoint = nullptr;  ///< where saves go; null: never save
+  int64_t save_interval = 0;               ///< save every this many steps (0: never)
+  bool save_at_end = true;                 ///< save when the last step is done
+  /// Polled after every step: when non-zero (a signal number), the run saves and returns.
+  const std::atomic<int>* stop_signal = nullptr;
+};
+
+/// How `Trainer::run` ended.
+struct RunResult {
+  int64_t iteration = 0;  ///< steps taken in total (resumed ones included)
+  int stop_signal = 0;    ///< the signal that stopped it early, or 0
+  std::optional<std::filesystem::path> checkpoint;  ///< the last checkpoint saved, if any
 };
 
 class Trainer {
@@ -58,8 +74,9 @@ class Trainer {
 
   /// Prints the layout, parameter count, data source and kernels.
   void print_banner(std::FILE* out) const;
-  /// Runs the loop with a log line every /train/log_interval steps.
-  void run(const RunOptions& options);
+  /// Runs the loop with a log line every /train/log_interval steps, saving checkpoints as
+  /// `options` says.
+  RunResult run(const RunOptions& options);
   /// One optimizer step over the global batch.
   StepResult step();
   /// Mean loss over /train/eval_steps validation batches; NaN when the data has none.
@@ -73,6 +90,22 @@ class Trainer {
   /// Forward only (no dropout, nothing saved).
   double forward_only(const Batch& batch, std::vector<float>* logits = nullptr);
 
+  /// What a checkpoint of this trainer holds: model weights ("model.<name>", parameter
+  /// dtype), f32 master weights when parameters are not f32 ("optim.master.<name>") and
+  /// the optimizer's states ("optim.<state>.<name>"), as views of live memory.
+  std::vector<SaveTensor> checkpoint_tensors() const;
+  /// The checkpoint metadata: resolved spec, trainer state (loss scaling, data position,
+  /// RNG scheme), plugins with their file hashes, loom version.
+  nlohmann::json checkpoint_metadata() const;
+  /// Restores everything checkpoint_tensors/metadata saved: weights, master weights,
+  /// optimizer states, iteration, loss scaling and the data position. Throws naming the
+  /// checkpoint and tensor when the checkpoint does not fit this model or optimizer.
+  void restore(CheckpointReader& reader);
+  /// Loads model weights only (checkpoint.init_from); the optimizer starts fresh.
+  void load_weights(CheckpointReader& reader);
+  /// The tokenizer of the data, when it has one (saved with checkpoints for generation).
+  const std::optional<std::filesystem::path>& tokenizer_path() const { return tokenizer_path_; }
+
   IModel& model() { return *model_; }
   ParameterSet& params() { return *params_; }
   DataSource& data() { return *data_; }
@@ -84,7 +117,15 @@ class Trainer {
  private:
   /// Frees the master weights and optimizer states (destructor, failed constructor).
   void release_states();
-  struct ParamState;
+  // Per-parameter optimizer memory: f32 master weights (the parameter itself when it is
+  // f32) and the optimizer's state tensors.
+  struct ParamState {
+    Parameter* param = nullptr;
+    TensorView master{};             // f32 (n,)
+    std::vector<TensorView> states;  // f32 (n,) each
+    std::vector<void*> owned;        // host allocations to free
+    bool decay = true;
+  };
   double run_forward(ForwardContext& ctx, const Batch& batch, std::vector<float>* logits);
   double loss_scale() const { return loss_scale_; }
   void update_loss_scale(bool overflow);
@@ -113,6 +154,8 @@ class Trainer {
   int64_t scale_window_ = 1000, hysteresis_ = 2, hysteresis_left_ = 2, good_steps_ = 0;
   double flops_per_step_ = 0, peak_flops_ = 0;
   std::string data_description_;
+  std::optional<std::filesystem::path> tokenizer_path_;
+  mutable nlohmann::json plugin_hashes_;  // computed on the first save
 };
 
 }  // namespace loom::core

@@ -22,6 +22,7 @@ int exit_code_for(const std::exception& error) {
         return kExitPlugin;
       case Code::kIoError:
       case Code::kNotFound:
+      case Code::kDataLoss:
         return kExitIo;
       case Code::kUnavailable:
       case Code::kUnimplemented:

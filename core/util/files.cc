@@ -61,7 +61,10 @@ void commit_file(int fd, const fs::path& tmp, const fs::path& path) {
     fs::remove(tmp, ignored);
     throw IoError(fmt::format("{}: rename failed: {}", path.string(), ec.message()));
   }
-  fs::path dir = path.parent_path().empty() ? fs::path(".") : path.parent_path();
+  sync_directory(path.parent_path().empty() ? fs::path(".") : path.parent_path());
+}
+
+void sync_directory(const fs::path& dir) {
   int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
   if (dfd >= 0) {
     ::fsync(dfd);

@@ -23,6 +23,10 @@ std::filesystem::path temporary_path(const std::filesystem::path& path);
 /// survives a crash. Removes `tmp` and throws IoError naming `path` on any failure.
 void commit_file(int fd, const std::filesystem::path& tmp, const std::filesystem::path& path);
 
+/// fsyncs the directory `dir` so that renames and creations inside it survive a crash
+/// (best effort: a file system that cannot sync directories is not an error).
+void sync_directory(const std::filesystem::path& dir);
+
 /// Replaces `path` with `bytes` atomically: readers see the old file or the new one, never a
 /// part. Throws IoError naming the file.
 void write_file_atomic(const std::filesystem::path& path, std::string_view bytes);

@@ -7,6 +7,8 @@
 
 #include <loom/sdk.h>
 
+#include "plugins/transformer/views.h"
+
 namespace loom::transformer {
 
 class ForwardOnlyContext final : public IForwardContext {
@@ -28,6 +30,7 @@ class ForwardOnlyContext final : public IForwardContext {
            uint64_t* counter) noexcept override {
     inner_.rng(owner, purpose, key, counter);
   }
+  IKvCache* kv_cache() noexcept override { return kv_cache_of(inner_); }
 
  private:
   IForwardContext& inner_;

@@ -159,8 +159,25 @@ TensorView TransformerLayer::forward_impl(IForwardContext& ctx, const TensorView
     rope_fwd_({q, positions, inv_freq_->view()}, {q}, attrs);
     rope_fwd_({k, positions, inv_freq_->view()}, {k}, attrs);
   }
+  // Incremental decoding: attend over the cached positions plus these T (B, S, G, D).
+  TensorView k_all = k, v_all = v;
+  if (IKvCache* cache = kv_cache_of(ctx)) {
+    if (ctx.training())
+      fail(Code::kFailedPrecondition,
+           "transformer_layer: a kv cache is for inference; this forward pass is training");
+    if (present(segments))
+      fail(Code::kInvalidArgument,
+           "transformer_layer: segment ids (packed documents) cannot be combined with a kv "
+           "cache; decode one document per sequence and pass no segment ids");
+    if (!present(positions) && cache->past_length() > 0)
+      fail(Code::kInvalidArgument,
+           detail::concat("transformer_layer: decoding after ", cache->past_length(),
+                          " cached positions needs position ids for the new tokens (",
+                          cache->past_length(), " ..); pass them as the model's input [3]"));
+    throw_if_error(cache->append(this, &k, &v, &k_all, &v_all), "transformer_layer kv cache");
+  }
   TensorView core_out =
-      call_forward(*core_, ctx, {q, k, v, segments, empty_view()}, 1, "attention")[0];
+      call_forward(*core_, ctx, {q, k_all, v_all, segments, empty_view()}, 1, "attention")[0];
   TensorView attn = allocate(ctx, dtype_, {b, t, hidden_}, device_);
   linear_.forward(rows(core_out, h * d), value(proj_weight_),
                   proj_bias_ ? value(proj_bias_index_) : empty_view(), rows(attn, hidden_));

@@ -8,7 +8,12 @@
 //   self_attention.linear_qkv.bias   ((H + 2G) * D)          when add_qkv_bias
 //   self_attention.linear_proj.weight (C, H * D)
 //   self_attention.linear_proj.bias   (C)                    when add_bias_linear
-//   forward:  [0] hidden (B, T, C), [1] position ids (B, T) i32 or empty -> [0] (B, T, C)
+//   forward:  [0] hidden (B, T, C), [1] position ids (B, T) i32 or empty,
+//             [2] segment ids (B, T) i32 or empty -> [0] (B, T, C)
+// With a kv cache in the context (incremental decoding, IForwardContext::kv_cache) k (after
+// rope) and v of the T new tokens are appended to the cache and the core attends over all
+// past + T positions; position ids are then required past position 0 and segment ids are
+// refused.
 //   backward: dy -> dx (and an empty gradient for the position ids)
 // Recompute kFull: only the input is saved; backward reruns forward, then goes back.
 #pragma once

@@ -29,6 +29,13 @@ TensorView allocate_shape(IForwardContext& ctx, DType dtype, const std::vector<i
 void save(IForwardContext& ctx, const void* owner, int32_t slot, const TensorView& view);
 TensorView load(IForwardContext& ctx, const void* owner, int32_t slot);
 
+/// ctx.kv_cache() when the context is new enough to have it (forward_context 1.1), else
+/// null: a core built before incremental decoding has no such method in its table.
+inline IKvCache* kv_cache_of(IForwardContext& ctx) {
+  InterfaceInfo info = ctx.interface_info();
+  return info.major == 1 && info.minor >= 1 ? ctx.kv_cache() : nullptr;
+}
+
 /// Checks the number of inputs / outputs a module was called with.
 void expect_count(const char* what, int32_t got, int32_t at_least);
 

@@ -219,6 +219,7 @@ struct ForwardContext final : IForwardContext {
     *key = 0;
     *counter = 0;
   }
+  IKvCache* kv_cache() noexcept override { return nullptr; }
 };
 
 TensorView cpu_f32(float* data, int64_t b, int64_t c) {  // (B, C) contiguous

@@ -1,6 +1,7 @@
 #include "tests/util/test_plugins.h"
 
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <fstream>
@@ -85,6 +86,32 @@ RunResult run_loom(const std::string& args, const std::string& env, const fs::pa
   r.out = read_file(out);
   r.err = read_file(err);
   return r;
+}
+
+Background start_loom(const std::string& args, const std::string& env) {
+  static int counter = 0;
+  Background b;
+  fs::path base = tmp_root() / ("background_" + std::to_string(counter++));
+  b.out = base.string() + ".out";
+  b.err = base.string() + ".err";
+  std::string command = "exec env " + (env.empty() ? std::string("LOOM_UNUSED=1") : env) + " '" +
+                        runfile("tools/loom").string() + "' " + args + " > '" + b.out.string() +
+                        "' 2> '" + b.err.string() + "'";
+  pid_t pid = fork();
+  if (pid == 0) {
+    execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  b.pid = pid;
+  return b;
+}
+
+int wait_loom(const Background& process) {
+  int status = 0;
+  if (waitpid(process.pid, &status, 0) < 0) return -1000;
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return -WTERMSIG(status);
+  return -1000;
 }
 
 }  // namespace loom::testing

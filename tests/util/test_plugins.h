@@ -38,4 +38,16 @@ extern bool isolated_binary;
 RunResult run_loom(const std::string& args, const std::string& env = "",
                    const std::filesystem::path& cwd = {});
 
+/// A loom process started in the background (start_loom).
+struct Background {
+  int pid = -1;
+  std::filesystem::path out, err;  ///< where its stdout and stderr go
+};
+
+/// Starts the loom binary with `args` (shell-quoted as needed) without waiting.
+Background start_loom(const std::string& args, const std::string& env = "");
+
+/// Waits for `process`; returns its exit code, or -signal when a signal ended it.
+int wait_loom(const Background& process);
+
 }  // namespace loom::testing

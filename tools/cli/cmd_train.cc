@@ -2,15 +2,25 @@
 // loom bench SPEC [--steps N] [--warmup N] [--set ...]: warm-up plus timed steps on
 // synthetic tokens; prints tokens/s, ms/step, MFU and peak memory.
 #include <fmt/format.h>
+#include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
+#include <fstream>
 
+#include "core/checkpoint/checkpoint.h"
+#include "core/checkpoint/checkpoint_writer.h"
+#include "core/data/tokenizer.h"
+#include "core/infer/generator.h"
 #include "core/plugin/plugin_manager.h"
 #include "core/spec/schema.h"
 #include "core/train/trainer.h"
 #include "core/util/errors.h"
+#include "core/util/files.h"
 #include "core/util/log.h"
 #include "tools/cli/commands.h"
 
@@ -64,6 +74,151 @@ void require_single_process(const nlohmann::json& spec) {
                               dim, par[dim].get<int64_t>()));
 }
 
+// The first signal asks the run to finish its step, save and stop; a second one stops
+// at once (the default action).
+std::atomic<int> g_stop_signal{0};
+
+void on_stop_signal(int signal) {
+  if (g_stop_signal.exchange(signal) != 0) {
+    std::signal(signal, SIG_DFL);
+    std::raise(signal);
+    return;
+  }
+  const char message[] =
+      "\nloom: signal received: finishing the step, then saving (again to stop now)\n";
+  ssize_t ignored = write(STDERR_FILENO, message, sizeof(message) - 1);
+  (void)ignored;
+}
+
+void install_stop_handlers() {
+  struct sigaction action {};
+  action.sa_handler = on_stop_signal;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
+}
+
+// The files of the tokenizer at `path` (a directory, a tokenizer.json or a vocab.json with
+// its merges.txt), as {name in the checkpoint, source}.
+std::vector<std::pair<std::string, fs::path>> tokenizer_files(const fs::path& path) {
+  std::vector<std::pair<std::string, fs::path>> out;
+  std::error_code ec;
+  auto add = [&](const fs::path& from, const std::string& name) {
+    if (fs::is_regular_file(from, ec)) out.emplace_back("tokenizer/" + name, from);
+  };
+  if (fs::is_directory(path, ec)) {
+    for (const char* name : {"tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json",
+                             "special_tokens_map.json"})
+      add(path / name, name);
+  } else if (path.extension() == ".json" && path.filename() != "vocab.json" &&
+             path.filename().string().find("vocab") == std::string::npos) {
+    add(path, "tokenizer.json");
+  } else {
+    add(path, "vocab.json");
+    std::string merges = path.filename().string();
+    size_t at = merges.find("vocab.json");
+    if (at != std::string::npos) merges.replace(at, 10, "merges.txt");
+    add(path.parent_path() / merges, "merges.txt");
+    add(path.parent_path() / "tokenizer_config.json", "tokenizer_config.json");
+  }
+  return out;
+}
+
+// Drops the lines of metrics.jsonl after `iteration` (a resumed run logs them again).
+void truncate_metrics(const fs::path& path, int64_t iteration) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return;
+  std::ifstream in(path);
+  std::string line, kept;
+  while (std::getline(in, line)) {
+    nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_discarded() && j.is_object() && j.value("step", int64_t{0}) > iteration) continue;
+    kept += line + "\n";
+  }
+  core::write_file_atomic(path, kept);
+}
+
+// Resumes from the newest checkpoint under `root` that loads; checkpoints newer than that
+// one are damaged or do not fit the model: they are renamed *.unusable and reported.
+// Returns false when there is none. Throws when there are some but none loads.
+bool resume(core::Trainer& trainer, core::PluginManager& plugins, const fs::path& root) {
+  std::vector<fs::path> all = core::list_checkpoints(root);
+  if (all.empty()) {
+    std::printf("  resume: no checkpoint in %s yet; starting from scratch\n",
+                root.string().c_str());
+    return false;
+  }
+  std::vector<std::string> failures;
+  for (const fs::path& dir : all) {
+    try {
+      core::CheckpointReader reader(plugins, dir);
+      trainer.restore(reader);
+    } catch (const std::exception& e) {
+      failures.push_back(fmt::format("{}: {}", dir.filename().string(), e.what()));
+      core::log_warning("checkpoint", fmt::format("cannot resume from {}: {}; trying the one "
+                                                  "before it",
+                                                  dir.string(), e.what()));
+      continue;
+    }
+    std::printf("  resume: iteration %lld from %s\n", static_cast<long long>(trainer.iteration()),
+                dir.string().c_str());
+    for (const fs::path& bad : all) {
+      if (bad == dir) break;
+      std::error_code ec;
+      fs::path aside = bad;
+      aside += ".unusable";
+      fs::rename(bad, aside, ec);
+      core::log_warning("checkpoint",
+                        fmt::format("fell back past {}; it is kept as {} for inspection",
+                                    bad.filename().string(), aside.filename().string()));
+    }
+    core::write_file_atomic(root / "latest", dir.filename().string() + "\n");
+    return true;
+  }
+  std::string all_failures;
+  for (const std::string& f : failures) all_failures += "; " + f;
+  throw Error(Code::kDataLoss,
+              fmt::format("checkpoint.resume=auto: none of the {} checkpoints in {} can be "
+                          "loaded{}. Fix or remove them, or set checkpoint.resume=none to start "
+                          "from scratch",
+                          all.size(), root.string(), all_failures));
+}
+
+// The short sample a run prints at its end (/log/sample): the trained weights, decoded
+// with a KV cache from the prompt (or from the end-of-document token when it is empty).
+void print_sample(const Session& s, core::Trainer& trainer) {
+  const nlohmann::json& spec = s.spec.spec;
+  if (!spec["log"].contains("sample")) return;
+  if (!trainer.tokenizer_path()) {
+    std::printf("sample: skipped (the data has no tokenizer to turn tokens into text)\n");
+    return;
+  }
+  const nlohmann::json& o = spec["log"]["sample"];
+  std::unique_ptr<core::Tokenizer> tokenizer = core::Tokenizer::load(*trainer.tokenizer_path());
+  core::Generator generator(*s.plugins, spec["model"], core::GeneratorOptions::from_spec(spec));
+  generator.copy_parameters_from(trainer.params());
+  std::string prompt = o["prompt"].get<std::string>();
+  std::vector<int32_t> ids = tokenizer->encode(prompt);
+  std::optional<int32_t> eod = tokenizer->eod();
+  if (ids.empty()) {
+    if (!eod) return;
+    ids.push_back(*eod);
+  }
+  core::GenerateOptions g;
+  g.max_new_tokens = o["max_new_tokens"].get<int64_t>();
+  g.sampling.temperature = o["temperature"].get<double>();
+  g.sampling.top_k = o["top_k"].get<int64_t>();
+  g.sampling.top_p = o["top_p"].get<double>();
+  g.sampling.seed = o["seed"].get<uint64_t>();
+  g.vocab_limit = tokenizer->vocab_size();
+  core::Generation out = generator.generate(ids, g, eod);
+  if (!out.tokens.empty() && eod && out.tokens.back() == *eod) out.tokens.pop_back();
+  std::string text = tokenizer->decode(out.tokens);
+  std::printf("sample (temperature %g, top-k %lld, top-p %g, seed %llu):\n%s%s\n",
+              g.sampling.temperature, static_cast<long long>(g.sampling.top_k), g.sampling.top_p,
+              static_cast<unsigned long long>(g.sampling.seed), prompt.c_str(), text.c_str());
+}
+
 }  // namespace
 
 int cmd_train(const std::vector<std::string>& argv) {
@@ -86,14 +241,64 @@ int cmd_train(const std::vector<std::string>& argv) {
   print_layout(s, run_dir);
   core::Trainer trainer(s.spec.spec, *s.plugins);
   trainer.print_banner(stdout);
+
+  // Checkpoints: where, how, and where to start from.
+  const nlohmann::json& ckpt = s.spec.spec["checkpoint"];
+  core::CheckpointWriterOptions writer_options;
+  writer_options.root =
+      ckpt.contains("dir") ? fs::path(ckpt["dir"].get<std::string>()) : run_dir / "checkpoints";
+  if (ckpt.contains("format")) writer_options.format = ckpt["format"];
+  writer_options.keep = ckpt["keep"].get<int64_t>();
+  writer_options.async = ckpt["async"].get<bool>();
+  if (trainer.tokenizer_path())
+    writer_options.extra_files = tokenizer_files(*trainer.tokenizer_path());
+  core::CheckpointWriter writer(*s.plugins, writer_options);
+  std::printf("  checkpoints: %s (%s%s, keep %lld%s)\n", writer_options.root.string().c_str(),
+              writer_options.format["impl"].get<std::string>().c_str(),
+              ckpt.contains("interval")
+                  ? fmt::format(", every {} steps", ckpt["interval"].get<int64_t>()).c_str()
+                  : "",
+              static_cast<long long>(writer_options.keep), writer_options.async ? ", async" : "");
+  bool resumed = false;
+  if (ckpt["resume"].get<std::string>() == "auto")
+    resumed = resume(trainer, *s.plugins, writer_options.root);
+  else if (!core::list_checkpoints(writer_options.root).empty())
+    core::log_warning("checkpoint",
+                      fmt::format("{} already holds checkpoints; this run starts from scratch and "
+                                  "replaces those of the iterations it saves (set "
+                                  "checkpoint.resume=auto to continue from them)",
+                                  writer_options.root.string()));
+  if (!resumed && ckpt.contains("init_from")) {
+    core::CheckpointReader reader(*s.plugins, ckpt["init_from"].get<std::string>());
+    trainer.load_weights(reader);
+    std::printf("  init: model weights from %s\n", reader.dir().string().c_str());
+  }
+  truncate_metrics(run_dir / "metrics.jsonl", trainer.iteration());
+  std::fflush(stdout);
+
   core::RunOptions options;
   options.run_dir = run_dir;
+  options.checkpoint = &writer;
+  options.save_interval = ckpt.value("interval", int64_t{0});
+  options.save_at_end = ckpt["save_at_end"].get<bool>();
+  options.stop_signal = &g_stop_signal;
+  install_stop_handlers();
   auto t0 = std::chrono::steady_clock::now();
-  trainer.run(options);
+  core::RunResult result = trainer.run(options);
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("done: %lld steps in %.1f s; metrics in %s\n",
+  std::string saved = result.checkpoint ? result.checkpoint->string() : "nothing";
+  if (result.stop_signal != 0) {
+    std::printf(
+        "stopped by %s at iteration %lld; checkpoint %s; continue with --set "
+        "checkpoint.resume=auto\n",
+        result.stop_signal == SIGINT ? "SIGINT" : "SIGTERM",
+        static_cast<long long>(result.iteration), saved.c_str());
+    return core::kExitOk;
+  }
+  std::printf("done: %lld steps in %.1f s; metrics in %s; checkpoint %s\n",
               static_cast<long long>(trainer.iteration()), seconds,
-              (run_dir / "metrics.jsonl").string().c_str());
+              (run_dir / "metrics.jsonl").string().c_str(), saved.c_str());
+  print_sample(s, trainer);
   return core::kExitOk;
 }
 

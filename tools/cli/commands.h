@@ -23,6 +23,8 @@ int cmd_bench(const std::vector<std::string>& argv);
 int cmd_tokenizer(const std::vector<std::string>& argv);
 int cmd_preprocess(const std::vector<std::string>& argv);
 int cmd_dataset(const std::vector<std::string>& argv);
+int cmd_checkpoint(const std::vector<std::string>& argv);
+int cmd_generate(const std::vector<std::string>& argv);
 
 /// A spec read from disk, overridden, and validated against the plugins' manifests.
 struct ResolvedSpec {

@@ -25,6 +25,13 @@ commands:
                                                      check and describe a .bin/.idx dataset
   tokenizer train|encode|decode|bench|info ...       byte-level BPE tokenizers: learn one,
                                                      encode, decode, time
+  checkpoint inspect DIR [--spec SPEC] [--json]      what a checkpoint holds; diff against a spec
+  checkpoint convert SRC DST --to sharded|safetensors [--dtype f32|bf16|f16]
+                                                     between loom's sharded format and Hugging
+                                                     Face safetensors (GPT-2, LLaMA)
+  generate --checkpoint DIR (--prompt TEXT | --prompts FILE) [--max-new-tokens N]
+           [--temperature T] [--top-k K] [--top-p P] [--seed S]
+                                                     sample text with a KV cache
   spec validate SPEC [--set PATH=VALUE]... [--write-resolved FILE] [--load]
                                                      check a spec without running it
   plugins list [--json]                              plugins on the search path (manifests)
@@ -69,6 +76,8 @@ int main(int argc, char** argv) {
     if (command == "tokenizer") return loom::cli::cmd_tokenizer(rest);
     if (command == "preprocess") return loom::cli::cmd_preprocess(rest);
     if (command == "dataset") return loom::cli::cmd_dataset(rest);
+    if (command == "checkpoint") return loom::cli::cmd_checkpoint(rest);
+    if (command == "generate") return loom::cli::cmd_generate(rest);
     throw loom::core::UsageError(
         fmt::format("unknown command '{}'; run 'loom --help' for the list", command));
   } catch (const std::exception& e) {

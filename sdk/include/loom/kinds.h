@@ -24,14 +24,14 @@ inline constexpr InterfaceInfo kOptimizer{"optimizer", 1, 0};
 inline constexpr InterfaceInfo kLrSchedule{"lr_schedule", 1, 0};
 inline constexpr InterfaceInfo kPipelineSchedule{"pipeline_schedule", 1, 0};
 // Infrastructure.
-inline constexpr InterfaceInfo kCheckpointFormat{"checkpoint_format", 1, 0};
+inline constexpr InterfaceInfo kCheckpointFormat{"checkpoint_format", 1, 1};
 inline constexpr InterfaceInfo kCommBackend{"comm_backend", 1, 0};
 // Not spec-selected kinds, but versioned the same way.
 inline constexpr InterfaceInfo kFactory{"factory", 1, 0};
 inline constexpr InterfaceInfo kHost{"host", 1, 0};
 inline constexpr InterfaceInfo kRegistry{"registry", 1, 0};
 inline constexpr InterfaceInfo kBuildContext{"build_context", 1, 0};
-inline constexpr InterfaceInfo kForwardContext{"forward_context", 1, 0};
+inline constexpr InterfaceInfo kForwardContext{"forward_context", 1, 1};
 inline constexpr InterfaceInfo kCommunicator{"communicator", 1, 0};
 inline constexpr InterfaceInfo kKernel{"kernel", 1, 0};  ///< op kernels, loom/kernel.h
 

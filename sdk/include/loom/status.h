@@ -29,6 +29,7 @@ enum class Code : int32_t {
   kAborted = 11,            ///< stopped on request or because a peer failed
   kDeadlineExceeded = 12,   ///< a timeout expired
   kAbiMismatch = 13,        ///< plugin and core disagree on the ABI or an interface version
+  kDataLoss = 14,           ///< stored data is damaged (checksum mismatch, truncated file)
 };
 
 /// Returns the lower-case name of a code ("invalid_argument"); "unknown" for others.
@@ -62,6 +63,8 @@ inline const char* code_name(Code code) noexcept {
       return "deadline_exceeded";
     case Code::kAbiMismatch:
       return "abi_mismatch";
+    case Code::kDataLoss:
+      return "data_loss";
   }
   return "unknown";
 }

@@ -61,6 +61,31 @@ enum class RecomputePolicy : int32_t {
   kFull = 2,       ///< save only module inputs, rerun forward in backward
 };
 
+/// Keys and values of earlier positions, for incremental decoding (`loom generate`): each
+/// forward pass then carries only the new tokens, and every attention layer attends over
+/// the cached positions plus the new ones. Owned by the core, which advances it by the
+/// number of new tokens after each whole forward pass of the model.
+class IKvCache {
+ public:
+  /// Positions already cached before this forward pass (the same for every layer). The
+  /// new tokens sit at positions past_length() .. past_length() + T - 1.
+  virtual int64_t past_length() const noexcept = 0;
+  /// Appends one layer's keys and values of the new tokens and returns views of every
+  /// cached position, old and new.
+  /// \param owner       the layer (its `this`): each layer has its own slot
+  /// \param k, v        (B, T, G, D) keys (after rotary embedding) and values of the new tokens
+  /// \param[out] k_all  (B, past_length() + T, G, D), contiguous, same dtype and device
+  /// \param[out] v_all  (B, past_length() + T, G, D)
+  /// The views stay valid until the next `append` for the same owner. Fails with
+  /// kOutOfRange when the cache's capacity (the longest sequence it was made for) would be
+  /// exceeded.
+  virtual Status append(const void* owner, const TensorView* k, const TensorView* v,
+                        TensorView* k_all, TensorView* v_all) noexcept = 0;
+
+ protected:
+  ~IKvCache() = default;
+};
+
 /// State of one micro-batch between its forward and its backward. Owned by the core.
 class IForwardContext {
  public:
@@ -89,6 +114,9 @@ class IForwardContext {
   /// the run's seed, the step and the micro-batch: returns the key and the first counter.
   virtual void rng(const void* owner, uint64_t purpose, uint64_t* key,
                    uint64_t* counter) noexcept = 0;
+  /// The key/value cache of an incremental decoding pass, or null (training, evaluation,
+  /// any full-sequence forward). Never set when training() is true. (Interface 1.1.)
+  virtual IKvCache* kv_cache() noexcept = 0;
 };
 
 /// Base of every trainable module. Inputs and outputs are positional; each kind's header

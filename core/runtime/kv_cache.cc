@@ -1,0 +1,156 @@
+#include "core/runtime/kv_cache.h"
+
+#include <fmt/format.h>
+
+#include <cstring>
+
+#include "loom/cpp/error.h"
+
+namespace loom::core {
+namespace {
+
+std::string shape_text(const TensorView& v) {
+  std::string s = "(";
+  for (int32_t i = 0; i < v.ndim; ++i) s += (i ? ", " : "") + std::to_string(v.shape[i]);
+  return s + ")";
+}
+
+}  // namespace
+
+KvCache::KvCache(IHost& host, int64_t batch, int64_t capacity, Device device)
+    : host_(host), batch_(batch), capacity_(capacity), device_(device) {
+  if (batch < 1 || capacity < 1)
+    fail(Code::kInvalidArgument,
+         fmt::format("kv cache: batch {} and capacity {} must both be >= 1", batch, capacity));
+  if (device.type != DeviceType::kCpu)
+    fail(Code::kUnimplemented,
+         "kv cache: only host (CPU) memory is supported; decode on the CPU (device \"cpu\")");
+}
+
+KvCache::~KvCache() {
+  for (auto& [owner, slot] : slots_)
+    for (void* p : {slot.k, slot.v, slot.k_scratch, slot.v_scratch}) host_.deallocate(device_, p);
+}
+
+void* KvCache::allocate(uint64_t bytes) {
+  void* p = nullptr;
+  throw_if_error(host_.allocate(device_, bytes, 64, &p), "kv cache");
+  return p;
+}
+
+KvCache::Slot& KvCache::slot_for(const void* owner, const TensorView& k) {
+  int64_t g = k.shape[2], d = k.shape[3];
+  auto it = slots_.find(owner);
+  if (it != slots_.end()) {
+    const Slot& s = it->second;
+    if (s.dtype != k.dtype || s.groups != g || s.head_dim != d)
+      fail(Code::kInvalidArgument,
+           fmt::format("kv cache append: this layer cached {} keys with G = {}, D = {} before and "
+                       "now appends {} with G = {}, D = {}; one cache serves one model",
+                       dtype_name(s.dtype), s.groups, s.head_dim, dtype_name(k.dtype), g, d));
+    return it->second;
+  }
+  Slot s;
+  s.dtype = k.dtype;
+  s.groups = g;
+  s.head_dim = d;
+  uint64_t bytes = static_cast<uint64_t>(batch_ * capacity_ * g * d) * dtype_size(k.dtype);
+  try {
+    s.k = allocate(bytes);
+    s.v = allocate(bytes);
+    if (batch_ > 1) {
+      s.k_scratch = allocate(bytes);
+      s.v_scratch = allocate(bytes);
+    }
+  } catch (...) {  // no half-made slot stays behind
+    for (void* p : {s.k, s.v, s.k_scratch}) host_.deallocate(device_, p);
+    throw;
+  }
+  bytes_ += (batch_ > 1 ? 4 : 2) * bytes;
+  return slots_.emplace(owner, s).first->second;
+}
+
+Status KvCache::append(const void* owner, const TensorView* k, const TensorView* v,
+                       TensorView* k_all, TensorView* v_all) noexcept {
+  return guard([&] {
+    auto check = [&](const TensorView& x, const char* what) {
+      if (x.data == nullptr || x.ndim != 4 || !is_contiguous(x) || x.shape[0] != batch_ ||
+          x.device.type != device_.type || dtype_size(x.dtype) == 0)
+        fail(Code::kInvalidArgument,
+             fmt::format("kv cache append: {} must be a contiguous host tensor (B, T, G, D) with "
+                         "B = {} (the cache's batch), got {}{}",
+                         what, batch_, x.data == nullptr ? "none " : "", shape_text(x)));
+    };
+    check(*k, "k");
+    check(*v, "v");
+    for (int32_t i = 0; i < 4; ++i)
+      if (k->shape[i] != v->shape[i] || k->dtype != v->dtype)
+        fail(Code::kInvalidArgument,
+             fmt::format("kv cache append: k {} and v {} differ in shape or dtype", shape_text(*k),
+                         shape_text(*v)));
+    int64_t t = k->shape[1], g = k->shape[2], d = k->shape[3], total = past_ + t;
+    if (total > capacity_)
+      fail(Code::kOutOfRange,
+           fmt::format("kv cache full: {} cached + {} new positions exceed its capacity of {} "
+                       "positions (the longest sequence it was made for); stop at {} tokens or "
+                       "make the cache longer",
+                       past_, t, capacity_, capacity_));
+    Slot& slot = slot_for(owner, *k);
+    size_t row = static_cast<size_t>(g * d) * dtype_size(k->dtype);  // one position
+    auto* kb = static_cast<char*>(slot.k);
+    auto* vb = static_cast<char*>(slot.v);
+    const auto* kn = static_cast<const char*>(k->data);
+    const auto* vn = static_cast<const char*>(v->data);
+    for (int64_t b = 0; b < batch_; ++b) {  // sequence b occupies rows b * capacity ...
+      size_t to = static_cast<size_t>(b * capacity_ + past_) * row;
+      size_t from = static_cast<size_t>(b * t) * row;
+      if (t > 0) {
+        std::memcpy(kb + to, kn + from, static_cast<size_t>(t) * row);
+        std::memcpy(vb + to, vn + from, static_cast<size_t>(t) * row);
+      }
+    }
+    void* k_out = slot.k;
+    void* v_out = slot.v;
+    if (batch_ > 1) {  // gather each sequence's prefix into (B, total, G, D)
+      auto* ks = static_cast<char*>(slot.k_scratch);
+      auto* vs = static_cast<char*>(slot.v_scratch);
+      size_t n = static_cast<size_t>(total) * row;
+      for (int64_t b = 0; b < batch_; ++b) {
+        size_t from = static_cast<size_t>(b * capacity_) * row;
+        std::memcpy(ks + static_cast<size_t>(b) * n, kb + from, n);
+        std::memcpy(vs + static_cast<size_t>(b) * n, vb + from, n);
+      }
+      k_out = ks;
+      v_out = vs;
+    }
+    auto view = [&](void* data) {
+      TensorView out{};
+      out.data = data;
+      out.dtype = k->dtype;
+      out.device = device_;
+      out.ndim = 4;
+      const int64_t shape[4] = {batch_, total, g, d};
+      int64_t stride = 1;
+      for (int32_t i = 3; i >= 0; --i) {
+        out.shape[i] = shape[i];
+        out.strides[i] = stride;
+        stride *= shape[i];
+      }
+      return out;
+    };
+    *k_all = view(k_out);
+    *v_all = view(v_out);
+  });
+}
+
+void KvCache::advance(int64_t t) {
+  if (t < 0) fail(Code::kInvalidArgument, fmt::format("kv cache advance: {} < 0 positions", t));
+  if (past_ + t > capacity_)
+    fail(Code::kOutOfRange,
+         fmt::format("kv cache full: {} cached + {} new positions exceed its capacity of {} "
+                     "positions",
+                     past_, t, capacity_));
+  past_ += t;
+}
+
+}  // namespace loom::core

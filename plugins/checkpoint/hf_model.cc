@@ -1,0 +1,155 @@
+// The export direction: the model node of a loom checkpoint's spec as an HfModel.
+#include "plugins/checkpoint/hf_model.h"
+
+#include <set>
+
+#include "plugins/checkpoint/json_fields.h"
+
+namespace loom::checkpoint {
+namespace {
+
+using json = nlohmann::json;
+
+[[noreturn]] void refuse(const std::string& pointer, const json& value, const std::string& why) {
+  fail(Code::kUnimplemented,
+       "spec /model" + pointer + " = " + value.dump() + ": " + why +
+           "; the safetensors export writes GPT2LMHeadModel (layernorm, learned positions, "
+           "gelu_tanh, biases) or LlamaForCausalLM (rmsnorm, rope, swiglu, no biases): save "
+           "this model with the sharded format instead");
+}
+
+// Refuses keys of `node` (at `pointer`) that the export does not know: a setting it would
+// otherwise silently drop.
+void known_keys(const json& node, const std::string& pointer, std::set<std::string> known) {
+  for (auto& [key, value] : node.items())
+    if (!known.count(key) && !value.is_null())
+      refuse(pointer + "/" + key, value, "this setting has no Hugging Face counterpart here");
+}
+
+std::optional<int64_t> eod_id(const json& metadata) {
+  const json& data = child(child(metadata, "spec"), "data");
+  const json& trainer = child(metadata, "trainer");
+  for (const json* j : {&data, &child(trainer, "tokenizer"), &trainer})
+    for (const char* key : {"eod_id", "eod"})
+      if (j->contains(key) && (*j)[key].is_number_integer()) return (*j)[key].get<int64_t>();
+  return std::nullopt;
+}
+
+}  // namespace
+
+const char* hf_architecture(HfFamily family) {
+  return family == HfFamily::kGpt2 ? "GPT2LMHeadModel" : "LlamaForCausalLM";
+}
+
+HfModel hf_model_from_metadata(const json& metadata) {
+  const json& spec = child(metadata, "spec");
+  const json& m = child(spec, "model");
+  if (m.empty())
+    fail(Code::kInvalidArgument,
+         "safetensors export: the checkpoint metadata has no spec.model node (the core passes "
+         "the resolved spec)");
+  const std::string at = "spec /model/";
+  if (get_or<std::string>(m, "impl", "", at) != "gpt")
+    refuse("/impl", m.value("impl", json()), "only the 'gpt' model maps to GPT-2 or LLaMA");
+  known_keys(m, "",
+             {"impl", "num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
+              "kv_channels", "ffn_hidden_size", "vocab_size", "max_position_embeddings",
+              "position_embedding", "rotary", "add_bias_linear", "add_qkv_bias", "tie_embeddings",
+              "init_std", "hidden_dropout", "attention_dropout", "layer", "final_norm"});
+  const json& layer = child(m, "layer");
+  const json& norm = child(layer, "norm");
+  const json& attention = child(layer, "attention");
+  const json& mlp = child(layer, "mlp");
+  const json& final_norm = child(m, "final_norm");
+  if (get_or<std::string>(layer, "impl", "", at) != "transformer_layer")
+    refuse("/layer/impl", layer.value("impl", json()), "only transformer_layer maps");
+  if (get_or<std::string>(mlp, "impl", "mlp", at) != "mlp")
+    refuse("/layer/mlp/impl", mlp["impl"], "only the dense mlp maps (no mixture of experts)");
+  known_keys(layer, "/layer", {"impl", "norm", "attention", "mlp"});
+  known_keys(attention, "/layer/attention", {"impl", "causal", "softmax_scale"});
+  known_keys(mlp, "/layer/mlp", {"impl", "activation"});
+  known_keys(norm, "/layer/norm", {"impl", "eps", "zero_centered_gamma"});
+  known_keys(final_norm, "/final_norm", {"impl", "eps", "zero_centered_gamma"});
+
+  HfModel h;
+  h.layers = get_or<int64_t>(m, "num_layers", 0, at);
+  h.hidden = get_or<int64_t>(m, "hidden_size", 0, at);
+  h.heads = get_or<int64_t>(m, "num_attention_heads", 0, at);
+  h.vocab = get_or<int64_t>(m, "vocab_size", 0, at);
+  if (h.layers < 1 || h.hidden < 1 || h.heads < 1 || h.vocab < 1 || h.hidden % h.heads != 0)
+    fail(Code::kInvalidArgument,
+         "spec /model: num_layers, hidden_size, num_attention_heads and "
+         "vocab_size must be set, with heads dividing hidden_size");
+  h.groups = get_or<int64_t>(m, "num_query_groups", h.heads, at);
+  h.head_dim = get_or<int64_t>(m, "kv_channels", h.hidden / h.heads, at);
+  if (h.head_dim != h.hidden / h.heads)
+    refuse("/kv_channels", m["kv_channels"],
+           "a head dimension other than hidden_size / num_attention_heads needs head_dim, which "
+           "transformers 4.40 does not read");
+  h.ffn = get_or<int64_t>(m, "ffn_hidden_size", 4 * h.hidden, at);
+  int64_t seq = get_or<int64_t>(child(spec, "train"), "seq_length", 0, "spec /train/");
+  h.positions = get_or<int64_t>(m, "max_position_embeddings", seq, at);
+  if (h.positions < 1)
+    fail(Code::kInvalidArgument,
+         "spec /model/max_position_embeddings is null and the spec has "
+         "no train.seq_length to default it to");
+  h.tied = get_or<bool>(m, "tie_embeddings", true, at);
+  h.init_std = get_or<double>(m, "init_std", 0.02, at);
+  h.eps = get_or<double>(norm, "eps", 1e-5, at + "layer/norm/");
+  h.activation = get_or<std::string>(mlp, "activation", "gelu", at + "layer/mlp/");
+  h.bos = h.eos = eod_id(metadata);
+  bool bias = get_or<bool>(m, "add_bias_linear", true, at);
+  bool qkv_bias = get_or<bool>(m, "add_qkv_bias", bias, at);
+  std::string norm_impl = get_or<std::string>(norm, "impl", "layernorm", at + "layer/norm/");
+
+  if (!get_or<bool>(attention, "causal", true, at))
+    refuse("/layer/attention/causal", attention["causal"], "Hugging Face decoders are causal");
+  if (attention.contains("softmax_scale") && !attention["softmax_scale"].is_null())
+    refuse("/layer/attention/softmax_scale", attention["softmax_scale"],
+           "both architectures scale by 1 / sqrt(head dim)");
+  if (get_or<bool>(norm, "zero_centered_gamma", false, at))
+    refuse("/layer/norm/zero_centered_gamma", true, "norm weights are stored as gamma");
+  if (get_or<std::string>(final_norm, "impl", norm_impl, at) != norm_impl)
+    refuse("/final_norm/impl", final_norm["impl"], "the final norm must be a " + norm_impl);
+  if (get_or<double>(final_norm, "eps", 1e-5, at) != h.eps)
+    refuse("/final_norm/eps", final_norm.value("eps", json(1e-5)),
+           "config.json has one epsilon for every norm; make it equal /layer/norm/eps");
+  if (get_or<bool>(final_norm, "zero_centered_gamma", false, at))
+    refuse("/final_norm/zero_centered_gamma", true, "norm weights are stored as gamma");
+
+  std::string position = get_or<std::string>(m, "position_embedding", "learned", at);
+  if (position == "learned") {  // GPT-2
+    h.family = HfFamily::kGpt2;
+    if (norm_impl != "layernorm") refuse("/layer/norm/impl", norm_impl, "GPT-2 uses layernorm");
+    if (h.activation != "gelu_tanh" && h.activation != "gelu")
+      refuse("/layer/mlp/activation", h.activation, "GPT-2 uses gelu_tanh (gelu_new) or gelu");
+    if (!bias) refuse("/add_bias_linear", false, "GPT-2 has biases on every linear");
+    if (!qkv_bias) refuse("/add_qkv_bias", false, "GPT-2 has a bias on the QKV projection");
+    if (h.groups != h.heads)
+      refuse("/num_query_groups", h.groups, "GPT-2 has multi-head attention only");
+  } else if (position == "rope") {  // LLaMA
+    h.family = HfFamily::kLlama;
+    if (norm_impl != "rmsnorm") refuse("/layer/norm/impl", norm_impl, "LLaMA uses rmsnorm");
+    if (h.activation != "swiglu")
+      refuse("/layer/mlp/activation", h.activation, "LLaMA uses swiglu");
+    if (bias) refuse("/add_bias_linear", true, "LLaMA has no biases");
+    if (qkv_bias) refuse("/add_qkv_bias", true, "LLaMA has no biases");
+    if (h.groups < 1 || h.heads % h.groups != 0)
+      refuse("/num_query_groups", h.groups, "must divide num_attention_heads");
+    const json& rotary = child(m, "rotary");
+    known_keys(rotary, "/rotary", {"base", "percent", "scaling"});
+    h.rope_base = get_or<double>(rotary, "base", 10000.0, at + "rotary/");
+    if (get_or<double>(rotary, "percent", 1.0, at + "rotary/") != 1.0)
+      refuse("/rotary/percent", rotary["percent"], "LLaMA rotates the whole head");
+    const json& scaling = child(rotary, "scaling");
+    std::string type = get_or<std::string>(scaling, "type", "none", at + "rotary/scaling/");
+    if (type != "none" && type != "linear" && type != "llama3")
+      refuse("/rotary/scaling/type", type, "only linear and llama3 scaling map");
+    h.rope_scaling = scaling;
+  } else {
+    refuse("/position_embedding", position, "GPT-2 needs learned, LLaMA rope positions");
+  }
+  return h;
+}
+
+}  // namespace loom::checkpoint

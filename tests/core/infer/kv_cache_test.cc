@@ -1,0 +1,110 @@
+// The KV cache on its own: appended rows come back in order for every sequence of a batch
+// (B == 1: the buffer itself; B > 1: a contiguous gather), owners have separate slots,
+// memory comes from the host's allocator, and a full cache fails naming its capacity.
+#include "core/runtime/kv_cache.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "core/plugin/host.h"
+#include "loom/cpp/tensor.h"
+
+namespace loom {
+namespace {
+
+constexpr int64_t kG = 2, kD = 3;
+
+// Value of (sequence b, position s, group g, channel d) for key (v = 0) or value (v = 1).
+float value_at(int64_t b, int64_t s, int64_t g, int64_t d, int v) {
+  return static_cast<float>(v * 100000 + b * 10000 + s * 100 + g * 10 + d);
+}
+
+// (B, T, G, D) rows of positions first .. first + T - 1.
+std::vector<float> rows(int64_t b, int64_t first, int64_t t, int v) {
+  std::vector<float> out;
+  for (int64_t i = 0; i < b; ++i)
+    for (int64_t s = first; s < first + t; ++s)
+      for (int64_t g = 0; g < kG; ++g)
+        for (int64_t d = 0; d < kD; ++d) out.push_back(value_at(i, s, g, d, v));
+  return out;
+}
+
+void expect_all(const TensorView& view, int64_t b, int64_t total, int v) {
+  ASSERT_EQ(view.ndim, 4);
+  EXPECT_EQ(view.shape[0], b);
+  EXPECT_EQ(view.shape[1], total);
+  EXPECT_EQ(view.shape[2], kG);
+  EXPECT_EQ(view.shape[3], kD);
+  EXPECT_TRUE(is_contiguous(view));
+  std::vector<float> want = rows(b, 0, total, v);
+  const auto* got = static_cast<const float*>(view.data);
+  for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(got[i], want[i]) << "element " << i;
+}
+
+TEST(KvCache, AppendsInOrderForEveryBatchSize) {
+  for (int64_t b : {1, 3}) {
+    SCOPED_TRACE("B = " + std::to_string(b));
+    core::Host host(nullptr, 0);
+    uint64_t before = host.cpu_memory().current;
+    {
+      core::KvCache cache(host, b, 8);
+      int layer0 = 0, layer1 = 0;  // two owners
+      int64_t pos = 0;
+      for (int64_t t : {3, 1, 2, 1}) {
+        for (const void* owner :
+             {static_cast<const void*>(&layer0), static_cast<const void*>(&layer1)}) {
+          std::vector<float> k = rows(b, pos, t, 0), v = rows(b, pos, t, 1);
+          TensorView kv = make_view(k.data(), DType::kF32, {b, t, kG, kD});
+          TensorView vv = make_view(v.data(), DType::kF32, {b, t, kG, kD});
+          TensorView k_all{}, v_all{};
+          throw_if_error(cache.append(owner, &kv, &vv, &k_all, &v_all));
+          expect_all(k_all, b, pos + t, 0);
+          expect_all(v_all, b, pos + t, 1);
+        }
+        cache.advance(t);
+        pos += t;
+        EXPECT_EQ(cache.past_length(), pos);
+      }
+      // Two owners, keys and values, (B, 8, G, D) f32 each; B > 1 adds a gather scratch.
+      uint64_t expected = 2 * 2 * static_cast<uint64_t>(b * 8 * kG * kD) * 4 * (b > 1 ? 2 : 1);
+      EXPECT_EQ(cache.bytes(), expected);
+      EXPECT_GE(host.cpu_memory().current - before, expected);
+      cache.reset();
+      EXPECT_EQ(cache.past_length(), 0);
+    }
+    EXPECT_EQ(host.cpu_memory().current, before);  // freed with the cache
+  }
+}
+
+TEST(KvCache, FullCacheNamesItsCapacity) {
+  core::Host host(nullptr, 0);
+  core::KvCache cache(host, 1, 4);
+  int owner = 0;
+  std::vector<float> k = rows(1, 0, 3, 0), v = rows(1, 0, 3, 1);
+  TensorView kv = make_view(k.data(), DType::kF32, {1, 3, kG, kD});
+  TensorView vv = make_view(v.data(), DType::kF32, {1, 3, kG, kD});
+  TensorView k_all{}, v_all{};
+  throw_if_error(cache.append(&owner, &kv, &vv, &k_all, &v_all));
+  cache.advance(3);
+  Status s = cache.append(&owner, &kv, &vv, &k_all, &v_all);  // 3 + 3 > 4
+  ASSERT_EQ(s.code, Code::kOutOfRange);
+  std::string message = take_message(&s);
+  EXPECT_NE(message.find("capacity of 4"), std::string::npos) << message;
+  EXPECT_THROW(cache.advance(2), Error);
+  // A batch that differs from the cache's, or an owner that changes its shape, is refused.
+  TensorView k2 = make_view(k.data(), DType::kF32, {3, 1, kG, kD});
+  s = cache.append(&owner, &k2, &k2, &k_all, &v_all);
+  EXPECT_EQ(s.code, Code::kInvalidArgument);
+  status_release(&s);
+  TensorView k3 = make_view(k.data(), DType::kF32, {1, 1, kD, kG});
+  s = cache.append(&owner, &k3, &k3, &k_all, &v_all);
+  EXPECT_EQ(s.code, Code::kInvalidArgument);
+  status_release(&s);
+  EXPECT_THROW(core::KvCache(host, 0, 4), Error);
+  EXPECT_THROW(core::KvCache(host, 1, 4, Device{DeviceType::kCuda, 0}), Error);
+}
+
+}  // namespace
+}  // namespace loom

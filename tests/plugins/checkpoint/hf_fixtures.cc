@@ -1,0 +1,88 @@
+#include "tests/plugins/checkpoint/hf_fixtures.h"
+
+#include <cstring>
+#include <stdexcept>
+
+#include "plugins/checkpoint/safetensors_file.h"
+
+namespace loom::testing {
+
+nlohmann::json tiny_spec(const Tiny& m) {
+  std::string norm = m.llama ? "rmsnorm" : "layernorm";
+  nlohmann::json model = {
+      {"impl", "gpt"},
+      {"num_layers", m.l},
+      {"hidden_size", m.c},
+      {"num_attention_heads", m.h},
+      {"num_query_groups", m.g},
+      {"kv_channels", nullptr},
+      {"ffn_hidden_size", m.f},
+      {"vocab_size", m.v},
+      {"max_position_embeddings", m.p},
+      {"position_embedding", m.llama ? "rope" : "learned"},
+      {"rotary", {{"base", 10000}, {"percent", 1.0}, {"scaling", {{"type", "none"}}}}},
+      {"add_bias_linear", !m.llama},
+      {"add_qkv_bias", nullptr},
+      {"tie_embeddings", m.tied},
+      {"init_std", 0.02},
+      {"hidden_dropout", 0.0},
+      {"attention_dropout", 0.0},
+      {"layer",
+       {{"impl", "transformer_layer"},
+        {"norm", {{"impl", norm}, {"eps", 1e-5}, {"zero_centered_gamma", false}}},
+        {"attention", {{"impl", "dot_product"}, {"causal", true}, {"softmax_scale", nullptr}}},
+        {"mlp", {{"impl", "mlp"}, {"activation", m.llama ? "swiglu" : "gelu_tanh"}}}}},
+      {"final_norm", {{"impl", norm}, {"eps", 1e-5}, {"zero_centered_gamma", false}}}};
+  return {{"model", model}, {"train", {{"seq_length", m.p}}}, {"optimizer", {{"impl", "adamw"}}}};
+}
+
+std::vector<OwnedTensor> tiny_weights(const Tiny& m, DType dtype, std::mt19937& rng) {
+  std::vector<OwnedTensor> out;
+  auto add = [&](const std::string& name, std::vector<int64_t> shape) {
+    out.push_back(random_tensor("model." + name, dtype, std::move(shape), rng));
+  };
+  const int64_t c = m.c, d = m.d();
+  add("embedding.word_embeddings.weight", {m.v, c});
+  if (!m.llama) add("embedding.position_embeddings.weight", {m.p, c});
+  for (int64_t i = 0; i < m.l; ++i) {
+    std::string p = "decoder.layers." + std::to_string(i) + ".";
+    add(p + "input_layernorm.weight", {c});
+    add(p + "self_attention.linear_qkv.weight", {m.g * (m.h / m.g + 2) * d, c});
+    add(p + "self_attention.linear_proj.weight", {c, m.h * d});
+    add(p + "pre_mlp_layernorm.weight", {c});
+    add(p + "mlp.linear_fc1.weight", {m.llama ? 2 * m.f : m.f, c});
+    add(p + "mlp.linear_fc2.weight", {c, m.f});
+    if (m.llama) continue;
+    add(p + "input_layernorm.bias", {c});
+    add(p + "self_attention.linear_qkv.bias", {3 * c});
+    add(p + "self_attention.linear_proj.bias", {c});
+    add(p + "pre_mlp_layernorm.bias", {c});
+    add(p + "mlp.linear_fc1.bias", {m.f});
+    add(p + "mlp.linear_fc2.bias", {c});
+  }
+  add("decoder.final_layernorm.weight", {c});
+  if (!m.llama) add("decoder.final_layernorm.bias", {c});
+  if (!m.tied) add("output_layer.weight", {m.v, c});
+  return out;
+}
+
+const OwnedTensor& by_name(const std::vector<OwnedTensor>& tensors, const std::string& name) {
+  for (const OwnedTensor& t : tensors)
+    if (t.name == name) return t;
+  throw std::runtime_error("no tensor " + name);
+}
+
+float at(const OwnedTensor& t, int64_t i, int64_t j, int64_t cols) {
+  return t.floats()[static_cast<size_t>(i * cols + j)];
+}
+
+void write_hf_weights(const std::filesystem::path& file, const std::vector<OwnedTensor>& tensors) {
+  std::vector<checkpoint::SafetensorsOutput> out;
+  for (const OwnedTensor& t : tensors)
+    out.push_back({t.name, t.dtype, t.global_shape, [&t](unsigned char* bytes) {
+                     std::memcpy(bytes, t.bytes.data(), t.bytes.size());
+                   }});
+  checkpoint::write_safetensors(file, std::move(out), {{"format", "pt"}});
+}
+
+}  // namespace loom::testing

@@ -1,0 +1,40 @@
+// Tiny GPT-2 and LLaMA models for the safetensors tests: their loom spec and the loom
+// weights (names and shapes written out here independently of the plugin's own layout
+// code), and a writer of Hugging Face directories.
+#pragma once
+
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "tests/plugins/checkpoint/checkpoint_env.h"
+
+namespace loom::testing {
+
+/// Sizes of a tiny model: C hidden, H heads, G groups, F ffn, V vocab, P positions, L layers.
+struct Tiny {
+  int64_t c = 8, h = 2, g = 2, f = 32, v = 11, p = 6, l = 2;
+  bool tied = true;
+  bool llama = false;
+  int64_t d() const { return c / h; }
+};
+
+/// The resolved-looking spec of `m` (GPT-2 style, or LLaMA style when m.llama).
+nlohmann::json tiny_spec(const Tiny& m);
+
+/// Random loom weights of `m` ("model." names) in `dtype`.
+std::vector<OwnedTensor> tiny_weights(const Tiny& m, DType dtype, std::mt19937& rng);
+
+/// The weight called `name` in `tensors`.
+const OwnedTensor& by_name(const std::vector<OwnedTensor>& tensors, const std::string& name);
+
+/// Element [i][j] of a row-major 2-D f32 tensor with `cols` columns.
+float at(const OwnedTensor& t, int64_t i, int64_t j, int64_t cols);
+
+/// Writes `tensors` (Hugging Face names) to dir/file as safetensors (no loom metadata).
+void write_hf_weights(const std::filesystem::path& file, const std::vector<OwnedTensor>& tensors);
+
+}  // namespace loom::testing

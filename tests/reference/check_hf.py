@@ -1,0 +1,119 @@
+"""loom against Hugging Face transformers (4.40): export and import of model weights.
+
+Run by the Python of the Hugging Face environment that tools/setup makes
+($LOOM_PYREF/bin/python: transformers and safetensors over Debian's torch). Modes:
+
+  check-export DIR     DIR/model is a directory loom's safetensors format wrote and
+                       DIR/loom.safetensors loom's logits for "tokens": load DIR/model with
+                       GPT2LMHeadModel / LlamaForCausalLM.from_pretrained (no missing,
+                       unexpected or mismatched weights) and compare the logits.
+  make DIR gpt2|llama  a random tiny model of that family, saved with
+                       save_pretrained(DIR, safe_serialization=True), and DIR/hf.safetensors
+                       with fixed "tokens" and its "logits".
+  check-import DIR     compare DIR/loom.safetensors (loom's logits after importing DIR)
+                       with DIR/hf.safetensors.
+
+Logits are compared in f32 as max|loom - hf| <= ATOL + RTOL * max|hf|.
+"""
+import json
+import sys
+
+try:
+    import torch
+    import transformers
+    from safetensors.torch import load_file, save_file
+except ImportError as e:
+    sys.exit(f"check_hf: {e}: the Hugging Face environment is missing or incomplete; run tools/setup")
+
+ATOL, RTOL = 1e-5, 1e-4
+
+
+def compare(what, loom, hf):
+    loom, hf = loom.double(), hf.double()
+    if loom.shape != hf.shape:
+        sys.exit(f"check_hf: {what}: loom logits {tuple(loom.shape)} vs transformers {tuple(hf.shape)}")
+    err = (loom - hf).abs().max().item()
+    scale = hf.abs().max().item()
+    spread = hf.std().item()
+    print(f"{what}: max |loom - transformers| = {err:.3g} (max |logit| {scale:.3g}, std {spread:.3g})")
+    if spread < 1e-2:
+        sys.exit(f"check_hf: {what}: the logits hardly vary (std {spread:.3g}); the test would prove nothing")
+    if not err <= ATOL + RTOL * scale:
+        sys.exit(f"check_hf: {what}: max |loom - transformers| = {err:.3g} > {ATOL} + {RTOL} * {scale:.3g}")
+
+
+def model_class(config):
+    arch = config["architectures"][0]
+    if arch not in ("GPT2LMHeadModel", "LlamaForCausalLM"):
+        sys.exit(f"check_hf: unexpected architecture {arch}")
+    return getattr(transformers, arch)
+
+
+def check_export(work):
+    config = json.load(open(f"{work}/model/config.json"))
+    cls = model_class(config)
+    model, info = cls.from_pretrained(f"{work}/model", output_loading_info=True,
+                                      torch_dtype=torch.float32, attn_implementation="eager")
+    problems = {k: v for k, v in info.items() if v}
+    if problems:
+        sys.exit(f"check_hf: {cls.__name__}.from_pretrained({work}/model): {problems}")
+    loom = load_file(f"{work}/loom.safetensors")
+    with torch.no_grad():
+        logits = model.eval()(loom["tokens"].long()).logits
+    compare(f"export {cls.__name__} ({work})", loom["logits"], logits)
+
+
+def make(work, family):
+    torch.manual_seed(1234 if family == "gpt2" else 4321)
+    if family == "gpt2":
+        config = transformers.GPT2Config(
+            vocab_size=97, n_positions=32, n_embd=32, n_layer=2, n_head=4,
+            activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+            layer_norm_epsilon=1e-5, tie_word_embeddings=True, bos_token_id=0, eos_token_id=0)
+        model = transformers.GPT2LMHeadModel(config)
+    else:
+        config = transformers.LlamaConfig(
+            vocab_size=101, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+            rms_norm_eps=1e-6, rope_theta=10000.0, rope_scaling={"type": "linear", "factor": 2.0},
+            tie_word_embeddings=False, attention_bias=False, bos_token_id=1, eos_token_id=2)
+        model = transformers.LlamaForCausalLM(config)
+    # Weights far from their initialisation (norm weights and biases included), so that
+    # every tensor's layout shows in the logits.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.normal_(0.0, 0.2)
+            if "norm" in name or "ln_" in name:
+                p.add_(1.0 if name.endswith("weight") else 0.0)
+    model.eval()
+    model.save_pretrained(work, safe_serialization=True)
+    tokens = torch.randint(0, config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        logits = model(tokens).logits
+    save_file({"tokens": tokens.to(torch.int32), "logits": logits.float().contiguous()},
+              f"{work}/hf.safetensors")
+    print(f"make: {type(model).__name__} in {work}")
+
+
+def check_import(work):
+    loom = load_file(f"{work}/loom.safetensors")
+    hf = load_file(f"{work}/hf.safetensors")
+    if not torch.equal(loom["tokens"], hf["tokens"]):
+        sys.exit("check_hf: loom ran other tokens than transformers")
+    compare(f"import {work}", loom["logits"], hf["logits"])
+
+
+def main():
+    mode = sys.argv[1] if len(sys.argv) > 1 else ""
+    if mode == "check-export" and len(sys.argv) == 3:
+        check_export(sys.argv[2])
+    elif mode == "make" and len(sys.argv) == 4 and sys.argv[3] in ("gpt2", "llama"):
+        make(sys.argv[2], sys.argv[3])
+    elif mode == "check-import" and len(sys.argv) == 3:
+        check_import(sys.argv[2])
+    else:
+        sys.exit(__doc__)
+
+
+if __name__ == "__main__":
+    main()

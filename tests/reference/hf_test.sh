@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# loom against Hugging Face transformers through the safetensors checkpoint format.
+#   export: tiny GPT-2 and LLaMA-style loom models exported, loaded by
+#           GPT2LMHeadModel / LlamaForCausalLM.from_pretrained, same logits;
+#   import: random tiny models saved by transformers' save_pretrained, read by loom (spec
+#           from config.json, weights by loom name), same logits.
+# Needs the Hugging Face environment of tools/setup at $LOOM_PYREF (tools/loom test passes
+# it; default ~/.cache/loom/pyref). usage: hf_test.sh export|import
+set -euo pipefail
+direction=$1
+# Bazel runs tests without HOME; the account's home directory is where tools/setup put it.
+home="${HOME:-$(getent passwd "$(id -u)" | cut -d: -f6)}"
+pyref="${LOOM_PYREF:-${XDG_CACHE_HOME:-$home/.cache}/loom/pyref}"
+py="$pyref/bin/python"
+if ! "$py" -c 'import torch, transformers, safetensors' 2>/dev/null; then
+  echo "hf_test: $py cannot import torch, transformers and safetensors: the Hugging Face" \
+    "environment is missing; run tools/setup (or set LOOM_PYREF to it)" >&2
+  exit 1
+fi
+plugins=(kernels/cpu plugins/transformer plugins/fused_attention plugins/optim plugins/checkpoint)
+work="${TEST_TMPDIR:-$(mktemp -d)}/hf_$direction"
+rm -rf "$work" && mkdir -p "$work"
+export OMP_NUM_THREADS=2
+if [[ "$direction" == export ]]; then
+  for spec in gpt2_tiny llama_tiny; do
+    tests/reference/hf_reference export "tests/reference/$spec.json" "$work/$spec" "${plugins[@]}"
+    "$py" tests/reference/check_hf.py check-export "$work/$spec"
+  done
+else
+  for family in gpt2 llama; do
+    "$py" tests/reference/check_hf.py make "$work/$family" "$family"
+    tests/reference/hf_reference import "$work/$family" "${plugins[@]}"
+    "$py" tests/reference/check_hf.py check-import "$work/$family"
+  done
+fi
