@@ -238,4 +238,29 @@ std::optional<fs::path> CheckpointReader::tokenizer() const {
   return std::nullopt;
 }
 
+std::vector<std::pair<std::string, fs::path>> tokenizer_files(const fs::path& path,
+                                                              const std::string& prefix) {
+  std::vector<std::pair<std::string, fs::path>> out;
+  std::error_code ec;
+  auto add = [&](const fs::path& from, const std::string& name) {
+    if (fs::is_regular_file(from, ec)) out.emplace_back(prefix + name, from);
+  };
+  if (fs::is_directory(path, ec)) {
+    for (const char* name : {"tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json",
+                             "special_tokens_map.json"})
+      add(path / name, name);
+  } else if (path.extension() == ".json" && path.filename() != "vocab.json" &&
+             path.filename().string().find("vocab") == std::string::npos) {
+    add(path, "tokenizer.json");
+  } else {
+    add(path, "vocab.json");
+    std::string merges = path.filename().string();
+    size_t at = merges.find("vocab.json");
+    if (at != std::string::npos) merges.replace(at, 10, "merges.txt");
+    add(path.parent_path() / merges, "merges.txt");
+    add(path.parent_path() / "tokenizer_config.json", "tokenizer_config.json");
+  }
+  return out;
+}
+
 }  // namespace loom::core

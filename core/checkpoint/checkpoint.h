@@ -50,6 +50,12 @@ ObjectPtr make_checkpoint_format(PluginManager& plugins, nlohmann::json node,
 /// directory and the formats tried when none does.
 std::string detect_format(PluginManager& plugins, const std::filesystem::path& dir);
 
+/// The files of the tokenizer at `path` (a directory holding tokenizer.json or vocab.json +
+/// merges.txt and their configs, a tokenizer.json, or a vocab.json with its merges.txt), as
+/// {prefix + name in a checkpoint, source}: what a checkpoint copies to stay self-contained.
+std::vector<std::pair<std::string, std::filesystem::path>> tokenizer_files(
+    const std::filesystem::path& path, const std::string& prefix);
+
 /// A checkpoint opened for reading.
 class CheckpointReader {
  public:

@@ -109,13 +109,6 @@ uint64_t max_rss_bytes() {
   return static_cast<uint64_t>(usage.ru_maxrss) * 1024;
 }
 
-std::string human_bytes(double b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (b >= 1024 && u < 4) b /= 1024, ++u;
-  return fmt::format("{:.1f} {}", b, units[u]);
-}
-
 }  // namespace
 
 Trainer::Trainer(const nlohmann::json& spec, PluginManager& plugins,

@@ -1,5 +1,7 @@
 #include "core/util/log.h"
 
+#include <fmt/format.h>
+
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -64,6 +66,13 @@ void log(LogLevel level, std::string_view source, std::string_view message) {
   line += '\n';
   std::lock_guard<std::mutex> lock(g_mutex);
   std::fwrite(line.data(), 1, line.size(), stderr);
+}
+
+std::string human_bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) b /= 1024, ++u;
+  return fmt::format("{:.1f} {}", b, units[u]);
 }
 
 }  // namespace loom::core

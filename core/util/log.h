@@ -1,6 +1,7 @@
 // The core's logger: one line per message on stderr, with level and source.
 #pragma once
 
+#include <string>
 #include <string_view>
 
 #include "loom/types.h"
@@ -9,6 +10,9 @@ namespace loom::core {
 
 /// Sets the lowest level that is printed (default kInfo; LOOM_LOG_LEVEL overrides).
 void set_log_level(LogLevel level);
+
+/// A byte count for people: "48.9 MiB" (one decimal, binary units up to TiB).
+std::string human_bytes(double bytes);
 /// Lowest level printed.
 LogLevel log_level();
 /// Parses "debug" / "info" / "warning" / "error"; returns false for anything else.

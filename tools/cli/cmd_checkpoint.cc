@@ -11,6 +11,7 @@
 #include "core/spec/spec.h"
 #include "core/util/errors.h"
 #include "core/util/files.h"
+#include "core/util/log.h"
 #include "loom/cpp/object.h"
 #include "loom/cpp/tensor.h"
 #include "tools/cli/commands.h"
@@ -26,13 +27,6 @@ constexpr const char* kInspectUsage =
 constexpr const char* kConvertUsage =
     "loom checkpoint convert SRC DST --to sharded|safetensors [--dtype f32|bf16|f16] "
     "[--plugin-path DIR]";
-
-std::string human_bytes(double b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (b >= 1024 && u < 4) b /= 1024, ++u;
-  return fmt::format("{:.1f} {}", b, units[u]);
-}
 
 uint64_t disk_bytes(const fs::path& dir) {
   uint64_t total = 0;
@@ -128,10 +122,10 @@ void print_description(const nlohmann::json& d, bool verify) {
                   ? "?"
                   : d["loom_version"].get<std::string>().c_str());
   std::printf("  size on disk: %s; model: %lld parameters (%s); optimizer state: %s\n",
-              human_bytes(d["disk_bytes"].get<double>()).c_str(),
+              core::human_bytes(d["disk_bytes"].get<double>()).c_str(),
               static_cast<long long>(d["model_parameters"].get<int64_t>()),
-              human_bytes(d["model_bytes"].get<double>()).c_str(),
-              human_bytes(d["optimizer_bytes"].get<double>()).c_str());
+              core::human_bytes(d["model_bytes"].get<double>()).c_str(),
+              core::human_bytes(d["optimizer_bytes"].get<double>()).c_str());
   if (d.contains("trainer")) {
     const nlohmann::json& t = d["trainer"];
     std::printf("  trainer: optimizer %s, data position %lld, loss scale %g\n",
@@ -150,7 +144,7 @@ void print_description(const nlohmann::json& d, bool verify) {
     if (verify) status = t["verified"].get<bool>() ? "  ok" : "  DAMAGED: " + t.value("error", "");
     std::printf("    %-64s %-5s %-18s %10s%s\n", t["name"].get<std::string>().c_str(),
                 t["dtype"].get<std::string>().c_str(), t["shape"].dump().c_str(),
-                human_bytes(t["bytes"].get<double>()).c_str(), status.c_str());
+                core::human_bytes(t["bytes"].get<double>()).c_str(), status.c_str());
   }
 }
 
@@ -190,7 +184,7 @@ int inspect(const std::vector<std::string>& argv) {
       std::printf("checkpoint root %s: %zu checkpoints\n", path.string().c_str(), all.size());
       for (const auto& c : list)
         std::printf("  %s  %10s%s\n", c["dir"].get<std::string>().c_str(),
-                    human_bytes(c["disk_bytes"].get<double>()).c_str(),
+                    core::human_bytes(c["disk_bytes"].get<double>()).c_str(),
                     c["latest"].get<bool>() ? "  <- latest" : "");
     }
   }
@@ -260,13 +254,9 @@ int convert(const std::vector<std::string>& argv) {
   std::vector<core::SaveTensor> saves;
   for (const LoadedTensor& t : tensors) saves.push_back(t.save);
   std::vector<std::pair<std::string, fs::path>> extra;
-  if (std::optional<fs::path> tok = reader.tokenizer()) {
+  if (std::optional<fs::path> tok = reader.tokenizer())
     // Hugging Face keeps tokenizer files beside the weights; loom under tokenizer/.
-    std::string prefix = to == "safetensors" ? "" : "tokenizer/";
-    for (const char* name : {"tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json",
-                             "special_tokens_map.json"})
-      if (fs::is_regular_file(*tok / name, ec)) extra.emplace_back(prefix + name, *tok / name);
-  }
+    extra = core::tokenizer_files(*tok, to == "safetensors" ? "" : "tokenizer/");
   // sharded: DST is a checkpoint root (DST/iter_N and latest); safetensors: DST is the
   // Hugging Face model directory itself.
   fs::path final_dir =

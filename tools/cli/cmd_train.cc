@@ -98,32 +98,6 @@ void install_stop_handlers() {
   sigaction(SIGTERM, &action, nullptr);
 }
 
-// The files of the tokenizer at `path` (a directory, a tokenizer.json or a vocab.json with
-// its merges.txt), as {name in the checkpoint, source}.
-std::vector<std::pair<std::string, fs::path>> tokenizer_files(const fs::path& path) {
-  std::vector<std::pair<std::string, fs::path>> out;
-  std::error_code ec;
-  auto add = [&](const fs::path& from, const std::string& name) {
-    if (fs::is_regular_file(from, ec)) out.emplace_back("tokenizer/" + name, from);
-  };
-  if (fs::is_directory(path, ec)) {
-    for (const char* name : {"tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json",
-                             "special_tokens_map.json"})
-      add(path / name, name);
-  } else if (path.extension() == ".json" && path.filename() != "vocab.json" &&
-             path.filename().string().find("vocab") == std::string::npos) {
-    add(path, "tokenizer.json");
-  } else {
-    add(path, "vocab.json");
-    std::string merges = path.filename().string();
-    size_t at = merges.find("vocab.json");
-    if (at != std::string::npos) merges.replace(at, 10, "merges.txt");
-    add(path.parent_path() / merges, "merges.txt");
-    add(path.parent_path() / "tokenizer_config.json", "tokenizer_config.json");
-  }
-  return out;
-}
-
 // Drops the lines of metrics.jsonl after `iteration` (a resumed run logs them again).
 void truncate_metrics(const fs::path& path, int64_t iteration) {
   std::error_code ec;
@@ -251,7 +225,7 @@ int cmd_train(const std::vector<std::string>& argv) {
   writer_options.keep = ckpt["keep"].get<int64_t>();
   writer_options.async = ckpt["async"].get<bool>();
   if (trainer.tokenizer_path())
-    writer_options.extra_files = tokenizer_files(*trainer.tokenizer_path());
+    writer_options.extra_files = core::tokenizer_files(*trainer.tokenizer_path(), "tokenizer/");
   core::CheckpointWriter writer(*s.plugins, writer_options);
   std::printf("  checkpoints: %s (%s%s, keep %lld%s)\n", writer_options.root.string().c_str(),
               writer_options.format["impl"].get<std::string>().c_str(),
