@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <string>
 
+#include "core/parallel/grid.h"
+#include "core/parallel/local_communicator.h"
 #include "core/util/log.h"
 #include "core/version.h"
 #include "loom/cpp/error.h"
@@ -169,10 +171,27 @@ void Host::reset_peak() {
 Status Host::communicator(StringView dims, ICommunicator** out) noexcept {
   return guard([&] {
     *out = nullptr;
-    fail(Code::kUnavailable,
-         fmt::format("no communicator for process group '{}': this process was started without "
-                     "a process grid",
-                     sv(dims)));
+    std::string name(sv(dims));
+    std::function<ICommunicator*(const std::string&)> provider;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      provider = provider_;
+    }
+    if (provider) {
+      *out = provider(name);
+      return;
+    }
+    // One process: every group is this process alone. The names are still checked.
+    GridGroup group = ProcessGrid({1, 1, 1, 1, 1}, 0).group(name);
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = local_comms_.find(group.dims);
+    if (it == local_comms_.end())
+      it = local_comms_
+               .emplace(group.dims, std::unique_ptr<ICommunicator, void (*)(ICommunicator*)>(
+                                        new LocalCommunicator(group.key),
+                                        [](ICommunicator* c) { c->destroy(); }))
+               .first;
+    *out = it->second.get();
   });
 }
 

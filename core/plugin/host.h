@@ -3,6 +3,8 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <map>
 #include <mutex>
 #include <set>
@@ -54,6 +56,14 @@ class Host final : public IHost {
   /// then returns that kernel or fails naming the pin.
   void set_pins(std::map<std::string, std::string> pins) { pins_ = std::move(pins); }
 
+  /// Serves IHost::communicator from `provider` (a multi-process run's groups). Without
+  /// one, every group is this process alone (a size-1 communicator). The provider returns
+  /// a communicator the core owns, or throws naming what is wrong.
+  void set_communicators(std::function<ICommunicator*(const std::string& dims)> provider) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    provider_ = std::move(provider);
+  }
+
   /// One kernel resolution made through find_kernel.
   struct Resolution {
     std::string op;
@@ -78,6 +88,8 @@ class Host final : public IHost {
   uint64_t cpu_cached_bytes_ = 0;
   std::map<std::string, std::string> pins_;
   std::set<Resolution> resolutions_;
+  std::function<ICommunicator*(const std::string&)> provider_;
+  std::map<std::string, std::unique_ptr<ICommunicator, void (*)(ICommunicator*)>> local_comms_;
 };
 
 }  // namespace loom::core

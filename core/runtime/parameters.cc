@@ -2,12 +2,14 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
 #include "core/runtime/forward_context.h"
 #include "loom/cpp/error.h"
 #include "loom/cpp/half.h"
+#include "loom/cpp/tensor.h"
 
 namespace loom::core {
 namespace {
@@ -109,11 +111,94 @@ void load_floats(const TensorView& view, float* values) {
   }
 }
 
-int64_t Parameter::numel() const { return loom::numel(value); }
+int64_t Parameter::numel() const {
+  int64_t n = 1;
+  for (int32_t d = 0; d < info.ndim; ++d) n *= info.shape[d];
+  return n;
+}
 
-ParameterSet::ParameterSet(IHost& host, IModule& root, Device device)
+ParameterSet::ParameterSet(IHost& host, IModule& root, Device device,
+                           const BucketOptions& buckets)
     : host_(host), device_(device) {
   walk(root, "");
+  try {
+    allocate_flat(buckets);
+  } catch (...) {
+    for (void* p : blocks_) host_.deallocate(device_, p);
+    blocks_.clear();
+    throw;
+  }
+}
+
+namespace {
+
+TensorView view_at(void* base, DType dtype, int64_t offset, const ParamInfo& info, Device device) {
+  return make_view(static_cast<char*>(base) + offset * static_cast<int64_t>(dtype_size(dtype)),
+                   dtype, info.shape, info.ndim, device);
+}
+
+}  // namespace
+
+void ParameterSet::allocate_flat(const BucketOptions& options) {
+  // Buckets in backward order: the last declared parameters first.
+  int64_t pad = std::max<int64_t>(options.pad_multiple, 1);
+  Bucket open;
+  int64_t offset = 0;
+  auto close = [&] {
+    if (open.params.empty()) return;
+    open.offset = offset;
+    open.size = (open.size + pad - 1) / pad * pad;
+    offset += open.size;
+    buckets_.push_back(std::move(open));
+    open = Bucket{};
+  };
+  constexpr int64_t kAlign = 16;  // elements: every parameter starts 64-byte aligned (f32)
+  for (size_t i = params_.size(); i-- > 0;) {
+    open.size = (open.size + kAlign - 1) / kAlign * kAlign;
+    params_[i].offset = offset + open.size;
+    open.size += params_[i].numel();
+    open.params.push_back(i);
+    if (options.bucket_elements > 0 && open.size >= options.bucket_elements) close();
+  }
+  close();
+  flat_size_ = offset;
+
+  bool one_dtype = true;
+  for (const Parameter& p : params_) one_dtype = one_dtype && p.info.dtype == params_[0].info.dtype;
+  auto alloc = [&](DType dtype) {
+    void* mem = nullptr;
+    uint64_t bytes = static_cast<uint64_t>(flat_size_) * dtype_size(dtype);
+    throw_if_error(host_.allocate(device_, bytes, 64, &mem));
+    if (mem != nullptr) {
+      std::memset(mem, 0, bytes);  // CPU only; a device allocator zeroes on its side
+      blocks_.push_back(mem);
+    }
+    return mem;
+  };
+  void* grads = alloc(DType::kF32);
+  flat_grads_ = make_view(grads, DType::kF32, {flat_size_}, device_);
+  void* values = nullptr;
+  if (one_dtype && !params_.empty()) {
+    values = alloc(params_[0].info.dtype);
+    flat_values_ = make_view(values, params_[0].info.dtype, {flat_size_}, device_);
+  }
+  for (Parameter& p : params_) {
+    p.grad = view_at(grads, DType::kF32, p.offset, p.info, device_);
+    if (values != nullptr) {
+      p.value = view_at(values, p.info.dtype, p.offset, p.info, device_);
+    } else {
+      void* mem = nullptr;
+      uint64_t bytes = static_cast<uint64_t>(p.numel()) * dtype_size(p.info.dtype);
+      throw_if_error(host_.allocate(device_, bytes, 64, &mem));
+      if (mem != nullptr) {
+        std::memset(mem, 0, bytes);
+        blocks_.push_back(mem);
+      }
+      p.value = view_at(mem, p.info.dtype, 0, p.info, device_);
+    }
+    throw_if_error(p.module->bind_param(p.index, &p.value, &p.grad),
+                   fmt::format("binding parameter {}", p.name));
+  }
 }
 
 ParameterSet::~ParameterSet() {
@@ -136,35 +221,9 @@ void ParameterSet::walk(IModule& module, const std::string& path) {
       if (p.name == name)
         fail(Code::kInvalidArgument,
              fmt::format("parameter {} is declared twice: give the modules distinct names", name));
-    Parameter p{name, &module, i, info, {}, {}};
-    int64_t count = 1;
-    for (int32_t d = 0; d < info.ndim; ++d) count *= info.shape[d];
-    auto alloc = [&](DType dtype) {
-      void* mem = nullptr;
-      uint64_t bytes = static_cast<uint64_t>(count) * dtype_size(dtype);
-      throw_if_error(host_.allocate(device_, bytes, 64, &mem));
-      if (mem != nullptr) {
-        std::memset(mem, 0, bytes);  // CPU only; a device allocator zeroes on its side
-        blocks_.push_back(mem);
-      }
-      TensorView v{};
-      v.data = mem;
-      v.dtype = dtype;
-      v.device = device_;
-      v.ndim = info.ndim;
-      int64_t stride = 1;
-      for (int32_t d = info.ndim - 1; d >= 0; --d) {
-        v.shape[d] = info.shape[d];
-        v.strides[d] = stride;
-        stride *= info.shape[d];
-      }
-      return v;
-    };
     if (dtype_size(info.dtype) == 0)
       fail(Code::kInvalidArgument, fmt::format("parameter {}: invalid dtype", name));
-    p.value = alloc(info.dtype);
-    p.grad = alloc(DType::kF32);
-    throw_if_error(module.bind_param(i, &p.value, &p.grad));
+    Parameter p{name, &module, i, info, {}, {}};
     params_.push_back(std::move(p));
   }
   for (int32_t i = 0; i < module.child_count(); ++i) {
@@ -176,10 +235,13 @@ void ParameterSet::walk(IModule& module, const std::string& path) {
   }
 }
 
-void ParameterSet::initialize(uint64_t seed) {
-  std::vector<float> values;
+void ParameterSet::initialize(uint64_t seed, int tp_rank) {
+  std::vector<float> values, local;
   for (Parameter& p : params_) {
-    int64_t n = p.numel();
+    // The whole tensor is drawn and this rank keeps its slice, so that values do not
+    // depend on the parallel layout.
+    int64_t n = 1;
+    for (int32_t d = 0; d < p.info.ndim; ++d) n *= p.info.global_shape[d];
     values.assign(static_cast<size_t>(n), 0.f);
     uint64_t stream = hash_name(p.name);
     switch (p.info.init) {
@@ -199,13 +261,31 @@ void ParameterSet::initialize(uint64_t seed) {
         throw_if_error(p.module->init_param(p.index, mix64(seed ^ stream)));
         continue;
     }
-    store_floats(values.data(), p.value);
+    if (n == p.numel()) {
+      store_floats(values.data(), p.value);
+      continue;
+    }
+    // (outer, global[split], inner) -> (outer, local[split], inner) at this rank's offset.
+    int32_t dim = p.info.tp_split_dim;
+    if (dim < 0 || dim >= p.info.ndim)
+      fail(Code::kInvalidArgument,
+           fmt::format("parameter {}: its shape differs from its global shape but it names no "
+                       "split dimension (tp_split_dim {})",
+                       p.name, dim));
+    int64_t outer = 1, inner = 1;
+    for (int32_t d = 0; d < dim; ++d) outer *= p.info.shape[d];
+    for (int32_t d = dim + 1; d < p.info.ndim; ++d) inner *= p.info.shape[d];
+    int64_t g = p.info.global_shape[dim], l = p.info.shape[dim];
+    local.resize(static_cast<size_t>(p.numel()));
+    for (int64_t o = 0; o < outer; ++o)
+      std::memcpy(local.data() + o * l * inner, values.data() + (o * g + tp_rank * l) * inner,
+                  static_cast<size_t>(l * inner) * sizeof(float));
+    store_floats(local.data(), p.value);
   }
 }
 
 void ParameterSet::zero_grads() {
-  for (Parameter& p : params_)
-    if (p.grad.data != nullptr) std::memset(p.grad.data, 0, p.numel() * sizeof(float));
+  if (flat_grads_.data != nullptr) std::memset(flat_grads_.data, 0, nbytes(flat_grads_));
 }
 
 Parameter* ParameterSet::find(const std::string& name) {

@@ -25,20 +25,43 @@ struct Parameter {
   ParamInfo info;         ///< as declared (name points into the module)
   TensorView value;       ///< storage, info.dtype
   TensorView grad;        ///< f32, same shape
+  int64_t offset = 0;     ///< where value and grad start in the flat buffers (elements)
   int64_t numel() const;  ///< elements on this rank
+};
+
+/// A run of whole parameters that is contiguous in the flat buffers: the unit of
+/// gradient reduction (data parallelism) and of sharding (distributed optimizer).
+struct Bucket {
+  int64_t offset = 0;  ///< first element in the flat buffers
+  int64_t size = 0;    ///< elements, padding included (a multiple of pad_multiple)
+  std::vector<size_t> params;  ///< indices into ParameterSet::all(), in backward order
+};
+
+/// How the flat buffers are cut into buckets.
+struct BucketOptions {
+  /// A bucket closes once it holds at least this many elements (0: one bucket for all).
+  int64_t bucket_elements = 0;
+  /// Every bucket's size is padded up to a multiple of this (the data-parallel size, so
+  /// that it splits evenly into shards).
+  int64_t pad_multiple = 1;
 };
 
 class ParameterSet {
  public:
   /// Walks `root`, allocates and binds every parameter on `device`. Throws on a module that
-  /// declares a bad parameter (naming it).
-  ParameterSet(IHost& host, IModule& root, Device device);
+  /// declares a bad parameter (naming it). Values and f32 gradients live in two flat
+  /// buffers, cut into buckets in backward order (the last parameters first: their
+  /// gradients are ready first); parameters of different dtypes get one buffer each and
+  /// no flat value buffer.
+  ParameterSet(IHost& host, IModule& root, Device device, const BucketOptions& buckets = {});
   ~ParameterSet();
   ParameterSet(const ParameterSet&) = delete;
   ParameterSet& operator=(const ParameterSet&) = delete;
 
-  /// Initialises every parameter from its ParamInit rule and `seed`.
-  void initialize(uint64_t seed);
+  /// Initialises every parameter from its ParamInit rule and `seed`. A parameter split
+  /// over tensor-parallel ranks gets the slice `tp_rank` of the values the whole tensor
+  /// would have: the model starts the same in every layout.
+  void initialize(uint64_t seed, int tp_rank = 0);
   /// Sets every gradient to zero.
   void zero_grads();
 
@@ -46,8 +69,16 @@ class ParameterSet {
   const std::vector<Parameter>& all() const { return params_; }
   /// The parameter called `name`, or null.
   Parameter* find(const std::string& name);
-  /// Total number of elements.
+  /// Total number of elements (padding excluded).
   int64_t numel() const;
+  /// The buckets, in backward order.
+  const std::vector<Bucket>& buckets() const { return buckets_; }
+  /// Elements of the flat buffers, padding included.
+  int64_t flat_size() const { return flat_size_; }
+  /// The flat f32 gradient buffer (flat_size) and the flat value buffer (flat_size, the
+  /// parameters' dtype), or an empty view when the parameters do not share one dtype.
+  const TensorView& flat_grads() const { return flat_grads_; }
+  const TensorView& flat_values() const { return flat_values_; }
   /// Stable ids of every module in the tree (tree order), for ForwardContext::rng.
   const std::unordered_map<const void*, uint64_t>& module_ids() const { return module_ids_; }
   /// Every module with its path, in tree order (root first, path "").
@@ -55,9 +86,13 @@ class ParameterSet {
 
  private:
   void walk(IModule& module, const std::string& path);
+  void allocate_flat(const BucketOptions& options);
   IHost& host_;
   Device device_;
   std::vector<Parameter> params_;
+  std::vector<Bucket> buckets_;
+  int64_t flat_size_ = 0;
+  TensorView flat_grads_{}, flat_values_{};
   std::vector<std::pair<std::string, IModule*>> modules_;
   std::unordered_map<const void*, uint64_t> module_ids_;
   std::vector<void*> blocks_;

@@ -25,7 +25,12 @@ constexpr const char* kCoreSchema = R"json({
         "vpp": {"type": "integer", "minimum": 1, "default": 1,
                 "description": "virtual pipeline chunks per pipeline rank"},
         "sequence_parallel": {"type": "boolean", "default": false},
-        "distributed_optimizer": {"type": "boolean", "default": false},
+        "distributed_optimizer": {"type": "boolean", "default": false,
+                                  "description": "ZeRO-1: shard master weights and optimizer states over dp (reduce-scatter gradients, all-gather parameters)"},
+        "bucket_size": {"type": "integer", "minimum": 0, "default": 40000000,
+                        "description": "elements per gradient bucket reduced at once (0: one bucket for the whole model)"},
+        "timeout_s": {"type": "number", "exclusiveMinimum": 0, "default": 300,
+                      "description": "timeout of every collective and of the rendezvous: a dead or stuck rank stops the others after this long"},
         "pipeline_schedule": {"x-loom-component": "pipeline_schedule"},
         "comm_backend": {"x-loom-component": "comm_backend"}
       }

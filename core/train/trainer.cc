@@ -2,9 +2,12 @@
 
 #include <fmt/format.h>
 #include <sys/resource.h>
+#include <csignal>
+#include <cstdlib>
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -103,6 +106,35 @@ std::unique_ptr<DataSource> make_data(const nlohmann::json& spec,
                   "token ids) or /data/mock = true (synthetic tokens)");
 }
 
+// Test hook for fault tests: LOOM_TEST_FAULT="kill:RANK:STEP" SIGKILLs rank RANK, and
+// "hang:RANK:STEP" stops it for ever, in the middle of step STEP (after its first
+// micro-batch's backward, before the gradient reduction).
+void maybe_inject_fault(int rank, int64_t step) {
+  static const struct Hook {
+    std::string what;
+    int rank = -1;
+    int64_t step = -1;
+  } hook = [] {
+    Hook h;
+    const char* env = std::getenv("LOOM_TEST_FAULT");
+    if (env == nullptr) return h;
+    std::string text(env);
+    size_t a = text.find(':'), b = text.find(':', a + 1);
+    if (a == std::string::npos || b == std::string::npos) return h;
+    h.what = text.substr(0, a);
+    h.rank = std::atoi(text.substr(a + 1, b - a - 1).c_str());
+    h.step = std::atoll(text.substr(b + 1).c_str());
+    return h;
+  }();
+  if (hook.rank != rank || hook.step != step) return;
+  std::fprintf(stderr, "LOOM_TEST_FAULT: %s rank %d at step %lld\n", hook.what.c_str(), rank,
+               static_cast<long long>(step));
+  std::fflush(stderr);
+  if (hook.what == "kill") raise(SIGKILL);
+  if (hook.what == "hang")
+    for (;;) pause();
+}
+
 uint64_t max_rss_bytes() {
   struct rusage usage {};
   getrusage(RUSAGE_SELF, &usage);
@@ -112,8 +144,9 @@ uint64_t max_rss_bytes() {
 }  // namespace
 
 Trainer::Trainer(const nlohmann::json& spec, PluginManager& plugins,
-                 std::unique_ptr<DataSource> data, const nlohmann::json& model_inherited)
-    : spec_(spec), plugins_(plugins) {
+                 std::unique_ptr<DataSource> data, const nlohmann::json& model_inherited,
+                 ParallelState* parallel)
+    : spec_(spec), plugins_(plugins), parallel_(parallel) {
   const nlohmann::json& train = spec_["train"];
   const nlohmann::json& precision = spec_["precision"];
   std::string device = train["device"].get<std::string>();
@@ -124,6 +157,19 @@ Trainer::Trainer(const nlohmann::json& spec, PluginManager& plugins,
   int64_t global = train.contains("global_batch_size") ? train["global_batch_size"].get<int64_t>()
                                                        : micro_batch_;
   int64_t dp = spec_["parallel"]["dp"].get<int64_t>();
+  if (parallel_ != nullptr) {
+    dp_size_ = parallel_->grid().size("dp");
+    dp_rank_ = parallel_->grid().coord("dp");
+    tp_rank_ = parallel_->grid().coord("tp");
+    if (dp_size_ != dp)
+      throw SpecError("/parallel/dp", fmt::format("{} differs from the process grid's dp {}", dp,
+                                                  dp_size_));
+  } else if (dp != 1) {
+    throw SpecError("/parallel/dp",
+                    fmt::format("{} needs {} processes; start them with `loom train --nproc N` or "
+                                "`loom launch`",
+                                dp, dp));
+  }
   if (global % (micro_batch_ * dp) != 0)
     throw SpecError("/train/global_batch_size",
                     fmt::format("{} is not a multiple of micro_batch_size x dp = {} x {}", global,
@@ -163,8 +209,11 @@ Trainer::Trainer(const nlohmann::json& spec, PluginManager& plugins,
   return_logits_ = inherited.value("return_logits", false);
   model_object_ = build_component(plugins_, spec_["model"], kinds::kModel, "/model", inherited);
   model_ = interface_cast<IModel>(model_object_.get());
-  params_ = std::make_unique<ParameterSet>(plugins_.host(), *model_, device_);
-  params_->initialize(train["seed"].get<uint64_t>());
+  const nlohmann::json& par = spec_["parallel"];
+  bool sharded = par["distributed_optimizer"].get<bool>();
+  BucketOptions buckets{par["bucket_size"].get<int64_t>(), dp_size_};
+  params_ = std::make_unique<ParameterSet>(plugins_.host(), *model_, device_, buckets);
+  params_->initialize(train["seed"].get<uint64_t>(), static_cast<int>(tp_rank_));
 
   // Optimizer and LR schedule. The schedule inherits the optimizer's peak LR and the run
   // length.
@@ -188,12 +237,19 @@ Trainer::Trainer(const nlohmann::json& spec, PluginManager& plugins,
   // throws: whatever was allocated is freed here then.
   IHost& host = plugins_.host();
   try {
-    for (Parameter& p : params_->all()) {
+    ICommunicator* dp_comm = nullptr;
+    throw_if_error(host.communicator(make_string_view("dp"), &dp_comm), "the dp group");
+    grad_sync_ = std::make_unique<GradSync>(*params_, *dp_comm, sharded, host,
+                                            parallel_ ? &parallel_->stats() : nullptr);
+    for (const Segment& seg : grad_sync_->segments()) {
+      Parameter& p = params_->all()[seg.param];
       states_.push_back(std::make_unique<ParamState>());
       ParamState* st = states_.back().get();
       st->param = &p;
+      st->segment = seg;
       st->decay = (p.info.flags & kParamNoWeightDecay) == 0;
-      int64_t n = p.numel();
+      st->in_norm = p.info.tp_split_dim >= 0 || tp_rank_ == 0;
+      int64_t n = seg.length;
       auto alloc_f32 = [&]() {
         void* mem = nullptr;
         throw_if_error(host.allocate(device_, static_cast<uint64_t>(n) * 4, 64, &mem));
@@ -201,11 +257,14 @@ Trainer::Trainer(const nlohmann::json& spec, PluginManager& plugins,
         st->owned.push_back(mem);
         return make_view(mem, DType::kF32, {n}, device_);
       };
+      char* value = static_cast<char*>(p.value.data) +
+                    seg.begin * static_cast<int64_t>(dtype_size(p.info.dtype));
       if (p.info.dtype == DType::kF32) {
-        st->master = make_view(p.value.data, DType::kF32, {n}, device_);
+        st->master = make_view(value, DType::kF32, {n}, device_);
       } else {
         st->master = alloc_f32();
-        load_floats(p.value, static_cast<float*>(st->master.data));
+        load_floats(make_view(value, p.info.dtype, {n}, device_),
+                    static_cast<float*>(st->master.data));
       }
       for (int32_t s = 0; s < optimizer_->state_count(); ++s) st->states.push_back(alloc_f32());
     }
@@ -223,6 +282,8 @@ Trainer::Trainer(const nlohmann::json& spec, PluginManager& plugins,
     flops_per_step_ = model_flops_per_token(params_->numel(), spec_["model"], seq_length_) *
                       static_cast<double>(micro_batch_ * seq_length_ * micro_batches_ * dp);
     if (device_.type == DeviceType::kCpu) peak_flops_ = measure_gemm_peak(host);
+    // MFU of a multi-process run is against the peak of every rank together.
+    if (parallel_ != nullptr) peak_flops_ *= parallel_->grid().world_size();
   } catch (...) {
     release_states();
     throw;
@@ -316,13 +377,14 @@ double Trainer::run_forward(ForwardContext& ctx, const Batch& batch, std::vector
 }
 
 double Trainer::forward_backward(const Batch& batch, double loss_weight,
-                                 std::vector<float>* logits) {
+                                 std::vector<float>* logits, int32_t micro_batch) {
   RecomputePolicy policy = RecomputePolicy::kNone;
   std::string recompute = spec_["train"]["recompute"].get<std::string>();
   if (recompute == "selective") policy = RecomputePolicy::kSelective;
   if (recompute == "full") policy = RecomputePolicy::kFull;
-  ForwardContext ctx(plugins_.host(), true, policy, 0, spec_["train"]["seed"].get<uint64_t>(),
-                     iteration_ + 1, &params_->module_ids());
+  ForwardContext ctx(plugins_.host(), true, policy, micro_batch,
+                     spec_["train"]["seed"].get<uint64_t>(), iteration_ + 1,
+                     &params_->module_ids());
   double loss = run_forward(ctx, batch, logits);
   float dloss = static_cast<float>(loss_weight);
   TensorView grad_out = allocate(ctx, DType::kF32, {}, device_);
@@ -358,24 +420,36 @@ StepResult Trainer::step() {
   StepResult r;
   r.step = iteration_ + 1;
   r.loss_scale = loss_scale_;
+  double comm_before = parallel_ != nullptr ? parallel_->stats().blocked_seconds() : 0;
   params_->zero_grads();
   Batch batch;
   double loss_sum = 0;
+  // Data-parallel rank r reads micro-batch m of the step at samples (m * dp + r) * B of
+  // the global batch, Megatron's order: one rank with dp times the micro-batches reads
+  // the same samples, and draws the same dropout masks (micro-batch index m * dp + r).
+  int64_t start = data_->position();
   for (int64_t m = 0; m < micro_batches_; ++m) {
+    if (dp_size_ > 1) data_->seek(start + (m * dp_size_ + dp_rank_) * micro_batch_);
     data_->next_train(batch);
-    loss_sum += forward_backward(batch, loss_scale_ / static_cast<double>(micro_batches_));
-    r.tokens += batch.batch * batch.seq_length;
+    loss_sum += forward_backward(batch, loss_scale_ / static_cast<double>(micro_batches_),
+                                 nullptr, static_cast<int32_t>(m * dp_size_ + dp_rank_));
+    if (parallel_ != nullptr && m == 0) maybe_inject_fault(parallel_->grid().rank(), r.step);
+    r.tokens += batch.batch * batch.seq_length * dp_size_;
   }
+  if (dp_size_ > 1) data_->seek(start + micro_batches_ * dp_size_ * micro_batch_);
   r.loss = loss_sum / static_cast<double>(micro_batches_);
+  if (dp_size_ > 1) r.loss = sum_over("dp", r.loss) / static_cast<double>(dp_size_);
+  reduce_sequence_parallel_grads();
+  grad_sync_->finish();
 
-  // Global gradient norm (over every parameter), unscaled.
+  // Global gradient norm (over every parameter, each counted once), unscaled.
   double sumsq = 0;
-  for (Parameter& p : params_->all()) {
-    if (p.info.flags & kParamFrozen) continue;
-    TensorView flat = make_view(p.grad.data, DType::kF32, {p.numel()}, device_);
-    TensorView acc = make_view(&sumsq, DType::kF64, {1});
-    sumsq_({flat}, {acc});
+  TensorView acc = make_view(&sumsq, DType::kF64, {1});
+  for (auto& st : states_) {
+    if ((st->param->info.flags & kParamFrozen) || !st->in_norm) continue;
+    sumsq_({grad_sync_->grad_of(st->segment)}, {acc});
   }
+  sumsq = sum_over(grad_sync_->sharded() ? "tp,dp" : "tp", sumsq);
   r.grad_norm = std::sqrt(sumsq) / loss_scale_;
   bool finite = std::isfinite(r.grad_norm) && std::isfinite(r.loss);
   update_loss_scale(!finite);
@@ -401,32 +475,68 @@ StepResult Trainer::step() {
     for (auto& st : states_) {
       Parameter& p = *st->param;
       if (p.info.flags & kParamFrozen) continue;
-      TensorView grad = make_view(p.grad.data, DType::kF32, {p.numel()}, device_);
+      TensorView grad = grad_sync_->grad_of(st->segment);
       OptimizerStep h = hp;
       if (!st->decay) h.weight_decay = 0;
       throw_if_error(
           optimizer_->update(&h, st->decay, &st->master, &grad, st->states.data(), nullptr),
           fmt::format("optimizer update of {}", p.name));
       if (p.info.dtype != DType::kF32) {
-        TensorView dst = make_view(p.value.data, p.info.dtype, {p.numel()}, device_);
+        char* value = static_cast<char*>(p.value.data) +
+                      st->segment.begin * static_cast<int64_t>(dtype_size(p.info.dtype));
+        TensorView dst = make_view(value, p.info.dtype, {st->segment.length}, device_);
         cast_({st->master}, {dst});
       }
     }
+    grad_sync_->gather_values();
   }
   ++iteration_;
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (parallel_ != nullptr) r.comm_seconds = parallel_->stats().blocked_seconds() - comm_before;
   return r;
 }
 
 double Trainer::evaluate() {
+  // Data-parallel ranks share the validation batches out and add up their losses.
   int64_t steps = spec_["train"]["eval_steps"].get<int64_t>();
   Batch batch;
-  double sum = 0;
-  for (int64_t i = 0; i < steps; ++i) {
-    if (!data_->valid_batch(i, batch)) return std::nan("");
+  double sum = 0, missing = 0;
+  for (int64_t i = dp_rank_; i < steps; i += dp_size_) {
+    if (!data_->valid_batch(i, batch)) {
+      missing = 1;
+      break;
+    }
     sum += forward_only(batch);
   }
+  if (dp_size_ > 1) {
+    missing = sum_over("dp", missing);
+    sum = sum_over("dp", sum);
+  }
+  if (missing > 0) return std::nan("");
   return sum / static_cast<double>(steps);
+}
+
+double Trainer::sum_over(const char* dims, double value) {
+  ICommunicator* comm = nullptr;
+  throw_if_error(plugins_.host().communicator(make_string_view(dims), &comm),
+                 fmt::format("the {} group", dims));
+  if (comm->size() == 1) return value;
+  TensorView v = make_view(&value, DType::kF64, {1});
+  throw_if_error(comm->all_reduce(&v, ReduceOp::kSum, nullptr),
+                 fmt::format("all-reduce over the {} group", dims));
+  return value;
+}
+
+void Trainer::reduce_sequence_parallel_grads() {
+  ICommunicator* tp = nullptr;
+  throw_if_error(plugins_.host().communicator(make_string_view("tp"), &tp), "the tp group");
+  if (tp->size() == 1) return;
+  for (Parameter& p : params_->all()) {
+    if ((p.info.flags & kParamSequenceParallel) == 0) continue;
+    TensorView g = make_view(p.grad.data, DType::kF32, {p.numel()}, device_);
+    throw_if_error(tp->all_reduce(&g, ReduceOp::kSum, nullptr),
+                   fmt::format("sequence-parallel gradient all-reduce of {}", p.name));
+  }
 }
 
 RunResult Trainer::run(const RunOptions& options) {
@@ -532,8 +642,13 @@ RunResult Trainer::run(const RunOptions& options) {
                   static_cast<long long>(steps), eta);
     }
     std::fflush(stdout);
-    if (options.stop_signal != nullptr && options.stop_signal->load() != 0) {
-      result.stop_signal = options.stop_signal->load();
+    // Every rank stops after the same step: a signal seen by any rank stops them all.
+    int signal = options.stop_signal != nullptr ? options.stop_signal->load() : 0;
+    if (parallel_ != nullptr && options.stop_signal != nullptr &&
+        sum_over("world", signal != 0 ? 1 : 0) > 0 && signal == 0)
+      signal = SIGTERM;  // another rank was signalled
+    if (signal != 0) {
+      result.stop_signal = signal;
       save(true);
       break;
     }

@@ -21,6 +21,8 @@
 #include "core/checkpoint/checkpoint.h"
 #include "core/checkpoint/checkpoint_writer.h"
 #include "core/data/data_source.h"
+#include "core/parallel/grad_sync.h"
+#include "core/parallel/parallel_state.h"
 #include "core/plugin/plugin_manager.h"
 #include "core/runtime/forward_context.h"
 #include "core/runtime/parameters.h"
@@ -39,7 +41,8 @@ struct StepResult {
   double loss_scale = 1;  ///< loss scale used (f16), else 1
   bool skipped = false;   ///< non-finite gradients or loss: no update
   double seconds = 0;     ///< wall time of the step
-  int64_t tokens = 0;     ///< tokens processed
+  double comm_seconds = 0;  ///< of which the training thread spent blocked in communication
+  int64_t tokens = 0;     ///< tokens processed (by every data-parallel rank together)
 };
 
 /// Options of `Trainer::run`.
@@ -67,9 +70,12 @@ class Trainer {
   /// \param plugins   loaded plugins; the device's kernel library is loaded here
   /// \param data      the data source, or null to make one from /data
   /// \param model_inherited  extra options handed to the model (e.g. return_logits)
+  /// \param parallel  this rank's place in a multi-process run, or null for one process;
+  ///                  must outlive the trainer
   Trainer(const nlohmann::json& spec, PluginManager& plugins,
           std::unique_ptr<DataSource> data = nullptr,
-          const nlohmann::json& model_inherited = nlohmann::json::object());
+          const nlohmann::json& model_inherited = nlohmann::json::object(),
+          ParallelState* parallel = nullptr);
   ~Trainer();
 
   /// Prints the layout, parameter count, data source and kernels.
@@ -85,8 +91,9 @@ class Trainer {
   /// Forward and backward of one batch; the loss gradient is `loss_weight` (the trainer
   /// passes loss_scale / micro-batches). Returns the loss. When the model returns logits
   /// and `logits` is non-null, copies them out (B*T*V floats).
+  /// `micro_batch` keys the random streams (dropout) of this micro-batch within the step.
   double forward_backward(const Batch& batch, double loss_weight,
-                          std::vector<float>* logits = nullptr);
+                          std::vector<float>* logits = nullptr, int32_t micro_batch = 0);
   /// Forward only (no dropout, nothing saved).
   double forward_only(const Batch& batch, std::vector<float>* logits = nullptr);
 
@@ -117,15 +124,22 @@ class Trainer {
  private:
   /// Frees the master weights and optimizer states (destructor, failed constructor).
   void release_states();
-  // Per-parameter optimizer memory: f32 master weights (the parameter itself when it is
+  // Optimizer memory of one segment (a whole parameter, or with the distributed optimizer
+  // the part of it this rank updates): f32 master weights (the parameter itself when it is
   // f32) and the optimizer's state tensors.
   struct ParamState {
     Parameter* param = nullptr;
+    Segment segment;
     TensorView master{};             // f32 (n,)
     std::vector<TensorView> states;  // f32 (n,) each
     std::vector<void*> owned;        // host allocations to free
     bool decay = true;
+    bool in_norm = true;  // counted in the grad norm on this rank (replicas count once)
   };
+  /// Sum over every rank of the f64 `value` in group `dims` (one process: the value).
+  double sum_over(const char* dims, double value);
+  /// All-reduces the gradients of sequence-parallel parameters over the tp group.
+  void reduce_sequence_parallel_grads();
   double run_forward(ForwardContext& ctx, const Batch& batch, std::vector<float>* logits);
   double loss_scale() const { return loss_scale_; }
   void update_loss_scale(bool overflow);
@@ -133,6 +147,9 @@ class Trainer {
 
   const nlohmann::json spec_;
   PluginManager& plugins_;
+  ParallelState* parallel_ = nullptr;
+  int64_t dp_size_ = 1, dp_rank_ = 0, tp_rank_ = 0;
+  std::unique_ptr<GradSync> grad_sync_;
   Device device_;
   DType params_dtype_;
   ObjectPtr model_object_, optimizer_object_, schedule_object_;

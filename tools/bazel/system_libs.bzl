@@ -156,4 +156,11 @@ def loom_system_libraries():
         debian_package = "libgloo-dev",
         linkopts = ["-lgloo", "-lpthread"],
     )
+    system_cc_library(
+        name = "hiredis",
+        # The Redis client of the rendezvous store (core/dist/redis_store.cc).
+        probe_headers = ["/usr/include/hiredis/hiredis.h"],
+        debian_package = "libhiredis-dev",
+        linkopts = ["-lhiredis"],
+    )
     cuda_toolkit(name = "cuda")

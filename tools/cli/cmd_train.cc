@@ -12,16 +12,22 @@
 #include <cstdio>
 #include <fstream>
 
+#include "core/build/builder.h"
 #include "core/checkpoint/checkpoint.h"
 #include "core/checkpoint/checkpoint_writer.h"
 #include "core/data/tokenizer.h"
+#include "core/dist/rank_env.h"
+#include "core/dist/store.h"
 #include "core/infer/generator.h"
+#include "core/parallel/parallel_state.h"
 #include "core/plugin/plugin_manager.h"
 #include "core/spec/schema.h"
 #include "core/train/trainer.h"
 #include "core/util/errors.h"
 #include "core/util/files.h"
+#include "core/util/hash.h"
 #include "core/util/log.h"
+#include "loom/kinds.h"
 #include "tools/cli/commands.h"
 
 namespace fs = std::filesystem;
@@ -30,16 +36,140 @@ namespace loom::cli {
 namespace {
 
 // Reads, validates and resolves the spec, loads its plugins; shared by train and bench.
+// A multi-process run also has this rank's place in it; `parallel` is null for one process.
 struct Session {
   ResolvedSpec spec;
   std::unique_ptr<core::PluginManager> plugins;
+  std::unique_ptr<core::ParallelState> parallel;
+  core::dist::RankEnv env;
+  bool rank0() const { return env.rank == 0; }
+  Session() = default;
+  Session(Session&&) = default;
+  ~Session() {
+    if (plugins) plugins->host().set_communicators(nullptr);
+  }
 };
+
+int64_t world_of(const nlohmann::json& par) {
+  int64_t world = 1;
+  for (const char* dim : {"tp", "cp", "ep", "dp", "pp"}) world *= par[dim].get<int64_t>();
+  return world;
+}
+
+// Checks the layout against the ranks that were started, before anything is loaded.
+void check_layout(const nlohmann::json& spec, const core::dist::RankEnv& env) {
+  const nlohmann::json& par = spec["parallel"];
+  for (const char* dim : {"tp", "cp", "ep", "pp"})
+    if (par[dim].get<int64_t>() != 1)
+      throw Error(Code::kUnimplemented,
+                  fmt::format("spec /parallel/{}: {} is not available in this loom yet (data "
+                              "parallelism and the distributed optimizer are); set it to 1",
+                              dim, par[dim].get<int64_t>()));
+  if (par["sequence_parallel"].get<bool>())
+    throw Error(Code::kUnimplemented,
+                "spec /parallel/sequence_parallel: sequence parallelism needs tensor "
+                "parallelism, which is not available in this loom yet; set it to false");
+  int64_t world = world_of(par);
+  if (env.world_size == 1 && world > 1)
+    throw core::SpecError(
+        "/parallel", fmt::format("tp x cp x ep x dp x pp = {} ranks, but this process runs alone; "
+                                 "start the ranks with `loom train SPEC --nproc {}` (or `loom "
+                                 "launch --nproc {} -- loom train SPEC`, srun, mpirun)",
+                                 world, world, world));
+  if (env.world_size != world)
+    throw core::SpecError(
+        "/parallel",
+        fmt::format("tp x cp x ep x dp x pp = {} x {} x {} x {} x {} = {} ranks, but {} were "
+                    "started ({}); make the product equal the number of ranks",
+                    par["tp"].get<int64_t>(), par["cp"].get<int64_t>(), par["ep"].get<int64_t>(),
+                    par["dp"].get<int64_t>(), par["pp"].get<int64_t>(), world, env.world_size,
+                    env.launcher));
+}
+
+// What every rank must agree on: the plugins it loaded (name, version, file hash).
+std::string plugin_fingerprint(const core::PluginManager& plugins) {
+  nlohmann::json list = nlohmann::json::array();
+  for (const core::LoadedPlugin& p : plugins.loaded()) {
+    std::string hash;
+    try {
+      hash = fmt::format("{:016x}", core::fnv1a64(core::read_file(p.record->library)));
+    } catch (const std::exception&) {
+      hash = "unreadable";
+    }
+    list.push_back({{"name", p.record->name},
+                    {"version", p.info->version},
+                    {"hash", hash},
+                    {"file", p.record->library.string()}});
+  }
+  return list.dump();
+}
+
+std::string explain_plugins(const std::string& mine, const std::string& theirs) {
+  nlohmann::json a = nlohmann::json::parse(mine), b = nlohmann::json::parse(theirs);
+  for (const auto& pa : a) {
+    const nlohmann::json* match = nullptr;
+    for (const auto& pb : b)
+      if (pb["name"] == pa["name"]) match = &pb;
+    if (match == nullptr)
+      return fmt::format("plugin '{}' is loaded on rank 0 but not there",
+                         pa["name"].get<std::string>());
+    if ((*match)["version"] != pa["version"] || (*match)["hash"] != pa["hash"])
+      return fmt::format("plugin '{}' is version {} ({}, hash {}) on rank 0 and version {} ({}, "
+                         "hash {}) there; install the same build on every rank",
+                         pa["name"].get<std::string>(), pa["version"].get<std::string>(),
+                         pa["file"].get<std::string>(), pa["hash"].get<std::string>(),
+                         (*match)["version"].get<std::string>(),
+                         (*match)["file"].get<std::string>(), (*match)["hash"].get<std::string>());
+  }
+  return "it loaded other plugins: " + theirs;
+}
+
+std::string explain_spec(const std::string& mine, const std::string& theirs) {
+  nlohmann::json patch = nlohmann::json::diff(nlohmann::json::parse(mine),
+                                              nlohmann::json::parse(theirs));
+  std::string where;
+  for (const auto& op : patch) where += (where.empty() ? "" : ", ") + op.value("path", "");
+  return "the resolved spec differs at " + where + "; give every rank the same spec";
+}
+
+// Joins the run when this process is one of several ranks: the rendezvous store, the
+// communication backend, the process grid; then checks that every rank loaded the same
+// plugins and resolved the same spec.
+void join_run(Session& s) {
+  const nlohmann::json& par = s.spec.spec["parallel"];
+  if (!s.env.distributed()) return;
+  std::array<int, 5> sizes{par["tp"].get<int>(), par["cp"].get<int>(), par["ep"].get<int>(),
+                           par["dp"].get<int>(), par["pp"].get<int>()};
+  core::ProcessGrid grid(sizes, s.env.rank);
+  auto timeout_ms = static_cast<int64_t>(par["timeout_s"].get<double>() * 1000);
+  core::ObjectPtr backend = core::build_component(*s.plugins, par["comm_backend"],
+                                                  kinds::kCommBackend, "/parallel/comm_backend",
+                                                  nlohmann::json::object());
+  s.parallel = std::make_unique<core::ParallelState>(
+      grid, core::dist::open_store(s.env.rdzv, s.env.run_id), std::move(backend), timeout_ms);
+  core::ParallelState* state = s.parallel.get();
+  s.plugins->host().set_communicators(
+      [state](const std::string& dims) { return &state->comm(dims); });
+  state->check_agreement("plugins", plugin_fingerprint(*s.plugins), explain_plugins);
+  state->check_agreement("spec", s.spec.spec.dump(), explain_spec);
+  // Only rank 0 speaks on stdout (progress, banner); every rank keeps stderr for errors.
+  if (!s.rank0()) {
+    std::fflush(stdout);
+    if (std::freopen("/dev/null", "w", stdout) == nullptr) return;
+  }
+}
 
 Session open_session(const Args& args) {
   Session s;
   s.spec = read_spec(args);
   if (!s.spec.spec.contains("model"))
     throw core::SpecError("/model", "missing: training needs a model node {\"impl\": NAME, ...}");
+  s.env = core::dist::detect_rank_env();
+  // Several ranks talk through a comm_backend plugin: Gloo unless the spec names one.
+  if (s.env.distributed()) {
+    nlohmann::json& par = s.spec.spec["parallel"];
+    if (!(par.is_object() && par.contains("comm_backend"))) par["comm_backend"] = {{"impl", "gloo"}};
+  }
   s.spec.uses = core::resolve_spec(s.spec.spec, *s.spec.catalog);
   const nlohmann::json& log = s.spec.spec["log"];
   LogLevel level;
@@ -48,30 +178,53 @@ Session open_session(const Args& args) {
                                                     s.spec.spec["plugins"]["options"],
                                                     s.spec.spec["train"]["seed"].get<uint64_t>());
   load_plugins_for(s.spec, *s.plugins);
+  check_layout(s.spec.spec, s.env);
+  join_run(s);
   return s;
 }
 
 void print_layout(const Session& s, const fs::path& run_dir) {
   const nlohmann::json& par = s.spec.spec["parallel"];
-  int64_t world = par["tp"].get<int64_t>() * par["cp"].get<int64_t>() * par["dp"].get<int64_t>() *
-                  par["pp"].get<int64_t>();
-  std::printf("  run dir: %s\n  layout: tp=%d cp=%d ep=%d dp=%d pp=%d (world size %lld)\n",
+  std::printf("  run dir: %s\n  layout: tp=%d cp=%d ep=%d dp=%d pp=%d (world size %lld%s%s%s)\n",
               run_dir.string().c_str(), par["tp"].get<int>(), par["cp"].get<int>(),
               par["ep"].get<int>(), par["dp"].get<int>(), par["pp"].get<int>(),
-              static_cast<long long>(world));
+              static_cast<long long>(world_of(par)),
+              par["sequence_parallel"].get<bool>() ? ", sequence parallel" : "",
+              par["distributed_optimizer"].get<bool>() ? ", distributed optimizer" : "",
+              s.env.distributed()
+                  ? fmt::format(", started by {}, {} backend", s.env.launcher,
+                                par["comm_backend"]["impl"].get<std::string>())
+                        .c_str()
+                  : "");
   for (const core::LoadedPlugin& p : s.plugins->loaded())
     std::printf("  plugin %s %s (%s)\n", p.record->name.c_str(), p.info->version,
                 p.record->library.string().c_str());
 }
 
-void require_single_process(const nlohmann::json& spec) {
-  const nlohmann::json& par = spec["parallel"];
-  for (const char* dim : {"tp", "cp", "ep", "dp", "pp"})
-    if (par[dim].get<int64_t>() != 1)
-      throw Error(Code::kUnimplemented,
-                  fmt::format("spec /parallel/{}: {} needs several processes, which this loom "
-                              "cannot start yet; set it to 1",
-                              dim, par[dim].get<int64_t>()));
+// --nproc N: this command again, as N ranks under the launcher. Unless the user chose,
+// the ranks share this machine's cores (torchrun does the same with OMP_NUM_THREADS).
+int nproc_of(const Args& args) {
+  int64_t n = args.integer("--nproc", 1, 1, 4096);
+  if (core::dist::detect_rank_env().launcher != "single")
+    throw core::UsageError(
+        "--nproc: this process is already a rank of a launched run; drop --nproc");
+  int64_t cores = std::max<int64_t>(1, static_cast<int64_t>(sysconf(_SC_NPROCESSORS_ONLN)));
+  setenv("OMP_NUM_THREADS", std::to_string(std::max<int64_t>(1, cores / n)).c_str(), 0);
+  return static_cast<int>(n);
+}
+
+std::vector<std::string> without_nproc(const std::string& command,
+                                       const std::vector<std::string>& argv) {
+  std::vector<std::string> out{command};
+  for (size_t i = 0; i < argv.size(); ++i) {
+    if (argv[i] == "--nproc") {
+      ++i;
+      continue;
+    }
+    if (argv[i].rfind("--nproc=", 0) == 0) continue;
+    out.push_back(argv[i]);
+  }
+  return out;
 }
 
 // The first signal asks the run to finish its step, save and stop; a second one stops
@@ -115,7 +268,9 @@ void truncate_metrics(const fs::path& path, int64_t iteration) {
 // Resumes from the newest checkpoint under `root` that loads; checkpoints newer than that
 // one are damaged or do not fit the model: they are renamed *.unusable and reported.
 // Returns false when there is none. Throws when there are some but none loads.
-bool resume(core::Trainer& trainer, core::PluginManager& plugins, const fs::path& root) {
+// Only `owner` (rank 0) renames and rewrites `latest`; every rank loads.
+bool resume(core::Trainer& trainer, core::PluginManager& plugins, const fs::path& root,
+            bool owner) {
   std::vector<fs::path> all = core::list_checkpoints(root);
   if (all.empty()) {
     std::printf("  resume: no checkpoint in %s yet; starting from scratch\n",
@@ -137,7 +292,7 @@ bool resume(core::Trainer& trainer, core::PluginManager& plugins, const fs::path
     std::printf("  resume: iteration %lld from %s\n", static_cast<long long>(trainer.iteration()),
                 dir.string().c_str());
     for (const fs::path& bad : all) {
-      if (bad == dir) break;
+      if (bad == dir || !owner) break;
       std::error_code ec;
       fs::path aside = bad;
       aside += ".unusable";
@@ -146,7 +301,7 @@ bool resume(core::Trainer& trainer, core::PluginManager& plugins, const fs::path
                         fmt::format("fell back past {}; it is kept as {} for inspection",
                                     bad.filename().string(), aside.filename().string()));
     }
-    core::write_file_atomic(root / "latest", dir.filename().string() + "\n");
+    if (owner) core::write_file_atomic(root / "latest", dir.filename().string() + "\n");
     return true;
   }
   std::string all_failures;
@@ -197,10 +352,11 @@ void print_sample(const Session& s, core::Trainer& trainer) {
 
 int cmd_train(const std::vector<std::string>& argv) {
   const std::string usage =
-      "loom train SPEC [--set PATH=VALUE]... [--run-dir DIR] [--plugin-path DIR]";
-  Args args = parse_args(argv, {{}, {"--set", "--run-dir", "--plugin-path"}, 1, 1, usage});
+      "loom train SPEC [--nproc N] [--set PATH=VALUE]... [--run-dir DIR] [--plugin-path DIR]";
+  Args args =
+      parse_args(argv, {{}, {"--set", "--run-dir", "--plugin-path", "--nproc"}, 1, 1, usage});
+  if (!args.get("--nproc").empty()) return relaunch_self(nproc_of(args), without_nproc("train", argv));
   Session s = open_session(args);
-  require_single_process(s.spec.spec);
 
   // The run directory holds the resolved spec (defaults filled in) and metrics.
   const nlohmann::json& log = s.spec.spec["log"];
@@ -209,11 +365,12 @@ int cmd_train(const std::vector<std::string>& argv) {
     run_dir = log.contains("run_dir") ? fs::path(log["run_dir"].get<std::string>())
                                       : fs::path("runs") / s.spec.path.stem();
   s.spec.spec["log"]["run_dir"] = run_dir.string();
-  core::write_json_atomically(s.spec.spec, run_dir / "spec.resolved.json");
+  if (s.rank0()) core::write_json_atomically(s.spec.spec, run_dir / "spec.resolved.json");
 
   std::printf("loom train %s\n", s.spec.path.string().c_str());
   print_layout(s, run_dir);
-  core::Trainer trainer(s.spec.spec, *s.plugins);
+  core::Trainer trainer(s.spec.spec, *s.plugins, nullptr, nlohmann::json::object(),
+                        s.parallel.get());
   trainer.print_banner(stdout);
 
   // Checkpoints: where, how, and where to start from.
@@ -235,7 +392,7 @@ int cmd_train(const std::vector<std::string>& argv) {
               static_cast<long long>(writer_options.keep), writer_options.async ? ", async" : "");
   bool resumed = false;
   if (ckpt["resume"].get<std::string>() == "auto")
-    resumed = resume(trainer, *s.plugins, writer_options.root);
+    resumed = resume(trainer, *s.plugins, writer_options.root, s.rank0());
   else if (!core::list_checkpoints(writer_options.root).empty())
     core::log_warning("checkpoint",
                       fmt::format("{} already holds checkpoints; this run starts from scratch and "
@@ -247,12 +404,22 @@ int cmd_train(const std::vector<std::string>& argv) {
     trainer.load_weights(reader);
     std::printf("  init: model weights from %s\n", reader.dir().string().c_str());
   }
-  truncate_metrics(run_dir / "metrics.jsonl", trainer.iteration());
+  if (s.rank0()) truncate_metrics(run_dir / "metrics.jsonl", trainer.iteration());
   std::fflush(stdout);
 
   core::RunOptions options;
-  options.run_dir = run_dir;
-  options.checkpoint = &writer;
+  options.run_dir = s.rank0() ? run_dir : fs::path();
+  // Pure data parallelism: rank 0 holds every parameter and optimizer state and saves them
+  // alone. Other layouts shard them, and their checkpoints are not written yet.
+  const nlohmann::json& par = s.spec.spec["parallel"];
+  bool sharded = par["tp"].get<int64_t>() > 1 ||
+                 (par["dp"].get<int64_t>() > 1 && par["distributed_optimizer"].get<bool>());
+  if (sharded && (ckpt.contains("interval") || ckpt["save_at_end"].get<bool>()))
+    throw Error(Code::kUnimplemented,
+                "spec /checkpoint: saving checkpoints of runs with tp > 1 or the distributed "
+                "optimizer is not available in this loom yet; set checkpoint.save_at_end=false "
+                "and remove checkpoint.interval (or train with data parallelism alone)");
+  options.checkpoint = s.rank0() ? &writer : nullptr;
   options.save_interval = ckpt.value("interval", int64_t{0});
   options.save_at_end = ckpt["save_at_end"].get<bool>();
   options.stop_signal = &g_stop_signal;
@@ -272,24 +439,26 @@ int cmd_train(const std::vector<std::string>& argv) {
   std::printf("done: %lld steps in %.1f s; metrics in %s; checkpoint %s\n",
               static_cast<long long>(trainer.iteration()), seconds,
               (run_dir / "metrics.jsonl").string().c_str(), saved.c_str());
-  print_sample(s, trainer);
+  if (s.spec.spec["parallel"]["tp"].get<int64_t>() == 1) print_sample(s, trainer);
   return core::kExitOk;
 }
 
 int cmd_bench(const std::vector<std::string>& argv) {
   const std::string usage =
-      "loom bench SPEC [--steps N] [--warmup N] [--set PATH=VALUE]... [--plugin-path DIR] [--json]";
+      "loom bench SPEC [--nproc N] [--steps N] [--warmup N] [--set PATH=VALUE]... [--plugin-path "
+      "DIR] [--json]";
   Args args = parse_args(
-      argv, {{"--json"}, {"--set", "--steps", "--warmup", "--plugin-path"}, 1, 1, usage});
+      argv, {{"--json"}, {"--set", "--steps", "--warmup", "--plugin-path", "--nproc"}, 1, 1, usage});
+  if (!args.get("--nproc").empty()) return relaunch_self(nproc_of(args), without_nproc("bench", argv));
   int64_t steps = args.integer("--steps", 10);
   int64_t warmup = args.integer("--warmup", 2);
   if (steps < 1) throw core::UsageError("--steps must be at least 1 (" + usage + ")");
   Session s = open_session(args);
-  require_single_process(s.spec.spec);
   // Benchmarks measure compute: synthetic tokens, no evaluation, no files.
   s.spec.spec["data"] = {{"mock", true}, {"split", "949,50,1"}};
   bool json = args.flag("--json");
-  core::Trainer trainer(s.spec.spec, *s.plugins);
+  core::Trainer trainer(s.spec.spec, *s.plugins, nullptr, nlohmann::json::object(),
+                        s.parallel.get());
   if (!json) {
     std::printf("loom bench %s\n", s.spec.path.string().c_str());
     trainer.print_banner(stdout);
@@ -297,17 +466,19 @@ int cmd_bench(const std::vector<std::string>& argv) {
   for (int64_t i = 0; i < warmup; ++i) trainer.step();
   std::vector<double> times;
   int64_t tokens = 0;
-  double loss = 0;
+  double loss = 0, comm = 0;
   for (int64_t i = 0; i < steps; ++i) {
     core::StepResult r = trainer.step();
     times.push_back(r.seconds);
     tokens = r.tokens;
     loss = r.loss;
+    comm += r.comm_seconds;
   }
   std::vector<double> sorted = times;
   std::sort(sorted.begin(), sorted.end());
   double mean = 0;
   for (double t : times) mean += t;
+  double comm_share = comm / mean / static_cast<double>(times.size());
   mean /= static_cast<double>(times.size());
   double median = sorted[sorted.size() / 2];
   double tps = static_cast<double>(tokens) / mean;
@@ -326,15 +497,22 @@ int cmd_bench(const std::vector<std::string>& argv) {
                           {"model_flops_per_step", trainer.flops_per_step()},
                           {"gemm_peak_flops", trainer.peak_flops()},
                           {"peak_mem_bytes", peak},
+                          {"world_size", s.env.world_size},
+                          {"comm_share", comm_share},
                           {"last_loss", loss}};
     std::printf("%s\n", out.dump(2).c_str());
   } else {
     std::printf(
         "bench: %lld timed steps after %lld warm-up | %.0f tok/s | %.1f ms/step (median %.1f) | "
-        "MFU %.1f%% of %.1f GFLOP/s | achieved %.1f GFLOP/s | peak mem %.1f MiB\n",
+        "MFU %.1f%% of %.1f GFLOP/s | achieved %.1f GFLOP/s | peak mem %.1f MiB%s\n",
         static_cast<long long>(steps), static_cast<long long>(warmup), tps, 1e3 * mean,
         1e3 * median, 100 * mfu, trainer.peak_flops() / 1e9, trainer.flops_per_step() / mean / 1e9,
-        static_cast<double>(peak) / (1 << 20));
+        static_cast<double>(peak) / (1 << 20),
+        s.env.distributed()
+            ? fmt::format(" | {} ranks, {:.1f}% of the step blocked in communication (rank 0)",
+                          s.env.world_size, 100 * comm_share)
+                  .c_str()
+            : "");
   }
   return core::kExitOk;
 }

@@ -25,6 +25,16 @@ int cmd_preprocess(const std::vector<std::string>& argv);
 int cmd_dataset(const std::vector<std::string>& argv);
 int cmd_checkpoint(const std::vector<std::string>& argv);
 int cmd_generate(const std::vector<std::string>& argv);
+int cmd_launch(const std::vector<std::string>& argv);
+
+/// Runs this binary again as `nproc` local ranks (core/dist/launcher.h: prefixed output,
+/// one failure stops all, SIGINT/SIGTERM forwarded) and returns launch()'s exit code; the
+/// rendezvous is a temporary directory removed at the end. For `loom train --nproc N`.
+/// \param nproc                 ranks to start (>= 1)
+/// \param argv_of_this_command  the ranks' arguments after the binary name, e.g.
+///                              {"train", "spec.json", "--set", "x=1"}, without --nproc
+///                              (each rank sees LOOM_RANK and must not relaunch)
+int relaunch_self(int nproc, const std::vector<std::string>& argv_of_this_command);
 
 /// A spec read from disk, overridden, and validated against the plugins' manifests.
 struct ResolvedSpec {

@@ -32,6 +32,9 @@ commands:
   generate --checkpoint DIR (--prompt TEXT | --prompts FILE) [--max-new-tokens N]
            [--temperature T] [--top-k K] [--top-p P] [--seed S]
                                                      sample text with a KV cache
+  launch --nproc N [--nnodes M --node-rank R] [--rdzv DIR|redis://HOST:PORT] -- CMD [ARGS...]
+                                                     run CMD as N ranks on this machine (like
+                                                     torchrun); output prefixed "[rank R] "
   spec validate SPEC [--set PATH=VALUE]... [--write-resolved FILE] [--load]
                                                      check a spec without running it
   plugins list [--json]                              plugins on the search path (manifests)
@@ -78,6 +81,7 @@ int main(int argc, char** argv) {
     if (command == "dataset") return loom::cli::cmd_dataset(rest);
     if (command == "checkpoint") return loom::cli::cmd_checkpoint(rest);
     if (command == "generate") return loom::cli::cmd_generate(rest);
+    if (command == "launch") return loom::cli::cmd_launch(rest);
     throw loom::core::UsageError(
         fmt::format("unknown command '{}'; run 'loom --help' for the list", command));
   } catch (const std::exception& e) {

@@ -1,0 +1,160 @@
+#include "core/parallel/grad_sync.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/parallel/comm_stats.h"
+#include "core/parallel/timed_communicator.h"
+#include "loom/cpp/error.h"
+#include "loom/cpp/tensor.h"
+
+namespace loom::core {
+
+GradSync::GradSync(ParameterSet& params, ICommunicator& dp, bool sharded, IHost& host,
+                   CommStats* stats)
+    : params_(params), dp_(dp), sharded_(sharded && dp.size() > 1), host_(host), stats_(stats) {
+  const std::vector<Parameter>& all = params_.all();
+  started_.assign(params_.buckets().size(), false);
+  if (!sharded_) {
+    for (size_t i = 0; i < all.size(); ++i)
+      segments_.push_back({i, 0, all[i].numel(), all[i].offset, -1});
+  } else {
+    if (params_.flat_values().data == nullptr)
+      throw Error(Code::kInvalidArgument,
+                  "spec /parallel/distributed_optimizer: the model's parameters do not share one "
+                  "dtype, which the sharded parameter all-gather needs; turn it off");
+    int64_t n = dp_.size(), r = dp_.rank(), total = 0, largest = 0;
+    for (const Bucket& b : params_.buckets()) {
+      int64_t chunk = b.size / n;  // buckets are padded to a multiple of the dp size
+      int64_t lo = b.offset + r * chunk, hi = lo + chunk;
+      shard_base_.push_back(total);
+      // Segments in flat order, so that the shard is filled front to back.
+      std::vector<size_t> order(b.params.begin(), b.params.end());
+      std::sort(order.begin(), order.end(),
+                [&](size_t a, size_t c) { return all[a].offset < all[c].offset; });
+      for (size_t i : order) {
+        int64_t begin = std::max(lo, all[i].offset);
+        int64_t end = std::min(hi, all[i].offset + all[i].numel());
+        if (begin < end)
+          segments_.push_back(
+              {i, begin - all[i].offset, end - begin, begin, total + (begin - lo)});
+      }
+      total += chunk;
+      largest = std::max(largest, chunk);
+    }
+    throw_if_error(host_.allocate(kCpu, static_cast<uint64_t>(total) * 4, 64, &grad_shard_mem_));
+    grad_shard_ = make_view(grad_shard_mem_, DType::kF32, {total});
+    throw_if_error(host_.allocate(
+        kCpu, static_cast<uint64_t>(largest) * dtype_size(params_.flat_values().dtype), 64,
+        &gather_mem_));
+  }
+  if (dp_.size() > 1) thread_ = std::thread([this] { worker(); });
+}
+
+GradSync::~GradSync() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  host_.deallocate(kCpu, grad_shard_mem_);
+  host_.deallocate(kCpu, gather_mem_);
+}
+
+TensorView GradSync::grad_of(const Segment& s) const {
+  if (sharded_)
+    return make_view(static_cast<float*>(grad_shard_.data) + s.shard, DType::kF32, {s.length});
+  return make_view(static_cast<float*>(params_.flat_grads().data) + s.flat, DType::kF32,
+                   {s.length});
+}
+
+void GradSync::worker() {
+  TimedCommunicator::mark_worker_thread();
+  for (;;) {
+    std::function<void()> task;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      task = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    std::exception_ptr error;
+    try {
+      task();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (error && !error_) error_ = error;
+    --pending_;
+    cv_.notify_all();
+  }
+}
+
+void GradSync::run(std::function<void()> task) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  queue_.push_back(std::move(task));
+  ++pending_;
+  cv_.notify_all();
+}
+
+void GradSync::start(size_t b) {
+  if (dp_.size() == 1 || started_[b]) return;
+  started_[b] = true;
+  const Bucket& bucket = params_.buckets()[b];
+  float* grads = static_cast<float*>(params_.flat_grads().data) + bucket.offset;
+  if (!sharded_) {
+    run([this, grads, size = bucket.size] {
+      TensorView v = make_view(grads, DType::kF32, {size});
+      throw_if_error(dp_.all_reduce(&v, ReduceOp::kAvg, nullptr), "data-parallel gradient "
+                                                                   "all-reduce");
+    });
+  } else {
+    float* out = static_cast<float*>(grad_shard_.data) + shard_base_[b];
+    int64_t chunk = bucket.size / dp_.size();
+    run([this, grads, out, size = bucket.size, chunk] {
+      TensorView in = make_view(grads, DType::kF32, {size});
+      TensorView o = make_view(out, DType::kF32, {chunk});
+      throw_if_error(dp_.reduce_scatter(&in, &o, ReduceOp::kAvg, nullptr),
+                     "distributed-optimizer gradient reduce-scatter");
+    });
+  }
+}
+
+void GradSync::finish() {
+  for (size_t b = 0; b < started_.size(); ++b) start(b);
+  std::fill(started_.begin(), started_.end(), false);
+  if (dp_.size() == 1) return;
+  auto t0 = std::chrono::steady_clock::now();
+  std::unique_lock<std::mutex> lock(mutex_);
+  cv_.wait(lock, [&] { return pending_ == 0; });
+  if (stats_ != nullptr) stats_->add_wait(seconds_since(t0));
+  if (error_) {
+    std::exception_ptr e = error_;
+    error_ = nullptr;
+    std::rethrow_exception(e);
+  }
+}
+
+void GradSync::gather_values() {
+  if (!sharded_) return;
+  const TensorView& values = params_.flat_values();
+  size_t e = dtype_size(values.dtype);
+  int64_t n = dp_.size(), r = dp_.rank();
+  for (const Bucket& b : params_.buckets()) {
+    int64_t chunk = b.size / n;
+    char* base = static_cast<char*>(values.data) + b.offset * static_cast<int64_t>(e);
+    std::memcpy(gather_mem_, base + r * chunk * static_cast<int64_t>(e),
+                static_cast<size_t>(chunk) * e);
+    TensorView in = make_view(gather_mem_, values.dtype, {chunk});
+    TensorView out = make_view(base, values.dtype, {b.size});
+    throw_if_error(dp_.all_gather(&in, &out, nullptr),
+                   "distributed-optimizer parameter all-gather");
+  }
+}
+
+}  // namespace loom::core

@@ -1,0 +1,78 @@
+#include "core/parallel/parallel_state.h"
+
+#include <fmt/format.h>
+
+#include "core/dist/store.h"
+#include "core/parallel/local_communicator.h"
+#include "core/parallel/timed_communicator.h"
+#include "core/util/errors.h"
+#include "loom/cpp/error.h"
+#include "loom/cpp/object.h"
+
+namespace loom::core {
+
+ParallelState::ParallelState(ProcessGrid grid, std::unique_ptr<dist::Store> store, ObjectPtr backend,
+                             int64_t timeout_ms)
+    : grid_(std::move(grid)),
+      store_(std::move(store)),
+      backend_object_(std::move(backend)),
+      timeout_ms_(timeout_ms) {
+  backend_ = interface_cast<ICommBackend>(backend_object_.get());
+  if (backend_ == nullptr && grid_.world_size() > 1)
+    throw Error(Code::kInvalidArgument,
+                "spec /parallel/comm_backend: the component is not a comm_backend");
+}
+
+ParallelState::~ParallelState() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  comms_.clear();  // communicators before the backend that made them
+}
+
+ICommunicator& ParallelState::comm(const std::string& dims) {
+  GridGroup g = grid_.group(dims);
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = comms_.find(g.dims);
+  if (it != comms_.end()) return *static_cast<ICommunicator*>(it->second.get());
+  ObjectPtr made;
+  if (g.size() == 1) {
+    made = ObjectPtr(new LocalCommunicator(g.key));
+  } else {
+    ICommunicator* inner = nullptr;
+    std::string key = g.key;
+    throw_if_error(backend_->create_communicator(store_.get(), StringView{key.data(), key.size()},
+                                                 g.rank, g.size(), DeviceType::kCpu, &inner),
+                   fmt::format("creating the communicator of group '{}' (rank {} of {})", g.key,
+                               g.rank, g.size()));
+    inner->set_timeout_ms(timeout_ms_);
+    made = ObjectPtr(new TimedCommunicator(inner, g.key, stats_));
+  }
+  auto* c = static_cast<ICommunicator*>(made.get());
+  comms_.emplace(g.dims, std::move(made));
+  return *c;
+}
+
+void ParallelState::check_agreement(const std::string& what, const std::string& value,
+                                    std::string (*explain)(const std::string&,
+                                                           const std::string&)) {
+  int world = grid_.world_size();
+  if (world == 1) return;
+  auto timeout = std::chrono::milliseconds(timeout_ms_);
+  std::string prefix = "agree/" + what + "/";
+  store_->put(prefix + std::to_string(grid_.rank()), value);
+  if (grid_.rank() == 0) {
+    std::string verdict = "ok";
+    for (int r = 1; r < world && verdict == "ok"; ++r) {
+      std::string theirs = store_->wait_get(prefix + std::to_string(r), timeout);
+      if (theirs != value)
+        verdict = fmt::format("rank {} differs from rank 0 in {}: {}", r, what,
+                              explain(value, theirs));
+    }
+    store_->put(prefix + "verdict", verdict);
+    if (verdict != "ok") throw Error(Code::kFailedPrecondition, verdict);
+  } else {
+    std::string verdict = store_->wait_get(prefix + "verdict", timeout);
+    if (verdict != "ok") throw Error(Code::kFailedPrecondition, verdict);
+  }
+}
+
+}  // namespace loom::core

@@ -1,0 +1,64 @@
+// ParallelState: this rank's membership in a multi-process run: the process grid, the
+// rendezvous store, the communication backend (a plugin, spec /parallel/comm_backend) and
+// the communicators of the grid's groups, created on first use. The trainer and the
+// host (IHost::communicator, for modules) reach groups through it; nothing is global.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "core/build/builder.h"
+#include "core/parallel/comm_stats.h"
+#include "core/parallel/grid.h"
+#include "loom/kinds/comm_backend.h"
+
+namespace loom::core {
+
+namespace dist {
+class Store;
+}  // namespace dist
+
+class ParallelState {
+ public:
+  /// \param grid        this rank's place on the grid
+  /// \param store       the run's rendezvous store (keys already prefixed by the run id)
+  /// \param backend     the comm_backend component (ICommBackend); owned
+  /// \param timeout_ms  the timeout of every operation and of the rendezvous
+  ParallelState(ProcessGrid grid, std::unique_ptr<dist::Store> store, ObjectPtr backend,
+                int64_t timeout_ms);
+  ~ParallelState();
+  ParallelState(const ParallelState&) = delete;
+  ParallelState& operator=(const ParallelState&) = delete;
+
+  const ProcessGrid& grid() const { return grid_; }
+  /// The communicator of this rank's group over `dims` ("tp", "dp", "tp,dp", "world").
+  /// Created on first use, which is collective over the group's members: every rank asks
+  /// for its groups in the same order (modules are built in the same order on every rank).
+  /// Size-1 groups need no backend.
+  ICommunicator& comm(const std::string& dims);
+  /// Communication time and bytes of this rank.
+  CommStats& stats() { return stats_; }
+  int64_t timeout_ms() const { return timeout_ms_; }
+
+  /// Checks that every rank holds the same `value` for `what` (the plugins it loaded, the
+  /// resolved spec). Rank 0 compares every rank's value with its own and publishes the
+  /// verdict; when some rank differs, every rank throws the same message, which names the
+  /// rank and says what differs (`explain(rank0_value, other_value)`).
+  void check_agreement(const std::string& what, const std::string& value,
+                       std::string (*explain)(const std::string& mine, const std::string& theirs));
+
+ private:
+  ProcessGrid grid_;
+  std::unique_ptr<dist::Store> store_;
+  ObjectPtr backend_object_;
+  ICommBackend* backend_ = nullptr;
+  int64_t timeout_ms_;
+  CommStats stats_;
+  std::mutex mutex_;
+  std::map<std::string, ObjectPtr> comms_;  // by canonical dims
+};
+
+}  // namespace loom::core

@@ -1,0 +1,412 @@
+#include "plugins/comm_gloo/gloo_communicator.h"
+
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/alltoallv.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/transport/unbound_buffer.h>
+#include <gloo/types.h>
+#include <loom/cpp/tensor.h>
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "plugins/comm_gloo/failure.h"
+#include "plugins/comm_gloo/reduce.h"
+
+namespace loom::comm_gloo {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using Milliseconds = std::chrono::milliseconds;
+
+// Slot prefixes of our own unbound-buffer traffic, above gloo's (0x01..0x08), so that
+// send/recv tags and the ring reduce-scatter never match a gloo collective's messages.
+constexpr uint8_t kPointToPointSlotPrefix = 0x40;
+constexpr uint8_t kReduceScatterSlotPrefix = 0x41;
+
+constexpr int64_t kDefaultTimeoutMs = 300000;
+
+// Contiguous CPU view with data (or no elements); throws kInvalidArgument naming `name`.
+void check_tensor(const std::string& what, const char* name, const TensorView* t) {
+  if (t == nullptr) fail(Code::kInvalidArgument, what + ": " + name + " is null");
+  if (t->device.type != DeviceType::kCpu)
+    fail(Code::kInvalidArgument, what + ": " + name + " " + shape_string(*t) +
+                                     " is not a CPU tensor; the gloo backend moves CPU tensors "
+                                     "(CUDA tensors go over comm_nccl)");
+  if (t->ndim < 0 || t->ndim > kMaxDims || dtype_size(t->dtype) == 0)
+    fail(Code::kInvalidArgument,
+         what + ": " + name + " has an invalid rank or dtype (" + dtype_name(t->dtype) + ")");
+  if (!is_contiguous(*t))
+    fail(Code::kInvalidArgument, what + ": " + name + " " + shape_string(*t) +
+                                     " is not contiguous; pass a contiguous view");
+  if (t->data == nullptr && numel(*t) > 0)
+    fail(Code::kInvalidArgument, what + ": " + name + " " + shape_string(*t) + " has no data");
+}
+
+void check_same_dtype(const std::string& what, const TensorView& a, const TensorView& b) {
+  if (a.dtype != b.dtype)
+    fail(Code::kInvalidArgument, what + ": input is " + dtype_name(a.dtype) + " " +
+                                     shape_string(a) + " but output is " + dtype_name(b.dtype) +
+                                     " " + shape_string(b) + "; they must have one dtype");
+}
+
+// Calls fn(T{}) with the unsigned type of `bytes` bytes (gloo's typed setters only use
+// sizeof(T), and allreduce must segment on whole elements).
+template <class Fn>
+void with_element_type(size_t bytes, Fn&& fn) {
+  switch (bytes) {
+    case 1:
+      return fn(uint8_t{});
+    case 2:
+      return fn(uint16_t{});
+    case 4:
+      return fn(uint32_t{});
+    case 8:
+      return fn(uint64_t{});
+    default:
+      LOOM_CHECK(false, "unexpected element size ", bytes);
+  }
+}
+
+char* bytes_of(const TensorView& t) { return static_cast<char*>(t.data); }
+
+}  // namespace
+
+GlooCommunicator::GlooCommunicator(std::string group_key, int32_t rank, int32_t size,
+                                   std::shared_ptr<gloo::Context> context,
+                                   std::vector<std::string> peer_addresses)
+    : group_key_(std::move(group_key)),
+      rank_(rank),
+      size_(size),
+      context_(std::move(context)),
+      peer_addresses_(std::move(peer_addresses)),
+      timeout_ms_(kDefaultTimeoutMs) {
+  if (context_) context_->setTimeout(timeout());
+}
+
+GlooCommunicator::~GlooCommunicator() {
+  // Destroying the pairs closes the sockets: peers still inside an operation with this
+  // rank see the connection close and fail with kAborted rather than wait.
+  try {
+    context_.reset();
+  } catch (...) {
+  }
+}
+
+std::string GlooCommunicator::what(const char* op) const {
+  return std::string(op) + " on group '" + group_key_ + "' (rank " + std::to_string(rank_) +
+         " of " + std::to_string(size_) + ")";
+}
+
+void GlooCommunicator::set_timeout_ms(int64_t timeout_ms) noexcept {
+  timeout_ms_ = std::max<int64_t>(timeout_ms, 1);
+  try {
+    if (context_) context_->setTimeout(timeout());
+  } catch (...) {
+  }
+}
+
+template <class Body>
+Status GlooCommunicator::run(const char* op, int32_t peer, Body&& body) noexcept {
+  const auto start = Clock::now();
+  try {
+    const std::string desc = what(op);
+    if (!failure_.empty())
+      return make_status(Code::kFailedPrecondition,
+                         (desc + ": this communicator is unusable after an earlier failure (" +
+                          failure_ + "); the ranks are out of step, stop the run")
+                             .c_str());
+    try {
+      body(desc);
+      return ok_status();
+    } catch (const Error& e) {
+      // Our own checks, made before anything was sent: the communicator stays usable.
+      return make_status(e.code(), e.what());
+    } catch (...) {
+      FailureContext context;
+      context.what = desc;
+      context.timeout_ms = timeout_ms_;
+      context.elapsed_ms = std::chrono::duration_cast<Milliseconds>(Clock::now() - start).count();
+      context.known_peer = peer;
+      context.peer_addresses = &peer_addresses_;
+      Failure failure = classify_failure(std::current_exception(), context);
+      failure_ = failure.message;
+      // The other ranks may be waiting for this one: closing its connections makes them
+      // fail now rather than at their own timeout.
+      try {
+        if (context_) context_->closeConnections();
+      } catch (...) {
+      }
+      return make_status(failure.code, failure.message.c_str());
+    }
+  } catch (...) {
+    return make_status(Code::kResourceExhausted, "out of host memory");
+  }
+}
+
+Status GlooCommunicator::all_reduce(TensorView* tensor, ReduceOp op, void*) noexcept {
+  return run("all_reduce", -1, [&](const std::string& desc) {
+    check_tensor(desc, "tensor", tensor);
+    ReduceFn reduce = reduce_function(tensor->dtype, op, desc);
+    const size_t n = static_cast<size_t>(numel(*tensor));
+    if (size_ == 1 || n == 0) return;  // one rank: the sum, max, min or mean of itself
+    gloo::AllreduceOptions opts(context_);
+    with_element_type(dtype_size(tensor->dtype), [&](auto zero) {
+      using T = decltype(zero);
+      opts.setOutput(static_cast<T*>(tensor->data), n);
+    });
+    opts.setReduceFunction(reduce);
+    opts.setTag(next_tag());
+    opts.setTimeout(timeout());
+    gloo::allreduce(opts);
+    if (op == ReduceOp::kAvg) scale(tensor->data, tensor->dtype, n, 1.0 / size_);
+  });
+}
+
+Status GlooCommunicator::reduce_scatter(const TensorView* input, TensorView* output, ReduceOp op,
+                                        void*) noexcept {
+  return run("reduce_scatter", -1, [&](const std::string& desc) {
+    check_tensor(desc, "input", input);
+    check_tensor(desc, "output", output);
+    check_same_dtype(desc, *input, *output);
+    if (numel(*input) != size_ * numel(*output))
+      fail(Code::kInvalidArgument,
+           desc + ": input " + shape_string(*input) + " must hold " + std::to_string(size_) +
+               " (the group size) times the elements of output " + shape_string(*output) +
+               ", i.e. " + std::to_string(size_ * numel(*output)) + "; it holds " +
+               std::to_string(numel(*input)));
+    ReduceFn reduce = reduce_function(input->dtype, op, desc);
+    (void)reduce;
+    if (numel(*output) == 0) return;
+    if (size_ == 1) {
+      std::memmove(output->data, input->data, nbytes(*output));
+      return;
+    }
+    ring_reduce_scatter(*input, *output, op, desc);
+    if (op == ReduceOp::kAvg)
+      scale(output->data, output->dtype, static_cast<size_t>(numel(*output)), 1.0 / size_);
+  });
+}
+
+// Ring reduce-scatter (as NCCL's): size - 1 steps; at step s rank r sends its partial sum
+// of chunk (r - s - 1) to rank r + 1 and receives the partial sum of chunk (r - s - 2) from
+// rank r - 1, adding its own contribution. After the last step the chunk received is r,
+// complete. Each rank sends and receives (size - 1) chunks: bandwidth-optimal.
+//   input  (size * n), chunk c = elements [c * n, (c + 1) * n)
+//   acc    (2 * n) scratch: the partial sum being sent and the one being made
+//   inbox  (n) the neighbour's partial sum
+void GlooCommunicator::ring_reduce_scatter(const TensorView& input, TensorView& output, ReduceOp op,
+                                           const std::string& desc) {
+  const ReduceFn reduce = reduce_function(input.dtype, op, desc);
+  const size_t elements = static_cast<size_t>(numel(output));
+  const size_t chunk = nbytes(output);
+  const auto deadline = Clock::now() + timeout();
+  auto left_ms = [&] {
+    return std::max(std::chrono::duration_cast<Milliseconds>(deadline - Clock::now()),
+                    Milliseconds(1));
+  };
+  std::vector<char> acc(2 * chunk), inbox(chunk);
+  // gloo sends from unbound buffers only; the input is only read from.
+  auto in_buf = context_->createUnboundBuffer(input.data, nbytes(input));
+  auto acc_buf = context_->createUnboundBuffer(acc.data(), acc.size());
+  auto inbox_buf = context_->createUnboundBuffer(inbox.data(), inbox.size());
+  const int right = (rank_ + 1) % size_;
+  const int left = (rank_ + size_ - 1) % size_;
+  for (int step = 0; step < size_ - 1; ++step) {
+    const int send_chunk = (rank_ - step - 1 + 2 * size_) % size_;
+    const int recv_chunk = (rank_ - step - 2 + 2 * size_) % size_;
+    const uint64_t slot = gloo::Slot::build(kReduceScatterSlotPrefix, next_tag());
+    gloo::transport::UnboundBuffer* from = step == 0 ? in_buf.get() : acc_buf.get();
+    const size_t from_offset = step == 0 ? send_chunk * chunk : (step % 2) * chunk;
+    from->send(right, slot, from_offset, chunk);
+    inbox_buf->recv(left, slot, 0, chunk);
+    inbox_buf->waitRecv(left_ms());
+    void* target = step == size_ - 2 ? output.data : acc.data() + ((step + 1) % 2) * chunk;
+    reduce(target, inbox.data(), bytes_of(input) + recv_chunk * chunk, elements);
+    from->waitSend(left_ms());
+  }
+}
+
+Status GlooCommunicator::all_gather(const TensorView* input, TensorView* output, void*) noexcept {
+  return run("all_gather", -1, [&](const std::string& desc) {
+    check_tensor(desc, "input", input);
+    check_tensor(desc, "output", output);
+    check_same_dtype(desc, *input, *output);
+    if (numel(*output) != size_ * numel(*input))
+      fail(Code::kInvalidArgument,
+           desc + ": output " + shape_string(*output) + " must hold " + std::to_string(size_) +
+               " (the group size) times the elements of input " + shape_string(*input) + ", i.e. " +
+               std::to_string(size_ * numel(*input)) + "; it holds " +
+               std::to_string(numel(*output)));
+    const size_t chunk = nbytes(*input);
+    if (chunk == 0) return;
+    // In place from here on: own chunk first (memmove: the input may be that very chunk,
+    // as in ZeRO's gather of the updated shard).
+    std::memmove(bytes_of(*output) + rank_ * chunk, input->data, chunk);
+    if (size_ == 1) return;
+    gloo::AllgatherOptions opts(context_);
+    opts.setOutput(static_cast<uint8_t*>(output->data), nbytes(*output));
+    opts.setTag(next_tag());
+    opts.setTimeout(timeout());
+    gloo::allgather(opts);
+  });
+}
+
+Status GlooCommunicator::broadcast(TensorView* tensor, int32_t root, void*) noexcept {
+  return run("broadcast", root, [&](const std::string& desc) {
+    check_tensor(desc, "tensor", tensor);
+    if (root < 0 || root >= size_)
+      fail(Code::kInvalidArgument, desc + ": root " + std::to_string(root) +
+                                       " is not a rank of the group (0.." +
+                                       std::to_string(size_ - 1) + ")");
+    if (size_ == 1 || nbytes(*tensor) == 0) return;
+    gloo::BroadcastOptions opts(context_);
+    opts.setOutput(static_cast<uint8_t*>(tensor->data), nbytes(*tensor));
+    opts.setRoot(root);
+    opts.setTag(next_tag());
+    opts.setTimeout(timeout());
+    gloo::broadcast(opts);
+  });
+}
+
+Status GlooCommunicator::all_to_all(const TensorView* input, const int64_t* send_counts,
+                                    const int64_t* send_offsets, TensorView* output,
+                                    const int64_t* recv_counts, const int64_t* recv_offsets,
+                                    void*) noexcept {
+  return run("all_to_all", -1, [&](const std::string& desc) {
+    check_tensor(desc, "input", input);
+    check_tensor(desc, "output", output);
+    check_same_dtype(desc, *input, *output);
+    if (!send_counts || !send_offsets || !recv_counts || !recv_offsets)
+      fail(Code::kInvalidArgument, desc + ": counts and offsets must not be null");
+    const size_t elem = dtype_size(input->dtype);
+    // Each rank's slice must lie inside its tensor; offsets need not be packed.
+    auto check_slices = [&](const char* name, const TensorView& t, const int64_t* counts,
+                            const int64_t* offsets, int64_t* total) {
+      *total = 0;
+      for (int32_t p = 0; p < size_; ++p) {
+        if (counts[p] < 0 || offsets[p] < 0 || offsets[p] + counts[p] > numel(t))
+          fail(Code::kInvalidArgument, desc + ": " + name + " slice for rank " + std::to_string(p) +
+                                           " (offset " + std::to_string(offsets[p]) + ", count " +
+                                           std::to_string(counts[p]) + ") is outside the " +
+                                           shape_string(t) + " tensor of " +
+                                           std::to_string(numel(t)) + " elements");
+        *total += counts[p];
+      }
+    };
+    int64_t send_total = 0, recv_total = 0;
+    check_slices("input", *input, send_counts, send_offsets, &send_total);
+    check_slices("output", *output, recv_counts, recv_offsets, &recv_total);
+    if (send_counts[rank_] != recv_counts[rank_])
+      fail(Code::kInvalidArgument, desc + ": send_counts[" + std::to_string(rank_) + "] (" +
+                                       std::to_string(send_counts[rank_]) + ") and recv_counts[" +
+                                       std::to_string(rank_) + "] (" +
+                                       std::to_string(recv_counts[rank_]) +
+                                       ") differ; what a rank sends itself it receives");
+    if (size_ == 1) {
+      std::memmove(bytes_of(*output) + recv_offsets[0] * elem,
+                   bytes_of(*input) + send_offsets[0] * elem, send_counts[0] * elem);
+      return;
+    }
+    // gloo's alltoallv takes slices packed in rank order from the buffer's start; other
+    // layouts go through a packed copy.
+    auto packed = [&](const int64_t* counts, const int64_t* offsets) {
+      int64_t at = 0;
+      for (int32_t p = 0; p < size_; ++p) {
+        if (offsets[p] != at) return false;
+        at += counts[p];
+      }
+      return true;
+    };
+    const bool send_packed = packed(send_counts, send_offsets);
+    const bool recv_packed = packed(recv_counts, recv_offsets);
+    std::vector<char> send_copy, recv_copy;
+    char* send_data = bytes_of(*input);
+    char* recv_data = bytes_of(*output);
+    if (!send_packed) {
+      send_copy.resize(static_cast<size_t>(send_total) * elem);
+      size_t at = 0;
+      for (int32_t p = 0; p < size_; ++p) {
+        std::memcpy(send_copy.data() + at, send_data + send_offsets[p] * elem,
+                    send_counts[p] * elem);
+        at += send_counts[p] * elem;
+      }
+      send_data = send_copy.data();
+    }
+    if (!recv_packed) {
+      recv_copy.resize(static_cast<size_t>(recv_total) * elem);
+      recv_data = recv_copy.data();
+    }
+    std::vector<int64_t> send_bytes(size_), recv_bytes(size_);
+    for (int32_t p = 0; p < size_; ++p) {
+      send_bytes[p] = send_counts[p] * static_cast<int64_t>(elem);
+      recv_bytes[p] = recv_counts[p] * static_cast<int64_t>(elem);
+    }
+    gloo::AlltoallvOptions opts(context_);
+    opts.setInput(reinterpret_cast<uint8_t*>(send_data), send_bytes);
+    opts.setOutput(reinterpret_cast<uint8_t*>(recv_data), recv_bytes);
+    opts.setTag(next_tag());
+    opts.setTimeout(timeout());
+    gloo::alltoallv(opts);
+    if (!recv_packed) {
+      size_t at = 0;
+      for (int32_t p = 0; p < size_; ++p) {
+        std::memcpy(bytes_of(*output) + recv_offsets[p] * elem, recv_copy.data() + at,
+                    recv_counts[p] * elem);
+        at += recv_counts[p] * elem;
+      }
+    }
+  });
+}
+
+void GlooCommunicator::point_to_point(TensorView& tensor, int32_t peer, int32_t tag, bool is_send) {
+  const size_t bytes = nbytes(tensor);
+  if (bytes == 0) return;  // both sides skip: the sizes must match anyway
+  const uint64_t slot = gloo::Slot::build(kPointToPointSlotPrefix, static_cast<uint32_t>(tag));
+  auto buffer = context_->createUnboundBuffer(tensor.data, bytes);
+  if (is_send) {
+    buffer->send(peer, slot);
+    buffer->waitSend(timeout());
+  } else {
+    buffer->recv(peer, slot);
+    buffer->waitRecv(timeout());
+  }
+}
+
+Status GlooCommunicator::send(const TensorView* tensor, int32_t peer, int32_t tag, void*) noexcept {
+  return run("send", peer, [&](const std::string& desc) {
+    check_tensor(desc, "tensor", tensor);
+    if (peer < 0 || peer >= size_ || peer == rank_)
+      fail(Code::kInvalidArgument,
+           desc + ": peer " + std::to_string(peer) + " must be another rank of the group (0.." +
+               std::to_string(size_ - 1) + ", not " + std::to_string(rank_) + ")");
+    TensorView view = *tensor;  // only read: gloo's buffers take non-const pointers
+    point_to_point(view, peer, tag, true);
+  });
+}
+
+Status GlooCommunicator::recv(TensorView* tensor, int32_t peer, int32_t tag, void*) noexcept {
+  return run("recv", peer, [&](const std::string& desc) {
+    check_tensor(desc, "tensor", tensor);
+    if (peer < 0 || peer >= size_ || peer == rank_)
+      fail(Code::kInvalidArgument,
+           desc + ": peer " + std::to_string(peer) + " must be another rank of the group (0.." +
+               std::to_string(size_ - 1) + ", not " + std::to_string(rank_) + ")");
+    point_to_point(*tensor, peer, tag, false);
+  });
+}
+
+Status GlooCommunicator::barrier() noexcept {
+  return run("barrier", -1, [&](const std::string&) {
+    if (size_ == 1) return;
+    gloo::BarrierOptions opts(context_);
+    opts.setTag(next_tag());
+    opts.setTimeout(timeout());
+    gloo::barrier(opts);
+  });
+}
+
+}  // namespace loom::comm_gloo

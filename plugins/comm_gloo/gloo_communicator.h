@@ -1,0 +1,83 @@
+// The communicator of one process group over Gloo (CPU tensors).
+#pragma once
+
+#include <gloo/context.h>
+#include <loom/sdk.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace loom::comm_gloo {
+
+/// One group's communicator: gloo collectives over a full mesh of TCP pairs, plus a ring
+/// reduce-scatter (gloo 0.5's new-style API has none) and tagged send/recv over unbound
+/// buffers.
+///
+/// Tensors are contiguous CPU views. Every operation waits at most the timeout
+/// (set_timeout_ms, 300000 ms by default) in total. A failed operation (timeout, peer gone,
+/// ranks disagreeing) closes this rank's connections, so the other ranks of the group fail
+/// at once instead of waiting for their own timeouts, and leaves the communicator
+/// unusable: every later call returns kFailedPrecondition. Bad arguments (kInvalidArgument)
+/// are found before anything is sent and leave it usable.
+///
+/// Threading: one communicator must be used by one thread at a time (the core runs each
+/// communicator's operations on one thread); different communicators, even of one
+/// backend, may run concurrently. Collectives must be called in the same order on every
+/// rank of the group.
+class GlooCommunicator final : public Object<ICommunicator> {
+ public:
+  /// \param group_key       the group's name, for messages
+  /// \param rank, size      this rank in the group and the group's size
+  /// \param context         the connected gloo context; null when size == 1
+  /// \param peer_addresses  per rank, the text of the address gloo names that peer by in
+  ///                        its errors ("[10.0.0.2]:4321"); empty for this rank
+  GlooCommunicator(std::string group_key, int32_t rank, int32_t size,
+                   std::shared_ptr<gloo::Context> context, std::vector<std::string> peer_addresses);
+  ~GlooCommunicator() override;
+
+  int32_t rank() const noexcept override { return rank_; }
+  int32_t size() const noexcept override { return size_; }
+  Status all_reduce(TensorView* tensor, ReduceOp op, void* stream) noexcept override;
+  Status reduce_scatter(const TensorView* input, TensorView* output, ReduceOp op,
+                        void* stream) noexcept override;
+  Status all_gather(const TensorView* input, TensorView* output, void* stream) noexcept override;
+  Status broadcast(TensorView* tensor, int32_t root, void* stream) noexcept override;
+  Status all_to_all(const TensorView* input, const int64_t* send_counts,
+                    const int64_t* send_offsets, TensorView* output, const int64_t* recv_counts,
+                    const int64_t* recv_offsets, void* stream) noexcept override;
+  /// Tagged send to `peer`: matches the recv(peer = this rank, same tag) there. Messages of
+  /// one (peer, tag) arrive in order. Blocks until the data is handed to the transport.
+  Status send(const TensorView* tensor, int32_t peer, int32_t tag, void* stream) noexcept override;
+  Status recv(TensorView* tensor, int32_t peer, int32_t tag, void* stream) noexcept override;
+  Status barrier() noexcept override;
+  /// Timeout of every following operation (values < 1 ms are taken as 1 ms).
+  void set_timeout_ms(int64_t timeout_ms) noexcept override;
+
+ private:
+  // Runs `body` as operation `op`: checks the communicator is usable, converts exceptions
+  // to a status and, on a transport failure, breaks the communicator.
+  template <class Body>
+  Status run(const char* op, int32_t peer, Body&& body) noexcept;
+  // "all_reduce on group 'dp/0' (rank 1 of 2)".
+  std::string what(const char* op) const;
+  // A fresh tag for a gloo collective; every rank draws the same sequence because
+  // collectives run in the same order everywhere.
+  uint32_t next_tag() { return next_tag_++; }
+  std::chrono::milliseconds timeout() const { return std::chrono::milliseconds(timeout_ms_); }
+  void ring_reduce_scatter(const TensorView& input, TensorView& output, ReduceOp op,
+                           const std::string& what);
+  void point_to_point(TensorView& tensor, int32_t peer, int32_t tag, bool is_send);
+
+  std::string group_key_;
+  int32_t rank_;
+  int32_t size_;
+  std::shared_ptr<gloo::Context> context_;
+  std::vector<std::string> peer_addresses_;
+  int64_t timeout_ms_;
+  uint32_t next_tag_ = 0;
+  std::string failure_;  // the first failure's message; empty while usable
+};
+
+}  // namespace loom::comm_gloo

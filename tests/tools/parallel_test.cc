@@ -1,0 +1,280 @@
+// Multi-process training on the CPU with real processes (DESIGN.md sections 5 and 9): one
+// tiny spec trained on 1 rank and on 2 ranks with data parallelism, with and without the
+// distributed optimizer, gives the same loss and grad norm at every step; a dead or stuck
+// rank stops the others with a message; ranks that loaded different plugins or were given
+// a layout that does not fit refuse to start.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "tests/util/test_plugins.h"
+
+namespace loom {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::fresh_dir;
+using ::testing::HasSubstr;
+using testing::read_file;
+using testing::run_loom;
+using testing::write_file;
+
+// f32 throughout, no dropout: the runs differ only in the order of floating-point sums
+// (an average of two half-batch gradients instead of one accumulated batch).
+constexpr double kLossTolerance = 2e-5;  // relative
+constexpr double kNormTolerance = 1e-4;  // relative
+
+nlohmann::json tiny_spec() {
+  return nlohmann::json::parse(R"({
+    "model": {"impl": "gpt", "num_layers": 2, "hidden_size": 32, "num_attention_heads": 4,
+              "vocab_size": 64, "max_position_embeddings": 32,
+              "layer": {"impl": "transformer_layer", "norm": {"impl": "layernorm"},
+                        "attention": {"impl": "fused"}, "mlp": {"impl": "mlp"}},
+              "final_norm": {"impl": "layernorm"}},
+    "optimizer": {"impl": "adamw", "lr": 0.01},
+    "lr_schedule": {"impl": "cosine", "warmup_steps": 2},
+    "data": {"mock": true},
+    "train": {"steps": 6, "micro_batch_size": 2, "global_batch_size": 8, "seq_length": 16,
+              "log_interval": 1, "eval_interval": 3, "eval_steps": 2, "grad_clip": 1.0},
+    "checkpoint": {"save_at_end": false}
+  })");
+}
+
+struct Curve {
+  std::vector<double> loss, grad_norm, valid;
+};
+
+Curve read_curve(const fs::path& metrics) {
+  Curve c;
+  std::stringstream lines(read_file(metrics));
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.empty()) continue;
+    nlohmann::json m = nlohmann::json::parse(line);
+    if (m.contains("loss")) {
+      c.loss.push_back(m["loss"].get<double>());
+      c.grad_norm.push_back(m["grad_norm"].get<double>());
+    }
+    if (m.contains("valid_loss")) c.valid.push_back(m["valid_loss"].get<double>());
+  }
+  return c;
+}
+
+void expect_same_curve(const Curve& a, const Curve& b, const std::string& what) {
+  ASSERT_EQ(a.loss.size(), b.loss.size()) << what;
+  ASSERT_GE(a.loss.size(), 5u) << what;
+  for (size_t i = 0; i < a.loss.size(); ++i) {
+    EXPECT_NEAR(a.loss[i], b.loss[i], kLossTolerance * std::abs(a.loss[i]))
+        << what << ": loss at step " << i + 1;
+    EXPECT_NEAR(a.grad_norm[i], b.grad_norm[i], kNormTolerance * std::abs(a.grad_norm[i]))
+        << what << ": grad norm at step " << i + 1;
+  }
+  ASSERT_EQ(a.valid.size(), b.valid.size()) << what;
+  for (size_t i = 0; i < a.valid.size(); ++i)
+    EXPECT_NEAR(a.valid[i], b.valid[i], kLossTolerance * std::abs(a.valid[i]))
+        << what << ": validation loss " << i;
+}
+
+class ParallelTest : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = fresh_dir("parallel_test"); }
+  fs::path spec(const std::string& name, const nlohmann::json& body) {
+    fs::path p = dir_ / name;
+    write_file(p, body.dump(2));
+    return p;
+  }
+  static std::string q(const fs::path& p) { return "'" + p.string() + "'"; }
+  // Trains `body` with `extra` arguments; returns the loss curve.
+  Curve train(const std::string& name, const nlohmann::json& body, const std::string& extra) {
+    fs::path run = dir_ / name;
+    auto r = run_loom("train " + q(spec(name + ".json", body)) + " --run-dir " + q(run) + " " +
+                      extra);
+    EXPECT_EQ(r.exit_code, 0) << name << "\n" << r.out << r.err;
+    last_out_ = r.out;
+    return read_curve(run / "metrics.jsonl");
+  }
+  fs::path dir_;
+  std::string last_out_;
+};
+
+TEST_F(ParallelTest, DataParallelMatchesOneRank) {
+  Curve one = train("one", tiny_spec(), "");
+  Curve dp2 = train("dp2", tiny_spec(), "--nproc 2 --set parallel.dp=2");
+  EXPECT_THAT(last_out_, HasSubstr("[rank 0] "));
+  EXPECT_THAT(last_out_, HasSubstr("world size 2, started by loom, gloo backend"));
+  EXPECT_THAT(last_out_, HasSubstr("batch: 2 micro-batches of 2 x 16 tokens"));
+  expect_same_curve(one, dp2, "dp2");
+  // The losses must move, or equality would prove nothing.
+  EXPECT_LT(one.loss.back(), one.loss.front() - 0.05);
+}
+
+TEST_F(ParallelTest, DistributedOptimizerMatchesOneRank) {
+  Curve one = train("one", tiny_spec(), "");
+  // Small buckets: several of them, each padded to a multiple of 2 and split in two shards
+  // that cut parameters in the middle.
+  Curve zero = train("zero1", tiny_spec(),
+                     "--nproc 2 --set parallel.dp=2 --set parallel.distributed_optimizer=true "
+                     "--set parallel.bucket_size=3001");
+  EXPECT_THAT(last_out_, HasSubstr("distributed optimizer"));
+  expect_same_curve(one, zero, "dp2 + distributed optimizer");
+}
+
+TEST_F(ParallelTest, MixedPrecisionDataParallelMatchesOneRank) {
+  nlohmann::json s = tiny_spec();
+  s["precision"]["params"] = "bf16";
+  s["train"]["steps"] = 5;
+  Curve one = train("bf16_one", s, "");
+  Curve dp2 = train("bf16_dp2", s,
+                    "--nproc 2 --set parallel.dp=2 --set parallel.distributed_optimizer=true");
+  // bf16 activations: the same order of operations within a micro-batch, so only the
+  // gradient sums differ (in f32).
+  ASSERT_EQ(one.loss.size(), dp2.loss.size());
+  for (size_t i = 0; i < one.loss.size(); ++i)
+    EXPECT_NEAR(one.loss[i], dp2.loss[i], 2e-3 * one.loss[i]) << "step " << i + 1;
+}
+
+TEST_F(ParallelTest, DataParallelCheckpointResumes) {
+  nlohmann::json s = tiny_spec();
+  s["checkpoint"] = {{"interval", 3}, {"save_at_end", true}};
+  fs::path run = dir_ / "ckpt";
+  std::string args = "train " + q(spec("ckpt.json", s)) + " --run-dir " + q(run) +
+                     " --nproc 2 --set parallel.dp=2";
+  auto full = run_loom(args);
+  ASSERT_EQ(full.exit_code, 0) << full.out << full.err;
+  Curve whole = read_curve(run / "metrics.jsonl");
+  // Continue from step 3 of the same run: the last three steps again.
+  fs::remove_all(run / "checkpoints" / "iter_0000006");
+  write_file(run / "checkpoints" / "latest", "iter_0000003\n");
+  auto resumed = run_loom(args + " --set checkpoint.resume=\"auto\"");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.out << resumed.err;
+  EXPECT_THAT(resumed.out, HasSubstr("resume: iteration 3"));
+  Curve again = read_curve(run / "metrics.jsonl");
+  ASSERT_EQ(again.loss.size(), whole.loss.size());
+  for (size_t i = 0; i < whole.loss.size(); ++i)
+    EXPECT_DOUBLE_EQ(again.loss[i], whole.loss[i]) << "step " << i + 1;
+}
+
+// A rank that dies in the middle of a step: the launcher names it and returns non-zero.
+TEST_F(ParallelTest, LauncherStopsWhenARankDies) {
+  nlohmann::json s = tiny_spec();
+  s["train"]["steps"] = 50;
+  auto r = run_loom("train " + q(spec("die.json", s)) + " --run-dir " + q(dir_ / "die") +
+                        " --nproc 2 --set parallel.dp=2 --set parallel.timeout_s=20",
+                    "LOOM_TEST_FAULT=kill:1:3");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr("rank 1"));
+  EXPECT_THAT(r.err, HasSubstr("signal 9")) << r.err;
+}
+
+// Ranks started without the launcher (as srun or mpirun start them): when one dies, the
+// other stops on its own with a message naming the operation, well within the timeout.
+TEST_F(ParallelTest, SurvivorStopsWhenAPeerDies) {
+  nlohmann::json s = tiny_spec();
+  s["train"]["steps"] = 50;
+  fs::path sp = spec("peer.json", s);
+  fs::path rdzv = dir_ / "rdzv";
+  std::vector<testing::Background> ranks;
+  auto t0 = std::chrono::steady_clock::now();
+  for (int rank = 0; rank < 2; ++rank)
+    ranks.push_back(testing::start_loom(
+        "train " + q(sp) + " --run-dir " + q(dir_ / "peer") +
+            " --set parallel.dp=2 --set parallel.timeout_s=30",
+        "LOOM_RANK=" + std::to_string(rank) + " LOOM_WORLD_SIZE=2 LOOM_RDZV=" + q(rdzv) +
+            " LOOM_RUN_ID=peer LOOM_TEST_FAULT=kill:1:3"));
+  int code1 = testing::wait_loom(ranks[1]);
+  int code0 = testing::wait_loom(ranks[0]);
+  double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(code1, -SIGKILL);
+  EXPECT_EQ(code0, 6) << read_file(ranks[0].err);  // training failed while running
+  std::string err = read_file(ranks[0].err);
+  EXPECT_THAT(err, HasSubstr("dp")) << err;
+  EXPECT_LT(seconds, 30.0) << err;
+}
+
+// A rank that stops answering (alive, stuck): the others time out, naming the operation.
+TEST_F(ParallelTest, StuckPeerTimesOut) {
+  nlohmann::json s = tiny_spec();
+  s["train"]["steps"] = 50;
+  fs::path sp = spec("stuck.json", s);
+  fs::path rdzv = dir_ / "rdzv_stuck";
+  std::vector<testing::Background> ranks;
+  for (int rank = 0; rank < 2; ++rank)
+    ranks.push_back(testing::start_loom(
+        "train " + q(sp) + " --run-dir " + q(dir_ / "stuck") +
+            " --set parallel.dp=2 --set parallel.timeout_s=3",
+        "LOOM_RANK=" + std::to_string(rank) + " LOOM_WORLD_SIZE=2 LOOM_RDZV=" + q(rdzv) +
+            " LOOM_RUN_ID=stuck LOOM_TEST_FAULT=hang:1:3"));
+  auto t0 = std::chrono::steady_clock::now();
+  int code0 = testing::wait_loom(ranks[0]);
+  double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  kill(ranks[1].pid, SIGKILL);
+  testing::wait_loom(ranks[1]);
+  std::string err = read_file(ranks[0].err);
+  EXPECT_EQ(code0, 6) << err;
+  EXPECT_THAT(err, HasSubstr("timed out")) << err;
+  EXPECT_LT(seconds, 25.0) << err;
+}
+
+// Every rank must load the same plugin files: a rank whose optimizer plugin differs (a
+// rebuilt library) refuses to start, and so does every other rank.
+TEST_F(ParallelTest, RanksWithDifferentPluginsRefuseToStart) {
+  nlohmann::json s = tiny_spec();
+  fs::path sp = spec("plugins.json", s);
+  // The optimizer plugin as installed, and a copy with one more byte (another build).
+  fs::path installed = fs::absolute("plugins/optim");  // runfiles
+  fs::path other = dir_ / "other_plugins" / "optim";
+  fs::create_directories(other);
+  for (const auto& entry : fs::directory_iterator(installed))
+    fs::copy_file(entry.path(), other / entry.path().filename());
+  {
+    std::ofstream so(other / "libloom_optim.so", std::ios::app | std::ios::binary);
+    so << '\0';
+  }
+  fs::path rdzv = dir_ / "rdzv_plugins";
+  std::vector<testing::Background> ranks;
+  for (int rank = 0; rank < 2; ++rank)
+    ranks.push_back(testing::start_loom(
+        "train " + q(sp) + " --run-dir " + q(dir_ / "plugins_run") +
+            " --set parallel.dp=2 --set parallel.timeout_s=20" +
+            (rank == 1 ? " --plugin-path " + q(other.parent_path()) : std::string()),
+        "LOOM_RANK=" + std::to_string(rank) + " LOOM_WORLD_SIZE=2 LOOM_RDZV=" + q(rdzv) +
+            " LOOM_RUN_ID=plugins"));
+  for (int rank = 0; rank < 2; ++rank) {
+    int code = testing::wait_loom(ranks[rank]);
+    std::string err = read_file(ranks[rank].err);
+    EXPECT_EQ(code, 6) << err;
+    EXPECT_THAT(err, HasSubstr("rank 1 differs from rank 0 in plugins: plugin 'optim'")) << err;
+  }
+}
+
+TEST_F(ParallelTest, LayoutsThatDoNotFitAreRefusedBeforeStart) {
+  fs::path sp = spec("layout.json", tiny_spec());
+  auto r = run_loom("train " + q(sp) + " --nproc 2 --set parallel.dp=3");
+  EXPECT_EQ(r.exit_code, 3) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("tp x cp x ep x dp x pp = 1 x 1 x 1 x 3 x 1 = 3 ranks, but 2 were "
+                               "started"));
+  r = run_loom("train " + q(sp) + " --set parallel.dp=2");
+  EXPECT_EQ(r.exit_code, 3) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("--nproc 2"));
+  r = run_loom("train " + q(sp) + " --nproc 2 --set parallel.dp=2 --set "
+               "train.global_batch_size=6");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr("is not a multiple of micro_batch_size x dp = 2 x 2"));
+  r = run_loom("train " + q(sp) + " --nproc 2 --set parallel.tp=2");
+  EXPECT_EQ(r.exit_code, 7) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("spec /parallel/tp: 2 is not available"));
+  r = run_loom("train " + q(sp) + " --nproc 0");
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+}
+
+}  // namespace
+}  // namespace loom
