@@ -3,6 +3,7 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/transport/tcp/address.h>
 #include <gloo/transport/tcp/device.h>
+#include <net/if.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -86,6 +87,12 @@ GlooBackend::GlooBackend(const nlohmann::json& options, IBuildContext&) {
 std::shared_ptr<gloo::transport::Device> GlooBackend::device() {
   std::lock_guard<std::mutex> lock(mutex_);
   if (device_) return device_;
+  // Checked here: gloo's own lookup of a missing interface throws without freeing what it
+  // allocated, and says less.
+  if (!interface_.empty() && if_nametoindex(interface_.c_str()) == 0)
+    fail(Code::kUnavailable, "comm_backend 'gloo': there is no network interface '" + interface_ +
+                                 "' on this machine; set the backend's \"interface\" to one of "
+                                 "its interfaces (ip link) or set \"hostname\" instead");
   gloo::transport::tcp::attr attr;
   if (!interface_.empty())
     attr.iface = interface_;

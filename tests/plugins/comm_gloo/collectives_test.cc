@@ -320,6 +320,16 @@ TEST(DefaultHostname, Connects) {
   for (const Outcome& o : outcomes) EXPECT_EQ(o.code, Code::kOk) << o.message;
 }
 
+// "interface" picks the listening address from a network interface (lo is everywhere).
+TEST(Interface, LoopbackConnects) {
+  InMemoryStore store;
+  Group group = connect_group(2, "iface", store, {{"impl", "gloo"}, {"interface", "lo"}});
+  ASSERT_FALSE(HasFailure());
+  std::vector<Outcome> outcomes(2);
+  run_ranks(2, [&](int r) { outcomes[r] = outcome(group[r].barrier()); });
+  for (const Outcome& o : outcomes) EXPECT_EQ(o.code, Code::kOk) << o.message;
+}
+
 // Two groups of the same ranks, as a grid's tp and dp groups, used concurrently.
 TEST(Groups, TwoGroupsShareOneBackendPerRank) {
   InMemoryStore store;
