@@ -414,11 +414,11 @@ int cmd_train(const std::vector<std::string>& argv) {
   const nlohmann::json& par = s.spec.spec["parallel"];
   bool sharded = par["tp"].get<int64_t>() > 1 ||
                  (par["dp"].get<int64_t>() > 1 && par["distributed_optimizer"].get<bool>());
-  if (sharded && (ckpt.contains("interval") || ckpt["save_at_end"].get<bool>()))
+  if (sharded && (ckpt.value("interval", int64_t{0}) > 0 || ckpt["save_at_end"].get<bool>()))
     throw Error(Code::kUnimplemented,
                 "spec /checkpoint: saving checkpoints of runs with tp > 1 or the distributed "
                 "optimizer is not available in this loom yet; set checkpoint.save_at_end=false "
-                "and remove checkpoint.interval (or train with data parallelism alone)");
+                "and checkpoint.interval=0 (or train with data parallelism alone)");
   options.checkpoint = s.rank0() ? &writer : nullptr;
   options.save_interval = ckpt.value("interval", int64_t{0});
   options.save_at_end = ckpt["save_at_end"].get<bool>();
