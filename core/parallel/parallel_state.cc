@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "core/dist/store.h"
 #include "core/parallel/local_communicator.h"
 #include "core/parallel/timed_communicator.h"
@@ -56,7 +58,9 @@ void ParallelState::check_agreement(const std::string& what, const std::string& 
                                                            const std::string&)) {
   int world = grid_.world_size();
   if (world == 1) return;
-  auto timeout = std::chrono::milliseconds(timeout_ms_);
+  // Ranks start at different times (loading plugins, building the model): the start-up
+  // checks wait at least as long as torchrun's rendezvous would.
+  auto timeout = std::chrono::milliseconds(std::max<int64_t>(timeout_ms_, 300000));
   std::string prefix = "agree/" + what + "/";
   store_->put(prefix + std::to_string(grid_.rank()), value);
   if (grid_.rank() == 0) {

@@ -209,7 +209,7 @@ TEST_F(ParallelTest, StuckPeerTimesOut) {
   for (int rank = 0; rank < 2; ++rank)
     ranks.push_back(testing::start_loom(
         "train " + q(sp) + " --run-dir " + q(dir_ / "stuck") +
-            " --set parallel.dp=2 --set parallel.timeout_s=3",
+            " --set parallel.dp=2 --set parallel.timeout_s=8",
         "LOOM_RANK=" + std::to_string(rank) + " LOOM_WORLD_SIZE=2 LOOM_RDZV=" + q(rdzv) +
             " LOOM_RUN_ID=stuck LOOM_TEST_FAULT=hang:1:3"));
   auto t0 = std::chrono::steady_clock::now();
@@ -221,7 +221,7 @@ TEST_F(ParallelTest, StuckPeerTimesOut) {
   std::string err = read_file(ranks[0].err);
   EXPECT_EQ(code0, 6) << err;
   EXPECT_THAT(err, HasSubstr("timed out")) << err;
-  EXPECT_LT(seconds, 25.0) << err;
+  EXPECT_LT(seconds, 60.0) << err;
 }
 
 // Every rank must load the same plugin files: a rank whose optimizer plugin differs (a
