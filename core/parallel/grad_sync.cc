@@ -38,8 +38,7 @@ GradSync::GradSync(ParameterSet& params, ICommunicator& dp, bool sharded, IHost&
         int64_t begin = std::max(lo, all[i].offset);
         int64_t end = std::min(hi, all[i].offset + all[i].numel());
         if (begin < end)
-          segments_.push_back(
-              {i, begin - all[i].offset, end - begin, begin, total + (begin - lo)});
+          segments_.push_back({i, begin - all[i].offset, end - begin, begin, total + (begin - lo)});
       }
       total += chunk;
       largest = std::max(largest, chunk);
@@ -110,8 +109,9 @@ void GradSync::start(size_t b) {
   if (!sharded_) {
     run([this, grads, size = bucket.size] {
       TensorView v = make_view(grads, DType::kF32, {size});
-      throw_if_error(dp_.all_reduce(&v, ReduceOp::kAvg, nullptr), "data-parallel gradient "
-                                                                   "all-reduce");
+      throw_if_error(dp_.all_reduce(&v, ReduceOp::kAvg, nullptr),
+                     "data-parallel gradient "
+                     "all-reduce");
     });
   } else {
     float* out = static_cast<float*>(grad_shard_.data) + shard_base_[b];

@@ -28,11 +28,11 @@ namespace loom::core {
 
 /// A contiguous part of one parameter that this rank's optimizer updates.
 struct Segment {
-  size_t param = 0;     ///< index into ParameterSet::all()
-  int64_t begin = 0;    ///< first element within the parameter
-  int64_t length = 0;   ///< elements
-  int64_t flat = 0;     ///< position of element `begin` in the flat buffers
-  int64_t shard = -1;   ///< position in this rank's gradient shard (distributed optimizer)
+  size_t param = 0;    ///< index into ParameterSet::all()
+  int64_t begin = 0;   ///< first element within the parameter
+  int64_t length = 0;  ///< elements
+  int64_t flat = 0;    ///< position of element `begin` in the flat buffers
+  int64_t shard = -1;  ///< position in this rank's gradient shard (distributed optimizer)
 };
 
 class GradSync {

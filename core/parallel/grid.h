@@ -15,10 +15,10 @@ namespace loom::core {
 
 /// One process group of the grid, as seen from one rank.
 struct GridGroup {
-  std::string dims;          ///< canonical dimension list, e.g. "tp,dp" (grid order)
-  std::string key;           ///< unique on the grid, the same on every member: "tp,dp/3"
-  std::vector<int> ranks;    ///< global ranks of the members, in group-rank order
-  int rank = 0;              ///< this rank's index in `ranks`
+  std::string dims;        ///< canonical dimension list, e.g. "tp,dp" (grid order)
+  std::string key;         ///< unique on the grid, the same on every member: "tp,dp/3"
+  std::vector<int> ranks;  ///< global ranks of the members, in group-rank order
+  int rank = 0;            ///< this rank's index in `ranks`
   int size() const { return static_cast<int>(ranks.size()); }
 };
 

@@ -61,15 +61,17 @@ Status LocalCommunicator::all_to_all(const TensorView* input, const int64_t* sen
 
 Status LocalCommunicator::send(const TensorView*, int32_t peer, int32_t, void*) noexcept {
   return guard([&] {
-    fail(Code::kInvalidArgument,
-         fmt::format("send on group '{}': peer {} does not exist in this 1-rank group", key_, peer));
+    fail(
+        Code::kInvalidArgument,
+        fmt::format("send on group '{}': peer {} does not exist in this 1-rank group", key_, peer));
   });
 }
 
 Status LocalCommunicator::recv(TensorView*, int32_t peer, int32_t, void*) noexcept {
   return guard([&] {
-    fail(Code::kInvalidArgument,
-         fmt::format("recv on group '{}': peer {} does not exist in this 1-rank group", key_, peer));
+    fail(
+        Code::kInvalidArgument,
+        fmt::format("recv on group '{}': peer {} does not exist in this 1-rank group", key_, peer));
   });
 }
 

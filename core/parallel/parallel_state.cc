@@ -13,8 +13,8 @@
 
 namespace loom::core {
 
-ParallelState::ParallelState(ProcessGrid grid, std::unique_ptr<dist::Store> store, ObjectPtr backend,
-                             int64_t timeout_ms)
+ParallelState::ParallelState(ProcessGrid grid, std::unique_ptr<dist::Store> store,
+                             ObjectPtr backend, int64_t timeout_ms)
     : grid_(std::move(grid)),
       store_(std::move(store)),
       backend_object_(std::move(backend)),
@@ -68,8 +68,8 @@ void ParallelState::check_agreement(const std::string& what, const std::string& 
     for (int r = 1; r < world && verdict == "ok"; ++r) {
       std::string theirs = store_->wait_get(prefix + std::to_string(r), timeout);
       if (theirs != value)
-        verdict = fmt::format("rank {} differs from rank 0 in {}: {}", r, what,
-                              explain(value, theirs));
+        verdict =
+            fmt::format("rank {} differs from rank 0 in {}: {}", r, what, explain(value, theirs));
     }
     store_->put(prefix + "verdict", verdict);
     if (verdict != "ok") throw Error(Code::kFailedPrecondition, verdict);

@@ -7,7 +7,9 @@
 namespace loom::core {
 namespace {
 thread_local bool t_worker = false;
-int64_t bytes_of(const TensorView* v) { return v != nullptr ? static_cast<int64_t>(nbytes(*v)) : 0; }
+int64_t bytes_of(const TensorView* v) {
+  return v != nullptr ? static_cast<int64_t>(nbytes(*v)) : 0;
+}
 }  // namespace
 
 void TimedCommunicator::mark_worker_thread() { t_worker = true; }
@@ -53,8 +55,8 @@ Status TimedCommunicator::all_to_all(const TensorView* input, const int64_t* sen
                                      const int64_t* recv_counts, const int64_t* recv_offsets,
                                      void* stream) noexcept {
   return timed("all_to_all", bytes_of(input), [&] {
-    return inner_->all_to_all(input, send_counts, send_offsets, output, recv_counts,
-                              recv_offsets, stream);
+    return inner_->all_to_all(input, send_counts, send_offsets, output, recv_counts, recv_offsets,
+                              stream);
   });
 }
 

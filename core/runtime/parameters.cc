@@ -117,8 +117,7 @@ int64_t Parameter::numel() const {
   return n;
 }
 
-ParameterSet::ParameterSet(IHost& host, IModule& root, Device device,
-                           const BucketOptions& buckets)
+ParameterSet::ParameterSet(IHost& host, IModule& root, Device device, const BucketOptions& buckets)
     : host_(host), device_(device) {
   walk(root, "");
   try {

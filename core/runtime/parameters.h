@@ -32,8 +32,8 @@ struct Parameter {
 /// A run of whole parameters that is contiguous in the flat buffers: the unit of
 /// gradient reduction (data parallelism) and of sharding (distributed optimizer).
 struct Bucket {
-  int64_t offset = 0;  ///< first element in the flat buffers
-  int64_t size = 0;    ///< elements, padding included (a multiple of pad_multiple)
+  int64_t offset = 0;          ///< first element in the flat buffers
+  int64_t size = 0;            ///< elements, padding included (a multiple of pad_multiple)
   std::vector<size_t> params;  ///< indices into ParameterSet::all(), in backward order
 };
 

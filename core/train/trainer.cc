@@ -2,13 +2,12 @@
 
 #include <fmt/format.h>
 #include <sys/resource.h>
-#include <csignal>
-#include <cstdlib>
 #include <unistd.h>
 
 #include <chrono>
-#include <csignal>
 #include <cmath>
+#include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 
@@ -162,8 +161,8 @@ Trainer::Trainer(const nlohmann::json& spec, PluginManager& plugins,
     dp_rank_ = parallel_->grid().coord("dp");
     tp_rank_ = parallel_->grid().coord("tp");
     if (dp_size_ != dp)
-      throw SpecError("/parallel/dp", fmt::format("{} differs from the process grid's dp {}", dp,
-                                                  dp_size_));
+      throw SpecError("/parallel/dp",
+                      fmt::format("{} differs from the process grid's dp {}", dp, dp_size_));
   } else if (dp != 1) {
     throw SpecError("/parallel/dp",
                     fmt::format("{} needs {} processes; start them with `loom train --nproc N` or "
@@ -376,8 +375,8 @@ double Trainer::run_forward(ForwardContext& ctx, const Batch& batch, std::vector
   return read_scalar(outputs[0]);
 }
 
-double Trainer::forward_backward(const Batch& batch, double loss_weight,
-                                 std::vector<float>* logits, int32_t micro_batch) {
+double Trainer::forward_backward(const Batch& batch, double loss_weight, std::vector<float>* logits,
+                                 int32_t micro_batch) {
   RecomputePolicy policy = RecomputePolicy::kNone;
   std::string recompute = spec_["train"]["recompute"].get<std::string>();
   if (recompute == "selective") policy = RecomputePolicy::kSelective;
@@ -431,8 +430,8 @@ StepResult Trainer::step() {
   for (int64_t m = 0; m < micro_batches_; ++m) {
     if (dp_size_ > 1) data_->seek(start + (m * dp_size_ + dp_rank_) * micro_batch_);
     data_->next_train(batch);
-    loss_sum += forward_backward(batch, loss_scale_ / static_cast<double>(micro_batches_),
-                                 nullptr, static_cast<int32_t>(m * dp_size_ + dp_rank_));
+    loss_sum += forward_backward(batch, loss_scale_ / static_cast<double>(micro_batches_), nullptr,
+                                 static_cast<int32_t>(m * dp_size_ + dp_rank_));
     if (parallel_ != nullptr && m == 0) maybe_inject_fault(parallel_->grid().rank(), r.step);
     r.tokens += batch.batch * batch.seq_length * dp_size_;
   }

@@ -34,15 +34,15 @@ namespace loom::core {
 
 /// What one optimizer step did.
 struct StepResult {
-  int64_t step = 0;       ///< 1-based step just taken (or skipped)
-  double loss = 0;        ///< mean of the micro-batch losses
-  double grad_norm = 0;   ///< global L2 norm of the (unscaled, unclipped) gradients
-  double lr = 0;          ///< learning rate used
-  double loss_scale = 1;  ///< loss scale used (f16), else 1
-  bool skipped = false;   ///< non-finite gradients or loss: no update
-  double seconds = 0;     ///< wall time of the step
+  int64_t step = 0;         ///< 1-based step just taken (or skipped)
+  double loss = 0;          ///< mean of the micro-batch losses
+  double grad_norm = 0;     ///< global L2 norm of the (unscaled, unclipped) gradients
+  double lr = 0;            ///< learning rate used
+  double loss_scale = 1;    ///< loss scale used (f16), else 1
+  bool skipped = false;     ///< non-finite gradients or loss: no update
+  double seconds = 0;       ///< wall time of the step
   double comm_seconds = 0;  ///< of which the training thread spent blocked in communication
-  int64_t tokens = 0;     ///< tokens processed (by every data-parallel rank together)
+  int64_t tokens = 0;       ///< tokens processed (by every data-parallel rank together)
 };
 
 /// Options of `Trainer::run`.

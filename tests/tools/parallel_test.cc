@@ -94,8 +94,8 @@ class ParallelTest : public ::testing::Test {
   // Trains `body` with `extra` arguments; returns the loss curve.
   Curve train(const std::string& name, const nlohmann::json& body, const std::string& extra) {
     fs::path run = dir_ / name;
-    auto r = run_loom("train " + q(spec(name + ".json", body)) + " --run-dir " + q(run) + " " +
-                      extra);
+    auto r =
+        run_loom("train " + q(spec(name + ".json", body)) + " --run-dir " + q(run) + " " + extra);
     EXPECT_EQ(r.exit_code, 0) << name << "\n" << r.out << r.err;
     last_out_ = r.out;
     return read_curve(run / "metrics.jsonl");
@@ -183,15 +183,14 @@ TEST_F(ParallelTest, SurvivorStopsWhenAPeerDies) {
   std::vector<testing::Background> ranks;
   auto t0 = std::chrono::steady_clock::now();
   for (int rank = 0; rank < 2; ++rank)
-    ranks.push_back(testing::start_loom(
-        "train " + q(sp) + " --run-dir " + q(dir_ / "peer") +
-            " --set parallel.dp=2 --set parallel.timeout_s=30",
-        "LOOM_RANK=" + std::to_string(rank) + " LOOM_WORLD_SIZE=2 LOOM_RDZV=" + q(rdzv) +
-            " LOOM_RUN_ID=peer LOOM_TEST_FAULT=kill:1:3"));
+    ranks.push_back(testing::start_loom("train " + q(sp) + " --run-dir " + q(dir_ / "peer") +
+                                            " --set parallel.dp=2 --set parallel.timeout_s=30",
+                                        "LOOM_RANK=" + std::to_string(rank) +
+                                            " LOOM_WORLD_SIZE=2 LOOM_RDZV=" + q(rdzv) +
+                                            " LOOM_RUN_ID=peer LOOM_TEST_FAULT=kill:1:3"));
   int code1 = testing::wait_loom(ranks[1]);
   int code0 = testing::wait_loom(ranks[0]);
-  double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_EQ(code1, -SIGKILL);
   EXPECT_EQ(code0, 6) << read_file(ranks[0].err);  // training failed while running
   std::string err = read_file(ranks[0].err);
@@ -207,15 +206,14 @@ TEST_F(ParallelTest, StuckPeerTimesOut) {
   fs::path rdzv = dir_ / "rdzv_stuck";
   std::vector<testing::Background> ranks;
   for (int rank = 0; rank < 2; ++rank)
-    ranks.push_back(testing::start_loom(
-        "train " + q(sp) + " --run-dir " + q(dir_ / "stuck") +
-            " --set parallel.dp=2 --set parallel.timeout_s=8",
-        "LOOM_RANK=" + std::to_string(rank) + " LOOM_WORLD_SIZE=2 LOOM_RDZV=" + q(rdzv) +
-            " LOOM_RUN_ID=stuck LOOM_TEST_FAULT=hang:1:3"));
+    ranks.push_back(testing::start_loom("train " + q(sp) + " --run-dir " + q(dir_ / "stuck") +
+                                            " --set parallel.dp=2 --set parallel.timeout_s=8",
+                                        "LOOM_RANK=" + std::to_string(rank) +
+                                            " LOOM_WORLD_SIZE=2 LOOM_RDZV=" + q(rdzv) +
+                                            " LOOM_RUN_ID=stuck LOOM_TEST_FAULT=hang:1:3"));
   auto t0 = std::chrono::steady_clock::now();
   int code0 = testing::wait_loom(ranks[0]);
-  double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   kill(ranks[1].pid, SIGKILL);
   testing::wait_loom(ranks[1]);
   std::string err = read_file(ranks[0].err);
@@ -265,7 +263,8 @@ TEST_F(ParallelTest, LayoutsThatDoNotFitAreRefusedBeforeStart) {
   r = run_loom("train " + q(sp) + " --set parallel.dp=2");
   EXPECT_EQ(r.exit_code, 3) << r.out << r.err;
   EXPECT_THAT(r.err, HasSubstr("--nproc 2"));
-  r = run_loom("train " + q(sp) + " --nproc 2 --set parallel.dp=2 --set "
+  r = run_loom("train " + q(sp) +
+               " --nproc 2 --set parallel.dp=2 --set "
                "train.global_batch_size=6");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_THAT(r.err, HasSubstr("is not a multiple of micro_batch_size x dp = 2 x 2"));

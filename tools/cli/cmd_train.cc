@@ -114,19 +114,20 @@ std::string explain_plugins(const std::string& mine, const std::string& theirs) 
       return fmt::format("plugin '{}' is loaded on rank 0 but not there",
                          pa["name"].get<std::string>());
     if ((*match)["version"] != pa["version"] || (*match)["hash"] != pa["hash"])
-      return fmt::format("plugin '{}' is version {} ({}, hash {}) on rank 0 and version {} ({}, "
-                         "hash {}) there; install the same build on every rank",
-                         pa["name"].get<std::string>(), pa["version"].get<std::string>(),
-                         pa["file"].get<std::string>(), pa["hash"].get<std::string>(),
-                         (*match)["version"].get<std::string>(),
-                         (*match)["file"].get<std::string>(), (*match)["hash"].get<std::string>());
+      return fmt::format(
+          "plugin '{}' is version {} ({}, hash {}) on rank 0 and version {} ({}, "
+          "hash {}) there; install the same build on every rank",
+          pa["name"].get<std::string>(), pa["version"].get<std::string>(),
+          pa["file"].get<std::string>(), pa["hash"].get<std::string>(),
+          (*match)["version"].get<std::string>(), (*match)["file"].get<std::string>(),
+          (*match)["hash"].get<std::string>());
   }
   return "it loaded other plugins: " + theirs;
 }
 
 std::string explain_spec(const std::string& mine, const std::string& theirs) {
-  nlohmann::json patch = nlohmann::json::diff(nlohmann::json::parse(mine),
-                                              nlohmann::json::parse(theirs));
+  nlohmann::json patch =
+      nlohmann::json::diff(nlohmann::json::parse(mine), nlohmann::json::parse(theirs));
   std::string where;
   for (const auto& op : patch) where += (where.empty() ? "" : ", ") + op.value("path", "");
   return "the resolved spec differs at " + where + "; give every rank the same spec";
@@ -142,9 +143,9 @@ void join_run(Session& s) {
                            par["dp"].get<int>(), par["pp"].get<int>()};
   core::ProcessGrid grid(sizes, s.env.rank);
   auto timeout_ms = static_cast<int64_t>(par["timeout_s"].get<double>() * 1000);
-  core::ObjectPtr backend = core::build_component(*s.plugins, par["comm_backend"],
-                                                  kinds::kCommBackend, "/parallel/comm_backend",
-                                                  nlohmann::json::object());
+  core::ObjectPtr backend =
+      core::build_component(*s.plugins, par["comm_backend"], kinds::kCommBackend,
+                            "/parallel/comm_backend", nlohmann::json::object());
   s.parallel = std::make_unique<core::ParallelState>(
       grid, core::dist::open_store(s.env.rdzv, s.env.run_id), std::move(backend), timeout_ms);
   core::ParallelState* state = s.parallel.get();
@@ -168,7 +169,8 @@ Session open_session(const Args& args) {
   // Several ranks talk through a comm_backend plugin: Gloo unless the spec names one.
   if (s.env.distributed()) {
     nlohmann::json& par = s.spec.spec["parallel"];
-    if (!(par.is_object() && par.contains("comm_backend"))) par["comm_backend"] = {{"impl", "gloo"}};
+    if (!(par.is_object() && par.contains("comm_backend")))
+      par["comm_backend"] = {{"impl", "gloo"}};
   }
   s.spec.uses = core::resolve_spec(s.spec.spec, *s.spec.catalog);
   const nlohmann::json& log = s.spec.spec["log"];
@@ -191,11 +193,10 @@ void print_layout(const Session& s, const fs::path& run_dir) {
               static_cast<long long>(world_of(par)),
               par["sequence_parallel"].get<bool>() ? ", sequence parallel" : "",
               par["distributed_optimizer"].get<bool>() ? ", distributed optimizer" : "",
-              s.env.distributed()
-                  ? fmt::format(", started by {}, {} backend", s.env.launcher,
-                                par["comm_backend"]["impl"].get<std::string>())
-                        .c_str()
-                  : "");
+              s.env.distributed() ? fmt::format(", started by {}, {} backend", s.env.launcher,
+                                                par["comm_backend"]["impl"].get<std::string>())
+                                        .c_str()
+                                  : "");
   for (const core::LoadedPlugin& p : s.plugins->loaded())
     std::printf("  plugin %s %s (%s)\n", p.record->name.c_str(), p.info->version,
                 p.record->library.string().c_str());
@@ -355,7 +356,8 @@ int cmd_train(const std::vector<std::string>& argv) {
       "loom train SPEC [--nproc N] [--set PATH=VALUE]... [--run-dir DIR] [--plugin-path DIR]";
   Args args =
       parse_args(argv, {{}, {"--set", "--run-dir", "--plugin-path", "--nproc"}, 1, 1, usage});
-  if (!args.get("--nproc").empty()) return relaunch_self(nproc_of(args), without_nproc("train", argv));
+  if (!args.get("--nproc").empty())
+    return relaunch_self(nproc_of(args), without_nproc("train", argv));
   Session s = open_session(args);
 
   // The run directory holds the resolved spec (defaults filled in) and metrics.
@@ -448,8 +450,10 @@ int cmd_bench(const std::vector<std::string>& argv) {
       "loom bench SPEC [--nproc N] [--steps N] [--warmup N] [--set PATH=VALUE]... [--plugin-path "
       "DIR] [--json]";
   Args args = parse_args(
-      argv, {{"--json"}, {"--set", "--steps", "--warmup", "--plugin-path", "--nproc"}, 1, 1, usage});
-  if (!args.get("--nproc").empty()) return relaunch_self(nproc_of(args), without_nproc("bench", argv));
+      argv,
+      {{"--json"}, {"--set", "--steps", "--warmup", "--plugin-path", "--nproc"}, 1, 1, usage});
+  if (!args.get("--nproc").empty())
+    return relaunch_self(nproc_of(args), without_nproc("bench", argv));
   int64_t steps = args.integer("--steps", 10);
   int64_t warmup = args.integer("--warmup", 2);
   if (steps < 1) throw core::UsageError("--steps must be at least 1 (" + usage + ")");
