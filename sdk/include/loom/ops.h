@@ -111,8 +111,17 @@ struct DropoutAttrs {
 ///   inputs: [0] table float (V, C), [1] ids i32 (N)   outputs: [0] Y float (N, C)
 /// "embedding_bwd": dtable[ids[n]] += dY[n].
 ///   inputs: [0] dY float (N, C), [1] ids i32 (N)      outputs: [0] dtable f32 (V, C) +=
+/// Both take optional attrs (null: the whole vocabulary). With EmbeddingAttrs the table is
+/// the rows [vocab_start, vocab_start + V) of a vocabulary of vocab_size rows split over
+/// tensor-parallel ranks: an id in that range uses row id - vocab_start; any other id in
+/// [0, vocab_size) gives a zero row (forward) and adds nothing (backward); ids outside
+/// [0, vocab_size) are an error (kOutOfRange).
 inline constexpr const char* kEmbeddingFwd = "embedding_fwd";
 inline constexpr const char* kEmbeddingBwd = "embedding_bwd";
+struct EmbeddingAttrs {
+  int64_t vocab_start;  ///< first vocabulary row held by this table
+  int64_t vocab_size;   ///< rows of the whole (unsplit) vocabulary
+};
 
 /// "layernorm_fwd": Y = (X - mean) * rstd * weight + bias over the last dimension.
 ///   inputs:  [0] X float (N, C), [1] weight float (C), [2] bias float (C) or empty
@@ -220,8 +229,39 @@ struct AttentionAttrs {
 ///   inputs:  [0] logits (N, V), [1] labels (N), [2] mask (N) or empty, [3] lse (N),
 ///            [4] dmean f32 (1)
 ///   outputs: [0] dlogits float (N, V)
+/// cross_entropy_bwd takes optional CrossEntropyShardAttrs (null: logits hold the whole
+/// vocabulary): logits are then the columns [vocab_start, vocab_start + V) of a vocabulary
+/// of vocab_size, lse is the logsumexp over the whole vocabulary (cross_entropy_combine),
+/// labels are validated against [0, vocab_size), and the onehot term applies only to a
+/// label inside this shard (column labels[n] - vocab_start).
 inline constexpr const char* kCrossEntropyFwd = "cross_entropy_fwd";
 inline constexpr const char* kCrossEntropyBwd = "cross_entropy_bwd";
+struct CrossEntropyShardAttrs {
+  int64_t vocab_start;  ///< first vocabulary column held by this shard of the logits
+  int64_t vocab_size;   ///< columns of the whole vocabulary
+};
+
+/// Vocab-parallel cross entropy (Megatron's), in two steps around an all-gather over the
+/// tensor-parallel group, so that no rank ever holds the whole (N, V) logits:
+/// "cross_entropy_shard_stats": per row of this rank's shard of the logits, the statistics
+/// that combine into the loss: stats[n] = (m, s, t) with m = max_j logits[n, j],
+/// s = sum_j exp(logits[n, j] - m), and t = logits[n, labels[n] - vocab_start] when the
+/// label falls in [vocab_start, vocab_start + V), else 0. Labels outside [0, vocab_size)
+/// are an error (kOutOfRange) unless their mask is 0 (such rows get t = 0).
+///   inputs:  [0] logits float (N, V) (this shard), [1] labels i32 (N),
+///            [2] mask f32 (N) or empty (all 1)
+///   outputs: [0] stats f32 (N, 3)
+///   attrs:   CrossEntropyShardAttrs (required)
+/// "cross_entropy_combine": from the stats of all P shards (in any order), the whole
+/// vocabulary's results, exactly those of cross_entropy_fwd:
+/// M = max_p m_p, lse[n] = M + log(sum_p s_p exp(m_p - M)), loss[n] = lse[n] - sum_p t_p
+/// (0 where the mask is 0 and the label is outside the vocabulary), and the masked mean.
+///   inputs:  [0] stats f32 (P, N, 3), [1] labels i32 (N), [2] mask f32 (N) or empty
+///   outputs: [0] loss f32 (N), [1] lse f32 (N), [2] mean f32 (1)
+///   attrs:   CrossEntropyShardAttrs (vocab_size is used; vocab_start is ignored)
+/// Both are keyed on the dtype of input [0] (combine: f32).
+inline constexpr const char* kCrossEntropyShardStats = "cross_entropy_shard_stats";
+inline constexpr const char* kCrossEntropyCombine = "cross_entropy_combine";
 
 // ---------------------------------------------------------------------------------------
 // Optimizer steps (on contiguous f32 shards)
