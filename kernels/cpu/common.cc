@@ -210,8 +210,9 @@ int64_t max_numel(const OpCall* call) {
 }
 
 void add_kernels(std::vector<KernelDesc>& out, const char* op, const char* name, int32_t priority,
-                 KernelFn fn, KernelSupportsFn supports, KernelCostFn cost) {
-  for (DType t : kFloatTypes) {
+                 KernelFn fn, KernelSupportsFn supports, KernelCostFn cost,
+                 std::initializer_list<DType> dtypes) {
+  for (DType t : dtypes) {
     KernelDesc k{};
     k.struct_size = sizeof(KernelDesc);
     k.op = op;

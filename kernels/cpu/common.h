@@ -119,6 +119,12 @@ class Args {
            ")");
     return *static_cast<const A*>(call_->attrs);
   }
+  // Optional attributes struct A: null when the call passes none (attrs == null), else
+  // checked for size like attrs().
+  template <class A>
+  const A* opt_attrs() const {
+    return call_->attrs == nullptr ? nullptr : &attrs<A>();
+  }
 
   bool has_in(int i) const { return present(call_->inputs[i]); }
   bool has_out(int i) const { return present(call_->outputs[i]); }
@@ -233,9 +239,10 @@ int64_t max_numel(const OpCall* call);
 
 inline constexpr DType kFloatTypes[] = {DType::kF32, DType::kBF16, DType::kF16};
 
-// Appends one KernelDesc per float dtype.
+// Appends one KernelDesc per dtype of `dtypes` (by default every float dtype).
 void add_kernels(std::vector<KernelDesc>& out, const char* op, const char* name, int32_t priority,
-                 KernelFn fn, KernelSupportsFn supports, KernelCostFn cost);
+                 KernelFn fn, KernelSupportsFn supports, KernelCostFn cost,
+                 std::initializer_list<DType> dtypes = {DType::kF32, DType::kBF16, DType::kF16});
 
 // Each op family appends its reference and fast kernels.
 void add_gemm_kernels(std::vector<KernelDesc>& out);
@@ -251,6 +258,7 @@ void add_softmax_kernels(std::vector<KernelDesc>& out);
 void add_attention_kernels(std::vector<KernelDesc>& out);
 void add_flash_attention_kernels(std::vector<KernelDesc>& out);
 void add_cross_entropy_kernels(std::vector<KernelDesc>& out);
+void add_cross_entropy_shard_kernels(std::vector<KernelDesc>& out);
 void add_optim_kernels(std::vector<KernelDesc>& out);
 
 }  // namespace loom::kernels::cpu

@@ -22,6 +22,7 @@ const std::vector<KernelDesc>& all_kernels() {
     add_attention_kernels(k);
     add_flash_attention_kernels(k);
     add_cross_entropy_kernels(k);
+    add_cross_entropy_shard_kernels(k);
     add_optim_kernels(k);
     return k;
   }();

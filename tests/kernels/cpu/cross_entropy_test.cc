@@ -1,6 +1,7 @@
 // cross_entropy: the reference against f64, fast against reference over dtypes and odd
 // vocabularies, backward of the reference against finite differences, masks and labels
-// out of range.
+// out of range; vocab-parallel cross entropy (shard stats, combine, backward of a shard)
+// against the unsplit ops.
 #include <cmath>
 
 #include "tests/kernels/cpu/op_test_util.h"
@@ -123,6 +124,196 @@ TEST(CrossEntropyMask, AllZeroMaskGivesZeroMeanAndGradient) {
     run(ops::kCrossEntropyBwd, name, DType::kF32, {&in.logits, &in.labels, &in.mask, &lse, &dmean},
         {&dx});
     for (int64_t j = 0; j < 18; ++j) EXPECT_EQ(dx.get(j), 0.0) << name << " " << j;
+  }
+}
+
+// ---- Vocab-parallel ----------------------------------------------------------------------
+
+// Columns [b, e) of (N, V) logits.
+Tensor columns(const Tensor& x, int64_t b, int64_t e) {
+  int64_t n = x.shape()[0], v = x.shape()[1];
+  Tensor y(x.dtype(), {n, e - b});
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = b; j < e; ++j) y.set(i * (e - b) + j - b, x.get(i * v + j));
+  return y;
+}
+
+class CrossEntropyShardTest : public ::testing::TestWithParam<DType> {};
+
+// Split the logits over P uneven shards, compute each shard's stats, stack them (in
+// reverse order: combine takes any order) and combine: loss, lse and mean are those of
+// cross_entropy_fwd on the whole logits; each shard's backward with the combined lse is its
+// columns of the whole backward.
+TEST_P(CrossEntropyShardTest, ShardsCombineToTheWholeVocabulary) {
+  std::mt19937 rng(4);
+  DType dt = GetParam();
+  for (int64_t n : {1, 33})
+    for (int64_t v : {1, 7, 65, 1000})
+      for (bool with_mask : {false, true}) {
+        CeInputs in = make(dt, n, v, with_mask, rng);
+        if (with_mask) {
+          // Masked rows (i % 3 == 1) may carry labels outside the vocabulary.
+          if (n > 1) in.labels.set(1, -100);
+          if (n > 4) in.labels.set(4, static_cast<double>(v));
+        }
+        Tensor loss(DType::kF32, {n}), lse(DType::kF32, {n}), mean(DType::kF32, {1});
+        run_ref(ops::kCrossEntropyFwd, dt, {&in.logits, &in.labels, &in.mask},
+                {&loss, &lse, &mean});
+        Tensor dmean = Tensor::filled(DType::kF32, {1}, 1.7), dx(dt, {n, v});
+        run_ref(ops::kCrossEntropyBwd, dt, {&in.logits, &in.labels, &in.mask, &lse, &dmean}, {&dx});
+        for (int64_t p : {1, 2, 3}) {
+          std::string what = "V " + std::to_string(v) + ", N " + std::to_string(n) + ", " +
+                             std::to_string(p) + " shards" + (with_mask ? ", mask" : "");
+          std::vector<int64_t> b = uneven_split(v, p);
+          std::vector<Tensor> parts;
+          Tensor stacked(DType::kF32, {p, n, 3});
+          for (int64_t k = 0; k < p; ++k) {
+            ops::CrossEntropyShardAttrs at{b[k], v};
+            parts.push_back(columns(in.logits, b[k], b[k + 1]));
+            Tensor stats(DType::kF32, {n, 3});
+            run_ref(ops::kCrossEntropyShardStats, dt, {&parts[k], &in.labels, &in.mask}, {&stats},
+                    &at);
+            expect_fast_matches_ref(ops::kCrossEntropyShardStats, dt,
+                                    {parts[k], in.labels, in.mask}, {Tensor(DType::kF32, {n, 3})},
+                                    &at, what);
+            for (int64_t i = 0; i < 3 * n; ++i) stacked.set((p - 1 - k) * 3 * n + i, stats.get(i));
+          }
+          ops::CrossEntropyShardAttrs whole{0, v};
+          Tensor closs(DType::kF32, {n}), clse(DType::kF32, {n}), cmean(DType::kF32, {1});
+          run_ref(ops::kCrossEntropyCombine, DType::kF32, {&stacked, &in.labels, &in.mask},
+                  {&closs, &clse, &cmean}, &whole);
+          expect_close(closs, loss.values(), DType::kF32, "combined loss, " + what);
+          expect_close(clse, lse.values(), DType::kF32, "combined lse, " + what);
+          expect_close(cmean, mean.values(), DType::kF32, "combined mean, " + what);
+          if (with_mask && n > 4) {
+            EXPECT_EQ(closs.get(1), 0.0) << what;  // masked, label -100
+            EXPECT_EQ(closs.get(4), 0.0) << what;  // masked, label V
+          }
+          expect_fast_matches_ref(
+              ops::kCrossEntropyCombine, DType::kF32, {stacked, in.labels, in.mask},
+              {Tensor(DType::kF32, {n}), Tensor(DType::kF32, {n}), Tensor(DType::kF32, {1})},
+              &whole, what);
+          for (int64_t k = 0; k < p; ++k) {
+            ops::CrossEntropyShardAttrs at{b[k], v};
+            Tensor dpart(dt, {n, b[k + 1] - b[k]});
+            run_ref(ops::kCrossEntropyBwd, dt, {&parts[k], &in.labels, &in.mask, &clse, &dmean},
+                    {&dpart}, &at);
+            expect_close(dpart, columns(dx, b[k], b[k + 1]).values(), dt,
+                         "dlogits of shard " + std::to_string(k) + ", " + what);
+            expect_fast_matches_ref(ops::kCrossEntropyBwd, dt,
+                                    {parts[k], in.labels, in.mask, clse, dmean},
+                                    {Tensor(dt, {n, b[k + 1] - b[k]})}, &at, what);
+          }
+        }
+      }
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, CrossEntropyShardTest, ::testing::ValuesIn(float_dtypes()),
+                         dtype_param_name);
+
+TEST(CrossEntropyShardLabels, OutOfRangeIsAnErrorUnlessMasked) {
+  // Columns [4, 6) of a vocabulary of 6; label 5 is in this shard, 1 in another one.
+  ops::CrossEntropyShardAttrs at{4, 6};
+  Tensor logits = Tensor::filled(DType::kF32, {3, 2}, 0.5), none;
+  logits.set(1, 2.0);
+  for (const char* name : {"cpu.ref", "cpu.fast"}) {
+    for (int32_t bad : {6, -1}) {
+      Tensor labels = Tensor::i32({3}, {5, bad, 1}), stats(DType::kF32, {3, 3});
+      Status s = call_kernel(ops::kCrossEntropyShardStats, name, DType::kF32,
+                             {&logits, &labels, &none}, {&stats}, &at);
+      EXPECT_EQ(s.code, Code::kOutOfRange) << name;
+      EXPECT_EQ(take_message(&s), "cross_entropy_shard_stats: labels[1] = " + std::to_string(bad) +
+                                      " is outside [0, 6) (the vocabulary); fix the data or set "
+                                      "its mask to 0");
+      Tensor three = Tensor::filled(DType::kF32, {1, 3, 3}, 1.0), loss(DType::kF32, {3}),
+             lse(DType::kF32, {3}), mean(DType::kF32, {1});
+      s = call_kernel(ops::kCrossEntropyCombine, name, DType::kF32, {&three, &labels, &none},
+                      {&loss, &lse, &mean}, &at);
+      EXPECT_EQ(s.code, Code::kOutOfRange) << name;
+      EXPECT_NE(take_message(&s).find("cross_entropy_combine: labels[1] = "), std::string::npos);
+      Tensor lse_in(DType::kF32, {3}), dmean = Tensor::filled(DType::kF32, {1}, 1.0),
+                                       dx(DType::kF32, {3, 2});
+      s = call_kernel(ops::kCrossEntropyBwd, name, DType::kF32,
+                      {&logits, &labels, &none, &lse_in, &dmean}, {&dx}, &at);
+      EXPECT_EQ(s.code, Code::kOutOfRange) << name;
+      EXPECT_NE(take_message(&s).find("cross_entropy_bwd: labels[1] = " + std::to_string(bad) +
+                                      " is outside [0, 6)"),
+                std::string::npos);
+      // Masked out, the same labels are fine: no label logit from that row.
+      Tensor mask = Tensor::filled(DType::kF32, {3}, 1.0);
+      mask.set(1, 0.0);
+      run(ops::kCrossEntropyShardStats, name, DType::kF32, {&logits, &labels, &mask}, {&stats},
+          &at);
+      // Rows: (m, s, t) with label 5 at column 1; masked; label 1 in another shard.
+      expect_close(stats, {2.0, 1.0 + std::exp(-1.5), 2.0, 0.5, 2.0, 0.0, 0.5, 2.0, 0.0},
+                   DType::kF32, std::string("stats ") + name);
+    }
+  }
+}
+
+TEST(CrossEntropyShardAttrs, BadOrMissingAttrsAreRefused) {
+  Tensor logits(DType::kF32, {2, 3}), labels = Tensor::i32({2}, {0, 1}), none,
+                                      stats(DType::kF32, {2, 3});
+  for (const char* name : {"cpu.ref", "cpu.fast"}) {
+    const KernelDesc& k = kernel(ops::kCrossEntropyShardStats, DType::kF32, name);
+    for (ops::CrossEntropyShardAttrs at :
+         {ops::CrossEntropyShardAttrs{-1, 5}, ops::CrossEntropyShardAttrs{3, 5}}) {
+      CallHolder h({&logits, &labels, &none}, {&stats}, &at);
+      EXPECT_FALSE(k.supports(&h.call)) << name;
+      Status s = k.fn(&h.call);
+      EXPECT_EQ(s.code, Code::kInvalidArgument);
+      EXPECT_EQ(take_message(&s),
+                "cross_entropy_shard_stats: attrs vocab_start = " + std::to_string(at.vocab_start) +
+                    ", vocab_size = 5 do not place the logits' 3 columns inside "
+                    "the vocabulary: need vocab_start >= 0 and vocab_start + V "
+                    "<= vocab_size");
+      Tensor lse(DType::kF32, {2}), dmean(DType::kF32, {1}), dx(DType::kF32, {2, 3});
+      CallHolder hb({&logits, &labels, &none, &lse, &dmean}, {&dx}, &at);
+      EXPECT_FALSE(kernel(ops::kCrossEntropyBwd, DType::kF32, name).supports(&hb.call)) << name;
+    }
+    // Shard stats need their attrs (the shard's place in the vocabulary).
+    CallHolder h({&logits, &labels, &none}, {&stats}, static_cast<const NoAttrs*>(nullptr));
+    EXPECT_FALSE(k.supports(&h.call)) << name;
+    Status s = k.fn(&h.call);
+    EXPECT_EQ(s.code, Code::kInvalidArgument);
+    EXPECT_NE(take_message(&s).find("cross_entropy_shard_stats: attrs must point to the op's "
+                                    "attributes struct of 16 bytes (got null)"),
+              std::string::npos);
+    // Combine: stats must be (P, N, 3).
+    ops::CrossEntropyShardAttrs at{0, 3};
+    Tensor bad(DType::kF32, {2, 2, 2}), loss(DType::kF32, {2}), lse(DType::kF32, {2}),
+        mean(DType::kF32, {1});
+    const KernelDesc& c = kernel(ops::kCrossEntropyCombine, DType::kF32, name);
+    CallHolder hc({&bad, &labels, &none}, {&loss, &lse, &mean}, &at);
+    EXPECT_FALSE(c.supports(&hc.call)) << name;
+    s = c.fn(&hc.call);
+    EXPECT_EQ(s.code, Code::kInvalidArgument);
+    EXPECT_EQ(take_message(&s),
+              "cross_entropy_combine: input 0 (stats) has shape (2, 2, 2), expected (P, N, 3) "
+              "with P >= 1 shards and N = 2 (the labels)");
+  }
+}
+
+TEST(CrossEntropyShardAttrs, SupportsAcceptsShapesOnlyCallsWithAndWithoutAttrs) {
+  Tensor logits(DType::kBF16, {4, 8}), labels(DType::kI32, {4}), none, lse(DType::kF32, {4}),
+      dmean(DType::kF32, {1}), dx(DType::kBF16, {4, 8}), stats(DType::kF32, {4, 3}),
+      stacked(DType::kF32, {2, 4, 3}), loss(DType::kF32, {4}), mean(DType::kF32, {1});
+  ops::CrossEntropyShardAttrs at{8, 16};
+  auto shapes_only = [](CallHolder& h) {
+    for (TensorView& v : h.in) v.data = nullptr;
+    for (TensorView& v : h.out) v.data = nullptr;
+    return &h.call;
+  };
+  for (const char* name : {"cpu.ref", "cpu.fast"}) {
+    CallHolder plain({&logits, &labels, &none, &lse, &dmean}, {&dx},
+                     static_cast<const NoAttrs*>(nullptr));
+    CallHolder sharded({&logits, &labels, &none, &lse, &dmean}, {&dx}, &at);
+    EXPECT_TRUE(kernel(ops::kCrossEntropyBwd, DType::kBF16, name).supports(shapes_only(plain)));
+    EXPECT_TRUE(kernel(ops::kCrossEntropyBwd, DType::kBF16, name).supports(shapes_only(sharded)));
+    CallHolder st({&logits, &labels, &none}, {&stats}, &at);
+    EXPECT_TRUE(kernel(ops::kCrossEntropyShardStats, DType::kBF16, name).supports(shapes_only(st)));
+    CallHolder comb({&stacked, &labels, &none}, {&loss, &lse, &mean}, &at);
+    EXPECT_TRUE(kernel(ops::kCrossEntropyCombine, DType::kF32, name).supports(shapes_only(comb)));
   }
 }
 

@@ -1,6 +1,7 @@
 // rope, split_qkv / merge_qkv, swap_axes_12 and embedding: the references against
 // computations written here, fast against reference over dtypes, rope_bwd as the adjoint
-// of rope_fwd, and ids out of range.
+// of rope_fwd, ids out of range, and vocab-parallel embedding shards (EmbeddingAttrs)
+// against the whole table.
 #include <cmath>
 
 #include "tests/kernels/cpu/op_test_util.h"
@@ -158,7 +159,127 @@ TEST_P(LayoutTest, EmbeddingForwardAndBackward) {
   }
 }
 
+// Vocab-parallel: P tables of uneven row ranges, each called with EmbeddingAttrs. The
+// forward outputs sum to the whole table's (each id is in exactly one shard, the others
+// give zero rows) and each backward accumulates exactly its rows of the whole backward.
+TEST_P(LayoutTest, EmbeddingShardsSumToTheWholeTable) {
+  std::mt19937 rng(6);
+  DType dt = GetParam();
+  for (auto [v, c, n] :
+       std::vector<std::array<int64_t, 3>>{{1, 1, 3}, {7, 33, 20}, {65, 300, 127}}) {
+    Tensor table = Tensor::random(dt, {v, c}, rng);
+    std::vector<int32_t> idv(n);
+    for (auto& id : idv) id = static_cast<int32_t>(rng() % v);
+    Tensor ids = Tensor::i32({n}, idv), y(dt, {n, c});
+    Tensor dy = Tensor::random(dt, {n, c}, rng), dtable0 = Tensor::random(DType::kF32, {v, c}, rng);
+    Tensor dtable = dtable0;
+    run_ref(ops::kEmbeddingFwd, dt, {&table, &ids}, {&y});
+    run_ref(ops::kEmbeddingBwd, dt, {&dy, &ids}, {&dtable});
+    for (int64_t p : {1, 2, 3}) {
+      std::vector<int64_t> b = uneven_split(v, p);
+      std::vector<double> sum(static_cast<size_t>(n * c), 0.0);
+      for (int64_t k = 0; k < p; ++k) {
+        int64_t rows = b[k + 1] - b[k];
+        std::string what =
+            "shard " + std::to_string(k) + " of " + std::to_string(p) + ", V " + std::to_string(v);
+        ops::EmbeddingAttrs at{b[k], v};
+        Tensor part(dt, {rows, c}), part_grad(DType::kF32, {rows, c});
+        for (int64_t i = 0; i < rows * c; ++i) {
+          part.set(i, table.get(b[k] * c + i));
+          part_grad.set(i, dtable0.get(b[k] * c + i));
+        }
+        Tensor yk(dt, {n, c});
+        run_ref(ops::kEmbeddingFwd, dt, {&part, &ids}, {&yk}, &at);
+        for (int64_t i = 0; i < n * c; ++i) sum[i] += yk.get(i);
+        expect_fast_matches_ref(ops::kEmbeddingFwd, dt, {part, ids}, {Tensor(dt, {n, c})}, &at,
+                                what);
+        expect_fast_matches_ref(ops::kEmbeddingBwd, dt, {dy, ids}, {part_grad}, &at, what);
+        run_ref(ops::kEmbeddingBwd, dt, {&dy, &ids}, {&part_grad}, &at);
+        std::vector<double> whole = dtable.values(),
+                            expected(whole.begin() + b[k] * c, whole.begin() + b[k + 1] * c);
+        expect_close(part_grad, expected, DType::kF32, "embedding_bwd " + what);
+      }
+      expect_close(
+          sum, y.values(), tolerance(dt),
+          "sum of embedding_fwd over " + std::to_string(p) + " shards, V " + std::to_string(v));
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, LayoutTest, ::testing::ValuesIn(float_dtypes()), dtype_param_name);
+
+TEST(EmbeddingShards, IdsOutsideTheVocabularyAreAnErrorOthersOutsideTheShardAreNot) {
+  // Rows [3, 5) of a vocabulary of 5.
+  ops::EmbeddingAttrs at{3, 5};
+  Tensor table = Tensor::filled(DType::kF32, {2, 2}, 1.0), y(DType::kF32, {3, 2});
+  Tensor dy = Tensor::filled(DType::kF32, {3, 2}, 1.0), dtable(DType::kF32, {2, 2});
+  for (const char* name : {"cpu.ref", "cpu.fast"}) {
+    for (int32_t bad : {5, -1}) {
+      Tensor ids = Tensor::i32({3}, {0, bad, 4});
+      Status s = call_kernel(ops::kEmbeddingFwd, name, DType::kF32, {&table, &ids}, {&y}, &at);
+      EXPECT_EQ(s.code, Code::kOutOfRange) << name;
+      EXPECT_EQ(take_message(&s), "embedding_fwd: ids[1] = " + std::to_string(bad) +
+                                      " is outside [0, 5) (the vocabulary; this table holds "
+                                      "its rows [3, 5))");
+      s = call_kernel(ops::kEmbeddingBwd, name, DType::kF32, {&dy, &ids}, {&dtable}, &at);
+      EXPECT_EQ(s.code, Code::kOutOfRange) << name;
+      EXPECT_NE(take_message(&s).find("embedding_bwd: ids[1] = "), std::string::npos);
+    }
+    Tensor ids = Tensor::i32({3}, {0, 3, 4});  // 0: another shard's row
+    y = Tensor::filled(DType::kF32, {3, 2}, 7.0);
+    run(ops::kEmbeddingFwd, name, DType::kF32, {&table, &ids}, {&y}, &at);
+    EXPECT_EQ(y.values(), (std::vector<double>{0, 0, 1, 1, 1, 1})) << name;
+    dtable = Tensor(DType::kF32, {2, 2});
+    run(ops::kEmbeddingBwd, name, DType::kF32, {&dy, &ids}, {&dtable}, &at);
+    EXPECT_EQ(dtable.values(), (std::vector<double>{1, 1, 1, 1})) << name;
+  }
+}
+
+TEST(EmbeddingShards, BadAttrsAreRefused) {
+  Tensor table(DType::kF32, {2, 2}), ids = Tensor::i32({1}, {0}), y(DType::kF32, {1, 2});
+  for (const char* name : {"cpu.ref", "cpu.fast"}) {
+    const KernelDesc& k = kernel(ops::kEmbeddingFwd, DType::kF32, name);
+    for (ops::EmbeddingAttrs at :
+         {ops::EmbeddingAttrs{-1, 5}, ops::EmbeddingAttrs{4, 5}, ops::EmbeddingAttrs{0, 1}}) {
+      CallHolder h({&table, &ids}, {&y}, &at);
+      EXPECT_FALSE(k.supports(&h.call)) << name;
+      Status s = k.fn(&h.call);
+      EXPECT_EQ(s.code, Code::kInvalidArgument);
+      EXPECT_EQ(take_message(&s),
+                "embedding_fwd: attrs vocab_start = " + std::to_string(at.vocab_start) +
+                    ", vocab_size = " + std::to_string(at.vocab_size) +
+                    " do not place the table's 2 rows inside the vocabulary: "
+                    "need vocab_start >= 0 and vocab_start + V <= vocab_size");
+    }
+    // An attrs struct of the wrong size.
+    ops::RopeAttrs wrong{0};
+    CallHolder h({&table, &ids}, {&y}, &wrong);
+    EXPECT_FALSE(k.supports(&h.call)) << name;
+    Status s = k.fn(&h.call);
+    EXPECT_EQ(s.code, Code::kInvalidArgument);
+    EXPECT_NE(take_message(&s).find("embedding_fwd: attrs must point to the op's attributes "
+                                    "struct of 16 bytes (got attrs_size 4)"),
+              std::string::npos);
+  }
+}
+
+TEST(EmbeddingShards, SupportsAcceptsCallsWithAndWithoutAttrs) {
+  // Shapes only (null data), as find_kernel asks.
+  Tensor table(DType::kBF16, {4, 8}), ids(DType::kI32, {3}), y(DType::kBF16, {3, 8}),
+      dtable(DType::kF32, {4, 8});
+  ops::EmbeddingAttrs at{4, 8};
+  for (const char* op : {ops::kEmbeddingFwd, ops::kEmbeddingBwd}) {
+    bool bwd = std::string(op) == ops::kEmbeddingBwd;
+    std::vector<Tensor*> in = {bwd ? &y : &table, &ids}, out = {bwd ? &dtable : &y};
+    CallHolder plain(in, out, static_cast<const NoAttrs*>(nullptr)), sharded(in, out, &at);
+    for (CallHolder* h : {&plain, &sharded}) {
+      for (TensorView& v : h->in) v.data = nullptr;
+      for (TensorView& v : h->out) v.data = nullptr;
+      for (const char* name : {"cpu.ref", "cpu.fast"})
+        EXPECT_TRUE(kernel(op, DType::kBF16, name).supports(&h->call)) << op << " " << name;
+    }
+  }
+}
 
 TEST(EmbeddingErrors, IdOutOfRange) {
   Tensor table(DType::kF32, {5, 2}), ids = Tensor::i32({3}, {0, 5, 1}), y(DType::kF32, {3, 2});

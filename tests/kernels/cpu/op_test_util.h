@@ -266,6 +266,16 @@ void expect_fast_matches_ref(const char* op, DType key, std::vector<Tensor> inpu
           std::string(op) + " " + dtype_name(key) + " output " + std::to_string(i) + " " + what);
 }
 
+// ---- Vocab-parallel shards -------------------------------------------------------------
+
+// Boundaries b[0] = 0 <= b[1] <= ... <= b[p] = v of p uneven shards of v rows (shard k holds
+// [b[k], b[k+1]); the first ones are small, and empty when v < p * p).
+inline std::vector<int64_t> uneven_split(int64_t v, int64_t p) {
+  std::vector<int64_t> b(static_cast<size_t>(p + 1));
+  for (int64_t k = 0; k <= p; ++k) b[k] = v * k * k / (p * p);
+  return b;
+}
+
 // ---- Finite differences ----------------------------------------------------------------
 
 // Gradient of L(x) = sum_i w_i f(x)_i by central differences, f evaluated by `forward`
