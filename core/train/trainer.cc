@@ -203,7 +203,8 @@ Trainer::Trainer(const nlohmann::json& spec, PluginManager& plugins,
   nlohmann::json inherited = {{"seq_length", seq_length_},
                               {"micro_batch_size", micro_batch_},
                               {"params_dtype", precision["params"]},
-                              {"device", device}};
+                              {"device", device},
+                              {"sequence_parallel", spec_["parallel"]["sequence_parallel"]}};
   for (const auto& [k, v] : model_inherited.items()) inherited[k] = v;
   return_logits_ = inherited.value("return_logits", false);
   model_object_ = build_component(plugins_, spec_["model"], kinds::kModel, "/model", inherited);

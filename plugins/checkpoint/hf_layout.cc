@@ -89,8 +89,9 @@ void llama(const HfModel& m, Builder& b) {
     b.same(loom + "self_attention.linear_proj.weight", hf + "self_attn.o_proj.weight", {c, h * d});
     b.hf_tensor(hf + "mlp.gate_proj.weight", {f, c});
     b.hf_tensor(hf + "mlp.up_proj.weight", {f, c});
-    b.add(loom + "mlp.linear_fc1.weight", {2 * f, c},
-          {{hf + "mlp.gate_proj.weight", 0, 0, f}, {hf + "mlp.up_proj.weight", f, 0, f}});
+    // (2, F, C): a "row" of it is a whole (F, C) projection.
+    b.add(loom + "mlp.linear_fc1.weight", {2, f, c},
+          {{hf + "mlp.gate_proj.weight", 0, 0, 1}, {hf + "mlp.up_proj.weight", 1, 0, 1}});
     b.same(loom + "mlp.linear_fc2.weight", hf + "mlp.down_proj.weight", {c, f});
   }
   b.same("decoder.final_layernorm.weight", "model.norm.weight", {c});

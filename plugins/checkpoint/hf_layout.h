@@ -10,7 +10,7 @@
 //           <- c_attn.weight (C, 3C) columns [q | k | v], each in head order
 //   LLaMA   linear_qkv (G*(H/G+2)*D, C), per group g: H/G query heads, k_g, v_g
 //           <- q_proj (H*D, C), k_proj (G*D, C), v_proj (G*D, C)
-//           linear_fc1 (2F, C) = [gate; up] <- gate_proj (F, C), up_proj (F, C)
+//           linear_fc1 (2, F, C) = [gate; up] <- gate_proj (F, C), up_proj (F, C)
 #pragma once
 
 #include <cstdint>

@@ -11,6 +11,15 @@ enum Slot : int32_t { kQ, kK, kV, kOut, kLse, kSegments };
 // The random stream of attention dropout; the same purpose as the dot_product core's.
 constexpr uint64_t kDropoutStream = 1;
 
+// Attention dropout inside a tensor-parallel region: each rank holds other heads and draws
+// from its own part of the stream (Megatron's model-parallel RNG); rank 0's is the
+// single-rank stream.
+uint64_t dropout_stream(IHost& host) {
+  ICommunicator* tp = nullptr;
+  throw_if_error(host.communicator(make_string_view("tp"), &tp), "the tensor-parallel group");
+  return kDropoutStream + (static_cast<uint64_t>(tp->rank()) << 32);
+}
+
 [[noreturn]] void invalid(const std::string& message) { fail(Code::kInvalidArgument, message); }
 
 std::string option_string(const nlohmann::json& options, const char* key, const char* fallback) {
@@ -62,6 +71,7 @@ FusedAttention::FusedAttention(const nlohmann::json& options, IBuildContext& ctx
   device_ = Device{device == "cuda" ? DeviceType::kCuda : DeviceType::kCpu, 0};
   fwd_ = Kernel(*ctx.host(), ops::kAttentionFwd, device_, dtype_);
   bwd_ = Kernel(*ctx.host(), ops::kAttentionBwd, device_, dtype_);
+  dropout_stream_ = dropout_stream(*ctx.host());
 }
 
 ops::AttentionAttrs FusedAttention::attrs(IForwardContext& ctx, int64_t head_dim) const {
@@ -70,7 +80,7 @@ ops::AttentionAttrs FusedAttention::attrs(IForwardContext& ctx, int64_t head_dim
                                : static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
   a.causal = causal_ ? 1 : 0;
   a.dropout_p = ctx.training() ? dropout_p_ : 0.f;
-  if (a.dropout_p > 0.f) ctx.rng(this, kDropoutStream, &a.key, &a.counter);
+  if (a.dropout_p > 0.f) ctx.rng(this, dropout_stream_, &a.key, &a.counter);
   return a;
 }
 

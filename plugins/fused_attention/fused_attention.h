@@ -48,6 +48,7 @@ class FusedAttention final : public Object<IAttention> {
   bool causal_;
   double softmax_scale_;  // <= 0: 1 / sqrt(D)
   float dropout_p_;
+  uint64_t dropout_stream_ = 0;  // the random stream's purpose (per tensor-parallel rank)
   DType dtype_;
   Device device_;
   Kernel fwd_, bwd_;

@@ -11,6 +11,15 @@ namespace {
 enum Slot : int32_t { kQ, kK, kV, kSegments, kProbs };
 constexpr uint64_t kDropoutStream = 1;
 
+// Attention dropout inside a tensor-parallel region: each rank holds other heads and draws
+// from its own part of the stream (Megatron's model-parallel RNG); rank 0's is the
+// single-rank stream.
+uint64_t dropout_stream(IHost& host) {
+  ICommunicator* tp = nullptr;
+  throw_if_error(host.communicator(make_string_view("tp"), &tp), "the tensor-parallel group");
+  return kDropoutStream + (static_cast<uint64_t>(tp->rank()) << 32);
+}
+
 // `x` (B, H, T, X) seen as (B, G, H / G * T, X): the heads of a query group are contiguous.
 TensorView grouped(const TensorView& x, int64_t groups) {
   return make_view(x.data, x.dtype,
@@ -35,6 +44,7 @@ DotProductAttention::DotProductAttention(const nlohmann::json& options, IBuildCo
   dropout_fwd_ = Kernel(host, ops::kDropoutFwd, device_, dtype_);
   dropout_bwd_ = Kernel(host, ops::kDropoutBwd, device_, dtype_);
   swap_ = Kernel(host, ops::kSwapAxes12, device_, dtype_);
+  dropout_stream_ = dropout_stream(host);
 }
 
 float DotProductAttention::scale_for(int64_t head_dim) const {
@@ -85,7 +95,7 @@ void DotProductAttention::run_forward(IForwardContext& ctx, const TensorView* in
   TensorView dropped = probs;
   if (ctx.training() && dropout_p_ > 0.f) {
     ops::DropoutAttrs attrs{dropout_p_, 0, 0};
-    ctx.rng(this, kDropoutStream, &attrs.key, &attrs.counter);
+    ctx.rng(this, dropout_stream_, &attrs.key, &attrs.counter);
     dropped = allocate_like(ctx, probs);
     dropout_fwd_({probs}, {dropped}, attrs);
   }
@@ -120,7 +130,7 @@ void DotProductAttention::run_backward(IForwardContext& ctx, const TensorView* g
   ops::DropoutAttrs attrs{dropout_p_, 0, 0};
   TensorView dropped = probs;
   if (dropout) {  // the same stream as forward: the mask is redrawn, not stored
-    ctx.rng(this, kDropoutStream, &attrs.key, &attrs.counter);
+    ctx.rng(this, dropout_stream_, &attrs.key, &attrs.counter);
     dropped = allocate_like(ctx, probs);
     dropout_fwd_({probs}, {dropped}, attrs);
   }

@@ -38,6 +38,7 @@ class DotProductAttention final : public ModuleBase<IAttention> {
   bool causal_;
   double softmax_scale_;  // <= 0: 1 / sqrt(D)
   float dropout_p_;
+  uint64_t dropout_stream_ = 0;  // the random stream's purpose (per tensor-parallel rank)
   DType dtype_;
   Device device_;
   Kernel gemm_, softmax_fwd_, softmax_bwd_, dropout_fwd_, dropout_bwd_, swap_;

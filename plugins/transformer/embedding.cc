@@ -10,18 +10,24 @@ constexpr uint64_t kDropoutStream = 1;
 
 }  // namespace
 
-Embedding::Embedding(IHost& host, const EmbeddingConfig& config) : config_(config) {
+Embedding::Embedding(IHost& host, const EmbeddingConfig& config)
+    : config_(config), tp_(host, config.device, config.dtype, config.sequence_parallel) {
   int64_t v = config.vocab_size, c = config.hidden_size;
+  vocab_start_ = tp_.rank() * tp_.split(v, "/vocab_size");
   word_ = add_param("word_embeddings.weight", config.dtype,
                     ParamSpec{{v, c},
                               0,
                               config.tied ? kParamTiedEmbedding : kParamNone,
                               ParamInit::kNormal,
-                              config.init_std});
+                              config.init_std,
+                              tp_.size()});
   if (config.max_positions > 0)
-    position_ = add_param(
-        "position_embeddings.weight", config.dtype,
-        ParamSpec{{config.max_positions, c}, -1, kParamNone, ParamInit::kNormal, config.init_std});
+    position_ = add_param("position_embeddings.weight", config.dtype,
+                          ParamSpec{{config.max_positions, c},
+                                    -1,
+                                    tp_.size() > 1 ? kParamSequenceParallel : kParamNone,
+                                    ParamInit::kNormal,
+                                    config.init_std});
   Device device = config.device;
   embed_fwd_ = Kernel(host, ops::kEmbeddingFwd, device, config.dtype);
   embed_bwd_ = Kernel(host, ops::kEmbeddingBwd, device, config.dtype);
@@ -49,8 +55,12 @@ void Embedding::run_forward(IForwardContext& ctx, const TensorView* inputs, int3
   if (present(positions)) expect(positions, {b, t}, DType::kI32, "position ids");
 
   TensorView y = allocate(ctx, config_.dtype, {b, t, c}, config_.device);
-  embed_fwd_({value(word_), reshape(tokens, {b * t})}, {rows(y, c)});
-  if (position_ >= 0) {
+  if (tp_.size() == 1)
+    embed_fwd_({value(word_), reshape(tokens, {b * t})}, {rows(y, c)});
+  else  // this rank's vocabulary rows; zeros for the others' tokens
+    embed_fwd_({value(word_), reshape(tokens, {b * t})}, {rows(y, c)},
+               ops::EmbeddingAttrs{vocab_start_, config_.vocab_size});
+  if (position_ >= 0 && tp_.rank() == 0) {
     if (present(positions)) {
       TensorView pos = allocate(ctx, config_.dtype, {b, t, c}, config_.device);
       embed_fwd_({value(position_), reshape(positions, {b * t})}, {rows(pos, c)});
@@ -64,10 +74,11 @@ void Embedding::run_forward(IForwardContext& ctx, const TensorView* inputs, int3
       }
     }
   }
+  y = tp_.exit(ctx, y);  // summed over the group: (B, T, C) or the shard (B, T/P, C)
   if (ctx.training() && config_.dropout > 0.f) {
     ops::DropoutAttrs attrs{config_.dropout, 0, 0};
     ctx.rng(this, kDropoutStream, &attrs.key, &attrs.counter);
-    dropout_fwd_({y}, {y}, attrs);
+    dropout_rows(dropout_fwd_, attrs, y, y, t, tp_.sequence_start(y.shape[1]));
   }
   if (ctx.training()) {
     save(ctx, this, kTokens, tokens);
@@ -83,16 +94,22 @@ void Embedding::run_backward(IForwardContext& ctx, const TensorView* grad_output
   TensorView tokens = load(ctx, this, kTokens), positions = load(ctx, this, kPositions);
   int64_t b = tokens.shape[0], t = tokens.shape[1], c = config_.hidden_size;
   TensorView dy = grad_outputs[0];
-  expect(dy, {b, t, c}, config_.dtype, "embedding grad output");
+  expect(dy, {b, tp_.sequence_parallel() ? t / tp_.size() : t, c}, config_.dtype,
+         "embedding grad output");
   if (ctx.training() && config_.dropout > 0.f) {
     ops::DropoutAttrs attrs{config_.dropout, 0, 0};
     ctx.rng(this, kDropoutStream, &attrs.key, &attrs.counter);
     TensorView dx = allocate_like(ctx, dy);
-    dropout_bwd_({dy}, {dx}, attrs);
+    dropout_rows(dropout_bwd_, attrs, dy, dx, t, tp_.sequence_start(dy.shape[1]));
     dy = dx;
   }
-  embed_bwd_({rows(dy, c), reshape(tokens, {b * t})}, {grad(word_)});
-  if (position_ >= 0) {
+  dy = tp_.exit_backward(ctx, dy);  // (B, T, C)
+  if (tp_.size() == 1)
+    embed_bwd_({rows(dy, c), reshape(tokens, {b * t})}, {grad(word_)});
+  else
+    embed_bwd_({rows(dy, c), reshape(tokens, {b * t})}, {grad(word_)},
+               ops::EmbeddingAttrs{vocab_start_, config_.vocab_size});
+  if (position_ >= 0 && tp_.rank() == 0) {
     if (present(positions)) {
       embed_bwd_({rows(dy, c), reshape(positions, {b * t})}, {grad(position_)});
     } else {

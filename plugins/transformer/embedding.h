@@ -4,11 +4,17 @@
 // Parameters: word_embeddings.weight (V, C), split over TP by vocabulary rows;
 // position_embeddings.weight (P, C) with learned positions.
 //   forward:  [0] tokens (B, T) i32, [1] position ids (B, T) i32 or empty (0..T-1)
-//             -> [0] (B, T, C)
-//   backward: d(B, T, C) -> no input gradients; embedding gradients accumulated
+//             -> [0] (B, T, C), or the sequence shard (B, T/P, C) with sequence parallelism
+//   backward: d(output) -> no input gradients; embedding gradients accumulated
+// Tensor parallelism (Megatron's VocabParallelEmbedding): rank r holds vocabulary rows
+// [r V/P, (r + 1) V/P) and looks up only those (zero rows for other tokens); the partial
+// sums are all-reduced (reduce-scattered to the sequence shard with sequence parallelism).
+// The position table is replicated; rank 0 adds it before the sum, so its gradient, which
+// only rank 0 computes, is summed over the group (flagged kParamSequenceParallel).
 #pragma once
 
 #include "plugins/transformer/module_base.h"
+#include "plugins/transformer/tensor_parallel.h"
 
 namespace loom::transformer {
 
@@ -18,6 +24,7 @@ struct EmbeddingConfig {
   bool tied;  // the word embeddings are shared with the output layer
   DType dtype;
   Device device;
+  bool sequence_parallel = false;  // activations after the embedding are sequence shards
 };
 
 class Embedding final : public ModuleBase<IGenericModule> {
@@ -36,6 +43,8 @@ class Embedding final : public ModuleBase<IGenericModule> {
   TensorView first_rows(const TensorView& table, int64_t t) const;
 
   EmbeddingConfig config_;
+  TensorParallel tp_;
+  int64_t vocab_start_ = 0;  // first vocabulary row of this rank's table
   int32_t word_, position_ = -1;
   Kernel embed_fwd_, embed_bwd_, add_, dropout_fwd_, dropout_bwd_;
 };

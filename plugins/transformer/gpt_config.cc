@@ -33,6 +33,7 @@ GptConfig GptConfig::from_options(const nlohmann::json& o) {
   c.seq_length = inherited<int64_t>(o, "seq_length", "gpt model");
   c.micro_batch_size = inherited_or<int64_t>(o, "micro_batch_size", 1);
   c.return_logits = inherited_or<bool>(o, "return_logits", false);
+  c.sequence_parallel = inherited_or<bool>(o, "sequence_parallel", false);
   c.params_dtype = transformer::params_dtype(o);
   c.device = device_of(o);
 
@@ -96,6 +97,7 @@ nlohmann::json GptConfig::layer_options(int64_t layer_number) const {
           {"attention_dropout", attention_dropout},
           {"position_embedding", position_embedding},
           {"rotary", rotary},
+          {"sequence_parallel", sequence_parallel},
           {"params_dtype", dtype_name(params_dtype)},
           {"device", device_name(device)}};
 }

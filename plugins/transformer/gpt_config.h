@@ -20,6 +20,7 @@ struct GptConfig {
   bool add_bias_linear, add_qkv_bias, tie_embeddings, return_logits;
   double init_std, hidden_dropout, attention_dropout;
   int64_t seq_length, micro_batch_size;
+  bool sequence_parallel;  // from the core (parallel.sequence_parallel)
   DType params_dtype;
   Device device;
 

@@ -14,9 +14,19 @@ enum Slot : int32_t { kLogits, kLabels, kMask, kLse };
 }  // namespace
 
 GptModel::GptModel(const nlohmann::json& options, IBuildContext& ctx)
-    : config_(GptConfig::from_options(options)) {
+    : config_(GptConfig::from_options(options)),
+      tp_(*ctx.host(), config_.device, config_.params_dtype, config_.sequence_parallel) {
   IHost& host = *ctx.host();
   const GptConfig& c = config_;
+  // What tensor parallelism splits, checked here so that the message names the model's keys.
+  tp_.split(c.num_attention_heads, "/num_attention_heads");
+  tp_.split(c.num_query_groups, "/num_query_groups");
+  tp_.split(c.ffn_hidden_size, "/ffn_hidden_size");
+  tp_.split(c.vocab_size, "/vocab_size");
+  if (c.return_logits && tp_.size() > 1)
+    invalid(
+        "/return_logits: the logits are split over the tensor-parallel ranks (parallel.tp > 1) "
+        "and not returned; run with parallel.tp 1 to get them");
   EmbeddingConfig embedding{c.vocab_size,
                             c.hidden_size,
                             c.position_embedding == "learned" ? c.max_position_embeddings : 0,
@@ -24,7 +34,8 @@ GptModel::GptModel(const nlohmann::json& options, IBuildContext& ctx)
                             static_cast<float>(c.hidden_dropout),
                             c.tie_embeddings,
                             c.params_dtype,
-                            c.device};
+                            c.device,
+                            tp_.sequence_parallel()};
   embedding_ = new Embedding(host, embedding);
   add_child("embedding", embedding_);
   for (int64_t i = 0; i < c.num_layers; ++i) {
@@ -34,13 +45,18 @@ GptModel::GptModel(const nlohmann::json& options, IBuildContext& ctx)
   }
   nlohmann::json norm = {{"hidden_size", c.hidden_size},
                          {"params_dtype", dtype_name(c.params_dtype)},
-                         {"device", device_name(c.device)}};
+                         {"device", device_name(c.device)},
+                         {"sequence_parallel", tp_.sequence_parallel()}};
   add_child("decoder.final_layernorm", final_norm_ = build_child<INorm>(ctx, "final_norm", norm));
   output_layer_ = new OutputLayer(host, embedding, c.tie_embeddings ? embedding_ : nullptr);
   add_child("output_layer", output_layer_);
   loss_fwd_ = Kernel(host, ops::kCrossEntropyFwd, c.device, c.params_dtype);
   loss_bwd_ = Kernel(host, ops::kCrossEntropyBwd, c.device, c.params_dtype);
   add_ = Kernel(host, ops::kAdd, c.device, c.params_dtype);
+  if (tp_.size() > 1) {
+    shard_stats_ = Kernel(host, ops::kCrossEntropyShardStats, c.device, c.params_dtype);
+    combine_ = Kernel(host, ops::kCrossEntropyCombine, c.device, DType::kF32);
+  }
 }
 
 void GptModel::run_forward(IForwardContext& ctx, const TensorView* inputs, int32_t num_inputs,
@@ -49,7 +65,8 @@ void GptModel::run_forward(IForwardContext& ctx, const TensorView* inputs, int32
   expect_count("gpt forward outputs", num_outputs, 1);
   const TensorView& tokens = inputs[0];
   expect(tokens, {-1, -1}, DType::kI32, "gpt tokens");
-  int64_t b = tokens.shape[0], t = tokens.shape[1], n = b * t, v = config_.vocab_size;
+  int64_t b = tokens.shape[0], t = tokens.shape[1], n = b * t;
+  int64_t v = config_.vocab_size / tp_.size();  // this rank's logits
   const TensorView& labels = inputs[1];
   expect(labels, {b, t}, DType::kI32, "gpt labels");
   TensorView mask = num_inputs > 2 ? inputs[2] : empty_view();
@@ -68,7 +85,17 @@ void GptModel::run_forward(IForwardContext& ctx, const TensorView* inputs, int32
   TensorView lse = allocate(ctx, DType::kF32, {n}, config_.device);
   TensorView mean = allocate(ctx, DType::kF32, {1}, config_.device);
   TensorView flat_mask = present(mask) ? reshape(mask, {n}) : empty_view();
-  loss_fwd_({rows(logits, v), reshape(labels, {n}), flat_mask}, {loss, lse, mean});
+  if (tp_.size() == 1) {
+    loss_fwd_({rows(logits, v), reshape(labels, {n}), flat_mask}, {loss, lse, mean});
+  } else {  // vocab-parallel: per-row statistics of each shard, gathered and combined
+    int64_t p = tp_.size();
+    ops::CrossEntropyShardAttrs attrs{tp_.rank() * v, config_.vocab_size};
+    TensorView stats = allocate(ctx, DType::kF32, {n, 3}, config_.device);
+    shard_stats_({rows(logits, v), reshape(labels, {n}), flat_mask}, {stats}, attrs);
+    TensorView all = allocate(ctx, DType::kF32, {p, n, 3}, config_.device);
+    tp_.all_gather(stats, all, "the loss statistics");
+    combine_({all, reshape(labels, {n}), flat_mask}, {loss, lse, mean}, attrs);
+  }
   if (ctx.training()) {
     save(ctx, this, kLogits, logits);
     save(ctx, this, kLabels, labels);
@@ -85,14 +112,19 @@ void GptModel::run_backward(IForwardContext& ctx, const TensorView* grad_outputs
   expect_count("gpt backward grad outputs", num_grad_outputs, 1);
   TensorView logits = load(ctx, this, kLogits), labels = load(ctx, this, kLabels);
   TensorView mask = load(ctx, this, kMask), lse = load(ctx, this, kLse);
-  int64_t b = logits.shape[0], t = logits.shape[1], n = b * t, v = config_.vocab_size;
+  int64_t b = logits.shape[0], t = logits.shape[1], n = b * t, v = logits.shape[2];
   const TensorView& dloss = grad_outputs[0];
   if (dloss.data == nullptr || dloss.dtype != DType::kF32 || numel(dloss) != 1)
     fail(Code::kInvalidArgument, "gpt backward: grad_outputs[0] must be the f32 scalar d(loss)");
   TensorView dlogits = allocate_like(ctx, logits);
-  loss_bwd_({rows(logits, v), reshape(labels, {n}), present(mask) ? reshape(mask, {n}) : mask, lse,
-             make_view(dloss.data, DType::kF32, {1}, dloss.device)},
-            {rows(dlogits, v)});
+  std::initializer_list<TensorView> loss_inputs = {
+      rows(logits, v), reshape(labels, {n}), present(mask) ? reshape(mask, {n}) : mask, lse,
+      make_view(dloss.data, DType::kF32, {1}, dloss.device)};
+  if (tp_.size() == 1)
+    loss_bwd_(loss_inputs, {rows(dlogits, v)});
+  else  // this rank's columns, with the lse of the whole vocabulary
+    loss_bwd_(loss_inputs, {rows(dlogits, v)},
+              ops::CrossEntropyShardAttrs{tp_.rank() * v, config_.vocab_size});
   if (num_grad_outputs > 1 && present(grad_outputs[1])) {
     expect(grad_outputs[1], {b, t, v}, config_.params_dtype, "gpt logits gradient");
     add_({dlogits, grad_outputs[1]}, {dlogits});

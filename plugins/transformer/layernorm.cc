@@ -16,7 +16,9 @@ LayerNorm::LayerNorm(const nlohmann::json& options, IBuildContext& ctx)
   if (hidden_ < 1) invalid("/hidden_size: must be >= 1, got " + std::to_string(hidden_));
   ParamSpec spec{{hidden_},
                  -1,
-                 kParamNoWeightDecay,
+                 kParamNoWeightDecay | (inherited_or<bool>(options, "sequence_parallel", false)
+                                            ? kParamSequenceParallel
+                                            : kParamNone),
                  attrs_.zero_centered_gamma ? ParamInit::kZeros : ParamInit::kOnes,
                  0.f};
   weight_ = add_param("weight", dtype_, spec);

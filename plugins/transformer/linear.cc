@@ -20,4 +20,10 @@ void Linear::backward(const TensorView& dy, const TensorView& x, const TensorVie
   if (present(dx)) gemm_({dy, w}, {dx}, ops::GemmAttrs{0, 0, 1.f, 0.f});  // (N, out) @ (out, in)
 }
 
+void Linear::add_bias(const TensorView& bias, const TensorView& y) const { bias_add_({bias}, {y}); }
+
+void Linear::bias_grad(const TensorView& dy, const TensorView& dbias) const {
+  bias_grad_({dy}, {dbias});
+}
+
 }  // namespace loom::transformer

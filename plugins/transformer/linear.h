@@ -19,6 +19,10 @@ class Linear {
   /// when present (overwritten).
   void backward(const TensorView& dy, const TensorView& x, const TensorView& w,
                 const TensorView& dw, const TensorView& dbias, const TensorView& dx) const;
+  /// y (N, out) += bias (out): the bias of a row-parallel layer, added after the sum.
+  void add_bias(const TensorView& bias, const TensorView& y) const;
+  /// dbias (out) += sum_n dy (N, out).
+  void bias_grad(const TensorView& dy, const TensorView& dbias) const;
 
  private:
   Kernel gemm_, bias_add_, bias_grad_;

@@ -22,7 +22,10 @@ Mlp::Mlp(const nlohmann::json& options, IBuildContext& ctx)
                                                             : Activation::kGelu),
       hidden_(inherited<int64_t>(options, "hidden_size", "mlp")),
       ffn_(inherited<int64_t>(options, "ffn_hidden_size", "mlp")),
-      fc1_out_(activation_ == Activation::kSwiglu ? 2 * ffn_ : ffn_),
+      tp_(*ctx.host(), device_of(options), params_dtype(options),
+          inherited_or<bool>(options, "sequence_parallel", false)),
+      local_ffn_(0),
+      fc1_out_(0),
       bias_(inherited<bool>(options, "add_bias_linear", "mlp")),
       dtype_(params_dtype(options)),
       device_(device_of(options)),
@@ -36,23 +39,35 @@ Mlp::Mlp(const nlohmann::json& options, IBuildContext& ctx)
   int64_t layers = inherited<int64_t>(options, "num_layers", "mlp");
   if (layers < 1) invalid("/num_layers: must be >= 1, got " + std::to_string(layers));
   float out_std = static_cast<float>(init_std / std::sqrt(2.0 * static_cast<double>(layers)));
+  local_ffn_ = tp_.split(ffn_, "/ffn_hidden_size");
+  bool swiglu = activation_ == Activation::kSwiglu;
+  fc1_out_ = swiglu ? 2 * local_ffn_ : local_ffn_;
 
-  // Column-parallel fc1 (split over its output rows), row-parallel fc2 (over its inputs).
+  // Column-parallel fc1 (split over its output units; swiglu's gate and up projections are
+  // split alike, hence the (2, F, C) shape split on dimension 1), row-parallel fc2 (split
+  // over its inputs).
+  int32_t p = tp_.size();
+  uint32_t sp_flag = tp_.sequence_parallel() ? kParamSequenceParallel : kParamNone;
+  std::vector<int64_t> fc1_shape =
+      swiglu ? std::vector<int64_t>{2, ffn_, hidden_} : std::vector<int64_t>{ffn_, hidden_};
+  int32_t fc1_split = swiglu ? 1 : 0;
   fc1_weight_ =
       add_param("linear_fc1.weight", dtype_,
-                ParamSpec{{fc1_out_, hidden_}, 0, kParamNone, ParamInit::kNormal, init_std});
+                ParamSpec{fc1_shape, fc1_split, kParamNone, ParamInit::kNormal, init_std, p});
   if (bias_)
-    fc1_bias_ = add_param("linear_fc1.bias", dtype_,
-                          ParamSpec{{fc1_out_}, 0, kParamNoWeightDecay, ParamInit::kZeros, 0.f});
+    fc1_bias_ =
+        add_param("linear_fc1.bias", dtype_,
+                  ParamSpec{swiglu ? std::vector<int64_t>{2, ffn_} : std::vector<int64_t>{ffn_},
+                            fc1_split, kParamNoWeightDecay, ParamInit::kZeros, 0.f, p});
   fc2_weight_ =
       add_param("linear_fc2.weight", dtype_,
-                ParamSpec{{hidden_, ffn_}, 1, kParamNone, ParamInit::kScaledNormal, out_std});
+                ParamSpec{{hidden_, ffn_}, 1, kParamNone, ParamInit::kScaledNormal, out_std, p});
   if (bias_)
-    fc2_bias_ = add_param("linear_fc2.bias", dtype_,
-                          ParamSpec{{hidden_}, -1, kParamNoWeightDecay, ParamInit::kZeros, 0.f});
+    fc2_bias_ =
+        add_param("linear_fc2.bias", dtype_,
+                  ParamSpec{{hidden_}, -1, kParamNoWeightDecay | sp_flag, ParamInit::kZeros, 0.f});
 
   IHost& host = *ctx.host();
-  bool swiglu = activation_ == Activation::kSwiglu;
   act_fwd_ = Kernel(host, swiglu ? ops::kSwigluFwd : ops::kGeluFwd, device_, dtype_);
   act_bwd_ = Kernel(host, swiglu ? ops::kSwigluBwd : ops::kGeluBwd, device_, dtype_);
 }
@@ -61,22 +76,26 @@ void Mlp::run_forward(IForwardContext& ctx, const TensorView* inputs, int32_t nu
                       TensorView* outputs, int32_t num_outputs) {
   expect_count("mlp forward inputs", num_inputs, 1);
   expect_count("mlp forward outputs", num_outputs, 1);
-  const TensorView& x = inputs[0];
-  if (x.ndim < 1 || x.shape[x.ndim - 1] != hidden_ || x.dtype != dtype_ || !is_contiguous(x))
+  const TensorView& x_in = inputs[0];
+  if (x_in.ndim < 1 || x_in.shape[x_in.ndim - 1] != hidden_ || x_in.dtype != dtype_ ||
+      !is_contiguous(x_in))
     fail(Code::kInvalidArgument,
          detail::concat("mlp input: expected contiguous ", dtype_name(dtype_), " (..., ", hidden_,
-                        "), got ", dtype_name(x.dtype), shape_string(x)));
+                        "), got ", dtype_name(x_in.dtype), shape_string(x_in)));
+  TensorView x = tp_.enter(ctx, x_in);  // the whole sequence with sequence parallelism
   int64_t n = numel(x) / hidden_;
   TensorView h1 = allocate(ctx, dtype_, {n, fc1_out_}, device_);  // (N, F | 2F)
-  linear_.forward(rows(x, hidden_), value(fc1_weight_), bias_ ? value(fc1_bias_) : empty_view(),
-                  h1);
-  TensorView a = allocate(ctx, dtype_, {n, ffn_}, device_);  // (N, F)
+  linear_.forward(rows(x, hidden_), rows(value(fc1_weight_), hidden_),
+                  bias_ ? reshape(value(fc1_bias_), {fc1_out_}) : empty_view(), h1);
+  TensorView a = allocate(ctx, dtype_, {n, local_ffn_}, device_);  // (N, F/P)
   if (activation_ == Activation::kSwiglu)
     act_fwd_({h1}, {a});
   else
     act_fwd_({h1}, {a}, ops::GeluAttrs{activation_ == Activation::kGeluTanh ? 1 : 0});
-  TensorView y = allocate_like(ctx, x);
-  linear_.forward(a, value(fc2_weight_), bias_ ? value(fc2_bias_) : empty_view(), rows(y, hidden_));
+  TensorView y_partial = allocate_like(ctx, x);
+  linear_.forward(a, value(fc2_weight_), empty_view(), rows(y_partial, hidden_));
+  TensorView y = tp_.exit(ctx, y_partial);  // summed over the group: like x_in
+  if (bias_) linear_.add_bias(value(fc2_bias_), rows(y, hidden_));
   if (ctx.training()) {
     save(ctx, this, kInput, x);
     save(ctx, this, kFc1Out, h1);
@@ -91,21 +110,25 @@ void Mlp::run_backward(IForwardContext& ctx, const TensorView* grad_outputs,
   expect_count("mlp backward grad inputs", num_grad_inputs, 1);
   TensorView x = load(ctx, this, kInput), h1 = load(ctx, this, kFc1Out);
   TensorView a = load(ctx, this, kActOut);
-  const TensorView& dy = grad_outputs[0];
-  expect(dy, std::vector<int64_t>(x.shape, x.shape + x.ndim), dtype_, "mlp grad output");
+  const TensorView& dy_in = grad_outputs[0];
+  std::vector<int64_t> y_shape(x.shape, x.shape + x.ndim);
+  if (tp_.sequence_parallel()) y_shape[1] /= tp_.size();
+  expect(dy_in, y_shape, dtype_, "mlp grad output");
+  if (bias_) linear_.bias_grad(rows(dy_in, hidden_), grad(fc2_bias_));
+  TensorView dy = tp_.exit_backward(ctx, dy_in);
   int64_t n = numel(x) / hidden_;
-  TensorView da = allocate(ctx, dtype_, {n, ffn_}, device_);
-  linear_.backward(rows(dy, hidden_), a, value(fc2_weight_), grad(fc2_weight_),
-                   bias_ ? grad(fc2_bias_) : empty_view(), da);
+  TensorView da = allocate(ctx, dtype_, {n, local_ffn_}, device_);
+  linear_.backward(rows(dy, hidden_), a, value(fc2_weight_), grad(fc2_weight_), empty_view(), da);
   TensorView dh1 = allocate(ctx, dtype_, {n, fc1_out_}, device_);
   if (activation_ == Activation::kSwiglu)
     act_bwd_({da, h1}, {dh1});
   else
     act_bwd_({da, h1}, {dh1}, ops::GeluAttrs{activation_ == Activation::kGeluTanh ? 1 : 0});
-  TensorView dx = allocate_like(ctx, x);
-  linear_.backward(dh1, rows(x, hidden_), value(fc1_weight_), grad(fc1_weight_),
-                   bias_ ? grad(fc1_bias_) : empty_view(), rows(dx, hidden_));
-  grad_inputs[0] = dx;
+  TensorView dx_partial = allocate_like(ctx, x);
+  linear_.backward(
+      dh1, rows(x, hidden_), rows(value(fc1_weight_), hidden_), rows(grad(fc1_weight_), hidden_),
+      bias_ ? reshape(grad(fc1_bias_), {fc1_out_}) : empty_view(), rows(dx_partial, hidden_));
+  grad_inputs[0] = tp_.enter_backward(ctx, dx_partial);
 }
 
 }  // namespace loom::transformer

@@ -24,11 +24,13 @@ struct ParamSlot {
 
 /// How a parameter is laid out over ranks and how it starts out.
 struct ParamSpec {
-  std::vector<int64_t> shape;
-  int32_t tp_split_dim = -1;
+  std::vector<int64_t> shape;  // of the whole tensor (global)
+  int32_t tp_split_dim = -1;   // split over the tensor-parallel group, -1: replicated
   uint32_t flags = kParamNone;
   ParamInit init = ParamInit::kZeros;
   float init_std = 0.f;
+  int32_t tp_size = 1;  // ranks in the tensor-parallel group: the local shape divides
+                        // shape[tp_split_dim] by it (the module checked divisibility)
 };
 
 template <class I>
@@ -92,6 +94,12 @@ class ModuleBase : public Object<I> {
     p.info.ndim = static_cast<int32_t>(spec.shape.size());
     for (size_t d = 0; d < spec.shape.size(); ++d)
       p.info.shape[d] = p.info.global_shape[d] = spec.shape[d];
+    if (spec.tp_split_dim >= 0 && spec.tp_size > 1) {
+      int64_t& local = p.info.shape[spec.tp_split_dim];
+      LOOM_CHECK(local % spec.tp_size == 0, "parameter ", p.name, ": dimension ", spec.tp_split_dim,
+                 " of ", local, " is not divisible by tp ", spec.tp_size);
+      local /= spec.tp_size;
+    }
     p.info.tp_split_dim = spec.tp_split_dim;
     p.info.expert_index = -1;
     p.info.flags = spec.flags;

@@ -8,14 +8,19 @@ enum Slot : int32_t { kInput };
 }  // namespace
 
 OutputLayer::OutputLayer(IHost& host, const EmbeddingConfig& config, const Embedding* tied_to)
-    : config_(config), tied_to_(tied_to), linear_(host, config.device, config.dtype) {
+    : config_(config),
+      tied_to_(tied_to),
+      tp_(host, config.device, config.dtype, config.sequence_parallel),
+      local_vocab_(tp_.split(config.vocab_size, "/vocab_size")),
+      linear_(host, config.device, config.dtype) {
   if (tied_to_ == nullptr)
     weight_ = add_param("weight", config.dtype,
                         ParamSpec{{config.vocab_size, config.hidden_size},
                                   0,
                                   kParamNone,
                                   ParamInit::kNormal,
-                                  config.init_std});
+                                  config.init_std,
+                                  tp_.size()});
 }
 
 const TensorView& OutputLayer::weight() const {
@@ -29,9 +34,9 @@ void OutputLayer::run_forward(IForwardContext& ctx, const TensorView* inputs, in
                               TensorView* outputs, int32_t num_outputs) {
   expect_count("output_layer forward inputs", num_inputs, 1);
   expect_count("output_layer forward outputs", num_outputs, 1);
-  const TensorView& x = inputs[0];
-  int64_t c = config_.hidden_size, v = config_.vocab_size;
-  expect(x, {-1, -1, c}, config_.dtype, "output_layer input");
+  int64_t c = config_.hidden_size, v = local_vocab_;
+  expect(inputs[0], {-1, -1, c}, config_.dtype, "output_layer input");
+  TensorView x = tp_.enter(ctx, inputs[0]);  // (B, T, C)
   TensorView logits = allocate(ctx, config_.dtype, {x.shape[0], x.shape[1], v}, config_.device);
   linear_.forward(rows(x, c), weight(), empty_view(), rows(logits, v));
   if (ctx.training()) save(ctx, this, kInput, x);
@@ -44,12 +49,12 @@ void OutputLayer::run_backward(IForwardContext& ctx, const TensorView* grad_outp
   expect_count("output_layer backward grad outputs", num_grad_outputs, 1);
   expect_count("output_layer backward grad inputs", num_grad_inputs, 1);
   TensorView x = load(ctx, this, kInput);
-  int64_t c = config_.hidden_size, v = config_.vocab_size;
+  int64_t c = config_.hidden_size, v = local_vocab_;
   expect(grad_outputs[0], {x.shape[0], x.shape[1], v}, config_.dtype, "output_layer grad output");
-  TensorView dx = allocate_like(ctx, x);
+  TensorView dx_partial = allocate_like(ctx, x);  // this rank's vocabulary rows' share
   linear_.backward(rows(grad_outputs[0], v), rows(x, c), weight(), weight_grad(), empty_view(),
-                   rows(dx, c));
-  grad_inputs[0] = dx;
+                   rows(dx_partial, c));
+  grad_inputs[0] = tp_.enter_backward(ctx, dx_partial);
 }
 
 }  // namespace loom::transformer

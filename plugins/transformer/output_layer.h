@@ -4,11 +4,15 @@
 // gradient; the layer then declares no parameter).
 //   forward:  [0] x (B, T, C) -> [0] logits (B, T, V)
 //   backward: dlogits -> dx; dW accumulated
+// Tensor parallelism: column-parallel over the vocabulary; rank r computes the logits of
+// its rows [r V/P, (r + 1) V/P) of W only, (B, T, V/P). With sequence parallelism x is the
+// sequence shard (B, T/P, C), gathered first (and dx reduce-scattered).
 #pragma once
 
 #include "plugins/transformer/embedding.h"
 #include "plugins/transformer/linear.h"
 #include "plugins/transformer/module_base.h"
+#include "plugins/transformer/tensor_parallel.h"
 
 namespace loom::transformer {
 
@@ -27,6 +31,8 @@ class OutputLayer final : public ModuleBase<IGenericModule> {
 
   EmbeddingConfig config_;
   const Embedding* tied_to_;
+  TensorParallel tp_;
+  int64_t local_vocab_;
   int32_t weight_ = -1;
   Linear linear_;
 };

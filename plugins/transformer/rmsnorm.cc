@@ -14,12 +14,15 @@ RmsNorm::RmsNorm(const nlohmann::json& options, IBuildContext& ctx)
       dtype_(params_dtype(options)),
       device_(device_of(options)) {
   if (hidden_ < 1) invalid("/hidden_size: must be >= 1, got " + std::to_string(hidden_));
-  weight_ = add_param("weight", dtype_,
-                      ParamSpec{{hidden_},
-                                -1,
-                                kParamNoWeightDecay,
-                                attrs_.zero_centered_gamma ? ParamInit::kZeros : ParamInit::kOnes,
-                                0.f});
+  weight_ = add_param(
+      "weight", dtype_,
+      ParamSpec{{hidden_},
+                -1,
+                kParamNoWeightDecay | (inherited_or<bool>(options, "sequence_parallel", false)
+                                           ? kParamSequenceParallel
+                                           : kParamNone),
+                attrs_.zero_centered_gamma ? ParamInit::kZeros : ParamInit::kOnes,
+                0.f});
   fwd_ = Kernel(*ctx.host(), ops::kRmsNormFwd, device_, dtype_);
   bwd_ = Kernel(*ctx.host(), ops::kRmsNormBwd, device_, dtype_);
 }

@@ -21,6 +21,10 @@ TransformerLayer::TransformerLayer(const nlohmann::json& options, IBuildContext&
       heads_(inherited<int64_t>(options, "num_attention_heads", "transformer_layer")),
       groups_(inherited_or<int64_t>(options, "num_query_groups", heads_)),
       head_dim_(inherited_or<int64_t>(options, "kv_channels", heads_ > 0 ? hidden_ / heads_ : 0)),
+      tp_(*ctx.host(), device_of(options), params_dtype(options),
+          inherited_or<bool>(options, "sequence_parallel", false)),
+      local_heads_(0),
+      local_groups_(0),
       qkv_bias_(
           inherited_or<bool>(options, "add_qkv_bias",
                              inherited<bool>(options, "add_bias_linear", "transformer_layer"))),
@@ -42,6 +46,9 @@ TransformerLayer::TransformerLayer(const nlohmann::json& options, IBuildContext&
         "when not set)");
   if (!(hidden_dropout_ >= 0.f && hidden_dropout_ < 1.f))
     invalid("/hidden_dropout: must be in [0, 1)");
+  // Each tensor-parallel rank holds whole query groups (with their heads).
+  local_groups_ = tp_.split(groups_, "/num_query_groups");
+  local_heads_ = tp_.split(heads_, "/num_attention_heads");
   double init_std = inherited<double>(options, "init_std", "transformer_layer");
   int64_t layers = inherited<int64_t>(options, "num_layers", "transformer_layer");
   if (layers < 1) invalid("/num_layers: must be >= 1");
@@ -57,29 +64,33 @@ TransformerLayer::TransformerLayer(const nlohmann::json& options, IBuildContext&
   }
 
   int64_t qkv_out = (heads_ + 2 * groups_) * head_dim_;
+  int32_t p = tp_.size();
+  uint32_t sp_flag = tp_.sequence_parallel() ? kParamSequenceParallel : kParamNone;
   qkv_weight_ = add_param(
       "self_attention.linear_qkv.weight", dtype_,
       ParamSpec{
-          {qkv_out, hidden_}, 0, kParamNone, ParamInit::kNormal, static_cast<float>(init_std)});
+          {qkv_out, hidden_}, 0, kParamNone, ParamInit::kNormal, static_cast<float>(init_std), p});
   if (qkv_bias_)
     qkv_bias_index_ =
         add_param("self_attention.linear_qkv.bias", dtype_,
-                  ParamSpec{{qkv_out}, 0, kParamNoWeightDecay, ParamInit::kZeros, 0.f});
+                  ParamSpec{{qkv_out}, 0, kParamNoWeightDecay, ParamInit::kZeros, 0.f, p});
   proj_weight_ = add_param(
       "self_attention.linear_proj.weight", dtype_,
-      ParamSpec{{hidden_, heads_ * head_dim_}, 1, kParamNone, ParamInit::kScaledNormal, out_std});
+      ParamSpec{
+          {hidden_, heads_ * head_dim_}, 1, kParamNone, ParamInit::kScaledNormal, out_std, p});
   if (proj_bias_)
     proj_bias_index_ =
         add_param("self_attention.linear_proj.bias", dtype_,
-                  ParamSpec{{hidden_}, -1, kParamNoWeightDecay, ParamInit::kZeros, 0.f});
+                  ParamSpec{{hidden_}, -1, kParamNoWeightDecay | sp_flag, ParamInit::kZeros, 0.f});
 
   // What each child needs of the model's configuration.
   nlohmann::json common = {{"params_dtype", dtype_name(dtype_)}, {"device", device_name(device_)}};
+  common["sequence_parallel"] = tp_.sequence_parallel();
   nlohmann::json norm = common;
   norm["hidden_size"] = hidden_;
   nlohmann::json core = common;
-  core["num_attention_heads"] = heads_;
-  core["num_query_groups"] = groups_;
+  core["num_attention_heads"] = local_heads_;  // the core sees this rank's heads only
+  core["num_query_groups"] = local_groups_;
   core["kv_channels"] = head_dim_;
   core["attention_dropout"] = inherited_or<double>(options, "attention_dropout", 0.0);
   nlohmann::json mlp = common;
@@ -106,7 +117,8 @@ void TransformerLayer::dropout_forward(IForwardContext& ctx, const TensorView& x
   if (!ctx.training() || hidden_dropout_ == 0.f) return;
   ops::DropoutAttrs attrs{hidden_dropout_, 0, 0};
   ctx.rng(this, purpose, &attrs.key, &attrs.counter);
-  dropout_fwd_({x}, {x}, attrs);
+  int64_t tl = x.shape[1];
+  dropout_rows(dropout_fwd_, attrs, x, x, tp_.full_length(tl), tp_.sequence_start(tl));
 }
 
 TensorView TransformerLayer::dropout_backward(IForwardContext& ctx, const TensorView& dy,
@@ -115,7 +127,8 @@ TensorView TransformerLayer::dropout_backward(IForwardContext& ctx, const Tensor
   ops::DropoutAttrs attrs{hidden_dropout_, 0, 0};
   ctx.rng(this, purpose, &attrs.key, &attrs.counter);
   TensorView dx = allocate_like(ctx, dy);
-  dropout_bwd_({dy}, {dx}, attrs);
+  int64_t tl = dy.shape[1];
+  dropout_rows(dropout_bwd_, attrs, dy, dx, tp_.full_length(tl), tp_.sequence_start(tl));
   return dx;
 }
 
@@ -123,14 +136,15 @@ void TransformerLayer::run_forward(IForwardContext& ctx, const TensorView* input
                                    int32_t num_inputs, TensorView* outputs, int32_t num_outputs) {
   expect_count("transformer_layer forward inputs", num_inputs, 1);
   expect_count("transformer_layer forward outputs", num_outputs, 1);
-  const TensorView& x = inputs[0];
+  const TensorView& x = inputs[0];  // (B, T, C), or the sequence shard (B, T/P, C)
   expect(x, {-1, -1, hidden_}, dtype_, "transformer_layer hidden");
+  int64_t t_full = tp_.full_length(x.shape[1]);
   TensorView positions = num_inputs > 1 ? inputs[1] : empty_view();
   if (present(positions))
-    expect(positions, {x.shape[0], x.shape[1]}, DType::kI32, "transformer_layer position ids");
+    expect(positions, {x.shape[0], t_full}, DType::kI32, "transformer_layer position ids");
   TensorView segments = num_inputs > 2 ? inputs[2] : empty_view();
   if (present(segments))
-    expect(segments, {x.shape[0], x.shape[1]}, DType::kI32, "transformer_layer segment ids");
+    expect(segments, {x.shape[0], t_full}, DType::kI32, "transformer_layer segment ids");
   if (ctx.training() && ctx.recompute() == RecomputePolicy::kFull) {
     save(ctx, this, kInput, x);
     save(ctx, this, kPositions, positions);
@@ -144,9 +158,10 @@ void TransformerLayer::run_forward(IForwardContext& ctx, const TensorView* input
 
 TensorView TransformerLayer::forward_impl(IForwardContext& ctx, const TensorView& x,
                                           const TensorView& positions, const TensorView& segments) {
-  int64_t b = x.shape[0], t = x.shape[1];
-  int64_t h = heads_, g = groups_, d = head_dim_;
-  TensorView normed = call_forward(*input_norm_, ctx, {x}, 1, "input_layernorm")[0];
+  int64_t b = x.shape[0], t = tp_.full_length(x.shape[1]);
+  int64_t h = local_heads_, g = local_groups_, d = head_dim_;
+  TensorView normed_shard = call_forward(*input_norm_, ctx, {x}, 1, "input_layernorm")[0];
+  TensorView normed = tp_.enter(ctx, normed_shard);  // (B, T, C) on every rank
   TensorView qkv = allocate(ctx, dtype_, {b, t, g, (h / g + 2) * d}, device_);
   linear_.forward(rows(normed, hidden_), value(qkv_weight_),
                   qkv_bias_ ? value(qkv_bias_index_) : empty_view(), rows(qkv, (h + 2 * g) * d));
@@ -178,9 +193,11 @@ TensorView TransformerLayer::forward_impl(IForwardContext& ctx, const TensorView
   }
   TensorView core_out =
       call_forward(*core_, ctx, {q, k_all, v_all, segments, empty_view()}, 1, "attention")[0];
-  TensorView attn = allocate(ctx, dtype_, {b, t, hidden_}, device_);
-  linear_.forward(rows(core_out, h * d), value(proj_weight_),
-                  proj_bias_ ? value(proj_bias_index_) : empty_view(), rows(attn, hidden_));
+  TensorView attn_partial = allocate(ctx, dtype_, {b, t, hidden_}, device_);
+  linear_.forward(rows(core_out, h * d), value(proj_weight_), empty_view(),
+                  rows(attn_partial, hidden_));
+  TensorView attn = tp_.exit(ctx, attn_partial);  // summed over the group: like x
+  if (proj_bias_) linear_.add_bias(value(proj_bias_index_), rows(attn, hidden_));
   dropout_forward(ctx, attn, kAttentionOutDropout);
   TensorView residual = allocate_like(ctx, x);  // (B, T, C)
   add_({x, attn}, {residual});
@@ -209,8 +226,9 @@ void TransformerLayer::run_backward(IForwardContext& ctx, const TensorView* grad
   TensorView normed = load(ctx, this, kNormed), core_out = load(ctx, this, kCoreOut);
   const TensorView& dy = grad_outputs[0];
   int64_t b = normed.shape[0], t = normed.shape[1];
-  int64_t h = heads_, g = groups_, d = head_dim_;
-  expect(dy, {b, t, hidden_}, dtype_, "transformer_layer grad output");
+  int64_t h = local_heads_, g = local_groups_, d = head_dim_;
+  int64_t t_local = tp_.sequence_parallel() ? t / tp_.size() : t;
+  expect(dy, {b, t_local, hidden_}, dtype_, "transformer_layer grad output");
 
   // y = residual + dropout(mlp(norm2(residual)))
   TensorView dmlp_out = dropout_backward(ctx, dy, kMlpOutDropout);
@@ -221,10 +239,11 @@ void TransformerLayer::run_backward(IForwardContext& ctx, const TensorView* grad
 
   // residual = x + dropout(proj(core(q, k, v)))
   TensorView dattn = dropout_backward(ctx, dresidual, kAttentionOutDropout);
+  if (proj_bias_) linear_.bias_grad(rows(dattn, hidden_), grad(proj_bias_index_));
+  TensorView dattn_full = tp_.exit_backward(ctx, dattn);  // (B, T, C)
   TensorView dcore_out = allocate(ctx, dtype_, {b, t, h, d}, device_);
-  linear_.backward(rows(dattn, hidden_), rows(core_out, h * d), value(proj_weight_),
-                   grad(proj_weight_), proj_bias_ ? grad(proj_bias_index_) : empty_view(),
-                   rows(dcore_out, h * d));
+  linear_.backward(rows(dattn_full, hidden_), rows(core_out, h * d), value(proj_weight_),
+                   grad(proj_weight_), empty_view(), rows(dcore_out, h * d));
   std::vector<TensorView> dqkv3 = call_backward(*core_, ctx, {dcore_out}, 3, "attention");
   if (inv_freq_) {
     ops::RopeAttrs attrs{rotary_dim_};
@@ -233,10 +252,11 @@ void TransformerLayer::run_backward(IForwardContext& ctx, const TensorView* grad
   }
   TensorView dqkv = allocate(ctx, dtype_, {b, t, g, (h / g + 2) * d}, device_);
   merge_({dqkv3[0], dqkv3[1], dqkv3[2]}, {dqkv});
-  TensorView dnormed = allocate_like(ctx, dy);
+  TensorView dnormed_partial = allocate_like(ctx, normed);  // (B, T, C), this rank's heads
   linear_.backward(rows(dqkv, (h + 2 * g) * d), rows(normed, hidden_), value(qkv_weight_),
                    grad(qkv_weight_), qkv_bias_ ? grad(qkv_bias_index_) : empty_view(),
-                   rows(dnormed, hidden_));
+                   rows(dnormed_partial, hidden_));
+  TensorView dnormed = tp_.enter_backward(ctx, dnormed_partial);  // like dy
   TensorView dx_norm = call_backward(*input_norm_, ctx, {dnormed}, 1, "input_layernorm")[0];
   TensorView dx = allocate_like(ctx, dy);
   add_({dresidual, dx_norm}, {dx});

@@ -16,6 +16,11 @@
 // refused.
 //   backward: dy -> dx (and an empty gradient for the position ids)
 // Recompute kFull: only the input is saved; backward reruns forward, then goes back.
+// Tensor parallelism (the "tp" group of size P): linear_qkv is column-parallel (each rank
+// holds G/P whole query groups, so H and G must be divisible by P), the core attends over
+// the rank's H/P heads, linear_proj is row-parallel (its output summed over the group, the
+// bias added after the sum). With sequence parallelism the hidden states in and out are
+// sequence shards (B, T/P, C) and the norms, dropout and residual adds run on them.
 #pragma once
 
 #include <memory>
@@ -24,6 +29,7 @@
 #include "plugins/transformer/linear.h"
 #include "plugins/transformer/module_base.h"
 #include "plugins/transformer/rotary.h"
+#include "plugins/transformer/tensor_parallel.h"
 
 namespace loom::transformer {
 
@@ -45,6 +51,8 @@ class TransformerLayer final : public ModuleBase<ILayer> {
   TensorView dropout_backward(IForwardContext& ctx, const TensorView& dy, uint64_t purpose) const;
 
   int64_t hidden_, heads_, groups_, head_dim_;
+  TensorParallel tp_;
+  int64_t local_heads_, local_groups_;  // this rank's share of heads_ and groups_
   bool qkv_bias_, proj_bias_;
   float hidden_dropout_;
   DType dtype_;

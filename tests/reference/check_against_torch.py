@@ -140,9 +140,10 @@ def forward(p, cfg, tokens, labels, mask):
             a = a + g("self_attention.linear_proj.bias")
         x = x + a
         h = norm(x, g("pre_mlp_layernorm.weight"), g("pre_mlp_layernorm.bias"), cfg.norm, cfg.eps)
-        h = h @ g("mlp.linear_fc1.weight").T
+        # swiglu's fc1 is (2, F, C) [gate; up]: as rows, the (2F, C) matrix.
+        h = h @ g("mlp.linear_fc1.weight").reshape(-1, cfg.C).T
         if g("mlp.linear_fc1.bias") is not None:
-            h = h + g("mlp.linear_fc1.bias")
+            h = h + g("mlp.linear_fc1.bias").reshape(-1)
         if cfg.activation == "swiglu":
             gate, up = h.chunk(2, dim=-1)
             h = torch.nn.functional.silu(gate) * up

@@ -1,6 +1,7 @@
 // Multi-process training on the CPU with real processes (DESIGN.md sections 5 and 9): one
-// tiny spec trained on 1 rank and on 2 ranks with data parallelism, with and without the
-// distributed optimizer, gives the same loss and grad norm at every step; a dead or stuck
+// tiny spec trained on 1 rank and on 2 or 4 ranks with data, tensor and sequence
+// parallelism and the distributed optimizer gives the same loss and grad norm at every
+// step; a dead or stuck
 // rank stops the others with a message; ranks that loaded different plugins or were given
 // a layout that does not fit refuse to start.
 #include <gmock/gmock.h>
@@ -124,6 +125,51 @@ TEST_F(ParallelTest, DistributedOptimizerMatchesOneRank) {
                      "--set parallel.bucket_size=3001");
   EXPECT_THAT(last_out_, HasSubstr("distributed optimizer"));
   expect_same_curve(one, zero, "dp2 + distributed optimizer");
+}
+
+// Tensor parallelism: heads, MLP units and the vocabulary split over 2 ranks (the loss
+// through vocab-parallel cross entropy); with sequence parallelism the norms and residuals
+// run on sequence halves too.
+TEST_F(ParallelTest, TensorParallelMatchesOneRank) {
+  Curve one = train("one", tiny_spec(), "");
+  Curve tp2 = train("tp2", tiny_spec(), "--nproc 2 --set parallel.tp=2");
+  EXPECT_THAT(last_out_, HasSubstr("layout: tp=2 cp=1 ep=1 dp=1"));
+  expect_same_curve(one, tp2, "tp2");
+  Curve sp = train("tp2sp", tiny_spec(),
+                   "--nproc 2 --set parallel.tp=2 --set parallel.sequence_parallel=true");
+  EXPECT_THAT(last_out_, HasSubstr("sequence parallel"));
+  expect_same_curve(one, sp, "tp2 + sp");
+  EXPECT_LT(one.loss.back(), one.loss.front() - 0.05);
+}
+
+TEST_F(ParallelTest, TensorAndDataParallelMatchOneRank) {
+  Curve one = train("one", tiny_spec(), "");
+  Curve both = train("tp2dp2", tiny_spec(), "--nproc 4 --set parallel.tp=2 --set parallel.dp=2");
+  expect_same_curve(one, both, "tp2 x dp2");
+  Curve zero = train("tp2dp2zero", tiny_spec(),
+                     "--nproc 4 --set parallel.tp=2 --set parallel.dp=2 --set "
+                     "parallel.sequence_parallel=true --set parallel.distributed_optimizer=true "
+                     "--set parallel.bucket_size=3001");
+  expect_same_curve(one, zero, "tp2 x dp2 + sp + distributed optimizer");
+}
+
+// The LLaMA shape (rotary positions, RMSNorm, SwiGLU, grouped-query attention with one
+// key/value group per rank, untied output layer, no biases), with hidden dropout: sequence
+// shards draw exactly the dropout masks of the whole sequence.
+TEST_F(ParallelTest, TensorParallelLlamaWithDropoutMatchesOneRank) {
+  nlohmann::json s = tiny_spec();
+  s["model"]["position_embedding"] = "rope";
+  s["model"]["num_query_groups"] = 2;
+  s["model"]["tie_embeddings"] = false;
+  s["model"]["add_bias_linear"] = false;
+  s["model"]["hidden_dropout"] = 0.1;
+  s["model"]["layer"]["norm"] = {{"impl", "rmsnorm"}};
+  s["model"]["final_norm"] = {{"impl", "rmsnorm"}};
+  s["model"]["layer"]["mlp"] = {{"impl", "mlp"}, {"activation", "swiglu"}};
+  Curve one = train("llama_one", s, "");
+  Curve sp = train("llama_tp2sp", s,
+                   "--nproc 2 --set parallel.tp=2 --set parallel.sequence_parallel=true");
+  expect_same_curve(one, sp, "llama tp2 + sp");
 }
 
 TEST_F(ParallelTest, MixedPrecisionDataParallelMatchesOneRank) {
@@ -268,9 +314,27 @@ TEST_F(ParallelTest, LayoutsThatDoNotFitAreRefusedBeforeStart) {
                "train.global_batch_size=6");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_THAT(r.err, HasSubstr("is not a multiple of micro_batch_size x dp = 2 x 2"));
-  r = run_loom("train " + q(sp) + " --nproc 2 --set parallel.tp=2");
+  r = run_loom("train " + q(sp) + " --nproc 2 --set parallel.pp=2");
   EXPECT_EQ(r.exit_code, 7) << r.out << r.err;
-  EXPECT_THAT(r.err, HasSubstr("spec /parallel/tp: 2 is not available"));
+  EXPECT_THAT(r.err, HasSubstr("spec /parallel/pp: 2 is not available"));
+  r = run_loom("train " + q(sp) +
+               " --nproc 2 --set parallel.tp=2 --set parallel.sequence_parallel=true --set "
+               "train.seq_length=15");
+  EXPECT_EQ(r.exit_code, 3) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("/train/seq_length: 15 is not divisible by parallel.tp 2"));
+  // What the model splits: heads, key/value groups, the vocabulary, the MLP's units.
+  for (auto [key, value] :
+       std::vector<std::pair<std::string, std::string>>{{"num_attention_heads", "3"},
+                                                        {"num_query_groups", "1"},
+                                                        {"vocab_size", "63"},
+                                                        {"ffn_hidden_size", "33"}}) {
+    r = run_loom("train " + q(sp) + " --nproc 2 --set parallel.tp=2 --set model." + key + "=" +
+                 value + (key == "num_attention_heads" ? " --set model.kv_channels=8" : ""));
+    EXPECT_EQ(r.exit_code, 3) << key << "\n" << r.out << r.err;
+    EXPECT_THAT(r.err, HasSubstr("/model/" + key + ": " + value +
+                                 " is not divisible by the tensor-parallel size 2"))
+        << r.err;
+  }
   r = run_loom("train " + q(sp) + " --nproc 0");
   EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
 }

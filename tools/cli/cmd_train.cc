@@ -59,16 +59,20 @@ int64_t world_of(const nlohmann::json& par) {
 // Checks the layout against the ranks that were started, before anything is loaded.
 void check_layout(const nlohmann::json& spec, const core::dist::RankEnv& env) {
   const nlohmann::json& par = spec["parallel"];
-  for (const char* dim : {"tp", "cp", "ep", "pp"})
+  for (const char* dim : {"cp", "ep", "pp"})
     if (par[dim].get<int64_t>() != 1)
       throw Error(Code::kUnimplemented,
-                  fmt::format("spec /parallel/{}: {} is not available in this loom yet (data "
-                              "parallelism and the distributed optimizer are); set it to 1",
+                  fmt::format("spec /parallel/{}: {} is not available in this loom yet (data, "
+                              "tensor and sequence parallelism and the distributed optimizer "
+                              "are); set it to 1",
                               dim, par[dim].get<int64_t>()));
-  if (par["sequence_parallel"].get<bool>())
-    throw Error(Code::kUnimplemented,
-                "spec /parallel/sequence_parallel: sequence parallelism needs tensor "
-                "parallelism, which is not available in this loom yet; set it to false");
+  int64_t tp = par["tp"].get<int64_t>(), seq = spec["train"]["seq_length"].get<int64_t>();
+  if (par["sequence_parallel"].get<bool>() && seq % tp != 0)
+    throw core::SpecError("/train/seq_length",
+                          fmt::format("{} is not divisible by parallel.tp {}: sequence "
+                                      "parallelism splits every sequence into tp equal shards; "
+                                      "choose a multiple of {}",
+                                      seq, tp, tp));
   int64_t world = world_of(par);
   if (env.world_size == 1 && world > 1)
     throw core::SpecError(

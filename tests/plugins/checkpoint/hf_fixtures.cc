@@ -50,7 +50,10 @@ std::vector<OwnedTensor> tiny_weights(const Tiny& m, DType dtype, std::mt19937& 
     add(p + "self_attention.linear_qkv.weight", {m.g * (m.h / m.g + 2) * d, c});
     add(p + "self_attention.linear_proj.weight", {c, m.h * d});
     add(p + "pre_mlp_layernorm.weight", {c});
-    add(p + "mlp.linear_fc1.weight", {m.llama ? 2 * m.f : m.f, c});
+    if (m.llama)
+      add(p + "mlp.linear_fc1.weight", {2, m.f, c});  // swiglu: [gate; up]
+    else
+      add(p + "mlp.linear_fc1.weight", {m.f, c});
     add(p + "mlp.linear_fc2.weight", {c, m.f});
     if (m.llama) continue;
     add(p + "input_layernorm.bias", {c});

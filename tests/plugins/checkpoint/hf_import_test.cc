@@ -134,8 +134,8 @@ TEST_F(HfImport, LlamaSpecFromConfigAndWeights) {
         ASSERT_EQ(got[(g * 16 + 12 + r) * 16 + col], v[(g * 4 + r) * 16 + col]);
       }
     }
-  OwnedTensor up = request("model.decoder.layers.0.mlp.linear_fc1.weight", DType::kF32, {48, 16},
-                           {24, 0}, {24, 16});
+  OwnedTensor up = request("model.decoder.layers.0.mlp.linear_fc1.weight", DType::kF32, {2, 24, 16},
+                           {1, 0, 0}, {1, 24, 16});  // [gate; up]: up
   ASSERT_EQ(load_one(dir, &up).code, Code::kOk);
   EXPECT_EQ(up.bytes, by_name(hf, "model.layers.0.mlp.up_proj.weight").bytes);
 }

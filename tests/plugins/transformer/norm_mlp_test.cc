@@ -82,13 +82,15 @@ TEST_P(MlpTest, DeclaresMegatronParameters) {
   ModuleHarness h(transformer_plugins());
   build_resolved(h, kinds::kMlp, {{"impl", "mlp"}, {"activation", GetParam().activation}},
                  mlp_inherited(GetParam().bias));
-  int64_t fc1_rows = GetParam().activation == "swiglu" ? 12 : 6;
+  bool swiglu = GetParam().activation == "swiglu";
   core::Parameter* fc1 = h.params().find("linear_fc1.weight");
   core::Parameter* fc2 = h.params().find("linear_fc2.weight");
   ASSERT_TRUE(fc1 && fc2);
-  EXPECT_EQ(fc1->info.shape[0], fc1_rows);
-  EXPECT_EQ(fc1->info.shape[1], 8);
-  EXPECT_EQ(fc1->info.tp_split_dim, 0);
+  // swiglu: (2, F, C), [gate; up], split over TP on F so that each rank keeps both halves.
+  std::vector<int64_t> fc1_shape =
+      swiglu ? std::vector<int64_t>{2, 6, 8} : std::vector<int64_t>{6, 8};
+  EXPECT_EQ(std::vector<int64_t>(fc1->info.shape, fc1->info.shape + fc1->info.ndim), fc1_shape);
+  EXPECT_EQ(fc1->info.tp_split_dim, swiglu ? 1 : 0);
   EXPECT_EQ(fc1->info.init, ParamInit::kNormal);
   EXPECT_FLOAT_EQ(fc1->info.init_std, 0.02f);
   EXPECT_EQ(fc2->info.shape[0], 8);
