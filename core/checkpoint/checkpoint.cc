@@ -205,7 +205,7 @@ void CheckpointReader::read(const std::string& name, const TensorView& out) {
   read(one);
 }
 
-void CheckpointReader::load_model(ParameterSet& params) {
+void CheckpointReader::load_model(ParameterSet& params, int64_t tp_rank) {
   std::vector<std::string> names;
   names.reserve(params.all().size());
   for (Parameter& p : params.all()) names.push_back("model." + p.name);
@@ -221,7 +221,8 @@ void CheckpointReader::load_model(ParameterSet& params) {
     t.ndim = p.info.ndim;
     for (int32_t d = 0; d < p.info.ndim; ++d) {
       t.global_shape[d] = p.info.global_shape[d];
-      t.offset[d] = 0;  // one rank holds the whole tensor (multi-rank layouts: issue 7)
+      // A tensor-parallel rank holds slice tp_rank along the split dimension.
+      t.offset[d] = d == p.info.tp_split_dim ? tp_rank * p.info.shape[d] : 0;
     }
     t.data = p.value;
     requests.push_back(t);

@@ -50,8 +50,26 @@ void copy_file_durably(const fs::path& from, const fs::path& to) {
 
 uint64_t bytes_of(const SaveTensor& t) {
   uint64_t n = dtype_size(t.dtype);
-  for (int64_t d : t.shape) n *= static_cast<uint64_t>(d);
+  for (int64_t d : t.slice_shape()) n *= static_cast<uint64_t>(d);
   return n;
+}
+
+// Every rank's `failed` flag, combined: true when any rank failed. With no world, `failed`.
+bool any_failed(ICommunicator* world, bool failed, const std::string& what) {
+  if (world == nullptr || world->size() == 1) return failed;
+  int32_t flag = failed ? 1 : 0;
+  TensorView v = make_view(&flag, DType::kI32, {1}, kCpu);
+  throw_if_error(world->all_reduce(&v, ReduceOp::kMax, nullptr), what);
+  return flag != 0;
+}
+
+// Rank 0's process id on every rank: the shared name of the temporary directory.
+int64_t shared_tag(ICommunicator* world) {
+  int64_t tag = ::getpid();
+  if (world == nullptr || world->size() == 1) return tag;
+  TensorView v = make_view(&tag, DType::kI64, {1}, kCpu);
+  throw_if_error(world->broadcast(&v, 0, nullptr), "checkpoint: agreeing on the directory");
+  return tag;
 }
 
 }  // namespace
@@ -69,7 +87,7 @@ CheckpointWriter::CheckpointWriter(PluginManager& plugins, CheckpointWriterOptio
         fmt::format("checkpoint directory {}: cannot create: {} (set checkpoint.dir to "
                     "a writable directory)",
                     options_.root.string(), ec.message()));
-  remove_stale_saves(options_.root);
+  if (options_.world == nullptr || options_.world->rank() == 0) remove_stale_saves(options_.root);
 }
 
 CheckpointWriter::~CheckpointWriter() {
@@ -106,7 +124,8 @@ void CheckpointWriter::save(int64_t iteration, const std::vector<SaveTensor>& te
     table[t.name] = {{"dtype", dtype_name(t.dtype)}, {"shape", t.shape}};
   metadata["tensors"] = std::move(table);
   metadata["iteration"] = iteration;
-  if (!options_.async) {
+  bool several = options_.world != nullptr && options_.world->size() > 1;
+  if (!options_.async || several) {
     Job job{iteration, tensors, {}, std::move(metadata)};
     write(job);
     return;
@@ -138,15 +157,25 @@ void write_checkpoint_directory(ICheckpointFormat& format, const fs::path& final
                                 const std::vector<SaveTensor>& tensors,
                                 const nlohmann::json& metadata,
                                 const std::vector<std::pair<std::string, fs::path>>& extra_files,
-                                int64_t iteration) {
+                                int64_t iteration, ICommunicator* world) {
   fs::path parent = final_dir.parent_path().empty() ? fs::path(".") : final_dir.parent_path();
   std::string name = final_dir.filename().string();
   std::error_code ec;
-  fs::path tmp = parent / fmt::format("{}.tmp-{}", name, ::getpid());
-  fs::remove_all(tmp, ec);
-  if (!fs::create_directories(tmp, ec) || ec)
-    throw IoError(fmt::format("checkpoint {}: cannot create: {}", tmp.string(),
-                              ec ? ec.message() : "exists"));
+  const int32_t rank = world != nullptr ? world->rank() : 0;
+  const int32_t ranks = world != nullptr ? world->size() : 1;
+  fs::path tmp = parent / fmt::format("{}.tmp-{}", name, shared_tag(world));
+  std::string created_error;
+  if (rank == 0) {
+    fs::remove_all(tmp, ec);
+    if (!fs::create_directories(tmp, ec) || ec)
+      created_error = fmt::format("checkpoint {}: cannot create: {}", tmp.string(),
+                                  ec ? ec.message() : "exists");
+  }
+  if (any_failed(world, !created_error.empty(), "checkpoint: creating the directory"))
+    throw IoError(!created_error.empty()
+                      ? created_error
+                      : fmt::format("checkpoint {}: rank 0 could not create it", tmp.string()));
+  bool past_writes = false;  // every rank waits for rank 0's rename from there on
   try {
     std::vector<CheckpointTensor> views;
     views.reserve(tensors.size());
@@ -155,15 +184,39 @@ void write_checkpoint_directory(ICheckpointFormat& format, const fs::path& final
       c.struct_size = sizeof(CheckpointTensor);
       c.name = t.name.c_str();
       c.ndim = static_cast<int32_t>(t.shape.size());
-      for (int32_t d = 0; d < c.ndim; ++d) c.global_shape[d] = t.shape[static_cast<size_t>(d)];
-      c.data = make_view(const_cast<void*>(t.data), t.dtype, t.shape.data(), c.ndim, kCpu);
+      for (int32_t d = 0; d < c.ndim; ++d) {
+        c.global_shape[d] = t.shape[static_cast<size_t>(d)];
+        c.offset[d] = t.offset.empty() ? 0 : t.offset[static_cast<size_t>(d)];
+      }
+      c.data = make_view(const_cast<void*>(t.data), t.dtype, t.slice_shape().data(), c.ndim, kCpu);
       views.push_back(c);
     }
     std::string dir = tmp.string(), meta = metadata.dump();
-    throw_if_error(
-        format.save(StringView{dir.data(), dir.size()}, views.data(),
-                    static_cast<int64_t>(views.size()), StringView{meta.data(), meta.size()}, 0, 1),
-        fmt::format("checkpoint {}", final_dir.string()));
+    std::string write_error;
+    try {
+      throw_if_error(format.save(StringView{dir.data(), dir.size()}, views.data(),
+                                 static_cast<int64_t>(views.size()),
+                                 StringView{meta.data(), meta.size()}, rank, ranks),
+                     fmt::format("checkpoint {}", final_dir.string()));
+    } catch (const std::exception& e) {
+      write_error = e.what();
+      if (world == nullptr) throw;
+    }
+    // Every rank's part is durable before rank 0 puts the directory in place.
+    if (any_failed(world, !write_error.empty(), "checkpoint: the ranks' writes"))
+      throw IoError(!write_error.empty()
+                        ? write_error
+                        : fmt::format("checkpoint {}: another rank failed to write its part (its "
+                                      "message is in its log)",
+                                      final_dir.string()));
+    past_writes = true;
+    if (rank != 0) {
+      // Rank 0 renames it; a failure there fails the save everywhere.
+      if (any_failed(world, false, "checkpoint: the rename"))
+        throw IoError(
+            fmt::format("checkpoint {}: rank 0 failed to put it in place", final_dir.string()));
+      return;
+    }
     for (const auto& [dest, from] : extra_files) copy_file_durably(from, tmp / dest);
     sync_directory(tmp);
     checkpoint_fault_point("written", iteration);
@@ -186,9 +239,19 @@ void write_checkpoint_directory(ICheckpointFormat& format, const fs::path& final
                                 tmp.string(), ec.message()));
     sync_directory(parent);
     if (replaced) fs::remove_all(old, ec);
+    any_failed(world, false, "checkpoint: the rename");
   } catch (...) {
     std::error_code ignored;
-    fs::remove_all(tmp, ignored);
+    if (rank == 0) {
+      fs::remove_all(tmp, ignored);
+      // The other ranks wait for the rename's outcome; tell them (unless they are gone).
+      if (world != nullptr && ranks > 1 && past_writes) {
+        try {
+          any_failed(world, true, "checkpoint: the rename");
+        } catch (...) {
+        }
+      }
+    }
     throw;
   }
 }
@@ -199,7 +262,12 @@ void CheckpointWriter::write(const Job& job) {
   std::string name = iteration_dir_name(job.iteration);
   fs::path final_dir = root / name;
   write_checkpoint_directory(*format_, final_dir, job.tensors, job.metadata, options_.extra_files,
-                             job.iteration);
+                             job.iteration, options_.world);
+  if (options_.world != nullptr && options_.world->rank() != 0) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    last_saved_ = final_dir;
+    return;  // rank 0 updates `latest` and removes old checkpoints
+  }
   checkpoint_fault_point("renamed", job.iteration);
   write_file_atomic(root / "latest", name + "\n");
   uint64_t total = 0;

@@ -20,15 +20,20 @@
 #include "core/build/builder.h"
 #include "core/plugin/plugin_manager.h"
 #include "loom/kinds/checkpoint_format.h"
+#include "loom/kinds/comm_backend.h"
 
 namespace loom::core {
 
-/// One whole tensor to save (single rank: slice == whole tensor).
+/// One tensor to save, or this rank's slice of it.
 struct SaveTensor {
-  std::string name;            ///< "model.<param>", "optim.<state>.<param>", ...
-  DType dtype;                 ///< element type of `data`
-  std::vector<int64_t> shape;  ///< global shape
-  const void* data;            ///< host memory, contiguous
+  std::string name;                  ///< "model.<param>", "optim.<state>.<param>", ...
+  DType dtype;                       ///< element type of `data`
+  std::vector<int64_t> shape;        ///< global shape
+  const void* data;                  ///< host memory, contiguous: the slice
+  std::vector<int64_t> offset = {};  ///< where the slice starts (empty: the whole tensor)
+  std::vector<int64_t> local = {};   ///< the slice's shape (empty: the whole tensor)
+  /// The shape of what `data` holds.
+  const std::vector<int64_t>& slice_shape() const { return local.empty() ? shape : local; }
 };
 
 /// Options of a CheckpointWriter (the spec's /checkpoint section).
@@ -40,6 +45,12 @@ struct CheckpointWriterOptions {
   /// Files copied into every checkpoint: {relative destination, source}, e.g.
   /// {"tokenizer/vocab.json", "/data/gpt2-vocab.json"}.
   std::vector<std::pair<std::string, std::filesystem::path>> extra_files;
+  /// Several ranks saving one checkpoint together (each its slices, through a format that
+  /// keeps them, e.g. sharded), or null for one process. Every rank calls save() with the
+  /// same iteration; rank 0 writes the metadata, renames the directory into place and
+  /// updates `latest` once every rank's part is durable. Saves are then synchronous (the
+  /// communicator belongs to the training thread).
+  ICommunicator* world = nullptr;
 };
 
 class CheckpointWriter {
@@ -87,11 +98,14 @@ class CheckpointWriter {
 /// through `format`, plus `extra_files` ({relative destination, source}), then renamed into
 /// place (replacing a directory of that name) with the parent directory fsync'ed.
 /// `metadata` must already list the tensors. `iteration` is for the fault hook only.
+/// With `world` (several ranks), every rank calls it: the ranks agree on the temporary
+/// directory, each writes its part, and rank 0 finishes once all succeeded; a failure on
+/// any rank fails the save on every rank.
 void write_checkpoint_directory(
     ICheckpointFormat& format, const std::filesystem::path& final_dir,
     const std::vector<SaveTensor>& tensors, const nlohmann::json& metadata,
     const std::vector<std::pair<std::string, std::filesystem::path>>& extra_files,
-    int64_t iteration);
+    int64_t iteration, ICommunicator* world = nullptr);
 
 /// Test hook: when the environment variable LOOM_CHECKPOINT_FAULT is "POINT:ITERATION"
 /// and a save of ITERATION reaches POINT ("written": files complete, before the rename;

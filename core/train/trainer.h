@@ -100,7 +100,10 @@ class Trainer {
   /// What a checkpoint of this trainer holds: model weights ("model.<name>", parameter
   /// dtype), f32 master weights when parameters are not f32 ("optim.master.<name>") and
   /// the optimizer's states ("optim.<state>.<name>"), as views of live memory.
-  std::vector<SaveTensor> checkpoint_tensors() const;
+  /// Collective over the dp group with the distributed optimizer (its states are gathered
+  /// first); data-parallel rank 0 returns the tensors, or its tensor-parallel slices of
+  /// them (each replicated tensor once, from tp rank 0), the other ranks nothing.
+  std::vector<SaveTensor> checkpoint_tensors();
   /// The checkpoint metadata: resolved spec, trainer state (loss scaling, data position,
   /// RNG scheme), plugins with their file hashes, loom version.
   nlohmann::json checkpoint_metadata() const;
@@ -149,6 +152,7 @@ class Trainer {
   PluginManager& plugins_;
   ParallelState* parallel_ = nullptr;
   int64_t dp_size_ = 1, dp_rank_ = 0, tp_rank_ = 0;
+  std::vector<std::vector<float>> checkpoint_scratch_;  // gathered optimizer states
   std::unique_ptr<GradSync> grad_sync_;
   Device device_;
   DType params_dtype_;

@@ -17,6 +17,35 @@ std::vector<int64_t> shape_of(const Parameter& p) {
 
 std::string master_name(const Parameter& p) { return "optim.master." + p.name; }
 
+// This rank's box of `p` in the whole tensor: slice tp_rank along the split dimension.
+struct Box {
+  std::vector<int64_t> offset, shape;
+};
+Box box_of(const Parameter& p, int64_t tp_rank) {
+  Box b;
+  for (int32_t d = 0; d < p.info.ndim; ++d) {
+    b.shape.push_back(p.info.shape[d]);
+    b.offset.push_back(d == p.info.tp_split_dim ? tp_rank * p.info.shape[d] : 0);
+  }
+  return b;
+}
+
+// A request for the box of `p` in tensor `name`, read as f32 into `into`.
+CheckpointTensor request_of(const std::string& name, const Parameter& p, int64_t tp_rank,
+                            void* into, Device device) {
+  Box b = box_of(p, tp_rank);
+  CheckpointTensor t{};
+  t.struct_size = sizeof(CheckpointTensor);
+  t.name = name.c_str();
+  t.ndim = p.info.ndim;
+  for (int32_t d = 0; d < p.info.ndim; ++d) {
+    t.global_shape[d] = p.info.global_shape[d];
+    t.offset[d] = b.offset[static_cast<size_t>(d)];
+  }
+  t.data = make_view(into, DType::kF32, b.shape.data(), t.ndim, device);
+  return t;
+}
+
 std::string state_name(const IOptimizer& optimizer, int32_t s, const Parameter& p) {
   return fmt::format("optim.{}.{}", optimizer.state_name(s), p.name);
 }
@@ -41,15 +70,59 @@ std::string join(const std::vector<std::string>& items, size_t limit = 6) {
 
 }  // namespace
 
-std::vector<SaveTensor> Trainer::checkpoint_tensors() const {
+std::vector<SaveTensor> Trainer::checkpoint_tensors() {
+  // What each parameter's optimizer data is: [master if not f32, states...], as f32 arrays
+  // of its local elements. With the distributed optimizer each rank holds only segments:
+  // they are gathered first (every rank's segments into flat buffers, summed over dp).
+  const int32_t state_count = optimizer_->state_count();
+  const bool sharded = grad_sync_->sharded();
+  const bool need_master = params_dtype_ != DType::kF32;
+  std::vector<const float*> by_param_kind;  // [param * kinds + kind]
+  const int32_t kinds = state_count + 1;    // kind 0: master
+  std::vector<Parameter>& all = params_->all();
+  by_param_kind.assign(all.size() * static_cast<size_t>(kinds), nullptr);
+  auto index_of = [&](const Parameter* p) { return static_cast<size_t>(p - all.data()); };
+  checkpoint_scratch_.clear();
+  if (sharded) {
+    ICommunicator* dp = nullptr;
+    throw_if_error(plugins_.host().communicator(make_string_view("dp"), &dp), "the dp group");
+    for (int32_t k = need_master ? 0 : 1; k < kinds; ++k) {
+      checkpoint_scratch_.emplace_back(static_cast<size_t>(params_->flat_size()), 0.f);
+      std::vector<float>& flat = checkpoint_scratch_.back();
+      for (const auto& st : states_) {
+        const TensorView& src = k == 0 ? st->master : st->states[static_cast<size_t>(k - 1)];
+        std::memcpy(flat.data() + st->segment.flat, src.data,
+                    static_cast<size_t>(st->segment.length) * 4);
+      }
+      TensorView v = make_view(flat.data(), DType::kF32, {params_->flat_size()}, device_);
+      throw_if_error(dp->all_reduce(&v, ReduceOp::kSum, nullptr),
+                     "checkpoint: gathering the distributed optimizer's states");
+      for (Parameter& p : all)
+        by_param_kind[index_of(&p) * kinds + static_cast<size_t>(k)] = flat.data() + p.offset;
+    }
+  } else {
+    for (const auto& st : states_) {
+      size_t i = index_of(st->param);
+      by_param_kind[i * kinds] = static_cast<const float*>(st->master.data);
+      for (int32_t s = 0; s < state_count; ++s)
+        by_param_kind[i * kinds + 1 + static_cast<size_t>(s)] =
+            static_cast<const float*>(st->states[static_cast<size_t>(s)].data);
+    }
+  }
   std::vector<SaveTensor> out;
-  for (const auto& st : states_) {
-    const Parameter& p = *st->param;
-    out.push_back({"model." + p.name, p.info.dtype, shape_of(p), p.value.data});
-    if (p.info.dtype != DType::kF32)
-      out.push_back({master_name(p), DType::kF32, shape_of(p), st->master.data});
-    for (int32_t s = 0; s < static_cast<int32_t>(st->states.size()); ++s)
-      out.push_back({state_name(*optimizer_, s, p), DType::kF32, shape_of(p), st->states[s].data});
+  if (dp_rank_ != 0) return out;  // data-parallel replicas hold the same
+  for (Parameter& p : all) {
+    // A replicated tensor is written once, by tensor-parallel rank 0.
+    if (p.info.tp_split_dim < 0 && tp_rank_ != 0) continue;
+    Box b = box_of(p, tp_rank_);
+    size_t i = index_of(&p);
+    out.push_back({"model." + p.name, p.info.dtype, shape_of(p), p.value.data, b.offset, b.shape});
+    if (need_master)
+      out.push_back(
+          {master_name(p), DType::kF32, shape_of(p), by_param_kind[i * kinds], b.offset, b.shape});
+    for (int32_t s = 0; s < state_count; ++s)
+      out.push_back({state_name(*optimizer_, s, p), DType::kF32, shape_of(p),
+                     by_param_kind[i * kinds + 1 + static_cast<size_t>(s)], b.offset, b.shape});
   }
   return out;
 }
@@ -86,10 +159,15 @@ nlohmann::json Trainer::checkpoint_metadata() const {
 }
 
 void Trainer::load_weights(CheckpointReader& reader) {
-  reader.load_model(*params_);
-  for (auto& st : states_)
-    if (st->param->info.dtype != DType::kF32)
-      load_floats(st->param->value, static_cast<float*>(st->master.data));
+  reader.load_model(*params_, tp_rank_);
+  for (auto& st : states_) {  // the master weights of this rank's segments
+    const Parameter& p = *st->param;
+    if (p.info.dtype == DType::kF32) continue;
+    char* first = static_cast<char*>(p.value.data) +
+                  st->segment.begin * static_cast<int64_t>(dtype_size(p.info.dtype));
+    load_floats(make_view(first, p.info.dtype, {st->segment.length}, device_),
+                static_cast<float*>(st->master.data));
+  }
 }
 
 void Trainer::restore(CheckpointReader& reader) {
@@ -118,11 +196,21 @@ void Trainer::restore(CheckpointReader& reader) {
                               where, key, join(diff)));
   }
 
-  reader.load_model(*params_);
+  reader.load_model(*params_, tp_rank_);
+  // With the distributed optimizer each rank reads its parameters' whole local boxes into
+  // flat buffers and keeps its segments; otherwise straight into the states.
+  const bool sharded = grad_sync_->sharded();
+  const int32_t state_count = optimizer_->state_count();
+  const bool need_master = params_dtype_ != DType::kF32;
+  std::vector<std::vector<float>> flats;
+  if (sharded)
+    for (int32_t k = 0; k < state_count + 1; ++k)
+      flats.emplace_back(k == 0 && !need_master ? 0 : static_cast<size_t>(params_->flat_size()),
+                         0.f);
   std::vector<std::string> names;
   std::vector<CheckpointTensor> requests;
-  names.reserve(states_.size() * 3);
-  auto request = [&](std::string name, const Parameter& p, const TensorView& into) {
+  names.reserve(params_->all().size() * 3);
+  auto request = [&](std::string name, const Parameter& p, void* into) {
     if (!reader.has(name))
       throw Error(Code::kNotFound,
                   fmt::format("checkpoint {}: no tensor '{}' (saved with optimizer '{}', this run "
@@ -130,21 +218,34 @@ void Trainer::restore(CheckpointReader& reader) {
                               where, name, meta["trainer"].value("optimizer", "?"),
                               spec_["optimizer"].value("impl", "?")));
     names.push_back(std::move(name));
-    CheckpointTensor t{};
-    t.struct_size = sizeof(CheckpointTensor);
-    t.ndim = p.info.ndim;
-    for (int32_t d = 0; d < p.info.ndim; ++d) t.global_shape[d] = p.info.global_shape[d];
-    t.data = make_view(into.data, DType::kF32, t.global_shape, t.ndim, into.device);
-    requests.push_back(t);
+    requests.push_back(request_of(names.back(), p, tp_rank_, into, device_));
   };
-  for (auto& st : states_) {
-    const Parameter& p = *st->param;
-    if (p.info.dtype != DType::kF32) request(master_name(p), p, st->master);
-    for (int32_t s = 0; s < static_cast<int32_t>(st->states.size()); ++s)
-      request(state_name(*optimizer_, s, p), p, st->states[s]);
+  if (sharded) {
+    for (Parameter& p : params_->all()) {
+      if (need_master) request(master_name(p), p, flats[0].data() + p.offset);
+      for (int32_t s = 0; s < state_count; ++s)
+        request(state_name(*optimizer_, s, p), p,
+                flats[static_cast<size_t>(s) + 1].data() + p.offset);
+    }
+  } else {
+    for (auto& st : states_) {
+      const Parameter& p = *st->param;
+      if (need_master) request(master_name(p), p, st->master.data);
+      for (int32_t s = 0; s < state_count; ++s)
+        request(state_name(*optimizer_, s, p), p, st->states[static_cast<size_t>(s)].data);
+    }
   }
   for (size_t i = 0; i < requests.size(); ++i) requests[i].name = names[i].c_str();
   reader.read(requests);
+  if (sharded) {
+    for (auto& st : states_) {
+      size_t n = static_cast<size_t>(st->segment.length) * 4;
+      if (need_master) std::memcpy(st->master.data, flats[0].data() + st->segment.flat, n);
+      for (int32_t s = 0; s < state_count; ++s)
+        std::memcpy(st->states[static_cast<size_t>(s)].data,
+                    flats[static_cast<size_t>(s) + 1].data() + st->segment.flat, n);
+    }
+  }
 
   const nlohmann::json& t = meta["trainer"];
   iteration_ = t.value("iteration", reader.iteration());

@@ -207,6 +207,51 @@ TEST_F(ParallelTest, DataParallelCheckpointResumes) {
     EXPECT_DOUBLE_EQ(again.loss[i], whole.loss[i]) << "step " << i + 1;
 }
 
+// Resharding: a sharded checkpoint saved at (tp 2, dp 2) with the distributed optimizer
+// (every rank its slices; the optimizer states gathered over dp) resumes at (tp 1, dp 1)
+// and at (tp 4, dp 1), and the runs continue with the losses of the uninterrupted one.
+TEST_F(ParallelTest, ShardedCheckpointReshardsAcrossLayouts) {
+  nlohmann::json s = tiny_spec();
+  s["checkpoint"] = {{"interval", 3}, {"save_at_end", true}};
+  fs::path run = dir_ / "reshard";
+  auto full = run_loom("train " + q(spec("reshard.json", s)) + " --run-dir " + q(run) +
+                       " --nproc 4 --set parallel.tp=2 --set parallel.dp=2 --set "
+                       "parallel.distributed_optimizer=true --set parallel.bucket_size=3001");
+  ASSERT_EQ(full.exit_code, 0) << full.out << full.err;
+  Curve whole = read_curve(run / "metrics.jsonl");
+  ASSERT_EQ(whole.loss.size(), 6u);
+  fs::path ckpts = run / "checkpoints";
+  ASSERT_TRUE(fs::exists(ckpts / "iter_0000003" / "shards" / "rank_00003.json"));  // 4 writers
+  fs::remove_all(ckpts / "iter_0000006");  // continue from step 3
+  struct Layout {
+    std::string name, args;
+  };
+  for (const Layout& layout : {Layout{"tp1", ""}, Layout{"tp4", "--nproc 4 --set parallel.tp=4"}}) {
+    write_file(ckpts / "latest", "iter_0000003\n");
+    fs::path again = dir_ / ("reshard_" + layout.name);
+    auto r = run_loom("train " + q(spec("reshard.json", s)) + " --run-dir " + q(again) + " " +
+                      layout.args + " --set checkpoint.dir=" + q(ckpts) +
+                      " --set checkpoint.resume=\"auto\" --set checkpoint.save_at_end=false "
+                      "--set checkpoint.interval=1000");
+    ASSERT_EQ(r.exit_code, 0) << layout.name << "\n" << r.out << r.err;
+    EXPECT_THAT(r.out, HasSubstr("resume: iteration 3")) << layout.name;
+    Curve rest = read_curve(again / "metrics.jsonl");
+    ASSERT_EQ(rest.loss.size(), 3u) << layout.name;
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_NEAR(rest.loss[i], whole.loss[i + 3], kLossTolerance * whole.loss[i + 3])
+          << layout.name << ": loss at step " << i + 4;
+      EXPECT_NEAR(rest.grad_norm[i], whole.grad_norm[i + 3],
+                  kNormTolerance * whole.grad_norm[i + 3])
+          << layout.name << ": grad norm at step " << i + 4;
+    }
+  }
+  // Slices need a format that keeps them.
+  auto r = run_loom("train " + q(spec("reshard.json", s)) + " --run-dir " + q(dir_ / "st") +
+                    " --nproc 2 --set parallel.tp=2 --set checkpoint.format.impl=safetensors");
+  EXPECT_EQ(r.exit_code, 3) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("use the sharded format"));
+}
+
 // A rank that dies in the middle of a step: the launcher names it and returns non-zero.
 TEST_F(ParallelTest, LauncherStopsWhenARankDies) {
   nlohmann::json s = tiny_spec();

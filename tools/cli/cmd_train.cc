@@ -389,6 +389,21 @@ int cmd_train(const std::vector<std::string>& argv) {
   writer_options.async = ckpt["async"].get<bool>();
   if (trainer.tokenizer_path())
     writer_options.extra_files = core::tokenizer_files(*trainer.tokenizer_path(), "tokenizer/");
+  // Pure data parallelism: rank 0 holds every parameter and optimizer state and saves them
+  // alone, in any format. Tensor parallelism and the distributed optimizer spread them
+  // over the ranks, which save together, each its slices (the sharded format).
+  const nlohmann::json& par = s.spec.spec["parallel"];
+  bool together = par["tp"].get<int64_t>() > 1 ||
+                  (par["dp"].get<int64_t>() > 1 && par["distributed_optimizer"].get<bool>());
+  if (together && s.parallel) writer_options.world = &s.parallel->comm("world");
+  std::string format_impl = writer_options.format.value("impl", std::string("sharded"));
+  if (together && format_impl != "sharded")
+    throw core::SpecError(
+        "/checkpoint/format",
+        fmt::format("'{}' keeps whole tensors, but with tp > 1 or the distributed optimizer "
+                    "every rank saves its slices; use the sharded format (and `loom checkpoint "
+                    "convert` for a {} copy)",
+                    format_impl, format_impl));
   core::CheckpointWriter writer(*s.plugins, writer_options);
   std::printf("  checkpoints: %s (%s%s, keep %lld%s)\n", writer_options.root.string().c_str(),
               writer_options.format["impl"].get<std::string>().c_str(),
@@ -415,17 +430,7 @@ int cmd_train(const std::vector<std::string>& argv) {
 
   core::RunOptions options;
   options.run_dir = s.rank0() ? run_dir : fs::path();
-  // Pure data parallelism: rank 0 holds every parameter and optimizer state and saves them
-  // alone. Other layouts shard them, and their checkpoints are not written yet.
-  const nlohmann::json& par = s.spec.spec["parallel"];
-  bool sharded = par["tp"].get<int64_t>() > 1 ||
-                 (par["dp"].get<int64_t>() > 1 && par["distributed_optimizer"].get<bool>());
-  if (sharded && (ckpt.value("interval", int64_t{0}) > 0 || ckpt["save_at_end"].get<bool>()))
-    throw Error(Code::kUnimplemented,
-                "spec /checkpoint: saving checkpoints of runs with tp > 1 or the distributed "
-                "optimizer is not available in this loom yet; set checkpoint.save_at_end=false "
-                "and checkpoint.interval=0 (or train with data parallelism alone)");
-  options.checkpoint = s.rank0() ? &writer : nullptr;
+  options.checkpoint = s.rank0() || together ? &writer : nullptr;
   options.save_interval = ckpt.value("interval", int64_t{0});
   options.save_at_end = ckpt["save_at_end"].get<bool>();
   options.stop_signal = &g_stop_signal;
