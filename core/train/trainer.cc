@@ -279,7 +279,7 @@ Trainer::Trainer(const nlohmann::json& spec, PluginManager& plugins,
       hysteresis_ = hysteresis_left_ = precision["hysteresis"].get<int64_t>();
     }
 
-    flops_per_step_ = model_flops_per_token(params_->numel(), spec_["model"], seq_length_) *
+    flops_per_step_ = model_flops_per_token(model_numel(), spec_["model"], seq_length_) *
                       static_cast<double>(micro_batch_ * seq_length_ * micro_batches_ * dp);
     if (device_.type == DeviceType::kCpu) peak_flops_ = measure_gemm_peak(host);
     // MFU of a multi-process run is against the peak of every rank together.
@@ -292,6 +292,16 @@ Trainer::Trainer(const nlohmann::json& spec, PluginManager& plugins,
 
 Trainer::~Trainer() { release_states(); }
 
+int64_t Trainer::model_numel() const {
+  int64_t n = 0;
+  for (const Parameter& p : params_->all()) {
+    int64_t whole = 1;
+    for (int32_t d = 0; d < p.info.ndim; ++d) whole *= p.info.global_shape[d];
+    n += whole;
+  }
+  return n;
+}
+
 void Trainer::release_states() {
   for (auto& st : states_)
     for (void* p : st->owned) plugins_.host().deallocate(device_, p);
@@ -301,10 +311,12 @@ void Trainer::release_states() {
 void Trainer::print_banner(std::FILE* out) const {
   const nlohmann::json& train = spec_["train"];
   int64_t tensors = static_cast<int64_t>(params_->all().size());
-  std::fprintf(out, "  model: %s, %lld parameters in %lld tensors (%s)\n",
+  std::string local =
+      model_numel() != params_->numel() ? fmt::format(", {} on this rank", params_->numel()) : "";
+  std::fprintf(out, "  model: %s, %lld parameters in %lld tensors (%s%s)\n",
                spec_["model"]["impl"].get<std::string>().c_str(),
-               static_cast<long long>(params_->numel()), static_cast<long long>(tensors),
-               dtype_name(params_dtype_));
+               static_cast<long long>(model_numel()), static_cast<long long>(tensors),
+               dtype_name(params_dtype_), local.c_str());
   std::fprintf(out, "  batch: %lld micro-batches of %lld x %lld tokens per step; %lld steps\n",
                static_cast<long long>(micro_batches_), static_cast<long long>(micro_batch_),
                static_cast<long long>(seq_length_),

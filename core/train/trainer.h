@@ -153,6 +153,8 @@ class Trainer {
   ParallelState* parallel_ = nullptr;
   int64_t dp_size_ = 1, dp_rank_ = 0, tp_rank_ = 0;
   std::vector<std::vector<float>> checkpoint_scratch_;  // gathered optimizer states
+  /// Elements of the whole model (tensor-parallel slices counted whole).
+  int64_t model_numel() const;
   std::unique_ptr<GradSync> grad_sync_;
   Device device_;
   DType params_dtype_;
