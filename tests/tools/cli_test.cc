@@ -233,12 +233,19 @@ TEST_F(CliTest, TrainWritesTheResolvedSpecAndNeedsAKernelLibrary) {
 
 TEST_F(CliTest, TrainRefusesParallelLayoutsItCannotStart) {
   fs::path s =
-      spec("tp.json", {{"model", {{"impl", "test_model"}, {"norm", {{"impl", "test_scale"}}}}},
-                       {"parallel", {{"tp", 2}}}});
-  RunResult r = run_loom("train " + q(s) + " --run-dir " + q(dir_ / "tp"));
+      spec("pp.json", {{"model", {{"impl", "test_model"}, {"norm", {{"impl", "test_scale"}}}}},
+                       {"parallel", {{"pp", 2}}}});
+  RunResult r = run_loom("train " + q(s) + " --run-dir " + q(dir_ / "pp"));
   EXPECT_EQ(r.exit_code, kUnavailable);
   expect_one_error(r, "train");
-  EXPECT_THAT(r.err, HasSubstr("/parallel/tp"));
+  EXPECT_THAT(r.err, HasSubstr("/parallel/pp"));
+  // A layout of several ranks in one process says how to start them.
+  s = spec("tp.json", {{"model", {{"impl", "test_model"}, {"norm", {{"impl", "test_scale"}}}}},
+                       {"parallel", {{"tp", 2}}}});
+  r = run_loom("train " + q(s) + " --run-dir " + q(dir_ / "tp"));
+  EXPECT_EQ(r.exit_code, kSpec);
+  expect_one_error(r, "train");
+  EXPECT_THAT(r.err, HasSubstr("--nproc 2"));
 }
 
 TEST_F(CliTest, BenchRejectsBadNumbers) {
