@@ -7,8 +7,11 @@
 // instead: rank r receives the averaged chunk r of every bucket, updates only the
 // parameter elements in those chunks (its segments: master weights and optimizer states
 // exist only for them), and all-gathers the new values of each bucket afterwards.
-// Buckets are reduced on a worker thread as soon as they are handed over, so reduction
-// overlaps whatever the training thread does next.
+// Buckets are reduced on a worker thread as soon as they are handed over, one at a time in
+// the order they were handed over, so reduction overlaps whatever the training thread does
+// next (the rest of the last backward pass, when the trainer hands buckets over as their
+// gradients become final: core/parallel/bucket_readiness.h). Until finish() returns, the
+// data-parallel communicator belongs to the worker: the training thread must not use it.
 #pragma once
 
 #include <condition_variable>
@@ -56,10 +59,13 @@ class GradSync {
   /// True with the distributed optimizer.
   bool sharded() const { return sharded_; }
 
-  /// Hands bucket `b` to the worker for reduction (its gradients are final).
+  /// Hands bucket `b` to the worker for reduction (its gradients are final). Collectives on
+  /// one communicator must be issued in the same order on every rank: every rank of the
+  /// data-parallel group must hand the buckets over in the same order. A bucket already
+  /// handed over in this step is ignored.
   void start(size_t bucket);
-  /// Hands over every bucket not yet started, then waits until all are reduced. Throws
-  /// the first communication error.
+  /// Hands over every bucket not yet started (in index order), then waits until all are
+  /// reduced. Throws the first communication error.
   void finish();
   /// Distributed optimizer: every rank's updated chunks to every rank (the parameter
   /// values, in their dtype). No-op otherwise.

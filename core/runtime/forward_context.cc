@@ -41,6 +41,26 @@ void ForwardContext::set_kv_cache(IKvCache* cache) {
   kv_cache_ = cache;
 }
 
+void ForwardContext::set_grads_ready(std::function<void(const void*)> callback) {
+  grads_ready_ = std::move(callback);
+}
+
+void ForwardContext::rethrow_grads_ready_error() {
+  if (!grads_ready_error_) return;
+  std::exception_ptr e = grads_ready_error_;
+  grads_ready_error_ = nullptr;
+  std::rethrow_exception(e);
+}
+
+void ForwardContext::grads_ready(const void* owner) noexcept {
+  if (!grads_ready_ || grads_ready_error_) return;
+  try {
+    grads_ready_(owner);
+  } catch (...) {
+    grads_ready_error_ = std::current_exception();
+  }
+}
+
 InterfaceInfo ForwardContext::interface_info() const noexcept { return kinds::kForwardContext; }
 
 Status ForwardContext::allocate(DType dtype, int32_t ndim, const int64_t* shape, Device device,

@@ -7,10 +7,14 @@
 // forward inside backward). Random streams depend only on the run's seed, the step, the
 // micro-batch, the module's stable id and the purpose, never on addresses, so a run is
 // reproducible across processes. An inference context may carry a KV cache
-// (set_kv_cache, core/runtime/kv_cache.h) for incremental decoding.
+// (set_kv_cache, core/runtime/kv_cache.h) for incremental decoding. A training context may
+// carry a callback for grads_ready (set_grads_ready): the trainer sets one on the last
+// micro-batch of a step to start the gradient reduction during backward.
 #pragma once
 
 #include <cstdint>
+#include <exception>
+#include <functional>
 #include <map>
 #include <unordered_map>
 #include <utility>
@@ -47,6 +51,13 @@ class ForwardContext final : public IForwardContext {
   /// after each pass. Throws Error(kFailedPrecondition) on a training context: cached keys
   /// and values are not saved for backward.
   void set_kv_cache(IKvCache* cache);
+  /// Calls `callback` with the owner on every grads_ready (an empty one, the default,
+  /// ignores them). The callback runs on the thread of backward, inside it. What it
+  /// throws is kept (grads_ready cannot fail) and rethrown by rethrow_grads_ready_error;
+  /// after that it is not called again.
+  void set_grads_ready(std::function<void(const void*)> callback);
+  /// Rethrows the first exception of the grads_ready callback, if any (then forgets it).
+  void rethrow_grads_ready_error();
 
   InterfaceInfo interface_info() const noexcept override;
   bool training() const noexcept override { return training_; }
@@ -58,6 +69,7 @@ class ForwardContext final : public IForwardContext {
   Status load(const void* owner, int32_t slot, TensorView* out) noexcept override;
   void rng(const void* owner, uint64_t purpose, uint64_t* key, uint64_t* counter) noexcept override;
   IKvCache* kv_cache() noexcept override { return kv_cache_; }
+  void grads_ready(const void* owner) noexcept override;
 
  private:
   IHost& host_;
@@ -72,6 +84,8 @@ class ForwardContext final : public IForwardContext {
   std::map<std::pair<const void*, int32_t>, TensorView> saved_;
   uint64_t bytes_ = 0;
   IKvCache* kv_cache_ = nullptr;
+  std::function<void(const void*)> grads_ready_;
+  std::exception_ptr grads_ready_error_;
 };
 
 /// SplitMix64 finaliser: mixes 64 bits (for seeds and stream keys).

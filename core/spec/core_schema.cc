@@ -29,6 +29,8 @@ constexpr const char* kCoreSchema = R"json({
                                   "description": "ZeRO-1: shard master weights and optimizer states over dp (reduce-scatter gradients, all-gather parameters)"},
         "bucket_size": {"type": "integer", "minimum": 0, "default": 40000000,
                         "description": "elements per gradient bucket reduced at once (0: one bucket for the whole model)"},
+        "overlap_grad_reduce": {"type": "boolean", "default": true,
+                                "description": "start reducing a gradient bucket during the last micro-batch's backward, as soon as its gradients are final (false: after backward)"},
         "timeout_s": {"type": "number", "exclusiveMinimum": 0, "default": 300,
                       "description": "timeout of every collective and of the rendezvous: a dead or stuck rank stops the others after this long"},
         "pipeline_schedule": {"x-loom-component": "pipeline_schedule"},

@@ -241,6 +241,11 @@ Trainer::Trainer(const nlohmann::json& spec, PluginManager& plugins,
     throw_if_error(host.communicator(make_string_view("dp"), &dp_comm), "the dp group");
     grad_sync_ = std::make_unique<GradSync>(*params_, *dp_comm, sharded, host,
                                             parallel_ ? &parallel_->stats() : nullptr);
+    readiness_ = std::make_unique<BucketReadiness>(*params_);
+    // The CPU kernels have finished when a module's backward returns; a device's run
+    // asynchronously and would need an event per bucket before the reduction reads it.
+    overlap_ = par["overlap_grad_reduce"].get<bool>() && parallel_ != nullptr &&
+               device_.type == DeviceType::kCpu;
     for (const Segment& seg : grad_sync_->segments()) {
       Parameter& p = params_->all()[seg.param];
       states_.push_back(std::make_unique<ParamState>());
@@ -389,7 +394,7 @@ double Trainer::run_forward(ForwardContext& ctx, const Batch& batch, std::vector
 }
 
 double Trainer::forward_backward(const Batch& batch, double loss_weight, std::vector<float>* logits,
-                                 int32_t micro_batch) {
+                                 int32_t micro_batch, bool last) {
   RecomputePolicy policy = RecomputePolicy::kNone;
   std::string recompute = spec_["train"]["recompute"].get<std::string>();
   if (recompute == "selective") policy = RecomputePolicy::kSelective;
@@ -401,7 +406,12 @@ double Trainer::forward_backward(const Batch& batch, double loss_weight, std::ve
   float dloss = static_cast<float>(loss_weight);
   TensorView grad_out = allocate(ctx, DType::kF32, {}, device_);
   std::memcpy(grad_out.data, &dloss, 4);
+  if (last && overlap_)
+    ctx.set_grads_ready([this](const void* owner) {
+      for (size_t b : readiness_->mark(owner)) reduce_bucket(b);
+    });
   throw_if_error(model_->backward(&ctx, &grad_out, 1, nullptr, 0), "model backward");
+  ctx.rethrow_grads_ready_error();
   return loss;
 }
 
@@ -434,6 +444,7 @@ StepResult Trainer::step() {
   r.loss_scale = loss_scale_;
   double comm_before = parallel_ != nullptr ? parallel_->stats().blocked_seconds() : 0;
   params_->zero_grads();
+  readiness_->reset();
   Batch batch;
   double loss_sum = 0;
   // Data-parallel rank r reads micro-batch m of the step at samples (m * dp + r) * B of
@@ -443,16 +454,24 @@ StepResult Trainer::step() {
   for (int64_t m = 0; m < micro_batches_; ++m) {
     if (dp_size_ > 1) data_->seek(start + (m * dp_size_ + dp_rank_) * micro_batch_);
     data_->next_train(batch);
-    loss_sum += forward_backward(batch, loss_scale_ / static_cast<double>(micro_batches_), nullptr,
-                                 static_cast<int32_t>(m * dp_size_ + dp_rank_));
+    loss_sum +=
+        forward_backward(batch, loss_scale_ / static_cast<double>(micro_batches_), nullptr,
+                         static_cast<int32_t>(m * dp_size_ + dp_rank_), m + 1 == micro_batches_);
     if (parallel_ != nullptr && m == 0) maybe_inject_fault(parallel_->grid().rank(), r.step);
     r.tokens += batch.batch * batch.seq_length * dp_size_;
   }
   if (dp_size_ > 1) data_->seek(start + micro_batches_ * dp_size_ * micro_batch_);
   r.loss = loss_sum / static_cast<double>(micro_batches_);
-  if (dp_size_ > 1) r.loss = sum_over("dp", r.loss) / static_cast<double>(dp_size_);
-  reduce_sequence_parallel_grads();
+  if (overlap_ && log_level() == LogLevel::kDebug)
+    log_debug("parallel", fmt::format("step {}: {} of {} gradient buckets handed to the "
+                                      "reduction during backward",
+                                      r.step, readiness_->released(), readiness_->bucket_count()));
+  // The buckets not handed over during backward, in order (BucketReadiness keeps the order
+  // the same on every rank).
+  for (size_t b : readiness_->release_rest()) reduce_sequence_parallel_grads(b);
   grad_sync_->finish();
+  // After finish: until then the dp communicator is GradSync's worker's.
+  if (dp_size_ > 1) r.loss = sum_over("dp", r.loss) / static_cast<double>(dp_size_);
 
   // Global gradient norm (over every parameter, each counted once), unscaled.
   double sumsq = 0;
@@ -539,11 +558,17 @@ double Trainer::sum_over(const char* dims, double value) {
   return value;
 }
 
-void Trainer::reduce_sequence_parallel_grads() {
+void Trainer::reduce_bucket(size_t b) {
+  reduce_sequence_parallel_grads(b);
+  grad_sync_->start(b);
+}
+
+void Trainer::reduce_sequence_parallel_grads(size_t b) {
   ICommunicator* tp = nullptr;
   throw_if_error(plugins_.host().communicator(make_string_view("tp"), &tp), "the tp group");
   if (tp->size() == 1) return;
-  for (Parameter& p : params_->all()) {
+  for (size_t i : params_->buckets()[b].params) {
+    Parameter& p = params_->all()[i];
     if ((p.info.flags & kParamSequenceParallel) == 0) continue;
     TensorView g = make_view(p.grad.data, DType::kF32, {p.numel()}, device_);
     throw_if_error(tp->all_reduce(&g, ReduceOp::kSum, nullptr),

@@ -21,6 +21,7 @@
 #include "core/checkpoint/checkpoint.h"
 #include "core/checkpoint/checkpoint_writer.h"
 #include "core/data/data_source.h"
+#include "core/parallel/bucket_readiness.h"
 #include "core/parallel/grad_sync.h"
 #include "core/parallel/parallel_state.h"
 #include "core/plugin/plugin_manager.h"
@@ -92,8 +93,11 @@ class Trainer {
   /// passes loss_scale / micro-batches). Returns the loss. When the model returns logits
   /// and `logits` is non-null, copies them out (B*T*V floats).
   /// `micro_batch` keys the random streams (dropout) of this micro-batch within the step.
+  /// `last`: the step's last micro-batch, whose backward hands gradient buckets to the
+  /// reduction as they become final (parallel.overlap_grad_reduce).
   double forward_backward(const Batch& batch, double loss_weight,
-                          std::vector<float>* logits = nullptr, int32_t micro_batch = 0);
+                          std::vector<float>* logits = nullptr, int32_t micro_batch = 0,
+                          bool last = false);
   /// Forward only (no dropout, nothing saved).
   double forward_only(const Batch& batch, std::vector<float>* logits = nullptr);
 
@@ -141,8 +145,12 @@ class Trainer {
   };
   /// Sum over every rank of the f64 `value` in group `dims` (one process: the value).
   double sum_over(const char* dims, double value);
-  /// All-reduces the gradients of sequence-parallel parameters over the tp group.
-  void reduce_sequence_parallel_grads();
+  /// All-reduces the gradients of bucket `b`'s sequence-parallel parameters over the tp
+  /// group.
+  void reduce_sequence_parallel_grads(size_t b);
+  /// Bucket `b`'s gradients are final: its sequence-parallel ones over tp, then the
+  /// data-parallel reduction on GradSync's worker.
+  void reduce_bucket(size_t b);
   double run_forward(ForwardContext& ctx, const Batch& batch, std::vector<float>* logits);
   double loss_scale() const { return loss_scale_; }
   void update_loss_scale(bool overflow);
@@ -156,6 +164,8 @@ class Trainer {
   /// Elements of the whole model (tensor-parallel slices counted whole).
   int64_t model_numel() const;
   std::unique_ptr<GradSync> grad_sync_;
+  std::unique_ptr<BucketReadiness> readiness_;
+  bool overlap_ = false;  // hand buckets over during the last backward of a step
   Device device_;
   DType params_dtype_;
   ObjectPtr model_object_, optimizer_object_, schedule_object_;

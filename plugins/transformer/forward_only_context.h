@@ -3,6 +3,9 @@
 // through it (nothing of theirs is kept), saves only its own input, and reruns the forward
 // on the real context in backward, where every child saves what its backward needs. The
 // random streams are the real context's, so dropout masks are identical in both runs.
+// grads_ready is dropped too: a forward pass has no backward, so a signal through this
+// wrapper could only be early, and an early one would let the core reduce gradients that
+// are still being accumulated; a dropped one only loses overlap.
 #pragma once
 
 #include <loom/sdk.h>
@@ -31,6 +34,7 @@ class ForwardOnlyContext final : public IForwardContext {
     inner_.rng(owner, purpose, key, counter);
   }
   IKvCache* kv_cache() noexcept override { return kv_cache_of(inner_); }
+  void grads_ready(const void*) noexcept override {}
 
  private:
   IForwardContext& inner_;

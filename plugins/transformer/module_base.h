@@ -2,7 +2,10 @@
 // of declared parameters and their bound views, owned children with their names, and
 // forward/backward entry points that turn exceptions into a Status at the boundary. A
 // module writes its constructor (declare parameters, build children, resolve kernels) and
-// run_forward / run_backward.
+// run_forward / run_backward. After a successful backward of a module that declares
+// parameters, the base signals IForwardContext::grads_ready: its gradients are final, so
+// a module must not accumulate into parameters declared by a module whose backward ran
+// before its own (a tied output layer uses the embedding's weight, whose backward is last).
 #pragma once
 
 #include <loom/cpp/tensor.h>
@@ -11,6 +14,8 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "plugins/transformer/views.h"
 
 namespace loom::transformer {
 
@@ -68,8 +73,10 @@ class ModuleBase : public Object<I> {
   }
   Status backward(IForwardContext* ctx, const TensorView* grad_outputs, int32_t num_grad_outputs,
                   TensorView* grad_inputs, int32_t num_grad_inputs) noexcept override {
-    return guard(
-        [&] { run_backward(*ctx, grad_outputs, num_grad_outputs, grad_inputs, num_grad_inputs); });
+    return guard([&] {
+      run_backward(*ctx, grad_outputs, num_grad_outputs, grad_inputs, num_grad_inputs);
+      if (!params_.empty()) signal_grads_ready(*ctx, static_cast<const IModule*>(this));
+    });
   }
 
  protected:

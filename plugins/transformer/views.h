@@ -36,6 +36,13 @@ inline IKvCache* kv_cache_of(IForwardContext& ctx) {
   return info.major == 1 && info.minor >= 1 ? ctx.kv_cache() : nullptr;
 }
 
+/// ctx.grads_ready(owner) when the context is new enough to have it (forward_context 1.2),
+/// else nothing: an older core reduces every gradient after backward anyway.
+inline void signal_grads_ready(IForwardContext& ctx, const void* owner) {
+  InterfaceInfo info = ctx.interface_info();
+  if (info.major == 1 && info.minor >= 2) ctx.grads_ready(owner);
+}
+
 /// Checks the number of inputs / outputs a module was called with.
 void expect_count(const char* what, int32_t got, int32_t at_least);
 

@@ -220,6 +220,7 @@ struct ForwardContext final : IForwardContext {
     *counter = 0;
   }
   IKvCache* kv_cache() noexcept override { return nullptr; }
+  void grads_ready(const void*) noexcept override {}
 };
 
 TensorView cpu_f32(float* data, int64_t b, int64_t c) {  // (B, C) contiguous

@@ -1,9 +1,9 @@
 // Multi-process training on the CPU with real processes (DESIGN.md sections 5 and 9): one
 // tiny spec trained on 1 rank and on 2 or 4 ranks with data, tensor and sequence
-// parallelism and the distributed optimizer gives the same loss and grad norm at every
-// step; a dead or stuck
-// rank stops the others with a message; ranks that loaded different plugins or were given
-// a layout that does not fit refuse to start.
+// parallelism and the distributed optimizer, with the gradient reduction overlapped with
+// backward or not, gives the same loss and grad norm at every step; a sharded checkpoint
+// moves between layouts; a dead or stuck rank stops the others with a message; ranks that
+// loaded different plugins or were given a layout that does not fit refuse to start.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -13,6 +13,7 @@
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <sstream>
 
 #include "tests/util/test_plugins.h"
@@ -23,6 +24,7 @@ namespace {
 namespace fs = std::filesystem;
 using testing::fresh_dir;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using testing::read_file;
 using testing::run_loom;
 using testing::write_file;
@@ -83,6 +85,21 @@ void expect_same_curve(const Curve& a, const Curve& b, const std::string& what) 
         << what << ": validation loss " << i;
 }
 
+// The debug lines "step S: K of N gradient buckets handed to the reduction during
+// backward": `lines` of them (every rank, every step), each with K == N > 1.
+void expect_all_buckets_early(const std::string& log, size_t lines) {
+  std::regex line(
+      "step [0-9]+: ([0-9]+) of ([0-9]+) gradient buckets handed to the reduction "
+      "during backward");
+  size_t count = 0;
+  for (auto it = std::sregex_iterator(log.begin(), log.end(), line); it != std::sregex_iterator();
+       ++it, ++count) {
+    EXPECT_EQ((*it)[1].str(), (*it)[2].str()) << it->str();
+    EXPECT_GT(std::stoi((*it)[2].str()), 1) << it->str();
+  }
+  EXPECT_EQ(count, lines) << log;
+}
+
 class ParallelTest : public ::testing::Test {
  protected:
   void SetUp() override { dir_ = fresh_dir("parallel_test"); }
@@ -99,10 +116,11 @@ class ParallelTest : public ::testing::Test {
         run_loom("train " + q(spec(name + ".json", body)) + " --run-dir " + q(run) + " " + extra);
     EXPECT_EQ(r.exit_code, 0) << name << "\n" << r.out << r.err;
     last_out_ = r.out;
+    last_err_ = r.err;
     return read_curve(run / "metrics.jsonl");
   }
   fs::path dir_;
-  std::string last_out_;
+  std::string last_out_, last_err_;
 };
 
 TEST_F(ParallelTest, DataParallelMatchesOneRank) {
@@ -170,6 +188,30 @@ TEST_F(ParallelTest, TensorParallelLlamaWithDropoutMatchesOneRank) {
   Curve sp = train("llama_tp2sp", s,
                    "--nproc 2 --set parallel.tp=2 --set parallel.sequence_parallel=true");
   expect_same_curve(one, sp, "llama tp2 + sp");
+}
+
+// Small buckets (seven) with the reduction overlapped with the last backward pass:
+// each bucket goes to the communication thread as soon as its modules signal grads_ready,
+// while the rest of backward runs. The debug log counts the buckets handed over during
+// backward: all of them (the embedding's, last in backward order, when its backward
+// returns). With overlap off, the same buckets go after backward.
+TEST_F(ParallelTest, OverlappedGradientReductionMatchesOneRank) {
+  Curve one = train("one", tiny_spec(), "");
+  const std::string small =
+      "--nproc 2 --set parallel.dp=2 --set parallel.bucket_size=3001 --set log.level=debug ";
+  Curve overlap = train("overlap", tiny_spec(), small + "--set parallel.overlap_grad_reduce=true");
+  expect_same_curve(one, overlap, "dp2, overlapped reduction");
+  expect_all_buckets_early(last_err_, 2 * 6);
+  Curve zero = train("overlap_zero1", tiny_spec(),
+                     small +
+                         "--set parallel.overlap_grad_reduce=true "
+                         "--set parallel.distributed_optimizer=true");
+  expect_same_curve(one, zero, "dp2 + distributed optimizer, overlapped reduction");
+  expect_all_buckets_early(last_err_, 2 * 6);
+  Curve after =
+      train("no_overlap", tiny_spec(), small + "--set parallel.overlap_grad_reduce=false");
+  expect_same_curve(one, after, "dp2, reduction after backward");
+  EXPECT_THAT(last_err_, Not(HasSubstr("handed to the reduction during backward")));
 }
 
 TEST_F(ParallelTest, MixedPrecisionDataParallelMatchesOneRank) {

@@ -1,7 +1,10 @@
 // The interface kinds that plugins implement, each with the (major, minor) version these
 // headers describe. A spec node's `"impl"` names a factory registered for one of them.
 //
-// New kinds are appended; an existing kind changes its major only with the ABI major.
+// New kinds are appended; an existing kind changes its major only with the ABI major. Its
+// minor grows when a method is appended to its interface: a plugin handed an object by the
+// core (a forward context, a communicator) checks interface_info() before calling a method
+// newer than x.0, since an older core's object lacks it.
 #pragma once
 
 #include "loom/types.h"
@@ -31,7 +34,8 @@ inline constexpr InterfaceInfo kFactory{"factory", 1, 0};
 inline constexpr InterfaceInfo kHost{"host", 1, 0};
 inline constexpr InterfaceInfo kRegistry{"registry", 1, 0};
 inline constexpr InterfaceInfo kBuildContext{"build_context", 1, 0};
-inline constexpr InterfaceInfo kForwardContext{"forward_context", 1, 1};
+/// 1.1: kv_cache; 1.2: grads_ready.
+inline constexpr InterfaceInfo kForwardContext{"forward_context", 1, 2};
 inline constexpr InterfaceInfo kCommunicator{"communicator", 1, 0};
 inline constexpr InterfaceInfo kKernel{"kernel", 1, 0};  ///< op kernels, loom/kernel.h
 

@@ -1,11 +1,16 @@
 // The gpt model: GPT-2 (tied, learned positions) and LLaMA-style (untied, RoPE with Llama 3
 // scaling, GQA, RMSNorm, SwiGLU, no biases) configurations. Backward against finite
 // differences of the loss (and of a projection of the logits), recomputation policies,
-// parameter names and counts, and every configuration rule refused with its spec pointer.
+// parameter names and counts, grads_ready signals (final gradients, once, in backward
+// order), and every configuration rule refused with its spec pointer.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <map>
+#include <set>
 
+#include "core/parallel/bucket_readiness.h"
 #include "core/spec/schema.h"
 #include "tests/plugins/transformer/module_check.h"
 
@@ -134,6 +139,66 @@ TEST(Gpt, RecomputePoliciesGiveTheSameGradients) {
     expect_same_grads(results[1], results[0], 1e-6, "selective vs none");
     expect_same_grads(results[2], results[0], 1e-6, "full vs none");
   }
+}
+
+// grads_ready (forward_context 1.2), with which the trainer starts reducing gradient
+// buckets during backward: every module that declares parameters signals once, after the
+// last change to their gradients (the tied word embedding, which the output layer also
+// accumulates into, included), under every recomputation policy; and the parameters'
+// backward-order layout lets each bucket go as soon as its module signals.
+TEST(Gpt, GradsReadySignalsFinalGradientsOnceInBackwardOrder) {
+  for (bool use_llama : {false, true})
+    for (RecomputePolicy policy :
+         {RecomputePolicy::kNone, RecomputePolicy::kSelective, RecomputePolicy::kFull}) {
+      SCOPED_TRACE(std::string(use_llama ? "llama" : "gpt2") + ", recompute " +
+                   std::to_string(static_cast<int>(policy)));
+      ModuleHarness h(transformer_plugins());
+      json node = use_llama ? llama() : gpt2();
+      node["hidden_dropout"] = 0.1;
+      IModule& model = build_resolved(h, kinds::kModel, node, root());
+      randomize_params(h, 15, 0.3f);
+      Call call = model_call(h, use_llama, false);
+      std::vector<core::Parameter>& params = h.params().all();
+      // One bucket per parameter, in backward order (the last declared first), as
+      // ParameterSet lays them out: parameter i is in bucket n - 1 - i.
+      size_t n = params.size();
+      std::vector<const void*> owners;
+      std::vector<std::vector<size_t>> buckets;
+      for (const core::Parameter& p : params) owners.push_back(static_cast<IModule*>(p.module));
+      for (size_t i = n; i-- > 0;) buckets.push_back({i});
+      core::BucketReadiness readiness(owners, buckets);
+
+      std::map<const void*, int> signals;
+      std::map<std::string, std::vector<float>> at_signal;
+      h.params().zero_grads();
+      core::ForwardContext& ctx = h.new_context(true, policy);
+      ctx.set_grads_ready([&](const void* owner) {
+        ++signals[owner];
+        readiness.mark(owner);
+        for (size_t i = 0; i < n; ++i) {
+          if (owners[i] != owner) continue;
+          at_signal[params[i].name] = h.values(params[i].grad);
+          EXPECT_LT(n - 1 - i, readiness.released()) << params[i].name << ": bucket held back";
+        }
+      });
+      TensorView loss{};
+      throw_if_error(model.forward(&ctx, call.inputs.data(), 4, &loss, 1));
+      TensorView dloss = h.tensor(DType::kF32, {});
+      h.set_values(dloss, {1.f});
+      throw_if_error(model.backward(&ctx, &dloss, 1, nullptr, 0));
+      ctx.rethrow_grads_ready_error();
+
+      EXPECT_EQ(readiness.released(), n);
+      for (const core::Parameter& p : params) {
+        EXPECT_EQ(signals[static_cast<IModule*>(p.module)], 1) << p.name;
+        ASSERT_EQ(at_signal.count(p.name), 1u) << p.name;
+        EXPECT_EQ(at_signal[p.name], h.values(p.grad)) << p.name << " changed after its signal";
+      }
+      std::vector<float> word = h.values(h.params().find("embedding.word_embeddings.weight")->grad);
+      EXPECT_NE(*std::max_element(word.begin(), word.end()), 0.f);
+      EXPECT_EQ(signals.size(), std::set<const void*>(owners.begin(), owners.end()).size())
+          << "a module without parameters signalled";
+    }
 }
 
 TEST(Gpt, EvaluationNeedsNoBackwardState) {

@@ -117,6 +117,16 @@ class IForwardContext {
   /// The key/value cache of an incremental decoding pass, or null (training, evaluation,
   /// any full-sequence forward). Never set when training() is true. (Interface 1.1.)
   virtual IKvCache* kv_cache() noexcept = 0;
+  /// A module calls it when its backward has finished accumulating into the gradients of
+  /// the parameters it declares directly (owner = the module as an IModule*, its `this`:
+  /// the same id as for save and rng); the core may start reducing them (data
+  /// parallelism: while the rest of backward runs). Only when nothing later in this
+  /// backward pass accumulates into them: of modules sharing a parameter (tied weights),
+  /// the one that declares it must be the one whose backward runs last. Calling it is
+  /// optional (the core reduces everything after backward anyway) and harmless more than
+  /// once. Check interface_info() for minor >= 2 before calling it: an older core's
+  /// context has no such method. (Interface 1.2.)
+  virtual void grads_ready(const void* owner) noexcept = 0;
 };
 
 /// Base of every trainable module. Inputs and outputs are positional; each kind's header
