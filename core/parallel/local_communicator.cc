@@ -4,6 +4,7 @@
 
 #include <cstring>
 
+#include "loom/cpp/comm_work.h"
 #include "loom/cpp/error.h"
 #include "loom/cpp/tensor.h"
 
@@ -76,5 +77,39 @@ Status LocalCommunicator::recv(TensorView*, int32_t peer, int32_t, void*) noexce
 }
 
 Status LocalCommunicator::barrier() noexcept { return ok_status(); }
+
+// One rank has nobody to wait for: each asynchronous call is its synchronous namesake,
+// done before it returns, with its status in a finished handle.
+
+Status LocalCommunicator::all_reduce_async(TensorView* tensor, ReduceOp op, void* stream,
+                                           ICommWork** out) noexcept {
+  return completed_work(all_reduce(tensor, op, stream), out);
+}
+
+Status LocalCommunicator::reduce_scatter_async(const TensorView* input, TensorView* output,
+                                               ReduceOp op, void* stream,
+                                               ICommWork** out) noexcept {
+  return completed_work(reduce_scatter(input, output, op, stream), out);
+}
+
+Status LocalCommunicator::all_gather_async(const TensorView* input, TensorView* output,
+                                           void* stream, ICommWork** out) noexcept {
+  return completed_work(all_gather(input, output, stream), out);
+}
+
+Status LocalCommunicator::broadcast_async(TensorView* tensor, int32_t root, void* stream,
+                                          ICommWork** out) noexcept {
+  return completed_work(broadcast(tensor, root, stream), out);
+}
+
+Status LocalCommunicator::send_async(const TensorView* tensor, int32_t peer, int32_t tag,
+                                     void* stream, ICommWork** out) noexcept {
+  return completed_work(send(tensor, peer, tag, stream), out);
+}
+
+Status LocalCommunicator::recv_async(TensorView* tensor, int32_t peer, int32_t tag, void* stream,
+                                     ICommWork** out) noexcept {
+  return completed_work(recv(tensor, peer, tag, stream), out);
+}
 
 }  // namespace loom::core

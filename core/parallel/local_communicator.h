@@ -1,6 +1,7 @@
 // LocalCommunicator: the communicator of a size-1 group. A single-process run has only
 // such groups (IHost::communicator), and a module written for tensor parallelism runs
-// unchanged on one rank: reductions leave data as it is, gathers and scatters copy.
+// unchanged on one rank: reductions leave data as it is, gathers and scatters copy. The
+// asynchronous forms do the same at once and return a finished handle.
 #pragma once
 
 #include <string>
@@ -29,6 +30,19 @@ class LocalCommunicator final : public Object<ICommunicator> {
   Status recv(TensorView* tensor, int32_t peer, int32_t tag, void* stream) noexcept override;
   Status barrier() noexcept override;
   void set_timeout_ms(int64_t) noexcept override {}
+
+  Status all_reduce_async(TensorView* tensor, ReduceOp op, void* stream,
+                          ICommWork** out) noexcept override;
+  Status reduce_scatter_async(const TensorView* input, TensorView* output, ReduceOp op,
+                              void* stream, ICommWork** out) noexcept override;
+  Status all_gather_async(const TensorView* input, TensorView* output, void* stream,
+                          ICommWork** out) noexcept override;
+  Status broadcast_async(TensorView* tensor, int32_t root, void* stream,
+                         ICommWork** out) noexcept override;
+  Status send_async(const TensorView* tensor, int32_t peer, int32_t tag, void* stream,
+                    ICommWork** out) noexcept override;
+  Status recv_async(TensorView* tensor, int32_t peer, int32_t tag, void* stream,
+                    ICommWork** out) noexcept override;
 
  private:
   Status copy(const char* op, const TensorView& from, TensorView& to) noexcept;

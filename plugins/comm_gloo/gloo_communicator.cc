@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
 #include <utility>
 
 #include "plugins/comm_gloo/failure.h"
@@ -73,6 +74,22 @@ void with_element_type(size_t bytes, Fn&& fn) {
 
 char* bytes_of(const TensorView& t) { return static_cast<char*>(t.data); }
 
+// A copy of an optional view argument, kept by a queued operation: the caller's
+// TensorView struct may be gone by the time the worker runs it.
+struct ViewArg {
+  explicit ViewArg(const TensorView* v) : present(v != nullptr) {
+    if (present) view = *v;
+  }
+  TensorView* get() { return present ? &view : nullptr; }
+  TensorView view{};
+  bool present;
+};
+
+Status null_handle(const char* op) {
+  return make_status(Code::kInvalidArgument,
+                     (std::string(op) + ": the handle pointer `out` is null").c_str());
+}
+
 }  // namespace
 
 GlooCommunicator::GlooCommunicator(std::string group_key, int32_t rank, int32_t size,
@@ -83,16 +100,96 @@ GlooCommunicator::GlooCommunicator(std::string group_key, int32_t rank, int32_t 
       size_(size),
       context_(std::move(context)),
       peer_addresses_(std::move(peer_addresses)),
-      timeout_ms_(kDefaultTimeoutMs) {
+      timeout_ms_(kDefaultTimeoutMs),
+      issue_timeout_ms_(kDefaultTimeoutMs) {
   if (context_) context_->setTimeout(timeout());
+  worker_ = std::thread([this] { worker_loop(); });
 }
 
 GlooCommunicator::~GlooCommunicator() {
+  // Operations not yet started never will: their handles report kAborted. The running
+  // one ends by itself (within its timeout) before the worker stops.
+  std::deque<Task> abandoned;
+  {
+    std::lock_guard<std::mutex> lock(queue_mutex_);
+    stopping_ = true;
+    abandoned.swap(queue_);
+  }
+  queue_changed_.notify_all();
+  for (Task& task : abandoned) {
+    try {
+      task.completion->finish(make_status(
+          Code::kAborted,
+          (what(task.op) + ": the communicator was destroyed before the operation ran").c_str()));
+    } catch (...) {
+      task.completion->finish(make_status(Code::kAborted, "the communicator was destroyed"));
+    }
+  }
+  if (worker_.joinable()) worker_.join();
   // Destroying the pairs closes the sockets: peers still inside an operation with this
   // rank see the connection close and fail with kAborted rather than wait.
   try {
     context_.reset();
   } catch (...) {
+  }
+}
+
+void GlooCommunicator::worker_loop() noexcept {
+  for (;;) {
+    Task task;
+    {
+      std::unique_lock<std::mutex> lock(queue_mutex_);
+      queue_changed_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping
+      task = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    if (task.timeout_ms != timeout_ms_) {
+      timeout_ms_ = task.timeout_ms;
+      try {
+        if (context_) context_->setTimeout(timeout());
+      } catch (...) {
+      }
+    }
+    task.completion->finish(task.body());
+  }
+}
+
+template <class Body>
+std::shared_ptr<WorkCompletion> GlooCommunicator::submit(const char* op, int32_t peer,
+                                                         Body body) noexcept {
+  try {
+    auto completion = std::make_shared<WorkCompletion>();
+    Task task{op,
+              [this, op, peer, body = std::move(body)]() mutable { return run(op, peer, body); }, 0,
+              completion};
+    {
+      std::lock_guard<std::mutex> lock(queue_mutex_);
+      task.timeout_ms = issue_timeout_ms_;
+      queue_.push_back(std::move(task));
+    }
+    queue_changed_.notify_one();
+    return completion;
+  } catch (...) {
+    return nullptr;
+  }
+}
+
+Status GlooCommunicator::await(const std::shared_ptr<WorkCompletion>& completion) noexcept {
+  if (!completion) return make_status(Code::kResourceExhausted, "out of host memory");
+  return completion->wait();
+}
+
+Status GlooCommunicator::hand_out(std::shared_ptr<WorkCompletion> completion,
+                                  ICommWork** out) noexcept {
+  *out = nullptr;
+  if (!completion) return make_status(Code::kResourceExhausted, "out of host memory");
+  try {
+    *out = new CompletionWork(std::move(completion));
+    return ok_status();
+  } catch (...) {
+    // The operation is queued and will run (the other ranks expect it); nobody waits.
+    return make_status(Code::kResourceExhausted, "out of host memory");
   }
 }
 
@@ -102,11 +199,9 @@ std::string GlooCommunicator::what(const char* op) const {
 }
 
 void GlooCommunicator::set_timeout_ms(int64_t timeout_ms) noexcept {
-  timeout_ms_ = std::max<int64_t>(timeout_ms, 1);
-  try {
-    if (context_) context_->setTimeout(timeout());
-  } catch (...) {
-  }
+  // Taken by the operations issued from now on; the worker applies it when it starts one.
+  std::lock_guard<std::mutex> lock(queue_mutex_);
+  issue_timeout_ms_ = std::max<int64_t>(timeout_ms, 1);
 }
 
 template <class Body>
@@ -148,47 +243,78 @@ Status GlooCommunicator::run(const char* op, int32_t peer, Body&& body) noexcept
 }
 
 Status GlooCommunicator::all_reduce(TensorView* tensor, ReduceOp op, void*) noexcept {
-  return run("all_reduce", -1, [&](const std::string& desc) {
-    check_tensor(desc, "tensor", tensor);
-    ReduceFn reduce = reduce_function(tensor->dtype, op, desc);
-    const size_t n = static_cast<size_t>(numel(*tensor));
-    if (size_ == 1 || n == 0) return;  // one rank: the sum, max, min or mean of itself
-    gloo::AllreduceOptions opts(context_);
-    with_element_type(dtype_size(tensor->dtype), [&](auto zero) {
-      using T = decltype(zero);
-      opts.setOutput(static_cast<T*>(tensor->data), n);
-    });
-    opts.setReduceFunction(reduce);
-    opts.setTag(next_tag());
-    opts.setTimeout(timeout());
-    gloo::allreduce(opts);
-    if (op == ReduceOp::kAvg) scale(tensor->data, tensor->dtype, n, 1.0 / size_);
-  });
+  return await(issue_all_reduce(tensor, op));
+}
+
+Status GlooCommunicator::all_reduce_async(TensorView* tensor, ReduceOp op, void*,
+                                          ICommWork** out) noexcept {
+  if (out == nullptr) return null_handle("all_reduce_async");
+  return hand_out(issue_all_reduce(tensor, op), out);
+}
+
+std::shared_ptr<WorkCompletion> GlooCommunicator::issue_all_reduce(TensorView* tensor_arg,
+                                                                   ReduceOp op) noexcept {
+  return submit("all_reduce", -1,
+                [this, view = ViewArg(tensor_arg), op](const std::string& desc) mutable {
+                  TensorView* tensor = view.get();
+                  check_tensor(desc, "tensor", tensor);
+                  ReduceFn reduce = reduce_function(tensor->dtype, op, desc);
+                  const size_t n = static_cast<size_t>(numel(*tensor));
+                  if (size_ == 1 || n == 0)
+                    return;  // one rank: the sum, max, min or mean of itself
+                  gloo::AllreduceOptions opts(context_);
+                  with_element_type(dtype_size(tensor->dtype), [&](auto zero) {
+                    using T = decltype(zero);
+                    opts.setOutput(static_cast<T*>(tensor->data), n);
+                  });
+                  opts.setReduceFunction(reduce);
+                  opts.setTag(next_tag());
+                  opts.setTimeout(timeout());
+                  gloo::allreduce(opts);
+                  if (op == ReduceOp::kAvg) scale(tensor->data, tensor->dtype, n, 1.0 / size_);
+                });
 }
 
 Status GlooCommunicator::reduce_scatter(const TensorView* input, TensorView* output, ReduceOp op,
                                         void*) noexcept {
-  return run("reduce_scatter", -1, [&](const std::string& desc) {
-    check_tensor(desc, "input", input);
-    check_tensor(desc, "output", output);
-    check_same_dtype(desc, *input, *output);
-    if (numel(*input) != size_ * numel(*output))
-      fail(Code::kInvalidArgument,
-           desc + ": input " + shape_string(*input) + " must hold " + std::to_string(size_) +
-               " (the group size) times the elements of output " + shape_string(*output) +
-               ", i.e. " + std::to_string(size_ * numel(*output)) + "; it holds " +
-               std::to_string(numel(*input)));
-    ReduceFn reduce = reduce_function(input->dtype, op, desc);
-    (void)reduce;
-    if (numel(*output) == 0) return;
-    if (size_ == 1) {
-      std::memmove(output->data, input->data, nbytes(*output));
-      return;
-    }
-    ring_reduce_scatter(*input, *output, op, desc);
-    if (op == ReduceOp::kAvg)
-      scale(output->data, output->dtype, static_cast<size_t>(numel(*output)), 1.0 / size_);
-  });
+  return await(issue_reduce_scatter(input, output, op));
+}
+
+Status GlooCommunicator::reduce_scatter_async(const TensorView* input, TensorView* output,
+                                              ReduceOp op, void*, ICommWork** out) noexcept {
+  if (out == nullptr) return null_handle("reduce_scatter_async");
+  return hand_out(issue_reduce_scatter(input, output, op), out);
+}
+
+std::shared_ptr<WorkCompletion> GlooCommunicator::issue_reduce_scatter(const TensorView* input_arg,
+                                                                       TensorView* output_arg,
+                                                                       ReduceOp op) noexcept {
+  return submit(
+      "reduce_scatter", -1,
+      [this, in = ViewArg(input_arg), out = ViewArg(output_arg),
+       op](const std::string& desc) mutable {
+        const TensorView* input = in.get();
+        TensorView* output = out.get();
+        check_tensor(desc, "input", input);
+        check_tensor(desc, "output", output);
+        check_same_dtype(desc, *input, *output);
+        if (numel(*input) != size_ * numel(*output))
+          fail(Code::kInvalidArgument,
+               desc + ": input " + shape_string(*input) + " must hold " + std::to_string(size_) +
+                   " (the group size) times the elements of output " + shape_string(*output) +
+                   ", i.e. " + std::to_string(size_ * numel(*output)) + "; it holds " +
+                   std::to_string(numel(*input)));
+        ReduceFn reduce = reduce_function(input->dtype, op, desc);
+        (void)reduce;
+        if (numel(*output) == 0) return;
+        if (size_ == 1) {
+          std::memmove(output->data, input->data, nbytes(*output));
+          return;
+        }
+        ring_reduce_scatter(*input, *output, op, desc);
+        if (op == ReduceOp::kAvg)
+          scale(output->data, output->dtype, static_cast<size_t>(numel(*output)), 1.0 / size_);
+      });
 }
 
 // Ring reduce-scatter (as NCCL's): size - 1 steps; at step s rank r sends its partial sum
@@ -231,52 +357,81 @@ void GlooCommunicator::ring_reduce_scatter(const TensorView& input, TensorView& 
 }
 
 Status GlooCommunicator::all_gather(const TensorView* input, TensorView* output, void*) noexcept {
-  return run("all_gather", -1, [&](const std::string& desc) {
-    check_tensor(desc, "input", input);
-    check_tensor(desc, "output", output);
-    check_same_dtype(desc, *input, *output);
-    if (numel(*output) != size_ * numel(*input))
-      fail(Code::kInvalidArgument,
-           desc + ": output " + shape_string(*output) + " must hold " + std::to_string(size_) +
-               " (the group size) times the elements of input " + shape_string(*input) + ", i.e. " +
-               std::to_string(size_ * numel(*input)) + "; it holds " +
-               std::to_string(numel(*output)));
-    const size_t chunk = nbytes(*input);
-    if (chunk == 0) return;
-    // In place from here on: own chunk first (memmove: the input may be that very chunk,
-    // as in ZeRO's gather of the updated shard).
-    std::memmove(bytes_of(*output) + rank_ * chunk, input->data, chunk);
-    if (size_ == 1) return;
-    gloo::AllgatherOptions opts(context_);
-    opts.setOutput(static_cast<uint8_t*>(output->data), nbytes(*output));
-    opts.setTag(next_tag());
-    opts.setTimeout(timeout());
-    gloo::allgather(opts);
-  });
+  return await(issue_all_gather(input, output));
+}
+
+Status GlooCommunicator::all_gather_async(const TensorView* input, TensorView* output, void*,
+                                          ICommWork** out) noexcept {
+  if (out == nullptr) return null_handle("all_gather_async");
+  return hand_out(issue_all_gather(input, output), out);
+}
+
+std::shared_ptr<WorkCompletion> GlooCommunicator::issue_all_gather(
+    const TensorView* input_arg, TensorView* output_arg) noexcept {
+  return submit(
+      "all_gather", -1,
+      [this, in = ViewArg(input_arg), out = ViewArg(output_arg)](const std::string& desc) mutable {
+        const TensorView* input = in.get();
+        TensorView* output = out.get();
+        check_tensor(desc, "input", input);
+        check_tensor(desc, "output", output);
+        check_same_dtype(desc, *input, *output);
+        if (numel(*output) != size_ * numel(*input))
+          fail(Code::kInvalidArgument,
+               desc + ": output " + shape_string(*output) + " must hold " + std::to_string(size_) +
+                   " (the group size) times the elements of input " + shape_string(*input) +
+                   ", i.e. " + std::to_string(size_ * numel(*input)) + "; it holds " +
+                   std::to_string(numel(*output)));
+        const size_t chunk = nbytes(*input);
+        if (chunk == 0) return;
+        // In place from here on: own chunk first (memmove: the input may be that very chunk,
+        // as in ZeRO's gather of the updated shard).
+        std::memmove(bytes_of(*output) + rank_ * chunk, input->data, chunk);
+        if (size_ == 1) return;
+        gloo::AllgatherOptions opts(context_);
+        opts.setOutput(static_cast<uint8_t*>(output->data), nbytes(*output));
+        opts.setTag(next_tag());
+        opts.setTimeout(timeout());
+        gloo::allgather(opts);
+      });
 }
 
 Status GlooCommunicator::broadcast(TensorView* tensor, int32_t root, void*) noexcept {
-  return run("broadcast", root, [&](const std::string& desc) {
-    check_tensor(desc, "tensor", tensor);
-    if (root < 0 || root >= size_)
-      fail(Code::kInvalidArgument, desc + ": root " + std::to_string(root) +
-                                       " is not a rank of the group (0.." +
-                                       std::to_string(size_ - 1) + ")");
-    if (size_ == 1 || nbytes(*tensor) == 0) return;
-    gloo::BroadcastOptions opts(context_);
-    opts.setOutput(static_cast<uint8_t*>(tensor->data), nbytes(*tensor));
-    opts.setRoot(root);
-    opts.setTag(next_tag());
-    opts.setTimeout(timeout());
-    gloo::broadcast(opts);
-  });
+  return await(issue_broadcast(tensor, root));
+}
+
+Status GlooCommunicator::broadcast_async(TensorView* tensor, int32_t root, void*,
+                                         ICommWork** out) noexcept {
+  if (out == nullptr) return null_handle("broadcast_async");
+  return hand_out(issue_broadcast(tensor, root), out);
+}
+
+std::shared_ptr<WorkCompletion> GlooCommunicator::issue_broadcast(TensorView* tensor_arg,
+                                                                  int32_t root) noexcept {
+  return submit("broadcast", root,
+                [this, view = ViewArg(tensor_arg), root](const std::string& desc) mutable {
+                  TensorView* tensor = view.get();
+                  check_tensor(desc, "tensor", tensor);
+                  if (root < 0 || root >= size_)
+                    fail(Code::kInvalidArgument, desc + ": root " + std::to_string(root) +
+                                                     " is not a rank of the group (0.." +
+                                                     std::to_string(size_ - 1) + ")");
+                  if (size_ == 1 || nbytes(*tensor) == 0) return;
+                  gloo::BroadcastOptions opts(context_);
+                  opts.setOutput(static_cast<uint8_t*>(tensor->data), nbytes(*tensor));
+                  opts.setRoot(root);
+                  opts.setTag(next_tag());
+                  opts.setTimeout(timeout());
+                  gloo::broadcast(opts);
+                });
 }
 
 Status GlooCommunicator::all_to_all(const TensorView* input, const int64_t* send_counts,
                                     const int64_t* send_offsets, TensorView* output,
                                     const int64_t* recv_counts, const int64_t* recv_offsets,
                                     void*) noexcept {
-  return run("all_to_all", -1, [&](const std::string& desc) {
+  // Synchronous only: waiting here keeps the caller's count arrays alive for the worker.
+  return await(submit("all_to_all", -1, [&](const std::string& desc) {
     check_tensor(desc, "input", input);
     check_tensor(desc, "output", output);
     check_same_dtype(desc, *input, *output);
@@ -359,7 +514,7 @@ Status GlooCommunicator::all_to_all(const TensorView* input, const int64_t* send
         at += recv_counts[p] * elem;
       }
     }
-  });
+  }));
 }
 
 void GlooCommunicator::point_to_point(TensorView& tensor, int32_t peer, int32_t tag, bool is_send) {
@@ -377,36 +532,50 @@ void GlooCommunicator::point_to_point(TensorView& tensor, int32_t peer, int32_t 
 }
 
 Status GlooCommunicator::send(const TensorView* tensor, int32_t peer, int32_t tag, void*) noexcept {
-  return run("send", peer, [&](const std::string& desc) {
-    check_tensor(desc, "tensor", tensor);
-    if (peer < 0 || peer >= size_ || peer == rank_)
-      fail(Code::kInvalidArgument,
-           desc + ": peer " + std::to_string(peer) + " must be another rank of the group (0.." +
-               std::to_string(size_ - 1) + ", not " + std::to_string(rank_) + ")");
-    TensorView view = *tensor;  // only read: gloo's buffers take non-const pointers
-    point_to_point(view, peer, tag, true);
-  });
+  return await(issue_point_to_point(tensor, peer, tag, true));
 }
 
 Status GlooCommunicator::recv(TensorView* tensor, int32_t peer, int32_t tag, void*) noexcept {
-  return run("recv", peer, [&](const std::string& desc) {
-    check_tensor(desc, "tensor", tensor);
-    if (peer < 0 || peer >= size_ || peer == rank_)
-      fail(Code::kInvalidArgument,
-           desc + ": peer " + std::to_string(peer) + " must be another rank of the group (0.." +
-               std::to_string(size_ - 1) + ", not " + std::to_string(rank_) + ")");
-    point_to_point(*tensor, peer, tag, false);
-  });
+  return await(issue_point_to_point(tensor, peer, tag, false));
+}
+
+Status GlooCommunicator::send_async(const TensorView* tensor, int32_t peer, int32_t tag, void*,
+                                    ICommWork** out) noexcept {
+  if (out == nullptr) return null_handle("send_async");
+  return hand_out(issue_point_to_point(tensor, peer, tag, true), out);
+}
+
+Status GlooCommunicator::recv_async(TensorView* tensor, int32_t peer, int32_t tag, void*,
+                                    ICommWork** out) noexcept {
+  if (out == nullptr) return null_handle("recv_async");
+  return hand_out(issue_point_to_point(tensor, peer, tag, false), out);
+}
+
+std::shared_ptr<WorkCompletion> GlooCommunicator::issue_point_to_point(const TensorView* tensor_arg,
+                                                                       int32_t peer, int32_t tag,
+                                                                       bool is_send) noexcept {
+  return submit(
+      is_send ? "send" : "recv", peer,
+      [this, view = ViewArg(tensor_arg), peer, tag, is_send](const std::string& desc) mutable {
+        TensorView* tensor = view.get();
+        check_tensor(desc, "tensor", tensor);
+        if (peer < 0 || peer >= size_ || peer == rank_)
+          fail(Code::kInvalidArgument,
+               desc + ": peer " + std::to_string(peer) + " must be another rank of the group (0.." +
+                   std::to_string(size_ - 1) + ", not " + std::to_string(rank_) + ")");
+        // A send only reads: gloo's buffers take non-const pointers.
+        point_to_point(*tensor, peer, tag, is_send);
+      });
 }
 
 Status GlooCommunicator::barrier() noexcept {
-  return run("barrier", -1, [&](const std::string&) {
+  return await(submit("barrier", -1, [this](const std::string&) {
     if (size_ == 1) return;
     gloo::BarrierOptions opts(context_);
     opts.setTag(next_tag());
     opts.setTimeout(timeout());
     gloo::barrier(opts);
-  });
+  }));
 }
 
 }  // namespace loom::comm_gloo

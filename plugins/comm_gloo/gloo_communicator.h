@@ -2,11 +2,17 @@
 #pragma once
 
 #include <gloo/context.h>
+#include <loom/cpp/comm_work.h>
 #include <loom/sdk.h>
 
 #include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace loom::comm_gloo {
@@ -22,10 +28,15 @@ namespace loom::comm_gloo {
 /// unusable: every later call returns kFailedPrecondition. Bad arguments (kInvalidArgument)
 /// are found before anything is sent and leave it usable.
 ///
-/// Threading: one communicator must be used by one thread at a time (the core runs each
-/// communicator's operations on one thread); different communicators, even of one
-/// backend, may run concurrently. Collectives must be called in the same order on every
-/// rank of the group.
+/// Threading: a gloo context must not be used by two threads at once, so every operation,
+/// synchronous or not, runs on the communicator's own worker thread in the order it was
+/// issued: an asynchronous call queues the operation and returns a handle, a synchronous
+/// one queues it and waits. Issue calls from one thread at a time; handles may be waited
+/// on from any thread. Different communicators, even of one backend, run concurrently.
+/// Collectives must be issued in the same order on every rank of the group.
+///
+/// Destroying the communicator fails the operations still queued with kAborted, waits for
+/// the running one and then closes the connections.
 class GlooCommunicator final : public Object<ICommunicator> {
  public:
   /// \param group_key       the group's name, for messages
@@ -52,10 +63,49 @@ class GlooCommunicator final : public Object<ICommunicator> {
   Status send(const TensorView* tensor, int32_t peer, int32_t tag, void* stream) noexcept override;
   Status recv(TensorView* tensor, int32_t peer, int32_t tag, void* stream) noexcept override;
   Status barrier() noexcept override;
-  /// Timeout of every following operation (values < 1 ms are taken as 1 ms).
+  /// Timeout of every operation issued after this call (values < 1 ms are taken as 1 ms).
   void set_timeout_ms(int64_t timeout_ms) noexcept override;
 
+  Status all_reduce_async(TensorView* tensor, ReduceOp op, void* stream,
+                          ICommWork** out) noexcept override;
+  Status reduce_scatter_async(const TensorView* input, TensorView* output, ReduceOp op,
+                              void* stream, ICommWork** out) noexcept override;
+  Status all_gather_async(const TensorView* input, TensorView* output, void* stream,
+                          ICommWork** out) noexcept override;
+  Status broadcast_async(TensorView* tensor, int32_t root, void* stream,
+                         ICommWork** out) noexcept override;
+  Status send_async(const TensorView* tensor, int32_t peer, int32_t tag, void* stream,
+                    ICommWork** out) noexcept override;
+  Status recv_async(TensorView* tensor, int32_t peer, int32_t tag, void* stream,
+                    ICommWork** out) noexcept override;
+
  private:
+  // One queued operation: `body` runs it (through run()) and returns its status.
+  struct Task {
+    const char* op;
+    std::function<Status()> body;
+    int64_t timeout_ms;  // the timeout in force when it was issued
+    std::shared_ptr<WorkCompletion> completion;
+  };
+  // Queues `body` as operation `op` and returns its completion; null when out of memory.
+  template <class Body>
+  std::shared_ptr<WorkCompletion> submit(const char* op, int32_t peer, Body body) noexcept;
+  // Waits for a submitted operation: what a synchronous call returns.
+  static Status await(const std::shared_ptr<WorkCompletion>& completion) noexcept;
+  // Hands a submitted operation out as a handle.
+  static Status hand_out(std::shared_ptr<WorkCompletion> completion, ICommWork** out) noexcept;
+  // The operations both forms share; the views are copied, so the caller's TensorView
+  // structs may go away once the call returns (the memory they point at may not).
+  std::shared_ptr<WorkCompletion> issue_all_reduce(TensorView* tensor, ReduceOp op) noexcept;
+  std::shared_ptr<WorkCompletion> issue_reduce_scatter(const TensorView* input, TensorView* output,
+                                                       ReduceOp op) noexcept;
+  std::shared_ptr<WorkCompletion> issue_all_gather(const TensorView* input,
+                                                   TensorView* output) noexcept;
+  std::shared_ptr<WorkCompletion> issue_broadcast(TensorView* tensor, int32_t root) noexcept;
+  std::shared_ptr<WorkCompletion> issue_point_to_point(const TensorView* tensor, int32_t peer,
+                                                       int32_t tag, bool is_send) noexcept;
+  void worker_loop() noexcept;
+
   // Runs `body` as operation `op`: checks the communicator is usable, converts exceptions
   // to a status and, on a transport failure, breaks the communicator.
   template <class Body>
@@ -75,9 +125,17 @@ class GlooCommunicator final : public Object<ICommunicator> {
   int32_t size_;
   std::shared_ptr<gloo::Context> context_;
   std::vector<std::string> peer_addresses_;
+  // Used on the worker thread only.
   int64_t timeout_ms_;
   uint32_t next_tag_ = 0;
   std::string failure_;  // the first failure's message; empty while usable
+
+  std::mutex queue_mutex_;
+  std::condition_variable queue_changed_;
+  std::deque<Task> queue_;    // issued, not started
+  int64_t issue_timeout_ms_;  // set_timeout_ms's value, given to each task issued
+  bool stopping_ = false;     // set by the destructor
+  std::thread worker_;        // last: starts once everything above is constructed
 };
 
 }  // namespace loom::comm_gloo

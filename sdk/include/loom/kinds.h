@@ -36,8 +36,10 @@ inline constexpr InterfaceInfo kRegistry{"registry", 1, 0};
 inline constexpr InterfaceInfo kBuildContext{"build_context", 1, 0};
 /// 1.1: kv_cache; 1.2: grads_ready.
 inline constexpr InterfaceInfo kForwardContext{"forward_context", 1, 2};
-inline constexpr InterfaceInfo kCommunicator{"communicator", 1, 0};
-inline constexpr InterfaceInfo kKernel{"kernel", 1, 0};  ///< op kernels, loom/kernel.h
+/// 1.1: asynchronous collectives returning ICommWork (check the minor before calling them).
+inline constexpr InterfaceInfo kCommunicator{"communicator", 1, 1};
+inline constexpr InterfaceInfo kKernel{"kernel", 1, 0};       ///< op kernels, loom/kernel.h
+inline constexpr InterfaceInfo kCommWork{"comm_work", 1, 0};  ///< ICommunicator::*_async handle
 
 /// Every kind a factory may be registered for, in the order `loom plugins list` prints.
 inline constexpr InterfaceInfo kComponentKinds[] = {

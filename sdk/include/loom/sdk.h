@@ -6,6 +6,7 @@
 // loom/cpp/*.h. Start with loom/cpp/plugin.h, which has an example.
 #pragma once
 
+#include "loom/cpp/comm_work.h"
 #include "loom/cpp/error.h"
 #include "loom/cpp/fingerprint.h"
 #include "loom/cpp/object.h"

@@ -41,6 +41,7 @@ LOOM_KIND_OF(IPipelineSchedule, kinds::kPipelineSchedule);
 LOOM_KIND_OF(ICheckpointFormat, kinds::kCheckpointFormat);
 LOOM_KIND_OF(ICommBackend, kinds::kCommBackend);
 LOOM_KIND_OF(ICommunicator, kinds::kCommunicator);
+LOOM_KIND_OF(ICommWork, kinds::kCommWork);
 #undef LOOM_KIND_OF
 
 /// Base for plugin classes: reports the interface's kind and version and deletes itself

@@ -2,6 +2,10 @@
 // (Gloo for CPU tensors, NCCL for CUDA tensors). Every operation has a timeout: a dead
 // peer makes the others fail with kDeadlineExceeded or kAborted naming the rank and the
 // operation, never hang.
+//
+// Interface 1.1 appends asynchronous collectives (`*_async`) that return an ICommWork
+// handle. A caller checks `interface_info().minor >= 1` before calling them (an older
+// backend's object has no such methods); `loom/cpp/comm_work.h` has the check.
 #pragma once
 
 #include <stdint.h>
@@ -17,6 +21,25 @@ enum class ReduceOp : int32_t {
   kAvg = 1,
   kMax = 2,
   kMin = 3,
+};
+
+/// The handle of one asynchronous operation (ICommunicator::*_async). The caller owns it
+/// and destroys it with IObject::destroy; destroying a handle whose operation has not
+/// finished first waits for it (the tensors stay in use until then). A handle may outlive
+/// its communicator; destroying the communicator fails the operations that have not
+/// started with kAborted and waits for the running one.
+class ICommWork : public IObject {
+ public:
+  /// Blocks until the operation has finished and returns its status: the codes and
+  /// messages of the synchronous call (kDeadlineExceeded after the timeout, kAborted when
+  /// a peer went away, kInvalidArgument for bad arguments, kFailedPrecondition after an
+  /// earlier failure of the communicator). Calling it again returns the same status.
+  virtual Status wait() noexcept = 0;
+  /// Whether the operation has finished (wait() would not block). Never blocks.
+  virtual bool done() noexcept = 0;
+
+ protected:
+  ~ICommWork() = default;
 };
 
 /// A communicator over one process group. All calls are collective over the group unless
@@ -49,6 +72,40 @@ class ICommunicator : public IObject {
   virtual Status barrier() noexcept = 0;
   /// Timeout of every operation, in milliseconds.
   virtual void set_timeout_ms(int64_t timeout_ms) noexcept = 0;
+
+  // Interface 1.1: asynchronous operations. Each takes the arguments of its synchronous
+  // namesake and returns at once with `*out` set to a handle the caller owns (a call that
+  // cannot even be queued returns its failure and leaves `*out` null). The operation's own
+  // result, bad arguments included, comes from ICommWork::wait().
+  //
+  // Order: the operations of one communicator, synchronous and asynchronous, run one at a
+  // time in the order they were issued, so collectives (async or not) must be issued in
+  // the same order on every rank, and a synchronous call issued after asynchronous ones
+  // runs after them. The memory of the tensors must stay alive and must not be read or
+  // written until wait() returns; the TensorView structs themselves are read during the
+  // call and may be temporaries. (all_to_all and barrier have no asynchronous form.)
+  // Issue calls from one thread at a time; wait() and done() may be called from any.
+
+  /// all_reduce, asynchronously.
+  virtual Status all_reduce_async(TensorView* tensor, ReduceOp op, void* stream,
+                                  ICommWork** out) noexcept = 0;
+  /// reduce_scatter, asynchronously.
+  virtual Status reduce_scatter_async(const TensorView* input, TensorView* output, ReduceOp op,
+                                      void* stream, ICommWork** out) noexcept = 0;
+  /// all_gather, asynchronously.
+  virtual Status all_gather_async(const TensorView* input, TensorView* output, void* stream,
+                                  ICommWork** out) noexcept = 0;
+  /// broadcast, asynchronously.
+  virtual Status broadcast_async(TensorView* tensor, int32_t root, void* stream,
+                                 ICommWork** out) noexcept = 0;
+  /// send, asynchronously (point-to-point). It too runs in issue order, and a send may
+  /// complete only once the peer's recv is posted: pair sends and recvs across ranks as
+  /// with the synchronous calls (one side sends first), or they wait for each other.
+  virtual Status send_async(const TensorView* tensor, int32_t peer, int32_t tag, void* stream,
+                            ICommWork** out) noexcept = 0;
+  /// recv, asynchronously (point-to-point; in issue order with everything else).
+  virtual Status recv_async(TensorView* tensor, int32_t peer, int32_t tag, void* stream,
+                            ICommWork** out) noexcept = 0;
 
  protected:
   ~ICommunicator() = default;
