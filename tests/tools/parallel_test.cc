@@ -317,7 +317,7 @@ TEST_F(ParallelTest, SurvivorStopsWhenAPeerDies) {
   auto t0 = std::chrono::steady_clock::now();
   for (int rank = 0; rank < 2; ++rank)
     ranks.push_back(testing::start_loom("train " + q(sp) + " --run-dir " + q(dir_ / "peer") +
-                                            " --set parallel.dp=2 --set parallel.timeout_s=30",
+                                            " --set parallel.dp=2 --set parallel.timeout_s=60",
                                         "LOOM_RANK=" + std::to_string(rank) +
                                             " LOOM_WORLD_SIZE=2 LOOM_RDZV=" + q(rdzv) +
                                             " LOOM_RUN_ID=peer LOOM_TEST_FAULT=kill:1:3"));
@@ -328,7 +328,7 @@ TEST_F(ParallelTest, SurvivorStopsWhenAPeerDies) {
   EXPECT_EQ(code0, 6) << read_file(ranks[0].err);  // training failed while running
   std::string err = read_file(ranks[0].err);
   EXPECT_THAT(err, HasSubstr("dp")) << err;
-  EXPECT_LT(seconds, 30.0) << err;
+  EXPECT_LT(seconds, 60.0) << err;  // the timeout (ASan builds start slowly)
 }
 
 // A rank that stops answering (alive, stuck): the others time out, naming the operation.
