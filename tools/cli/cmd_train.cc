@@ -273,9 +273,11 @@ void truncate_metrics(const fs::path& path, int64_t iteration) {
 // Resumes from the newest checkpoint under `root` that loads; checkpoints newer than that
 // one are damaged or do not fit the model: they are renamed *.unusable and reported.
 // Returns false when there is none. Throws when there are some but none loads.
-// Only `owner` (rank 0) renames and rewrites `latest`; every rank loads.
-bool resume(core::Trainer& trainer, core::PluginManager& plugins, const fs::path& root,
-            bool owner) {
+// Only `owner` (rank 0) renames and rewrites `latest`; every rank loads. With several ranks
+// (`world`), a checkpoint counts as loaded only when every rank loaded its part, so all
+// ranks resume from the same one.
+bool resume(core::Trainer& trainer, core::PluginManager& plugins, const fs::path& root, bool owner,
+            ICommunicator* world) {
   std::vector<fs::path> all = core::list_checkpoints(root);
   if (all.empty()) {
     std::printf("  resume: no checkpoint in %s yet; starting from scratch\n",
@@ -284,14 +286,26 @@ bool resume(core::Trainer& trainer, core::PluginManager& plugins, const fs::path
   }
   std::vector<std::string> failures;
   for (const fs::path& dir : all) {
+    std::string error;
     try {
       core::CheckpointReader reader(plugins, dir);
       trainer.restore(reader);
     } catch (const std::exception& e) {
-      failures.push_back(fmt::format("{}: {}", dir.filename().string(), e.what()));
+      error = e.what();
+    }
+    if (world != nullptr && world->size() > 1) {
+      int32_t failed = error.empty() ? 0 : 1;
+      TensorView flag = make_view(&failed, DType::kI32, {1}, Device{DeviceType::kCpu, 0});
+      throw_if_error(world->all_reduce(&flag, ReduceOp::kMax, nullptr),
+                     "resume: agreeing on the checkpoint");
+      if (failed != 0 && error.empty())
+        error = "another rank could not load its part (its log says why)";
+    }
+    if (!error.empty()) {
+      failures.push_back(fmt::format("{}: {}", dir.filename().string(), error));
       core::log_warning("checkpoint", fmt::format("cannot resume from {}: {}; trying the one "
                                                   "before it",
-                                                  dir.string(), e.what()));
+                                                  dir.string(), error));
       continue;
     }
     std::printf("  resume: iteration %lld from %s\n", static_cast<long long>(trainer.iteration()),
@@ -413,7 +427,8 @@ int cmd_train(const std::vector<std::string>& argv) {
               static_cast<long long>(writer_options.keep), writer_options.async ? ", async" : "");
   bool resumed = false;
   if (ckpt["resume"].get<std::string>() == "auto")
-    resumed = resume(trainer, *s.plugins, writer_options.root, s.rank0());
+    resumed = resume(trainer, *s.plugins, writer_options.root, s.rank0(),
+                     s.parallel ? &s.parallel->comm("world") : nullptr);
   else if (!core::list_checkpoints(writer_options.root).empty())
     core::log_warning("checkpoint",
                       fmt::format("{} already holds checkpoints; this run starts from scratch and "
