@@ -221,8 +221,7 @@ void CheckpointReader::load_model(ParameterSet& params, int64_t tp_rank) {
     t.ndim = p.info.ndim;
     for (int32_t d = 0; d < p.info.ndim; ++d) {
       t.global_shape[d] = p.info.global_shape[d];
-      // A tensor-parallel rank holds slice tp_rank along the split dimension.
-      t.offset[d] = d == p.info.tp_split_dim ? tp_rank * p.info.shape[d] : 0;
+      t.offset[d] = p.slice_start(d, tp_rank);
     }
     t.data = p.value;
     requests.push_back(t);

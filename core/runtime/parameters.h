@@ -27,6 +27,11 @@ struct Parameter {
   TensorView grad;        ///< f32, same shape
   int64_t offset = 0;     ///< where value and grad start in the flat buffers (elements)
   int64_t numel() const;  ///< elements on this rank
+  /// Where this rank's part starts in the whole tensor along dimension `d`: slice
+  /// `tp_rank` along the tensor-parallel split dimension, 0 elsewhere.
+  int64_t slice_start(int32_t d, int64_t tp_rank) const {
+    return d == info.tp_split_dim ? tp_rank * info.shape[d] : 0;
+  }
 };
 
 /// A run of whole parameters that is contiguous in the flat buffers: the unit of

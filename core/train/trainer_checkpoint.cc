@@ -25,7 +25,7 @@ Box box_of(const Parameter& p, int64_t tp_rank) {
   Box b;
   for (int32_t d = 0; d < p.info.ndim; ++d) {
     b.shape.push_back(p.info.shape[d]);
-    b.offset.push_back(d == p.info.tp_split_dim ? tp_rank * p.info.shape[d] : 0);
+    b.offset.push_back(p.slice_start(d, tp_rank));
   }
   return b;
 }

@@ -57,8 +57,25 @@ int64_t world_of(const nlohmann::json& par) {
 }
 
 // Checks the layout against the ranks that were started, before anything is loaded.
+// Tensor parallelism and the distributed optimizer spread parameters and optimizer states
+// over the ranks, which then save checkpoints together, each its slices.
+bool saves_together(const nlohmann::json& par) {
+  return par["tp"].get<int64_t>() > 1 ||
+         (par["dp"].get<int64_t>() > 1 && par["distributed_optimizer"].get<bool>());
+}
+
 void check_layout(const nlohmann::json& spec, const core::dist::RankEnv& env) {
   const nlohmann::json& par = spec["parallel"];
+  const nlohmann::json& ckpt = spec["checkpoint"];
+  std::string format =
+      ckpt.contains("format") ? ckpt["format"].value("impl", "sharded") : "sharded";
+  if (saves_together(par) && format != "sharded")
+    throw core::SpecError(
+        "/checkpoint/format",
+        fmt::format("'{}' keeps whole tensors, but with tp > 1 or the distributed optimizer "
+                    "every rank saves its slices; use the sharded format (and `loom checkpoint "
+                    "convert` for a {} copy)",
+                    format, format));
   for (const char* dim : {"cp", "ep", "pp"})
     if (par[dim].get<int64_t>() != 1)
       throw Error(Code::kUnimplemented,
@@ -407,17 +424,8 @@ int cmd_train(const std::vector<std::string>& argv) {
   // alone, in any format. Tensor parallelism and the distributed optimizer spread them
   // over the ranks, which save together, each its slices (the sharded format).
   const nlohmann::json& par = s.spec.spec["parallel"];
-  bool together = par["tp"].get<int64_t>() > 1 ||
-                  (par["dp"].get<int64_t>() > 1 && par["distributed_optimizer"].get<bool>());
+  bool together = saves_together(par);
   if (together && s.parallel) writer_options.world = &s.parallel->comm("world");
-  std::string format_impl = writer_options.format.value("impl", std::string("sharded"));
-  if (together && format_impl != "sharded")
-    throw core::SpecError(
-        "/checkpoint/format",
-        fmt::format("'{}' keeps whole tensors, but with tp > 1 or the distributed optimizer "
-                    "every rank saves its slices; use the sharded format (and `loom checkpoint "
-                    "convert` for a {} copy)",
-                    format_impl, format_impl));
   core::CheckpointWriter writer(*s.plugins, writer_options);
   std::printf("  checkpoints: %s (%s%s, keep %lld%s)\n", writer_options.root.string().c_str(),
               writer_options.format["impl"].get<std::string>().c_str(),
