@@ -3,7 +3,6 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <sstream>
 
 #include "kernels/cpu/cpu_kernels.h"
 
@@ -88,108 +87,6 @@ F32Copy::F32Copy(const TensorView& v) {
 }
 
 LOOM_CPU_FAST_END
-
-std::string dims_str(std::initializer_list<int64_t> dims) {
-  std::ostringstream s;
-  s << "(";
-  bool first = true;
-  for (int64_t d : dims) {
-    s << (first ? "" : ", ") << d;
-    first = false;
-  }
-  s << ")";
-  return s.str();
-}
-
-std::string shape_str(const TensorView& v) {
-  std::ostringstream s;
-  s << "(";
-  for (int32_t d = 0; d < v.ndim; ++d) s << (d ? ", " : "") << v.shape[d];
-  s << ")";
-  return s.str();
-}
-
-Args::Args(const OpCall* call, const char* op, std::initializer_list<const char*> inputs,
-           std::initializer_list<const char*> outputs, bool shapes_only)
-    : call_(call), op_(op), inputs_(inputs), outputs_(outputs), shapes_only_(shapes_only) {
-  if (call == nullptr) fail("the call is null");
-  if (call->struct_size < sizeof(OpCall))
-    fail("OpCall of " + std::to_string(call->struct_size) + " bytes is older than this kernel's (" +
-         std::to_string(sizeof(OpCall)) + "): rebuild the caller");
-  if (call->num_inputs != static_cast<int32_t>(inputs_.size()) ||
-      call->num_outputs != static_cast<int32_t>(outputs_.size()))
-    fail("takes " + std::to_string(inputs_.size()) + " inputs and " +
-         std::to_string(outputs_.size()) + " outputs, got " + std::to_string(call->num_inputs) +
-         " and " + std::to_string(call->num_outputs) + " (pass empty views for optional ones)");
-  if ((call->num_inputs > 0 && call->inputs == nullptr) ||
-      (call->num_outputs > 0 && call->outputs == nullptr))
-    fail("inputs or outputs array is null");
-}
-
-void Args::fail(const std::string& what, Code code) const {
-  throw Error(code, std::string(op_) + ": " + what);
-}
-
-std::string Args::in_label(int i) const {
-  return "input " + std::to_string(i) + " (" + inputs_[i] + ")";
-}
-std::string Args::out_label(int i) const {
-  return "output " + std::to_string(i) + " (" + outputs_[i] + ")";
-}
-
-const TensorView& Args::tensor(bool input, int i, DType want) const {
-  const TensorView& v = input ? call_->inputs[i] : call_->outputs[i];
-  std::string label = input ? in_label(i) : out_label(i);
-  if (!present(v)) fail(label + " is required but empty");
-  if (v.device.type != DeviceType::kCpu)
-    fail(label + " is not in CPU memory: the cpu kernels run on host tensors only");
-  bool ok = want == DType::kInvalid ? is_float(v.dtype) : v.dtype == want;
-  if (!ok)
-    fail(label + " has dtype " + dtype_name(v.dtype) + ", expected " +
-         (want == DType::kInvalid ? std::string("a float dtype (f32, bf16, f16)")
-                                  : dtype_name(want)));
-  if (v.ndim < 0 || v.ndim > kMaxDims) fail(label + " has ndim " + std::to_string(v.ndim));
-  for (int32_t d = 0; d < v.ndim; ++d)
-    if (v.shape[d] < 0) fail(label + " has a negative extent: " + shape_str(v));
-  if (!is_contiguous(v))
-    fail(label + " of shape " + shape_str(v) + " is not contiguous: pass a packed tensor");
-  if (!shapes_only_ && v.data == nullptr && numel(v) > 0) fail(label + " has null data");
-  return v;
-}
-
-void Args::shape(bool input, int i, std::initializer_list<int64_t> dims, const char* expect) const {
-  const TensorView& v = input ? call_->inputs[i] : call_->outputs[i];
-  bool ok = v.ndim == static_cast<int32_t>(dims.size());
-  int32_t d = 0;
-  for (int64_t e : dims) ok = ok && v.shape[d++] == e;
-  if (!ok)
-    fail((input ? in_label(i) : out_label(i)) + " has shape " + shape_str(v) + ", expected " +
-         expect + " = " + dims_str(dims));
-}
-void Args::shape_in(int i, std::initializer_list<int64_t> dims, const char* expect) const {
-  shape(true, i, dims, expect);
-}
-void Args::shape_out(int i, std::initializer_list<int64_t> dims, const char* expect) const {
-  shape(false, i, dims, expect);
-}
-void Args::rank_in(int i, int32_t min_ndim, const char* expect) const {
-  if (in(i).ndim < min_ndim)
-    fail(in_label(i) + " has shape " + shape_str(in(i)) + ", expected " + expect);
-}
-void Args::rank_out(int i, int32_t min_ndim, const char* expect) const {
-  if (out(i).ndim < min_ndim)
-    fail(out_label(i) + " has shape " + shape_str(out(i)) + ", expected " + expect);
-}
-void Args::numel_in(int i, int64_t n, const char* expect) const {
-  if (numel(in(i)) != n)
-    fail(in_label(i) + " has shape " + shape_str(in(i)) + " (" + std::to_string(numel(in(i))) +
-         " elements), expected " + expect + " with " + std::to_string(n) + " elements");
-}
-void Args::numel_out(int i, int64_t n, const char* expect) const {
-  if (numel(out(i)) != n)
-    fail(out_label(i) + " has shape " + shape_str(out(i)) + " (" + std::to_string(numel(out(i))) +
-         " elements), expected " + expect + " with " + std::to_string(n) + " elements");
-}
 
 OpCost io_cost(const OpCall* call, double flops) {
   OpCost c{flops, 0.0, 0.0};

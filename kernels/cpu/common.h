@@ -14,6 +14,7 @@
 
 #include <loom/cpp/error.h>
 #include <loom/cpp/half.h>
+#include <loom/cpp/op_args.h>
 #include <loom/kernel.h>
 #include <loom/ops.h>
 #include <stdint.h>
@@ -33,7 +34,7 @@ inline constexpr int32_t kFastPriority = 10;
 inline constexpr const char* kRefName = "cpu.ref";
 inline constexpr const char* kFastName = "cpu.fast";
 
-inline bool is_float(DType t) { return t == DType::kF32 || t == DType::kBF16 || t == DType::kF16; }
+inline bool is_float(DType t) { return is_float_dtype(t); }
 
 // ---- Element access (the reference path converts one element at a time) -----------------
 
@@ -95,104 +96,23 @@ bool cpu_has_avx2();
 // ---- Argument checks ------------------------------------------------------------------
 
 // "(3, 4)"
-std::string shape_str(const TensorView& v);
-std::string dims_str(std::initializer_list<int64_t> dims);
+inline std::string shape_str(const TensorView& v) { return view_shape_str(v); }
 
-// The checks of one call. `shapes_only` is true inside `supports` (data may be null there,
-// so an optional tensor counts as present when it has dimensions). Every failure throws
-// loom::Error(kInvalidArgument) whose message starts with the op's name.
-class Args {
+// The checks of one call (loom/cpp/op_args.h) for the CPU kernels: tensors must be in host
+// memory. Every failure throws loom::Error(kInvalidArgument) whose message starts with the
+// op's name.
+class Args : public OpArgs {
  public:
   Args(const OpCall* call, const char* op, std::initializer_list<const char*> inputs,
-       std::initializer_list<const char*> outputs, bool shapes_only);
-
-  [[noreturn]] void fail(const std::string& what, Code code = Code::kInvalidArgument) const;
-
-  // Plain attributes struct A, checked for presence and size.
-  template <class A>
-  const A& attrs() const {
-    if (call_->attrs == nullptr || call_->attrs_size != sizeof(A))
-      fail("attrs must point to the op's attributes struct of " + std::to_string(sizeof(A)) +
-           " bytes (got " +
-           (call_->attrs == nullptr ? std::string("null")
-                                    : "attrs_size " + std::to_string(call_->attrs_size)) +
-           ")");
-    return *static_cast<const A*>(call_->attrs);
-  }
-  // Optional attributes struct A: null when the call passes none (attrs == null), else
-  // checked for size like attrs().
-  template <class A>
-  const A* opt_attrs() const {
-    return call_->attrs == nullptr ? nullptr : &attrs<A>();
-  }
-
-  bool has_in(int i) const { return present(call_->inputs[i]); }
-  bool has_out(int i) const { return present(call_->outputs[i]); }
-  const TensorView& in(int i) const { return call_->inputs[i]; }
-  const TensorView& out(int i) const { return call_->outputs[i]; }
-
-  // Required float / i32 / f32 / f64 tensors: present, contiguous, right dtype.
-  const TensorView& float_in(int i) const { return tensor(true, i, DType::kInvalid); }
-  const TensorView& i32_in(int i) const { return tensor(true, i, DType::kI32); }
-  const TensorView& f32_in(int i) const { return tensor(true, i, DType::kF32); }
-  const TensorView& float_out(int i) const { return tensor(false, i, DType::kInvalid); }
-  const TensorView& f32_out(int i) const { return tensor(false, i, DType::kF32); }
-  const TensorView& f64_out(int i) const { return tensor(false, i, DType::kF64); }
-  // Optional ones: null when absent.
-  const TensorView* opt_float_in(int i) const { return has_in(i) ? &float_in(i) : nullptr; }
-  const TensorView* opt_i32_in(int i) const { return has_in(i) ? &i32_in(i) : nullptr; }
-  const TensorView* opt_f32_in(int i) const { return has_in(i) ? &f32_in(i) : nullptr; }
-  const TensorView* opt_float_out(int i) const { return has_out(i) ? &float_out(i) : nullptr; }
-  const TensorView* opt_f32_out(int i) const { return has_out(i) ? &f32_out(i) : nullptr; }
-
-  // Shape checks; `expect` names the dimensions, e.g. "(N, C)".
-  void shape_in(int i, std::initializer_list<int64_t> dims, const char* expect) const;
-  void shape_out(int i, std::initializer_list<int64_t> dims, const char* expect) const;
-  void rank_in(int i, int32_t min_ndim, const char* expect) const;
-  void rank_out(int i, int32_t min_ndim, const char* expect) const;
-  // Same number of elements (for ops that accept any shape, e.g. elementwise).
-  void numel_out(int i, int64_t n, const char* expect) const;
-  void numel_in(int i, int64_t n, const char* expect) const;
-
-  std::string in_label(int i) const;
-  std::string out_label(int i) const;
-  const char* op() const { return op_; }
-  bool shapes_only() const { return shapes_only_; }
-
- private:
-  bool present(const TensorView& v) const {
-    // An empty optional is a view with null data and no dimensions; a zero-size tensor
-    // (e.g. N == 0) may have null data and still be present.
-    return v.data != nullptr || (v.ndim > 0 && (shapes_only_ || numel(v) == 0));
-  }
-  // kInvalid means "any float dtype".
-  const TensorView& tensor(bool input, int i, DType want) const;
-  void shape(bool input, int i, std::initializer_list<int64_t> dims, const char* expect) const;
-
-  const OpCall* call_;
-  const char* op_;
-  std::vector<const char*> inputs_, outputs_;
-  bool shapes_only_;
+       std::initializer_list<const char*> outputs, bool shapes_only)
+      : OpArgs(call, op, inputs, outputs, shapes_only, DeviceType::kCpu) {}
 };
 
 // Runs `check` and reports whether it passed (for `supports`: never throws).
 template <class F>
 bool passes(F&& check) noexcept {
-  try {
-    check();
-    return true;
-  } catch (...) {
-    return false;
-  }
+  return check_passes(static_cast<F&&>(check));
 }
-
-// Rows of a (..., C) tensor: every dimension but the last.
-inline int64_t rows_of(const TensorView& v) {
-  int64_t n = 1;
-  for (int32_t d = 0; d + 1 < v.ndim; ++d) n *= v.shape[d];
-  return n;
-}
-inline int64_t last_dim(const TensorView& v) { return v.ndim > 0 ? v.shape[v.ndim - 1] : 1; }
 
 // The attention mask of loom/ops.h: key s is hidden from query t (of T queries and S keys)
 // when causal and s > t + (S - T), or when their segment ids differ (`seg`: the batch

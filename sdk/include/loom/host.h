@@ -60,6 +60,26 @@ class IHost {
 
   /// The run's base seed (spec /train/seed), for plugins that draw random numbers.
   virtual uint64_t seed() const noexcept = 0;
+
+  // ---- Host 1.1 (ABI 1.2): devices other than the CPU. Check interface_info().minor. ----
+
+  /// Copies `bytes` from `src` on `src_device` to `dst` on `dst_device` (either may be the
+  /// CPU; two different non-CPU devices are not supported). Ordered with the work already
+  /// issued on the device's compute stream; returns when host memory involved may be read
+  /// or reused. Between two CPU buffers it is a memcpy.
+  virtual Status copy(Device dst_device, void* dst, Device src_device, const void* src,
+                      uint64_t bytes) noexcept = 0;
+
+  /// Sets `bytes` at `pointer` on `device` to zero (on the compute stream for a device).
+  virtual Status fill_zero(Device device, void* pointer, uint64_t bytes) noexcept = 0;
+
+  /// The compute stream of `device` (null for the CPU): what OpCall::stream may carry, and
+  /// what other streams (a communicator's) order themselves against.
+  virtual void* compute_stream(Device device) noexcept = 0;
+
+  /// Waits for all work issued on `device` (a no-op for the CPU) and reports an
+  /// asynchronous error of that work.
+  virtual Status synchronize(Device device) noexcept = 0;
 };
 
 }  // namespace loom

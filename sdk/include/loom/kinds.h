@@ -31,8 +31,10 @@ inline constexpr InterfaceInfo kCheckpointFormat{"checkpoint_format", 1, 1};
 inline constexpr InterfaceInfo kCommBackend{"comm_backend", 1, 0};
 // Not spec-selected kinds, but versioned the same way.
 inline constexpr InterfaceInfo kFactory{"factory", 1, 0};
-inline constexpr InterfaceInfo kHost{"host", 1, 0};
-inline constexpr InterfaceInfo kRegistry{"registry", 1, 0};
+/// 1.1: copy, fill_zero, compute_stream, synchronize (devices other than the CPU).
+inline constexpr InterfaceInfo kHost{"host", 1, 1};
+/// 1.1: add_device_runtime.
+inline constexpr InterfaceInfo kRegistry{"registry", 1, 1};
 inline constexpr InterfaceInfo kBuildContext{"build_context", 1, 0};
 /// 1.1: kv_cache; 1.2: grads_ready.
 inline constexpr InterfaceInfo kForwardContext{"forward_context", 1, 2};
@@ -40,6 +42,8 @@ inline constexpr InterfaceInfo kForwardContext{"forward_context", 1, 2};
 inline constexpr InterfaceInfo kCommunicator{"communicator", 1, 1};
 inline constexpr InterfaceInfo kKernel{"kernel", 1, 0};       ///< op kernels, loom/kernel.h
 inline constexpr InterfaceInfo kCommWork{"comm_work", 1, 0};  ///< ICommunicator::*_async handle
+/// A device family's memory, copies and streams (loom/device.h).
+inline constexpr InterfaceInfo kDeviceRuntime{"device_runtime", 1, 0};
 
 /// Every kind a factory may be registered for, in the order `loom plugins list` prints.
 inline constexpr InterfaceInfo kComponentKinds[] = {

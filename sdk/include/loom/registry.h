@@ -8,6 +8,7 @@
 
 #include <stdint.h>
 
+#include "loom/device.h"
 #include "loom/kernel.h"
 #include "loom/object.h"
 #include "loom/status.h"
@@ -59,6 +60,12 @@ class IRegistry {
   /// another kernel has the same priority for (op, device, dtype).
   /// \param desc  the descriptor; copied
   virtual Status add_kernel(const KernelDesc* desc) noexcept = 0;
+  /// Adds the runtime of a device family (loom/device.h): the core routes allocations,
+  /// copies and memory figures of that family to it. Fails with kAlreadyExists when the
+  /// family has one, kInvalidArgument for kCpu or a null runtime. Registry 1.1 (ABI 1.2):
+  /// check interface_info().minor before calling it.
+  /// \param runtime  the runtime; must outlive the process (plugins are never unloaded)
+  virtual Status add_device_runtime(IDeviceRuntime* runtime) noexcept = 0;
 
  protected:
   ~IRegistry() = default;
