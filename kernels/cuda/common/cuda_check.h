@@ -7,6 +7,7 @@
 
 #include <cuda_runtime.h>
 #include <loom/cpp/error.h>
+#include <loom/kernel.h>
 
 #include <string>
 
