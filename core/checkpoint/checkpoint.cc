@@ -11,6 +11,7 @@
 #include "core/util/log.h"
 #include "loom/cpp/error.h"
 #include "loom/cpp/object.h"
+#include "loom/cpp/tensor.h"
 #include "loom/kinds.h"
 
 namespace fs = std::filesystem;
@@ -188,10 +189,29 @@ void CheckpointReader::read(std::vector<CheckpointTensor>& requests) {
                               dir_.string(), r.name, shape_text(stored),
                               shape_text(r.global_shape, r.ndim), dir_.string()));
   }
+  // Formats read into host memory: a request into device memory is read into a host
+  // buffer first and copied over after.
+  std::vector<std::vector<uint64_t>> staging;
+  std::vector<std::pair<size_t, TensorView>> staged;  // (request, its device view)
+  for (size_t i = 0; i < requests.size(); ++i) {
+    TensorView& v = requests[i].data;
+    if (v.device.type == DeviceType::kCpu) continue;
+    staged.emplace_back(i, v);
+    staging.emplace_back((nbytes(v) + 7) / 8);
+    v.data = staging.back().data();
+    v.device = kCpu;
+  }
   std::string text = dir_.string();
-  throw_if_error(impl_->load(StringView{text.data(), text.size()}, requests.data(),
-                             static_cast<int64_t>(requests.size())),
-                 fmt::format("checkpoint {}", text));
+  Status status = impl_->load(StringView{text.data(), text.size()}, requests.data(),
+                              static_cast<int64_t>(requests.size()));
+  for (auto& [i, v] : staged) requests[i].data = v;
+  throw_if_error(status, fmt::format("checkpoint {}", text));
+  for (size_t k = 0; k < staged.size(); ++k) {
+    const TensorView& v = staged[k].second;
+    throw_if_error(plugins_.host().copy(v.device, v.data, kCpu, staging[k].data(), nbytes(v)),
+                   fmt::format("checkpoint {}: copying '{}' to the device", text,
+                               requests[staged[k].first].name));
+  }
 }
 
 void CheckpointReader::read(const std::string& name, const TensorView& out) {
@@ -212,9 +232,6 @@ void CheckpointReader::load_model(ParameterSet& params, int64_t tp_rank) {
   std::vector<CheckpointTensor> requests;
   for (size_t i = 0; i < names.size(); ++i) {
     Parameter& p = params.all()[i];
-    if (p.value.device.type != DeviceType::kCpu)
-      throw Error(Code::kUnimplemented,
-                  "loading a checkpoint into device memory needs the CUDA backend");
     CheckpointTensor t{};
     t.struct_size = sizeof(CheckpointTensor);
     t.name = names[i].c_str();

@@ -169,8 +169,8 @@ void Generator::copy_parameters_from(const ParameterSet& source) {
       std::memcpy(p.value.data, s.value.data, nbytes(p.value));
     } else {
       buffer.resize(static_cast<size_t>(numel(p.value)));
-      load_floats(s.value, buffer.data());
-      store_floats(buffer.data(), p.value);
+      load_floats(plugins_.host(), s.value, buffer.data());
+      store_floats(plugins_.host(), buffer.data(), p.value);
     }
   }
 }
@@ -198,7 +198,7 @@ std::vector<float> Generator::forward(const std::vector<int32_t>& tokens, int64_
                 fmt::format("model forward: expected logits (1, {}, {}) with return_logits, got {}",
                             t, vocab_, logits.data == nullptr ? "none" : shape_string(logits)));
   std::vector<float> out(static_cast<size_t>(numel(logits)));
-  load_floats(logits, out.data());
+  load_floats(plugins_.host(), logits, out.data());
   if (cached) cache_->advance(t);
   return out;
 }

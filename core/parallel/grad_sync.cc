@@ -14,7 +14,12 @@ namespace loom::core {
 
 GradSync::GradSync(ParameterSet& params, ICommunicator& dp, bool sharded, IHost& host,
                    CommStats* stats)
-    : params_(params), dp_(dp), sharded_(sharded && dp.size() > 1), host_(host), stats_(stats) {
+    : params_(params),
+      dp_(dp),
+      sharded_(sharded && dp.size() > 1),
+      host_(host),
+      device_(params.flat_grads().device),
+      stats_(stats) {
   const std::vector<Parameter>& all = params_.all();
   started_.assign(params_.buckets().size(), false);
   if (!sharded_) {
@@ -43,10 +48,10 @@ GradSync::GradSync(ParameterSet& params, ICommunicator& dp, bool sharded, IHost&
       total += chunk;
       largest = std::max(largest, chunk);
     }
-    throw_if_error(host_.allocate(kCpu, static_cast<uint64_t>(total) * 4, 64, &grad_shard_mem_));
-    grad_shard_ = make_view(grad_shard_mem_, DType::kF32, {total});
+    throw_if_error(host_.allocate(device_, static_cast<uint64_t>(total) * 4, 64, &grad_shard_mem_));
+    grad_shard_ = make_view(grad_shard_mem_, DType::kF32, {total}, device_);
     throw_if_error(host_.allocate(
-        kCpu, static_cast<uint64_t>(largest) * dtype_size(params_.flat_values().dtype), 64,
+        device_, static_cast<uint64_t>(largest) * dtype_size(params_.flat_values().dtype), 64,
         &gather_mem_));
   }
   if (dp_.size() > 1) thread_ = std::thread([this] { worker(); });
@@ -59,15 +64,16 @@ GradSync::~GradSync() {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
-  host_.deallocate(kCpu, grad_shard_mem_);
-  host_.deallocate(kCpu, gather_mem_);
+  host_.deallocate(device_, grad_shard_mem_);
+  host_.deallocate(device_, gather_mem_);
 }
 
 TensorView GradSync::grad_of(const Segment& s) const {
   if (sharded_)
-    return make_view(static_cast<float*>(grad_shard_.data) + s.shard, DType::kF32, {s.length});
+    return make_view(static_cast<float*>(grad_shard_.data) + s.shard, DType::kF32, {s.length},
+                     device_);
   return make_view(static_cast<float*>(params_.flat_grads().data) + s.flat, DType::kF32,
-                   {s.length});
+                   {s.length}, device_);
 }
 
 void GradSync::worker() {
@@ -108,7 +114,7 @@ void GradSync::start(size_t b) {
   float* grads = static_cast<float*>(params_.flat_grads().data) + bucket.offset;
   if (!sharded_) {
     run([this, grads, size = bucket.size] {
-      TensorView v = make_view(grads, DType::kF32, {size});
+      TensorView v = make_view(grads, DType::kF32, {size}, device_);
       throw_if_error(dp_.all_reduce(&v, ReduceOp::kAvg, nullptr),
                      "data-parallel gradient "
                      "all-reduce");
@@ -117,8 +123,8 @@ void GradSync::start(size_t b) {
     float* out = static_cast<float*>(grad_shard_.data) + shard_base_[b];
     int64_t chunk = bucket.size / dp_.size();
     run([this, grads, out, size = bucket.size, chunk] {
-      TensorView in = make_view(grads, DType::kF32, {size});
-      TensorView o = make_view(out, DType::kF32, {chunk});
+      TensorView in = make_view(grads, DType::kF32, {size}, device_);
+      TensorView o = make_view(out, DType::kF32, {chunk}, device_);
       throw_if_error(dp_.reduce_scatter(&in, &o, ReduceOp::kAvg, nullptr),
                      "distributed-optimizer gradient reduce-scatter");
     });
@@ -148,10 +154,11 @@ void GradSync::gather_values() {
   for (const Bucket& b : params_.buckets()) {
     int64_t chunk = b.size / n;
     char* base = static_cast<char*>(values.data) + b.offset * static_cast<int64_t>(e);
-    std::memcpy(gather_mem_, base + r * chunk * static_cast<int64_t>(e),
-                static_cast<size_t>(chunk) * e);
-    TensorView in = make_view(gather_mem_, values.dtype, {chunk});
-    TensorView out = make_view(base, values.dtype, {b.size});
+    throw_if_error(host_.copy(values.device, gather_mem_, values.device,
+                              base + r * chunk * static_cast<int64_t>(e),
+                              static_cast<uint64_t>(chunk) * e));
+    TensorView in = make_view(gather_mem_, values.dtype, {chunk}, values.device);
+    TensorView out = make_view(base, values.dtype, {b.size}, values.device);
     throw_if_error(dp_.all_gather(&in, &out, nullptr),
                    "distributed-optimizer parameter all-gather");
   }

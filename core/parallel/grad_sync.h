@@ -78,6 +78,7 @@ class GradSync {
   ICommunicator& dp_;
   bool sharded_;
   IHost& host_;
+  Device device_;  // where the parameters live
   CommStats* stats_;
   std::vector<Segment> segments_;
   std::vector<int64_t> shard_base_;  // per bucket: start of its chunk in grad_shard_

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "core/parallel/grid.h"
@@ -11,6 +12,7 @@
 #include "core/util/log.h"
 #include "core/version.h"
 #include "loom/cpp/error.h"
+#include "loom/cpp/op_args.h"
 #include "loom/kinds.h"
 
 namespace loom::core {
@@ -48,11 +50,10 @@ uint64_t round_block(uint64_t bytes, uint64_t alignment) {
 Status Host::allocate(Device device, uint64_t bytes, uint64_t alignment, void** out) noexcept {
   return guard([&] {
     *out = nullptr;
-    if (device.type != DeviceType::kCpu)
-      fail(Code::kUnavailable,
-           fmt::format("no allocator for device type {} in this process: load the kernel "
-                       "library of that device (spec /kernels)",
-                       static_cast<int>(device.type)));
+    if (IDeviceRuntime* rt = runtime_or_cpu(device)) {
+      throw_if_error(rt->allocate(device.index, bytes, out));
+      return;
+    }
     if (bytes == 0) return;
     if (alignment < 64) alignment = 64;
     if ((alignment & (alignment - 1)) != 0)
@@ -89,7 +90,12 @@ Status Host::allocate(Device device, uint64_t bytes, uint64_t alignment, void** 
 }
 
 void Host::deallocate(Device device, void* pointer) noexcept {
-  if (pointer == nullptr || device.type != DeviceType::kCpu) return;
+  if (pointer == nullptr) return;
+  if (device.type != DeviceType::kCpu) {
+    if (IDeviceRuntime* rt = registry_->device_runtime(device.type))
+      rt->deallocate(device.index, pointer);
+    return;
+  }
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = cpu_blocks_.find(pointer);
   if (it == cpu_blocks_.end()) {
@@ -120,6 +126,97 @@ Host::~Host() { release_cache(); }
 MemoryStats Host::cpu_memory() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return cpu_stats_;
+}
+
+IDeviceRuntime* Host::runtime_or_cpu(Device device) const {
+  if (device.type == DeviceType::kCpu) return nullptr;
+  std::string plugin;
+  IDeviceRuntime* rt = registry_->device_runtime(device.type, &plugin);
+  const char* name = device_type_name(device.type);
+  if (rt == nullptr)
+    fail(Code::kUnavailable,
+         fmt::format("no {0} runtime in this process: load the {0} kernel library (spec "
+                     "/plugins/load: [\"kernels_{0}\"]) or set the device to cpu",
+                     name));
+  int32_t count = rt->device_count();
+  if (count <= 0) {
+    StringView why = rt->unavailable_reason();
+    fail(Code::kUnavailable,
+         fmt::format("no {} device: {} (plugin '{}'); run on a machine with one, or set the "
+                     "device to cpu",
+                     name, sv(why).empty() ? "the runtime found none" : sv(why), plugin));
+  }
+  if (device.index < 0 || device.index >= count)
+    fail(Code::kOutOfRange, fmt::format("{} device {} does not exist: this process sees {}", name,
+                                        device.index, count));
+  return rt;
+}
+
+IDeviceRuntime& Host::runtime(Device device) const {
+  IDeviceRuntime* rt = runtime_or_cpu(device);
+  if (rt == nullptr) fail(Code::kInternal, "Host::runtime asked for the CPU");
+  return *rt;
+}
+
+DeviceMemoryStats Host::device_memory(Device device) const {
+  DeviceMemoryStats stats{};
+  throw_if_error(runtime(device).memory_stats(device.index, &stats));
+  return stats;
+}
+
+void Host::reset_peak(Device device) {
+  if (device.type == DeviceType::kCpu) return reset_peak();
+  runtime(device).reset_peak(device.index);
+}
+
+Status Host::copy(Device dst_device, void* dst, Device src_device, const void* src,
+                  uint64_t bytes) noexcept {
+  return guard([&] {
+    if (bytes == 0) return;
+    if (dst == nullptr || src == nullptr)
+      fail(Code::kInvalidArgument, fmt::format("copy of {} bytes with a null pointer", bytes));
+    bool dst_cpu = dst_device.type == DeviceType::kCpu, src_cpu = src_device.type == DeviceType::kCpu;
+    if (dst_cpu && src_cpu) {
+      std::memmove(dst, src, bytes);
+      return;
+    }
+    if (!dst_cpu && !src_cpu &&
+        (dst_device.type != src_device.type || dst_device.index != src_device.index))
+      fail(Code::kUnimplemented,
+           fmt::format("copy between {} device {} and {} device {}: go through host memory",
+                       device_type_name(src_device.type), src_device.index,
+                       device_type_name(dst_device.type), dst_device.index));
+    Device device = dst_cpu ? src_device : dst_device;
+    CopyKind kind = dst_cpu   ? CopyKind::kDeviceToHost
+                    : src_cpu ? CopyKind::kHostToDevice
+                              : CopyKind::kDeviceToDevice;
+    throw_if_error(runtime(device).copy(device.index, dst, src, bytes, kind));
+  });
+}
+
+Status Host::fill_zero(Device device, void* pointer, uint64_t bytes) noexcept {
+  return guard([&] {
+    if (bytes == 0) return;
+    if (pointer == nullptr)
+      fail(Code::kInvalidArgument, fmt::format("fill_zero of {} bytes at null", bytes));
+    if (IDeviceRuntime* rt = runtime_or_cpu(device)) {
+      throw_if_error(rt->fill_zero(device.index, pointer, bytes));
+      return;
+    }
+    std::memset(pointer, 0, bytes);
+  });
+}
+
+void* Host::compute_stream(Device device) noexcept {
+  if (device.type == DeviceType::kCpu) return nullptr;
+  IDeviceRuntime* rt = registry_->device_runtime(device.type);
+  return rt == nullptr ? nullptr : rt->compute_stream(device.index);
+}
+
+Status Host::synchronize(Device device) noexcept {
+  return guard([&] {
+    if (IDeviceRuntime* rt = runtime_or_cpu(device)) throw_if_error(rt->synchronize(device.index));
+  });
 }
 
 Status Host::find_kernel(StringView op, DeviceType device, DType dtype, const OpCall* example,

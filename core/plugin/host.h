@@ -39,6 +39,21 @@ class Host final : public IHost {
                      KernelDesc* out) noexcept override;
   Status communicator(StringView dims, ICommunicator** out) noexcept override;
   uint64_t seed() const noexcept override { return seed_; }
+  Status copy(Device dst_device, void* dst, Device src_device, const void* src,
+              uint64_t bytes) noexcept override;
+  Status fill_zero(Device device, void* pointer, uint64_t bytes) noexcept override;
+  void* compute_stream(Device device) noexcept override;
+  Status synchronize(Device device) noexcept override;
+
+  /// The runtime of `device`'s family; throws kUnavailable naming the fix when no kernel
+  /// library registered one or it found no such device.
+  IDeviceRuntime& runtime(Device device) const;
+  /// Memory figures of a device other than the CPU (throws like runtime()).
+  DeviceMemoryStats device_memory(Device device) const;
+  /// Resets the peak of `device` (the CPU allocator's or a runtime's).
+  void reset_peak(Device device);
+  /// Throws, naming the fix, unless `device` can hold tensors in this process.
+  void check_device(Device device) const { (void)runtime_or_cpu(device); }
 
   /// Memory use of the CPU allocator.
   MemoryStats cpu_memory() const;
@@ -79,6 +94,8 @@ class Host final : public IHost {
   std::vector<Resolution> resolutions() const;
 
  private:
+  IDeviceRuntime* runtime_or_cpu(Device device) const;  // null for the CPU
+
   const Registry* registry_;
   uint64_t seed_;
   mutable std::mutex mutex_;

@@ -34,6 +34,9 @@ class RegistryView final : public IRegistry {
   Status add_kernel(const KernelDesc* desc) noexcept override {
     return guard([&] { registry_->add_kernel(plugin_, *desc); });
   }
+  Status add_device_runtime(IDeviceRuntime* runtime) noexcept override {
+    return guard([&] { registry_->add_device_runtime(plugin_, runtime); });
+  }
 
  private:
   Registry* registry_;
@@ -47,6 +50,39 @@ std::unique_ptr<IRegistry, void (*)(IRegistry*)> Registry::view_for(const std::s
   // knows its concrete type.
   return {new RegistryView(this, plugin),
           [](IRegistry* view) { delete static_cast<RegistryView*>(view); }};
+}
+
+void Registry::add_device_runtime(const std::string& plugin, IDeviceRuntime* runtime) {
+  if (runtime == nullptr)
+    fail(Code::kInvalidArgument, fmt::format("plugin '{}': add_device_runtime with null", plugin));
+  InterfaceInfo info = runtime->interface_info();
+  if (info.kind == nullptr || std::strcmp(info.kind, kinds::kDeviceRuntime.kind) != 0 ||
+      info.major != kinds::kDeviceRuntime.major)
+    fail(Code::kAbiMismatch,
+         fmt::format("plugin '{}': its device runtime reports interface '{}' {}.{}, this loom "
+                     "needs '{}' {}.x: rebuild the plugin against this SDK",
+                     plugin, str(info.kind), info.major, info.minor, kinds::kDeviceRuntime.kind,
+                     kinds::kDeviceRuntime.major));
+  DeviceType type = runtime->device_type();
+  if (type == DeviceType::kCpu)
+    fail(Code::kInvalidArgument,
+         fmt::format("plugin '{}': the CPU's memory belongs to the core; a device runtime "
+                     "serves another device family",
+                     plugin));
+  auto it = runtimes_.find(type);
+  if (it != runtimes_.end())
+    fail(Code::kAlreadyExists,
+         fmt::format("plugin '{}': device family {} already has a runtime, from plugin '{}'; "
+                     "load one of the two",
+                     plugin, static_cast<int>(type), it->second.second));
+  runtimes_.emplace(type, std::make_pair(runtime, plugin));
+}
+
+IDeviceRuntime* Registry::device_runtime(DeviceType type, std::string* plugin) const {
+  auto it = runtimes_.find(type);
+  if (it == runtimes_.end()) return nullptr;
+  if (plugin != nullptr) *plugin = it->second.second;
+  return it->second.first;
 }
 
 void Registry::add_factory(const std::string& plugin, const FactoryDesc& desc, IFactory* factory) {

@@ -55,10 +55,16 @@ class Registry {
   void add_factory(const std::string& plugin, const FactoryDesc& desc, IFactory* factory);
   /// Adds a kernel for `plugin` (throws loom::Error).
   void add_kernel(const std::string& plugin, const KernelDesc& desc);
+  /// Adds the runtime of a device family for `plugin` (throws loom::Error: kAlreadyExists
+  /// when the family has one, kInvalidArgument for the CPU or a null runtime).
+  void add_device_runtime(const std::string& plugin, IDeviceRuntime* runtime);
+  /// The runtime of `type` or null; `plugin` (when not null) receives who registered it.
+  IDeviceRuntime* device_runtime(DeviceType type, std::string* plugin = nullptr) const;
 
  private:
   std::map<std::pair<std::string, std::string>, std::unique_ptr<FactoryEntry>> factories_;
   std::vector<std::unique_ptr<KernelEntry>> kernels_;
+  std::map<DeviceType, std::pair<IDeviceRuntime*, std::string>> runtimes_;  // -> (runtime, plugin)
 };
 
 }  // namespace loom::core

@@ -66,7 +66,25 @@ void fill_uniform(float* out, int64_t count, float bound, uint64_t seed, uint64_
     out[i] = static_cast<float>((2.0 * rng.uniform() - 1.0) * bound);
 }
 
-void store_floats(const float* values, const TensorView& view) {
+void copy_to_host(IHost& host, const TensorView& view, void* out) {
+  throw_if_error(host.copy(kCpu, out, view.device, view.data, nbytes(view)));
+}
+
+void copy_from_host(IHost& host, const void* in, const TensorView& view) {
+  throw_if_error(host.copy(view.device, view.data, kCpu, in, nbytes(view)));
+}
+
+void store_floats(IHost& host, const float* values, const TensorView& view) {
+  if (view.device.type != DeviceType::kCpu) {
+    // Convert on the host, then one copy.
+    std::vector<uint64_t> staging((nbytes(view) + 7) / 8);
+    TensorView h = view;
+    h.data = staging.data();
+    h.device = kCpu;
+    store_floats(host, values, h);
+    copy_from_host(host, staging.data(), view);
+    return;
+  }
   int64_t n = numel(view);
   switch (view.dtype) {
     case DType::kF32:
@@ -89,7 +107,16 @@ void store_floats(const float* values, const TensorView& view) {
   }
 }
 
-void load_floats(const TensorView& view, float* values) {
+void load_floats(IHost& host, const TensorView& view, float* values) {
+  if (view.device.type != DeviceType::kCpu) {
+    std::vector<uint64_t> staging((nbytes(view) + 7) / 8);
+    copy_to_host(host, view, staging.data());
+    TensorView h = view;
+    h.data = staging.data();
+    h.device = kCpu;
+    load_floats(host, h, values);
+    return;
+  }
   int64_t n = numel(view);
   switch (view.dtype) {
     case DType::kF32:
@@ -169,8 +196,8 @@ void ParameterSet::allocate_flat(const BucketOptions& options) {
     uint64_t bytes = static_cast<uint64_t>(flat_size_) * dtype_size(dtype);
     throw_if_error(host_.allocate(device_, bytes, 64, &mem));
     if (mem != nullptr) {
-      std::memset(mem, 0, bytes);  // CPU only; a device allocator zeroes on its side
       blocks_.push_back(mem);
+      throw_if_error(host_.fill_zero(device_, mem, bytes));
     }
     return mem;
   };
@@ -190,8 +217,8 @@ void ParameterSet::allocate_flat(const BucketOptions& options) {
       uint64_t bytes = static_cast<uint64_t>(p.numel()) * dtype_size(p.info.dtype);
       throw_if_error(host_.allocate(device_, bytes, 64, &mem));
       if (mem != nullptr) {
-        std::memset(mem, 0, bytes);
         blocks_.push_back(mem);
+        throw_if_error(host_.fill_zero(device_, mem, bytes));
       }
       p.value = view_at(mem, p.info.dtype, 0, p.info, device_);
     }
@@ -261,7 +288,7 @@ void ParameterSet::initialize(uint64_t seed, int tp_rank) {
         continue;
     }
     if (n == p.numel()) {
-      store_floats(values.data(), p.value);
+      store_floats(host_, values.data(), p.value);
       continue;
     }
     // (outer, global[split], inner) -> (outer, local[split], inner) at this rank's offset.
@@ -279,12 +306,13 @@ void ParameterSet::initialize(uint64_t seed, int tp_rank) {
     for (int64_t o = 0; o < outer; ++o)
       std::memcpy(local.data() + o * l * inner, values.data() + (o * g + tp_rank * l) * inner,
                   static_cast<size_t>(l * inner) * sizeof(float));
-    store_floats(local.data(), p.value);
+    store_floats(host_, local.data(), p.value);
   }
 }
 
 void ParameterSet::zero_grads() {
-  if (flat_grads_.data != nullptr) std::memset(flat_grads_.data, 0, nbytes(flat_grads_));
+  if (flat_grads_.data != nullptr)
+    throw_if_error(host_.fill_zero(device_, flat_grads_.data, nbytes(flat_grads_)));
 }
 
 Parameter* ParameterSet::find(const std::string& name) {

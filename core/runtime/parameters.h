@@ -107,10 +107,15 @@ class ParameterSet {
 void fill_normal(float* out, int64_t count, float std, uint64_t seed, uint64_t stream);
 /// Fills `count` floats with uniform(-bound, bound) draws that depend only on (seed, stream).
 void fill_uniform(float* out, int64_t count, float bound, uint64_t seed, uint64_t stream);
-/// Writes f32 `values` into `view` (f32, bf16 or f16), converting.
-void store_floats(const float* values, const TensorView& view);
-/// Reads `view` (f32, bf16 or f16) into f32 `values`.
-void load_floats(const TensorView& view, float* values);
+/// Writes f32 `values` (host memory) into `view` (f32, bf16 or f16, on any device),
+/// converting; a device view is written through `host` (IHost::copy).
+void store_floats(IHost& host, const float* values, const TensorView& view);
+/// Reads `view` (f32, bf16 or f16, on any device) into f32 `values` (host memory).
+void load_floats(IHost& host, const TensorView& view, float* values);
+/// Copies `view` (any device) into host memory `out` of nbytes(view) bytes.
+void copy_to_host(IHost& host, const TensorView& view, void* out);
+/// Copies host memory `in` of nbytes(view) bytes into `view` (any device).
+void copy_from_host(IHost& host, const void* in, const TensorView& view);
 /// FNV-1a hash of a string (parameter names to random streams).
 uint64_t hash_name(const std::string& text);
 

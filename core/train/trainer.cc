@@ -258,8 +258,8 @@ Trainer::Trainer(const nlohmann::json& spec, PluginManager& plugins,
       auto alloc_f32 = [&]() {
         void* mem = nullptr;
         throw_if_error(host.allocate(device_, static_cast<uint64_t>(n) * 4, 64, &mem));
-        if (mem != nullptr) std::memset(mem, 0, static_cast<size_t>(n) * 4);
         st->owned.push_back(mem);
+        if (mem != nullptr) throw_if_error(host.fill_zero(device_, mem, static_cast<uint64_t>(n) * 4));
         return make_view(mem, DType::kF32, {n}, device_);
       };
       char* value = static_cast<char*>(p.value.data) +
@@ -268,12 +268,14 @@ Trainer::Trainer(const nlohmann::json& spec, PluginManager& plugins,
         st->master = make_view(value, DType::kF32, {n}, device_);
       } else {
         st->master = alloc_f32();
-        load_floats(make_view(value, p.info.dtype, {n}, device_),
-                    static_cast<float*>(st->master.data));
+        std::vector<float> staging(static_cast<size_t>(n));
+        load_floats(host, make_view(value, p.info.dtype, {n}, device_), staging.data());
+        copy_from_host(host, staging.data(), st->master);
       }
       for (int32_t s = 0; s < optimizer_->state_count(); ++s) st->states.push_back(alloc_f32());
     }
     sumsq_ = Kernel(host, ops::kSumSq, device_, DType::kF32);
+    if (device_.type != DeviceType::kCpu) throw_if_error(host.allocate(device_, 8, 64, &norm_acc_));
     if (params_dtype_ != DType::kF32) cast_ = Kernel(host, ops::kCast, device_, DType::kF32);
 
     dynamic_scaling_ = params_dtype_ == DType::kF16;
@@ -286,7 +288,15 @@ Trainer::Trainer(const nlohmann::json& spec, PluginManager& plugins,
 
     flops_per_step_ = model_flops_per_token(model_numel(), spec_["model"], seq_length_) *
                       static_cast<double>(micro_batch_ * seq_length_ * micro_batches_ * dp);
-    if (device_.type == DeviceType::kCpu) peak_flops_ = measure_gemm_peak(host);
+    if (device_.type == DeviceType::kCpu) {
+      peak_flops_ = measure_gemm_peak(host);
+    } else {
+      // A GPU's MFU is stated against its dense bf16 peak (Megatron's and llm.c's habit).
+      DeviceProperties props{};
+      throw_if_error(plugins_.host().runtime(device_).properties(device_.index, &props));
+      peak_flops_ = props.peak_bf16_flops;
+      device_name_ = props.name;
+    }
     // MFU of a multi-process run is against the peak of every rank together.
     if (parallel_ != nullptr) peak_flops_ *= parallel_->grid().world_size();
   } catch (...) {
@@ -307,10 +317,19 @@ int64_t Trainer::model_numel() const {
   return n;
 }
 
+uint64_t Trainer::peak_memory() const {
+  if (device_.type == DeviceType::kCpu) return plugins_.host().cpu_memory().peak;
+  return plugins_.host().device_memory(device_).peak_allocated;
+}
+
+void Trainer::reset_memory_peak() { plugins_.host().reset_peak(device_); }
+
 void Trainer::release_states() {
   for (auto& st : states_)
     for (void* p : st->owned) plugins_.host().deallocate(device_, p);
   states_.clear();
+  plugins_.host().deallocate(device_, norm_acc_);
+  norm_acc_ = nullptr;
 }
 
 void Trainer::print_banner(std::FILE* out) const {
@@ -327,9 +346,16 @@ void Trainer::print_banner(std::FILE* out) const {
                static_cast<long long>(seq_length_),
                static_cast<long long>(train["steps"].get<int64_t>()));
   std::fprintf(out, "  data: %s\n", data_description_.c_str());
-  std::fprintf(out,
-               "  model FLOPs per step: %.3g (6N + 6LTC per token); fp32 GEMM peak %.1f GFLOP/s\n",
-               flops_per_step_, peak_flops_ / 1e9);
+  if (device_.type == DeviceType::kCpu)
+    std::fprintf(out,
+                 "  model FLOPs per step: %.3g (6N + 6LTC per token); fp32 GEMM peak %.1f GFLOP/s\n",
+                 flops_per_step_, peak_flops_ / 1e9);
+  else
+    std::fprintf(out,
+                 "  model FLOPs per step: %.3g (6N + 6LTC per token); device %s, dense bf16 peak "
+                 "%.1f TFLOP/s%s\n",
+                 flops_per_step_, device_name_.c_str(), peak_flops_ / 1e12,
+                 peak_flops_ > 0 ? "" : " (unknown: no MFU)");
   std::string kernels;
   for (const auto& r : plugins_.host().resolutions())
     kernels +=
@@ -349,9 +375,15 @@ struct BatchViews {
   TensorView tokens, labels, mask, positions, segments;
 };
 
-BatchViews batch_views(const Batch& batch, Device device) {
-  if (device.type != DeviceType::kCpu)
-    fail(Code::kUnimplemented, "batches on devices other than the CPU need the CUDA backend");
+// On another device, each present input is copied into memory of the forward context.
+TensorView to_device(IHost& host, IForwardContext& ctx, const TensorView& v, Device device) {
+  if (device.type == DeviceType::kCpu || v.data == nullptr) return v;
+  TensorView d = allocate(ctx, v.dtype, {v.shape[0], v.shape[1]}, device);
+  copy_from_host(host, v.data, d);
+  return d;
+}
+
+BatchViews batch_views(const Batch& batch, Device device, IHost& host, IForwardContext& ctx) {
   BatchViews v;
   auto* tokens = const_cast<int32_t*>(batch.tokens.data());
   auto* labels = const_cast<int32_t*>(batch.labels.data());
@@ -367,12 +399,14 @@ BatchViews batch_views(const Batch& batch, Device device) {
   if (!batch.segment_ids.empty())
     v.segments = make_view(const_cast<int32_t*>(batch.segment_ids.data()), DType::kI32,
                            {batch.batch, batch.seq_length});
+  for (TensorView* t : {&v.tokens, &v.labels, &v.mask, &v.positions, &v.segments})
+    *t = to_device(host, ctx, *t, device);
   return v;
 }
 
-double read_scalar(const TensorView& v) {
+double read_scalar(IHost& host, const TensorView& v) {
   float x = 0;
-  std::memcpy(&x, v.data, 4);
+  throw_if_error(host.copy(kCpu, &x, v.device, v.data, 4), "reading the loss");
   return x;
 }
 
@@ -381,16 +415,16 @@ double read_scalar(const TensorView& v) {
 // Runs the model's forward on `batch` in `ctx`: returns the loss and, when asked and
 // available, copies the logits out.
 double Trainer::run_forward(ForwardContext& ctx, const Batch& batch, std::vector<float>* logits) {
-  BatchViews v = batch_views(batch, device_);
+  BatchViews v = batch_views(batch, device_, plugins_.host(), ctx);
   TensorView inputs[5] = {v.tokens, v.labels, v.mask, v.positions, v.segments};
   TensorView outputs[2] = {};
   throw_if_error(model_->forward(&ctx, inputs, 5, outputs, return_logits_ ? 2 : 1),
                  "model forward");
   if (logits != nullptr && return_logits_ && outputs[1].data != nullptr) {
     logits->resize(static_cast<size_t>(numel(outputs[1])));
-    load_floats(outputs[1], logits->data());
+    load_floats(plugins_.host(), outputs[1], logits->data());
   }
-  return read_scalar(outputs[0]);
+  return read_scalar(plugins_.host(), outputs[0]);
 }
 
 double Trainer::forward_backward(const Batch& batch, double loss_weight, std::vector<float>* logits,
@@ -405,7 +439,7 @@ double Trainer::forward_backward(const Batch& batch, double loss_weight, std::ve
   double loss = run_forward(ctx, batch, logits);
   float dloss = static_cast<float>(loss_weight);
   TensorView grad_out = allocate(ctx, DType::kF32, {}, device_);
-  std::memcpy(grad_out.data, &dloss, 4);
+  copy_from_host(plugins_.host(), &dloss, grad_out);
   if (last && overlap_)
     ctx.set_grads_ready([this](const void* owner) {
       for (size_t b : readiness_->mark(owner)) reduce_bucket(b);
@@ -474,12 +508,16 @@ StepResult Trainer::step() {
   if (dp_size_ > 1) r.loss = sum_over("dp", r.loss) / static_cast<double>(dp_size_);
 
   // Global gradient norm (over every parameter, each counted once), unscaled.
+  // sumsq accumulates in f64 where the gradients live; one read back per step.
   double sumsq = 0;
-  TensorView acc = make_view(&sumsq, DType::kF64, {1});
+  IHost& host = plugins_.host();
+  TensorView acc = make_view(norm_acc_ != nullptr ? norm_acc_ : &sumsq, DType::kF64, {1}, device_);
+  throw_if_error(host.fill_zero(device_, acc.data, 8));
   for (auto& st : states_) {
     if ((st->param->info.flags & kParamFrozen) || !st->in_norm) continue;
     sumsq_({grad_sync_->grad_of(st->segment)}, {acc});
   }
+  if (acc.data != &sumsq) copy_to_host(host, acc, &sumsq);
   sumsq = sum_over(grad_sync_->sharded() ? "tp,dp" : "tp", sumsq);
   r.grad_norm = std::sqrt(sumsq) / loss_scale_;
   bool finite = std::isfinite(r.grad_norm) && std::isfinite(r.loss);
@@ -521,6 +559,8 @@ StepResult Trainer::step() {
     }
     grad_sync_->gather_values();
   }
+  // Kernels on a device run asynchronously: the step ends when its work has.
+  throw_if_error(plugins_.host().synchronize(device_), "the step's device work");
   ++iteration_;
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (parallel_ != nullptr) r.comm_seconds = parallel_->stats().blocked_seconds() - comm_before;
@@ -629,7 +669,7 @@ RunResult Trainer::run(const RunOptions& options) {
       double mfu = peak_flops_ > 0 ? flops_per_step_ * steps_in / time_acc / peak_flops_ : 0;
       double loss = count ? loss_acc / count : std::nan("");
       double norm = count ? norm_acc / count : std::nan("");
-      uint64_t peak = plugins_.host().cpu_memory().peak;
+      uint64_t peak = peak_memory();
       clear_bar();
       std::printf(
           "iter %6lld/%lld | loss %.4f | lr %.3e | grad norm %.3f | %.0f tok/s | %.1f ms/step "

@@ -127,6 +127,13 @@ class Trainer {
   /// Model FLOPs of one step (see flops.h) and the measured GEMM peak (FLOP/s).
   double flops_per_step() const { return flops_per_step_; }
   double peak_flops() const { return peak_flops_; }
+  /// Peak memory of the training device since start or the last reset_memory_peak: the CPU
+  /// allocator's on the CPU, the device runtime's allocated peak on a device.
+  uint64_t peak_memory() const;
+  /// Starts a new peak-memory phase (e.g. after warm-up).
+  void reset_memory_peak();
+  /// The training device.
+  Device device() const { return device_; }
 
  private:
   /// Frees the master weights and optimizer states (destructor, failed constructor).
@@ -161,6 +168,7 @@ class Trainer {
   ParallelState* parallel_ = nullptr;
   int64_t dp_size_ = 1, dp_rank_ = 0, tp_rank_ = 0;
   std::vector<std::vector<float>> checkpoint_scratch_;  // gathered optimizer states
+  std::vector<std::vector<uint64_t>> checkpoint_bytes_;  // device tensors staged on the host
   /// Elements of the whole model (tensor-parallel slices counted whole).
   int64_t model_numel() const;
   std::unique_ptr<GradSync> grad_sync_;
@@ -186,6 +194,8 @@ class Trainer {
   double loss_scale_ = 1, min_loss_scale_ = 1;
   int64_t scale_window_ = 1000, hysteresis_ = 2, hysteresis_left_ = 2, good_steps_ = 0;
   double flops_per_step_ = 0, peak_flops_ = 0;
+  std::string device_name_;
+  void* norm_acc_ = nullptr;  // (1) f64 on a device: the gradient norm's sum of squares
   std::string data_description_;
   std::optional<std::filesystem::path> tokenizer_path_;
   mutable nlohmann::json plugin_hashes_;  // computed on the first save

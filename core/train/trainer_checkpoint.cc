@@ -91,10 +91,11 @@ std::vector<SaveTensor> Trainer::checkpoint_tensors() {
       std::vector<float>& flat = checkpoint_scratch_.back();
       for (const auto& st : states_) {
         const TensorView& src = k == 0 ? st->master : st->states[static_cast<size_t>(k - 1)];
-        std::memcpy(flat.data() + st->segment.flat, src.data,
-                    static_cast<size_t>(st->segment.length) * 4);
+        throw_if_error(plugins_.host().copy(kCpu, flat.data() + st->segment.flat, device_,
+                                            src.data,
+                                            static_cast<uint64_t>(st->segment.length) * 4));
       }
-      TensorView v = make_view(flat.data(), DType::kF32, {params_->flat_size()}, device_);
+      TensorView v = make_view(flat.data(), DType::kF32, {params_->flat_size()}, kCpu);
       throw_if_error(dp->all_reduce(&v, ReduceOp::kSum, nullptr),
                      "checkpoint: gathering the distributed optimizer's states");
       for (Parameter& p : all)
@@ -123,6 +124,26 @@ std::vector<SaveTensor> Trainer::checkpoint_tensors() {
     for (int32_t s = 0; s < state_count; ++s)
       out.push_back({state_name(*optimizer_, s, p), DType::kF32, shape_of(p),
                      by_param_kind[i * kinds + 1 + static_cast<size_t>(s)], b.offset, b.shape});
+  }
+  if (device_.type != DeviceType::kCpu) {
+    // The writers read host memory: copy what still lives on the device (the flats of the
+    // distributed optimizer are host memory already).
+    checkpoint_bytes_.clear();
+    checkpoint_bytes_.reserve(out.size());
+    for (SaveTensor& t : out) {
+      bool on_host = false;
+      for (const std::vector<float>& f : checkpoint_scratch_)
+        on_host = on_host || (t.data >= f.data() && t.data < f.data() + f.size());
+      if (on_host) continue;
+      int64_t n = 1;
+      for (int64_t d : t.slice_shape()) n *= d;
+      uint64_t bytes = static_cast<uint64_t>(n) * dtype_size(t.dtype);
+      checkpoint_bytes_.emplace_back((bytes + 7) / 8);
+      throw_if_error(plugins_.host().copy(kCpu, checkpoint_bytes_.back().data(), device_, t.data,
+                                          bytes),
+                     fmt::format("checkpoint: copying {} from the device", t.name));
+      t.data = checkpoint_bytes_.back().data();
+    }
   }
   return out;
 }
@@ -165,8 +186,10 @@ void Trainer::load_weights(CheckpointReader& reader) {
     if (p.info.dtype == DType::kF32) continue;
     char* first = static_cast<char*>(p.value.data) +
                   st->segment.begin * static_cast<int64_t>(dtype_size(p.info.dtype));
-    load_floats(make_view(first, p.info.dtype, {st->segment.length}, device_),
-                static_cast<float*>(st->master.data));
+    std::vector<float> staging(static_cast<size_t>(st->segment.length));
+    load_floats(plugins_.host(), make_view(first, p.info.dtype, {st->segment.length}, device_),
+                staging.data());
+    copy_from_host(plugins_.host(), staging.data(), st->master);
   }
 }
 
@@ -218,7 +241,8 @@ void Trainer::restore(CheckpointReader& reader) {
                               where, name, meta["trainer"].value("optimizer", "?"),
                               spec_["optimizer"].value("impl", "?")));
     names.push_back(std::move(name));
-    requests.push_back(request_of(names.back(), p, tp_rank_, into, device_));
+    // The flat buffers of the distributed optimizer are host memory.
+    requests.push_back(request_of(names.back(), p, tp_rank_, into, sharded ? kCpu : device_));
   };
   if (sharded) {
     for (Parameter& p : params_->all()) {
@@ -240,10 +264,13 @@ void Trainer::restore(CheckpointReader& reader) {
   if (sharded) {
     for (auto& st : states_) {
       size_t n = static_cast<size_t>(st->segment.length) * 4;
-      if (need_master) std::memcpy(st->master.data, flats[0].data() + st->segment.flat, n);
+      IHost& host = plugins_.host();
+      if (need_master)
+        throw_if_error(host.copy(device_, st->master.data, kCpu,
+                                 flats[0].data() + st->segment.flat, n));
       for (int32_t s = 0; s < state_count; ++s)
-        std::memcpy(st->states[static_cast<size_t>(s)].data,
-                    flats[static_cast<size_t>(s) + 1].data() + st->segment.flat, n);
+        throw_if_error(host.copy(device_, st->states[static_cast<size_t>(s)].data, kCpu,
+                                 flats[static_cast<size_t>(s) + 1].data() + st->segment.flat, n));
     }
   }
 

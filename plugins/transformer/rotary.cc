@@ -60,14 +60,11 @@ std::vector<float> rotary_inv_freq(const nlohmann::json& rotary, int32_t rotary_
 
 RotaryTable::RotaryTable(IHost& host, Device device, const std::vector<float>& inv_freq)
     : host_(host) {
-  if (device.type != DeviceType::kCpu)
-    fail(Code::kUnimplemented,
-         "rope: copying the inverse frequencies to a non-CPU device needs a host-to-device copy, "
-         "which the SDK's IHost does not offer yet");
   void* data = nullptr;
-  throw_if_error(host.allocate(device, inv_freq.size() * sizeof(float), 64, &data));
-  std::memcpy(data, inv_freq.data(), inv_freq.size() * sizeof(float));
+  uint64_t bytes = inv_freq.size() * sizeof(float);
+  throw_if_error(host.allocate(device, bytes, 64, &data));
   view_ = make_view(data, DType::kF32, {static_cast<int64_t>(inv_freq.size())}, device);
+  throw_if_error(host.copy(device, data, kCpu, inv_freq.data(), bytes), "rope: inverse frequencies");
 }
 
 RotaryTable::~RotaryTable() { host_.deallocate(view_.device, view_.data); }

@@ -520,7 +520,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
   double tps = static_cast<double>(tokens) / mean;
   double mfu =
       trainer.peak_flops() > 0 ? trainer.flops_per_step() / mean / trainer.peak_flops() : 0;
-  uint64_t peak = s.plugins->host().cpu_memory().peak;
+  uint64_t peak = trainer.peak_memory();
   if (json) {
     nlohmann::json out = {{"spec", s.spec.path.string()},
                           {"steps", steps},
