@@ -81,10 +81,16 @@ void store_floats(IHost& host, const float* values, const TensorView& view) {
     TensorView h = view;
     h.data = staging.data();
     h.device = kCpu;
-    store_floats(host, values, h);
+    store_floats(values, h);
     copy_from_host(host, staging.data(), view);
     return;
   }
+  store_floats(values, view);
+}
+
+void store_floats(const float* values, const TensorView& view) {
+  if (view.device.type != DeviceType::kCpu)
+    fail(Code::kInternal, "store_floats without a host on a device tensor");
   int64_t n = numel(view);
   switch (view.dtype) {
     case DType::kF32:
@@ -114,9 +120,15 @@ void load_floats(IHost& host, const TensorView& view, float* values) {
     TensorView h = view;
     h.data = staging.data();
     h.device = kCpu;
-    load_floats(host, h, values);
+    load_floats(h, values);
     return;
   }
+  load_floats(view, values);
+}
+
+void load_floats(const TensorView& view, float* values) {
+  if (view.device.type != DeviceType::kCpu)
+    fail(Code::kInternal, "load_floats without a host on a device tensor");
   int64_t n = numel(view);
   switch (view.dtype) {
     case DType::kF32:

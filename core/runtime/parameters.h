@@ -112,6 +112,9 @@ void fill_uniform(float* out, int64_t count, float bound, uint64_t seed, uint64_
 void store_floats(IHost& host, const float* values, const TensorView& view);
 /// Reads `view` (f32, bf16 or f16, on any device) into f32 `values` (host memory).
 void load_floats(IHost& host, const TensorView& view, float* values);
+/// The same for a view in host memory (throws for a device view: use the IHost overloads).
+void store_floats(const float* values, const TensorView& view);
+void load_floats(const TensorView& view, float* values);
 /// Copies `view` (any device) into host memory `out` of nbytes(view) bytes.
 void copy_to_host(IHost& host, const TensorView& view, void* out);
 /// Copies host memory `in` of nbytes(view) bytes into `view` (any device).

@@ -189,6 +189,12 @@ Trainer::Trainer(const nlohmann::json& spec, PluginManager& plugins,
                                     lib, device, describe_roots(plugins_.catalog().roots())));
     plugins_.load(lib);
   }
+  // A device other than the CPU needs a runtime that sees one: said before anything is built.
+  try {
+    plugins_.host().check_device(device_);
+  } catch (const Error& e) {
+    throw Error(e.code(), fmt::format("spec /train/device '{}': {}", device, e.what()));
+  }
   std::map<std::string, std::string> pins;
   for (const auto& [op, kernel] : spec_["kernels"]["pin"].items())
     pins[op] = kernel.get<std::string>();

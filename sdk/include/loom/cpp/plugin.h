@@ -94,6 +94,14 @@ class Registrar {
     throw_if_error(registry_->add_kernel(&desc));
   }
 
+  /// Registers the runtime of a device family (loom/device.h). The runtime must outlive the
+  /// process. Needs a core whose registry is 1.1 or newer (ABI 1.2).
+  void device_runtime(IDeviceRuntime* runtime) {
+    if (registry_->interface_info().minor < 1)
+      fail(Code::kAbiMismatch,
+           "this loom's registry predates device runtimes (registry 1.1, ABI 1.2): upgrade loom");
+    throw_if_error(registry_->add_device_runtime(runtime));
+  }
   IRegistry* raw() { return registry_; }
 
  private:

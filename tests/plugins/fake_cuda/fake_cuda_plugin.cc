@@ -1,0 +1,257 @@
+// testfakecuda: a fake CUDA device (see BUILD). One device, "device 0", whose memory is
+// host memory seen through tagged pointers, and every CPU kernel registered again for
+// DeviceType::kCuda.
+//
+// Tagging: a device pointer is the host address with bit 62 set. x86-64 user addresses are
+// below 2^47, so a tagged pointer is not canonical and any load or store through it faults;
+// offsets into a block keep the tag, so views into device memory work as on a GPU.
+#include <loom/sdk.h>
+
+#include <array>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "kernels/cpu/cpu_kernels.h"
+
+namespace {
+
+using loom::Code;
+using loom::DeviceType;
+using loom::KernelDesc;
+using loom::OpCall;
+using loom::Status;
+using loom::TensorView;
+
+constexpr uintptr_t kTag = uintptr_t{1} << 62;
+
+void* tag(void* p) { return p == nullptr ? nullptr : reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(p) | kTag); }
+bool tagged(const void* p) { return (reinterpret_cast<uintptr_t>(p) & kTag) != 0; }
+void* untag(const void* p) {
+  return reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(p) & ~kTag);
+}
+
+// ---- The runtime ------------------------------------------------------------------------
+
+class FakeRuntime final : public loom::IDeviceRuntime {
+ public:
+  loom::InterfaceInfo interface_info() const noexcept override {
+    return loom::kinds::kDeviceRuntime;
+  }
+  DeviceType device_type() const noexcept override { return DeviceType::kCuda; }
+  int32_t device_count() const noexcept override { return 1; }
+  loom::StringView unavailable_reason() const noexcept override { return {nullptr, 0}; }
+
+  Status properties(int32_t index, loom::DeviceProperties* out) noexcept override {
+    return loom::guard([&] {
+      check_index(index);
+      *out = loom::DeviceProperties{};
+      std::strncpy(out->name, "fake CUDA device (host memory)", sizeof(out->name) - 1);
+      out->major = 9;
+      out->multiprocessors = 1;
+      out->total_memory = kTotal;
+      out->peak_bf16_flops = 1e12;
+    });
+  }
+
+  Status allocate(int32_t index, uint64_t bytes, void** out) noexcept override {
+    return loom::guard([&] {
+      check_index(index);
+      *out = nullptr;
+      if (bytes == 0) return;
+      uint64_t rounded = (bytes + 511) / 512 * 512;
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (stats_.allocated + rounded > kTotal)
+        throw loom::Error(Code::kResourceExhausted,
+                          "fake device: out of memory allocating " + std::to_string(bytes) +
+                              " bytes (" + std::to_string(stats_.allocated) + " in use of " +
+                              std::to_string(kTotal) + ")");
+      void* p = std::aligned_alloc(256, rounded);
+      if (p == nullptr) throw loom::Error(Code::kResourceExhausted, "fake device: host OOM");
+      // Fresh device memory holds garbage, not zeros: make it so, to catch a missed zeroing.
+      std::memset(p, 0xA5, rounded);
+      blocks_[p] = rounded;
+      stats_.allocated += rounded;
+      stats_.reserved += rounded;
+      ++stats_.num_allocs;
+      ++stats_.num_driver_allocs;
+      stats_.peak_allocated = std::max(stats_.peak_allocated, stats_.allocated);
+      stats_.peak_reserved = std::max(stats_.peak_reserved, stats_.reserved);
+      *out = tag(p);
+    });
+  }
+
+  void deallocate(int32_t index, void* pointer) noexcept override {
+    if (pointer == nullptr) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    void* p = untag(pointer);
+    auto it = blocks_.find(p);
+    if (!tagged(pointer) || it == blocks_.end()) {
+      std::fprintf(stderr, "fake device: deallocate of a pointer it did not hand out\n");
+      std::abort();  // a test double: fail loudly
+    }
+    stats_.allocated -= it->second;
+    stats_.reserved -= it->second;
+    blocks_.erase(it);
+    std::free(p);
+  }
+
+  Status memory_stats(int32_t index, loom::DeviceMemoryStats* out) noexcept override {
+    return loom::guard([&] {
+      check_index(index);
+      std::lock_guard<std::mutex> lock(mutex_);
+      *out = stats_;
+      out->total = kTotal;
+    });
+  }
+  void reset_peak(int32_t) noexcept override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats_.peak_allocated = stats_.allocated;
+    stats_.peak_reserved = stats_.reserved;
+  }
+  Status empty_cache(int32_t) noexcept override { return loom::ok_status(); }
+
+  Status copy(int32_t index, void* dst, const void* src, uint64_t bytes,
+              loom::CopyKind kind) noexcept override {
+    return loom::guard([&] {
+      check_index(index);
+      bool dst_dev = kind != loom::CopyKind::kDeviceToHost;
+      bool src_dev = kind != loom::CopyKind::kHostToDevice;
+      check_side(dst, dst_dev, "destination");
+      check_side(src, src_dev, "source");
+      std::memmove(dst_dev ? untag(dst) : dst, src_dev ? untag(src) : src, bytes);
+    });
+  }
+  Status fill_zero(int32_t index, void* pointer, uint64_t bytes) noexcept override {
+    return loom::guard([&] {
+      check_index(index);
+      check_side(pointer, true, "fill_zero target");
+      std::memset(untag(pointer), 0, bytes);
+    });
+  }
+  void* compute_stream(int32_t) noexcept override { return nullptr; }
+  Status synchronize(int32_t index) noexcept override {
+    return loom::guard([&] { check_index(index); });
+  }
+
+ private:
+  static constexpr uint64_t kTotal = uint64_t{8} << 30;
+
+  static void check_index(int32_t index) {
+    if (index != 0)
+      throw loom::Error(Code::kOutOfRange,
+                        "fake device: device " + std::to_string(index) + " does not exist");
+  }
+  static void check_side(const void* p, bool device, const char* what) {
+    if (p != nullptr && tagged(p) != device)
+      throw loom::Error(Code::kInvalidArgument,
+                        std::string("fake device: copy ") + what + " is " +
+                            (device ? "host memory where device memory was expected"
+                                    : "device memory where host memory was expected"));
+  }
+
+  std::mutex mutex_;
+  std::map<void*, uint64_t> blocks_;  // untagged address -> rounded bytes
+  loom::DeviceMemoryStats stats_{};
+};
+
+FakeRuntime g_runtime;
+
+// ---- The kernels ------------------------------------------------------------------------
+
+// The CPU kernels registered for kCuda, by trampoline index.
+std::vector<KernelDesc> g_cpu;
+
+// A CPU call from a device call: each view's pointer untagged and its device the CPU. A
+// view that is present but not device memory is refused, as a GPU would fault on it.
+struct HostCall {
+  std::array<TensorView, 16> in{}, out{};
+  OpCall call{};
+  bool ok = true;
+  std::string error;
+
+  explicit HostCall(const OpCall* c) : call(*c) {
+    if (c->num_inputs > 16 || c->num_outputs > 16) {
+      ok = false;
+      error = "fake device: more than 16 tensors in one call";
+      return;
+    }
+    for (int32_t i = 0; i < c->num_inputs; ++i) in[i] = convert(c->inputs[i], "input", i);
+    for (int32_t i = 0; i < c->num_outputs; ++i) out[i] = convert(c->outputs[i], "output", i);
+    call.inputs = in.data();
+    call.outputs = out.data();
+    if (c->workspace != nullptr) call.workspace = untag(c->workspace);
+  }
+
+  TensorView convert(const TensorView& v, const char* what, int32_t i) {
+    TensorView h = v;
+    if (v.device.type == DeviceType::kCuda) h.device = loom::Device{DeviceType::kCpu, 0};
+    if (v.data == nullptr) return h;
+    if (v.device.type != DeviceType::kCuda || !tagged(v.data)) {
+      ok = false;
+      error = std::string("fake device: ") + what + " " + std::to_string(i) +
+              " is not device memory (" +
+              (v.device.type == DeviceType::kCuda ? "a host pointer labelled cuda"
+                                                  : "a host tensor") +
+              ")";
+      return h;
+    }
+    h.data = untag(v.data);
+    return h;
+  }
+};
+
+template <size_t I>
+Status run(const OpCall* c) {
+  HostCall h(c);
+  if (!h.ok) return loom::make_status(Code::kInvalidArgument, h.error.c_str());
+  return g_cpu[I].fn(&h.call);
+}
+template <size_t I>
+bool supports(const OpCall* c) {
+  HostCall h(c);  // shapes only: data may be null, which convert() lets through
+  return g_cpu[I].supports == nullptr || g_cpu[I].supports(&h.call);
+}
+template <size_t I>
+Status cost(const OpCall* c, loom::OpCost* out) {
+  HostCall h(c);
+  return g_cpu[I].cost(&h.call, out);
+}
+
+constexpr size_t kMaxKernels = 512;
+
+template <size_t... I>
+constexpr auto make_table(std::index_sequence<I...>) {
+  struct Fns {
+    loom::KernelFn fn;
+    loom::KernelSupportsFn supports;
+    loom::KernelCostFn cost;
+  };
+  return std::array<Fns, sizeof...(I)>{Fns{&run<I>, &supports<I>, &cost<I>}...};
+}
+const auto kTable = make_table(std::make_index_sequence<kMaxKernels>{});
+
+class FakeCuda final : public loom::Plugin {
+ public:
+  void register_components(loom::Registrar& r) override {
+    g_cpu = loom::kernels::cpu::all_kernels();
+    if (g_cpu.size() > kMaxKernels)
+      throw loom::Error(Code::kInternal, "testfakecuda: raise kMaxKernels");
+    r.device_runtime(&g_runtime);
+    for (size_t i = 0; i < g_cpu.size(); ++i) {
+      KernelDesc k = g_cpu[i];
+      k.device = DeviceType::kCuda;
+      k.fn = kTable[i].fn;
+      k.supports = kTable[i].supports;
+      k.cost = g_cpu[i].cost != nullptr ? kTable[i].cost : nullptr;
+      r.kernel(k);
+    }
+  }
+};
+
+}  // namespace
+
+LOOM_PLUGIN(FakeCuda)

@@ -1,0 +1,165 @@
+// `loom train` on a device other than the CPU, end to end, without a GPU: the fake CUDA
+// device (tests/plugins/fake_cuda) holds every tensor in memory that the host cannot touch
+// (tagged pointers fault) and runs the CPU kernels. The same spec must give the same losses
+// on "cpu" and "cuda", which proves that nothing above the kernels reads or writes device
+// memory except through IHost (batches, loss, gradient norm, master weights, checkpoints).
+// And without a device runtime, or with one that finds no device, the run stops before
+// start with one message that names the fix.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "tests/util/test_plugins.h"
+
+namespace loom {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::fresh_dir;
+using ::testing::HasSubstr;
+using testing::read_file;
+using testing::run_loom;
+using testing::write_file;
+
+nlohmann::json tiny_spec(int64_t steps) {
+  nlohmann::json s = nlohmann::json::parse(R"({
+    "model": {"impl": "gpt", "num_layers": 2, "hidden_size": 32, "num_attention_heads": 4,
+              "vocab_size": 64, "max_position_embeddings": 32, "hidden_dropout": 0.1,
+              "attention_dropout": 0.1,
+              "layer": {"impl": "transformer_layer", "norm": {"impl": "layernorm"},
+                        "attention": {"impl": "fused"}, "mlp": {"impl": "mlp"}},
+              "final_norm": {"impl": "layernorm"}},
+    "optimizer": {"impl": "adamw", "lr": 0.01},
+    "lr_schedule": {"impl": "cosine", "warmup_steps": 2},
+    "data": {"mock": true},
+    "train": {"micro_batch_size": 2, "seq_length": 16, "log_interval": 1,
+              "eval_interval": 3, "eval_steps": 1, "global_batch_size": 4}
+  })");
+  s["train"]["steps"] = steps;
+  return s;
+}
+
+class DeviceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fresh_dir("device_test");
+    testing::install_test_plugin(dir_ / "plugins", "fake_cuda", "testfakecuda");
+  }
+  std::string env() const { return "LOOM_PLUGIN_PATH='" + (dir_ / "plugins").string() + "'"; }
+  // Runs `body` on `device` ("cpu", or "cuda" on the fake device) in run dir `name`.
+  testing::RunResult train(const std::string& name, nlohmann::json body,
+                           const std::string& device, const std::string& extra = "") {
+    body["train"]["device"] = device;
+    if (device == "cuda") body["kernels"] = {{"libraries", {"testfakecuda"}}};
+    fs::path spec = dir_ / (name + ".json");
+    write_file(spec, body.dump(2));
+    return run_loom("train '" + spec.string() + "' --run-dir '" + (dir_ / name).string() + "' " +
+                        extra,
+                    env());
+  }
+  // step -> (loss, grad norm), and the validation losses, of a run's metrics.
+  struct Curve {
+    std::map<int64_t, std::pair<double, double>> steps;
+    std::vector<double> valid;
+    double peak_mem = 0;
+  };
+  Curve curve(const std::string& name) {
+    Curve c;
+    std::stringstream lines(read_file(dir_ / name / "metrics.jsonl"));
+    std::string line;
+    while (std::getline(lines, line)) {
+      if (line.empty()) continue;
+      nlohmann::json m = nlohmann::json::parse(line);
+      if (m.contains("loss"))
+        c.steps[m["step"].get<int64_t>()] = {m["loss"].get<double>(),
+                                                  m["grad_norm"].get<double>()};
+      if (m.contains("valid_loss")) c.valid.push_back(m["valid_loss"].get<double>());
+      if (m.contains("peak_mem_bytes")) c.peak_mem = m["peak_mem_bytes"].get<double>();
+    }
+    return c;
+  }
+  static void expect_same(const Curve& a, const Curve& b, const std::string& what) {
+    ASSERT_EQ(a.steps.size(), b.steps.size()) << what;
+    for (const auto& [step, lg] : a.steps) {
+      ASSERT_TRUE(b.steps.count(step)) << what << " step " << step;
+      // The same kernels on the same inputs: bit-identical.
+      EXPECT_EQ(b.steps.at(step).first, lg.first) << what << " loss at step " << step;
+      EXPECT_EQ(b.steps.at(step).second, lg.second) << what << " grad norm at step " << step;
+    }
+    EXPECT_EQ(a.valid, b.valid) << what;
+  }
+  fs::path dir_;
+};
+
+TEST_F(DeviceTest, SameLossesOnTheFakeDeviceAsOnTheCpu) {
+  for (const char* params : {"f32", "bf16"}) {
+    SCOPED_TRACE(params);
+    nlohmann::json body = tiny_spec(6);
+    body["precision"] = {{"params", params}};
+    auto cpu = train(std::string("cpu_") + params, body, "cpu");
+    ASSERT_EQ(cpu.exit_code, 0) << cpu.out << cpu.err;
+    auto dev = train(std::string("dev_") + params, body, "cuda");
+    ASSERT_EQ(dev.exit_code, 0) << dev.out << dev.err;
+    EXPECT_THAT(dev.out, HasSubstr("device fake CUDA device (host memory)"));
+    EXPECT_THAT(dev.out, HasSubstr(std::string("gemm:") + params + "=cpu."))
+        << "the fake device runs the CPU kernels";
+    Curve a = curve(std::string("cpu_") + params), b = curve(std::string("dev_") + params);
+    ASSERT_EQ(a.steps.size(), 6u);
+    expect_same(a, b, params);
+    // Peak memory comes from the device runtime's figures.
+    EXPECT_GT(b.peak_mem, 0);
+  }
+}
+
+TEST_F(DeviceTest, CheckpointOnTheDeviceResumesExactly) {
+  nlohmann::json body = tiny_spec(6);
+  body["precision"] = {{"params", "bf16"}};
+  auto whole = train("whole", body, "cuda");
+  ASSERT_EQ(whole.exit_code, 0) << whole.out << whole.err;
+
+  // Saves at 3 and 6; the newest is removed, so the second run resumes at 3 and runs 4..6
+  // again (its metrics lines for those steps come last and are the ones compared).
+  body["checkpoint"] = {{"interval", 3}, {"resume", "auto"}};
+  auto first = train("resumed", body, "cuda");
+  ASSERT_EQ(first.exit_code, 0) << first.out << first.err;
+  fs::remove_all(dir_ / "resumed" / "checkpoints" / "iter_0000006");
+  auto second = train("resumed", body, "cuda");
+  ASSERT_EQ(second.exit_code, 0) << second.out << second.err;
+  EXPECT_THAT(second.out, HasSubstr("resume: iteration 3"));
+  Curve a = curve("whole"), b = curve("resumed");
+  ASSERT_EQ(b.steps.size(), 6u);
+  expect_same(a, b, "resumed on the device");
+
+  // A checkpoint written on the device resumes on the CPU, with the same losses.
+  fs::remove_all(dir_ / "resumed" / "checkpoints" / "iter_0000006");
+  fs::create_directories(dir_ / "on_cpu");
+  fs::copy(dir_ / "resumed" / "checkpoints", dir_ / "on_cpu" / "checkpoints",
+           fs::copy_options::recursive);
+  auto on_cpu = train("on_cpu", body, "cpu");
+  ASSERT_EQ(on_cpu.exit_code, 0) << on_cpu.out << on_cpu.err;
+  EXPECT_THAT(on_cpu.out, HasSubstr("resume: iteration 3"));
+  Curve c = curve("on_cpu");
+  for (int64_t step = 4; step <= 6; ++step) {
+    ASSERT_TRUE(c.steps.count(step)) << step;
+    EXPECT_EQ(c.steps.at(step).first, a.steps.at(step).first) << "loss at step " << step;
+  }
+}
+
+TEST_F(DeviceTest, NoDeviceRuntimeIsOneClearError) {
+  nlohmann::json body = tiny_spec(2);
+  body["train"]["device"] = "cuda";
+  body["kernels"] = {{"libraries", {"kernels_cpu"}}};
+  fs::path spec = dir_ / "nort.json";
+  write_file(spec, body.dump(2));
+  auto r = run_loom("train '" + spec.string() + "' --run-dir '" + (dir_ / "nort").string() + "'");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr("spec /train/device 'cuda': no cuda runtime in this process"));
+  EXPECT_THAT(r.err, HasSubstr("set the device to cpu"));
+  EXPECT_THAT(r.err, ::testing::Not(HasSubstr("Segmentation")));
+}
+
+}  // namespace
+}  // namespace loom
