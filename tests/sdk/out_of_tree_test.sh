@@ -156,6 +156,14 @@ struct Host final : IHost {
     return make_status(Code::kUnimplemented, "no communicators in load_check");
   }
   uint64_t seed() const noexcept override { return 1234; }
+  Status copy(Device, void*, Device, const void*, uint64_t) noexcept override {
+    return make_status(Code::kUnimplemented, "no devices in load_check");
+  }
+  Status fill_zero(Device, void*, uint64_t) noexcept override {
+    return make_status(Code::kUnimplemented, "no devices in load_check");
+  }
+  void* compute_stream(Device) noexcept override { return nullptr; }
+  Status synchronize(Device) noexcept override { return ok_status(); }
 };
 
 struct Registry final : IRegistry {
@@ -171,6 +179,9 @@ struct Registry final : IRegistry {
   }
   Status add_kernel(const KernelDesc*) noexcept override {
     return make_status(Code::kInvalidArgument, "hello registers no kernels");
+  }
+  Status add_device_runtime(IDeviceRuntime*) noexcept override {
+    return make_status(Code::kInvalidArgument, "hello registers no device runtime");
   }
 };
 
@@ -367,7 +378,7 @@ grep -Eq "scale +number exclusiveMinimum=0 default 1.0" "$work/describe.out" ||
 step "loom plugins check loads the clang-built plugin into the g++-built loom"
 "$loom" plugins check hello --plugin-path "$build" > "$work/check.out" 2>&1 ||
   fail "plugins check failed: $(cat "$work/check.out")"
-grep -Eq "^hello +0.1.0 +ok +ABI 1.1 +clang" "$work/check.out" || fail "check: $(cat "$work/check.out")"
+grep -Eq "^hello +0.1.0 +ok +ABI 1.2 +clang" "$work/check.out" || fail "check: $(cat "$work/check.out")"
 
 step "loom spec validate uses hello's scale_norm inside another plugin's model"
 cat > "$work/spec.json" <<'JSON'

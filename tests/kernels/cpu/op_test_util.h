@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_kernels.h"
+#include "tests/kernels/device_backend.h"
 
 namespace loom::kernels::cpu::testing {
 
@@ -238,6 +239,67 @@ inline void expect_close(const Tensor& actual, const std::vector<double>& expect
   expect_close(actual.values(), expected, tolerance(tol_dtype), what);
 }
 
+// Runs `op` on `backend`'s device (when it has one) with device copies of `inputs` and of
+// the initial `outputs`, and compares each output with `expected` (cpu.ref's).
+template <class A = NoAttrs>
+void expect_device_matches(::loom::kernels::testing::DeviceBackend& backend, const char* op, DType key,
+                           std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+                           const std::vector<Tensor>& expected, const A* attrs,
+                           const std::string& what) {
+  std::string why;
+  if (!backend.available(&why)) return;  // said once, at the start of the binary
+  std::string label = std::string(op) + " " + dtype_name(key) + " on " + backend.name();
+  const KernelDesc* k = backend.kernel(op, key);
+  if (k == nullptr) {
+    ADD_FAILURE() << label << ": the " << backend.name() << " library has no kernel for it";
+    return;
+  }
+  std::vector<void*> owned;
+  Device device{backend.device_type(), 0};
+  auto to_device = [&](Tensor& t) {
+    TensorView v = t.view();
+    v.device = device;
+    if (v.data != nullptr) {
+      v.data = backend.upload(v.data, static_cast<size_t>(t.numel()) * dtype_size(t.dtype()));
+      owned.push_back(v.data);
+    }
+    return v;
+  };
+  std::vector<Tensor> result = outputs;
+  std::vector<TensorView> in, out;
+  for (Tensor& t : inputs) in.push_back(to_device(t));
+  for (Tensor& t : result) out.push_back(to_device(t));
+  OpCall call{};
+  call.struct_size = sizeof(OpCall);
+  call.inputs = in.data();
+  call.num_inputs = static_cast<int32_t>(in.size());
+  call.outputs = out.data();
+  call.num_outputs = static_cast<int32_t>(out.size());
+  call.attrs = std::is_same_v<A, NoAttrs> ? nullptr : attrs;
+  call.attrs_size = std::is_same_v<A, NoAttrs> ? 0 : sizeof(A);
+  if (k->workspace != nullptr) {
+    call.workspace_bytes = k->workspace(&call);
+    call.workspace = backend.scratch(static_cast<size_t>(call.workspace_bytes));
+    owned.push_back(call.workspace);
+  }
+  if (k->supports != nullptr && !k->supports(&call)) {
+    ADD_FAILURE() << label << ": kernel " << k->name << " declines the call " << what;
+  } else {
+    Status st = k->fn(&call);
+    EXPECT_EQ(st.code, Code::kOk) << label << ": " << take_message(&st);
+    status_release(&st);
+    for (size_t i = 0; i < result.size(); ++i)
+      if (!result[i].empty() && out[i].data != nullptr)
+        backend.download(result[i].raw(), out[i].data,
+                         static_cast<size_t>(result[i].numel()) * dtype_size(result[i].dtype()));
+    for (size_t i = 0; i < result.size(); ++i)
+      if (!result[i].empty())
+        expect_close(result[i], expected[i].values(), key,
+                     label + " output " + std::to_string(i) + " " + what);
+  }
+  for (void* p : owned) backend.release(p);
+}
+
 // Runs cpu.ref and cpu.fast of `op` on the same inputs and copies of the same initial
 // outputs, and compares every output at the tolerance of `key`'s dtype.
 template <class A = NoAttrs>
@@ -264,6 +326,10 @@ void expect_fast_matches_ref(const char* op, DType key, std::vector<Tensor> inpu
       expect_close(
           fast_out[i], ref_out[i].values(), key,
           std::string(op) + " " + dtype_name(key) + " output " + std::to_string(i) + " " + what);
+  // Every other device linked into this binary (device_backend.h), on the same inputs and
+  // initial outputs, against the same reference at the same tolerance.
+  for (::loom::kernels::testing::DeviceBackend* b : ::loom::kernels::testing::device_backends())
+    expect_device_matches(*b, op, key, inputs, outputs, ref_out, attrs, what);
 }
 
 // ---- Vocab-parallel shards -------------------------------------------------------------
