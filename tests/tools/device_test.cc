@@ -161,5 +161,33 @@ TEST_F(DeviceTest, NoDeviceRuntimeIsOneClearError) {
   EXPECT_THAT(r.err, ::testing::Not(HasSubstr("Segmentation")));
 }
 
+// The real CUDA library: with a GPU the tiny model trains on it with the CPU's losses (to
+// the bf16 tolerance of a different summation order); without one, `kernels_cuda` loads and
+// the run stops before start with the CUDA runtime's reason.
+TEST_F(DeviceTest, RealCudaMatchesTheCpuOrSaysWhyNot) {
+  nlohmann::json body = tiny_spec(6);
+  body["precision"] = {{"params", "bf16"}};
+  auto cpu = train("cpu_ref", body, "cpu");
+  ASSERT_EQ(cpu.exit_code, 0) << cpu.out << cpu.err;
+  body["train"]["device"] = "cuda";  // default kernel library: kernels_cuda
+  fs::path spec = dir_ / "real.json";
+  write_file(spec, body.dump(2));
+  auto r = run_loom("train '" + spec.string() + "' --run-dir '" + (dir_ / "real").string() + "'");
+  if (r.exit_code != 0 && r.err.find("no cuda device") != std::string::npos) {
+    EXPECT_THAT(r.err, HasSubstr("spec /train/device 'cuda': no cuda device: "));
+    EXPECT_THAT(r.err, HasSubstr("set the device to cpu"));
+    std::printf("[cuda] skipped: %s", r.err.c_str());
+    GTEST_SKIP() << "no CUDA device: " << r.err;
+  }
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  Curve a = curve("cpu_ref"), b = curve("real");
+  ASSERT_EQ(b.steps.size(), a.steps.size());
+  for (const auto& [step, lg] : a.steps) {
+    EXPECT_NEAR(b.steps.at(step).first, lg.first, 2e-2 * std::abs(lg.first)) << "step " << step;
+    EXPECT_NEAR(b.steps.at(step).second, lg.second, 5e-2 * std::abs(lg.second) + 1e-3)
+        << "grad norm at step " << step;
+  }
+}
+
 }  // namespace
 }  // namespace loom
