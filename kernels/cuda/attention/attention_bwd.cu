@@ -11,7 +11,7 @@
 //    kv head's gradient sums its query heads inside one block: no two blocks write the same
 //    dK / dV row and no atomics are needed for them. Per query tile of kBr rows (Q, dO, lse
 //    and delta double-buffered in shared memory, cp.async of the next tile during this one):
-//      S^T = K Q^T and dP^T = dO V^T... (16 keys, kBr queries) per warp, by mma.sync;
+//      S^T = K Q^T and dP^T = V dO^T, (16 keys, kBr queries) per warp, by mma.sync;
 //      P^T = exp2(S^T scale log2e - lse log2e), masked; with dropout multiplier z
 //      (keep / (1 - p), Philox of ((b H + h) T + t) S + s):
 //      dS^T = scale P^T (dP^T z - delta), dV += (P^T z) dO, dK += dS^T Q (registers);
@@ -27,6 +27,8 @@
 // Shared memory (elements of T unless noted, rows padded by 16 bytes against bank
 // conflicts): K, V (kBc, D + 8); Q, dO (2, kBr, D + 8); dS^T (kBc, kBr + 8); lse, delta,
 // segment ids (2, kBr) of 4 bytes. D = 64 (kBr 64): 66 KB; D = 128 (kBr 32): 75 KB.
+// ptxas (sm_90a, CUDA 13.0): 245 (D = 64) and 247 (D = 128) registers, no spills, so two
+// blocks of 128 threads per SM.
 //
 // Expected bottleneck (for tuning): the dQ atomics (kBr * D per block and query tile) and
 // the two barriers per query tile; larger kBc (8 warps) halves the atomics per key, and
