@@ -9,92 +9,25 @@
 
 namespace loom::kernels::cpu {
 
-namespace {
-
-void check_common(const Args& a, AttentionShape& s, int q, int k, int v, int seg) {
-  s.attrs = a.attrs<ops::AttentionAttrs>();
-  const TensorView& Q = a.float_in(q);
-  const TensorView& K = a.float_in(k);
-  a.float_in(v);
-  if (Q.ndim != 4) a.fail(a.in_label(q) + " has shape " + shape_str(Q) + ", expected (B, T, H, D)");
-  if (K.ndim != 4) a.fail(a.in_label(k) + " has shape " + shape_str(K) + ", expected (B, S, G, D)");
-  s.b = Q.shape[0], s.t = Q.shape[1], s.h = Q.shape[2], s.d = Q.shape[3];
-  s.s = K.shape[1], s.g = K.shape[2];
-  a.shape_in(k, {s.b, s.s, s.g, s.d}, "(B, S, G, D) with Q's B and D");
-  a.shape_in(v, {s.b, s.s, s.g, s.d}, "K's shape (B, S, G, D)");
-  if (s.g <= 0 || s.h % s.g != 0)
-    a.fail("query heads H = " + std::to_string(s.h) +
-           " must be a multiple of key/value heads G = " + std::to_string(s.g));
-  if (a.opt_i32_in(seg)) {
-    a.shape_in(seg, {s.b, s.t}, "(B, T)");
-    if (s.t != s.s)
-      a.fail("segment ids need as many keys as queries (T = " + std::to_string(s.t) +
-             ", S = " + std::to_string(s.s) + ")");
-  }
-  if (!(s.attrs.dropout_p >= 0.0f && s.attrs.dropout_p < 1.0f))
-    a.fail("dropout_p = " + std::to_string(s.attrs.dropout_p) + " must be in [0, 1)");
-}
-
-// Visible (query, key) pairs summed over batch and heads: the work of one matmul / D.
-double attention_pairs(const AttentionShape& s) {
-  double pairs = 0.0;
-  for (int64_t t = 0; t < s.t; ++t)
-    pairs += static_cast<double>(std::max<int64_t>(0, attention_key_limit(s, t)));
-  return pairs * static_cast<double>(s.b * s.h);
-}
-
-}  // namespace
-
-AttentionShape check_attention_fwd(const OpCall* call, bool shapes_only) {
-  Args a(call, ops::kAttentionFwd, {"Q", "K", "V", "segment_ids"}, {"O", "lse"}, shapes_only);
-  AttentionShape s{};
-  check_common(a, s, 0, 1, 2, 3);
-  a.float_out(0);
-  a.shape_out(0, {s.b, s.t, s.h, s.d}, "Q's shape (B, T, H, D)");
-  a.f32_out(1);
-  a.shape_out(1, {s.b, s.h, s.t}, "(B, H, T)");
-  return s;
-}
-
-AttentionShape check_attention_bwd(const OpCall* call, bool shapes_only) {
-  Args a(call, ops::kAttentionBwd, {"dO", "Q", "K", "V", "O", "lse", "segment_ids"},
-         {"dQ", "dK", "dV"}, shapes_only);
-  AttentionShape s{};
-  check_common(a, s, 1, 2, 3, 6);
-  a.float_in(0);
-  a.shape_in(0, {s.b, s.t, s.h, s.d}, "Q's shape (B, T, H, D)");
-  a.float_in(4);
-  a.shape_in(4, {s.b, s.t, s.h, s.d}, "Q's shape (B, T, H, D)");
-  a.f32_in(5);
-  a.shape_in(5, {s.b, s.h, s.t}, "(B, H, T)");
-  a.float_out(0);
-  a.shape_out(0, {s.b, s.t, s.h, s.d}, "Q's shape (B, T, H, D)");
-  a.float_out(1);
-  a.shape_out(1, {s.b, s.s, s.g, s.d}, "K's shape (B, S, G, D)");
-  a.float_out(2);
-  a.shape_out(2, {s.b, s.s, s.g, s.d}, "V's shape (B, S, G, D)");
-  return s;
-}
-
 bool attention_fwd_supports(const OpCall* call) {
-  return passes([&] { check_attention_fwd(call, true); });
+  return passes([&] { op_checks::check_attention_fwd(call, true, DeviceType::kCpu); });
 }
 bool attention_bwd_supports(const OpCall* call) {
-  return passes([&] { check_attention_bwd(call, true); });
+  return passes([&] { op_checks::check_attention_bwd(call, true, DeviceType::kCpu); });
 }
 
 // Forward: Q K^T and P V, 2 flops per multiply-add; backward: dV, dP, dQ, dK (recompute of
 // Q K^T is not model work, so MFU leaves it out).
 Status attention_fwd_cost(const OpCall* call, OpCost* out) {
   return guard([&] {
-    AttentionShape s = check_attention_fwd(call, true);
-    *out = io_cost(call, 4.0 * attention_pairs(s) * static_cast<double>(s.d));
+    AttentionShape s = op_checks::check_attention_fwd(call, true, DeviceType::kCpu);
+    *out = io_cost(call, 4.0 * op_checks::attention_pairs(s) * static_cast<double>(s.d));
   });
 }
 Status attention_bwd_cost(const OpCall* call, OpCost* out) {
   return guard([&] {
-    AttentionShape s = check_attention_bwd(call, true);
-    *out = io_cost(call, 8.0 * attention_pairs(s) * static_cast<double>(s.d));
+    AttentionShape s = op_checks::check_attention_bwd(call, true, DeviceType::kCpu);
+    *out = io_cost(call, 8.0 * op_checks::attention_pairs(s) * static_cast<double>(s.d));
   });
 }
 
@@ -163,7 +96,7 @@ void dropout_scale(const AttentionShape& s, int64_t b, int64_t h, std::vector<do
 
 Status attention_fwd_ref(const OpCall* call) {
   return guard([&] {
-    AttentionShape s = check_attention_fwd(call, false);
+    AttentionShape s = op_checks::check_attention_fwd(call, false, DeviceType::kCpu);
     const TensorView &Q = call->inputs[0], &K = call->inputs[1], &V = call->inputs[2];
     const TensorView& O = call->outputs[0];
     std::vector<double> P(static_cast<size_t>(s.t * s.s)), keep(P.size());  // (T, S)
@@ -186,7 +119,7 @@ Status attention_fwd_ref(const OpCall* call) {
 
 Status attention_bwd_ref(const OpCall* call) {
   return guard([&] {
-    AttentionShape s = check_attention_bwd(call, false);
+    AttentionShape s = op_checks::check_attention_bwd(call, false, DeviceType::kCpu);
     const TensorView &dO = call->inputs[0], &Q = call->inputs[1], &K = call->inputs[2];
     const TensorView& V = call->inputs[3];
     const float* lse = f32(call->inputs[5]);

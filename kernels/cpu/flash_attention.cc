@@ -76,7 +76,7 @@ void exp_shift(float* x, float shift, int64_t n) { simd::exp_shift_sum(x, shift,
 
 Status attention_fwd_fast(const OpCall* call) {
   return guard([&] {
-    AttentionShape s = check_attention_fwd(call, false);
+    AttentionShape s = op_checks::check_attention_fwd(call, false, DeviceType::kCpu);
     F32Copy q(call->inputs[0]), k(call->inputs[1]), v(call->inputs[2]);
     Operands op = make_operands(s, q.data(), k.data(), v.data(), call->inputs[3]);
     const TensorView& O = call->outputs[0];
@@ -122,7 +122,7 @@ Status attention_fwd_fast(const OpCall* call) {
 
 Status attention_bwd_fast(const OpCall* call) {
   return guard([&] {
-    AttentionShape s = check_attention_bwd(call, false);
+    AttentionShape s = op_checks::check_attention_bwd(call, false, DeviceType::kCpu);
     F32Copy dout(call->inputs[0]), q(call->inputs[1]), k(call->inputs[2]), v(call->inputs[3]);
     F32Copy o(call->inputs[4]);
     const float* lse = f32(call->inputs[5]);

@@ -1,0 +1,87 @@
+// attention_fwd / attention_bwd for every call the tensor-core kernels do not take: f32, any
+// head dim up to kAttentionGenericMaxD, tensors of differing float dtypes, unaligned views.
+// Plain CUDA cores, f32 arithmetic, never materialising (T, S); slower, simple, the same
+// semantics (mask, Philox dropout index, lse, fully masked rows) as the reference.
+//
+// Launch geometry: one warp per row, kWarps warps per block, each warp with its own slice of
+// dynamic shared memory holding f32 rows of D (so any D fits) and 32 per-item scalars.
+// Items (keys or queries) go by chunks of 32: lane j computes the dot products of item j
+// over the whole D (rows read by one lane each; the L1 serves the rest of each line), the
+// chunk's scalars meet in shared memory, then every lane updates its own columns
+// d = lane, lane + 32, ... of the row accumulator (coalesced reads of V / Q / dO / K rows).
+//   forward:  warp per query row (b, h, t): online softmax over key chunks.
+//   backward: the delta kernel (attention_bwd.cu), then pass 1, warp per key row (b, s, g):
+//             dK, dV summed over the group's query heads and all queries; pass 2, warp per
+//             query row (b, t, h): dQ. Each output row has one writer: no atomics, and the
+//             result does not depend on scheduling.
+#include <algorithm>
+
+#include "kernels/cuda/attention/attention_generic_kernel.cuh"
+#include "kernels/cuda/attention/attention_params.cuh"
+#include "kernels/cuda/common/cuda_check.h"
+
+namespace loom::kernels::cuda {
+namespace {
+
+using namespace attn;
+
+constexpr int kMaxWarps = 4;
+
+// Warps per block when each needs `per_warp` bytes of shared memory: up to kMaxWarps within
+// the 227 KB a Hopper block may use (kAttentionGenericMaxD keeps one warp within it).
+int warps_for(size_t per_warp) {
+  constexpr size_t kBudget = 227 * 1024;
+  return static_cast<int>(std::clamp<size_t>(kBudget / per_warp, 1, kMaxWarps));
+}
+
+// Launches kernel<Io> with one warp per row, `floats_per_warp` of shared memory each.
+template <class Kernel>
+void launch_rows(Kernel kernel, const AttentionParams& p, int64_t rows, int64_t floats_per_warp,
+                 cudaStream_t stream, const char* op) {
+  if (rows == 0) return;
+  const size_t per_warp = sizeof(float) * static_cast<size_t>(floats_per_warp);
+  const int warps = warps_for(per_warp);
+  const size_t smem = per_warp * warps;
+  attention_allow_smem(reinterpret_cast<const void*>(kernel), smem, op);
+  kernel<<<static_cast<unsigned>((rows + warps - 1) / warps), 32 * warps, smem, stream>>>(p);
+  launch_check(op);
+}
+
+// The Io that serves the call: TypedIo<T> when every tensor has Q's dtype, else AnyIo.
+template <class F>
+void with_io(const AttentionParams& p, bool same, F&& f) {
+  if (same && p.dt_q == DType::kBF16)
+    f(TypedIo<__nv_bfloat16>{});
+  else if (same && p.dt_q == DType::kF16)
+    f(TypedIo<__half>{});
+  else if (same && p.dt_q == DType::kF32)
+    f(TypedIo<float>{});
+  else
+    f(AnyIo{});
+}
+
+}  // namespace
+
+void launch_attention_fwd_generic(const AttentionParams& p, cudaStream_t stream) {
+  const bool same = p.dt_k == p.dt_q && p.dt_v == p.dt_q && p.dt_o == p.dt_q;
+  with_io(p, same, [&](auto io) {
+    using Io = decltype(io);
+    launch_rows(attention_fwd_generic_kernel<Io>, p, p.b * p.h * p.t, 2 * p.d + 32, stream,
+                "attention_fwd");
+  });
+}
+
+void launch_attention_bwd_generic(const AttentionParams& p, cudaStream_t stream) {
+  launch_attention_bwd_delta(p, stream);
+  const bool same = p.dt_k == p.dt_q && p.dt_v == p.dt_q && p.dt_do == p.dt_q &&
+                    p.dt_dq == p.dt_q && p.dt_dk == p.dt_q && p.dt_dv == p.dt_q;
+  with_io(p, same, [&](auto io) {
+    using Io = decltype(io);
+    launch_rows(attention_bwd_dkv_generic_kernel<Io>, p, p.b * p.s * p.g, 4 * p.d + 64, stream,
+                "attention_bwd");
+    launch_rows(attention_bwd_dq_generic_kernel<Io>, p, p.b * p.t * p.h, 3 * p.d + 32, stream,
+                "attention_bwd");
+  });
+}
+
+}  // namespace loom::kernels::cuda

@@ -1,0 +1,205 @@
+// The generic attention kernels (CUDA cores, any float dtypes, any head dim up to
+// kAttentionGenericMaxD); the algorithm and launch geometry are described in
+// attention_generic.cu, which instantiates and launches them.
+#pragma once
+
+#include "kernels/cuda/attention/attention_device.cuh"
+#include "kernels/cuda/attention/attention_params.cuh"
+
+namespace loom::kernels::cuda::attn {
+
+// Query t's segment differs from key s's (only with segment ids, T == S).
+__device__ __forceinline__ bool other_segment(const int32_t* seg_row, int64_t t, int64_t s) {
+  return seg_row != nullptr && seg_row[t] != seg_row[s];
+}
+
+// Forward: warp per query row r = (b, h, t) of the (B, H, T) lse. Shared per warp:
+// q (D), acc (D), p (32) floats.
+template <class Io>
+__global__ void attention_fwd_generic_kernel(const AttentionParams p) {
+  extern __shared__ float shared[];
+  const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t D = p.d, rows = p.b * p.h * p.t;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * warps + warp;
+  if (r >= rows) return;  // whole warps leave together; no block barriers below
+  float* sq = shared + warp * (2 * D + 32);
+  float* sacc = sq + D;
+  float* sp = sacc + D;
+  const int64_t b = r / (p.h * p.t), h = (r / p.t) % p.h, t = r % p.t, g = h / p.group;
+  const int64_t q_row = ((b * p.t + t) * p.h + h) * D;
+  const int32_t* seg_row = p.seg != nullptr ? p.seg + b * p.t : nullptr;
+  const float scale_log2 = p.scale * kLog2e;
+  for (int64_t d = lane; d < D; d += 32) {
+    sq[d] = Io::load(p.q, p.dt_q, q_row + d);
+    sacc[d] = 0.0f;
+  }
+  __syncwarp();
+
+  int64_t limit = p.causal ? min64(p.s, t + p.s - p.t + 1) : p.s;
+  float m = -INFINITY, l = 0.0f;  // running max (log2 domain), sum; equal in every lane
+  for (int64_t k0 = 0; k0 < limit; k0 += 32) {
+    const int64_t key = k0 + lane;
+    float x = -INFINITY;
+    if (key < limit && !other_segment(seg_row, t, key)) {
+      const int64_t k_row = ((b * p.s + key) * p.g + g) * D;
+      float dot = 0.0f;
+      for (int64_t d = 0; d < D; ++d) dot += sq[d] * Io::load(p.k, p.dt_k, k_row + d);
+      x = dot * scale_log2;
+    }
+    const float m_new = fmaxf(m, warp_max(x));
+    const float shift = m_new == -INFINITY ? 0.0f : m_new;  // see attention_fwd.cu
+    const float corr = exp2f(m - shift);
+    float pr = exp2f(x - shift);
+    l = l * corr + warp_sum(pr);
+    m = m_new;
+    if (p.dropout && pr != 0.0f)
+      pr *= dropout_mult(p.key, p.counter,
+                         static_cast<uint64_t>(((b * p.h + h) * p.t + t) * p.s + key), p.threshold,
+                         p.keep_scale);
+    sp[lane] = pr;
+    __syncwarp();
+    const int n = static_cast<int>(min64(32, limit - k0));
+    for (int64_t d = lane; d < D; d += 32) {
+      float a = sacc[d] * corr;
+      for (int j = 0; j < n; ++j)
+        if (sp[j] != 0.0f)
+          a += sp[j] * Io::load(p.v, p.dt_v, ((b * p.s + k0 + j) * p.g + g) * D + d);
+      sacc[d] = a;
+    }
+    __syncwarp();  // sp is rewritten by the next chunk
+  }
+  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+  for (int64_t d = lane; d < D; d += 32) Io::store(p.o, p.dt_o, q_row + d, sacc[d] * inv);
+  if (lane == 0) p.lse[r] = l > 0.0f ? (m + log2f(l)) * kLn2 : -INFINITY;
+}
+
+// Probability (pr) and dropout multiplier (z) of (b, h, t, key) from the saved lse; the
+// caller has checked that the pair is visible. qk is the raw dot product q . k.
+__device__ __forceinline__ void recompute(const AttentionParams& p, float qk, float lse, int64_t b,
+                                          int64_t h, int64_t t, int64_t key, float& pr, float& z) {
+  pr = lse == -INFINITY ? 0.0f : exp2f(qk * p.scale * kLog2e - lse * kLog2e);
+  z = 1.0f;
+  if (p.dropout && pr != 0.0f)
+    z = dropout_mult(p.key, p.counter, static_cast<uint64_t>(((b * p.h + h) * p.t + t) * p.s + key),
+                     p.threshold, p.keep_scale);
+}
+
+// Backward pass 1: warp per key row r = (b, s, g) of the (B, S, G, D) dK / dV. Shared per
+// warp: k, v, dk, dv (D each), pz, ds (32 each) floats.
+template <class Io>
+__global__ void attention_bwd_dkv_generic_kernel(const AttentionParams p) {
+  extern __shared__ float shared[];
+  const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t D = p.d, rows = p.b * p.s * p.g;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * warps + warp;
+  if (r >= rows) return;
+  float* sk = shared + warp * (4 * D + 64);
+  float* sv = sk + D;
+  float* sdk = sv + D;
+  float* sdv = sdk + D;
+  float* spz = sdv + D;
+  float* sds = spz + 32;
+  const int64_t b = r / (p.s * p.g), key = (r / p.g) % p.s, g = r % p.g;
+  const int32_t* seg_row = p.seg != nullptr ? p.seg + b * p.t : nullptr;
+  for (int64_t d = lane; d < D; d += 32) {
+    sk[d] = Io::load(p.k, p.dt_k, r * D + d);
+    sv[d] = Io::load(p.v, p.dt_v, r * D + d);
+    sdk[d] = sdv[d] = 0.0f;
+  }
+  __syncwarp();
+
+  // Queries that see this key: t >= key - (S - T) under the causal mask.
+  const int64_t t_begin = p.causal ? max64(0, key - (p.s - p.t)) : 0;
+  for (int64_t h = g * p.group; h < (g + 1) * p.group; ++h)
+    for (int64_t t0 = t_begin; t0 < p.t; t0 += 32) {
+      const int64_t t = t0 + lane;
+      float pz = 0.0f, ds = 0.0f;
+      if (t < p.t && !other_segment(seg_row, t, key)) {
+        const int64_t q_row = ((b * p.t + t) * p.h + h) * D;
+        float qk = 0.0f, dp = 0.0f;
+        for (int64_t d = 0; d < D; ++d) {
+          qk += Io::load(p.q, p.dt_q, q_row + d) * sk[d];
+          dp += Io::load(p.dout, p.dt_do, q_row + d) * sv[d];
+        }
+        float pr, z;
+        recompute(p, qk, p.lse_in[(b * p.h + h) * p.t + t], b, h, t, key, pr, z);
+        pz = pr * z;
+        ds = p.scale * pr * (dp * z - p.delta[(b * p.h + h) * p.t + t]);
+      }
+      spz[lane] = pz;
+      sds[lane] = ds;
+      __syncwarp();
+      const int n = static_cast<int>(min64(32, p.t - t0));
+      for (int64_t d = lane; d < D; d += 32) {
+        float ak = sdk[d], av = sdv[d];
+        for (int j = 0; j < n; ++j) {
+          if (spz[j] == 0.0f && sds[j] == 0.0f) continue;
+          const int64_t q_row = ((b * p.t + t0 + j) * p.h + h) * D;
+          ak += sds[j] * Io::load(p.q, p.dt_q, q_row + d);
+          av += spz[j] * Io::load(p.dout, p.dt_do, q_row + d);
+        }
+        sdk[d] = ak;
+        sdv[d] = av;
+      }
+      __syncwarp();
+    }
+  for (int64_t d = lane; d < D; d += 32) {
+    Io::store(p.dk, p.dt_dk, r * D + d, sdk[d]);
+    Io::store(p.dv, p.dt_dv, r * D + d, sdv[d]);
+  }
+}
+
+// Backward pass 2: warp per query row r = (b, t, h) of the (B, T, H, D) dQ. Shared per
+// warp: q, do, dq (D each), ds (32) floats.
+template <class Io>
+__global__ void attention_bwd_dq_generic_kernel(const AttentionParams p) {
+  extern __shared__ float shared[];
+  const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t D = p.d, rows = p.b * p.t * p.h;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * warps + warp;
+  if (r >= rows) return;
+  float* sq = shared + warp * (3 * D + 32);
+  float* sdo = sq + D;
+  float* sdq = sdo + D;
+  float* sds = sdq + D;
+  const int64_t b = r / (p.t * p.h), t = (r / p.h) % p.t, h = r % p.h, g = h / p.group;
+  const int32_t* seg_row = p.seg != nullptr ? p.seg + b * p.t : nullptr;
+  for (int64_t d = lane; d < D; d += 32) {
+    sq[d] = Io::load(p.q, p.dt_q, r * D + d);
+    sdo[d] = Io::load(p.dout, p.dt_do, r * D + d);
+    sdq[d] = 0.0f;
+  }
+  __syncwarp();
+  const float lse = p.lse_in[(b * p.h + h) * p.t + t];
+  const float delta = p.delta[(b * p.h + h) * p.t + t];
+  const int64_t limit = lse == -INFINITY ? 0 : (p.causal ? min64(p.s, t + p.s - p.t + 1) : p.s);
+  for (int64_t k0 = 0; k0 < limit; k0 += 32) {
+    const int64_t key = k0 + lane;
+    float ds = 0.0f;
+    if (key < limit && !other_segment(seg_row, t, key)) {
+      const int64_t kv_row = ((b * p.s + key) * p.g + g) * D;
+      float qk = 0.0f, dp = 0.0f;
+      for (int64_t d = 0; d < D; ++d) {
+        qk += sq[d] * Io::load(p.k, p.dt_k, kv_row + d);
+        dp += sdo[d] * Io::load(p.v, p.dt_v, kv_row + d);
+      }
+      float pr, z;
+      recompute(p, qk, lse, b, h, t, key, pr, z);
+      ds = p.scale * pr * (dp * z - delta);
+    }
+    sds[lane] = ds;
+    __syncwarp();
+    const int n = static_cast<int>(min64(32, limit - k0));
+    for (int64_t d = lane; d < D; d += 32) {
+      float a = sdq[d];
+      for (int j = 0; j < n; ++j)
+        if (sds[j] != 0.0f)
+          a += sds[j] * Io::load(p.k, p.dt_k, ((b * p.s + k0 + j) * p.g + g) * D + d);
+      sdq[d] = a;
+    }
+    __syncwarp();
+  }
+  for (int64_t d = lane; d < D; d += 32) Io::store(p.dq, p.dt_dq, r * D + d, sdq[d]);
+}
+
+}  // namespace loom::kernels::cuda::attn

@@ -1,0 +1,120 @@
+// Argument checks and shape helpers of attention_fwd / attention_bwd (loom/ops.h), shared by
+// the kernel libraries so that the CPU and the CUDA kernels refuse a bad call with the same
+// words (header-only; nothing here crosses the plugin boundary).
+//
+//   AttentionShape s = loom::op_checks::check_attention_fwd(call, shapes_only, DeviceType::kCuda);
+#pragma once
+
+#include <stdint.h>
+
+#include <string>
+
+#include "loom/cpp/op_args.h"
+#include "loom/kernel.h"
+#include "loom/ops.h"
+
+namespace loom::op_checks {
+
+/// The extents of one attention call and its attributes.
+struct AttentionShape {
+  int64_t b, t, s, h, g, d;  ///< batch, queries, keys, query heads, kv heads, head dim
+  ops::AttentionAttrs attrs;
+};
+
+namespace detail {
+
+// Q, K, V (inputs q, k, v), the optional segment ids (input seg) and the attributes.
+inline void check_attention_common(const OpArgs& a, AttentionShape& s, int q, int k, int v,
+                                   int seg) {
+  s.attrs = a.attrs<ops::AttentionAttrs>();
+  const TensorView& Q = a.float_in(q);
+  const TensorView& K = a.float_in(k);
+  a.float_in(v);
+  if (Q.ndim != 4)
+    a.fail(a.in_label(q) + " has shape " + view_shape_str(Q) + ", expected (B, T, H, D)");
+  if (K.ndim != 4)
+    a.fail(a.in_label(k) + " has shape " + view_shape_str(K) + ", expected (B, S, G, D)");
+  s.b = Q.shape[0], s.t = Q.shape[1], s.h = Q.shape[2], s.d = Q.shape[3];
+  s.s = K.shape[1], s.g = K.shape[2];
+  a.shape_in(k, {s.b, s.s, s.g, s.d}, "(B, S, G, D) with Q's B and D");
+  a.shape_in(v, {s.b, s.s, s.g, s.d}, "K's shape (B, S, G, D)");
+  if (s.g <= 0 || s.h % s.g != 0)
+    a.fail("query heads H = " + std::to_string(s.h) +
+           " must be a multiple of key/value heads G = " + std::to_string(s.g));
+  if (a.opt_i32_in(seg)) {
+    a.shape_in(seg, {s.b, s.t}, "(B, T)");
+    if (s.t != s.s)
+      a.fail("segment ids need as many keys as queries (T = " + std::to_string(s.t) +
+             ", S = " + std::to_string(s.s) + ")");
+  }
+  if (!(s.attrs.dropout_p >= 0.0f && s.attrs.dropout_p < 1.0f))
+    a.fail("dropout_p = " + std::to_string(s.attrs.dropout_p) + " must be in [0, 1)");
+}
+
+}  // namespace detail
+
+/// Checks an attention_fwd call for kernels running on `device`; throws loom::Error
+/// (kInvalidArgument, message starting "attention_fwd: ") on a bad call.
+/// \param call         the call
+/// \param shapes_only  true inside `supports` (data pointers may be null)
+/// \param device       the device family of the kernel; tensors elsewhere are refused
+inline AttentionShape check_attention_fwd(const OpCall* call, bool shapes_only, DeviceType device) {
+  OpArgs a(call, ops::kAttentionFwd, {"Q", "K", "V", "segment_ids"}, {"O", "lse"}, shapes_only,
+           device);
+  AttentionShape s{};
+  detail::check_attention_common(a, s, 0, 1, 2, 3);
+  a.float_out(0);
+  a.shape_out(0, {s.b, s.t, s.h, s.d}, "Q's shape (B, T, H, D)");
+  a.f32_out(1);
+  a.shape_out(1, {s.b, s.h, s.t}, "(B, H, T)");
+  return s;
+}
+
+/// Checks an attention_bwd call, as check_attention_fwd does.
+inline AttentionShape check_attention_bwd(const OpCall* call, bool shapes_only, DeviceType device) {
+  OpArgs a(call, ops::kAttentionBwd, {"dO", "Q", "K", "V", "O", "lse", "segment_ids"},
+           {"dQ", "dK", "dV"}, shapes_only, device);
+  AttentionShape s{};
+  detail::check_attention_common(a, s, 1, 2, 3, 6);
+  a.float_in(0);
+  a.shape_in(0, {s.b, s.t, s.h, s.d}, "Q's shape (B, T, H, D)");
+  a.float_in(4);
+  a.shape_in(4, {s.b, s.t, s.h, s.d}, "Q's shape (B, T, H, D)");
+  a.f32_in(5);
+  a.shape_in(5, {s.b, s.h, s.t}, "(B, H, T)");
+  a.float_out(0);
+  a.shape_out(0, {s.b, s.t, s.h, s.d}, "Q's shape (B, T, H, D)");
+  a.float_out(1);
+  a.shape_out(1, {s.b, s.s, s.g, s.d}, "K's shape (B, S, G, D)");
+  a.float_out(2);
+  a.shape_out(2, {s.b, s.s, s.g, s.d}, "V's shape (B, S, G, D)");
+  return s;
+}
+
+/// Philox element index of probability (b, h, t, k) (loom/ops.h, attention_fwd): that of
+/// a (B, H, T, S) tensor.
+inline uint64_t attention_dropout_index(const AttentionShape& s, int64_t b, int64_t h, int64_t t,
+                                        int64_t k) {
+  return static_cast<uint64_t>(((b * s.h + h) * s.t + t) * s.s + k);
+}
+
+/// Keys [0, limit) may be visible to query t (causal: k <= t + S - T); at most S, maybe <= 0.
+inline int64_t attention_key_limit(const AttentionShape& s, int64_t t) {
+  if (!s.attrs.causal) return s.s;
+  int64_t limit = t + s.s - s.t + 1;
+  return limit < s.s ? limit : s.s;
+}
+
+/// Visible (query, key) pairs under the causal mask, summed over batch and heads: the work
+/// of one of the attention matmuls divided by D (segment ids are not counted: the cost
+/// model looks at shapes only).
+inline double attention_pairs(const AttentionShape& s) {
+  double pairs = 0.0;
+  for (int64_t t = 0; t < s.t; ++t) {
+    int64_t limit = attention_key_limit(s, t);
+    pairs += static_cast<double>(limit > 0 ? limit : 0);
+  }
+  return pairs * static_cast<double>(s.b * s.h);
+}
+
+}  // namespace loom::op_checks

@@ -1,0 +1,443 @@
+// Runs the CUDA attention kernels (kernels/cuda/attention/*_kernel.cuh) on the
+// CPU under emulation and compares them with an f64 reference written here (the
+// semantics of loom/ops.h: causal offset, segment ids, GQA, Philox dropout of
+// kernels/cpu/philox.h, lse, fully masked rows), with the per-dtype tolerances
+// of tests/kernels/cpu/op_test_util.h.
+//
+// Emulation (emu_prelude.h): one fiber per CUDA thread, a block at a time,
+// fibers switched only at barriers and warp collectives, in a shuffled order;
+// ldmatrix and mma.sync come from the PTX ISA's fragment layouts
+// (kernels/cuda/attention/attention_mma.cuh here replaces the inline-PTX one
+// through the include path). It checks the index arithmetic, masks, fragment
+// layouts, barriers and numerics of the kernels on a machine without a GPU; it
+// says nothing about speed, and cp.async either lands at once or only at its
+// wait
+// ("deferred"), the two extremes of the hardware's timing. The launch geometry
+// is repeated from the launchers (attention_fwd.cu, attention_bwd.cu,
+// attention_generic.cu), which cannot be compiled without nvcc. Usage: run.sh
+// (from the repository root).
+#include <algorithm>
+#include <functional>
+#include <random>
+#include <string>
+
+#include "kernels/cpu/philox.h"
+#include "kernels/cuda/attention/attention_bwd_kernel.cuh"
+#include "kernels/cuda/attention/attention_fwd_kernel.cuh"
+#include "kernels/cuda/attention/attention_generic_kernel.cuh"
+
+namespace loom::kernels::cuda::attn {
+alignas(16) unsigned char smem[256 * 1024];
+alignas(16) float shared[64 * 1024];
+}  // namespace loom::kernels::cuda::attn
+
+using namespace loom;
+using namespace loom::kernels::cuda;
+using namespace loom::kernels::cuda::attn;
+
+namespace emu {
+constexpr size_t kStack = 256 * 1024;
+std::function<void()>* g_body;
+std::mt19937 g_sched_rng(1);
+bool g_shuffle = true;
+void trampoline() {
+  (*g_body)();
+  g_cur->done = true;
+  g_live--;
+  g_progress++;
+}
+void run_grid(unsigned grid, unsigned block, std::function<void()> body) {
+  g_grid_dim = {grid, 1, 1};
+  g_block_dim = {block, 1, 1};
+  g_body = &body;
+  static std::vector<char> stacks;
+  stacks.resize(kStack * block);
+  for (unsigned bx = 0; bx < grid; ++bx) {
+    std::vector<Fiber> fibers(block);
+    g_block_bar = {};
+    g_warp_bar.assign((block + 31) / 32, {});
+    g_slots.assign(block, {});
+    g_live = block;
+    for (unsigned t = 0; t < block; ++t) {
+      Fiber& f = fibers[t];
+      f.tidx = {t, 0, 0};
+      f.bidx = {bx, 0, 0};
+      getcontext(&f.ctx);
+      f.ctx.uc_stack.ss_sp = &stacks[kStack * t];
+      f.ctx.uc_stack.ss_size = kStack;
+      f.ctx.uc_link = &g_sched;
+      makecontext(&f.ctx, trampoline, 0);
+    }
+    std::vector<int> order(block);
+    for (unsigned t = 0; t < block; ++t) order[t] = t;
+    for (;;) {
+      bool any = false;
+      long before = g_progress;
+      if (g_shuffle) std::shuffle(order.begin(), order.end(), g_sched_rng);
+      for (int t : order) {
+        if (fibers[t].done) continue;
+        any = true;
+        g_cur = &fibers[t];
+        swapcontext(&g_sched, &fibers[t].ctx);
+      }
+      if (!any) break;
+      if (g_progress == before) {
+        fprintf(stderr, "DEADLOCK in block %u\n", bx);
+        exit(2);
+      }
+    }
+    for (auto& f : fibers)
+      if (!f.pending.empty()) {
+        fprintf(stderr, "cp.async left pending at exit\n");
+        exit(2);
+      }
+  }
+}
+}  // namespace emu
+
+// ---- host tensors
+// --------------------------------------------------------------------------
+struct Buf {
+  DType dt = DType::kF32;
+  std::vector<unsigned char> bytes;
+  int64_t n = 0;
+  Buf() = default;
+  Buf(DType d, int64_t count) : dt(d), bytes(count * (d == DType::kF32 ? 4 : 2) + 16), n(count) {}
+  void* data() { return bytes.data(); }
+  float get(int64_t i) const {
+    if (dt == DType::kF32) {
+      float f;
+      memcpy(&f, &bytes[i * 4], 4);
+      return f;
+    }
+    uint16_t b;
+    memcpy(&b, &bytes[i * 2], 2);
+    if (dt == DType::kBF16) return bits_to_f32<__nv_bfloat16>(b);
+    return bits_to_f32<__half>(b);
+  }
+  void set(int64_t i, float x) {
+    if (dt == DType::kF32) {
+      memcpy(&bytes[i * 4], &x, 4);
+      return;
+    }
+    uint16_t b;
+    if (dt == DType::kBF16) {
+      __nv_bfloat16 v = __float2bfloat16_rn(x);
+      memcpy(&b, &v, 2);
+    } else {
+      __half v = __float2half_rn(x);
+      memcpy(&b, &v, 2);
+    }
+    memcpy(&bytes[i * 2], &b, 2);
+  }
+};
+
+struct Case {
+  std::string name;
+  DType dt;
+  int64_t B, T, S, H, G, D;
+  int causal;
+  bool seg;
+  float p;
+  bool generic;
+  DType dt_other = DType::kInvalid;  // generic: K, V, dO, dK in this dtype (mixed)
+};
+
+struct Tol {
+  double rtol, atol;
+};
+Tol tol(DType t) {
+  if (t == DType::kBF16) return {1.6e-2, 1e-2};
+  if (t == DType::kF16) return {2e-3, 1e-3};
+  return {1e-4, 1e-5};
+}
+
+int g_fail = 0;
+void compare(const std::string& what, const Buf& got, const std::vector<double>& want, DType dt) {
+  Tol t = tol(dt);
+  double worst = 0;
+  int64_t wi = -1;
+  int64_t bad = 0;
+  for (int64_t i = 0; i < (int64_t)want.size(); ++i) {
+    double g = got.get(i), e = want[i];
+    double r;
+    if (std::isinf(e) || std::isinf(g))
+      r = (g == e) ? 0 : 1e9;
+    else
+      r = std::fabs(g - e) / (t.atol + t.rtol * std::fabs(e));
+    if (std::isnan(g)) r = 1e9;
+    if (r > 1) ++bad;
+    if (r > worst) {
+      worst = r;
+      wi = i;
+    }
+  }
+  printf("  %-6s worst err/tol = %.3f%s", what.c_str(), worst, bad ? "  FAIL" : "");
+  if (wi >= 0) printf(" (at %ld: got %.6g want %.6g)", wi, got.get(wi), want[wi]);
+  printf("  bad=%ld/%zu\n", bad, want.size());
+  if (bad) ++g_fail;
+}
+
+void run_case(const Case& c, std::mt19937& rng) {
+  const int64_t B = c.B, T = c.T, S = c.S, H = c.H, G = c.G, D = c.D, grp = H / G;
+  const float scale = 1.0f / std::sqrt((float)D);
+  DType dto = c.dt_other == DType::kInvalid ? c.dt : c.dt_other;
+  Buf q(c.dt, B * T * H * D), k(dto, B * S * G * D), v(c.dt, B * S * G * D);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  for (int64_t i = 0; i < q.n; ++i) q.set(i, 2.f * u(rng));
+  for (int64_t i = 0; i < k.n; ++i) k.set(i, 2.f * u(rng));
+  for (int64_t i = 0; i < v.n; ++i) v.set(i, u(rng));
+  std::vector<int32_t> seg(B * T);
+  for (int64_t b = 0; b < B; ++b) {
+    int32_t id = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      if (t > 0 && rng() % 23 == 0) ++id;
+      seg[b * T + t] = id;
+    }
+  }
+  uint64_t key = 0x1234567890abcdefull, counter = 77;
+  uint32_t thr = kernels::cpu::keep_threshold(c.p);
+  auto hidden = [&](int64_t b, int64_t t, int64_t s) {
+    if (c.causal && s > t + (S - T)) return true;
+    return c.seg && seg[b * T + t] != seg[b * T + s];
+  };
+  auto zmult = [&](int64_t b, int64_t h, int64_t t, int64_t s) -> double {
+    if (c.p == 0.f) return 1.0;
+    uint64_t idx = (uint64_t)(((b * H + h) * T + t) * S + s);
+    return kernels::cpu::philox_keep(key, counter, idx, thr) ? 1.0 / (1.0 - (double)c.p) : 0.0;
+  };
+  // ---- reference forward (f64)
+  std::vector<double> O(B * T * H * D), lse(B * H * T), P(T * S);
+  std::vector<double> dQ(B * T * H * D), dK(B * S * G * D), dV(B * S * G * D);
+  Buf dO(dto, B * T * H * D), Ob(c.dt, B * T * H * D);
+  for (int64_t i = 0; i < dO.n; ++i) dO.set(i, u(rng));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      int64_t g = h / grp;
+      for (int64_t t = 0; t < T; ++t) {
+        double m = -INFINITY;
+        for (int64_t s = 0; s < S; ++s) {
+          double x = -INFINITY;
+          if (!hidden(b, t, s)) {
+            double dot = 0;
+            for (int64_t d = 0; d < D; ++d)
+              dot += (double)q.get(((b * T + t) * H + h) * D + d) *
+                     k.get(((b * S + s) * G + g) * D + d);
+            x = scale * dot;
+          }
+          P[t * S + s] = x;
+          m = std::max(m, x);
+        }
+        double l = 0;
+        if (m != -INFINITY)
+          for (int64_t s = 0; s < S; ++s) l += std::exp(P[t * S + s] - m);
+        double L = m == -INFINITY ? -INFINITY : m + std::log(l);
+        lse[(b * H + h) * T + t] = L;
+        for (int64_t s = 0; s < S; ++s)
+          P[t * S + s] =
+              (L == -INFINITY || P[t * S + s] == -INFINITY) ? 0 : std::exp(P[t * S + s] - L);
+        for (int64_t d = 0; d < D; ++d) {
+          double a = 0;
+          for (int64_t s = 0; s < S; ++s)
+            if (P[t * S + s] != 0)
+              a += P[t * S + s] * zmult(b, h, t, s) * v.get(((b * S + s) * G + g) * D + d);
+          O[((b * T + t) * H + h) * D + d] = a;
+        }
+      }
+      // backward
+      for (int64_t t = 0; t < T; ++t) {
+        std::vector<double> ds(S);
+        double rowdot = 0;
+        for (int64_t s = 0; s < S; ++s) {
+          double dp = 0;
+          for (int64_t d = 0; d < D; ++d)
+            dp += (double)dO.get(((b * T + t) * H + h) * D + d) *
+                  v.get(((b * S + s) * G + g) * D + d);
+          ds[s] = dp * zmult(b, h, t, s);
+          rowdot += P[t * S + s] * ds[s];
+        }
+        for (int64_t s = 0; s < S; ++s) {
+          double dss = scale * P[t * S + s] * (ds[s] - rowdot),
+                 pz = P[t * S + s] * zmult(b, h, t, s);
+          for (int64_t d = 0; d < D; ++d) {
+            dQ[((b * T + t) * H + h) * D + d] += dss * k.get(((b * S + s) * G + g) * D + d);
+            dK[((b * S + s) * G + g) * D + d] += dss * q.get(((b * T + t) * H + h) * D + d);
+            dV[((b * S + s) * G + g) * D + d] += pz * dO.get(((b * T + t) * H + h) * D + d);
+          }
+        }
+      }
+    }
+  for (int64_t i = 0; i < Ob.n; ++i) Ob.set(i, (float)O[i]);
+  Buf lse_in(DType::kF32, B * H * T);
+  for (int64_t i = 0; i < lse_in.n; ++i) lse_in.set(i, (float)lse[i]);
+
+  // ---- params
+  AttentionParams p{};
+  p.b = B, p.t = T, p.s = S, p.h = H, p.g = G, p.d = D, p.group = grp;
+  p.scale = scale;
+  p.causal = c.causal;
+  p.dropout = c.p > 0;
+  p.threshold = keep_threshold(c.p);
+  p.keep_scale = 1.0f / (1.0f - c.p);
+  p.key = key;
+  p.counter = counter;
+  p.q = q.data();
+  p.k = k.data();
+  p.v = v.data();
+  p.seg = c.seg ? seg.data() : nullptr;
+  Buf o(c.dt, B * T * H * D), lse_out(DType::kF32, B * H * T);
+  p.o = o.data();
+  p.lse = (float*)lse_out.data();
+  p.dt_q = c.dt;
+  p.dt_k = dto;
+  p.dt_v = c.dt;
+  p.dt_o = c.dt;
+  p.dt_do = dto;
+  p.dt_dq = c.dt;
+  p.dt_dk = dto;
+  p.dt_dv = c.dt;
+  Buf dq(c.dt, B * T * H * D), dk(dto, B * S * G * D), dv(c.dt, B * S * G * D);
+  // poison outputs
+  for (int64_t i = 0; i < o.n; ++i) o.set(i, 12345.f);
+  for (int64_t i = 0; i < dk.n; ++i) {
+    dk.set(i, 12345.f);
+    dv.set(i, 12345.f);
+  }
+  for (int64_t i = 0; i < dq.n; ++i) dq.set(i, 12345.f);
+  p.dout = dO.data();
+  p.out = Ob.data();
+  p.lse_in = (const float*)lse_in.data();
+  p.dq = dq.data();
+  p.dk = dk.data();
+  p.dv = dv.data();
+  std::vector<float> dq_acc(B * T * H * D + 4, 999.f), delta(B * H * T + 4, 999.f);
+  p.delta = delta.data();
+
+  printf("%s\n", c.name.c_str());
+  const bool same = c.dt_other == DType::kInvalid;
+  if (!c.generic) {
+    // forward
+    const int64_t fwd_blocks = (T + 63) / 64 * B * H;
+    auto fwd_body = [&]() {
+      if (c.dt == DType::kBF16) {
+        if (D == 64)
+          attention_fwd_tc_kernel<__nv_bfloat16, 64, 4, 64>(p);
+        else
+          attention_fwd_tc_kernel<__nv_bfloat16, 128, 4, 64>(p);
+      } else {
+        if (D == 64)
+          attention_fwd_tc_kernel<__half, 64, 4, 64>(p);
+        else
+          attention_fwd_tc_kernel<__half, 128, 4, 64>(p);
+      }
+    };
+    if (fwd_blocks) emu::run_grid(fwd_blocks, 128, fwd_body);
+    // backward
+    p.dq_acc = dq_acc.data();
+    const int64_t rows = B * T * H;
+    if (rows)
+      emu::run_grid((rows + 7) / 8, 256, [&] {
+        if (c.dt == DType::kBF16)
+          attention_bwd_delta_kernel<TypedIo<__nv_bfloat16>>(p);
+        else
+          attention_bwd_delta_kernel<TypedIo<__half>>(p);
+      });
+    const int64_t bwd_blocks = (S + 63) / 64 * B * G;
+    if (bwd_blocks)
+      emu::run_grid(bwd_blocks, 128, [&] {
+        if (c.dt == DType::kBF16) {
+          if (D == 64)
+            attention_bwd_tc_kernel<__nv_bfloat16, 64, 4, 64>(p);
+          else
+            attention_bwd_tc_kernel<__nv_bfloat16, 128, 4, 32>(p);
+        } else {
+          if (D == 64)
+            attention_bwd_tc_kernel<__half, 64, 4, 64>(p);
+          else
+            attention_bwd_tc_kernel<__half, 128, 4, 32>(p);
+        }
+      });
+    const int64_t n = B * T * H * D;
+    if (n)
+      emu::run_grid(std::min<int64_t>((n + 255) / 256, 65536), 256, [&] {
+        if (c.dt == DType::kBF16)
+          attention_dq_convert_kernel<__nv_bfloat16>(p.dq_acc, (__nv_bfloat16*)p.dq, n);
+        else
+          attention_dq_convert_kernel<__half>(p.dq_acc, (__half*)p.dq, n);
+      });
+  } else {
+    auto with = [&](auto fn) {
+      if (!same)
+        fn(AnyIo{});
+      else if (c.dt == DType::kF32)
+        fn(TypedIo<float>{});
+      else if (c.dt == DType::kBF16)
+        fn(TypedIo<__nv_bfloat16>{});
+      else
+        fn(TypedIo<__half>{});
+    };
+    with([&](auto io) {
+      using Io = decltype(io);
+      int64_t rows = B * H * T;
+      if (rows) emu::run_grid((rows + 3) / 4, 128, [&] { attention_fwd_generic_kernel<Io>(p); });
+      p.dq_acc = nullptr;
+      rows = B * T * H;
+      if (rows) emu::run_grid((rows + 7) / 8, 256, [&] { attention_bwd_delta_kernel<Io>(p); });
+      rows = B * S * G;
+      if (rows)
+        emu::run_grid((rows + 3) / 4, 128, [&] { attention_bwd_dkv_generic_kernel<Io>(p); });
+      rows = B * T * H;
+      if (rows) emu::run_grid((rows + 3) / 4, 128, [&] { attention_bwd_dq_generic_kernel<Io>(p); });
+    });
+  }
+  compare("O", o, O, c.dt);
+  compare("lse", lse_out, lse, DType::kF32);
+  // bwd with the reference's O rounded (as the op would get it): compare grads
+  // Gradients go through delta = dO . O with O rounded to Q's dtype: the
+  // loosest tolerance.
+  compare("dQ", dq, dQ, c.dt);
+  compare("dK", dk, dK, same ? dto : c.dt);
+  compare("dV", dv, dV, c.dt);
+}
+
+int main(int argc, char** argv) {
+  std::mt19937 rng(42);
+  // argv[1]: "deferred" (cp.async lands at its wait) or anything else (at
+  // once); argv[2]: the index of the only case to run.
+  if (argc > 1 && std::string(argv[1]) == "deferred") emu::g_deferred_cp = true;
+  std::vector<Case> cases = {
+      {"bf16 D64 B1 T80 S80 H2 G1 plain", DType::kBF16, 1, 80, 80, 2, 1, 64, 0, false, 0.f, false},
+      {"f16 D64 B1 T80 S80 H2 G1 plain", DType::kF16, 1, 80, 80, 2, 1, 64, 0, false, 0.f, false},
+      {"bf16 D128 B1 T70 S100 H4 G2 causal", DType::kBF16, 1, 70, 100, 4, 2, 128, 1, false, 0.f,
+       false},
+      {"f16 D128 B2 T100 S40 H2 G2 causal (T>S)", DType::kF16, 2, 100, 40, 2, 2, 128, 1, false, 0.f,
+       false},
+      {"bf16 D64 B1 T96 S96 H2 G1 seg causal", DType::kBF16, 1, 96, 96, 2, 1, 64, 1, true, 0.f,
+       false},
+      {"f16 D64 B1 T72 S72 H2 G1 dropout", DType::kF16, 1, 72, 72, 2, 1, 64, 0, false, 0.2f, false},
+      {"bf16 D128 B1 T33 S65 H3 G1 causal dropout", DType::kBF16, 1, 33, 65, 3, 1, 128, 1, false,
+       0.1f, false},
+      {"f32 D40 generic B1 T37 S50 H4 G2 causal dropout", DType::kF32, 1, 37, 50, 4, 2, 40, 1,
+       false, 0.15f, true},
+      {"f32 D64 generic seg", DType::kF32, 2, 45, 45, 2, 1, 64, 0, true, 0.f, true},
+      {"bf16 D96 generic causal T>S", DType::kBF16, 1, 40, 20, 2, 1, 96, 1, false, 0.f, true},
+      {"bf16 D64 B2 T256 S256 H2 G1 causal", DType::kBF16, 2, 256, 256, 2, 1, 64, 1, false, 0.f,
+       false},
+      {"f16 D128 B1 T160 S160 H2 G1 seg dropout", DType::kF16, 1, 160, 160, 2, 1, 128, 0, true,
+       0.1f, false},
+      {"bf16 D64 T1 S1", DType::kBF16, 1, 1, 1, 1, 1, 64, 1, false, 0.f, false},
+      {"f16 D128 T5 S0", DType::kF16, 1, 5, 0, 2, 1, 128, 0, false, 0.f, false},
+      {"bf16 D64 T0 S7", DType::kBF16, 1, 0, 7, 2, 1, 64, 0, false, 0.f, false},
+      {"f32 D5 generic T5 S0", DType::kF32, 1, 5, 0, 2, 1, 5, 1, false, 0.f, true},
+      {"f32 D300 generic T0 S3", DType::kF32, 1, 0, 3, 2, 1, 300, 1, false, 0.f, true},
+      {"f16 D200 generic causal dropout GQA", DType::kF16, 2, 20, 33, 4, 2, 200, 1, false, 0.3f,
+       true},
+      {"mixed bf16/f32 D64 generic", DType::kBF16, 1, 30, 30, 2, 2, 64, 1, false, 0.1f, true,
+       DType::kF32},
+  };
+  int only = argc > 2 ? atoi(argv[2]) : -1;
+  for (size_t i = 0; i < cases.size(); ++i)
+    if (only < 0 || (int)i == only) run_case(cases[i], rng);
+  printf("%s (%d failures)\n", g_fail ? "FAILED" : "ALL OK", g_fail);
+  return g_fail ? 1 : 0;
+}

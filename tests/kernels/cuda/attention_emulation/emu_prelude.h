@@ -1,0 +1,97 @@
+// Emulation prelude (g++ -include): lets the attention kernel headers compile as host C++ and
+// runs each CUDA thread of a block as a fiber (ucontext). Fibers switch only at barriers;
+// warp collectives (shuffles, ldmatrix, mma) meet through per-lane slots between two warp
+// barriers. The CUDA headers come first, before threadIdx & co. become macros.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <ucontext.h>
+#include <vector_functions.h>
+#include <vector_types.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#define __launch_bounds__(...)
+
+namespace emu {
+struct Barrier {
+  int arrived = 0;
+  int gen = 0;
+};
+struct Pending {
+  void* dst;
+  const void* src;
+  bool valid;
+};
+struct Fiber {
+  ucontext_t ctx;
+  uint3 tidx, bidx;
+  bool done = false;
+  std::vector<Pending> pending;
+};
+inline Fiber* g_cur = nullptr;
+inline ucontext_t g_sched;
+inline uint3 g_block_dim, g_grid_dim;
+inline Barrier g_block_bar;
+inline std::vector<Barrier> g_warp_bar;
+inline int g_live = 0;
+inline bool g_deferred_cp = false;
+inline long g_progress = 0;
+// Per-warp exchange slots for collectives.
+struct Slot {
+  const void* ptr;
+  uint32_t a[4];
+  uint32_t b[2];
+  float f;
+};
+inline std::vector<Slot> g_slots;  // [warp * 32 + lane]
+
+inline void yield() { swapcontext(&g_cur->ctx, &g_sched); }
+inline int warp_of() { return g_cur->tidx.x / 32; }
+inline int lane_of() { return g_cur->tidx.x % 32; }
+inline void wait(Barrier& b, int count) {
+  int gen = b.gen;
+  g_progress++;
+  if (++b.arrived == count) {
+    b.arrived = 0;
+    b.gen++;
+    return;
+  }
+  while (b.gen == gen) yield();
+}
+inline void warp_barrier() { wait(g_warp_bar[warp_of()], 32); }
+inline Slot& my_slot() { return g_slots[g_cur->tidx.x]; }
+inline Slot& slot(int lane) { return g_slots[warp_of() * 32 + lane]; }
+}  // namespace emu
+
+#define threadIdx (::emu::g_cur->tidx)
+#define blockIdx (::emu::g_cur->bidx)
+#define blockDim (::emu::g_block_dim)
+#define gridDim (::emu::g_grid_dim)
+
+inline void __syncthreads() { emu::wait(emu::g_block_bar, emu::g_live); }
+inline void __syncwarp(unsigned = 0xffffffffu) { emu::warp_barrier(); }
+inline float __shfl_xor_sync(unsigned, float x, int m) {
+  emu::my_slot().f = x;
+  emu::warp_barrier();
+  float r = emu::slot(emu::lane_of() ^ m).f;
+  emu::warp_barrier();
+  return r;
+}
+inline float atomicAdd(float* p, float x) {
+  float o = *p;
+  *p += x;
+  return o;
+}
+inline float2 atomicAdd(float2* p, float2 x) {
+  float2 o = *p;
+  p->x += x.x;
+  p->y += x.y;
+  return o;
+}
