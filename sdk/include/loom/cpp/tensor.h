@@ -87,7 +87,8 @@ class Kernel {
  public:
   Kernel() = default;
   /// Resolves `op` for (device, dtype); throws with the op's name when no kernel serves it.
-  Kernel(IHost& host, const char* op, Device device, DType dtype, const OpCall* example = nullptr) {
+  Kernel(IHost& host, const char* op, Device device, DType dtype, const OpCall* example = nullptr)
+      : host_(&host) {
     throw_if_error(host.find_kernel(make_string_view(op), device.type, dtype, example, &desc_));
   }
   /// True when resolved.
@@ -126,8 +127,22 @@ class Kernel {
                 stream,
                 nullptr,
                 0};
-    throw_if_error(desc_.fn(&call));
+    // Scratch the kernel asks for (KernelDesc::workspace), from the host's allocator on the
+    // device of the call's first tensor; freed right after the call, which is safe on a
+    // device because later work on the same stream is ordered after this kernel.
+    Device device = n_out > 0 ? outs[0].device : inputs.size() > 0 ? inputs.begin()->device : kCpu;
+    uint64_t bytes = desc_.workspace != nullptr ? desc_.workspace(&call) : 0;
+    if (bytes > 0) {
+      if (host_ == nullptr)
+        fail(Code::kFailedPrecondition, "kernel needs a workspace but has no host to allocate it");
+      throw_if_error(host_->allocate(device, bytes, 256, &call.workspace));
+      call.workspace_bytes = bytes;
+    }
+    Status status = desc_.fn(&call);
+    if (call.workspace != nullptr) host_->deallocate(device, call.workspace);
+    throw_if_error(status);
   }
+  IHost* host_ = nullptr;
   KernelDesc desc_{};
 };
 
