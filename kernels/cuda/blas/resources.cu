@@ -38,17 +38,4 @@ Scratch stream_scratch(int device, cudaStream_t stream) {
   return Scratch{data, kScratchBytes};
 }
 
-int sm_count(int device) {
-  static std::mutex mutex;
-  static auto* counts = new std::map<int, int>();  // leaked
-  std::lock_guard<std::mutex> lock(mutex);
-  auto it = counts->find(device);
-  if (it != counts->end()) return it->second;
-  int count = 0;
-  cuda_check(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device),
-             "cudaDeviceGetAttribute(multiprocessors)");
-  (*counts)[device] = count;
-  return count;
-}
-
 }  // namespace loom::kernels::cuda::blas

@@ -28,7 +28,4 @@ struct Scratch {
 inline constexpr size_t kScratchBytes = size_t{32} << 20;
 Scratch stream_scratch(int device, cudaStream_t stream);
 
-/// Streaming multiprocessors of `device` (cached).
-int sm_count(int device);
-
 }  // namespace loom::kernels::cuda::blas
