@@ -16,29 +16,6 @@
 
 namespace loom::kernels::cpu {
 
-CeShape check_ce_inputs(const Args& a) {
-  const TensorView& logits = a.float_in(0);
-  a.rank_in(0, 1, "(N, V)");
-  CeShape s{rows_of(logits), last_dim(logits)};
-  s.vocab = s.v;
-  a.i32_in(1);
-  a.numel_in(1, s.n, "(N)");
-  if (a.opt_f32_in(2)) a.numel_in(2, s.n, "(N)");
-  return s;
-}
-
-void apply_shard_attrs(const Args& a, const ops::CrossEntropyShardAttrs* at, CeShape* s) {
-  if (at == nullptr) return;
-  // vocab_start > vocab_size - V rather than vocab_start + V > vocab_size: no overflow.
-  if (at->vocab_start < 0 || at->vocab_size < 0 || at->vocab_start > at->vocab_size - s->v)
-    a.fail("attrs vocab_start = " + std::to_string(at->vocab_start) + ", vocab_size = " +
-           std::to_string(at->vocab_size) + " do not place the logits' " + std::to_string(s->v) +
-           " columns inside the vocabulary: need vocab_start >= 0 and vocab_start + V <= "
-           "vocab_size");
-  s->start = at->vocab_start;
-  s->vocab = at->vocab_size;
-}
-
 double ce_check_labels(const OpCall* call, int64_t n, int64_t vocab, const char* op) {
   const int32_t* labels = i32(call->inputs[1]);
   double total = 0.0;
@@ -46,10 +23,8 @@ double ce_check_labels(const OpCall* call, int64_t n, int64_t vocab, const char*
     float m = ce_mask_at(call, i);
     total += m;
     if (m != 0.0f && (labels[i] < 0 || labels[i] >= vocab))
-      throw Error(Code::kOutOfRange, std::string(op) + ": labels[" + std::to_string(i) +
-                                         "] = " + std::to_string(labels[i]) + " is outside [0, " +
-                                         std::to_string(vocab) +
-                                         ") (the vocabulary); fix the data or set its mask to 0");
+      throw Error(Code::kOutOfRange,
+                  op_checks::label_out_of_range_message(op, i, labels[i], vocab));
   }
   return total;
 }
@@ -67,32 +42,11 @@ void ce_write_mean(const OpCall* call, int64_t n, double mask_total) {
 namespace {
 
 CeShape check_ce_fwd(const OpCall* call, bool shapes_only) {
-  Args a(call, ops::kCrossEntropyFwd, {"logits", "labels", "mask"}, {"loss", "lse", "mean"},
-         shapes_only);
-  CeShape s = check_ce_inputs(a);
-  a.f32_out(0);
-  a.numel_out(0, s.n, "(N)");
-  a.f32_out(1);
-  a.numel_out(1, s.n, "(N)");
-  a.f32_out(2);
-  a.shape_out(2, {1}, "(1)");
-  return s;
+  return op_checks::check_cross_entropy_fwd(call, shapes_only, DeviceType::kCpu);
 }
 
-// Optional CrossEntropyShardAttrs: these logits are columns [start, start + V) of the
-// vocabulary.
 CeShape check_ce_bwd(const OpCall* call, bool shapes_only) {
-  Args a(call, ops::kCrossEntropyBwd, {"logits", "labels", "mask", "lse", "dmean"}, {"dlogits"},
-         shapes_only);
-  CeShape s = check_ce_inputs(a);
-  a.f32_in(3);
-  a.numel_in(3, s.n, "(N)");
-  a.f32_in(4);
-  a.shape_in(4, {1}, "(1)");
-  a.float_out(0);
-  a.numel_out(0, s.n * s.v, "logits' shape (N, V)");
-  apply_shard_attrs(a, a.opt_attrs<ops::CrossEntropyShardAttrs>(), &s);
-  return s;
+  return op_checks::check_cross_entropy_bwd(call, shapes_only, DeviceType::kCpu);
 }
 
 Status cross_entropy_fwd_ref(const OpCall* call) {

@@ -16,42 +16,14 @@
 namespace loom::kernels::cpu {
 namespace {
 
-// logits (N, V) of columns [start, start + V), labels (N), mask (N) -> stats f32 (N, 3).
+using op_checks::CombineShape;
+
 CeShape check_shard_stats(const OpCall* call, bool shapes_only) {
-  Args a(call, ops::kCrossEntropyShardStats, {"logits", "labels", "mask"}, {"stats"}, shapes_only);
-  CeShape s = check_ce_inputs(a);
-  a.f32_out(0);
-  a.numel_out(0, s.n * 3, "(N, 3)");
-  apply_shard_attrs(a, &a.attrs<ops::CrossEntropyShardAttrs>(), &s);
-  return s;
+  return op_checks::check_cross_entropy_shard_stats(call, shapes_only, DeviceType::kCpu);
 }
 
-struct CombineShape {
-  int64_t p, n, vocab;
-};
-
-// stats f32 (P, N, 3), labels (N), mask (N) -> loss (N), lse (N), mean (1).
 CombineShape check_combine(const OpCall* call, bool shapes_only) {
-  Args a(call, ops::kCrossEntropyCombine, {"stats", "labels", "mask"}, {"loss", "lse", "mean"},
-         shapes_only);
-  const TensorView& stats = a.f32_in(0);
-  int64_t n = numel(a.i32_in(1));
-  if (a.opt_f32_in(2)) a.numel_in(2, n, "(N)");
-  int64_t p = stats.ndim >= 2 ? stats.shape[0] : 0;
-  if (stats.ndim < 2 || p < 1 || last_dim(stats) != 3 || numel(stats) != p * n * 3)
-    a.fail(a.in_label(0) + " has shape " + shape_str(stats) +
-           ", expected (P, N, 3) with P >= 1 shards and N = " + std::to_string(n) +
-           " (the labels)");
-  a.f32_out(0);
-  a.numel_out(0, n, "(N)");
-  a.f32_out(1);
-  a.numel_out(1, n, "(N)");
-  a.f32_out(2);
-  a.shape_out(2, {1}, "(1)");
-  const auto& at = a.attrs<ops::CrossEntropyShardAttrs>();
-  if (at.vocab_size < 0)
-    a.fail("attrs vocab_size = " + std::to_string(at.vocab_size) + " is negative");
-  return {p, n, at.vocab_size};
+  return op_checks::check_cross_entropy_combine(call, shapes_only, DeviceType::kCpu);
 }
 
 // One row of shard stats: (m, s, t) of x[0, V) with the label at column `label` (or none).

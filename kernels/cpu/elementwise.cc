@@ -1,9 +1,11 @@
-// add, bias_add, bias_grad, cast, scale, sumsq (loom/ops.h, "Elementwise").
+// add, bias_add, bias_grad, cast, scale, sumsq, amax (loom/ops.h, "Elementwise").
 //   reference: one element at a time.
 //   fast: OpenMP over chunks, each chunk converted to f32, computed with AVX2, stored back.
 #include <immintrin.h>
+#include <loom/cpp/op_checks/elementwise.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "kernels/cpu/common.h"
 #include "kernels/cpu/simd.h"
@@ -16,13 +18,7 @@ constexpr int64_t kChunk = 2048;  // elements per task: fits L1 as f32, amortise
 // ---- add: Y = A + B ---------------------------------------------------------------------
 
 int64_t check_add(const OpCall* call, bool shapes_only) {
-  Args a(call, ops::kAdd, {"A", "B"}, {"Y"}, shapes_only);
-  const TensorView& A = a.float_in(0);
-  a.float_in(1);
-  a.float_out(0);
-  a.numel_in(1, numel(A), "A's shape");
-  a.numel_out(0, numel(A), "A's shape");
-  return numel(A);
+  return op_checks::check_add(call, shapes_only, DeviceType::kCpu);
 }
 
 Status add_ref(const OpCall* call) {
@@ -36,11 +32,7 @@ Status add_ref(const OpCall* call) {
 // ---- bias_add: Y[n, c] += bias[c] -------------------------------------------------------
 
 void check_bias_add(const OpCall* call, bool shapes_only) {
-  Args a(call, ops::kBiasAdd, {"bias"}, {"Y"}, shapes_only);
-  const TensorView& Y = a.float_out(0);
-  a.float_in(0);
-  a.rank_out(0, 1, "(N, C)");
-  a.shape_in(0, {last_dim(Y)}, "(C)");
+  op_checks::check_bias_add(call, shapes_only, DeviceType::kCpu);
 }
 
 Status bias_add_ref(const OpCall* call) {
@@ -56,11 +48,7 @@ Status bias_add_ref(const OpCall* call) {
 // ---- bias_grad: dbias[c] += sum_n dY[n, c] ---------------------------------------------
 
 void check_bias_grad(const OpCall* call, bool shapes_only) {
-  Args a(call, ops::kBiasGrad, {"dY"}, {"dbias"}, shapes_only);
-  const TensorView& dY = a.float_in(0);
-  a.f32_out(0);
-  a.rank_in(0, 1, "(N, C)");
-  a.shape_out(0, {last_dim(dY)}, "(C)");
+  op_checks::check_bias_grad(call, shapes_only, DeviceType::kCpu);
 }
 
 Status bias_grad_ref(const OpCall* call) {
@@ -79,11 +67,7 @@ Status bias_grad_ref(const OpCall* call) {
 // ---- cast: Y = X in Y's dtype ----------------------------------------------------------
 
 int64_t check_cast(const OpCall* call, bool shapes_only) {
-  Args a(call, ops::kCast, {"X"}, {"Y"}, shapes_only);
-  const TensorView& X = a.float_in(0);
-  a.float_out(0);
-  a.numel_out(0, numel(X), "X's shape");
-  return numel(X);
+  return op_checks::check_cast(call, shapes_only, DeviceType::kCpu);
 }
 
 Status cast_ref(const OpCall* call) {
@@ -96,12 +80,7 @@ Status cast_ref(const OpCall* call) {
 // ---- scale: Y = alpha * X --------------------------------------------------------------
 
 int64_t check_scale(const OpCall* call, bool shapes_only) {
-  Args a(call, ops::kScale, {"X"}, {"Y"}, shapes_only);
-  a.attrs<ops::ScaleAttrs>();
-  const TensorView& X = a.float_in(0);
-  a.float_out(0);
-  a.numel_out(0, numel(X), "X's shape");
-  return numel(X);
+  return op_checks::check_scale(call, shapes_only, DeviceType::kCpu);
 }
 
 Status scale_ref(const OpCall* call) {
@@ -115,11 +94,7 @@ Status scale_ref(const OpCall* call) {
 // ---- sumsq: out += sum X^2 in f64 ------------------------------------------------------
 
 int64_t check_sumsq(const OpCall* call, bool shapes_only) {
-  Args a(call, ops::kSumSq, {"X"}, {"out"}, shapes_only);
-  const TensorView& X = a.float_in(0);
-  a.f64_out(0);
-  a.shape_out(0, {1}, "(1)");
-  return numel(X);
+  return op_checks::check_sumsq(call, shapes_only, DeviceType::kCpu);
 }
 
 Status sumsq_ref(const OpCall* call) {
@@ -131,6 +106,25 @@ Status sumsq_ref(const OpCall* call) {
       acc += x * x;
     }
     static_cast<double*>(call->outputs[0].data)[0] += acc;
+  });
+}
+
+// ---- amax: out = max(out, max |X|) in f32, NaN propagating -----------------------------
+
+int64_t check_amax(const OpCall* call, bool shapes_only) {
+  return op_checks::check_amax(call, shapes_only, DeviceType::kCpu);
+}
+
+// max(a, b) where a NaN on either side wins (std::max and fmax drop NaN).
+inline float nan_max(float a, float b) { return a > b || std::isnan(a) ? a : b; }
+
+Status amax_ref(const OpCall* call) {
+  return guard([&] {
+    int64_t n = check_amax(call, false);
+    float* out = f32_mut(call->outputs[0]);
+    float r = out[0];
+    for (int64_t i = 0; i < n; ++i) r = nan_max(r, std::fabs(load(call->inputs[0], i)));
+    out[0] = r;
   });
 }
 
@@ -254,6 +248,44 @@ Status sumsq_fast(const OpCall* call) {
   });
 }
 
+// The bit patterns of non-negative floats order as the floats do, and every NaN's lies above
+// +inf's: an unsigned max over the bits of |x| is a max that propagates NaN.
+Status amax_fast(const OpCall* call) {
+  return guard([&] {
+    int64_t n = check_amax(call, false);
+    if (n == 0) return;  // out[0] unchanged
+    const TensorView& X = call->inputs[0];
+    uint32_t bits = 0;  // +0.0f
+#pragma omp parallel for schedule(static) reduction(max : bits)
+    for (int64_t c = 0; c < n; c += kChunk) {
+      float x[kChunk];
+      int64_t len = std::min(kChunk, n - c);
+      load_row(X.data, X.dtype, c, len, x);
+      const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
+      __m256i acc = _mm256_setzero_si256();
+      int64_t i = 0;
+      for (; i + 8 <= len; i += 8)
+        acc = _mm256_max_epu32(
+            acc, _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i)),
+                                  abs_mask));
+      uint32_t lanes[8];
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(lanes), acc);
+      uint32_t m = 0;
+      for (uint32_t lane : lanes) m = std::max(m, lane);
+      for (; i < len; ++i) {
+        uint32_t b;
+        std::memcpy(&b, x + i, sizeof(b));
+        m = std::max(m, b & 0x7fffffffu);
+      }
+      bits = std::max(bits, m);
+    }
+    float amax;
+    std::memcpy(&amax, &bits, sizeof(amax));
+    float* out = f32_mut(call->outputs[0]);
+    out[0] = nan_max(out[0], amax);
+  });
+}
+
 LOOM_CPU_FAST_END
 
 // ---- registration ---------------------------------------------------------------------
@@ -264,6 +296,7 @@ LOOM_CPU_HOOKS(bias_grad, check_bias_grad, 1)
 LOOM_CPU_HOOKS(cast, check_cast, 0)
 LOOM_CPU_HOOKS(scale, check_scale, 1)
 LOOM_CPU_HOOKS(sumsq, check_sumsq, 2)
+LOOM_CPU_HOOKS(amax, check_amax, 1)
 
 }  // namespace
 
@@ -274,6 +307,7 @@ void add_elementwise_kernels(std::vector<KernelDesc>& out) {
   LOOM_CPU_REGISTER(out, ops::kCast, cast);
   LOOM_CPU_REGISTER(out, ops::kScale, scale);
   LOOM_CPU_REGISTER(out, ops::kSumSq, sumsq);
+  LOOM_CPU_REGISTER(out, ops::kAmax, amax);
 }
 
 }  // namespace loom::kernels::cpu

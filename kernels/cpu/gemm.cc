@@ -3,6 +3,7 @@
 //   fast: OpenBLAS cblas_sgemm per batch (one call when B is shared and A not transposed);
 //         bf16 / f16 operands are converted to f32 scratch first.
 #include <cblas.h>
+#include <loom/cpp/op_checks/gemm.h>
 
 #include <algorithm>
 #include <cstring>
@@ -12,47 +13,12 @@
 namespace loom::kernels::cpu {
 namespace {
 
+using op_checks::GemmShape;
 using ops::GemmAttrs;
 
-struct GemmShape {
-  int64_t batch, m, n, k;
-  bool shared_b;  // B is 2-D: one matrix for every batch index
-  GemmAttrs attrs;
-};
-
+// The shared checks (loom/cpp/op_checks/gemm.h) for host tensors.
 GemmShape check_gemm(const OpCall* call, bool shapes_only) {
-  Args a(call, ops::kGemm, {"A", "B"}, {"Y"}, shapes_only);
-  GemmShape s{};
-  s.attrs = a.attrs<GemmAttrs>();
-  const TensorView& A = a.float_in(0);
-  const TensorView& B = a.float_in(1);
-  const TensorView& Y = a.float_out(0);
-  a.rank_in(0, 2, s.attrs.trans_a ? "(batch..., K, M)" : "(batch..., M, K)");
-  a.rank_in(1, 2, s.attrs.trans_b ? "(N, K) or (batch..., N, K)" : "(K, N) or (batch..., K, N)");
-  int32_t nd = A.ndim;
-  s.m = A.shape[nd - (s.attrs.trans_a ? 1 : 2)];
-  s.k = A.shape[nd - (s.attrs.trans_a ? 2 : 1)];
-  s.batch = 1;
-  for (int32_t d = 0; d < nd - 2; ++d) s.batch *= A.shape[d];
-  s.shared_b = B.ndim == 2;
-  int64_t bk = B.shape[B.ndim - (s.attrs.trans_b ? 1 : 2)];
-  s.n = B.shape[B.ndim - (s.attrs.trans_b ? 2 : 1)];
-  bool b_batch_ok = s.shared_b || B.ndim == nd;
-  for (int32_t d = 0; b_batch_ok && !s.shared_b && d < nd - 2; ++d)
-    b_batch_ok = B.shape[d] == A.shape[d];
-  if (!b_batch_ok)
-    a.fail(a.in_label(1) + " has shape " + shape_str(B) + ": its batch dimensions must equal A's " +
-           shape_str(A) + " or be absent (2-D B)");
-  if (bk != s.k)
-    a.fail(a.in_label(1) + " has shape " + shape_str(B) + ", expected " +
-           (s.attrs.trans_b ? "(..., N, K)" : "(..., K, N)") + " with K = " + std::to_string(s.k) +
-           " (A's inner dimension, A is " + shape_str(A) + ")");
-  bool y_ok = Y.ndim == nd && Y.shape[nd - 2] == s.m && Y.shape[nd - 1] == s.n;
-  for (int32_t d = 0; y_ok && d < nd - 2; ++d) y_ok = Y.shape[d] == A.shape[d];
-  if (!y_ok)
-    a.fail(a.out_label(0) + " has shape " + shape_str(Y) + ", expected (batch..., M, N) with M = " +
-           std::to_string(s.m) + ", N = " + std::to_string(s.n) + " and A's batch dimensions");
-  return s;
+  return op_checks::check_gemm(call, shapes_only, DeviceType::kCpu);
 }
 
 bool gemm_supports(const OpCall* call) {

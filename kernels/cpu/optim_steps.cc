@@ -1,6 +1,8 @@
 // adamw_step and sgd_step on contiguous f32 shards (loom/ops.h), keyed on the grad's dtype.
 //   reference: element by element, bias corrections in f64.
 //   fast: OpenMP over chunks; the same f32 arithmetic, vectorised by the compiler.
+#include <loom/cpp/op_checks/optim.h>
+
 #include <algorithm>
 
 #include "kernels/cpu/common.h"
@@ -11,32 +13,11 @@ namespace {
 constexpr int64_t kChunk = 2048;
 
 int64_t check_adamw(const OpCall* call, bool shapes_only) {
-  Args a(call, ops::kAdamWStep, {"grad"}, {"master", "exp_avg", "exp_avg_sq", "param"},
-         shapes_only);
-  const ops::AdamWAttrs& at = a.attrs<ops::AdamWAttrs>();
-  if (at.step < 1) a.fail("step = " + std::to_string(at.step) + " must be >= 1 (1-based)");
-  int64_t n = numel(a.float_in(0));
-  for (int i = 0; i < 3; ++i) {
-    a.f32_out(i);
-    a.numel_out(i, n, "grad's shape");
-  }
-  if (a.opt_float_out(3)) a.numel_out(3, n, "grad's shape");
-  return n;
+  return op_checks::check_adamw_step(call, shapes_only, DeviceType::kCpu);
 }
 
 int64_t check_sgd(const OpCall* call, bool shapes_only) {
-  Args a(call, ops::kSgdStep, {"grad"}, {"master", "momentum_buffer", "param"}, shapes_only);
-  const ops::SgdAttrs& at = a.attrs<ops::SgdAttrs>();
-  if (at.step < 1) a.fail("step = " + std::to_string(at.step) + " must be >= 1 (1-based)");
-  int64_t n = numel(a.float_in(0));
-  a.f32_out(0);
-  a.numel_out(0, n, "grad's shape");
-  if (at.momentum != 0.0f) {
-    a.f32_out(1);
-    a.numel_out(1, n, "grad's shape");
-  }
-  if (a.opt_float_out(2)) a.numel_out(2, n, "grad's shape");
-  return n;
+  return op_checks::check_sgd_step(call, shapes_only, DeviceType::kCpu);
 }
 
 struct AdamCoef {

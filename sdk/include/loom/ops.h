@@ -75,6 +75,12 @@ struct ScaleAttrs {
 ///   inputs: [0] X float (any shape)   outputs: [0] out f64 (1) +=
 inline constexpr const char* kSumSq = "sumsq";
 
+/// "amax": out[0] = max(out[0], max |X|) in f32, for FP8 scaling recipes (amax history)
+/// and overflow checks. NaN propagates: a NaN in X or in out[0] gives NaN. Start from
+/// out[0] = 0 for the amax of X alone; an empty X leaves out[0] unchanged.
+///   inputs: [0] X float (any shape)   outputs: [0] out f32 (1), read and written
+inline constexpr const char* kAmax = "amax";
+
 /// "gelu_fwd" / "gelu_bwd": Y = gelu(X), exact (erf) or tanh approximation.
 ///   fwd inputs: [0] X float (N)            outputs: [0] Y float (N)
 ///   bwd inputs: [0] dY (N), [1] X (N)      outputs: [0] dX (N)

@@ -1,5 +1,6 @@
 // Elementwise ops and activations: fast against reference over dtypes and odd sizes; the
 // reference against f64 formulas written here; backward ops against finite differences.
+#include <algorithm>
 #include <cmath>
 
 #include "tests/kernels/cpu/op_test_util.h"
@@ -88,6 +89,55 @@ TEST(ElementwiseSumsq, NonFiniteGivesNonFinite) {
     run(ops::kSumSq, name, DType::kF32, {&x}, {&out});
     EXPECT_FALSE(std::isfinite(out.get(0))) << name;
   }
+}
+
+// ---- amax ----------------------------------------------------------------------------
+
+TEST_P(ElementwiseTest, AmaxMatchesPlainLoopAndFastMatchesReference) {
+  std::mt19937 rng(9);
+  for (int64_t n : kSizes)
+    for (double start : {0.0, 0.5, 10.0}) {  // 10 exceeds every |x|: out stays
+      Tensor x = Tensor::random(GetParam(), {n}, rng, -3.0, 3.0);
+      Tensor out = Tensor::filled(DType::kF32, {1}, start);
+      expect_fast_matches_ref(ops::kAmax, GetParam(), {x}, {out});
+      double expected = start;
+      for (int64_t i = 0; i < n; ++i) expected = std::max(expected, std::fabs(x.get(i)));
+      for (const char* name : {"cpu.ref", "cpu.fast"}) {
+        Tensor got = out;
+        run(ops::kAmax, name, GetParam(), {&x}, {&got});
+        EXPECT_EQ(got.get(0), expected) << name << " n " << n << " start " << start;  // exact
+      }
+    }
+}
+
+TEST(ElementwiseAmax, EmptyInputLeavesOutUnchanged) {
+  Tensor x(DType::kF32, {0});
+  for (const char* name : {"cpu.ref", "cpu.fast"}) {
+    Tensor out = Tensor::filled(DType::kF32, {1}, -2.0);
+    run(ops::kAmax, name, DType::kF32, {&x}, {&out});
+    EXPECT_EQ(out.get(0), -2.0) << name;
+  }
+}
+
+TEST(ElementwiseAmax, NanPropagatesAndInfinityCounts) {
+  for (DType dt : float_dtypes())
+    for (const char* name : {"cpu.ref", "cpu.fast"}) {
+      Tensor x = Tensor::filled(dt, {40}, 1.0);
+      x.set(17, NAN);
+      Tensor out = Tensor::filled(DType::kF32, {1}, 0.0);
+      run(ops::kAmax, name, dt, {&x}, {&out});
+      EXPECT_TRUE(std::isnan(out.get(0))) << name << " " << dtype_name(dt) << ": NaN in X";
+
+      Tensor y = Tensor::filled(dt, {40}, 1.0);
+      y.set(39, -INFINITY);
+      out = Tensor::filled(DType::kF32, {1}, 0.0);
+      run(ops::kAmax, name, dt, {&y}, {&out});
+      EXPECT_EQ(out.get(0), INFINITY) << name << " " << dtype_name(dt) << ": |-inf|";
+
+      out = Tensor::filled(DType::kF32, {1}, NAN);
+      run(ops::kAmax, name, dt, {&y}, {&out});
+      EXPECT_TRUE(std::isnan(out.get(0))) << name << " " << dtype_name(dt) << ": NaN in out";
+    }
 }
 
 // ---- gelu ----------------------------------------------------------------------------

@@ -20,6 +20,7 @@ const std::vector<const char*> kAllOps = {
     ops::kCast,
     ops::kScale,
     ops::kSumSq,
+    ops::kAmax,
     ops::kGeluFwd,
     ops::kGeluBwd,
     ops::kSwigluFwd,

@@ -1,0 +1,41 @@
+// Per-device and per-stream state of the blas kernels (resources.cuh).
+#include <loom/cpp/error.h>
+
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include "kernels/cuda/blas/resources.cuh"
+#include "kernels/cuda/common/cuda_check.h"
+
+namespace loom::kernels::cuda::blas {
+
+int current_device(const char* op, const TensorView& t) {
+  int device = 0;
+  cuda_check(cudaGetDevice(&device), "cudaGetDevice");
+  if (t.device.index != device)
+    throw Error(Code::kInvalidArgument,
+                std::string(op) + ": tensors are on cuda:" + std::to_string(t.device.index) +
+                    " but the current device is cuda:" + std::to_string(device) +
+                    "; call cudaSetDevice (or run the op from that device's thread) first");
+  return device;
+}
+
+Scratch stream_scratch(int device, cudaStream_t stream) {
+  static std::mutex mutex;
+  static auto* buffers = new std::map<std::pair<int, cudaStream_t>, void*>();  // leaked
+  std::lock_guard<std::mutex> lock(mutex);
+  void*& data = (*buffers)[{device, stream}];
+  if (data == nullptr) {
+    cudaError_t status = cudaMalloc(&data, kScratchBytes);
+    if (status != cudaSuccess) {
+      data = nullptr;
+      buffers->erase({device, stream});
+      cuda_check(status, "cudaMalloc of the blas kernels' 32 MiB stream scratch");
+    }
+  }
+  return Scratch{data, kScratchBytes};
+}
+
+}  // namespace loom::kernels::cuda::blas

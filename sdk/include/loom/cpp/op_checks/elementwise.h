@@ -1,0 +1,82 @@
+// Argument checks of the elementwise ops of loom/ops.h (add, bias_add, bias_grad, cast,
+// scale, sumsq, amax), shared by every kernel library so that the CPU and CUDA kernels
+// reject a bad call with the same words (header-only; see loom/cpp/op_args.h). Each returns
+// what the kernel needs to know of the shapes, and throws loom::Error(kInvalidArgument)
+// naming the op and the tensor otherwise.
+//   call:         the call
+//   shapes_only:  true inside `supports` (data may be null)
+//   device:       the device family of the kernel
+#pragma once
+
+#include "loom/cpp/op_args.h"
+#include "loom/ops.h"
+
+namespace loom::op_checks {
+
+/// add: A, B, Y float with the same number of elements; returns that number.
+inline int64_t check_add(const OpCall* call, bool shapes_only, DeviceType device) {
+  OpArgs a(call, ops::kAdd, {"A", "B"}, {"Y"}, shapes_only, device);
+  const TensorView& A = a.float_in(0);
+  a.float_in(1);
+  a.float_out(0);
+  a.numel_in(1, numel(A), "A's shape");
+  a.numel_out(0, numel(A), "A's shape");
+  return numel(A);
+}
+
+/// bias_add: bias (C), Y (N, C) (any rank >= 1, C its last extent).
+inline void check_bias_add(const OpCall* call, bool shapes_only, DeviceType device) {
+  OpArgs a(call, ops::kBiasAdd, {"bias"}, {"Y"}, shapes_only, device);
+  const TensorView& Y = a.float_out(0);
+  a.float_in(0);
+  a.rank_out(0, 1, "(N, C)");
+  a.shape_in(0, {last_dim(Y)}, "(C)");
+}
+
+/// bias_grad: dY (N, C) float, dbias (C) f32.
+inline void check_bias_grad(const OpCall* call, bool shapes_only, DeviceType device) {
+  OpArgs a(call, ops::kBiasGrad, {"dY"}, {"dbias"}, shapes_only, device);
+  const TensorView& dY = a.float_in(0);
+  a.f32_out(0);
+  a.rank_in(0, 1, "(N, C)");
+  a.shape_out(0, {last_dim(dY)}, "(C)");
+}
+
+/// cast: X, Y float with the same number of elements; returns that number.
+inline int64_t check_cast(const OpCall* call, bool shapes_only, DeviceType device) {
+  OpArgs a(call, ops::kCast, {"X"}, {"Y"}, shapes_only, device);
+  const TensorView& X = a.float_in(0);
+  a.float_out(0);
+  a.numel_out(0, numel(X), "X's shape");
+  return numel(X);
+}
+
+/// scale: ScaleAttrs, X, Y float with the same number of elements; returns that number.
+inline int64_t check_scale(const OpCall* call, bool shapes_only, DeviceType device) {
+  OpArgs a(call, ops::kScale, {"X"}, {"Y"}, shapes_only, device);
+  a.attrs<ops::ScaleAttrs>();
+  const TensorView& X = a.float_in(0);
+  a.float_out(0);
+  a.numel_out(0, numel(X), "X's shape");
+  return numel(X);
+}
+
+/// sumsq: X float (any shape), out f64 (1); returns X's number of elements.
+inline int64_t check_sumsq(const OpCall* call, bool shapes_only, DeviceType device) {
+  OpArgs a(call, ops::kSumSq, {"X"}, {"out"}, shapes_only, device);
+  const TensorView& X = a.float_in(0);
+  a.f64_out(0);
+  a.shape_out(0, {1}, "(1)");
+  return numel(X);
+}
+
+/// amax: X float (any shape), out f32 (1); returns X's number of elements.
+inline int64_t check_amax(const OpCall* call, bool shapes_only, DeviceType device) {
+  OpArgs a(call, ops::kAmax, {"X"}, {"out"}, shapes_only, device);
+  const TensorView& X = a.float_in(0);
+  a.f32_out(0);
+  a.shape_out(0, {1}, "(1)");
+  return numel(X);
+}
+
+}  // namespace loom::op_checks

@@ -1,0 +1,329 @@
+// The blas family's kernel list and everything about it that runs without a GPU: one
+// "cuda" kernel per op and dtype (and "cuda.tf32" for f32 gemm), `supports` deciding on
+// shapes alone and declining what cuBLASLt cannot run, costs equal to the CPU kernels', and
+// bad calls rejected with the CPU kernels' words. The numerical tests of these kernels run
+// in the op tests, against cpu.ref, on a machine with a GPU.
+#include <gtest/gtest.h>
+#include <loom/cpp/error.h>
+#include <loom/kernel.h>
+#include <loom/ops.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cuda/blas/blas.h"
+#include "kernels/cuda/probe/device_probe.h"
+
+namespace loom::kernels::cuda {
+namespace {
+
+const std::vector<KernelDesc>& blas_kernels() {
+  static const std::vector<KernelDesc> k = [] {
+    std::vector<KernelDesc> out;
+    add_blas_kernels(out);
+    return out;
+  }();
+  return k;
+}
+
+const KernelDesc* find(const char* op, DType dt, const char* name = "cuda") {
+  for (const KernelDesc& k : blas_kernels())
+    if (std::strcmp(k.op, op) == 0 && k.dtype == dt && std::strcmp(k.name, name) == 0) return &k;
+  return nullptr;
+}
+
+const std::vector<const char*> kOps = {
+    ops::kGemm,
+    ops::kAdd,
+    ops::kBiasAdd,
+    ops::kBiasGrad,
+    ops::kCast,
+    ops::kScale,
+    ops::kSumSq,
+    ops::kAmax,
+    ops::kCrossEntropyFwd,
+    ops::kCrossEntropyBwd,
+    ops::kCrossEntropyShardStats,
+    ops::kCrossEntropyCombine,
+    ops::kAdamWStep,
+    ops::kSgdStep,
+};
+const DType kFloats[] = {DType::kF32, DType::kBF16, DType::kF16};
+
+TEST(BlasRegistry, OneCudaKernelPerOpAndDtype) {
+  for (const char* op : kOps)
+    for (DType dt : kFloats) {
+      const KernelDesc* k = find(op, dt);
+      bool f32_only = std::string(op) == ops::kCrossEntropyCombine;
+      if (f32_only && dt != DType::kF32) {
+        EXPECT_EQ(k, nullptr) << op << " " << dtype_name(dt);
+        continue;
+      }
+      ASSERT_NE(k, nullptr) << op << " " << dtype_name(dt);
+      EXPECT_EQ(k->struct_size, sizeof(KernelDesc));
+      EXPECT_EQ(k->op_version, ops::kVersion);
+      EXPECT_EQ(k->device, DeviceType::kCuda);
+      EXPECT_EQ(k->priority, 20);
+      EXPECT_NE(k->fn, nullptr);
+      EXPECT_NE(k->supports, nullptr) << op;
+      EXPECT_NE(k->cost, nullptr) << op;
+    }
+  const KernelDesc* tf32 = find(ops::kGemm, DType::kF32, "cuda.tf32");
+  ASSERT_NE(tf32, nullptr);
+  EXPECT_LT(tf32->priority, 20);  // only a spec that pins it gets TF32
+  EXPECT_EQ(find(ops::kGemm, DType::kBF16, "cuda.tf32"), nullptr);
+  for (const KernelDesc& k : blas_kernels()) {
+    bool known = false;
+    for (const char* op : kOps) known = known || std::string(op) == k.op;
+    EXPECT_TRUE(known) << k.op;
+  }
+}
+
+// ---- Calls on shapes (data is never read here) ------------------------------------------
+
+TensorView view(DType dt, std::vector<int64_t> shape, DeviceType device, void* data = nullptr) {
+  TensorView v{};
+  v.data = data;
+  v.dtype = dt;
+  v.device = Device{device, 0};
+  v.ndim = static_cast<int32_t>(shape.size());
+  int64_t stride = 1;
+  for (int32_t d = v.ndim - 1; d >= 0; --d) {
+    v.shape[d] = shape[d];
+    v.strides[d] = stride;
+    stride *= shape[d];
+  }
+  return v;
+}
+
+TensorView none() {
+  TensorView v{};
+  v.device = Device{DeviceType::kCuda, 0};
+  return v;
+}
+
+struct Call {
+  std::vector<TensorView> in, out;
+  OpCall call{};
+  template <class A>
+  Call(std::vector<TensorView> i, std::vector<TensorView> o, const A* attrs)
+      : in(std::move(i)), out(std::move(o)) {
+    call.struct_size = sizeof(OpCall);
+    call.inputs = in.data();
+    call.num_inputs = static_cast<int32_t>(in.size());
+    call.outputs = out.data();
+    call.num_outputs = static_cast<int32_t>(out.size());
+    call.attrs = attrs;
+    call.attrs_size = attrs != nullptr ? sizeof(A) : 0;
+  }
+  // The same call on other devices' views (the CPU kernels take CPU tensors).
+  Call on(DeviceType device) const {
+    Call c = *this;
+    for (TensorView& v : c.in) v.device.type = device;
+    for (TensorView& v : c.out) v.device.type = device;
+    c.call.inputs = c.in.data();
+    c.call.outputs = c.out.data();
+    return c;
+  }
+  Call(const Call& o) : in(o.in), out(o.out), call(o.call) {
+    call.inputs = in.data();
+    call.outputs = out.data();
+  }
+};
+
+const ops::GemmAttrs kGemmNT{0, 1, 1.0f, 0.0f};
+const ops::CrossEntropyShardAttrs kShard{8, 40};
+const ops::AdamWAttrs kAdam{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, 3};
+const ops::SgdAttrs kSgd{0.1f, 0.9f, 0.0f, 1.0f, 1, 2};
+const ops::ScaleAttrs kScale{0.5f};
+
+// A good call of each op (CUDA views, null data), keyed dtype bf16 where the op has one.
+struct Case {
+  const char* op;
+  Call call;
+};
+
+std::vector<Case> good_calls() {
+  const DeviceType cu = DeviceType::kCuda;
+  const DType bf = DType::kBF16, f = DType::kF32;
+  std::vector<Case> c;
+  c.push_back({ops::kGemm, Call({view(bf, {2, 3, 5}, cu), view(bf, {7, 5}, cu)},
+                                {view(f, {2, 3, 7}, cu)}, &kGemmNT)});
+  c.push_back({ops::kAdd, Call({view(bf, {33}, cu), view(f, {33}, cu)}, {view(bf, {33}, cu)},
+                               static_cast<const int*>(nullptr))});
+  c.push_back({ops::kBiasAdd,
+               Call({view(f, {6}, cu)}, {view(bf, {5, 6}, cu)}, static_cast<const int*>(nullptr))});
+  c.push_back({ops::kBiasGrad,
+               Call({view(bf, {5, 6}, cu)}, {view(f, {6}, cu)}, static_cast<const int*>(nullptr))});
+  c.push_back({ops::kCast, Call({view(bf, {9}, cu)}, {view(DType::kF16, {9}, cu)},
+                                static_cast<const int*>(nullptr))});
+  c.push_back({ops::kScale, Call({view(bf, {9}, cu)}, {view(bf, {9}, cu)}, &kScale)});
+  c.push_back({ops::kSumSq, Call({view(bf, {4, 9}, cu)}, {view(DType::kF64, {1}, cu)},
+                                 static_cast<const int*>(nullptr))});
+  c.push_back({ops::kAmax,
+               Call({view(bf, {4, 9}, cu)}, {view(f, {1}, cu)}, static_cast<const int*>(nullptr))});
+  c.push_back({ops::kCrossEntropyFwd,
+               Call({view(bf, {4, 40}, cu), view(DType::kI32, {4}, cu), view(f, {4}, cu)},
+                    {view(f, {4}, cu), view(f, {4}, cu), view(f, {1}, cu)},
+                    static_cast<const int*>(nullptr))});
+  c.push_back({ops::kCrossEntropyBwd, Call({view(bf, {4, 16}, cu), view(DType::kI32, {4}, cu),
+                                            none(), view(f, {4}, cu), view(f, {1}, cu)},
+                                           {view(bf, {4, 16}, cu)}, &kShard)});
+  c.push_back({ops::kCrossEntropyShardStats,
+               Call({view(bf, {4, 16}, cu), view(DType::kI32, {4}, cu), view(f, {4}, cu)},
+                    {view(f, {4, 3}, cu)}, &kShard)});
+  c.push_back({ops::kCrossEntropyCombine,
+               Call({view(f, {3, 4, 3}, cu), view(DType::kI32, {4}, cu), none()},
+                    {view(f, {4}, cu), view(f, {4}, cu), view(f, {1}, cu)}, &kShard)});
+  c.push_back({ops::kAdamWStep, Call({view(bf, {1000}, cu)},
+                                     {view(f, {1000}, cu), view(f, {1000}, cu), view(f, {1000}, cu),
+                                      view(bf, {1000}, cu)},
+                                     &kAdam)});
+  c.push_back({ops::kSgdStep, Call({view(bf, {1000}, cu)},
+                                   {view(f, {1000}, cu), view(f, {1000}, cu), none()}, &kSgd)});
+  return c;
+}
+
+DType key_of(const Case& c) {
+  if (std::string(c.op) == ops::kCrossEntropyCombine) return DType::kF32;
+  if (std::string(c.op) == ops::kBiasAdd) return c.call.out[0].dtype;  // keyed on Y
+  return c.call.in[0].dtype;
+}
+
+TEST(BlasRegistry, SupportsAcceptsGoodShapesWithNullDataAndDeclinesCpuTensors) {
+  for (const Case& c : good_calls()) {
+    const KernelDesc* k = find(c.op, key_of(c));
+    ASSERT_NE(k, nullptr) << c.op;
+    EXPECT_TRUE(k->supports(&c.call.call)) << c.op;
+    Call cpu = c.call.on(DeviceType::kCpu);
+    EXPECT_FALSE(k->supports(&cpu.call)) << c.op << " accepted CPU tensors";
+  }
+}
+
+TEST(BlasRegistry, CostsEqualTheCpuKernels) {
+  for (const Case& c : good_calls()) {
+    const KernelDesc* k = find(c.op, key_of(c));
+    const KernelDesc* ref = cpu::find_kernel(c.op, key_of(c), "cpu.ref");
+    ASSERT_NE(k, nullptr) << c.op;
+    ASSERT_NE(ref, nullptr) << c.op;
+    OpCost got{}, want{};
+    Status s = k->cost(&c.call.call, &got);
+    ASSERT_EQ(s.code, Code::kOk) << c.op << ": " << take_message(&s);
+    Call cpu = c.call.on(DeviceType::kCpu);
+    s = ref->cost(&cpu.call, &want);
+    ASSERT_EQ(s.code, Code::kOk) << c.op << ": " << take_message(&s);
+    EXPECT_EQ(got.flops, want.flops) << c.op;
+    EXPECT_EQ(got.bytes_read, want.bytes_read) << c.op;
+    EXPECT_EQ(got.bytes_written, want.bytes_written) << c.op;
+  }
+}
+
+TEST(BlasRegistry, GemmDeclinesWhatCublasLtCannotRun) {
+  const DeviceType cu = DeviceType::kCuda;
+  const KernelDesc* k = find(ops::kGemm, DType::kBF16);
+  const KernelDesc* tf32 = find(ops::kGemm, DType::kF32, "cuda.tf32");
+  ASSERT_NE(k, nullptr);
+  ASSERT_NE(tf32, nullptr);
+  Call mixed({view(DType::kBF16, {3, 5}, cu), view(DType::kF32, {5, 7}, cu)},
+             {view(DType::kF32, {3, 7}, cu)}, &kGemmNT);
+  mixed.in[1] = view(DType::kF32, {7, 5}, cu);
+  EXPECT_FALSE(k->supports(&mixed.call)) << "A bf16 with B f32";
+  Call y16({view(DType::kBF16, {3, 5}, cu), view(DType::kBF16, {7, 5}, cu)},
+           {view(DType::kF16, {3, 7}, cu)}, &kGemmNT);
+  EXPECT_FALSE(k->supports(&y16.call)) << "bf16 operands into an f16 Y";
+  Call bf16({view(DType::kBF16, {3, 5}, cu), view(DType::kBF16, {7, 5}, cu)},
+            {view(DType::kBF16, {3, 7}, cu)}, &kGemmNT);
+  EXPECT_TRUE(k->supports(&bf16.call));
+  EXPECT_FALSE(tf32->supports(&bf16.call)) << "tf32 is for f32 operands";
+  Call f32({view(DType::kF32, {2, 3, 5}, cu), view(DType::kF32, {2, 7, 5}, cu)},
+           {view(DType::kF32, {2, 3, 7}, cu)}, &kGemmNT);
+  EXPECT_TRUE(tf32->supports(&f32.call));
+  EXPECT_TRUE(find(ops::kGemm, DType::kF32)->supports(&f32.call));
+}
+
+// The CPU reference's message for the same bad call (on CPU views of the same shapes).
+std::string cpu_message(const char* op, DType key, const Call& cuda_call) {
+  Call cpu = cuda_call.on(DeviceType::kCpu);
+  Status s = cpu::find_kernel(op, key, "cpu.ref")->fn(&cpu.call);
+  EXPECT_NE(s.code, Code::kOk);
+  return take_message(&s);
+}
+
+TEST(BlasRegistry, BadCallsFailWithTheCpuKernelsWords) {
+  const DeviceType cu = DeviceType::kCuda;
+  static float fake[64];  // never read: every call below fails its checks first
+  void* p = fake;
+  struct Bad {
+    const char* op;
+    DType key;
+    Call call;
+    const char* expect;
+  };
+  std::vector<Bad> bad;
+  bad.push_back({ops::kGemm, DType::kF32,
+                 Call({view(DType::kF32, {3, 4}, cu, p), view(DType::kF32, {5, 2}, cu, p)},
+                      {view(DType::kF32, {3, 2}, cu, p)}, &kGemmNT),
+                 "gemm: input 1 (B) has shape (5, 2)"});
+  bad.push_back({ops::kAdd, DType::kF32,
+                 Call({view(DType::kF32, {4}, cu, p), view(DType::kF32, {5}, cu, p)},
+                      {view(DType::kF32, {4}, cu, p)}, static_cast<const int*>(nullptr)),
+                 "add: input 1 (B) has shape (5)"});
+  bad.push_back({ops::kAmax, DType::kF32,
+                 Call({view(DType::kF32, {4}, cu, p)}, {view(DType::kF32, {2}, cu, p)},
+                      static_cast<const int*>(nullptr)),
+                 "amax: output 0 (out) has shape (2)"});
+  bad.push_back({ops::kCrossEntropyBwd, DType::kF32,
+                 Call({view(DType::kF32, {4, 16}, cu, p), view(DType::kI32, {4}, cu, p), none(),
+                       view(DType::kF32, {4}, cu, p), view(DType::kF32, {1}, cu, p)},
+                      {view(DType::kF32, {4, 16}, cu, p)}, &kShard),
+                 nullptr});
+  bad.back().call.in[0].shape[1] = 16;  // fine; the shard below does not fit
+  static const ops::CrossEntropyShardAttrs kTooFar{30, 40};
+  bad.back().call.call.attrs = &kTooFar;
+  bad.back().expect = "cross_entropy_bwd: attrs vocab_start = 30";
+  bad.push_back({ops::kAdamWStep, DType::kF32,
+                 Call({view(DType::kF32, {8}, cu, p)},
+                      {view(DType::kF32, {8}, cu, p), view(DType::kF32, {8}, cu, p),
+                       view(DType::kF32, {7}, cu, p), none()},
+                      &kAdam),
+                 "adamw_step: output 2 (exp_avg_sq) has shape (7)"});
+  for (const Bad& b : bad) {
+    const KernelDesc* k = find(b.op, b.key);
+    ASSERT_NE(k, nullptr) << b.op;
+    EXPECT_FALSE(k->supports(&b.call.call)) << b.op;
+    Status s = k->fn(&b.call.call);
+    EXPECT_EQ(s.code, Code::kInvalidArgument) << b.op;
+    std::string msg = take_message(&s);
+    EXPECT_NE(msg.find(b.expect), std::string::npos) << msg;
+    EXPECT_EQ(msg, cpu_message(b.op, b.key, b.call)) << b.op;
+  }
+  // CUDA kernels refuse host tensors, naming the device.
+  Call host = good_calls()[1].call.on(DeviceType::kCpu);
+  for (TensorView& v : host.in) v.data = p;
+  for (TensorView& v : host.out) v.data = p;
+  Status s = find(ops::kAdd, DType::kBF16)->fn(&host.call);
+  EXPECT_EQ(s.code, Code::kInvalidArgument);
+  std::string msg = take_message(&s);
+  EXPECT_NE(msg.find("add: input 0 (A) is in cpu memory: the cuda kernels take cuda tensors only"),
+            std::string::npos)
+      << msg;
+}
+
+TEST(BlasRegistry, WithoutADeviceAGoodCallFailsCleanly) {
+  if (cuda_probe::query_devices().count > 0)
+    GTEST_SKIP() << "a CUDA device is present: the op tests run these kernels for real";
+  static float fake[64];
+  const DeviceType cu = DeviceType::kCuda;
+  Call c({view(DType::kF32, {4}, cu, fake), view(DType::kF32, {4}, cu, fake)},
+         {view(DType::kF32, {4}, cu, fake)}, static_cast<const int*>(nullptr));
+  Status s = find(ops::kAdd, DType::kF32)->fn(&c.call);
+  EXPECT_NE(s.code, Code::kOk);
+  std::string msg = take_message(&s);
+  EXPECT_NE(msg.find("cudaGetDevice"), std::string::npos) << msg;
+  EXPECT_EQ(take_label_error(), "");  // no device: nothing recorded
+}
+
+}  // namespace
+}  // namespace loom::kernels::cuda
