@@ -5,6 +5,7 @@
 
 #include <loom/kernel.h>
 
+#include <string>
 #include <vector>
 
 namespace loom::kernels::cuda {
@@ -12,5 +13,9 @@ namespace loom::kernels::cuda {
 /// Appends the KernelDescs of every family (device kCuda, name "cuda" unless a family says
 /// otherwise), struct_size filled.
 void add_all_kernels(std::vector<KernelDesc>& out);
+
+/// The message of an error a kernel recorded on the device and no call has reported yet
+/// (an out-of-range label), cleared; "" when there is none. Call after synchronising.
+std::string take_recorded_error();
 
 }  // namespace loom::kernels::cuda

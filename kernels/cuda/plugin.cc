@@ -18,6 +18,7 @@ class KernelsCuda final : public loom::Plugin {
   void register_components(loom::Registrar& r) override {
     loom::kernels::cuda::CudaRuntime* runtime = loom::kernels::cuda::cuda_runtime();
     runtime->set_log_host(&host());
+    runtime->set_sync_check(&loom::kernels::cuda::take_recorded_error);
     r.device_runtime(runtime);
     if (runtime->device_count() == 0) {
       loom::StringView why = runtime->unavailable_reason();
@@ -29,7 +30,10 @@ class KernelsCuda final : public loom::Plugin {
     loom::kernels::cuda::add_all_kernels(kernels);
     for (const loom::KernelDesc& k : kernels) r.kernel(k);
   }
-  void shutdown() override { loom::kernels::cuda::cuda_runtime()->set_log_host(nullptr); }
+  void shutdown() override {
+    loom::kernels::cuda::cuda_runtime()->set_sync_check(nullptr);
+    loom::kernels::cuda::cuda_runtime()->set_log_host(nullptr);
+  }
 };
 
 }  // namespace

@@ -309,6 +309,12 @@ Status CudaRuntime::synchronize(int32_t index) noexcept {
                " (the error belongs to an earlier kernel or copy; run under compute-sanitizer "
                "or with CUDA_LAUNCH_BLOCKING=1 to find which)");
     }
+    // Errors that kernels record on the device instead of failing (e.g. an out-of-range
+    // label): reported here, the first synchronising call after them.
+    if (SyncCheck check = sync_check_.load()) {
+      std::string message = check();
+      if (!message.empty()) fail(Code::kOutOfRange, message);
+    }
   });
 }
 

@@ -45,6 +45,12 @@ class CudaRuntime final : public IDeviceRuntime {
   /// `shutdown`, after which the IHost is no longer valid.
   void set_log_host(IHost* host) noexcept;
 
+  /// A check run after every successful synchronize: it returns the message of an error
+  /// that kernels recorded on the device (and clears it), or "" (then synchronize
+  /// succeeds). The kernel library sets it; null (the default) checks nothing.
+  using SyncCheck = std::string (*)();
+  void set_sync_check(SyncCheck check) noexcept { sync_check_.store(check); }
+
   // IDeviceRuntime; loom/device.h documents each method. CUDA specifics: errors name the
   // device ("cuda:0") and the failed runtime call with its error name; host-to-device and
   // device-to-host copies wait for the compute stream (see copy in the .cc for why);
@@ -66,6 +72,7 @@ class CudaRuntime final : public IDeviceRuntime {
   Status synchronize(int32_t index) noexcept override;
 
  private:
+  std::atomic<SyncCheck> sync_check_{nullptr};
   friend class CudaMemory;  // logs failed cudaFree calls
   struct Device;
   // Device `index`, or throws Error: kUnavailable (naming the reason) without devices,
