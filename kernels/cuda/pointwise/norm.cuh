@@ -268,7 +268,9 @@ __global__ void __launch_bounds__(kMaxTeam) norm_bwd_kernel(NormBwdArgs a) {
 
 // Stage 2 with the workspace: grad[c] += sum over blocks of partial[block][g][c], in block
 // order. Blocks of 32 x 32 threads: x across 32 columns, y over slices of the blocks;
-// blockIdx.y picks the gradient (0 dweight, 1 dbias).
+// blockIdx.y picks the gradient (0 dweight, 1 dbias). A template on kRms only so that
+// layernorm.cu and rmsnorm.cu, which both include this header, define different kernels.
+template <bool kRms>
 __global__ void norm_wgrad_finalize_kernel(const float* partial, int64_t blocks, int grads,
                                            int64_t cols, float* dw, float* db) {
   __shared__ float s[32][33];
@@ -358,8 +360,8 @@ void launch_norm_bwd(const OpCall* call, const op_checks::NormShape& s, const ch
   launch_check(op);
   if (a.partial != nullptr) {
     dim3 grid(static_cast<unsigned>((s.c + 31) / 32), grads);
-    norm_wgrad_finalize_kernel<<<grid, dim3(32, 32), 0, stream_of(call)>>>(a.partial, g.grid, grads,
-                                                                           s.c, a.dw, a.db);
+    norm_wgrad_finalize_kernel<kRms>
+        <<<grid, dim3(32, 32), 0, stream_of(call)>>>(a.partial, g.grid, grads, s.c, a.dw, a.db);
     launch_check(op);
   }
 }
