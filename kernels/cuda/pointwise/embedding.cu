@@ -206,8 +206,8 @@ void launch_embedding(const OpCall* call, const op_checks::EmbShape& s, bool bwd
   const char* op = bwd ? ops::kEmbeddingBwd : ops::kEmbeddingFwd;
   const int device = current_device();
   report(device, false);  // an error of an earlier call fails this one, before it runs
+  if (s.n == 0) return;  // with C == 0 the ids are still checked, as on the CPU
   DeviceIdState& st = ensure_state(device);
-  if (s.n == 0 || s.c == 0) return;
   unsigned int seq = ++st.seq;
   if (seq == 0u) seq = ++st.seq;  // 0 means "no owner"
   IdCheck chk{st.record, st.device_flag, seq,     bwd ? 1 : 0,
