@@ -5,6 +5,7 @@
 //         7.1.26 (|error| < 1.5e-7) written as erfc so that gelu(x) keeps its relative
 //         accuracy for negative x.
 #include <immintrin.h>
+#include <loom/cpp/op_checks/activations.h>
 
 #include <algorithm>
 
@@ -23,23 +24,10 @@ constexpr double kCubic = 0.044715;
 // ---- gelu -----------------------------------------------------------------------------
 
 int64_t check_gelu_fwd(const OpCall* call, bool shapes_only) {
-  Args a(call, ops::kGeluFwd, {"X"}, {"Y"}, shapes_only);
-  a.attrs<ops::GeluAttrs>();
-  int64_t n = numel(a.float_in(0));
-  a.float_out(0);
-  a.numel_out(0, n, "X's shape");
-  return n;
+  return op_checks::check_gelu_fwd(call, shapes_only, DeviceType::kCpu);
 }
-
 int64_t check_gelu_bwd(const OpCall* call, bool shapes_only) {
-  Args a(call, ops::kGeluBwd, {"dY", "X"}, {"dX"}, shapes_only);
-  a.attrs<ops::GeluAttrs>();
-  int64_t n = numel(a.float_in(0));
-  a.float_in(1);
-  a.float_out(0);
-  a.numel_in(1, n, "dY's shape");
-  a.numel_out(0, n, "dY's shape");
-  return n;
+  return op_checks::check_gelu_bwd(call, shapes_only, DeviceType::kCpu);
 }
 
 // gelu(x) and d gelu / dx in f64.
@@ -82,39 +70,13 @@ Status gelu_bwd_ref(const OpCall* call) {
 
 // ---- swiglu: Y = silu(X[:, :F]) * X[:, F:] ----------------------------------------------
 
-struct SwigluShape {
-  int64_t n, f;
-};
+using op_checks::SwigluShape;
 
 SwigluShape check_swiglu_fwd(const OpCall* call, bool shapes_only) {
-  Args a(call, ops::kSwigluFwd, {"X"}, {"Y"}, shapes_only);
-  const TensorView& X = a.float_in(0);
-  const TensorView& Y = a.float_out(0);
-  a.rank_in(0, 1, "(N, 2F)");
-  if (last_dim(X) % 2 != 0)
-    a.fail(a.in_label(0) + " has shape " + shape_str(X) +
-           ": its last dimension (2F: gate then up projection) must be even");
-  SwigluShape s{rows_of(X), last_dim(X) / 2};
-  if (Y.ndim < 1 || last_dim(Y) != s.f || rows_of(Y) != s.n)
-    a.fail(a.out_label(0) + " has shape " + shape_str(Y) +
-           ", expected (N, F) with N = " + std::to_string(s.n) + ", F = " + std::to_string(s.f));
-  return s;
+  return op_checks::check_swiglu_fwd(call, shapes_only, DeviceType::kCpu);
 }
-
 SwigluShape check_swiglu_bwd(const OpCall* call, bool shapes_only) {
-  Args a(call, ops::kSwigluBwd, {"dY", "X"}, {"dX"}, shapes_only);
-  const TensorView& dY = a.float_in(0);
-  const TensorView& X = a.float_in(1);
-  a.float_out(0);
-  a.rank_in(1, 1, "(N, 2F)");
-  if (last_dim(X) % 2 != 0)
-    a.fail(a.in_label(1) + " has shape " + shape_str(X) + ": its last dimension must be even");
-  SwigluShape s{rows_of(X), last_dim(X) / 2};
-  if (dY.ndim < 1 || last_dim(dY) != s.f || rows_of(dY) != s.n)
-    a.fail(a.in_label(0) + " has shape " + shape_str(dY) +
-           ", expected (N, F) with N = " + std::to_string(s.n) + ", F = " + std::to_string(s.f));
-  a.numel_out(0, numel(X), "X's shape (N, 2F)");
-  return s;
+  return op_checks::check_swiglu_bwd(call, shapes_only, DeviceType::kCpu);
 }
 
 double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }

@@ -2,6 +2,8 @@
 // (key, counter) as loom/ops.h specifies (philox.h), so backward redraws the mask.
 //   reference: one Philox block per element (the plain definition).
 //   fast: OpenMP over chunks, one Philox block per 4 elements; bit-identical mask.
+#include <loom/cpp/op_checks/dropout.h>
+
 #include <algorithm>
 
 #include "kernels/cpu/common.h"
@@ -13,22 +15,11 @@ namespace {
 
 constexpr int64_t kChunk = 4096;  // a multiple of 4: chunks start on Philox block boundaries
 
-int64_t check_dropout(const OpCall* call, bool shapes_only, const char* op, const char* in,
-                      const char* out) {
-  Args a(call, op, {in}, {out}, shapes_only);
-  const ops::DropoutAttrs& at = a.attrs<ops::DropoutAttrs>();
-  if (!(at.p >= 0.0f && at.p < 1.0f))
-    a.fail("drop probability p = " + std::to_string(at.p) + " must be in [0, 1)");
-  int64_t n = numel(a.float_in(0));
-  a.float_out(0);
-  a.numel_out(0, n, "the input's shape");
-  return n;
-}
 int64_t check_dropout_fwd(const OpCall* c, bool s) {
-  return check_dropout(c, s, ops::kDropoutFwd, "X", "Y");
+  return op_checks::check_dropout_fwd(c, s, DeviceType::kCpu);
 }
 int64_t check_dropout_bwd(const OpCall* c, bool s) {
-  return check_dropout(c, s, ops::kDropoutBwd, "dY", "dX");
+  return op_checks::check_dropout_bwd(c, s, DeviceType::kCpu);
 }
 
 // Forward and backward are the same map (the mask scaled by 1 / (1 - p)).

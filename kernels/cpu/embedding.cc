@@ -5,6 +5,8 @@
 //   fast: forward OpenMP over rows; backward OpenMP over column blocks, so that each
 //         thread owns its columns of dtable and repeated ids need no atomics (and the
 //         sum order, hence the result, is the reference's).
+#include <loom/cpp/op_checks/embedding.h>
+
 #include <algorithm>
 
 #include "kernels/cpu/common.h"
@@ -13,61 +15,21 @@
 namespace loom::kernels::cpu {
 namespace {
 
-struct EmbShape {
-  int64_t v, c, n;
-  int64_t start;  // vocabulary row of table row 0 (0 without attrs)
-  int64_t vocab;  // rows of the whole vocabulary (v without attrs)
-  bool sharded;   // called with EmbeddingAttrs
+using op_checks::EmbShape;
 
-  // Table row of `id`, or -1 when another shard holds it.
-  int64_t row(int32_t id) const {
-    int64_t r = id - start;
-    return r >= 0 && r < v ? r : -1;
-  }
-};
-
-// Ids may have any shape (N = their element count); Y / dY is (..., C) with N rows.
-EmbShape check_embedding(const OpCall* call, bool shapes_only, bool bwd) {
-  Args a(call, bwd ? ops::kEmbeddingBwd : ops::kEmbeddingFwd, {bwd ? "dY" : "table", "ids"},
-         {bwd ? "dtable" : "Y"}, shapes_only);
-  const TensorView& ids = a.i32_in(1);
-  const TensorView& table = bwd ? a.f32_out(0) : a.float_in(0);
-  const TensorView& rows = bwd ? a.float_in(0) : a.float_out(0);
-  if (table.ndim != 2)
-    a.fail((bwd ? a.out_label(0) : a.in_label(0)) + " has shape " + shape_str(table) +
-           ", expected (V, C)");
-  EmbShape s{table.shape[0], table.shape[1], numel(ids), 0, table.shape[0], false};
-  if (rows.ndim < 1 || last_dim(rows) != s.c || rows_of(rows) != s.n)
-    a.fail((bwd ? a.in_label(0) : a.out_label(0)) + " has shape " + shape_str(rows) +
-           ", expected (N, C) with N = " + std::to_string(s.n) +
-           " (the ids) and C = " + std::to_string(s.c));
-  if (const ops::EmbeddingAttrs* at = a.opt_attrs<ops::EmbeddingAttrs>()) {
-    if (at->vocab_start < 0 || at->vocab_size < 0 || at->vocab_start > at->vocab_size - s.v)
-      a.fail("attrs vocab_start = " + std::to_string(at->vocab_start) + ", vocab_size = " +
-             std::to_string(at->vocab_size) + " do not place the table's " + std::to_string(s.v) +
-             " rows inside the vocabulary: need vocab_start >= 0 and vocab_start + V <= "
-             "vocab_size");
-    s.start = at->vocab_start;
-    s.vocab = at->vocab_size;
-    s.sharded = true;
-  }
-  return s;
+EmbShape check_embedding_fwd(const OpCall* c, bool s) {
+  return op_checks::check_embedding_fwd(c, s, DeviceType::kCpu);
 }
-EmbShape check_embedding_fwd(const OpCall* c, bool s) { return check_embedding(c, s, false); }
-EmbShape check_embedding_bwd(const OpCall* c, bool s) { return check_embedding(c, s, true); }
+EmbShape check_embedding_bwd(const OpCall* c, bool s) {
+  return op_checks::check_embedding_bwd(c, s, DeviceType::kCpu);
+}
 
 // Every id must be a row of the vocabulary (the table's rows without attrs).
 void check_ids(const OpCall* call, const EmbShape& s, const char* op) {
   const int32_t* ids = i32(call->inputs[1]);
   for (int64_t n = 0; n < s.n; ++n)
     if (ids[n] < 0 || ids[n] >= s.vocab)
-      throw Error(
-          Code::kOutOfRange,
-          std::string(op) + ": ids[" + std::to_string(n) + "] = " + std::to_string(ids[n]) +
-              " is outside [0, " + std::to_string(s.vocab) +
-              (s.sharded ? ") (the vocabulary; this table holds its rows [" +
-                               std::to_string(s.start) + ", " + std::to_string(s.start + s.v) + "))"
-                         : ") (the table's rows)"));
+      throw Error(Code::kOutOfRange, op_checks::out_of_range_id_message(op, n, ids[n], s));
 }
 
 Status embedding_fwd_ref(const OpCall* call) {

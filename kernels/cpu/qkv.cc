@@ -4,6 +4,8 @@
 // value head, D channels each: X (B, T, G, (H/G + 2) * D).
 //   reference: element by element through the index map.
 //   fast: OpenMP over tokens, whole heads converted at a time.
+#include <loom/cpp/op_checks/qkv.h>
+
 #include <cstring>
 
 #include "kernels/cpu/common.h"
@@ -11,41 +13,14 @@
 namespace loom::kernels::cpu {
 namespace {
 
-struct QkvShape {
-  int64_t bt, h, g, d;  // bt = B * T tokens
-};
+using op_checks::QkvShape;
 
-// X is input 0 of split_qkv and output 0 of merge_qkv; Q, K, V the other side.
-QkvShape check_qkv(const OpCall* call, bool shapes_only, bool merge) {
-  Args a = merge ? Args(call, ops::kMergeQkv, {"dQ", "dK", "dV"}, {"dX"}, shapes_only)
-                 : Args(call, ops::kSplitQkv, {"X"}, {"Q", "K", "V"}, shapes_only);
-  const TensorView& X = merge ? a.float_out(0) : a.float_in(0);
-  const TensorView& Q = merge ? a.float_in(0) : a.float_out(0);
-  const TensorView& K = merge ? a.float_in(1) : a.float_out(1);
-  const TensorView& V = merge ? a.float_in(2) : a.float_out(2);
-  std::string q_label = merge ? a.in_label(0) : a.out_label(0);
-  std::string k_label = merge ? a.in_label(1) : a.out_label(1);
-  if (Q.ndim != 4) a.fail(q_label + " has shape " + shape_str(Q) + ", expected (B, T, H, D)");
-  if (K.ndim != 4) a.fail(k_label + " has shape " + shape_str(K) + ", expected (B, T, G, D)");
-  int64_t B = Q.shape[0], T = Q.shape[1], H = Q.shape[2], D = Q.shape[3], G = K.shape[2];
-  if (G <= 0 || H % G != 0)
-    a.fail(k_label + " has shape " + shape_str(K) + ": its G = " + std::to_string(G) +
-           " key/value heads must divide Q's H = " + std::to_string(H));
-  if (merge) {
-    a.shape_in(1, {B, T, G, D}, "(B, T, G, D)");
-    a.shape_in(2, {B, T, G, D}, "(B, T, G, D)");
-    a.shape_out(0, {B, T, G, (H / G + 2) * D}, "(B, T, G, (H/G + 2) * D)");
-  } else {
-    a.shape_out(1, {B, T, G, D}, "(B, T, G, D)");
-    a.shape_out(2, {B, T, G, D}, "(B, T, G, D)");
-    a.shape_in(0, {B, T, G, (H / G + 2) * D}, "(B, T, G, (H/G + 2) * D)");
-  }
-  (void)X;
-  (void)V;
-  return QkvShape{B * T, H, G, D};
+QkvShape check_split_qkv(const OpCall* c, bool s) {
+  return op_checks::check_split_qkv(c, s, DeviceType::kCpu);
 }
-QkvShape check_split_qkv(const OpCall* c, bool s) { return check_qkv(c, s, false); }
-QkvShape check_merge_qkv(const OpCall* c, bool s) { return check_qkv(c, s, true); }
+QkvShape check_merge_qkv(const OpCall* c, bool s) {
+  return op_checks::check_merge_qkv(c, s, DeviceType::kCpu);
+}
 
 // Calls f(x_offset, tensor_index (0 Q, 1 K, 2 V), offset in that tensor) for the first
 // element of every head of token `token`; each head is D contiguous elements on both sides.
@@ -120,30 +95,10 @@ Status merge_qkv_fast(const OpCall* call) {
 
 // ---- swap_axes_12: Y[a, j, i, d] = X[a, i, j, d], any dtype of 2 or 4 bytes -------------
 
-struct SwapShape {
-  int64_t a, i, j, d;
-  size_t bytes;  // of one element
-};
+using op_checks::SwapShape;
 
-SwapShape check_swap_axes(const OpCall* call, bool shapes_only) {
-  Args a(call, ops::kSwapAxes12, {"X"}, {"Y"}, shapes_only);
-  const TensorView &X = a.in(0), &Y = a.out(0);
-  if (!a.has_in(0) || !a.has_out(0)) a.fail("X and Y are required");
-  size_t bytes = dtype_size(X.dtype);
-  if (bytes != 2 && bytes != 4)
-    a.fail(a.in_label(0) + " has dtype " + dtype_name(X.dtype) + ": expected one of 2 or 4 bytes");
-  if (Y.dtype != X.dtype)
-    a.fail(a.out_label(0) + " has dtype " + dtype_name(Y.dtype) + ", expected X's " +
-           dtype_name(X.dtype) + " (use cast to convert)");
-  if (!is_contiguous(X) || !is_contiguous(Y)) a.fail("X and Y must be contiguous");
-  if (X.ndim != 4) a.fail(a.in_label(0) + " has shape " + shape_str(X) + ", expected (A, I, J, D)");
-  SwapShape s{X.shape[0], X.shape[1], X.shape[2], X.shape[3], bytes};
-  a.shape_out(0, {s.a, s.j, s.i, s.d}, "(A, J, I, D)");
-  if (!shapes_only && numel(X) > 0 && (X.data == nullptr || Y.data == nullptr))
-    a.fail("X or Y has null data");
-  if (!shapes_only && X.data == Y.data && numel(X) > 0)
-    a.fail("Y must not alias X (a transpose cannot run in place)");
-  return s;
+SwapShape check_swap_axes(const OpCall* c, bool s) {
+  return op_checks::check_swap_axes(c, s, DeviceType::kCpu);
 }
 
 Status swap_axes_12_ref(const OpCall* call) {

@@ -3,6 +3,7 @@
 //   zero_centered_gamma); dX = rstd * (g - xhat * mean(g * xhat)), g = dY * gamma.
 //   reference: row by row in f64.
 //   fast: OpenMP over rows, AVX2 within a row, per-thread dweight partials.
+#include <loom/cpp/op_checks/norms.h>
 #include <omp.h>
 
 #include "kernels/cpu/common.h"
@@ -11,45 +12,13 @@
 namespace loom::kernels::cpu {
 namespace {
 
-struct NormShape {
-  int64_t n, c;
-  ops::NormAttrs attrs;
-};
+using op_checks::NormShape;
 
 NormShape check_rmsnorm_fwd(const OpCall* call, bool shapes_only) {
-  Args a(call, ops::kRmsNormFwd, {"X", "weight"}, {"Y", "rstd"}, shapes_only);
-  NormShape s{0, 0, a.attrs<ops::NormAttrs>()};
-  const TensorView& X = a.float_in(0);
-  a.rank_in(0, 1, "(N, C)");
-  s.n = rows_of(X);
-  s.c = last_dim(X);
-  a.float_in(1);
-  a.shape_in(1, {s.c}, "(C)");
-  a.float_out(0);
-  a.numel_out(0, s.n * s.c, "X's shape (N, C)");
-  a.f32_out(1);
-  a.numel_out(1, s.n, "(N)");
-  return s;
+  return op_checks::check_rmsnorm_fwd(call, shapes_only, DeviceType::kCpu);
 }
-
 NormShape check_rmsnorm_bwd(const OpCall* call, bool shapes_only) {
-  Args a(call, ops::kRmsNormBwd, {"dY", "X", "weight", "rstd"}, {"dX", "dweight"}, shapes_only);
-  NormShape s{0, 0, a.attrs<ops::NormAttrs>()};
-  const TensorView& X = a.float_in(1);
-  a.rank_in(1, 1, "(N, C)");
-  s.n = rows_of(X);
-  s.c = last_dim(X);
-  a.float_in(0);
-  a.numel_in(0, s.n * s.c, "X's shape (N, C)");
-  a.float_in(2);
-  a.shape_in(2, {s.c}, "(C)");
-  a.f32_in(3);
-  a.numel_in(3, s.n, "(N)");
-  a.float_out(0);
-  a.numel_out(0, s.n * s.c, "X's shape (N, C)");
-  a.f32_out(1);
-  a.shape_out(1, {s.c}, "(C)");
-  return s;
+  return op_checks::check_rmsnorm_bwd(call, shapes_only, DeviceType::kCpu);
 }
 
 Status rmsnorm_fwd_ref(const OpCall* call) {

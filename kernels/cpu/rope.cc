@@ -5,34 +5,21 @@
 //   fast: OpenMP over (b, t); cos / sin computed once per position and reused by every
 //         head; AVX2 rotation.
 #include <immintrin.h>
+#include <loom/cpp/op_checks/rope.h>
 
 #include "kernels/cpu/common.h"
 
 namespace loom::kernels::cpu {
 namespace {
 
-struct RopeShape {
-  int64_t b, t, h, d, half;
-};
+using op_checks::RopeShape;
 
-RopeShape check_rope(const OpCall* call, bool shapes_only, const char* op) {
-  Args a(call, op, {"X", "positions", "inv_freq"}, {"Y"}, shapes_only);
-  const ops::RopeAttrs& at = a.attrs<ops::RopeAttrs>();
-  const TensorView& X = a.float_in(0);
-  if (X.ndim != 4) a.fail(a.in_label(0) + " has shape " + shape_str(X) + ", expected (B, T, H, D)");
-  RopeShape s{X.shape[0], X.shape[1], X.shape[2], X.shape[3], at.rotary_dim / 2};
-  if (at.rotary_dim < 0 || at.rotary_dim % 2 != 0 || at.rotary_dim > s.d)
-    a.fail("rotary_dim = " + std::to_string(at.rotary_dim) +
-           " must be even and in [0, D = " + std::to_string(s.d) + "]");
-  if (a.opt_i32_in(1)) a.shape_in(1, {s.b, s.t}, "(B, T)");
-  a.f32_in(2);
-  a.shape_in(2, {s.half}, "(rotary_dim / 2)");
-  a.float_out(0);
-  a.shape_out(0, {s.b, s.t, s.h, s.d}, "X's shape (B, T, H, D)");
-  return s;
+RopeShape check_rope_fwd(const OpCall* c, bool s) {
+  return op_checks::check_rope_fwd(c, s, DeviceType::kCpu);
 }
-RopeShape check_rope_fwd(const OpCall* c, bool s) { return check_rope(c, s, ops::kRopeFwd); }
-RopeShape check_rope_bwd(const OpCall* c, bool s) { return check_rope(c, s, ops::kRopeBwd); }
+RopeShape check_rope_bwd(const OpCall* c, bool s) {
+  return op_checks::check_rope_bwd(c, s, DeviceType::kCpu);
+}
 
 double position(const OpCall* call, const RopeShape& s, int64_t b, int64_t t) {
   const TensorView& pos = call->inputs[1];

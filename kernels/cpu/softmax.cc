@@ -4,6 +4,7 @@
 //   reference: row by row in f64.
 //   fast: OpenMP over rows, AVX2 exp / reductions.
 #include <immintrin.h>
+#include <loom/cpp/op_checks/softmax.h>
 
 #include <algorithm>
 
@@ -13,41 +14,13 @@
 namespace loom::kernels::cpu {
 namespace {
 
-struct SoftmaxShape {
-  int64_t b, h, t, sk;
-  ops::SoftmaxAttrs attrs;
-};
+using op_checks::SoftmaxShape;
 
 SoftmaxShape check_softmax_fwd(const OpCall* call, bool shapes_only) {
-  Args a(call, ops::kMaskedSoftmaxFwd, {"S", "segment_ids"}, {"P"}, shapes_only);
-  SoftmaxShape s{0, 0, 0, 0, a.attrs<ops::SoftmaxAttrs>()};
-  const TensorView& S = a.float_in(0);
-  if (S.ndim != 4)
-    a.fail(a.in_label(0) + " has shape " + shape_str(S) + ", expected (B, H, T, Sk)");
-  s.b = S.shape[0], s.h = S.shape[1], s.t = S.shape[2], s.sk = S.shape[3];
-  if (a.opt_i32_in(1)) {
-    a.shape_in(1, {s.b, s.t}, "(B, T)");
-    if (s.t != s.sk)
-      a.fail("segment ids need as many keys as queries (T = " + std::to_string(s.t) +
-             ", Sk = " + std::to_string(s.sk) + ")");
-  }
-  a.float_out(0);
-  a.shape_out(0, {s.b, s.h, s.t, s.sk}, "S's shape (B, H, T, Sk)");
-  return s;
+  return op_checks::check_softmax_fwd(call, shapes_only, DeviceType::kCpu);
 }
-
 SoftmaxShape check_softmax_bwd(const OpCall* call, bool shapes_only) {
-  Args a(call, ops::kMaskedSoftmaxBwd, {"dP", "P"}, {"dS"}, shapes_only);
-  SoftmaxShape s{0, 0, 0, 0, a.attrs<ops::SoftmaxAttrs>()};
-  const TensorView& dP = a.float_in(0);
-  if (dP.ndim != 4)
-    a.fail(a.in_label(0) + " has shape " + shape_str(dP) + ", expected (B, H, T, Sk)");
-  s.b = dP.shape[0], s.h = dP.shape[1], s.t = dP.shape[2], s.sk = dP.shape[3];
-  a.float_in(1);
-  a.shape_in(1, {s.b, s.h, s.t, s.sk}, "dP's shape (B, H, T, Sk)");
-  a.float_out(0);
-  a.shape_out(0, {s.b, s.h, s.t, s.sk}, "dP's shape (B, H, T, Sk)");
-  return s;
+  return op_checks::check_softmax_bwd(call, shapes_only, DeviceType::kCpu);
 }
 
 const int32_t* segment_row(const OpCall* call, const SoftmaxShape& s, int64_t b) {

@@ -1,0 +1,369 @@
+// The kernels shared by layernorm.cu and rmsnorm.cu (kRms picks RMSNorm: no mean, no bias).
+//
+// Forward, per row of X (N, C): the row is read once into registers (row_team.cuh, 8 chunks
+// of 4 per lane), then mean (LayerNorm) and the variance around it are two team sums over
+// the registers (two passes in f32: no cancellation, unlike E[x^2] - E[x]^2), and
+// Y = (x - mean) * rstd * gamma + beta is written from the registers.
+//
+// Backward, per row: dY and X in registers (4 chunks per lane); one team sum of the pair
+// (sum g, sum g * xhat), g = dY * gamma, xhat = (x - mean) * rstd; then
+// dX = rstd * (g - mean(g) - xhat * mean(g * xhat)) (RMSNorm: no mean(g) term).
+//
+// Weight gradients, two stages. Stage 1: each thread owns the same columns in every row its
+// team handles (the row-team layout), so it sums dY * xhat (dweight) and dY (dbias) over
+// those rows in registers, with no atomics; at the end the teams of a block combine in
+// team order through shared memory. Stage 2 depends on the workspace:
+//  - with the workspace (norm_bwd_workspace bytes: one f32 partial row per block and
+//    gradient), each block stores its partial row, and a second kernel adds the partials of
+//    every block in a fixed order into dweight / dbias: deterministic, run to run.
+//  - without it (a caller that gives none), each block adds its partial row into dweight /
+//    dbias with atomics: the same sums, in an order that may vary in the last bits.
+// The number of blocks is capped at about 128K threads' worth (enough to keep HBM busy), so
+// the partials stay below about 16 MiB and take a few percent of the backward's traffic.
+#pragma once
+
+#include <loom/cpp/op_checks/norms.h>
+
+#include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/pointwise/device_util.cuh"
+#include "kernels/cuda/pointwise/row_team.cuh"
+
+namespace loom::kernels::cuda::pointwise {
+
+inline constexpr int kNormFwdChunks = 8;  // chunks of 4 per lane in registers, forward
+inline constexpr int kNormBwdChunks = 4;  // backward (dY and X both cached)
+inline constexpr int64_t kNormBwdThreads = int64_t{1} << 17;  // stage-1 threads, at most
+
+struct NormFwdArgs {
+  const void* x;  // (N, C)
+  const void* w;  // (C)
+  const void* b;  // (C) or null (always null for RMSNorm)
+  void* y;        // (N, C)
+  float* mean;    // (N); null for RMSNorm
+  float* rstd;    // (N)
+  DType xt, wt, bt, yt;
+  int64_t rows, cols;
+  float eps, gamma_shift;  // gamma = weight + gamma_shift
+  int tpr;
+  bool vec;  // C % 4 == 0 and every tensor aligned to 4 elements
+};
+
+template <bool kRms>
+__global__ void __launch_bounds__(kMaxTeam) norm_fwd_kernel(NormFwdArgs a) {
+  __shared__ TeamScratch<1> scratch;
+  const int team = threadIdx.x / a.tpr, lane = threadIdx.x % a.tpr;
+  const int teams = blockDim.x / a.tpr;
+  const float inv_c = 1.0f / static_cast<float>(a.cols);
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * teams; base < a.rows;
+       base += static_cast<int64_t>(gridDim.x) * teams) {
+    const int64_t row = base + team;
+    const bool active = row < a.rows;
+    const int64_t off = (active ? row : 0) * a.cols, end = off + a.cols;
+    float v[kNormFwdChunks][4];
+    // A chunk of X: from registers, or from memory past the register capacity.
+    auto x_chunk = [&](int k, int64_t c, float t[4]) {
+      if (k >= 0) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) t[e] = v[k][e];
+      } else if (active) {
+        load4(a.x, a.xt, off + c, end, a.vec, t);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) t[e] = 0.0f;
+      }
+    };
+    float sum[1] = {0.0f};
+    for_each_chunk<kNormFwdChunks>(lane, a.tpr, a.cols, [&](int k, int64_t c) {
+      float t[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      if (active) load4(a.x, a.xt, off + c, end, a.vec, t);  // 0 past the row's end
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if (k >= 0) v[k][e] = t[e];
+        sum[0] += kRms ? t[e] * t[e] : t[e];
+      }
+    });
+    team_sum(sum, a.tpr, scratch);
+    float mean = 0.0f, var;
+    if (kRms) {
+      var = sum[0] * inv_c;  // mean of squares
+    } else {
+      mean = sum[0] * inv_c;
+      float sq[1] = {0.0f};
+      for_each_chunk<kNormFwdChunks>(lane, a.tpr, a.cols, [&](int k, int64_t c) {
+        float t[4];
+        x_chunk(k, c, t);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float d = c + e < a.cols ? t[e] - mean : 0.0f;
+          sq[0] += d * d;
+        }
+      });
+      team_sum(sq, a.tpr, scratch);
+      var = sq[0] * inv_c;
+    }
+    const float rstd = 1.0f / sqrtf(var + a.eps);
+    if (active) {
+      for_each_chunk<kNormFwdChunks>(lane, a.tpr, a.cols, [&](int k, int64_t c) {
+        float t[4], w[4], b[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        x_chunk(k, c, t);
+        load4(a.w, a.wt, c, a.cols, a.vec, w);
+        if (!kRms && a.b != nullptr) load4(a.b, a.bt, c, a.cols, a.vec, b);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) t[e] = (t[e] - mean) * rstd * (w[e] + a.gamma_shift) + b[e];
+        store4(a.y, a.yt, off + c, end, a.vec, t);
+      });
+      if (lane == 0) {
+        if (!kRms) a.mean[row] = mean;
+        a.rstd[row] = rstd;
+      }
+    }
+  }
+}
+
+struct NormBwdArgs {
+  const void* dy;     // (N, C)
+  const void* x;      // (N, C)
+  const void* w;      // (C)
+  const float* mean;  // (N); null for RMSNorm
+  const float* rstd;  // (N)
+  void* dx;           // (N, C)
+  float* dw;          // (C) +=
+  float* db;          // (C) += or null
+  float* partial;     // (gridDim.x, grads, C) workspace, or null: atomics into dw / db
+  DType dyt, xt, wt, dxt;
+  int64_t rows, cols;
+  float gamma_shift;
+  int tpr;
+  bool vec;
+};
+
+template <bool kRms>
+__global__ void __launch_bounds__(kMaxTeam) norm_bwd_kernel(NormBwdArgs a) {
+  __shared__ TeamScratch<2> scratch;
+  extern __shared__ float combine[];  // (grads, C) when the block has several teams
+  const int team = threadIdx.x / a.tpr, lane = threadIdx.x % a.tpr;
+  const int teams = blockDim.x / a.tpr;
+  const bool want_db = !kRms && a.db != nullptr;
+  const int grads = want_db ? 2 : 1;
+  const float inv_c = 1.0f / static_cast<float>(a.cols);
+  float* part = a.partial != nullptr ? a.partial + blockIdx.x * grads * a.cols : nullptr;
+
+  // Columns past the register capacity (only with one team per block) accumulate in the
+  // block's partial row, which this thread owns there: clear it first.
+  if (part != nullptr)
+    for (int64_t c = (static_cast<int64_t>(kNormBwdChunks) * a.tpr + lane) * 4; c < a.cols;
+         c += static_cast<int64_t>(a.tpr) * 4)
+      for (int e = 0; e < 4 && c + e < a.cols; ++e)
+        for (int g = 0; g < grads; ++g) part[g * a.cols + c + e] = 0.0f;
+
+  float dwa[kNormBwdChunks][4] = {}, dba[kNormBwdChunks][4] = {};
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * teams; base < a.rows;
+       base += static_cast<int64_t>(gridDim.x) * teams) {
+    const int64_t row = base + team;
+    const bool active = row < a.rows;
+    const int64_t off = (active ? row : 0) * a.cols, end = off + a.cols;
+    const float mu = !kRms && active ? a.mean[row] : 0.0f;
+    const float rs = active ? a.rstd[row] : 0.0f;
+    float xs[kNormBwdChunks][4], gs[kNormBwdChunks][4];
+    // dY and X of a chunk (zeros past the row's end and for an inactive team).
+    auto chunk = [&](int k, int64_t c, float d[4], float x[4]) {
+      if (k >= 0) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) d[e] = gs[k][e], x[e] = xs[k][e];
+      } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) d[e] = x[e] = 0.0f;
+        if (active) {
+          load4(a.dy, a.dyt, off + c, end, a.vec, d);
+          load4(a.x, a.xt, off + c, end, a.vec, x);
+        }
+      }
+    };
+    float sums[2] = {0.0f, 0.0f};  // sum g, sum g * xhat
+    for_each_chunk<kNormBwdChunks>(lane, a.tpr, a.cols, [&](int k, int64_t c) {
+      float d[4] = {0.0f, 0.0f, 0.0f, 0.0f}, x[4] = {0.0f, 0.0f, 0.0f, 0.0f}, w[4];
+      if (active) {
+        load4(a.dy, a.dyt, off + c, end, a.vec, d);
+        load4(a.x, a.xt, off + c, end, a.vec, x);
+      }
+      load4(a.w, a.wt, c, a.cols, a.vec, w);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float xhat = (x[e] - mu) * rs, g = d[e] * (w[e] + a.gamma_shift);
+        sums[0] += g;  // d is 0 past the row's end, and so is g
+        sums[1] += g * xhat;
+        if (k >= 0) {
+          gs[k][e] = d[e];
+          xs[k][e] = x[e];
+          dwa[k][e] += d[e] * xhat;
+          dba[k][e] += d[e];
+        } else if (active && c + e < a.cols) {
+          if (part != nullptr) {
+            part[c + e] += d[e] * xhat;
+            if (want_db) part[a.cols + c + e] += d[e];
+          } else {
+            atomicAdd(a.dw + c + e, d[e] * xhat);
+            if (want_db) atomicAdd(a.db + c + e, d[e]);
+          }
+        }
+      }
+    });
+    team_sum(sums, a.tpr, scratch);
+    const float mg = kRms ? 0.0f : sums[0] * inv_c, mgx = sums[1] * inv_c;
+    if (active) {
+      for_each_chunk<kNormBwdChunks>(lane, a.tpr, a.cols, [&](int k, int64_t c) {
+        float d[4], x[4], w[4];
+        chunk(k, c, d, x);
+        load4(a.w, a.wt, c, a.cols, a.vec, w);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float xhat = (x[e] - mu) * rs, g = d[e] * (w[e] + a.gamma_shift);
+          d[e] = rs * (g - mg - xhat * mgx);
+        }
+        store4(a.dx, a.dxt, off + c, end, a.vec, d);
+      });
+    }
+  }
+
+  // Stage 1's end: this block's sums of its register columns, teams combined in order.
+  if (teams == 1) {
+#pragma unroll
+    for (int k = 0; k < kNormBwdChunks; ++k) {
+      const int64_t c = (static_cast<int64_t>(k) * a.tpr + lane) * 4;
+      for (int e = 0; e < 4 && c + e < a.cols; ++e) {
+        if (part != nullptr) {
+          part[c + e] = dwa[k][e];
+          if (want_db) part[a.cols + c + e] = dba[k][e];
+        } else {
+          atomicAdd(a.dw + c + e, dwa[k][e]);
+          if (want_db) atomicAdd(a.db + c + e, dba[k][e]);
+        }
+      }
+    }
+    return;
+  }
+  for (int t = 0; t < teams; ++t) {
+    if (team == t) {
+#pragma unroll
+      for (int k = 0; k < kNormBwdChunks; ++k) {
+        const int64_t c = (static_cast<int64_t>(k) * a.tpr + lane) * 4;
+        for (int e = 0; e < 4 && c + e < a.cols; ++e) {
+          combine[c + e] = (t == 0 ? 0.0f : combine[c + e]) + dwa[k][e];
+          if (want_db)
+            combine[a.cols + c + e] = (t == 0 ? 0.0f : combine[a.cols + c + e]) + dba[k][e];
+        }
+      }
+    }
+    __syncthreads();
+  }
+  for (int64_t i = threadIdx.x; i < grads * a.cols; i += blockDim.x) {
+    if (part != nullptr)
+      part[i] = combine[i];
+    else if (i < a.cols)
+      atomicAdd(a.dw + i, combine[i]);
+    else
+      atomicAdd(a.db + (i - a.cols), combine[i]);
+  }
+}
+
+// Stage 2 with the workspace: grad[c] += sum over blocks of partial[block][g][c], in block
+// order. Blocks of 32 x 32 threads: x across 32 columns, y over slices of the blocks;
+// blockIdx.y picks the gradient (0 dweight, 1 dbias). A template on kRms only so that
+// layernorm.cu and rmsnorm.cu, which both include this header, define different kernels.
+template <bool kRms>
+__global__ void norm_wgrad_finalize_kernel(const float* partial, int64_t blocks, int grads,
+                                           int64_t cols, float* dw, float* db) {
+  __shared__ float s[32][33];
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
+  const int g = blockIdx.y;
+  float acc = 0.0f;
+  if (c < cols)
+    for (int64_t b = threadIdx.y; b < blocks; b += 32) acc += partial[(b * grads + g) * cols + c];
+  s[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < cols) {
+    float t = 0.0f;
+    for (int i = 0; i < 32; ++i) t += s[i][threadIdx.x];
+    (g == 0 ? dw : db)[c] += t;
+  }
+}
+
+// ---- Host side -------------------------------------------------------------------------
+
+inline RowGeometry norm_fwd_geometry(int64_t rows, int64_t cols) {
+  return row_geometry(rows, cols, kNormFwdChunks, kMaxGridBlocks);
+}
+
+inline RowGeometry norm_bwd_geometry(int64_t rows, int64_t cols) {
+  RowGeometry g = row_geometry(rows, cols, kNormBwdChunks, kMaxGridBlocks);
+  int64_t cap = std::max<int64_t>(1, kNormBwdThreads / g.block);
+  if (g.grid > cap) g.grid = static_cast<unsigned>(cap);
+  return g;
+}
+
+// Workspace bytes of a backward call: one f32 partial row per block and gradient.
+inline uint64_t norm_bwd_workspace_bytes(int64_t rows, int64_t cols, int grads) {
+  if (rows == 0 || cols == 0) return 0;
+  return static_cast<uint64_t>(norm_bwd_geometry(rows, cols).grid) * grads *
+         static_cast<uint64_t>(cols) * sizeof(float);
+}
+
+template <bool kRms>
+void launch_norm_fwd(const OpCall* call, const op_checks::NormShape& s, const char* op) {
+  if (s.n == 0) return;
+  const TensorView &X = call->inputs[0], &W = call->inputs[1], &Y = call->outputs[0];
+  const TensorView* B = !kRms && call->inputs[2].data != nullptr ? &call->inputs[2] : nullptr;
+  NormFwdArgs a{};
+  a.x = X.data, a.xt = X.dtype;
+  a.w = W.data, a.wt = W.dtype;
+  a.b = B ? B->data : nullptr, a.bt = B ? B->dtype : DType::kF32;
+  a.y = Y.data, a.yt = Y.dtype;
+  a.mean = kRms ? nullptr : static_cast<float*>(call->outputs[1].data);
+  a.rstd = static_cast<float*>(call->outputs[kRms ? 1 : 2].data);
+  a.rows = s.n, a.cols = s.c;
+  a.eps = s.attrs.eps;
+  a.gamma_shift = s.attrs.zero_centered_gamma ? 1.0f : 0.0f;
+  a.vec = s.c % 4 == 0 && aligned4(X) && aligned4(W) && aligned4(Y) && (!B || aligned4(*B));
+  RowGeometry g = norm_fwd_geometry(s.n, s.c);
+  a.tpr = g.tpr;
+  norm_fwd_kernel<kRms><<<g.grid, g.block, 0, stream_of(call)>>>(a);
+  launch_check(op);
+}
+
+template <bool kRms>
+void launch_norm_bwd(const OpCall* call, const op_checks::NormShape& s, const char* op) {
+  if (s.n == 0 || s.c == 0) return;
+  const TensorView &dY = call->inputs[0], &X = call->inputs[1], &W = call->inputs[2];
+  const TensorView& dX = call->outputs[0];
+  NormBwdArgs a{};
+  a.dy = dY.data, a.dyt = dY.dtype;
+  a.x = X.data, a.xt = X.dtype;
+  a.w = W.data, a.wt = W.dtype;
+  a.mean = kRms ? nullptr : static_cast<const float*>(call->inputs[3].data);
+  a.rstd = static_cast<const float*>(call->inputs[kRms ? 3 : 4].data);
+  a.dx = dX.data, a.dxt = dX.dtype;
+  a.dw = static_cast<float*>(call->outputs[1].data);
+  a.db = kRms ? nullptr : static_cast<float*>(call->outputs[2].data);
+  a.rows = s.n, a.cols = s.c;
+  a.gamma_shift = s.attrs.zero_centered_gamma ? 1.0f : 0.0f;
+  a.vec = s.c % 4 == 0 && aligned4(dY) && aligned4(X) && aligned4(W) && aligned4(dX);
+  const int grads = a.db != nullptr ? 2 : 1;
+  const uint64_t need = norm_bwd_workspace_bytes(s.n, s.c, grads);
+  a.partial = call->workspace != nullptr && call->workspace_bytes >= need &&
+                      reinterpret_cast<uintptr_t>(call->workspace) % alignof(float) == 0
+                  ? static_cast<float*>(call->workspace)
+                  : nullptr;
+  RowGeometry g = norm_bwd_geometry(s.n, s.c);
+  a.tpr = g.tpr;
+  size_t smem = g.teams > 1 ? static_cast<size_t>(grads) * s.c * sizeof(float) : 0;
+  norm_bwd_kernel<kRms><<<g.grid, g.block, smem, stream_of(call)>>>(a);
+  launch_check(op);
+  if (a.partial != nullptr) {
+    dim3 grid(static_cast<unsigned>((s.c + 31) / 32), grads);
+    norm_wgrad_finalize_kernel<kRms>
+        <<<grid, dim3(32, 32), 0, stream_of(call)>>>(a.partial, g.grid, grads, s.c, a.dw, a.db);
+    launch_check(op);
+  }
+}
+
+}  // namespace loom::kernels::cuda::pointwise
