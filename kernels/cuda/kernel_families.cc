@@ -1,15 +1,25 @@
 #include "kernels/cuda/kernel_families.h"
 
+#include <loom/cpp/error.h>
+
 #include "kernels/cuda/attention/attention.h"
 #include "kernels/cuda/blas/blas.h"
+#include "kernels/cuda/pointwise/pointwise.h"
 
 namespace loom::kernels::cuda {
 
 void add_all_kernels(std::vector<KernelDesc>& out) {
   add_blas_kernels(out);
+  add_pointwise_kernels(out);
   add_attention_kernels(out);
 }
 
-std::string take_recorded_error() { return take_label_error(); }
+std::string take_recorded_error() {
+  std::string message = take_label_error();
+  if (!message.empty()) return message;
+  Status ids = embedding_id_status();
+  if (ids.code == Code::kOk) return "";
+  return take_message(&ids);
+}
 
 }  // namespace loom::kernels::cuda
