@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "core/dist/store.h"
+#include "core/parallel/device_dispatch_communicator.h"
 #include "core/parallel/local_communicator.h"
 #include "core/parallel/timed_communicator.h"
 #include "core/util/errors.h"
@@ -23,6 +24,15 @@ ParallelState::ParallelState(ProcessGrid grid, std::unique_ptr<dist::Store> stor
   if (backend_ == nullptr && grid_.world_size() > 1)
     throw Error(Code::kInvalidArgument,
                 "spec /parallel/comm_backend: the component is not a comm_backend");
+}
+
+void ParallelState::set_device_backend(ObjectPtr backend, DeviceType type) {
+  device_backend_object_ = std::move(backend);
+  device_backend_ = interface_cast<ICommBackend>(device_backend_object_.get());
+  device_type_ = type;
+  if (device_backend_ == nullptr && grid_.world_size() > 1)
+    throw Error(Code::kInvalidArgument,
+                "spec /parallel/device_comm_backend: the component is not a comm_backend");
 }
 
 ParallelState::~ParallelState() {
@@ -45,6 +55,19 @@ ICommunicator& ParallelState::comm(const std::string& dims) {
                                                  g.rank, g.size(), DeviceType::kCpu, &inner),
                    fmt::format("creating the communicator of group '{}' (rank {} of {})", g.key,
                                g.rank, g.size()));
+    if (device_backend_ != nullptr) {
+      ICommunicator* device = nullptr;
+      Status status = device_backend_->create_communicator(
+          store_.get(), StringView{key.data(), key.size()}, g.rank, g.size(), device_type_,
+          &device);
+      if (status.code != Code::kOk) {
+        inner->destroy();
+        throw_if_error(status, fmt::format("creating the device communicator of group '{}' "
+                                           "(rank {} of {}; spec /parallel/device_comm_backend)",
+                                           g.key, g.rank, g.size()));
+      }
+      inner = new DeviceDispatchCommunicator(inner, device, device_type_, g.key);
+    }
     inner->set_timeout_ms(timeout_ms_);
     made = ObjectPtr(new TimedCommunicator(inner, g.key, stats_));
   }

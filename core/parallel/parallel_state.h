@@ -29,6 +29,10 @@ class ParallelState {
   /// \param timeout_ms  the timeout of every operation and of the rendezvous
   ParallelState(ProcessGrid grid, std::unique_ptr<dist::Store> store, ObjectPtr backend,
                 int64_t timeout_ms);
+  /// Serves the tensors of `type` (not the CPU) through `backend` (a second comm_backend,
+  /// spec /parallel/device_comm_backend): each group's communicator then sends host
+  /// tensors over the first backend and `type` tensors over this one. Call before comm().
+  void set_device_backend(ObjectPtr backend, DeviceType type);
   ~ParallelState();
   ParallelState(const ParallelState&) = delete;
   ParallelState& operator=(const ParallelState&) = delete;
@@ -54,6 +58,9 @@ class ParallelState {
   ProcessGrid grid_;
   std::unique_ptr<dist::Store> store_;
   ObjectPtr backend_object_;
+  ObjectPtr device_backend_object_;
+  ICommBackend* device_backend_ = nullptr;
+  DeviceType device_type_ = DeviceType::kCpu;
   ICommBackend* backend_ = nullptr;
   int64_t timeout_ms_;
   CommStats stats_;

@@ -34,7 +34,9 @@ constexpr const char* kCoreSchema = R"json({
         "timeout_s": {"type": "number", "exclusiveMinimum": 0, "default": 300,
                       "description": "timeout of every collective and of the rendezvous: a dead or stuck rank stops the others after this long"},
         "pipeline_schedule": {"x-loom-component": "pipeline_schedule"},
-        "comm_backend": {"x-loom-component": "comm_backend"}
+        "comm_backend": {"x-loom-component": "comm_backend"},
+        "device_comm_backend": {"x-loom-component": "comm_backend",
+                                "description": "collectives on device tensors (default nccl when /train/device is cuda); host tensors keep comm_backend"}
       }
     },
     "precision": {

@@ -12,6 +12,7 @@
 #include <fstream>
 
 #include "core/data/corpus.h"
+#include "core/dist/rank_env.h"
 #include "core/data/gpt_data.h"
 #include "core/data/mock_data.h"
 #include "core/data/token_file.h"
@@ -149,7 +150,11 @@ Trainer::Trainer(const nlohmann::json& spec, PluginManager& plugins,
   const nlohmann::json& train = spec_["train"];
   const nlohmann::json& precision = spec_["precision"];
   std::string device = train["device"].get<std::string>();
-  device_ = device == "cuda" ? Device{DeviceType::kCuda, 0} : kCpu;
+  // One GPU per rank on a machine: local rank r trains on device r.
+  device_ = device == "cuda" ? Device{DeviceType::kCuda, parallel_ != nullptr
+                                                            ? dist::detect_rank_env().local_rank
+                                                            : 0}
+                             : kCpu;
   params_dtype_ = parse_dtype(precision["params"].get<std::string>());
   micro_batch_ = train["micro_batch_size"].get<int64_t>();
   seq_length_ = train["seq_length"].get<int64_t>();

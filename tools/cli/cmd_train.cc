@@ -169,6 +169,11 @@ void join_run(Session& s) {
                             "/parallel/comm_backend", nlohmann::json::object());
   s.parallel = std::make_unique<core::ParallelState>(
       grid, core::dist::open_store(s.env.rdzv, s.env.run_id), std::move(backend), timeout_ms);
+  if (par.contains("device_comm_backend") && s.spec.spec["train"]["device"] != "cpu")
+    s.parallel->set_device_backend(
+        core::build_component(*s.plugins, par["device_comm_backend"], kinds::kCommBackend,
+                              "/parallel/device_comm_backend", nlohmann::json::object()),
+        DeviceType::kCuda);
   core::ParallelState* state = s.parallel.get();
   s.plugins->host().set_communicators(
       [state](const std::string& dims) { return &state->comm(dims); });
@@ -192,6 +197,11 @@ Session open_session(const Args& args) {
     nlohmann::json& par = s.spec.spec["parallel"];
     if (!(par.is_object() && par.contains("comm_backend")))
       par["comm_backend"] = {{"impl", "gloo"}};
+    // Device tensors go over NCCL unless the spec names another backend for them.
+    const nlohmann::json& train = s.spec.spec["train"];
+    bool on_device = train.is_object() && train.value("device", "cpu") != "cpu";
+    if (on_device && !par.contains("device_comm_backend"))
+      par["device_comm_backend"] = {{"impl", "nccl"}};
   }
   s.spec.uses = core::resolve_spec(s.spec.spec, *s.spec.catalog);
   const nlohmann::json& log = s.spec.spec["log"];

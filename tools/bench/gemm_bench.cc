@@ -1,0 +1,111 @@
+// gemm_bench: loom's CUDA gemm kernel (cuBLASLt) against cuBLAS's own cublasGemmEx on the
+// GEMM shapes of the benchmark models, bf16 operands with f32 accumulation unless asked
+// otherwise; prints a Markdown table (or JSON lines) with TFLOP/s and the ratio. Issue
+// target: loom within 10% of cuBLAS on every shape. Run by tools/gpu_check.
+//
+//   gemm_bench [--markdown | --json] [--dtype bf16|f16|f32] [--iterations N]
+//              [--shape M,N,K]...
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/blas/gemm_bench.h"
+
+namespace {
+
+struct Shape {
+  const char* what;
+  int64_t m, n, k;
+  bool trans_b;
+};
+
+// (tokens, out, in) of the forward Linears (weights stored (out, in): trans_b) of GPT-2 124M
+// at B*T = 32 * 1024 and of the 1.3B LLaMA-style model at B*T = 4 * 2048, and two squares.
+const std::vector<Shape> kShapes = {
+    {"gpt2 qkv", 32768, 2304, 768, true},     {"gpt2 proj", 32768, 768, 768, true},
+    {"gpt2 fc1", 32768, 3072, 768, true},     {"gpt2 fc2", 32768, 768, 3072, true},
+    {"gpt2 lm head", 32768, 50304, 768, true}, {"llama qkv", 8192, 6144, 2048, true},
+    {"llama proj", 8192, 2048, 2048, true},   {"llama fc1", 8192, 11264, 2048, true},
+    {"llama fc2", 8192, 2048, 5632, true},    {"llama lm head", 8192, 32000, 2048, true},
+    {"square 4096", 4096, 4096, 4096, false}, {"square 8192", 8192, 8192, 8192, false},
+};
+
+[[noreturn]] void usage(const char* why) {
+  std::fprintf(stderr,
+               "gemm_bench: %s\nusage: gemm_bench [--markdown | --json] [--dtype bf16|f16|f32] "
+               "[--iterations N] [--shape M,N,K]...\n",
+               why);
+  std::exit(2);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool json = false;
+  loom::DType dtype = loom::DType::kBF16;
+  loom::kernels::cuda::GemmBenchOptions options;
+  std::vector<Shape> shapes;
+  std::vector<std::string> names;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) usage(("missing value after " + a).c_str());
+      return argv[++i];
+    };
+    if (a == "--json") {
+      json = true;
+    } else if (a == "--markdown") {
+      json = false;
+    } else if (a == "--dtype") {
+      std::string d = value();
+      if (d == "bf16") dtype = loom::DType::kBF16;
+      else if (d == "f16") dtype = loom::DType::kF16;
+      else if (d == "f32") dtype = loom::DType::kF32;
+      else usage(("--dtype: '" + d + "' is not bf16, f16 or f32").c_str());
+    } else if (a == "--iterations") {
+      options.iterations = std::atoi(value().c_str());
+      if (options.iterations < 1) usage("--iterations: expected an integer >= 1");
+    } else if (a == "--shape") {
+      std::string v = value();
+      long long m = 0, n = 0, k = 0;
+      if (std::sscanf(v.c_str(), "%lld,%lld,%lld", &m, &n, &k) != 3 || m < 1 || n < 1 || k < 1)
+        usage(("--shape: '" + v + "' is not M,N,K with each >= 1").c_str());
+      names.push_back("M,N,K = " + v);
+      shapes.push_back({nullptr, m, n, k, true});
+    } else {
+      usage(("unknown argument '" + a + "'").c_str());
+    }
+  }
+  if (shapes.empty()) shapes = kShapes;
+  if (!json)
+    std::printf("| shape | M | N | K | loom TFLOP/s | cuBLAS TFLOP/s | loom / cuBLAS |\n"
+                "|---|---|---|---|---|---|---|\n");
+  int failures = 0;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const Shape& s = shapes[i];
+    std::string what = s.what != nullptr ? s.what : names[i];
+    options.trans_b = s.trans_b;
+    auto r = loom::kernels::cuda::gemm_bench(s.m, s.n, s.k, dtype, options);
+    if (!r.error.empty()) {
+      std::fprintf(stderr, "gemm_bench: %s (%lld, %lld, %lld): %s\n", what.c_str(),
+                   static_cast<long long>(s.m), static_cast<long long>(s.n),
+                   static_cast<long long>(s.k), r.error.c_str());
+      ++failures;
+      continue;
+    }
+    double ratio = r.cublas_tflops > 0 ? r.loom_tflops / r.cublas_tflops : 0;
+    if (json)
+      std::printf("{\"shape\": \"%s\", \"m\": %lld, \"n\": %lld, \"k\": %lld, \"dtype\": \"%s\", "
+                  "\"loom_tflops\": %.2f, \"cublas_tflops\": %.2f, \"ratio\": %.3f}\n",
+                  what.c_str(), static_cast<long long>(s.m), static_cast<long long>(s.n),
+                  static_cast<long long>(s.k), loom::dtype_name(dtype), r.loom_tflops,
+                  r.cublas_tflops, ratio);
+    else
+      std::printf("| %s | %lld | %lld | %lld | %.1f | %.1f | %.3f |\n", what.c_str(),
+                  static_cast<long long>(s.m), static_cast<long long>(s.n),
+                  static_cast<long long>(s.k), r.loom_tflops, r.cublas_tflops, ratio);
+  }
+  return failures == 0 ? 0 : 1;
+}
