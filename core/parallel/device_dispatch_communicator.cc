@@ -37,10 +37,10 @@ ICommunicator* DeviceDispatchCommunicator::pick(const char* op, const TensorView
   return nullptr;
 }
 
-#define LOOM_DISPATCH(OP, A, B, CALL)                 \
-  Status error = ok_status();                         \
-  ICommunicator* c = pick(OP, A, B, &error);          \
-  if (c == nullptr) return error;                     \
+#define LOOM_DISPATCH(OP, A, B, CALL)        \
+  Status error = ok_status();                \
+  ICommunicator* c = pick(OP, A, B, &error); \
+  if (c == nullptr) return error;            \
   return c->CALL
 
 Status DeviceDispatchCommunicator::all_reduce(TensorView* tensor, ReduceOp op,
@@ -63,9 +63,9 @@ Status DeviceDispatchCommunicator::all_to_all(const TensorView* input, const int
                                               const int64_t* send_offsets, TensorView* output,
                                               const int64_t* recv_counts,
                                               const int64_t* recv_offsets, void* stream) noexcept {
-  LOOM_DISPATCH("all_to_all", input, output,
-                all_to_all(input, send_counts, send_offsets, output, recv_counts, recv_offsets,
-                           stream));
+  LOOM_DISPATCH(
+      "all_to_all", input, output,
+      all_to_all(input, send_counts, send_offsets, output, recv_counts, recv_offsets, stream));
 }
 Status DeviceDispatchCommunicator::send(const TensorView* tensor, int32_t peer, int32_t tag,
                                         void* stream) noexcept {
@@ -90,10 +90,10 @@ void DeviceDispatchCommunicator::set_timeout_ms(int64_t timeout_ms) noexcept {
 // An inner communicator of version 1.0 has no *_async: it runs synchronously and hands
 // back a finished handle.
 #define LOOM_DISPATCH_ASYNC(OP, A, B, ASYNC_CALL, SYNC_CALL) \
-  Status error = ok_status();                               \
-  ICommunicator* c = pick(OP, A, B, &error);                \
-  if (c == nullptr) return error;                           \
-  if (has_async(*c)) return c->ASYNC_CALL;                  \
+  Status error = ok_status();                                \
+  ICommunicator* c = pick(OP, A, B, &error);                 \
+  if (c == nullptr) return error;                            \
+  if (has_async(*c)) return c->ASYNC_CALL;                   \
   return completed_work(c->SYNC_CALL, out)
 
 Status DeviceDispatchCommunicator::all_reduce_async(TensorView* tensor, ReduceOp op, void* stream,
@@ -101,9 +101,9 @@ Status DeviceDispatchCommunicator::all_reduce_async(TensorView* tensor, ReduceOp
   LOOM_DISPATCH_ASYNC("all_reduce", tensor, nullptr, all_reduce_async(tensor, op, stream, out),
                       all_reduce(tensor, op, stream));
 }
-Status DeviceDispatchCommunicator::reduce_scatter_async(const TensorView* input,
-                                                        TensorView* output, ReduceOp op,
-                                                        void* stream, ICommWork** out) noexcept {
+Status DeviceDispatchCommunicator::reduce_scatter_async(const TensorView* input, TensorView* output,
+                                                        ReduceOp op, void* stream,
+                                                        ICommWork** out) noexcept {
   LOOM_DISPATCH_ASYNC("reduce_scatter", input, output,
                       reduce_scatter_async(input, output, op, stream, out),
                       reduce_scatter(input, output, op, stream));

@@ -72,8 +72,8 @@ TensorView GradSync::grad_of(const Segment& s) const {
   if (sharded_)
     return make_view(static_cast<float*>(grad_shard_.data) + s.shard, DType::kF32, {s.length},
                      device_);
-  return make_view(static_cast<float*>(params_.flat_grads().data) + s.flat, DType::kF32,
-                   {s.length}, device_);
+  return make_view(static_cast<float*>(params_.flat_grads().data) + s.flat, DType::kF32, {s.length},
+                   device_);
 }
 
 void GradSync::worker() {

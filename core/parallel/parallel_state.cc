@@ -57,9 +57,9 @@ ICommunicator& ParallelState::comm(const std::string& dims) {
                                g.rank, g.size()));
     if (device_backend_ != nullptr) {
       ICommunicator* device = nullptr;
-      Status status = device_backend_->create_communicator(
-          store_.get(), StringView{key.data(), key.size()}, g.rank, g.size(), device_type_,
-          &device);
+      Status status =
+          device_backend_->create_communicator(store_.get(), StringView{key.data(), key.size()},
+                                               g.rank, g.size(), device_type_, &device);
       if (status.code != Code::kOk) {
         inner->destroy();
         throw_if_error(status, fmt::format("creating the device communicator of group '{}' "

@@ -175,7 +175,8 @@ Status Host::copy(Device dst_device, void* dst, Device src_device, const void* s
     if (bytes == 0) return;
     if (dst == nullptr || src == nullptr)
       fail(Code::kInvalidArgument, fmt::format("copy of {} bytes with a null pointer", bytes));
-    bool dst_cpu = dst_device.type == DeviceType::kCpu, src_cpu = src_device.type == DeviceType::kCpu;
+    bool dst_cpu = dst_device.type == DeviceType::kCpu,
+         src_cpu = src_device.type == DeviceType::kCpu;
     if (dst_cpu && src_cpu) {
       std::memmove(dst, src, bytes);
       return;

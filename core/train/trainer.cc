@@ -12,11 +12,11 @@
 #include <fstream>
 
 #include "core/data/corpus.h"
-#include "core/dist/rank_env.h"
 #include "core/data/gpt_data.h"
 #include "core/data/mock_data.h"
 #include "core/data/token_file.h"
 #include "core/data/tokenizer.h"
+#include "core/dist/rank_env.h"
 #include "core/runtime/forward_context.h"
 #include "core/spec/schema.h"
 #include "core/train/flops.h"
@@ -151,9 +151,8 @@ Trainer::Trainer(const nlohmann::json& spec, PluginManager& plugins,
   const nlohmann::json& precision = spec_["precision"];
   std::string device = train["device"].get<std::string>();
   // One GPU per rank on a machine: local rank r trains on device r.
-  device_ = device == "cuda" ? Device{DeviceType::kCuda, parallel_ != nullptr
-                                                            ? dist::detect_rank_env().local_rank
-                                                            : 0}
+  device_ = device == "cuda" ? Device{DeviceType::kCuda,
+                                      parallel_ != nullptr ? dist::detect_rank_env().local_rank : 0}
                              : kCpu;
   params_dtype_ = parse_dtype(precision["params"].get<std::string>());
   micro_batch_ = train["micro_batch_size"].get<int64_t>();
@@ -270,7 +269,8 @@ Trainer::Trainer(const nlohmann::json& spec, PluginManager& plugins,
         void* mem = nullptr;
         throw_if_error(host.allocate(device_, static_cast<uint64_t>(n) * 4, 64, &mem));
         st->owned.push_back(mem);
-        if (mem != nullptr) throw_if_error(host.fill_zero(device_, mem, static_cast<uint64_t>(n) * 4));
+        if (mem != nullptr)
+          throw_if_error(host.fill_zero(device_, mem, static_cast<uint64_t>(n) * 4));
         return make_view(mem, DType::kF32, {n}, device_);
       };
       char* value = static_cast<char*>(p.value.data) +
@@ -358,9 +358,9 @@ void Trainer::print_banner(std::FILE* out) const {
                static_cast<long long>(train["steps"].get<int64_t>()));
   std::fprintf(out, "  data: %s\n", data_description_.c_str());
   if (device_.type == DeviceType::kCpu)
-    std::fprintf(out,
-                 "  model FLOPs per step: %.3g (6N + 6LTC per token); fp32 GEMM peak %.1f GFLOP/s\n",
-                 flops_per_step_, peak_flops_ / 1e9);
+    std::fprintf(
+        out, "  model FLOPs per step: %.3g (6N + 6LTC per token); fp32 GEMM peak %.1f GFLOP/s\n",
+        flops_per_step_, peak_flops_ / 1e9);
   else
     std::fprintf(out,
                  "  model FLOPs per step: %.3g (6N + 6LTC per token); device %s, dense bf16 peak "

@@ -91,8 +91,7 @@ std::vector<SaveTensor> Trainer::checkpoint_tensors() {
       std::vector<float>& flat = checkpoint_scratch_.back();
       for (const auto& st : states_) {
         const TensorView& src = k == 0 ? st->master : st->states[static_cast<size_t>(k - 1)];
-        throw_if_error(plugins_.host().copy(kCpu, flat.data() + st->segment.flat, device_,
-                                            src.data,
+        throw_if_error(plugins_.host().copy(kCpu, flat.data() + st->segment.flat, device_, src.data,
                                             static_cast<uint64_t>(st->segment.length) * 4));
       }
       TensorView v = make_view(flat.data(), DType::kF32, {params_->flat_size()}, kCpu);
@@ -139,9 +138,9 @@ std::vector<SaveTensor> Trainer::checkpoint_tensors() {
       for (int64_t d : t.slice_shape()) n *= d;
       uint64_t bytes = static_cast<uint64_t>(n) * dtype_size(t.dtype);
       checkpoint_bytes_.emplace_back((bytes + 7) / 8);
-      throw_if_error(plugins_.host().copy(kCpu, checkpoint_bytes_.back().data(), device_, t.data,
-                                          bytes),
-                     fmt::format("checkpoint: copying {} from the device", t.name));
+      throw_if_error(
+          plugins_.host().copy(kCpu, checkpoint_bytes_.back().data(), device_, t.data, bytes),
+          fmt::format("checkpoint: copying {} from the device", t.name));
       t.data = checkpoint_bytes_.back().data();
     }
   }
@@ -266,8 +265,8 @@ void Trainer::restore(CheckpointReader& reader) {
       size_t n = static_cast<size_t>(st->segment.length) * 4;
       IHost& host = plugins_.host();
       if (need_master)
-        throw_if_error(host.copy(device_, st->master.data, kCpu,
-                                 flats[0].data() + st->segment.flat, n));
+        throw_if_error(
+            host.copy(device_, st->master.data, kCpu, flats[0].data() + st->segment.flat, n));
       for (int32_t s = 0; s < state_count; ++s)
         throw_if_error(host.copy(device_, st->states[static_cast<size_t>(s)].data, kCpu,
                                  flats[static_cast<size_t>(s) + 1].data() + st->segment.flat, n));

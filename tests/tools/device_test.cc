@@ -50,15 +50,14 @@ class DeviceTest : public ::testing::Test {
   }
   std::string env() const { return "LOOM_PLUGIN_PATH='" + (dir_ / "plugins").string() + "'"; }
   // Runs `body` on `device` ("cpu", or "cuda" on the fake device) in run dir `name`.
-  testing::RunResult train(const std::string& name, nlohmann::json body,
-                           const std::string& device, const std::string& extra = "") {
+  testing::RunResult train(const std::string& name, nlohmann::json body, const std::string& device,
+                           const std::string& extra = "") {
     body["train"]["device"] = device;
     if (device == "cuda") body["kernels"] = {{"libraries", {"testfakecuda"}}};
     fs::path spec = dir_ / (name + ".json");
     write_file(spec, body.dump(2));
-    return run_loom("train '" + spec.string() + "' --run-dir '" + (dir_ / name).string() + "' " +
-                        extra,
-                    env());
+    return run_loom(
+        "train '" + spec.string() + "' --run-dir '" + (dir_ / name).string() + "' " + extra, env());
   }
   // step -> (loss, grad norm), and the validation losses, of a run's metrics.
   struct Curve {
@@ -74,8 +73,7 @@ class DeviceTest : public ::testing::Test {
       if (line.empty()) continue;
       nlohmann::json m = nlohmann::json::parse(line);
       if (m.contains("loss"))
-        c.steps[m["step"].get<int64_t>()] = {m["loss"].get<double>(),
-                                                  m["grad_norm"].get<double>()};
+        c.steps[m["step"].get<int64_t>()] = {m["loss"].get<double>(), m["grad_norm"].get<double>()};
       if (m.contains("valid_loss")) c.valid.push_back(m["valid_loss"].get<double>());
       if (m.contains("peak_mem_bytes")) c.peak_mem = m["peak_mem_bytes"].get<double>();
     }

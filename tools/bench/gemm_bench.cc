@@ -5,13 +5,13 @@
 //
 //   gemm_bench [--markdown | --json] [--dtype bf16|f16|f32] [--iterations N]
 //              [--shape M,N,K]...
+#include "kernels/cuda/blas/gemm_bench.h"
+
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
-
-#include "kernels/cuda/blas/gemm_bench.h"
 
 namespace {
 
@@ -24,12 +24,12 @@ struct Shape {
 // (tokens, out, in) of the forward Linears (weights stored (out, in): trans_b) of GPT-2 124M
 // at B*T = 32 * 1024 and of the 1.3B LLaMA-style model at B*T = 4 * 2048, and two squares.
 const std::vector<Shape> kShapes = {
-    {"gpt2 qkv", 32768, 2304, 768, true},     {"gpt2 proj", 32768, 768, 768, true},
-    {"gpt2 fc1", 32768, 3072, 768, true},     {"gpt2 fc2", 32768, 768, 3072, true},
+    {"gpt2 qkv", 32768, 2304, 768, true},      {"gpt2 proj", 32768, 768, 768, true},
+    {"gpt2 fc1", 32768, 3072, 768, true},      {"gpt2 fc2", 32768, 768, 3072, true},
     {"gpt2 lm head", 32768, 50304, 768, true}, {"llama qkv", 8192, 6144, 2048, true},
-    {"llama proj", 8192, 2048, 2048, true},   {"llama fc1", 8192, 11264, 2048, true},
-    {"llama fc2", 8192, 2048, 5632, true},    {"llama lm head", 8192, 32000, 2048, true},
-    {"square 4096", 4096, 4096, 4096, false}, {"square 8192", 8192, 8192, 8192, false},
+    {"llama proj", 8192, 2048, 2048, true},    {"llama fc1", 8192, 11264, 2048, true},
+    {"llama fc2", 8192, 2048, 5632, true},     {"llama lm head", 8192, 32000, 2048, true},
+    {"square 4096", 4096, 4096, 4096, false},  {"square 8192", 8192, 8192, 8192, false},
 };
 
 [[noreturn]] void usage(const char* why) {
@@ -60,10 +60,14 @@ int main(int argc, char** argv) {
       json = false;
     } else if (a == "--dtype") {
       std::string d = value();
-      if (d == "bf16") dtype = loom::DType::kBF16;
-      else if (d == "f16") dtype = loom::DType::kF16;
-      else if (d == "f32") dtype = loom::DType::kF32;
-      else usage(("--dtype: '" + d + "' is not bf16, f16 or f32").c_str());
+      if (d == "bf16")
+        dtype = loom::DType::kBF16;
+      else if (d == "f16")
+        dtype = loom::DType::kF16;
+      else if (d == "f32")
+        dtype = loom::DType::kF32;
+      else
+        usage(("--dtype: '" + d + "' is not bf16, f16 or f32").c_str());
     } else if (a == "--iterations") {
       options.iterations = std::atoi(value().c_str());
       if (options.iterations < 1) usage("--iterations: expected an integer >= 1");
@@ -80,8 +84,9 @@ int main(int argc, char** argv) {
   }
   if (shapes.empty()) shapes = kShapes;
   if (!json)
-    std::printf("| shape | M | N | K | loom TFLOP/s | cuBLAS TFLOP/s | loom / cuBLAS |\n"
-                "|---|---|---|---|---|---|---|\n");
+    std::printf(
+        "| shape | M | N | K | loom TFLOP/s | cuBLAS TFLOP/s | loom / cuBLAS |\n"
+        "|---|---|---|---|---|---|---|\n");
   int failures = 0;
   for (size_t i = 0; i < shapes.size(); ++i) {
     const Shape& s = shapes[i];
@@ -97,11 +102,12 @@ int main(int argc, char** argv) {
     }
     double ratio = r.cublas_tflops > 0 ? r.loom_tflops / r.cublas_tflops : 0;
     if (json)
-      std::printf("{\"shape\": \"%s\", \"m\": %lld, \"n\": %lld, \"k\": %lld, \"dtype\": \"%s\", "
-                  "\"loom_tflops\": %.2f, \"cublas_tflops\": %.2f, \"ratio\": %.3f}\n",
-                  what.c_str(), static_cast<long long>(s.m), static_cast<long long>(s.n),
-                  static_cast<long long>(s.k), loom::dtype_name(dtype), r.loom_tflops,
-                  r.cublas_tflops, ratio);
+      std::printf(
+          "{\"shape\": \"%s\", \"m\": %lld, \"n\": %lld, \"k\": %lld, \"dtype\": \"%s\", "
+          "\"loom_tflops\": %.2f, \"cublas_tflops\": %.2f, \"ratio\": %.3f}\n",
+          what.c_str(), static_cast<long long>(s.m), static_cast<long long>(s.n),
+          static_cast<long long>(s.k), loom::dtype_name(dtype), r.loom_tflops, r.cublas_tflops,
+          ratio);
     else
       std::printf("| %s | %lld | %lld | %lld | %.1f | %.1f | %.3f |\n", what.c_str(),
                   static_cast<long long>(s.m), static_cast<long long>(s.n),

@@ -34,8 +34,7 @@ inline void launch_check(const char* op) {
   cudaError_t status = cudaGetLastError();
   if (status != cudaSuccess)
     throw Error(Code::kInternal, std::string(op) + ": kernel launch failed: " +
-                                     cudaGetErrorName(status) + ": " +
-                                     cudaGetErrorString(status));
+                                     cudaGetErrorName(status) + ": " + cudaGetErrorString(status));
 }
 
 /// The stream of a call: OpCall::stream, or the legacy default stream when null (the

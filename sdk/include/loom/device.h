@@ -23,24 +23,24 @@ namespace loom {
 
 /// Memory figures of one device, in bytes.
 struct DeviceMemoryStats {
-  uint64_t allocated;       ///< held by live allocations (rounded sizes)
-  uint64_t peak_allocated;  ///< highest `allocated` since start or reset_peak
-  uint64_t reserved;        ///< obtained from the driver: allocated plus cached free blocks
-  uint64_t peak_reserved;   ///< highest `reserved` since start or reset_peak
-  uint64_t total;           ///< the device's capacity, 0 when unknown
-  uint64_t num_allocs;      ///< allocations served since start
+  uint64_t allocated;          ///< held by live allocations (rounded sizes)
+  uint64_t peak_allocated;     ///< highest `allocated` since start or reset_peak
+  uint64_t reserved;           ///< obtained from the driver: allocated plus cached free blocks
+  uint64_t peak_reserved;      ///< highest `reserved` since start or reset_peak
+  uint64_t total;              ///< the device's capacity, 0 when unknown
+  uint64_t num_allocs;         ///< allocations served since start
   uint64_t num_driver_allocs;  ///< of which went to the driver (cache misses)
   uint64_t num_cache_flushes;  ///< times the cache was emptied to satisfy a request
 };
 
 /// What a device is.
 struct DeviceProperties {
-  char name[96];             ///< e.g. "NVIDIA H100 80GB HBM3", NUL-terminated
-  int32_t major;             ///< compute capability major (9 on Hopper), 0 if none
-  int32_t minor;             ///< compute capability minor
-  int32_t multiprocessors;   ///< streaming multiprocessors (or cores)
-  uint64_t total_memory;     ///< bytes
-  double peak_bf16_flops;    ///< dense bf16 tensor throughput the vendor states, 0 if unknown
+  char name[96];            ///< e.g. "NVIDIA H100 80GB HBM3", NUL-terminated
+  int32_t major;            ///< compute capability major (9 on Hopper), 0 if none
+  int32_t minor;            ///< compute capability minor
+  int32_t multiprocessors;  ///< streaming multiprocessors (or cores)
+  uint64_t total_memory;    ///< bytes
+  double peak_bf16_flops;   ///< dense bf16 tensor throughput the vendor states, 0 if unknown
 };
 
 /// Direction of a copy.

@@ -29,8 +29,8 @@ class Recorder final : public Object<ICommunicator> {
     return note("all_gather");
   }
   Status broadcast(TensorView*, int32_t, void*) noexcept override { return note("broadcast"); }
-  Status all_to_all(const TensorView*, const int64_t*, const int64_t*, TensorView*,
-                    const int64_t*, const int64_t*, void*) noexcept override {
+  Status all_to_all(const TensorView*, const int64_t*, const int64_t*, TensorView*, const int64_t*,
+                    const int64_t*, void*) noexcept override {
     return note("all_to_all");
   }
   Status send(const TensorView*, int32_t, int32_t, void*) noexcept override { return note("send"); }
@@ -44,7 +44,8 @@ class Recorder final : public Object<ICommunicator> {
                               ICommWork** out) noexcept override {
     return completed_work(note("reduce_scatter_async"), out);
   }
-  Status all_gather_async(const TensorView*, TensorView*, void*, ICommWork** out) noexcept override {
+  Status all_gather_async(const TensorView*, TensorView*, void*,
+                          ICommWork** out) noexcept override {
     return completed_work(note("all_gather_async"), out);
   }
   Status broadcast_async(TensorView*, int32_t, void*, ICommWork** out) noexcept override {
@@ -73,15 +74,16 @@ class DeviceDispatchTest : public ::testing::Test {
       : host_(new Recorder(&log_, "gloo")),
         device_(new Recorder(&log_, "nccl")),
         comm_(host_, device_, DeviceType::kCuda, "dp/0") {}
-  TensorView on(DeviceType t) {
-    return make_view(buffer_, DType::kF32, {4}, Device{t, 0});
-  }
+  TensorView on(DeviceType t) { return make_view(buffer_, DType::kF32, {4}, Device{t, 0}); }
   void expect_ok(Status s) {
     EXPECT_EQ(s.code, Code::kOk) << (s.message ? s.message : "");
     status_release(&s);
   }
-  void expect_async_ok(Status s, ICommWork* work) {
-    expect_ok(s);
+  // Issues an asynchronous call (`issue(&handle)`) and waits for its handle.
+  template <class Issue>
+  void expect_async_ok(Issue&& issue) {
+    ICommWork* work = nullptr;
+    expect_ok(issue(&work));
     ASSERT_NE(work, nullptr);
     expect_ok(work->wait());
     work->destroy();
@@ -106,13 +108,15 @@ TEST_F(DeviceDispatchTest, EachTensorGoesToItsDevicesBackend) {
     expect_ok(comm_.all_to_all(&a, counts, offsets, &b, counts, offsets, nullptr));
     expect_ok(comm_.send(&a, 1, 0, nullptr));
     expect_ok(comm_.recv(&a, 1, 0, nullptr));
-    ICommWork* w = nullptr;
-    expect_async_ok(comm_.all_reduce_async(&a, ReduceOp::kSum, nullptr, &w), w);
-    expect_async_ok(comm_.reduce_scatter_async(&a, &b, ReduceOp::kSum, nullptr, &w), w);
-    expect_async_ok(comm_.all_gather_async(&a, &b, nullptr, &w), w);
-    expect_async_ok(comm_.broadcast_async(&a, 0, nullptr, &w), w);
-    expect_async_ok(comm_.send_async(&a, 1, 0, nullptr, &w), w);
-    expect_async_ok(comm_.recv_async(&a, 1, 0, nullptr, &w), w);
+    expect_async_ok(
+        [&](ICommWork** w) { return comm_.all_reduce_async(&a, ReduceOp::kSum, nullptr, w); });
+    expect_async_ok([&](ICommWork** w) {
+      return comm_.reduce_scatter_async(&a, &b, ReduceOp::kSum, nullptr, w);
+    });
+    expect_async_ok([&](ICommWork** w) { return comm_.all_gather_async(&a, &b, nullptr, w); });
+    expect_async_ok([&](ICommWork** w) { return comm_.broadcast_async(&a, 0, nullptr, w); });
+    expect_async_ok([&](ICommWork** w) { return comm_.send_async(&a, 1, 0, nullptr, w); });
+    expect_async_ok([&](ICommWork** w) { return comm_.recv_async(&a, 1, 0, nullptr, w); });
     std::vector<std::string> want;
     for (const char* op : {"all_reduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all",
                            "send", "recv", "all_reduce_async", "reduce_scatter_async",
@@ -135,9 +139,9 @@ TEST_F(DeviceDispatchTest, MixedOrForeignDevicesAreRefused) {
   TensorView h = on(DeviceType::kCpu), d = on(DeviceType::kCuda);
   Status s = comm_.all_gather(&h, &d, nullptr);
   EXPECT_EQ(s.code, Code::kInvalidArgument);
-  EXPECT_THAT(take_message(&s), ::testing::HasSubstr(
-                                    "all_gather on group 'dp/0': input in cpu memory and output "
-                                    "in cuda memory"));
+  EXPECT_THAT(take_message(&s),
+              ::testing::HasSubstr("all_gather on group 'dp/0': input in cpu memory and output "
+                                   "in cuda memory"));
   TensorView odd = on(static_cast<DeviceType>(7));
   s = comm_.all_reduce(&odd, ReduceOp::kSum, nullptr);
   EXPECT_EQ(s.code, Code::kInvalidArgument);

@@ -242,10 +242,10 @@ inline void expect_close(const Tensor& actual, const std::vector<double>& expect
 // Runs `op` on `backend`'s device (when it has one) with device copies of `inputs` and of
 // the initial `outputs`, and compares each output with `expected` (cpu.ref's).
 template <class A = NoAttrs>
-void expect_device_matches(::loom::kernels::testing::DeviceBackend& backend, const char* op, DType key,
-                           std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
-                           const std::vector<Tensor>& expected, const A* attrs,
-                           const std::string& what) {
+void expect_device_matches(::loom::kernels::testing::DeviceBackend& backend, const char* op,
+                           DType key, std::vector<Tensor>& inputs,
+                           const std::vector<Tensor>& outputs, const std::vector<Tensor>& expected,
+                           const A* attrs, const std::string& what) {
   std::string why;
   if (!backend.available(&why)) return;  // said once, at the start of the binary
   std::string label = std::string(op) + " " + dtype_name(key) + " on " + backend.name();

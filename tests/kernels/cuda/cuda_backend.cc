@@ -36,12 +36,14 @@ class CudaBackend final : public DeviceBackend {
   }
   void* upload(const void* from, size_t bytes) override {
     void* p = scratch(bytes);
-    if (bytes) throw_if_error(cuda::cuda_runtime()->copy(0, p, from, bytes, CopyKind::kHostToDevice));
+    if (bytes)
+      throw_if_error(cuda::cuda_runtime()->copy(0, p, from, bytes, CopyKind::kHostToDevice));
     return p;
   }
   void download(void* to, const void* from, size_t bytes) override {
     throw_if_error(cuda::cuda_runtime()->synchronize(0));
-    if (bytes) throw_if_error(cuda::cuda_runtime()->copy(0, to, from, bytes, CopyKind::kDeviceToHost));
+    if (bytes)
+      throw_if_error(cuda::cuda_runtime()->copy(0, to, from, bytes, CopyKind::kDeviceToHost));
   }
   void* scratch(size_t bytes) override {
     void* p = nullptr;

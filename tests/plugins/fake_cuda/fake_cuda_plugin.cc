@@ -28,7 +28,9 @@ using loom::TensorView;
 
 constexpr uintptr_t kTag = uintptr_t{1} << 62;
 
-void* tag(void* p) { return p == nullptr ? nullptr : reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(p) | kTag); }
+void* tag(void* p) {
+  return p == nullptr ? nullptr : reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(p) | kTag);
+}
 bool tagged(const void* p) { return (reinterpret_cast<uintptr_t>(p) & kTag) != 0; }
 void* untag(const void* p) {
   return reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(p) & ~kTag);
@@ -192,11 +194,11 @@ struct HostCall {
     if (v.data == nullptr) return h;
     if (v.device.type != DeviceType::kCuda || !tagged(v.data)) {
       ok = false;
-      error = std::string("fake device: ") + what + " " + std::to_string(i) +
-              " is not device memory (" +
-              (v.device.type == DeviceType::kCuda ? "a host pointer labelled cuda"
-                                                  : "a host tensor") +
-              ")";
+      error =
+          std::string("fake device: ") + what + " " + std::to_string(i) +
+          " is not device memory (" +
+          (v.device.type == DeviceType::kCuda ? "a host pointer labelled cuda" : "a host tensor") +
+          ")";
       return h;
     }
     h.data = untag(v.data);
