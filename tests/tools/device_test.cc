@@ -153,7 +153,7 @@ TEST_F(DeviceTest, NoDeviceRuntimeIsOneClearError) {
   fs::path spec = dir_ / "nort.json";
   write_file(spec, body.dump(2));
   auto r = run_loom("train '" + spec.string() + "' --run-dir '" + (dir_ / "nort").string() + "'");
-  EXPECT_NE(r.exit_code, 0);
+  EXPECT_EQ(r.exit_code, 7) << "7: something the run needs is not available here";
   EXPECT_THAT(r.err, HasSubstr("spec /train/device 'cuda': no cuda runtime in this process"));
   EXPECT_THAT(r.err, HasSubstr("set the device to cpu"));
   EXPECT_THAT(r.err, ::testing::Not(HasSubstr("Segmentation")));
@@ -172,6 +172,7 @@ TEST_F(DeviceTest, RealCudaMatchesTheCpuOrSaysWhyNot) {
   write_file(spec, body.dump(2));
   auto r = run_loom("train '" + spec.string() + "' --run-dir '" + (dir_ / "real").string() + "'");
   if (r.exit_code != 0 && r.err.find("no cuda device") != std::string::npos) {
+    EXPECT_EQ(r.exit_code, 7) << "7: something the run needs is not available here";
     EXPECT_THAT(r.err, HasSubstr("spec /train/device 'cuda': no cuda device: "));
     EXPECT_THAT(r.err, HasSubstr("set the device to cpu"));
     std::printf("[cuda] skipped: %s", r.err.c_str());
