@@ -10,12 +10,11 @@
 #include <array>
 #include <cstdlib>
 #include <cstring>
-#include <map>
-#include <mutex>
 #include <utility>
 #include <vector>
 
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cuda/runtime/caching_allocator.h"
 
 namespace {
 
@@ -38,6 +37,19 @@ void* untag(const void* p) {
 
 // ---- The runtime ------------------------------------------------------------------------
 
+// The "driver": host memory, handed out full of garbage as cudaMalloc's is.
+class HostDriver final : public loom::kernels::cuda::RawMemory {
+ public:
+  void* alloc(uint64_t bytes) override {
+    void* p = std::aligned_alloc(loom::kernels::cuda::CachingAllocator::kMinAlignment, bytes);
+    if (p != nullptr) std::memset(p, 0xA5, bytes);
+    return p;
+  }
+  void free(void* pointer) noexcept override { std::free(pointer); }
+};
+
+// The device's memory comes from loom's CUDA caching allocator over that driver, so a whole
+// training run exercises its splitting, coalescing and figures.
 class FakeRuntime final : public loom::IDeviceRuntime {
  public:
   loom::InterfaceInfo interface_info() const noexcept override {
@@ -64,57 +76,34 @@ class FakeRuntime final : public loom::IDeviceRuntime {
       check_index(index);
       *out = nullptr;
       if (bytes == 0) return;
-      uint64_t rounded = (bytes + 511) / 512 * 512;
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (stats_.allocated + rounded > kTotal)
-        throw loom::Error(Code::kResourceExhausted,
-                          "fake device: out of memory allocating " + std::to_string(bytes) +
-                              " bytes (" + std::to_string(stats_.allocated) + " in use of " +
-                              std::to_string(kTotal) + ")");
-      void* p = std::aligned_alloc(256, rounded);
-      if (p == nullptr) throw loom::Error(Code::kResourceExhausted, "fake device: host OOM");
-      // Fresh device memory holds garbage, not zeros: make it so, to catch a missed zeroing.
-      std::memset(p, 0xA5, rounded);
-      blocks_[p] = rounded;
-      stats_.allocated += rounded;
-      stats_.reserved += rounded;
-      ++stats_.num_allocs;
-      ++stats_.num_driver_allocs;
-      stats_.peak_allocated = std::max(stats_.peak_allocated, stats_.allocated);
-      stats_.peak_reserved = std::max(stats_.peak_reserved, stats_.reserved);
+      void* p = cache_.allocate(bytes);
+      // A reused block holds the last user's values, as on a GPU: garbage, never zeros.
+      std::memset(p, 0xA5, bytes);
       *out = tag(p);
     });
   }
 
   void deallocate(int32_t index, void* pointer) noexcept override {
     if (pointer == nullptr) return;
-    std::lock_guard<std::mutex> lock(mutex_);
-    void* p = untag(pointer);
-    auto it = blocks_.find(p);
-    if (!tagged(pointer) || it == blocks_.end()) {
-      std::fprintf(stderr, "fake device: deallocate of a pointer it did not hand out\n");
+    try {
+      if (!tagged(pointer)) throw loom::Error(Code::kInvalidArgument, "not a device pointer");
+      cache_.deallocate(untag(pointer));
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "fake device: bad deallocate: %s\n", e.what());
       std::abort();  // a test double: fail loudly
     }
-    stats_.allocated -= it->second;
-    stats_.reserved -= it->second;
-    blocks_.erase(it);
-    std::free(p);
   }
 
   Status memory_stats(int32_t index, loom::DeviceMemoryStats* out) noexcept override {
     return loom::guard([&] {
       check_index(index);
-      std::lock_guard<std::mutex> lock(mutex_);
-      *out = stats_;
-      out->total = kTotal;
+      *out = cache_.stats();
     });
   }
-  void reset_peak(int32_t) noexcept override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stats_.peak_allocated = stats_.allocated;
-    stats_.peak_reserved = stats_.reserved;
+  void reset_peak(int32_t) noexcept override { cache_.reset_peak(); }
+  Status empty_cache(int32_t) noexcept override {
+    return loom::guard([&] { cache_.empty_cache(); });
   }
-  Status empty_cache(int32_t) noexcept override { return loom::ok_status(); }
 
   Status copy(int32_t index, void* dst, const void* src, uint64_t bytes,
               loom::CopyKind kind) noexcept override {
@@ -155,9 +144,8 @@ class FakeRuntime final : public loom::IDeviceRuntime {
                                     : "device memory where host memory was expected"));
   }
 
-  std::mutex mutex_;
-  std::map<void*, uint64_t> blocks_;  // untagged address -> rounded bytes
-  loom::DeviceMemoryStats stats_{};
+  HostDriver driver_;
+  loom::kernels::cuda::CachingAllocator cache_{&driver_, "fake cuda:0", kTotal};
 };
 
 FakeRuntime g_runtime;
