@@ -77,8 +77,8 @@ TEST(Plugin, WithoutAGpuCreatingACommunicatorSaysWhy) {
   std::string reason;
   if (cuda_devices(&reason) > 0) {
     std::printf(
-        "[cuda] skipped: this machine has a GPU; the no-device message is checked "
-        "where there is none\n");
+        "[no-device path] not reachable: this machine has a GPU; the no-device message is "
+        "checked where there is none\n");
     GTEST_SKIP();
   }
   core::ObjectPtr backend = make_nccl_backend();
