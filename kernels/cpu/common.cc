@@ -88,17 +88,6 @@ F32Copy::F32Copy(const TensorView& v) {
 
 LOOM_CPU_FAST_END
 
-OpCost io_cost(const OpCall* call, double flops) {
-  OpCost c{flops, 0.0, 0.0};
-  for (int32_t i = 0; i < call->num_inputs; ++i)
-    c.bytes_read += static_cast<double>(numel(call->inputs[i])) *
-                    static_cast<double>(dtype_size(call->inputs[i].dtype));
-  for (int32_t i = 0; i < call->num_outputs; ++i)
-    c.bytes_written += static_cast<double>(numel(call->outputs[i])) *
-                       static_cast<double>(dtype_size(call->outputs[i].dtype));
-  return c;
-}
-
 int64_t max_numel(const OpCall* call) {
   int64_t n = 0;
   for (int32_t i = 0; i < call->num_inputs; ++i) n = std::max(n, numel(call->inputs[i]));
@@ -109,21 +98,7 @@ int64_t max_numel(const OpCall* call) {
 void add_kernels(std::vector<KernelDesc>& out, const char* op, const char* name, int32_t priority,
                  KernelFn fn, KernelSupportsFn supports, KernelCostFn cost,
                  std::initializer_list<DType> dtypes) {
-  for (DType t : dtypes) {
-    KernelDesc k{};
-    k.struct_size = sizeof(KernelDesc);
-    k.op = op;
-    k.op_version = ops::kVersion;
-    k.device = DeviceType::kCpu;
-    k.dtype = t;
-    k.name = name;
-    k.priority = priority;
-    k.fn = fn;
-    k.supports = supports;
-    k.cost = cost;
-    k.workspace = nullptr;
-    out.push_back(k);
-  }
+  append_kernel_descs(out, op, DeviceType::kCpu, dtypes, name, priority, fn, supports, cost);
 }
 
 }  // namespace loom::kernels::cpu

@@ -14,6 +14,7 @@
 
 #include <loom/cpp/error.h>
 #include <loom/cpp/half.h>
+#include <loom/cpp/kernel_descs.h>
 #include <loom/cpp/op_args.h>
 #include <loom/kernel.h>
 #include <loom/ops.h>
@@ -125,8 +126,8 @@ inline bool attention_masked(bool causal, int64_t t, int64_t s, int64_t T, int64
 
 // ---- Cost helpers ---------------------------------------------------------------------
 
-// Bytes of every present input and output; flops as given.
-OpCost io_cost(const OpCall* call, double flops);
+// io_cost (bytes of every present input and output; flops as given) is loom::io_cost in
+// loom/cpp/kernel_descs.h.
 // Largest element count among the call's tensors (the "n" of an elementwise op).
 int64_t max_numel(const OpCall* call);
 

@@ -1,8 +1,8 @@
-// KernelDesc helpers of the CUDA kernel library.
+// KernelDesc helpers of the CUDA kernel library (io_cost comes from loom/cpp/kernel_descs.h).
 #pragma once
 
+#include <loom/cpp/kernel_descs.h>
 #include <loom/kernel.h>
-#include <loom/ops.h>
 
 #include <initializer_list>
 #include <vector>
@@ -21,34 +21,8 @@ inline void add_cuda_kernels(std::vector<KernelDesc>& out, const char* op, Kerne
                                                                     DType::kF16},
                              const char* name = kCudaName, int32_t priority = kCudaPriority,
                              KernelWorkspaceFn workspace = nullptr) {
-  for (DType t : dtypes) {
-    KernelDesc k{};
-    k.struct_size = sizeof(KernelDesc);
-    k.op = op;
-    k.op_version = ops::kVersion;
-    k.device = DeviceType::kCuda;
-    k.dtype = t;
-    k.name = name;
-    k.priority = priority;
-    k.fn = fn;
-    k.supports = supports;
-    k.cost = cost;
-    k.workspace = workspace;
-    out.push_back(k);
-  }
-}
-
-/// Bytes of every present input and output of `call`, and `flops` (an OpCost for
-/// bandwidth-bound ops).
-inline OpCost io_cost(const OpCall* call, double flops) {
-  OpCost c{flops, 0.0, 0.0};
-  for (int32_t i = 0; i < call->num_inputs; ++i)
-    c.bytes_read += static_cast<double>(numel(call->inputs[i])) *
-                    static_cast<double>(dtype_size(call->inputs[i].dtype));
-  for (int32_t i = 0; i < call->num_outputs; ++i)
-    c.bytes_written += static_cast<double>(numel(call->outputs[i])) *
-                       static_cast<double>(dtype_size(call->outputs[i].dtype));
-  return c;
+  append_kernel_descs(out, op, DeviceType::kCuda, dtypes, name, priority, fn, supports, cost,
+                      workspace);
 }
 
 }  // namespace loom::kernels::cuda
