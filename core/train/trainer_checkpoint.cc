@@ -153,7 +153,7 @@ nlohmann::json Trainer::checkpoint_metadata() const {
     for (const LoadedPlugin& p : plugins_.loaded()) {
       std::string hash;
       try {
-        hash = fmt::format("fnv1a64:{:016x}", fnv1a64(read_file(p.record->library)));
+        hash = file_digest(p.record->library);
       } catch (const IoError&) {
         hash = "unreadable";
       }

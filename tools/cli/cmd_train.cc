@@ -113,7 +113,7 @@ std::string plugin_fingerprint(const core::PluginManager& plugins) {
   for (const core::LoadedPlugin& p : plugins.loaded()) {
     std::string hash;
     try {
-      hash = fmt::format("{:016x}", core::fnv1a64(core::read_file(p.record->library)));
+      hash = core::file_digest(p.record->library);
     } catch (const std::exception&) {
       hash = "unreadable";
     }
