@@ -2,7 +2,11 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <climits>
+
 #include "loom/cpp/error.h"
+#include "loom/cpp/tensor.h"
 #include "loom/kinds.h"
 
 namespace loom::core {
@@ -28,7 +32,9 @@ ForwardContext::ForwardContext(IHost& host, bool training, RecomputePolicy recom
 ForwardContext::~ForwardContext() { reset(); }
 
 void ForwardContext::reset() {
-  for (auto& [device, pointer] : blocks_) host_.deallocate(device, pointer);
+  for (auto& [key, block] : blocks_)
+    host_.deallocate(Device{static_cast<DeviceType>(key.first.first), key.first.second},
+                     reinterpret_cast<void*>(key.second));
   blocks_.clear();
   saved_.clear();
   bytes_ = 0;
@@ -86,15 +92,87 @@ Status ForwardContext::allocate(DType dtype, int32_t ndim, const int64_t* shape,
     uint64_t bytes = static_cast<uint64_t>(count) * dtype_size(dtype);
     void* p = nullptr;
     throw_if_error(host_.allocate(device, bytes, 64, &p));
-    if (p != nullptr) blocks_.emplace_back(device, p);
+    if (p != nullptr) {
+      BlockKey key{{static_cast<int32_t>(device.type), device.index},
+                   reinterpret_cast<uintptr_t>(p)};
+      blocks_[key] = Block{bytes, 0, false};
+    }
     bytes_ += bytes;
     v.data = p;
     *out = v;
   });
 }
 
+ForwardContext::Blocks::iterator ForwardContext::block_of(const TensorView& view) {
+  if (view.data == nullptr) return blocks_.end();
+  BlockKey key{{static_cast<int32_t>(view.device.type), view.device.index},
+               reinterpret_cast<uintptr_t>(view.data)};
+  auto it = blocks_.upper_bound(key);  // the first block starting after the view
+  if (it == blocks_.begin()) return blocks_.end();
+  --it;
+  if (it->first.first != key.first ||
+      key.second >= it->first.second + std::max<uint64_t>(it->second.bytes, 1))
+    return blocks_.end();
+  return it;
+}
+
+void ForwardContext::maybe_free(Blocks::iterator it) {
+  if (!it->second.released || it->second.saves > 0) return;
+  const BlockKey& key = it->first;
+  host_.deallocate(Device{static_cast<DeviceType>(key.first.first), key.first.second},
+                   reinterpret_cast<void*>(key.second));
+  bytes_ -= it->second.bytes;
+  blocks_.erase(it);
+}
+
+void ForwardContext::unref(const Saved& entry) {
+  if (!entry.counted) return;
+  auto it = block_of(entry.view);
+  if (it == blocks_.end()) return;  // cannot happen: a counted block stays live
+  --it->second.saves;
+  maybe_free(it);
+}
+
 Status ForwardContext::save(const void* owner, int32_t slot, const TensorView* tensor) noexcept {
-  return guard([&] { saved_[{owner, slot}] = *tensor; });
+  return guard([&] {
+    // Parameters, the core's batch and empty views are not this context's: no reference.
+    Saved entry{*tensor, false};
+    auto block = block_of(*tensor);
+    if (block != blocks_.end()) {
+      ++block->second.saves;
+      entry.counted = true;
+    }
+    auto [it, inserted] = saved_.try_emplace({owner, slot}, entry);
+    if (!inserted) {  // full recomputation saves again: the new entry replaces the old
+      Saved old = it->second;
+      it->second = entry;
+      unref(old);
+    }
+  });
+}
+
+Status ForwardContext::release(const TensorView* tensor) noexcept {
+  return guard([&] {
+    auto it = block_of(*tensor);
+    if (it == blocks_.end() || it->second.released)
+      fail(Code::kInvalidArgument,
+           fmt::format("release: the tensor at {} ({}) is not live memory of this forward "
+                       "context (released twice, or not from its allocate); release each "
+                       "allocation once, and never inputs, outputs or parameters",
+                       tensor->data, shape_string(*tensor)));
+    it->second.released = true;
+    maybe_free(it);
+  });
+}
+
+void ForwardContext::drop_saved(const void* owner) noexcept {
+  auto first = saved_.lower_bound({owner, INT32_MIN});
+  auto last = first;
+  while (last != saved_.end() && last->first.first == owner) ++last;
+  std::vector<Saved> dropped;
+  for (auto it = first; it != last; ++it) dropped.push_back(it->second);
+  saved_.erase(first, last);
+  for (const Saved& entry : dropped) unref(entry);
 }
 
 Status ForwardContext::load(const void* owner, int32_t slot, TensorView* out) noexcept {
@@ -105,7 +183,7 @@ Status ForwardContext::load(const void* owner, int32_t slot, TensorView* out) no
                                    "was forward run with training on?",
                                    slot, micro_batch_)
                            .c_str());
-  *out = it->second;
+  *out = it->second.view;
   return ok_status();
 }
 

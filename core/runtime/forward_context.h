@@ -2,7 +2,11 @@
 // forward and its backward (DESIGN.md section 4).
 //
 // Activations come from the host's allocator (so they count in the memory figures) and
-// live until the context is reset or destroyed. Saved tensors are kept by (owner, slot);
+// live until the context is reset or destroyed, or until the module that owns one releases
+// it (release) and no saved entry refers to it any more (saved entries hold a reference
+// to the allocation they point into, and drop_saved lets them go). That is how memory is
+// freed during a pass: temporaries as soon as they are consumed, saved activations when
+// the backward that needed them is done. Saved tensors are kept by (owner, slot);
 // saving again under the same key replaces the entry (full recomputation reruns a
 // forward inside backward). Random streams depend only on the run's seed, the step, the
 // micro-batch, the module's stable id and the purpose, never on addresses, so a run is
@@ -44,8 +48,10 @@ class ForwardContext final : public IForwardContext {
 
   /// Frees every activation and forgets every saved tensor.
   void reset();
-  /// Bytes currently allocated through this context.
+  /// Bytes currently allocated through this context (released memory not included).
   uint64_t bytes_allocated() const { return bytes_; }
+  /// Allocations currently live.
+  size_t live_blocks() const { return blocks_.size(); }
   /// Makes the forward passes in this context decode incrementally through `cache` (null:
   /// full-sequence passes, the default). The caller keeps ownership and advances the cache
   /// after each pass. Throws Error(kFailedPrecondition) on a training context: cached keys
@@ -70,6 +76,8 @@ class ForwardContext final : public IForwardContext {
   void rng(const void* owner, uint64_t purpose, uint64_t* key, uint64_t* counter) noexcept override;
   IKvCache* kv_cache() noexcept override { return kv_cache_; }
   void grads_ready(const void* owner) noexcept override;
+  Status release(const TensorView* tensor) noexcept override;
+  void drop_saved(const void* owner) noexcept override;
 
  private:
   IHost& host_;
@@ -80,8 +88,26 @@ class ForwardContext final : public IForwardContext {
   int64_t step_;
   const std::unordered_map<const void*, uint64_t>* module_ids_;
   std::unordered_map<const void*, uint64_t> extra_ids_;
-  std::vector<std::pair<Device, void*>> blocks_;
-  std::map<std::pair<const void*, int32_t>, TensorView> saved_;
+  // One allocation. Keyed by (device, address) so that views find the block they lie in.
+  struct Block {
+    uint64_t bytes = 0;
+    int32_t saves = 0;      ///< saved entries pointing into it
+    bool released = false;  ///< its owner is done with it: freed when saves reaches 0
+  };
+  using BlockKey = std::pair<std::pair<int32_t, int32_t>, uintptr_t>;  // ((type, index), base)
+  using Blocks = std::map<BlockKey, Block>;
+  struct Saved {
+    TensorView view;
+    bool counted = false;  ///< holds a reference on the block of view.data
+  };
+  // The live block that `view` points into, or end().
+  Blocks::iterator block_of(const TensorView& view);
+  // Frees `it` when it is released and nothing saved refers to it.
+  void maybe_free(Blocks::iterator it);
+  void unref(const Saved& entry);
+
+  Blocks blocks_;
+  std::map<std::pair<const void*, int32_t>, Saved> saved_;
   uint64_t bytes_ = 0;
   IKvCache* kv_cache_ = nullptr;
   std::function<void(const void*)> grads_ready_;

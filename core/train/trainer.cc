@@ -335,6 +335,33 @@ uint64_t Trainer::peak_memory() const {
 
 void Trainer::reset_memory_peak() { plugins_.host().reset_peak(device_); }
 
+MemoryEstimate Trainer::memory_estimate() const {
+  MemoryEstimate e;
+  for (const Parameter& p : params_->all()) {
+    int64_t n = 1;
+    for (int32_t d = 0; d < p.info.ndim; ++d) n *= p.info.shape[d];
+    e.weights += static_cast<uint64_t>(n) * dtype_size(p.info.dtype);
+  }
+  e.grads = static_cast<uint64_t>(params_->flat_size()) * sizeof(float);
+  for (const auto& st : states_) {
+    uint64_t n = static_cast<uint64_t>(st->segment.length);
+    if (params_dtype_ != DType::kF32) e.master += n * sizeof(float);
+    e.optimizer += st->states.size() * n * sizeof(float);
+  }
+  ActivationShape shape;
+  shape.micro_batch = micro_batch_;
+  shape.seq_length = seq_length_;
+  shape.tp = spec_["parallel"]["tp"].get<int64_t>();
+  shape.sequence_parallel = spec_["parallel"]["sequence_parallel"].get<bool>();
+  shape.dtype = params_dtype_;
+  std::string recompute = spec_["train"]["recompute"].get<std::string>();
+  shape.recompute = recompute == "full"        ? RecomputePolicy::kFull
+                    : recompute == "selective" ? RecomputePolicy::kSelective
+                                               : RecomputePolicy::kNone;
+  e.activations = transformer_activation_bytes(spec_["model"], shape);
+  return e;
+}
+
 void Trainer::release_states() {
   for (auto& st : states_)
     for (void* p : st->owned) plugins_.host().deallocate(device_, p);
@@ -367,6 +394,7 @@ void Trainer::print_banner(std::FILE* out) const {
                  "%.1f TFLOP/s%s\n",
                  flops_per_step_, device_name_.c_str(), peak_flops_ / 1e12,
                  peak_flops_ > 0 ? "" : " (unknown: no MFU)");
+  std::fprintf(out, "  memory estimate: %s\n", memory_estimate().describe().c_str());
   std::string kernels;
   for (const auto& r : plugins_.host().resolutions())
     kernels +=

@@ -27,6 +27,7 @@
 #include "core/plugin/plugin_manager.h"
 #include "core/runtime/forward_context.h"
 #include "core/runtime/parameters.h"
+#include "core/train/memory_estimate.h"
 #include "loom/cpp/tensor.h"
 #include "loom/kinds/model.h"
 #include "loom/kinds/optimizer.h"
@@ -132,6 +133,9 @@ class Trainer {
   uint64_t peak_memory() const;
   /// Starts a new peak-memory phase (e.g. after warm-up).
   void reset_memory_peak();
+  /// The analytic estimate of this rank's peak (memory_estimate.h): weights, gradients,
+  /// master weights and optimizer states as allocated, activations by the formula.
+  MemoryEstimate memory_estimate() const;
   /// The training device.
   Device device() const { return device_; }
 
@@ -167,7 +171,7 @@ class Trainer {
   PluginManager& plugins_;
   ParallelState* parallel_ = nullptr;
   int64_t dp_size_ = 1, dp_rank_ = 0, tp_rank_ = 0;
-  std::vector<std::vector<float>> checkpoint_scratch_;  // gathered optimizer states
+  std::vector<std::vector<float>> checkpoint_scratch_;   // gathered optimizer states
   std::vector<std::vector<uint64_t>> checkpoint_bytes_;  // device tensors staged on the host
   /// Elements of the whole model (tensor-parallel slices counted whole).
   int64_t model_numel() const;

@@ -110,6 +110,7 @@ Status FusedAttention::forward(IForwardContext* ctx, const TensorView* inputs, i
       for (int32_t slot = kQ; slot <= kSegments; ++slot)
         throw_if_error(ctx->save(this, slot, keep[slot]));
     }
+    release(*ctx, lse);  // kept by the save in training
     outputs[0] = out;
   });
 }
@@ -133,6 +134,7 @@ Status FusedAttention::backward(IForwardContext* ctx, const TensorView* grad_out
     grad_inputs[0] = dq;
     grad_inputs[1] = dk;
     grad_inputs[2] = dv;
+    drop_saved(*ctx, this);  // q, k, v, out and lse served this backward only
   });
 }
 

@@ -67,6 +67,7 @@ TensorView DotProductAttention::probabilities(IForwardContext& ctx, const Tensor
   gemm_({grouped(qh, g), kh}, {grouped(scores, g)}, ops::GemmAttrs{0, 1, 1.f, 0.f});
   TensorView probs = allocate(ctx, dtype_, {b, h, t, s}, device_);
   softmax_fwd_({scores, segments}, {probs}, ops::SoftmaxAttrs{scale_for(d), causal_ ? 1 : 0});
+  release(ctx, scores);
   return probs;
 }
 
@@ -110,6 +111,7 @@ void DotProductAttention::run_forward(IForwardContext& ctx, const TensorView* in
     save(ctx, this, kSegments, segments);
     if (ctx.recompute() != RecomputePolicy::kSelective) save(ctx, this, kProbs, probs);
   }
+  release_all(ctx, {qh, kh, vh, probs, dropped, oh});  // the saves keep what backward needs
 }
 
 void DotProductAttention::run_backward(IForwardContext& ctx, const TensorView* grad_outputs,
@@ -153,6 +155,12 @@ void DotProductAttention::run_backward(IForwardContext& ctx, const TensorView* g
   grad_inputs[0] = swap(ctx, dqh);
   grad_inputs[1] = swap(ctx, dkh);
   grad_inputs[2] = swap(ctx, dvh);
+  // A recomputed probs is ours; a saved one belongs to the save (dropped after backward).
+  bool recomputed = ctx.recompute() == RecomputePolicy::kSelective;
+  release_all(
+      ctx,
+      {recomputed ? probs : empty_view(), dropped, doh, dvh, ddropped, dprobs, dscores, dqh, dkh},
+      {recomputed ? empty_view() : probs});
 }
 
 }  // namespace loom::transformer

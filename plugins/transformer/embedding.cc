@@ -65,6 +65,7 @@ void Embedding::run_forward(IForwardContext& ctx, const TensorView* inputs, int3
       TensorView pos = allocate(ctx, config_.dtype, {b, t, c}, config_.device);
       embed_fwd_({value(position_), reshape(positions, {b * t})}, {rows(pos, c)});
       add_({y, pos}, {y});
+      release(ctx, pos);
     } else {  // positions 0..T-1: the first T rows of the table, added to every sequence
       TensorView table = first_rows(value(position_), t);
       for (int64_t i = 0; i < b; ++i) {
@@ -74,7 +75,9 @@ void Embedding::run_forward(IForwardContext& ctx, const TensorView* inputs, int3
       }
     }
   }
-  y = tp_.exit(ctx, y);  // summed over the group: (B, T, C) or the shard (B, T/P, C)
+  TensorView partial = y;
+  y = tp_.exit(ctx, partial);  // summed over the group: (B, T, C) or the shard (B, T/P, C)
+  release_all(ctx, {partial}, {y});
   if (ctx.training() && config_.dropout > 0.f) {
     ops::DropoutAttrs attrs{config_.dropout, 0, 0};
     ctx.rng(this, kDropoutStream, &attrs.key, &attrs.counter);
@@ -93,7 +96,7 @@ void Embedding::run_backward(IForwardContext& ctx, const TensorView* grad_output
   expect_count("embedding backward grad outputs", num_grad_outputs, 1);
   TensorView tokens = load(ctx, this, kTokens), positions = load(ctx, this, kPositions);
   int64_t b = tokens.shape[0], t = tokens.shape[1], c = config_.hidden_size;
-  TensorView dy = grad_outputs[0];
+  TensorView dy = grad_outputs[0], dropped{};
   expect(dy, {b, tp_.sequence_parallel() ? t / tp_.size() : t, c}, config_.dtype,
          "embedding grad output");
   if (ctx.training() && config_.dropout > 0.f) {
@@ -101,7 +104,7 @@ void Embedding::run_backward(IForwardContext& ctx, const TensorView* grad_output
     ctx.rng(this, kDropoutStream, &attrs.key, &attrs.counter);
     TensorView dx = allocate_like(ctx, dy);
     dropout_rows(dropout_bwd_, attrs, dy, dx, t, tp_.sequence_start(dy.shape[1]));
-    dy = dx;
+    dy = dropped = dx;
   }
   dy = tp_.exit_backward(ctx, dy);  // (B, T, C)
   if (tp_.size() == 1)
@@ -122,6 +125,7 @@ void Embedding::run_backward(IForwardContext& ctx, const TensorView* grad_output
     }
   }
   for (int32_t i = 0; i < num_grad_inputs; ++i) grad_inputs[i] = empty_view();
+  release_all(ctx, {dropped, dy}, {grad_outputs[0]});
 }
 
 }  // namespace loom::transformer

@@ -1,9 +1,9 @@
 // ForwardOnlyContext: a forward context that forwards everything to another one except
-// `save`, which it drops. Under full recomputation a layer runs its children's forward
-// through it (nothing of theirs is kept), saves only its own input, and reruns the forward
-// on the real context in backward, where every child saves what its backward needs. The
-// random streams are the real context's, so dropout masks are identical in both runs.
-// grads_ready is dropped too: a forward pass has no backward, so a signal through this
+// `save`, which it drops (and `drop_saved`, which has nothing to drop). Under full recomputation a
+// layer runs its children's forward through it (nothing of theirs is kept), saves only its own
+// input, and reruns the forward on the real context in backward, where every child saves what its
+// backward needs. The random streams are the real context's, so dropout masks are identical in both
+// runs. grads_ready is dropped too: a forward pass has no backward, so a signal through this
 // wrapper could only be early, and an early one would let the core reduce gradients that
 // are still being accumulated; a dropped one only loses overlap.
 #pragma once
@@ -35,6 +35,13 @@ class ForwardOnlyContext final : public IForwardContext {
   }
   IKvCache* kv_cache() noexcept override { return kv_cache_of(inner_); }
   void grads_ready(const void*) noexcept override {}
+  // Releases reach the real context: what a child hands back is freed at once, since its
+  // saves were dropped here.
+  Status release(const TensorView* tensor) noexcept override {
+    if (inner_.interface_info().minor < 3) return ok_status();
+    return inner_.release(tensor);
+  }
+  void drop_saved(const void*) noexcept override {}  // nothing was saved through this wrapper
 
  private:
   IForwardContext& inner_;

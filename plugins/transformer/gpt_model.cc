@@ -75,11 +75,19 @@ void GptModel::run_forward(IForwardContext& ctx, const TensorView* inputs, int32
   TensorView segments = num_inputs > 4 ? inputs[4] : empty_view();
   if (present(segments)) expect(segments, {b, t}, DType::kI32, "gpt segment ids");
 
+  // Each hidden state is handed back once the next module has run: what a module's
+  // backward needs of it, that module saved.
   TensorView hidden = call_forward(*embedding_, ctx, {tokens, positions}, 1, "embedding")[0];
-  for (size_t i = 0; i < layers_.size(); ++i)
-    hidden = call_forward(*layers_[i], ctx, {hidden, positions, segments}, 1, "decoder layer")[0];
-  hidden = call_forward(*final_norm_, ctx, {hidden}, 1, "final_layernorm")[0];
-  TensorView logits = call_forward(*output_layer_, ctx, {hidden}, 1, "output_layer")[0];
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    TensorView next =
+        call_forward(*layers_[i], ctx, {hidden, positions, segments}, 1, "decoder layer")[0];
+    release(ctx, hidden);
+    hidden = next;
+  }
+  TensorView normed = call_forward(*final_norm_, ctx, {hidden}, 1, "final_layernorm")[0];
+  release(ctx, hidden);
+  TensorView logits = call_forward(*output_layer_, ctx, {normed}, 1, "output_layer")[0];
+  release(ctx, normed);
 
   TensorView loss = allocate(ctx, DType::kF32, {n}, config_.device);
   TensorView lse = allocate(ctx, DType::kF32, {n}, config_.device);
@@ -95,6 +103,7 @@ void GptModel::run_forward(IForwardContext& ctx, const TensorView* inputs, int32
     TensorView all = allocate(ctx, DType::kF32, {p, n, 3}, config_.device);
     tp_.all_gather(stats, all, "the loss statistics");
     combine_({all, reshape(labels, {n}), flat_mask}, {loss, lse, mean}, attrs);
+    release_all(ctx, {stats, all});
   }
   if (ctx.training()) {
     save(ctx, this, kLogits, logits);
@@ -103,7 +112,9 @@ void GptModel::run_forward(IForwardContext& ctx, const TensorView* inputs, int32
     save(ctx, this, kLse, lse);
   }
   outputs[0] = make_view(mean.data, DType::kF32, nullptr, 0, config_.device);  // scalar
-  if (num_outputs > 1) outputs[1] = config_.return_logits ? logits : empty_view();
+  bool logits_out = num_outputs > 1 && config_.return_logits;
+  if (num_outputs > 1) outputs[1] = logits_out ? logits : empty_view();
+  release_all(ctx, {loss, lse, logits_out ? empty_view() : logits});  // the saves keep theirs
 }
 
 void GptModel::run_backward(IForwardContext& ctx, const TensorView* grad_outputs,
@@ -129,11 +140,21 @@ void GptModel::run_backward(IForwardContext& ctx, const TensorView* grad_outputs
     expect(grad_outputs[1], {b, t, v}, config_.params_dtype, "gpt logits gradient");
     add_({dlogits, grad_outputs[1]}, {dlogits});
   }
+  // The logits (B, T, V), often the largest activation, are not needed any more.
+  drop_saved(ctx, this);
+  // Each gradient is handed back once the module below has consumed it.
   TensorView dhidden = call_backward(*output_layer_, ctx, {dlogits}, 1, "output_layer")[0];
-  dhidden = call_backward(*final_norm_, ctx, {dhidden}, 1, "final_layernorm")[0];
-  for (size_t i = layers_.size(); i-- > 0;)
-    dhidden = call_backward(*layers_[i], ctx, {dhidden}, 3, "decoder layer")[0];
+  release(ctx, dlogits);
+  TensorView below = call_backward(*final_norm_, ctx, {dhidden}, 1, "final_layernorm")[0];
+  release(ctx, dhidden);
+  dhidden = below;
+  for (size_t i = layers_.size(); i-- > 0;) {
+    below = call_backward(*layers_[i], ctx, {dhidden}, 3, "decoder layer")[0];
+    release(ctx, dhidden);
+    dhidden = below;
+  }
   call_backward(*embedding_, ctx, {dhidden}, 0, "embedding");
+  release(ctx, dhidden);
   for (int32_t i = 0; i < num_grad_inputs; ++i) grad_inputs[i] = empty_view();
 }
 

@@ -47,6 +47,7 @@ void LayerNorm::run_forward(IForwardContext& ctx, const TensorView* inputs, int3
     save(ctx, this, kMean, mean);
     save(ctx, this, kRstd, rstd);
   }
+  release_all(ctx, {mean, rstd});  // kept by the saves in training
   outputs[0] = y;
 }
 

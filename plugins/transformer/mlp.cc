@@ -101,6 +101,7 @@ void Mlp::run_forward(IForwardContext& ctx, const TensorView* inputs, int32_t nu
     save(ctx, this, kFc1Out, h1);
     save(ctx, this, kActOut, a);
   }
+  release_all(ctx, {x, h1, a, y_partial}, {x_in, y});  // the saves keep x, h1, a in training
   outputs[0] = y;
 }
 
@@ -129,6 +130,7 @@ void Mlp::run_backward(IForwardContext& ctx, const TensorView* grad_outputs,
       dh1, rows(x, hidden_), rows(value(fc1_weight_), hidden_), rows(grad(fc1_weight_), hidden_),
       bias_ ? reshape(grad(fc1_bias_), {fc1_out_}) : empty_view(), rows(dx_partial, hidden_));
   grad_inputs[0] = tp_.enter_backward(ctx, dx_partial);
+  release_all(ctx, {dy, da, dh1, dx_partial}, {dy_in, grad_inputs[0]});
 }
 
 }  // namespace loom::transformer

@@ -6,6 +6,8 @@
 // parameters, the base signals IForwardContext::grads_ready: its gradients are final, so
 // a module must not accumulate into parameters declared by a module whose backward ran
 // before its own (a tied output layer uses the embedding's weight, whose backward is last).
+// It then drops what the module saved (IForwardContext::drop_saved), so saved activations
+// are freed layer by layer as backward goes down (views.h, release_all, has the rules).
 #pragma once
 
 #include <loom/cpp/tensor.h>
@@ -76,6 +78,9 @@ class ModuleBase : public Object<I> {
     return guard([&] {
       run_backward(*ctx, grad_outputs, num_grad_outputs, grad_inputs, num_grad_inputs);
       if (!params_.empty()) signal_grads_ready(*ctx, static_cast<const IModule*>(this));
+      // What this module saved served this backward only (full recomputation saves again).
+      // Modules save under their own `this`: the address of the most-derived object.
+      drop_saved(*ctx, dynamic_cast<const void*>(this));
     });
   }
 

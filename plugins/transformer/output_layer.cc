@@ -40,6 +40,7 @@ void OutputLayer::run_forward(IForwardContext& ctx, const TensorView* inputs, in
   TensorView logits = allocate(ctx, config_.dtype, {x.shape[0], x.shape[1], v}, config_.device);
   linear_.forward(rows(x, c), weight(), empty_view(), rows(logits, v));
   if (ctx.training()) save(ctx, this, kInput, x);
+  release_all(ctx, {x}, {inputs[0]});  // a gathered x is kept by the save in training
   outputs[0] = logits;
 }
 

@@ -43,6 +43,7 @@ void RmsNorm::run_forward(IForwardContext& ctx, const TensorView* inputs, int32_
     save(ctx, this, kInput, x);
     save(ctx, this, kRstd, rstd);
   }
+  release_all(ctx, {rstd});  // kept by the save in training
   outputs[0] = y;
 }
 

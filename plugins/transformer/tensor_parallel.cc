@@ -54,6 +54,7 @@ TensorView TensorParallel::enter(IForwardContext& ctx, const TensorView& x) cons
   if (b == 1) return make_view(chunks.data, x.dtype, {1, p * tl, c}, x.device);
   TensorView full = allocate(ctx, x.dtype, {b, p * tl, c}, x.device);
   swap_({as4(chunks, 1, p, b, tl * c)}, {as4(full, 1, b, p, tl * c)});
+  release(ctx, chunks);
   return full;
 }
 
@@ -79,6 +80,7 @@ TensorView TensorParallel::enter_backward(IForwardContext& ctx, const TensorView
   TensorView out = make_view(shard.data, dx.dtype, {numel(shard)}, dx.device);
   throw_if_error(comm_->reduce_scatter(&in, &out, ReduceOp::kSum, nullptr),
                  "tensor-parallel reduce-scatter of a partial sum");
+  if (b > 1) release(ctx, chunks);  // b == 1: chunks is dx, the caller's
   return shard;
 }
 

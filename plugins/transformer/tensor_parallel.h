@@ -42,7 +42,9 @@ class TensorParallel {
   int64_t split(int64_t global, const std::string& key) const;
 
   /// Forward of a column-parallel input: (B, T/P, C) -> (B, T, C) with sequence
-  /// parallelism, else `x` itself.
+  /// parallelism, else `x` itself. The four functions below return either their argument
+  /// or a new activation of ctx (the caller's to release); their own temporaries are
+  /// released inside.
   TensorView enter(IForwardContext& ctx, const TensorView& x) const;
   /// Backward of the same: the partial input gradient (B, T, C) summed over the group,
   /// reduce-scattered to (B, T/P, C) with sequence parallelism, else all-reduced in place.

@@ -169,6 +169,7 @@ TensorView TransformerLayer::forward_impl(IForwardContext& ctx, const TensorView
   TensorView k = allocate(ctx, dtype_, {b, t, g, d}, device_);
   TensorView v = allocate(ctx, dtype_, {b, t, g, d}, device_);
   split_({qkv}, {q, k, v});
+  release(ctx, qkv);
   if (inv_freq_) {
     ops::RopeAttrs attrs{rotary_dim_};
     rope_fwd_({q, positions, inv_freq_->view()}, {q}, attrs);
@@ -197,12 +198,15 @@ TensorView TransformerLayer::forward_impl(IForwardContext& ctx, const TensorView
   linear_.forward(rows(core_out, h * d), value(proj_weight_), empty_view(),
                   rows(attn_partial, hidden_));
   TensorView attn = tp_.exit(ctx, attn_partial);  // summed over the group: like x
+  release_all(ctx, {attn_partial}, {attn});
   if (proj_bias_) linear_.add_bias(value(proj_bias_index_), rows(attn, hidden_));
   dropout_forward(ctx, attn, kAttentionOutDropout);
   TensorView residual = allocate_like(ctx, x);  // (B, T, C)
   add_({x, attn}, {residual});
+  release(ctx, attn);
   TensorView normed2 = call_forward(*pre_mlp_norm_, ctx, {residual}, 1, "pre_mlp_layernorm")[0];
   TensorView mlp_out = call_forward(*mlp_, ctx, {normed2}, 1, "mlp")[0];
+  release(ctx, normed2);
   dropout_forward(ctx, mlp_out, kMlpOutDropout);
   TensorView y = allocate_like(ctx, x);
   add_({residual, mlp_out}, {y});
@@ -211,6 +215,9 @@ TensorView TransformerLayer::forward_impl(IForwardContext& ctx, const TensorView
     save(ctx, this, kNormed, normed);
     save(ctx, this, kCoreOut, core_out);
   }
+  // The saves (this layer's and its children's) keep what backward needs: normed, q, k, v,
+  // core_out, residual.
+  release_all(ctx, {normed_shard, normed, q, k, v, core_out, residual, mlp_out}, {x});
   return y;
 }
 
@@ -220,8 +227,8 @@ void TransformerLayer::run_backward(IForwardContext& ctx, const TensorView* grad
   expect_count("transformer_layer backward grad outputs", num_grad_outputs, 1);
   expect_count("transformer_layer backward grad inputs", num_grad_inputs, 1);
   if (ctx.recompute() == RecomputePolicy::kFull)  // rerun forward, saving this time
-    forward_impl(ctx, load(ctx, this, kInput), load(ctx, this, kPositions),
-                 load(ctx, this, kSegments));
+    release(ctx, forward_impl(ctx, load(ctx, this, kInput), load(ctx, this, kPositions),
+                              load(ctx, this, kSegments)));
   TensorView positions = load(ctx, this, kPositions);
   TensorView normed = load(ctx, this, kNormed), core_out = load(ctx, this, kCoreOut);
   const TensorView& dy = grad_outputs[0];
@@ -236,6 +243,7 @@ void TransformerLayer::run_backward(IForwardContext& ctx, const TensorView* grad
   TensorView dres_norm = call_backward(*pre_mlp_norm_, ctx, {dnormed2}, 1, "pre_mlp_layernorm")[0];
   TensorView dresidual = allocate_like(ctx, dy);
   add_({dy, dres_norm}, {dresidual});
+  release_all(ctx, {dmlp_out, dnormed2, dres_norm}, {dy});
 
   // residual = x + dropout(proj(core(q, k, v)))
   TensorView dattn = dropout_backward(ctx, dresidual, kAttentionOutDropout);
@@ -244,7 +252,9 @@ void TransformerLayer::run_backward(IForwardContext& ctx, const TensorView* grad
   TensorView dcore_out = allocate(ctx, dtype_, {b, t, h, d}, device_);
   linear_.backward(rows(dattn_full, hidden_), rows(core_out, h * d), value(proj_weight_),
                    grad(proj_weight_), empty_view(), rows(dcore_out, h * d));
+  release_all(ctx, {dattn, dattn_full}, {dresidual});
   std::vector<TensorView> dqkv3 = call_backward(*core_, ctx, {dcore_out}, 3, "attention");
+  release(ctx, dcore_out);
   if (inv_freq_) {
     ops::RopeAttrs attrs{rotary_dim_};
     rope_bwd_({dqkv3[0], positions, inv_freq_->view()}, {dqkv3[0]}, attrs);
@@ -252,6 +262,7 @@ void TransformerLayer::run_backward(IForwardContext& ctx, const TensorView* grad
   }
   TensorView dqkv = allocate(ctx, dtype_, {b, t, g, (h / g + 2) * d}, device_);
   merge_({dqkv3[0], dqkv3[1], dqkv3[2]}, {dqkv});
+  release_all(ctx, {dqkv3[0], dqkv3[1], dqkv3[2]});
   TensorView dnormed_partial = allocate_like(ctx, normed);  // (B, T, C), this rank's heads
   linear_.backward(rows(dqkv, (h + 2 * g) * d), rows(normed, hidden_), value(qkv_weight_),
                    grad(qkv_weight_), qkv_bias_ ? grad(qkv_bias_index_) : empty_view(),
@@ -260,6 +271,7 @@ void TransformerLayer::run_backward(IForwardContext& ctx, const TensorView* grad
   TensorView dx_norm = call_backward(*input_norm_, ctx, {dnormed}, 1, "input_layernorm")[0];
   TensorView dx = allocate_like(ctx, dy);
   add_({dresidual, dx_norm}, {dx});
+  release_all(ctx, {dqkv, dnormed_partial, dnormed, dx_norm, dresidual});
   grad_inputs[0] = dx;
   for (int32_t i = 1; i < num_grad_inputs; ++i) grad_inputs[i] = empty_view();
 }

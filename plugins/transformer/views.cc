@@ -1,5 +1,7 @@
 #include "plugins/transformer/views.h"
 
+#include <algorithm>
+
 namespace loom::transformer {
 
 void expect(const TensorView& view, std::vector<int64_t> shape, DType dtype, const char* what) {
@@ -49,6 +51,17 @@ void expect_count(const char* what, int32_t got, int32_t at_least) {
   if (got < at_least)
     fail(Code::kInvalidArgument,
          detail::concat(what, ": called with ", got, ", needs at least ", at_least));
+}
+
+void release_all(IForwardContext& ctx, std::initializer_list<TensorView> tensors,
+                 std::initializer_list<TensorView> keep) {
+  std::vector<const void*> done;
+  for (const TensorView& k : keep) done.push_back(k.data);
+  for (const TensorView& t : tensors) {
+    if (!present(t) || std::find(done.begin(), done.end(), t.data) != done.end()) continue;
+    done.push_back(t.data);
+    release(ctx, t);
+  }
 }
 
 }  // namespace loom::transformer

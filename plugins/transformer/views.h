@@ -5,6 +5,7 @@
 
 #include <loom/cpp/tensor.h>
 
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,15 @@ inline void signal_grads_ready(IForwardContext& ctx, const void* owner) {
   InterfaceInfo info = ctx.interface_info();
   if (info.major == 1 && info.minor >= 2) ctx.grads_ready(owner);
 }
+
+/// Hands activations the caller is done with back to the context (loom::release: freed
+/// once nothing saved refers to them), each allocation once: views sharing a data pointer
+/// count once, and a view whose data is that of one of `keep` stays (a pass-through such
+/// as dropout at p = 0, or a tensor-parallel region of one rank, returns its input).
+/// Ownership: a module releases what it allocated and the outputs its children returned to
+/// it, never its own inputs or outputs; the base releases nothing.
+void release_all(IForwardContext& ctx, std::initializer_list<TensorView> tensors,
+                 std::initializer_list<TensorView> keep = {});
 
 /// Checks the number of inputs / outputs a module was called with.
 void expect_count(const char* what, int32_t got, int32_t at_least);

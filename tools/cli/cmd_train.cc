@@ -531,6 +531,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
   double mfu =
       trainer.peak_flops() > 0 ? trainer.flops_per_step() / mean / trainer.peak_flops() : 0;
   uint64_t peak = trainer.peak_memory();
+  core::MemoryEstimate estimate = trainer.memory_estimate();
   if (json) {
     nlohmann::json out = {{"spec", s.spec.path.string()},
                           {"steps", steps},
@@ -543,6 +544,8 @@ int cmd_bench(const std::vector<std::string>& argv) {
                           {"model_flops_per_step", trainer.flops_per_step()},
                           {"gemm_peak_flops", trainer.peak_flops()},
                           {"peak_mem_bytes", peak},
+                          {"estimated_mem_bytes", estimate.total()},
+                          {"estimated_mem", estimate.describe()},
                           {"world_size", s.env.world_size},
                           {"comm_share", comm_share},
                           {"last_loss", loss}};
@@ -559,6 +562,11 @@ int cmd_bench(const std::vector<std::string>& argv) {
                           s.env.world_size, 100 * comm_share)
                   .c_str()
             : "");
+    if (estimate.activations)
+      std::printf("bench: peak memory %.1f MiB is %+.1f%% of the analytic estimate, %s\n",
+                  static_cast<double>(peak) / (1 << 20),
+                  100.0 * (static_cast<double>(peak) / static_cast<double>(estimate.total()) - 1),
+                  estimate.describe().c_str());
   }
   return core::kExitOk;
 }

@@ -160,15 +160,17 @@ TEST(PluginManagerTest, AbiMajorMismatchIsRefusedBeforeInit) {
   Code code{};
   std::string e = load_error(root, "testabimajor", &code);  // init would abort()
   EXPECT_EQ(code, Code::kAbiMismatch);
-  EXPECT_THAT(e, HasSubstr("was built for SDK ABI 2.0, this loom provides 1.2: rebuild it "
-                           "against SDK 1.x"));
+  EXPECT_THAT(
+      e, HasSubstr("was built for SDK ABI 2.0, this loom provides " LOOM_ABI_STRING ": rebuild it "
+                   "against SDK 1.x"));
 }
 
 TEST(PluginManagerTest, AbiMinorNewerThanCoreIsRefused) {
   fs::path root = fresh_dir("abi_minor");
   install_test_plugin(root, "abi_minor", "testabiminor");
   std::string e = load_error(root, "testabiminor");
-  EXPECT_THAT(e, HasSubstr("was built for SDK ABI 1.3, newer than this loom's 1.2"));
+  EXPECT_THAT(e, HasSubstr("was built for SDK ABI 1." + std::to_string(LOOM_ABI_MINOR + 1) +
+                           ", newer than this loom's " LOOM_ABI_STRING));
 }
 
 TEST(PluginManagerTest, DuplicateRegistrationNamesBothPlugins) {

@@ -73,13 +73,28 @@ inline std::string shape_string(const TensorView& view) {
 }
 
 /// Allocates a contiguous activation from the forward context (lives until the context is
-/// released).
+/// released, or until `release` below).
 inline TensorView allocate(IForwardContext& ctx, DType dtype, std::initializer_list<int64_t> shape,
                            Device device = kCpu) {
   TensorView out{};
   throw_if_error(
       ctx.allocate(dtype, static_cast<int32_t>(shape.size()), shape.begin(), device, &out));
   return out;
+}
+
+/// Hands `tensor` (memory of ctx.allocate that the caller is done with) back to the
+/// context: freed once nothing saved refers to it. Does nothing for an empty view or on a
+/// context older than forward_context 1.3 (the memory then lives until the context is
+/// released). Throws when the context refuses (released twice, not its memory).
+inline void release(IForwardContext& ctx, const TensorView& tensor) {
+  if (!present(tensor) || ctx.interface_info().minor < 3) return;
+  throw_if_error(ctx.release(&tensor));
+}
+
+/// Forgets what `owner` saved in `ctx` (after its backward); a no-op on a context older than
+/// forward_context 1.3.
+inline void drop_saved(IForwardContext& ctx, const void* owner) {
+  if (ctx.interface_info().minor >= 3) ctx.drop_saved(owner);
 }
 
 /// A kernel resolved once through the host; call it with views and an attrs struct.

@@ -127,6 +127,21 @@ class IForwardContext {
   /// once. Check interface_info() for minor >= 2 before calling it: an older core's
   /// context has no such method. (Interface 1.2.)
   virtual void grads_ready(const void* owner) noexcept = 0;
+  /// The caller is done with `tensor`, memory it got from `allocate` of this context (its
+  /// own, or an output a child module returned to it): the memory is freed as soon as no
+  /// saved entry (`save`) refers to it, instead of when the context is released. Release
+  /// each allocation once, through any view into it; never release a module input you did
+  /// not get as a child's output, a tensor you returned, or a parameter. Fails with
+  /// kInvalidArgument when the tensor is not live memory of this context (released twice,
+  /// or never allocated here). Check interface_info() for minor >= 3 before calling it.
+  /// (Interface 1.3.)
+  /// \param tensor  any view into the allocation (its data pointer locates it)
+  virtual Status release(const TensorView* tensor) noexcept = 0;
+  /// Forgets every tensor `owner` saved: call it when the owner's backward no longer needs
+  /// them. Memory that was released is freed once no other entry refers to it; memory
+  /// that was never released stays until the context is. (Interface 1.3.)
+  /// \param owner  the id the module saved under (its `this`)
+  virtual void drop_saved(const void* owner) noexcept = 0;
 };
 
 /// Base of every trainable module. Inputs and outputs are positional; each kind's header
