@@ -97,7 +97,8 @@ class IForwardContext {
   virtual RecomputePolicy recompute() const noexcept = 0;
   /// Index of the micro-batch within the step (for RNG streams and debugging).
   virtual int32_t micro_batch() const noexcept = 0;
-  /// Allocates an activation tensor that lives until the context is released.
+  /// Allocates an activation tensor that lives until the context is released, or until
+  /// `release` (1.3) when nothing saved refers to it.
   /// \param dtype, ndim, shape  what to allocate (contiguous)
   /// \param device              where
   /// \param[out] out            the view
