@@ -53,7 +53,7 @@ class CliTest : public ::testing::Test {
 TEST_F(CliTest, VersionAndHelp) {
   RunResult r = run_loom("version");
   EXPECT_EQ(r.exit_code, kOk);
-  EXPECT_THAT(r.out, HasSubstr("plugin ABI 1.2"));
+  EXPECT_THAT(r.out, HasSubstr("plugin ABI 1.3"));
   r = run_loom("--help");
   EXPECT_EQ(r.exit_code, kOk);
   EXPECT_THAT(r.out, HasSubstr("exit codes:"));
@@ -147,8 +147,8 @@ TEST_F(CliTest, PluginProblemsExitFour) {
   };
   std::vector<Case> cases = {
       {"no_entry", "testnoentry", "does not export 'loom_plugin_v1'"},
-      {"abi_major", "testabimajor", "was built for SDK ABI 2.0, this loom provides 1.2"},
-      {"abi_minor", "testabiminor", "newer than this loom's 1.2"},
+      {"abi_major", "testabimajor", "was built for SDK ABI 2.0, this loom provides 1.3"},
+      {"abi_minor", "testabiminor", "newer than this loom's 1.3"},
       {"init_fails", "testinitfails", "init failed: license server unreachable (test)"},
   };
   for (const Case& c : cases) {

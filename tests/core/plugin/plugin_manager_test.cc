@@ -160,7 +160,7 @@ TEST(PluginManagerTest, AbiMajorMismatchIsRefusedBeforeInit) {
   Code code{};
   std::string e = load_error(root, "testabimajor", &code);  // init would abort()
   EXPECT_EQ(code, Code::kAbiMismatch);
-  EXPECT_THAT(e, HasSubstr("was built for SDK ABI 2.0, this loom provides 1.2: rebuild it "
+  EXPECT_THAT(e, HasSubstr("was built for SDK ABI 2.0, this loom provides 1.3: rebuild it "
                            "against SDK 1.x"));
 }
 
@@ -168,7 +168,7 @@ TEST(PluginManagerTest, AbiMinorNewerThanCoreIsRefused) {
   fs::path root = fresh_dir("abi_minor");
   install_test_plugin(root, "abi_minor", "testabiminor");
   std::string e = load_error(root, "testabiminor");
-  EXPECT_THAT(e, HasSubstr("was built for SDK ABI 1.3, newer than this loom's 1.2"));
+  EXPECT_THAT(e, HasSubstr("was built for SDK ABI 1.4, newer than this loom's 1.3"));
 }
 
 TEST(PluginManagerTest, DuplicateRegistrationNamesBothPlugins) {
