@@ -580,22 +580,10 @@ StepResult Trainer::step() {
       if (coeff < 1) grad_scale *= coeff;
     }
     OptimizerStep hp{sizeof(OptimizerStep), r.step, r.lr, weight_decay_, grad_scale};
-    for (auto& st : states_) {
-      Parameter& p = *st->param;
-      if (p.info.flags & kParamFrozen) continue;
-      TensorView grad = grad_sync_->grad_of(st->segment);
-      OptimizerStep h = hp;
-      if (!st->decay) h.weight_decay = 0;
-      throw_if_error(
-          optimizer_->update(&h, st->decay, &st->master, &grad, st->states.data(), nullptr),
-          fmt::format("optimizer update of {}", p.name));
-      if (p.info.dtype != DType::kF32) {
-        char* value = static_cast<char*>(p.value.data) +
-                      st->segment.begin * static_cast<int64_t>(dtype_size(p.info.dtype));
-        TensorView dst = make_view(value, p.info.dtype, {st->segment.length}, device_);
-        cast_({st->master}, {dst});
-      }
-    }
+    if (has_update_many(*optimizer_))
+      update_all(hp);
+    else
+      update_each(hp);
     grad_sync_->gather_values();
   }
   // Kernels on a device run asynchronously: the step ends when its work has.
@@ -604,6 +592,51 @@ StepResult Trainer::step() {
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (parallel_ != nullptr) r.comm_seconds = parallel_->stats().blocked_seconds() - comm_before;
   return r;
+}
+
+TensorView Trainer::param_shard(const ParamState& st) const {
+  const Parameter& p = *st.param;
+  char* value = static_cast<char*>(p.value.data) +
+                st.segment.begin * static_cast<int64_t>(dtype_size(p.info.dtype));
+  return make_view(value, p.info.dtype, {st.segment.length}, device_);
+}
+
+void Trainer::update_all(const OptimizerStep& hp) {
+  // Every shard in one call, so a GPU optimizer can update them in a few multi-tensor
+  // launches; a non-f32 parameter's view receives its new master there (an f32 one is its
+  // own master).
+  std::vector<OptimizerShard> shards;
+  shards.reserve(states_.size());
+  for (auto& st : states_) {
+    const Parameter& p = *st->param;
+    if (p.info.flags & kParamFrozen) continue;
+    OptimizerShard s{};
+    s.struct_size = sizeof(OptimizerShard);
+    s.decay = st->decay ? 1 : 0;
+    s.master = st->master;
+    s.grad = grad_sync_->grad_of(st->segment);
+    s.states = st->states.data();
+    s.param = p.info.dtype != DType::kF32 ? param_shard(*st) : empty_view();
+    shards.push_back(s);
+  }
+  throw_if_error(
+      optimizer_->update_many(&hp, static_cast<int32_t>(shards.size()), shards.data(), nullptr),
+      "optimizer update");
+}
+
+void Trainer::update_each(const OptimizerStep& hp) {
+  // An optimizer built against optimizer 1.0: one update per shard, then the cast.
+  for (auto& st : states_) {
+    Parameter& p = *st->param;
+    if (p.info.flags & kParamFrozen) continue;
+    TensorView grad = grad_sync_->grad_of(st->segment);
+    OptimizerStep h = hp;
+    if (!st->decay) h.weight_decay = 0;
+    throw_if_error(
+        optimizer_->update(&h, st->decay, &st->master, &grad, st->states.data(), nullptr),
+        fmt::format("optimizer update of {}", p.name));
+    if (p.info.dtype != DType::kF32) cast_({st->master}, {param_shard(*st)});
+  }
 }
 
 double Trainer::evaluate() {

@@ -154,6 +154,13 @@ class Trainer {
     bool decay = true;
     bool in_norm = true;  // counted in the grad norm on this rank (replicas count once)
   };
+  /// The optimizer step of every non-frozen shard: update_many (optimizer 1.1), with the
+  /// casts into non-f32 parameters fused.
+  void update_all(const OptimizerStep& hp);
+  /// The same for an optimizer built against optimizer 1.0: update per shard, then a cast.
+  void update_each(const OptimizerStep& hp);
+  /// The parameter's own memory of a shard: (segment.length) in the parameter's dtype.
+  TensorView param_shard(const ParamState& st) const;
   /// Sum over every rank of the f64 `value` in group `dims` (one process: the value).
   double sum_over(const char* dims, double value);
   /// All-reduces the gradients of bucket `b`'s sequence-parallel parameters over the tp

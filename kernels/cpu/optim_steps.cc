@@ -1,9 +1,13 @@
-// adamw_step and sgd_step on contiguous f32 shards (loom/ops.h), keyed on the grad's dtype.
+// adamw_step, adamw_step_multi and sgd_step on contiguous f32 shards (loom/ops.h), keyed on
+// the grad's dtype.
 //   reference: element by element, bias corrections in f64.
 //   fast: OpenMP over chunks; the same f32 arithmetic, vectorised by the compiler.
+// adamw_step_multi runs each shard through adamw_step's own code (adamw_shard_ref,
+// adamw_chunk_fast), so its results are those of K adamw_step calls bit for bit.
 #include <loom/cpp/op_checks/optim.h>
 
 #include <algorithm>
+#include <vector>
 
 #include "kernels/cpu/common.h"
 
@@ -16,6 +20,10 @@ int64_t check_adamw(const OpCall* call, bool shapes_only) {
   return op_checks::check_adamw_step(call, shapes_only, DeviceType::kCpu);
 }
 
+int64_t check_adamw_multi(const OpCall* call, bool shapes_only) {
+  return op_checks::check_adamw_step_multi(call, shapes_only, DeviceType::kCpu);
+}
+
 int64_t check_sgd(const OpCall* call, bool shapes_only) {
   return op_checks::check_sgd_step(call, shapes_only, DeviceType::kCpu);
 }
@@ -25,17 +33,46 @@ struct AdamCoef {
       bc2_sqrt;  // bc1 = 1 / (1 - b1^t), bc2_sqrt = 1 / sqrt(1 - b2^t)
 };
 
-AdamCoef adam_coef(const ops::AdamWAttrs& a) {
-  double t = static_cast<double>(a.step);
+// The coefficients of one shard; adamw_step_multi changes only wd from shard to shard.
+AdamCoef adam_coef(float lr, float beta1, float beta2, float eps, float weight_decay,
+                   float grad_scale, int64_t step) {
+  double t = static_cast<double>(step);
   return AdamCoef{
-      a.lr,
-      a.beta1,
-      a.beta2,
-      a.eps,
-      a.weight_decay,
-      a.grad_scale,
-      static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(a.beta1), t))),
-      static_cast<float>(1.0 / std::sqrt(1.0 - std::pow(static_cast<double>(a.beta2), t)))};
+      lr,
+      beta1,
+      beta2,
+      eps,
+      weight_decay,
+      grad_scale,
+      static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(beta1), t))),
+      static_cast<float>(1.0 / std::sqrt(1.0 - std::pow(static_cast<double>(beta2), t)))};
+}
+
+AdamCoef adam_coef(const ops::AdamWAttrs& a) {
+  return adam_coef(a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, a.grad_scale, a.step);
+}
+
+// Shard i of an adamw_step_multi call.
+AdamCoef adam_coef(const ops::AdamWMultiAttrs& a, int32_t i) {
+  return adam_coef(a.lr, a.beta1, a.beta2, a.eps, a.weight_decay[i], a.grad_scale, a.step);
+}
+
+// The tensors of one AdamW shard of a call: grad = input `in`, master, exp_avg, exp_avg_sq
+// and param (empty or not) = outputs [out, out + 4).
+struct AdamShard {
+  const TensorView& grad;
+  float *w, *m, *v;
+  const TensorView& param;
+  int64_t n;
+};
+
+AdamShard adam_shard(const OpCall* call, int32_t in, int32_t out) {
+  return AdamShard{call->inputs[in],
+                   f32_mut(call->outputs[out]),
+                   f32_mut(call->outputs[out + 1]),
+                   f32_mut(call->outputs[out + 2]),
+                   call->outputs[out + 3],
+                   numel(call->inputs[in])};
 }
 
 // One element: the same f32 arithmetic in both kernels.
@@ -56,17 +93,29 @@ inline void sgd_point(const ops::SgdAttrs& a, float g, float& w, float* buf) {
   w -= a.lr * update;
 }
 
+// adamw_step's reference over one shard.
+void adamw_shard_ref(const AdamCoef& c, const AdamShard& s) {
+  bool cast = s.param.data != nullptr;
+  for (int64_t i = 0; i < s.n; ++i) {
+    adam_point(c, load(s.grad, i), s.w[i], s.m[i], s.v[i]);
+    if (cast) store(s.param, i, s.w[i]);
+  }
+}
+
 Status adamw_step_ref(const OpCall* call) {
   return guard([&] {
-    int64_t n = check_adamw(call, false);
-    AdamCoef c = adam_coef(*static_cast<const ops::AdamWAttrs*>(call->attrs));
-    float *w = f32_mut(call->outputs[0]), *m = f32_mut(call->outputs[1]);
-    float* v = f32_mut(call->outputs[2]);
-    bool cast = call->outputs[3].data != nullptr;
-    for (int64_t i = 0; i < n; ++i) {
-      adam_point(c, load(call->inputs[0], i), w[i], m[i], v[i]);
-      if (cast) store(call->outputs[3], i, w[i]);
-    }
+    check_adamw(call, false);
+    adamw_shard_ref(adam_coef(*static_cast<const ops::AdamWAttrs*>(call->attrs)),
+                    adam_shard(call, 0, 0));
+  });
+}
+
+Status adamw_step_multi_ref(const OpCall* call) {
+  return guard([&] {
+    check_adamw_multi(call, false);
+    const auto& a = *static_cast<const ops::AdamWMultiAttrs*>(call->attrs);
+    for (int32_t i = 0; i < a.count; ++i)
+      adamw_shard_ref(adam_coef(a, i), adam_shard(call, i, 4 * i));
   });
 }
 
@@ -85,20 +134,51 @@ Status sgd_step_ref(const OpCall* call) {
 
 LOOM_CPU_FAST_BEGIN
 
+// adamw_step's fast code over elements [c0, c0 + min(kChunk, n - c0)) of one shard. Never
+// inlined: adamw_step and adamw_step_multi then run the very same machine code (GCC
+// contracts a * b + c into FMAs in this AVX2 code, and an inlined copy could decide
+// otherwise in another caller), which keeps them bit-identical.
+[[gnu::noinline]] void adamw_chunk_fast(const AdamCoef& c, const AdamShard& s, int64_t c0) {
+  float g[kChunk];
+  int64_t len = std::min(kChunk, s.n - c0);
+  load_row(s.grad.data, s.grad.dtype, c0, len, g);
+  float *w = s.w + c0, *m = s.m + c0, *v = s.v + c0;
+  for (int64_t i = 0; i < len; ++i) adam_point(c, g[i], w[i], m[i], v[i]);
+  if (s.param.data != nullptr) store_row(s.param.data, s.param.dtype, c0, len, w);
+}
+
 Status adamw_step_fast(const OpCall* call) {
   return guard([&] {
     int64_t n = check_adamw(call, false);
     AdamCoef c = adam_coef(*static_cast<const ops::AdamWAttrs*>(call->attrs));
-    float *w = f32_mut(call->outputs[0]), *m = f32_mut(call->outputs[1]);
-    float* v = f32_mut(call->outputs[2]);
-    const TensorView &G = call->inputs[0], &P = call->outputs[3];
+    AdamShard s = adam_shard(call, 0, 0);
 #pragma omp parallel for schedule(static)
-    for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
-      float g[kChunk];
-      int64_t len = std::min(kChunk, n - c0);
-      load_row(G.data, G.dtype, c0, len, g);
-      for (int64_t i = 0; i < len; ++i) adam_point(c, g[i], w[c0 + i], m[c0 + i], v[c0 + i]);
-      if (P.data != nullptr) store_row(P.data, P.dtype, c0, len, w + c0);
+    for (int64_t c0 = 0; c0 < n; c0 += kChunk) adamw_chunk_fast(c, s, c0);
+  });
+}
+
+// One parallel loop over the chunks of every shard together, so that many small shards (norm
+// weights, biases) share the threads as well as one large shard does.
+Status adamw_step_multi_fast(const OpCall* call) {
+  return guard([&] {
+    check_adamw_multi(call, false);
+    const auto& a = *static_cast<const ops::AdamWMultiAttrs*>(call->attrs);
+    std::vector<AdamCoef> coef;
+    std::vector<AdamShard> shards;
+    std::vector<int64_t> first_chunk{0};  // (K + 1) prefix sums of the shards' chunks
+    for (int32_t i = 0; i < a.count; ++i) {
+      coef.push_back(adam_coef(a, i));
+      shards.push_back(adam_shard(call, i, 4 * i));
+      first_chunk.push_back(first_chunk.back() + (shards.back().n + kChunk - 1) / kChunk);
+    }
+    const int64_t chunks = first_chunk.back();
+#pragma omp parallel for schedule(static)
+    for (int64_t j = 0; j < chunks; ++j) {
+      // The shard holding chunk j: the last one whose first chunk is <= j (empty shards have
+      // none and are skipped over).
+      auto s =
+          std::upper_bound(first_chunk.begin(), first_chunk.end(), j) - first_chunk.begin() - 1;
+      adamw_chunk_fast(coef[s], shards[s], (j - first_chunk[s]) * kChunk);
     }
   });
 }
@@ -124,12 +204,24 @@ Status sgd_step_fast(const OpCall* call) {
 LOOM_CPU_FAST_END
 
 LOOM_CPU_HOOKS(adamw_step, check_adamw, 12)
+// adamw_step_multi's hooks by hand: its cost counts the elements of every shard (the sum of
+// its K adamw_step calls' costs), not those of the largest tensor.
+bool adamw_step_multi_supports(const OpCall* c) {
+  return passes([&] { check_adamw_multi(c, true); });
+}
+bool adamw_step_multi_fast_supports(const OpCall* c) {
+  return cpu_has_avx2() && adamw_step_multi_supports(c);
+}
+Status adamw_step_multi_cost(const OpCall* c, OpCost* out) {
+  return guard([&] { *out = io_cost(c, 12.0 * static_cast<double>(check_adamw_multi(c, true))); });
+}
 LOOM_CPU_HOOKS(sgd_step, check_sgd, 6)
 
 }  // namespace
 
 void add_optim_kernels(std::vector<KernelDesc>& out) {
   LOOM_CPU_REGISTER(out, ops::kAdamWStep, adamw_step);
+  LOOM_CPU_REGISTER(out, ops::kAdamWStepMulti, adamw_step_multi);
   LOOM_CPU_REGISTER(out, ops::kSgdStep, sgd_step);
 }
 

@@ -3,7 +3,9 @@
 #include <loom/cpp/tensor.h>
 
 #include <cmath>
+#include <cstring>
 #include <string>
+#include <vector>
 
 #include "plugins/optim/options.h"
 
@@ -30,6 +32,7 @@ AdamW::AdamW(const nlohmann::json& options, IBuildContext& ctx) {
   beta2_ = static_cast<float>(number(options, "beta2"));
   eps_ = static_cast<float>(number(options, "eps"));
   kernels_ = StepKernels(*ctx.host(), ops::kAdamWStep, options);
+  multi_ = StepKernels(*ctx.host(), ops::kAdamWStepMulti, options, /*optional=*/true);
 }
 
 const char* AdamW::state_name(int32_t index) const noexcept {
@@ -43,22 +46,63 @@ const char* AdamW::state_name(int32_t index) const noexcept {
   }
 }
 
+ops::AdamWAttrs AdamW::attrs(const OptimizerStep& hp, bool decay) const {
+  ops::AdamWAttrs a{};
+  a.lr = static_cast<float>(hp.lr);
+  a.beta1 = beta1_;
+  a.beta2 = beta2_;
+  a.eps = eps_;
+  a.weight_decay = decay ? static_cast<float>(hp.weight_decay) : 0.f;
+  a.grad_scale = static_cast<float>(hp.grad_scale);
+  a.step = hp.step;
+  return a;
+}
+
 Status AdamW::update(const OptimizerStep* hp, bool decay, TensorView* master,
                      const TensorView* grad, TensorView* states, void* stream) noexcept {
   return guard([&] {
     check_step(hp, "adamw");
     kernels_.check(master, grad, states, 2);
-    ops::AdamWAttrs attrs{};
-    attrs.lr = static_cast<float>(hp->lr);
-    attrs.beta1 = beta1_;
-    attrs.beta2 = beta2_;
-    attrs.eps = eps_;
-    attrs.weight_decay = decay ? static_cast<float>(hp->weight_decay) : 0.f;
-    attrs.grad_scale = static_cast<float>(hp->grad_scale);
-    attrs.step = hp->step;
     // outputs: master, exp_avg, exp_avg_sq, param (empty: the core casts master itself)
-    kernels_.for_grad(grad->dtype)({*grad}, {*master, states[0], states[1], empty_view()}, attrs,
-                                   stream);
+    kernels_.for_grad(grad->dtype)({*grad}, {*master, states[0], states[1], empty_view()},
+                                   attrs(*hp, decay), stream);
+  });
+}
+
+Status AdamW::update_many(const OptimizerStep* hp, int32_t count, const OptimizerShard* shards,
+                          void* stream) noexcept {
+  return guard([&] {
+    check_step(hp, "adamw");
+    ShardArray all(shards, count, "adamw");
+    for (int32_t i = 0; i < all.size(); ++i) kernels_.check_shard(all[i], i, 2);
+    for (DType dtype : kernels_.grad_dtypes()) {
+      std::vector<TensorView> grads, outs;  // (K) and (4K): adamw_step_multi's views
+      std::vector<float> decay;
+      for (int32_t i = 0; i < all.size(); ++i) {
+        const OptimizerShard& s = all[i];
+        if (s.grad.dtype != dtype) continue;
+        grads.push_back(s.grad);
+        outs.insert(outs.end(), {s.master, s.states[0], s.states[1], s.param});
+        decay.push_back(attrs(*hp, s.decay != 0).weight_decay);
+      }
+      if (grads.empty()) continue;
+      const Kernel& single = kernels_.for_grad(dtype);
+      const Kernel* multi = multi_.find(dtype);
+      if (multi != nullptr && std::strcmp(multi->name(), single.name()) == 0) {
+        ops::AdamWAttrs a = attrs(*hp, true);
+        ops::AdamWMultiAttrs m{a.lr,   a.beta1,      a.beta2,
+                               a.eps,  a.grad_scale, static_cast<int32_t>(grads.size()),
+                               a.step, decay.data()};
+        multi->run(grads, outs, m, stream);
+      } else {
+        for (size_t k = 0; k < grads.size(); ++k) {
+          ops::AdamWAttrs a = attrs(*hp, true);
+          a.weight_decay = decay[k];
+          single({grads[k]}, {outs[4 * k], outs[4 * k + 1], outs[4 * k + 2], outs[4 * k + 3]}, a,
+                 stream);
+        }
+      }
+    }
   });
 }
 

@@ -17,7 +17,8 @@ namespace loom::optim {
 /// update in OptimizerStep (lr from the schedule when there is one); update uses
 /// hp->lr and hp->weight_decay, not the options, so that the schedule drives them. The
 /// betas and eps are fixed at construction. The math is the "adamw_step" kernel's
-/// (loom/ops.h), keyed on the gradient's dtype.
+/// (loom/ops.h), keyed on the gradient's dtype; update_many runs "adamw_step_multi", the
+/// same math over many shards in one call, where the kernel library has it.
 class AdamW final : public Object<IOptimizer> {
  public:
   AdamW(const nlohmann::json& options, IBuildContext& ctx);
@@ -30,12 +31,22 @@ class AdamW final : public Object<IOptimizer> {
   /// dtype is the core's (output [3] of adamw_step stays empty).
   Status update(const OptimizerStep* hp, bool decay, TensorView* master, const TensorView* grad,
                 TensorView* states, void* stream) noexcept override;
+  /// Every shard in one adamw_step_multi call per gradient dtype, the casts into the
+  /// params fused (its output [4i + 3]). Where adamw_step_multi is served by another kernel
+  /// than adamw_step (a spec pinning adamw_step, a library without the multi op), one
+  /// adamw_step per shard instead, its output [3] the param: the same bits either way.
+  Status update_many(const OptimizerStep* hp, int32_t count, const OptimizerShard* shards,
+                     void* stream) noexcept override;
 
  private:
+  /// adamw_step's attributes for one shard.
+  ops::AdamWAttrs attrs(const OptimizerStep& hp, bool decay) const;
+
   float beta1_ = 0.9f;
   float beta2_ = 0.999f;
   float eps_ = 1e-8f;
   StepKernels kernels_;
+  StepKernels multi_;  ///< adamw_step_multi; unresolved where no kernel serves it
 };
 
 }  // namespace loom::optim

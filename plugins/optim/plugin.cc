@@ -1,6 +1,6 @@
-// The optim plugin: optimizers over fp32 master weights (their math in the "adamw_step" /
-// "sgd_step" kernels, so every device's kernel library serves them) and learning-rate
-// schedules. Names, descriptions and option schemas are in manifest.json.
+// The optim plugin: optimizers over fp32 master weights (their math in the "adamw_step",
+// "adamw_step_multi" and "sgd_step" kernels, so every device's kernel library serves them)
+// and learning-rate schedules. Names, descriptions and option schemas are in manifest.json.
 #include <loom/sdk.h>
 
 #include "plugins/optim/adamw.h"

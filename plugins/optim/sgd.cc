@@ -22,22 +22,44 @@ const char* Sgd::state_name(int32_t index) const noexcept {
   return index == 0 && momentum_ > 0 ? "momentum_buffer" : nullptr;
 }
 
+ops::SgdAttrs Sgd::attrs(const OptimizerStep& hp, bool decay) const {
+  ops::SgdAttrs a{};
+  a.lr = static_cast<float>(hp.lr);
+  a.momentum = momentum_;
+  a.weight_decay = decay ? static_cast<float>(hp.weight_decay) : 0.f;
+  a.grad_scale = static_cast<float>(hp.grad_scale);
+  a.nesterov = nesterov_ ? 1 : 0;
+  a.step = hp.step;
+  return a;
+}
+
 Status Sgd::update(const OptimizerStep* hp, bool decay, TensorView* master, const TensorView* grad,
                    TensorView* states, void* stream) noexcept {
   return guard([&] {
     check_step(hp, "sgd");
     int32_t count = state_count();
     kernels_.check(master, grad, states, count);
-    ops::SgdAttrs attrs{};
-    attrs.lr = static_cast<float>(hp->lr);
-    attrs.momentum = momentum_;
-    attrs.weight_decay = decay ? static_cast<float>(hp->weight_decay) : 0.f;
-    attrs.grad_scale = static_cast<float>(hp->grad_scale);
-    attrs.nesterov = nesterov_ ? 1 : 0;
-    attrs.step = hp->step;
     // outputs: master, momentum buffer (empty without momentum), param (empty: the core casts)
-    kernels_.for_grad(grad->dtype)(
-        {*grad}, {*master, count > 0 ? states[0] : empty_view(), empty_view()}, attrs, stream);
+    kernels_.for_grad(grad->dtype)({*grad},
+                                   {*master, count > 0 ? states[0] : empty_view(), empty_view()},
+                                   attrs(*hp, decay), stream);
+  });
+}
+
+Status Sgd::update_many(const OptimizerStep* hp, int32_t count, const OptimizerShard* shards,
+                        void* stream) noexcept {
+  return guard([&] {
+    check_step(hp, "sgd");
+    ShardArray all(shards, count, "sgd");
+    const int32_t states = state_count();
+    for (int32_t i = 0; i < all.size(); ++i) kernels_.check_shard(all[i], i, states);
+    for (int32_t i = 0; i < all.size(); ++i) {
+      const OptimizerShard& s = all[i];
+      // outputs: master, momentum buffer (empty without momentum), param (or empty)
+      kernels_.for_grad(s.grad.dtype)({s.grad},
+                                      {s.master, states > 0 ? s.states[0] : empty_view(), s.param},
+                                      attrs(*hp, s.decay != 0), stream);
+    }
   });
 }
 

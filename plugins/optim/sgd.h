@@ -28,8 +28,15 @@ class Sgd final : public Object<IOptimizer> {
   /// ignored), as PyTorch does on its first step.
   Status update(const OptimizerStep* hp, bool decay, TensorView* master, const TensorView* grad,
                 TensorView* states, void* stream) noexcept override;
+  /// One sgd_step per shard (there is no multi-tensor SGD op), the cast into the param
+  /// fused into it (its output [2]).
+  Status update_many(const OptimizerStep* hp, int32_t count, const OptimizerShard* shards,
+                     void* stream) noexcept override;
 
  private:
+  /// sgd_step's attributes for one shard.
+  ops::SgdAttrs attrs(const OptimizerStep& hp, bool decay) const;
+
   float momentum_ = 0.9f;
   bool nesterov_ = false;
   StepKernels kernels_;

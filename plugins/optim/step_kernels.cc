@@ -24,11 +24,19 @@ DType parse_params_dtype(const nlohmann::json& options) {
 
 }  // namespace
 
-StepKernels::StepKernels(IHost& host, const char* op, const nlohmann::json& options)
+StepKernels::StepKernels(IHost& host, const char* op, const nlohmann::json& options, bool optional)
     : op_(op), device_(parse_device(options)), params_dtype_(parse_params_dtype(options)) {
   Device device{device_, 0};
-  f32_ = Kernel(host, op, device, DType::kF32);
-  if (params_dtype_ != DType::kF32) params_ = Kernel(host, op, device, params_dtype_);
+  auto resolve = [&](DType dtype) {
+    try {
+      return Kernel(host, op, device, dtype);
+    } catch (const Error& e) {
+      if (optional && e.code() == Code::kNotFound) return Kernel();
+      throw;
+    }
+  };
+  f32_ = resolve(DType::kF32);
+  if (params_dtype_ != DType::kF32) params_ = resolve(params_dtype_);
 }
 
 const Kernel& StepKernels::for_grad(DType dtype) const {
@@ -37,6 +45,17 @@ const Kernel& StepKernels::for_grad(DType dtype) const {
   fail(Code::kInvalidArgument,
        op_ + ": gradient dtype " + dtype_name(dtype) + " is neither f32 nor the parameter dtype " +
            dtype_name(params_dtype_) + " the optimizer was built for (option params_dtype)");
+}
+
+const Kernel* StepKernels::find(DType dtype) const {
+  const Kernel* k = dtype == DType::kF32 ? &f32_ : dtype == params_dtype_ ? &params_ : nullptr;
+  return k != nullptr && *k ? k : nullptr;
+}
+
+std::vector<DType> StepKernels::grad_dtypes() const {
+  std::vector<DType> t{DType::kF32};
+  if (params_dtype_ != DType::kF32) t.push_back(params_dtype_);
+  return t;
 }
 
 void StepKernels::check(const TensorView* master, const TensorView* grad, const TensorView* states,
@@ -58,6 +77,47 @@ void StepKernels::check(const TensorView* master, const TensorView* grad, const 
       fail(Code::kInvalidArgument, op_ + ": state " + std::to_string(i) + " must be f32 with " +
                                        std::to_string(n) + " elements");
   }
+}
+
+void StepKernels::check_shard(const OptimizerShard& shard, int32_t index,
+                              int32_t state_count) const {
+  std::string at = op_ + ": shard " + std::to_string(index) + ": ";
+  try {
+    check(&shard.master, &shard.grad, shard.states, state_count);
+    for_grad(shard.grad.dtype);  // a dtype no kernel was resolved for
+  } catch (const Error& e) {
+    // "adamw_step: grad has 36 elements, master 37" -> "adamw_step: shard 3: grad has ..."
+    std::string message = e.what();
+    if (message.rfind(op_ + ": ", 0) == 0) message.erase(0, op_.size() + 2);
+    fail(e.code(), at + message);
+  }
+  const TensorView& p = shard.param;
+  if (p.data == nullptr) return;
+  if (p.dtype != DType::kF32 && p.dtype != DType::kBF16 && p.dtype != DType::kF16)
+    fail(Code::kInvalidArgument,
+         at + "param has dtype " + dtype_name(p.dtype) + ", expected f32, bf16 or f16");
+  if (p.device.type != device_)
+    fail(Code::kInvalidArgument, at + "param is on another device than the master weights");
+  if (numel(p) != numel(shard.master))
+    fail(Code::kInvalidArgument, at + "param has " + std::to_string(numel(p)) +
+                                     " elements, master " + std::to_string(numel(shard.master)));
+}
+
+ShardArray::ShardArray(const OptimizerShard* shards, int32_t count, const char* who)
+    : base_(reinterpret_cast<const char*>(shards)), count_(count) {
+  std::string w = who;
+  if (count < 0)
+    fail(Code::kInvalidArgument, w + " update_many: count is " + std::to_string(count));
+  if (count == 0) return;
+  if (shards == nullptr)
+    fail(Code::kInvalidArgument,
+         w + " update_many: shards is null with count " + std::to_string(count));
+  if (shards->struct_size < sizeof(OptimizerShard))
+    fail(Code::kInvalidArgument,
+         w + " update_many: OptimizerShard of " + std::to_string(shards->struct_size) +
+             " bytes is older than this optimizer's (" + std::to_string(sizeof(OptimizerShard)) +
+             "): rebuild the caller");
+  stride_ = shards->struct_size;
 }
 
 void check_step(const OptimizerStep* hp, const char* who) {

@@ -1,6 +1,7 @@
-// The step kernel of an optimizer ("adamw_step", "sgd_step"), resolved once, when the
-// optimizer is built, for every gradient dtype it may be handed: f32 (gradients accumulate
-// in f32) and the parameter dtype when that is bf16 or f16.
+// The step kernel of an optimizer ("adamw_step", "adamw_step_multi", "sgd_step"), resolved
+// once, when the optimizer is built, for every gradient dtype it may be handed: f32
+// (gradients accumulate in f32) and the parameter dtype when that is bf16 or f16. And the
+// checks of update / update_many calls shared by the optimizers.
 #pragma once
 
 #include <loom/cpp/tensor.h>
@@ -8,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 namespace loom::optim {
 
@@ -17,19 +19,29 @@ class StepKernels {
   /// Resolves `op` through the host on the device named by the option "device" ("cpu" or
   /// "cuda", cpu when absent) for f32 and for the option "params_dtype" (f32 when absent).
   /// Throws kInvalidArgument for a bad option and the host's error (naming the op) when no
-  /// kernel serves it.
-  StepKernels(IHost& host, const char* op, const nlohmann::json& options);
+  /// kernel serves it, unless `optional`: then a dtype that no kernel serves is left
+  /// unresolved (find() gives null for it), e.g. a kernel library older than the op.
+  StepKernels(IHost& host, const char* op, const nlohmann::json& options, bool optional = false);
 
   /// The device family the kernels run on.
   DeviceType device() const { return device_; }
 
   /// The kernel for gradients of `dtype`; throws kInvalidArgument when none was resolved.
   const Kernel& for_grad(DType dtype) const;
+  /// The kernel for gradients of `dtype`, or null when none was resolved.
+  const Kernel* find(DType dtype) const;
+  /// The gradient dtypes the kernels were resolved for: f32, then the parameter dtype when
+  /// it differs.
+  std::vector<DType> grad_dtypes() const;
 
   /// Checks one update's tensors: master f32 (n) on the kernels' device, grad (n) of a
   /// resolved dtype, and `states` f32 (n) each. Throws kInvalidArgument naming the tensor.
   void check(const TensorView* master, const TensorView* grad, const TensorView* states,
              int32_t state_count) const;
+  /// check() of one update_many shard, its gradient dtype (one the kernels were resolved
+  /// for), and its param: empty, or a float tensor of the master's element count on the
+  /// kernels' device. Messages name shard `index`.
+  void check_shard(const OptimizerShard& shard, int32_t index, int32_t state_count) const;
 
  private:
   std::string op_;
@@ -37,6 +49,24 @@ class StepKernels {
   DType params_dtype_ = DType::kF32;
   Kernel f32_;
   Kernel params_;  ///< resolved only when params_dtype is not f32
+};
+
+/// The `count` shards of an update_many call, read with the caller's stride
+/// (shards[0].struct_size: a newer core's shards are larger). Throws kInvalidArgument,
+/// prefixed with `who`, for a negative count, a null array or shards older than this
+/// plugin's OptimizerShard.
+class ShardArray {
+ public:
+  ShardArray(const OptimizerShard* shards, int32_t count, const char* who);
+  int32_t size() const { return count_; }
+  const OptimizerShard& operator[](int32_t i) const {
+    return *reinterpret_cast<const OptimizerShard*>(base_ + static_cast<size_t>(i) * stride_);
+  }
+
+ private:
+  const char* base_ = nullptr;
+  size_t stride_ = sizeof(OptimizerShard);
+  int32_t count_ = 0;
 };
 
 /// Checks the per-step hyper-parameters: step >= 1, lr and weight_decay finite and >= 0,

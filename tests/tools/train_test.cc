@@ -100,6 +100,43 @@ TEST_F(TrainTest, MixedPrecisionAndRecomputeRun) {
   }
 }
 
+// An optimizer built against optimizer 1.0 has no update_many: the trainer updates it shard
+// by shard and casts the bf16 parameters with the cast op, where update_many fuses the casts
+// into adamw_step_multi. Both paths give the same losses and gradient norms to the last bit.
+TEST_F(TrainTest, AnOptimizerWithoutUpdateManyTrainsToTheSameBits) {
+  fs::path plugins = dir_ / "plugins";
+  testing::install_test_plugin(plugins, "legacy_optim", "testlegacyoptim");
+  std::vector<std::vector<nlohmann::json>> runs;
+  for (bool legacy : {false, true}) {
+    nlohmann::json s = tiny_spec();
+    s["train"]["steps"] = 6;
+    s["train"]["log_interval"] = 1;
+    s["precision"] = {{"params", "bf16"}};
+    s["optimizer"] = {{"impl", "adamw"}, {"lr", 0.01}, {"weight_decay", 0.1}};
+    if (legacy)
+      s["optimizer"] = {{"impl", "legacy_optimizer"},
+                        {"lr", 0.01},
+                        {"weight_decay", 0.1},
+                        {"inner", s["optimizer"]}};
+    fs::path run = dir_ / (legacy ? "legacy" : "many");
+    auto r = run_loom("train " + q(spec("legacy.json", s)) + " --run-dir " + q(run),
+                      "LOOM_PLUGIN_PATH=" + q(plugins));
+    ASSERT_EQ(r.exit_code, kOk) << r.out << r.err;
+    std::vector<nlohmann::json> steps;
+    for (const auto& m : read_jsonl(run / "metrics.jsonl"))
+      if (m.contains("loss")) steps.push_back(m);
+    runs.push_back(steps);
+  }
+  ASSERT_EQ(runs[0].size(), 6u);
+  ASSERT_EQ(runs[1].size(), 6u);
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_EQ(runs[0][i]["loss"].get<double>(), runs[1][i]["loss"].get<double>()) << i;
+    EXPECT_EQ(runs[0][i]["grad_norm"].get<double>(), runs[1][i]["grad_norm"].get<double>()) << i;
+  }
+  // The parameters moved: a step changes the loss.
+  EXPECT_NE(runs[0][0]["loss"].get<double>(), runs[0][5]["loss"].get<double>());
+}
+
 // Gradient accumulation: two micro-batches of 2 sequences make the same step as one of 4
 // (the mock stream hands out the same 4 samples either way).
 TEST_F(TrainTest, GradientAccumulationMatchesOneLargeMicroBatch) {
@@ -114,7 +151,9 @@ TEST_F(TrainTest, GradientAccumulationMatchesOneLargeMicroBatch) {
     fs::path run = dir_ / ("acc" + std::to_string(mbs));
     auto r = run_loom("train " + q(spec("acc.json", s)) + " --run-dir " + q(run));
     ASSERT_EQ(r.exit_code, kOk) << r.out << r.err;
-    if (mbs == 2) EXPECT_THAT(r.out, HasSubstr("batch: 2 micro-batches of 2 x 16 tokens"));
+    if (mbs == 2) {
+      EXPECT_THAT(r.out, HasSubstr("batch: 2 micro-batches of 2 x 16 tokens"));
+    }
     std::vector<nlohmann::json> steps;
     for (const auto& m : read_jsonl(run / "metrics.jsonl"))
       if (m.contains("loss")) steps.push_back(m);

@@ -1,5 +1,4 @@
-// adamw_step and sgd_step (loom/ops.h) on CUDA, on contiguous f32 shards (the optimizer
-// calls them once per shard, often a whole flat buffer of parameters).
+// adamw_step, adamw_step_multi and sgd_step (loom/ops.h) on CUDA, on contiguous f32 shards.
 //
 // Bandwidth-bound: each element reads grad and 2-3 f32 states and writes them back (plus
 // the cast parameter), ~28 bytes per element for AdamW with bf16 grad and parameter. So
@@ -8,10 +7,19 @@
 // stride with at most 4096 blocks of 256 threads, 64-bit indices. The arithmetic is the CPU
 // kernels' f32 arithmetic element for element (bias corrections computed on the host in
 // f64, as there); only FMA contraction may differ in the last bit.
+//
+// adamw_step_multi is the multi-tensor step (apex's multi_tensor_apply): one launch updates
+// up to kMultiMaxShards shards, whose pointers, lengths and weight decays travel in the
+// kernel's parameter (a __grid_constant__ table, no copy to device memory first). Each
+// block owns one chunk of kMultiChunk elements of one shard and finds it by a binary search
+// over the table's prefix of block starts. The elements go through adamw_range, the very
+// code of adamw_step's kernel, so the results are adamw_step's bit for bit.
 #include <loom/cpp/error.h>
 #include <loom/cpp/op_checks/optim.h>
 
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include "kernels/cuda/blas/blas_util.cuh"
 #include "kernels/cuda/blas/families.cuh"
@@ -28,17 +36,22 @@ struct AdamCoef {
   float bc2_sqrt;  // 1 / sqrt(1 - b2^t)
 };
 
-AdamCoef adam_coef(const ops::AdamWAttrs& a) {
-  const double t = static_cast<double>(a.step);
+AdamCoef adam_coef(float lr, float beta1, float beta2, float eps, float weight_decay,
+                   float grad_scale, int64_t step) {
+  const double t = static_cast<double>(step);
   return AdamCoef{
-      a.lr,
-      a.beta1,
-      a.beta2,
-      a.eps,
-      a.weight_decay,
-      a.grad_scale,
-      static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(a.beta1), t))),
-      static_cast<float>(1.0 / std::sqrt(1.0 - std::pow(static_cast<double>(a.beta2), t)))};
+      lr,
+      beta1,
+      beta2,
+      eps,
+      weight_decay,
+      grad_scale,
+      static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(beta1), t))),
+      static_cast<float>(1.0 / std::sqrt(1.0 - std::pow(static_cast<double>(beta2), t)))};
+}
+
+AdamCoef adam_coef(const ops::AdamWAttrs& a) {
+  return adam_coef(a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, a.grad_scale, a.step);
 }
 
 __device__ __forceinline__ void adam_point(const AdamCoef& c, float g, float& w, float& m,
@@ -64,18 +77,21 @@ __device__ __forceinline__ void sgd_point(const SgdCoef& c, float g, float& w, f
   w -= c.lr * update;
 }
 
-// `param` (P) may be null: no cast copy.
+// AdamW over elements [begin, end) of one shard by thread `first` of `stride` threads: packs
+// of 4 when kVec (begin a multiple of 4, every pointer aligned for packs), then the rest one
+// by one. `param` (P) may be null: no cast copy. The one per-element code of both AdamW
+// kernels: adamw_kernel runs it over a whole shard, grid-stride; adamw_multi_kernel over
+// one chunk per block.
 template <class G, class P, bool kVec>
-__global__ void adamw_kernel(const G* __restrict__ grad, float* __restrict__ w,
-                             float* __restrict__ m, float* __restrict__ v, P* __restrict__ param,
-                             int64_t n, AdamCoef c) {
-  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
-  const int64_t first = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  int64_t done = 0;
+__device__ __forceinline__ void adamw_range(const AdamCoef& c, const G* __restrict__ grad,
+                                            float* __restrict__ w, float* __restrict__ m,
+                                            float* __restrict__ v, P* __restrict__ param,
+                                            int64_t begin, int64_t end, int64_t first,
+                                            int64_t stride) {
+  int64_t done = begin;
   if (kVec) {
-    const int64_t packs = n / 4;
-    for (int64_t p = first; p < packs; p += stride) {
-      const int64_t i = p * 4;
+    const int64_t pack_end = begin + (end - begin) / 4 * 4;
+    for (int64_t i = begin + first * 4; i < pack_end; i += stride * 4) {
       float g[4], wv[4], mv[4], vv[4];
       load_pack<G, 4>(grad + i, g);
       load_pack<float, 4>(w + i, wv);
@@ -88,9 +104,9 @@ __global__ void adamw_kernel(const G* __restrict__ grad, float* __restrict__ w,
       store_pack<float, 4>(v + i, vv);
       if (param != nullptr) store_pack<P, 4>(param + i, wv);
     }
-    done = packs * 4;
+    done = pack_end;
   }
-  for (int64_t i = done + first; i < n; i += stride) {
+  for (int64_t i = done + first; i < end; i += stride) {
     float wi = w[i], mi = m[i], vi = v[i];
     adam_point(c, to_f32<G>(grad[i]), wi, mi, vi);
     w[i] = wi;
@@ -98,6 +114,76 @@ __global__ void adamw_kernel(const G* __restrict__ grad, float* __restrict__ w,
     v[i] = vi;
     if (param != nullptr) param[i] = from_f32<P>(wi);
   }
+}
+
+template <class G, class P, bool kVec>
+__global__ void adamw_kernel(const G* __restrict__ grad, float* __restrict__ w,
+                             float* __restrict__ m, float* __restrict__ v, P* __restrict__ param,
+                             int64_t n, AdamCoef c) {
+  adamw_range<G, P, kVec>(c, grad, w, m, v, param, 0, n,
+                          int64_t{blockIdx.x} * blockDim.x + threadIdx.x,
+                          int64_t{gridDim.x} * blockDim.x);
+}
+
+// ---- adamw_step_multi ------------------------------------------------------------------
+
+// Shards per launch. The table below travels as the kernel's parameter, at most 32764 bytes
+// on sm_70+ with CUDA 12.1 or newer (4 KB before): 256 shards take about 15 KB. A call with
+// more shards launches once per 256.
+inline constexpr int kMultiMaxShards = 256;
+// Elements per block: 4 packs of 4 per thread of a 256-thread block. A chunk starts at a
+// multiple of 4, so a shard whose pointers fit packs keeps them aligned in every chunk.
+inline constexpr int64_t kMultiChunk = 4096;
+
+struct MultiShard {
+  const void* grad;  // (n) of the call's gradient dtype
+  float* w;          // master (n)
+  float* m;          // exp_avg (n)
+  float* v;          // exp_avg_sq (n)
+  void* param;       // (n) of the launch's param dtype, or null
+  int64_t n;
+  float wd;     // this shard's weight decay
+  int32_t vec;  // 1: every pointer is aligned for 4-element packs
+};
+
+struct MultiTable {
+  AdamCoef c;  // c.wd unused: each shard has its own
+  int32_t count;
+  // block_start[i]: the first block of shard i; block_start[count]: the launch's blocks. An
+  // empty shard has no block (its start equals the next one's).
+  int32_t block_start[kMultiMaxShards + 1];
+  MultiShard shard[kMultiMaxShards];
+};
+static_assert(sizeof(MultiTable) <= 32764,
+              "adamw_step_multi's table exceeds the 32764 bytes of kernel parameters: lower "
+              "kMultiMaxShards");
+
+// One block per chunk. __grid_constant__: the table is read in place from the parameter
+// space (dynamic indexing would otherwise copy all of it to each thread's local memory).
+template <class G, class P>
+__global__ void __launch_bounds__(kThreads)
+    adamw_multi_kernel(const __grid_constant__ MultiTable table) {
+  const int32_t b = static_cast<int32_t>(blockIdx.x);
+  // The shard holding block b: the last one whose first block is <= b (block_start[0] = 0).
+  int lo = 0, hi = table.count - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (table.block_start[mid] <= b)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  const MultiShard& s = table.shard[lo];
+  AdamCoef c = table.c;
+  c.wd = s.wd;
+  const int64_t begin = int64_t{b - table.block_start[lo]} * kMultiChunk;
+  const int64_t end = begin + kMultiChunk < s.n ? begin + kMultiChunk : s.n;
+  const G* g = static_cast<const G*>(s.grad);
+  P* p = static_cast<P*>(s.param);
+  if (s.vec)
+    adamw_range<G, P, true>(c, g, s.w, s.m, s.v, p, begin, end, threadIdx.x, blockDim.x);
+  else
+    adamw_range<G, P, false>(c, g, s.w, s.m, s.v, p, begin, end, threadIdx.x, blockDim.x);
 }
 
 // `buf` may be null (momentum 0), `param` too.
@@ -143,6 +229,12 @@ bool packs_fit(const void* grad, const void* param, std::initializer_list<const 
 // DType of the optional cast output (f32 when absent: the pointer is null then).
 DType param_dtype(const TensorView& p) { return p.data != nullptr ? p.dtype : DType::kF32; }
 
+// Bytes a pointer to `t` must be aligned to for a 4-element pack (pack_alignment<T, 4>).
+uintptr_t pack_bytes(DType t) {
+  const uintptr_t b = 4 * static_cast<uintptr_t>(dtype_size(t));
+  return b < 16 ? b : 16;
+}
+
 Status adamw_step(const OpCall* call) {
   return guard([&] {
     const int64_t n = op_checks::check_adamw_step(call, false, DeviceType::kCuda);
@@ -168,6 +260,73 @@ Status adamw_step(const OpCall* call) {
       });
     });
     launch_check(ops::kAdamWStep);
+  });
+}
+
+// Launches adamw_multi_kernel over `table` (count >= 1, block starts filled) with gradients
+// of `grad` and params of `param` (the dtype of every present param in the table).
+void launch_multi(const MultiTable& table, DType grad, DType param, cudaStream_t stream) {
+  const int32_t blocks = table.block_start[table.count];
+  if (blocks == 0) return;  // every shard empty
+  LOOM_CUDA_FLOAT_SWITCH(grad, Tg, ops::kAdamWStepMulti, {
+    LOOM_CUDA_FLOAT_SWITCH(param, Tp, ops::kAdamWStepMulti, {
+      adamw_multi_kernel<Tg, Tp><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(table);
+    });
+  });
+  launch_check(ops::kAdamWStepMulti);
+}
+
+Status adamw_step_multi(const OpCall* call) {
+  return guard([&] {
+    op_checks::check_adamw_step_multi(call, false, DeviceType::kCuda);
+    const auto& a = *static_cast<const ops::AdamWMultiAttrs*>(call->attrs);
+    const TensorView& G0 = call->inputs[0];
+    current_device(ops::kAdamWStepMulti, G0);
+    for (int32_t i = 1; i < a.count; ++i)
+      if (call->inputs[i].device.index != G0.device.index)
+        throw Error(Code::kInvalidArgument,
+                    std::string(ops::kAdamWStepMulti) + ": grad[" + std::to_string(i) +
+                        "] is on cuda:" + std::to_string(call->inputs[i].device.index) +
+                        " but grad[0] on cuda:" + std::to_string(G0.device.index) +
+                        ": one call updates the shards of one device");
+    cudaStream_t stream = stream_of(call);
+    // One table per dtype of the cast params (the kernel is templated on it; a shard without
+    // a param joins any table), flushed when full. Usually every param has one dtype.
+    MultiTable table;  // ~15 KB: copied into the launch's parameters, so reused between them
+    const DType param_types[] = {DType::kF32, DType::kBF16, DType::kF16};
+    std::vector<bool> done(static_cast<size_t>(a.count), false);
+    for (DType pt : param_types) {
+      table.c = adam_coef(a.lr, a.beta1, a.beta2, a.eps, 0.0f, a.grad_scale, a.step);
+      table.count = 0;
+      table.block_start[0] = 0;
+      for (int32_t i = 0; i < a.count; ++i) {
+        const TensorView& P = call->outputs[4 * i + 3];
+        if (done[i] || (P.data != nullptr && P.dtype != pt)) continue;
+        done[i] = true;
+        const int64_t n = numel(call->inputs[i]);
+        const int64_t blocks = (n + kMultiChunk - 1) / kMultiChunk;
+        const int64_t start = table.block_start[table.count];
+        if (table.count > 0 && (table.count == kMultiMaxShards || start + blocks > INT32_MAX)) {
+          launch_multi(table, G0.dtype, pt, stream);
+          table.count = 0;
+        }
+        MultiShard& s = table.shard[table.count];
+        s.grad = call->inputs[i].data;
+        s.w = static_cast<float*>(call->outputs[4 * i].data);
+        s.m = static_cast<float*>(call->outputs[4 * i + 1].data);
+        s.v = static_cast<float*>(call->outputs[4 * i + 2].data);
+        s.param = P.data;
+        s.n = n;
+        s.wd = a.weight_decay[i];
+        s.vec = is_aligned(s.grad, pack_bytes(G0.dtype)) && is_aligned(s.w, 16) &&
+                is_aligned(s.m, 16) && is_aligned(s.v, 16) &&
+                (s.param == nullptr || is_aligned(s.param, pack_bytes(pt)));
+        table.block_start[table.count + 1] =
+            static_cast<int32_t>(table.block_start[table.count] + blocks);
+        ++table.count;
+      }
+      if (table.count > 0) launch_multi(table, G0.dtype, pt, stream);
+    }
   });
 }
 
@@ -202,6 +361,9 @@ Status sgd_step(const OpCall* call) {
 bool adamw_step_supports(const OpCall* call) {
   return check_passes([&] { op_checks::check_adamw_step(call, true, DeviceType::kCuda); });
 }
+bool adamw_step_multi_supports(const OpCall* call) {
+  return check_passes([&] { op_checks::check_adamw_step_multi(call, true, DeviceType::kCuda); });
+}
 bool sgd_step_supports(const OpCall* call) {
   return check_passes([&] { op_checks::check_sgd_step(call, true, DeviceType::kCuda); });
 }
@@ -211,6 +373,13 @@ Status adamw_step_cost(const OpCall* call, OpCost* out) {
   return guard([&] {
     op_checks::check_adamw_step(call, true, DeviceType::kCuda);
     *out = io_cost(call, 12.0 * static_cast<double>(max_numel(call)));
+  });
+}
+// Every shard's elements (the sum of K adamw_step costs).
+Status adamw_step_multi_cost(const OpCall* call, OpCost* out) {
+  return guard([&] {
+    const int64_t n = op_checks::check_adamw_step_multi(call, true, DeviceType::kCuda);
+    *out = io_cost(call, 12.0 * static_cast<double>(n));
   });
 }
 Status sgd_step_cost(const OpCall* call, OpCost* out) {
@@ -224,6 +393,8 @@ Status sgd_step_cost(const OpCall* call, OpCost* out) {
 
 void add_optim_kernels(std::vector<KernelDesc>& out) {
   add_cuda_kernels(out, ops::kAdamWStep, adamw_step, adamw_step_supports, adamw_step_cost);
+  add_cuda_kernels(out, ops::kAdamWStepMulti, adamw_step_multi, adamw_step_multi_supports,
+                   adamw_step_multi_cost);
   add_cuda_kernels(out, ops::kSgdStep, sgd_step, sgd_step_supports, sgd_step_cost);
 }
 

@@ -23,7 +23,8 @@ inline constexpr InterfaceInfo kRouter{"router", 1, 0};                 ///< MoE
 inline constexpr InterfaceInfo kMoeDispatcher{"moe_dispatcher", 1, 0};  ///< MoE token moves
 // Numerics and training.
 inline constexpr InterfaceInfo kFp8Recipe{"fp8_recipe", 1, 0};
-inline constexpr InterfaceInfo kOptimizer{"optimizer", 1, 0};
+/// 1.1: update_many (check has_update_many before calling it).
+inline constexpr InterfaceInfo kOptimizer{"optimizer", 1, 1};
 inline constexpr InterfaceInfo kLrSchedule{"lr_schedule", 1, 0};
 inline constexpr InterfaceInfo kPipelineSchedule{"pipeline_schedule", 1, 0};
 // Infrastructure.

@@ -1,6 +1,10 @@
 // adamw_step and sgd_step: the reference against f64 updates written here over several
 // steps, fast against reference over grad dtypes and odd sizes, the param cast.
+// adamw_step_multi: bit for bit what one adamw_step call per shard gives, with the same
+// kernel (ref and fast), over shards of many lengths, mixed decay and param outputs; and
+// its bad calls.
 #include <cmath>
+#include <cstring>
 
 #include "tests/kernels/cpu/op_test_util.h"
 
@@ -79,6 +83,79 @@ TEST_P(OptimTest, FastMatchesReference) {
   }
 }
 
+// K shards for adamw_step_multi: lengths 1, 0, odd ones and more than one fast chunk (2048),
+// mixed weight decay, and every kind of param output: the grad's dtype, bf16, f32, none.
+struct MultiCase {
+  std::vector<Tensor> grads, outs;  // K grads; 4K outputs (master, exp_avg, exp_avg_sq, param)
+  std::vector<float> decay;
+  ops::AdamWMultiAttrs attrs{};
+
+  MultiCase(DType grad_dtype, int64_t step, std::mt19937& rng) {
+    const int64_t lengths[] = {1, 7, 0, 33, 4099, 2048, 5, 2049};
+    const DType params[] = {grad_dtype, DType::kBF16, DType::kF32, DType::kInvalid};
+    int k = 0;
+    for (int64_t n : lengths) {
+      grads.push_back(Tensor::random(grad_dtype, {n}, rng));
+      outs.push_back(Tensor::random(DType::kF32, {n}, rng));
+      outs.push_back(Tensor::random(DType::kF32, {n}, rng, -0.1, 0.1));
+      outs.push_back(Tensor::random(DType::kF32, {n}, rng, 0, 0.01));
+      DType p = params[k % 4];
+      outs.push_back(p == DType::kInvalid ? Tensor() : Tensor(p, {n}));
+      decay.push_back(k % 3 == 1 ? 0.0f : 0.1f * static_cast<float>(k + 1));
+      ++k;
+    }
+    attrs = ops::AdamWMultiAttrs{3e-3f, 0.9f, 0.95f, 1e-8f, 0.5f, k, step, decay.data()};
+  }
+  // Shard i's own adamw_step attributes.
+  ops::AdamWAttrs single(int i) const {
+    return ops::AdamWAttrs{attrs.lr,  attrs.beta1,           attrs.beta2,
+                           attrs.eps, attrs.weight_decay[i], attrs.grad_scale,
+                           attrs.step};
+  }
+};
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  if (a.empty() || b.empty()) return a.empty() == b.empty();
+  return a.numel() == b.numel() && a.dtype() == b.dtype() &&
+         std::memcmp(a.raw(), b.raw(), static_cast<size_t>(a.numel()) * dtype_size(a.dtype())) == 0;
+}
+
+TEST_P(OptimTest, AdamWMultiIsBitIdenticalToOneAdamWStepPerShard) {
+  std::mt19937 rng(4);
+  DType dt = GetParam();
+  for (const char* name : {"cpu.ref", "cpu.fast"}) {
+    if (std::string(name) == "cpu.fast" &&
+        (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")))
+      continue;  // cpu.fast declines without AVX2: only the reference runs here
+    for (int64_t step : {1, 4}) {
+      SCOPED_TRACE(std::string(name) + " step " + std::to_string(step));
+      MultiCase c(dt, step, rng);
+      std::vector<Tensor> multi = c.outs, single = c.outs;
+      std::vector<Tensor*> in, out;
+      for (Tensor& g : c.grads) in.push_back(&g);
+      for (Tensor& t : multi) out.push_back(&t);
+      run(ops::kAdamWStepMulti, name, dt, in, out, &c.attrs);
+      for (int i = 0; i < c.attrs.count; ++i) {
+        ops::AdamWAttrs at = c.single(i);
+        run(ops::kAdamWStep, name, dt, {&c.grads[i]},
+            {&single[4 * i], &single[4 * i + 1], &single[4 * i + 2], &single[4 * i + 3]}, &at);
+      }
+      for (size_t j = 0; j < multi.size(); ++j)
+        EXPECT_TRUE(same_bits(multi[j], single[j]))
+            << "shard " << j / 4 << " output " << j % 4 << " (n = " << c.grads[j / 4].numel()
+            << ") differs from adamw_step's";
+      // The update happened: the masters moved.
+      EXPECT_FALSE(same_bits(multi[4 * 4], c.outs[4 * 4]));
+    }
+  }
+}
+
+TEST_P(OptimTest, AdamWMultiFastMatchesReference) {
+  std::mt19937 rng(5);
+  MultiCase c(GetParam(), 3, rng);
+  expect_fast_matches_ref(ops::kAdamWStepMulti, GetParam(), c.grads, c.outs, &c.attrs);
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, OptimTest, ::testing::ValuesIn(float_dtypes()), dtype_param_name);
 
 TEST(OptimErrors, ZeroStepAndWrongStateShape) {
@@ -97,6 +174,82 @@ TEST(OptimErrors, ZeroStepAndWrongStateShape) {
   CallHolder h2({&g}, {&w, &m, &v4, &none}, &at);
   s = k.fn(&h2.call);
   EXPECT_EQ(take_message(&s), "adamw_step: step = 0 must be >= 1 (1-based)");
+}
+
+}  // namespace
+}  // namespace loom::kernels::cpu::testing
+
+namespace loom::kernels::cpu::testing {
+namespace {
+
+// The message of a bad adamw_step_multi call (cpu.ref and cpu.fast give the same one).
+std::string multi_error(std::vector<Tensor*> in, std::vector<Tensor*> out,
+                        const ops::AdamWMultiAttrs& at) {
+  std::string messages[2];
+  int k = 0;
+  for (const char* name : {"cpu.ref", "cpu.fast"}) {
+    CallHolder h(in, out, &at);
+    const KernelDesc& kd = kernel(ops::kAdamWStepMulti, DType::kF32, name);
+    EXPECT_FALSE(kd.supports(&h.call)) << name;
+    Status s = kd.fn(&h.call);
+    EXPECT_EQ(s.code, Code::kInvalidArgument) << name;
+    messages[k++] = take_message(&s);
+  }
+  EXPECT_EQ(messages[0], messages[1]);
+  return messages[0];
+}
+
+TEST(OptimErrors, AdamWMultiBadCallsNameTheShardAndTheFix) {
+  Tensor g0(DType::kF32, {4}), g1(DType::kF32, {6}), bf(DType::kBF16, {6}), none;
+  std::vector<Tensor> s0, s1;
+  for (int i = 0; i < 3; ++i) s0.emplace_back(DType::kF32, std::vector<int64_t>{4});
+  for (int i = 0; i < 3; ++i) s1.emplace_back(DType::kF32, std::vector<int64_t>{6});
+  Tensor short_v(DType::kF32, {5});
+  float decay[2] = {0.1f, 0.0f};
+  ops::AdamWMultiAttrs at{1e-3f, 0.9f, 0.999f, 1e-8f, 1.0f, 2, 1, decay};
+  std::vector<Tensor*> good_out = {&s0[0], &s0[1], &s0[2], &none, &s1[0], &s1[1], &s1[2], &none};
+
+  std::vector<Tensor*> bad_len = good_out;
+  bad_len[5] = &short_v;  // shard 1's exp_avg
+  EXPECT_EQ(multi_error({&g0, &g1}, bad_len, at),
+            "adamw_step_multi: output 5 (exp_avg[1]) has shape (5) (5 elements), expected "
+            "grad[1]'s shape with 6 elements");
+
+  std::vector<Tensor*> seven(good_out.begin(), good_out.end() - 1);
+  EXPECT_EQ(multi_error({&g0, &g1}, seven, at),
+            "adamw_step_multi: 2 grads (inputs) need 4 * 2 = 8 outputs (master, exp_avg, "
+            "exp_avg_sq and param or an empty view, per shard), got 7");
+
+  ops::AdamWMultiAttrs no_decay = at;
+  no_decay.weight_decay = nullptr;
+  EXPECT_EQ(multi_error({&g0, &g1}, good_out, no_decay),
+            "adamw_step_multi: attrs weight_decay is null: point it to count floats in host "
+            "memory, one per shard (0 for a shard without weight decay)");
+
+  ops::AdamWMultiAttrs three = at;
+  three.count = 3;
+  EXPECT_EQ(multi_error({&g0, &g1}, good_out, three),
+            "adamw_step_multi: attrs count = 3 but the call has 2 grads (inputs): set count to "
+            "the number of shards");
+
+  EXPECT_EQ(multi_error({&g0, &bf}, good_out, at),
+            "adamw_step_multi: input 1 (grad[1]) has dtype bf16 but grad[0] has f32: the op is "
+            "keyed on one gradient dtype, call it once per dtype");
+
+  ops::AdamWMultiAttrs zero = at;
+  zero.count = 0;
+  EXPECT_EQ(multi_error({}, {}, zero),
+            "adamw_step_multi: needs at least one shard (got 0 grads): skip the call when there "
+            "is nothing to update");
+
+  ops::AdamWMultiAttrs step0 = at;
+  step0.step = 0;
+  EXPECT_EQ(multi_error({&g0, &g1}, good_out, step0),
+            "adamw_step_multi: step = 0 must be >= 1 (1-based)");
+
+  // A good call passes the same checks.
+  CallHolder h({&g0, &g1}, good_out, &at);
+  EXPECT_TRUE(kernel(ops::kAdamWStepMulti, DType::kF32, "cpu.ref").supports(&h.call));
 }
 
 }  // namespace

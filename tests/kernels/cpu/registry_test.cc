@@ -47,6 +47,7 @@ const std::vector<const char*> kAllOps = {
     ops::kCrossEntropyShardStats,
     ops::kCrossEntropyCombine,
     ops::kAdamWStep,
+    ops::kAdamWStepMulti,
     ops::kSgdStep,
 };
 

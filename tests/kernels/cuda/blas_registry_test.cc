@@ -48,6 +48,7 @@ const std::vector<const char*> kOps = {
     ops::kCrossEntropyShardStats,
     ops::kCrossEntropyCombine,
     ops::kAdamWStep,
+    ops::kAdamWStepMulti,
     ops::kSgdStep,
 };
 const DType kFloats[] = {DType::kF32, DType::kBF16, DType::kF16};
@@ -136,6 +137,8 @@ struct Call {
 const ops::GemmAttrs kGemmNT{0, 1, 1.0f, 0.0f};
 const ops::CrossEntropyShardAttrs kShard{8, 40};
 const ops::AdamWAttrs kAdam{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, 3};
+const float kDecay[3] = {0.1f, 0.0f, 0.1f};
+const ops::AdamWMultiAttrs kAdamMulti{1e-3f, 0.9f, 0.95f, 1e-8f, 1.0f, 3, 3, kDecay};
 const ops::SgdAttrs kSgd{0.1f, 0.9f, 0.0f, 1.0f, 1, 2};
 const ops::ScaleAttrs kScale{0.5f};
 
@@ -181,6 +184,14 @@ std::vector<Case> good_calls() {
                                      {view(f, {1000}, cu), view(f, {1000}, cu), view(f, {1000}, cu),
                                       view(bf, {1000}, cu)},
                                      &kAdam)});
+  // Three shards: one with a bf16 param, one with an f32 param, one without.
+  c.push_back(
+      {ops::kAdamWStepMulti,
+       Call({view(bf, {1000}, cu), view(bf, {7}, cu), view(bf, {1}, cu)},
+            {view(f, {1000}, cu), view(f, {1000}, cu), view(f, {1000}, cu), view(bf, {1000}, cu),
+             view(f, {7}, cu), view(f, {7}, cu), view(f, {7}, cu), view(f, {7}, cu),
+             view(f, {1}, cu), view(f, {1}, cu), view(f, {1}, cu), none()},
+            &kAdamMulti)});
   c.push_back({ops::kSgdStep, Call({view(bf, {1000}, cu)},
                                    {view(f, {1000}, cu), view(f, {1000}, cu), none()}, &kSgd)});
   return c;
@@ -289,6 +300,17 @@ TEST(BlasRegistry, BadCallsFailWithTheCpuKernelsWords) {
                        view(DType::kF32, {7}, cu, p), none()},
                       &kAdam),
                  "adamw_step: output 2 (exp_avg_sq) has shape (7)"});
+  bad.push_back({ops::kAdamWStepMulti, DType::kF32,
+                 Call({view(DType::kF32, {8}, cu, p), view(DType::kF32, {5}, cu, p),
+                       view(DType::kF32, {3}, cu, p)},
+                      {view(DType::kF32, {8}, cu, p), view(DType::kF32, {8}, cu, p),
+                       view(DType::kF32, {8}, cu, p), none(), view(DType::kF32, {5}, cu, p),
+                       view(DType::kF32, {5}, cu, p), view(DType::kF32, {5}, cu, p), none(),
+                       view(DType::kF32, {3}, cu, p), view(DType::kF32, {3}, cu, p),
+                       view(DType::kF32, {4}, cu, p), none()},
+                      &kAdamMulti),
+                 "adamw_step_multi: output 10 (exp_avg_sq[2]) has shape (4) (4 elements), "
+                 "expected grad[2]'s shape with 3 elements"});
   for (const Bad& b : bad) {
     const KernelDesc* k = find(b.op, b.key);
     ASSERT_NE(k, nullptr) << b.op;

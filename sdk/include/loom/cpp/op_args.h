@@ -19,6 +19,7 @@
 
 #include <initializer_list>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "loom/cpp/error.h"
@@ -72,10 +73,16 @@ class OpArgs {
   /// \param device       the family the kernel runs on; tensors elsewhere are refused
   OpArgs(const OpCall* call, const char* op, std::initializer_list<const char*> inputs,
          std::initializer_list<const char*> outputs, bool shapes_only, DeviceType device)
+      : OpArgs(call, op, std::vector<std::string>(inputs.begin(), inputs.end()),
+               std::vector<std::string>(outputs.begin(), outputs.end()), shapes_only, device) {}
+  /// The same for an op whose number of tensors depends on the call (adamw_step_multi's
+  /// K shards): the names are built by the caller, e.g. "exp_avg[3]".
+  OpArgs(const OpCall* call, const char* op, std::vector<std::string> inputs,
+         std::vector<std::string> outputs, bool shapes_only, DeviceType device)
       : call_(call),
         op_(op),
-        inputs_(inputs),
-        outputs_(outputs),
+        inputs_(std::move(inputs)),
+        outputs_(std::move(outputs)),
         shapes_only_(shapes_only),
         device_(device) {
     if (call == nullptr) fail("the call is null");
@@ -217,7 +224,7 @@ class OpArgs {
 
   const OpCall* call_;
   const char* op_;
-  std::vector<const char*> inputs_, outputs_;
+  std::vector<std::string> inputs_, outputs_;
   bool shapes_only_;
   DeviceType device_;
 };

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <initializer_list>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -111,41 +112,53 @@ class Kernel {
   /// The chosen kernel's name ("cpu.fast").
   const char* name() const { return desc_.name; }
 
-  /// Runs the op; throws on a failed status.
+  /// Runs the op; throws on a failed status. At most kMaxListOutputs outputs: an op with
+  /// more views (adamw_step_multi) goes through run().
   template <class Attrs>
   void operator()(std::initializer_list<TensorView> inputs,
                   std::initializer_list<TensorView> outputs, const Attrs& attrs,
                   void* stream = nullptr) const {
-    call(inputs, outputs, &attrs, sizeof(Attrs), stream);
+    call_list(inputs, outputs, &attrs, sizeof(Attrs), stream);
   }
   void operator()(std::initializer_list<TensorView> inputs,
                   std::initializer_list<TensorView> outputs, void* stream = nullptr) const {
-    call(inputs, outputs, nullptr, 0, stream);
+    call_list(inputs, outputs, nullptr, 0, stream);
+  }
+  /// Runs the op on arrays of views of any length; `outputs` is handed to the kernel as the
+  /// call's output array (a kernel writes through the views' data, never into the array).
+  template <class Attrs>
+  void run(std::span<const TensorView> inputs, std::span<TensorView> outputs, const Attrs& attrs,
+           void* stream = nullptr) const {
+    call(inputs.data(), static_cast<int32_t>(inputs.size()), outputs.data(),
+         static_cast<int32_t>(outputs.size()), &attrs, sizeof(Attrs), stream);
   }
 
+  /// The most outputs the initializer-list call operator takes.
+  static constexpr int32_t kMaxListOutputs = 16;
+
  private:
-  void call(std::initializer_list<TensorView> inputs, std::initializer_list<TensorView> outputs,
+  void call_list(std::initializer_list<TensorView> inputs,
+                 std::initializer_list<TensorView> outputs, const void* attrs, uint64_t attrs_size,
+                 void* stream) const {
+    if (outputs.size() > static_cast<size_t>(kMaxListOutputs))
+      fail(Code::kInvalidArgument, std::string(desc_.op != nullptr ? desc_.op : "kernel") +
+                                       ": more than 16 outputs in a list: use Kernel::run");
+    // OpCall::outputs is not const; the list's own array is, so the views are copied.
+    TensorView outs[kMaxListOutputs];
+    int32_t n_out = 0;
+    for (const TensorView& v : outputs) outs[n_out++] = v;
+    call(inputs.begin(), static_cast<int32_t>(inputs.size()), outs, n_out, attrs, attrs_size,
+         stream);
+  }
+  void call(const TensorView* inputs, int32_t n_in, TensorView* outs, int32_t n_out,
             const void* attrs, uint64_t attrs_size, void* stream) const {
     if (desc_.fn == nullptr)
       fail(Code::kFailedPrecondition, "kernel called before it was resolved");
-    // Outputs are written through the views' data pointers; the array itself is scratch.
-    TensorView outs[16];
-    int32_t n_out = 0;
-    for (const TensorView& v : outputs) outs[n_out++] = v;
-    OpCall call{sizeof(OpCall),
-                inputs.begin(),
-                static_cast<int32_t>(inputs.size()),
-                outs,
-                n_out,
-                attrs,
-                attrs_size,
-                stream,
-                nullptr,
-                0};
+    OpCall call{sizeof(OpCall), inputs, n_in, outs, n_out, attrs, attrs_size, stream, nullptr, 0};
     // Scratch the kernel asks for (KernelDesc::workspace), from the host's allocator on the
     // device of the call's first tensor; freed right after the call, which is safe on a
     // device because later work on the same stream is ordered after this kernel.
-    Device device = n_out > 0 ? outs[0].device : inputs.size() > 0 ? inputs.begin()->device : kCpu;
+    Device device = n_out > 0 ? outs[0].device : n_in > 0 ? inputs[0].device : kCpu;
     uint64_t bytes = desc_.workspace != nullptr ? desc_.workspace(&call) : 0;
     if (bytes > 0) {
       if (host_ == nullptr)

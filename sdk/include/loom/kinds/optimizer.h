@@ -1,4 +1,9 @@
 // kinds::kOptimizer and kinds::kLrSchedule.
+//
+// Optimizer 1.1 (ABI 1.3) appends IOptimizer::update_many, the whole step in one call (on a
+// GPU: one multi-tensor kernel launch per table of shards instead of an update and a cast
+// launch per parameter). A caller checks `has_update_many` (below) before calling it: an
+// optimizer built against older headers has no such method.
 #pragma once
 
 #include <stdint.h>
@@ -16,6 +21,24 @@ struct OptimizerStep {
   double lr;            ///< learning rate for this step
   double weight_decay;  ///< decoupled weight decay for params without kParamNoWeightDecay
   double grad_scale;    ///< gradients are multiplied by this first (clipping, 1/loss scale)
+};
+
+/// One shard of IOptimizer::update_many: what IOptimizer::update takes for one shard, and
+/// the parameter to receive the new master weights. A plain value struct; the tensors are
+/// the caller's.
+struct OptimizerShard {
+  /// sizeof(OptimizerShard) of the caller. Also the stride of the caller's array: a newer
+  /// caller's shards may be larger (fields are appended), so an optimizer steps through
+  /// the array by shards[0].struct_size, not by its own sizeof.
+  uint32_t struct_size;
+  int32_t decay;       ///< 1: weight decay (OptimizerStep::weight_decay) applies; 0: none
+  TensorView master;   ///< (n,) f32 master weights, updated in place
+  TensorView grad;     ///< (n,) gradient, f32 or the parameter dtype
+  TensorView* states;  ///< [state_count()] (n,) f32 state tensors, updated in place
+  /// (n,) the parameter in its own dtype, overwritten with the new master weights cast to
+  /// it (round to nearest even, as the "cast" op), or empty (data null): no cast (an f32
+  /// parameter is its own master, or the caller casts).
+  TensorView param;
 };
 
 /// An optimizer updates fp32 master weights from gradients. The core owns every buffer;
@@ -36,10 +59,28 @@ class IOptimizer : public IObject {
   /// \param stream     device stream or null
   virtual Status update(const OptimizerStep* hp, bool decay, TensorView* master,
                         const TensorView* grad, TensorView* states, void* stream) noexcept = 0;
+  /// Updates `count` shards, with the results of update() on each shard followed by a cast
+  /// of its master into its param when the param is present, bit for bit; an optimizer
+  /// may do it in fewer kernel launches. The shards must not overlap. The tensors of every
+  /// shard are checked before any is updated; an error of a kernel after that may leave
+  /// some shards updated. Optimizer 1.1 (ABI 1.3): check has_update_many() first.
+  /// \param hp      the step's hyper-parameters (weight_decay for shards with decay = 1)
+  /// \param count   number of shards, >= 0 (0 does nothing)
+  /// \param shards  [count] shards, each shards[0].struct_size bytes apart
+  /// \param stream  device stream or null
+  virtual Status update_many(const OptimizerStep* hp, int32_t count, const OptimizerShard* shards,
+                             void* stream) noexcept = 0;
 
  protected:
   ~IOptimizer() = default;
 };
+
+/// Whether `optimizer` implements optimizer 1.1, i.e. has update_many. Call it only when this
+/// is true: an object built against older headers has no such entry.
+inline bool has_update_many(const IOptimizer& optimizer) noexcept {
+  InterfaceInfo info = optimizer.interface_info();
+  return info.major == 1 && info.minor >= 1;
+}
 
 /// A learning-rate schedule: a pure function of the step (resume needs no other state).
 class ILrSchedule : public IObject {

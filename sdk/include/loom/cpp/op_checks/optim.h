@@ -1,32 +1,97 @@
-// Argument checks of the optimizer steps of loom/ops.h (adamw_step, sgd_step), shared by
-// every kernel library so that the CPU and CUDA kernels reject a bad call with the same
-// words (header-only; see loom/cpp/op_args.h). Each returns n, the elements of the shard.
+// Argument checks of the optimizer steps of loom/ops.h (adamw_step, adamw_step_multi,
+// sgd_step), shared by every kernel library so that the CPU and CUDA kernels reject a bad
+// call with the same words (header-only; see loom/cpp/op_args.h). Each returns n, the
+// elements of the shard (adamw_step_multi: of every shard together).
 //   call:         the call
 //   shapes_only:  true inside `supports` (data may be null)
 //   device:       the device family of the kernel
 #pragma once
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "loom/cpp/op_args.h"
 #include "loom/ops.h"
 
 namespace loom::op_checks {
 
+namespace detail {
+
+/// One AdamW shard of a call: grad = input `in`, master / exp_avg / exp_avg_sq / param =
+/// outputs [out, out + 4). `grad_shape` names the grad in messages ("grad's shape").
+inline int64_t check_adamw_shard(const OpArgs& a, int in, int out, const std::string& grad_shape) {
+  int64_t n = numel(a.float_in(in));
+  for (int i = out; i < out + 3; ++i) {
+    a.f32_out(i);
+    a.numel_out(i, n, grad_shape.c_str());
+  }
+  if (a.opt_float_out(out + 3)) a.numel_out(out + 3, n, grad_shape.c_str());
+  return n;
+}
+
+inline void check_step(const OpArgs& a, int64_t step) {
+  if (step < 1) a.fail("step = " + std::to_string(step) + " must be >= 1 (1-based)");
+}
+
+}  // namespace detail
+
 /// adamw_step: AdamWAttrs (step >= 1), grad float (n), master / exp_avg / exp_avg_sq f32
 /// (n), param float (n) or empty.
 inline int64_t check_adamw_step(const OpCall* call, bool shapes_only, DeviceType device) {
   OpArgs a(call, ops::kAdamWStep, {"grad"}, {"master", "exp_avg", "exp_avg_sq", "param"},
            shapes_only, device);
-  const ops::AdamWAttrs& at = a.attrs<ops::AdamWAttrs>();
-  if (at.step < 1) a.fail("step = " + std::to_string(at.step) + " must be >= 1 (1-based)");
-  int64_t n = numel(a.float_in(0));
-  for (int i = 0; i < 3; ++i) {
-    a.f32_out(i);
-    a.numel_out(i, n, "grad's shape");
+  detail::check_step(a, a.attrs<ops::AdamWAttrs>().step);
+  return detail::check_adamw_shard(a, 0, 0, "grad's shape");
+}
+
+/// adamw_step_multi: AdamWMultiAttrs (step >= 1, count == K >= 1, weight_decay not null),
+/// K grads of one float dtype and 4K outputs, shard i as adamw_step's (input i, outputs
+/// [4i, 4i + 4)). Messages name the shard's tensors "grad[i]", "exp_avg[i]", ... Returns
+/// the elements of all shards.
+inline int64_t check_adamw_step_multi(const OpCall* call, bool shapes_only, DeviceType device) {
+  const std::string op = ops::kAdamWStepMulti;
+  // The counts come first: the names below are built from them.
+  int32_t k = call != nullptr && call->struct_size >= sizeof(OpCall) ? call->num_inputs : 0;
+  if (call != nullptr && call->struct_size >= sizeof(OpCall)) {
+    if (k < 1)
+      throw Error(Code::kInvalidArgument,
+                  op + ": needs at least one shard (got " + std::to_string(k) +
+                      " grads): skip the call when there is nothing to update");
+    if (call->num_outputs != 4 * static_cast<int64_t>(k))
+      throw Error(Code::kInvalidArgument,
+                  op + ": " + std::to_string(k) + " grads (inputs) need 4 * " + std::to_string(k) +
+                      " = " + std::to_string(4 * static_cast<int64_t>(k)) +
+                      " outputs (master, exp_avg, exp_avg_sq and param or an empty view, per "
+                      "shard), got " +
+                      std::to_string(call->num_outputs));
   }
-  if (a.opt_float_out(3)) a.numel_out(3, n, "grad's shape");
-  return n;
+  std::vector<std::string> in, out;
+  for (int32_t i = 0; i < k; ++i) {
+    std::string at = "[" + std::to_string(i) + "]";
+    in.push_back("grad" + at);
+    for (const char* name : {"master", "exp_avg", "exp_avg_sq", "param"}) out.push_back(name + at);
+  }
+  OpArgs a(call, ops::kAdamWStepMulti, std::move(in), std::move(out), shapes_only, device);
+  const ops::AdamWMultiAttrs& at = a.attrs<ops::AdamWMultiAttrs>();
+  detail::check_step(a, at.step);
+  if (at.count != k)
+    a.fail("attrs count = " + std::to_string(at.count) + " but the call has " + std::to_string(k) +
+           " grads (inputs): set count to the number of shards");
+  if (at.weight_decay == nullptr)
+    a.fail(
+        "attrs weight_decay is null: point it to count floats in host memory, one per shard "
+        "(0 for a shard without weight decay)");
+  int64_t total = 0;
+  for (int32_t i = 0; i < k; ++i) {
+    std::string grad = "grad[" + std::to_string(i) + "]";
+    total += detail::check_adamw_shard(a, i, 4 * i, grad + "'s shape");
+    if (a.in(i).dtype != a.in(0).dtype)
+      a.fail(a.in_label(i) + " has dtype " + dtype_name(a.in(i).dtype) + " but grad[0] has " +
+             dtype_name(a.in(0).dtype) +
+             ": the op is keyed on one gradient dtype, call it once per dtype");
+  }
+  return total;
 }
 
 /// sgd_step: SgdAttrs (step >= 1), grad float (n), master f32 (n), momentum buffer f32 (n)
@@ -35,7 +100,7 @@ inline int64_t check_sgd_step(const OpCall* call, bool shapes_only, DeviceType d
   OpArgs a(call, ops::kSgdStep, {"grad"}, {"master", "momentum_buffer", "param"}, shapes_only,
            device);
   const ops::SgdAttrs& at = a.attrs<ops::SgdAttrs>();
-  if (at.step < 1) a.fail("step = " + std::to_string(at.step) + " must be >= 1 (1-based)");
+  detail::check_step(a, at.step);
   int64_t n = numel(a.float_in(0));
   a.f32_out(0);
   a.numel_out(0, n, "grad's shape");
