@@ -4,6 +4,7 @@
 //   fast: OpenMP over chunks; the same f32 arithmetic, vectorised by the compiler.
 // adamw_step_multi runs each shard through adamw_step's own code (adamw_shard_ref,
 // adamw_chunk_fast), so its results are those of K adamw_step calls bit for bit.
+#include <loom/cpp/adamw_coef.h>
 #include <loom/cpp/op_checks/optim.h>
 
 #include <algorithm>
@@ -28,34 +29,7 @@ int64_t check_sgd(const OpCall* call, bool shapes_only) {
   return op_checks::check_sgd_step(call, shapes_only, DeviceType::kCpu);
 }
 
-struct AdamCoef {
-  float lr, b1, b2, eps, wd, gs, bc1,
-      bc2_sqrt;  // bc1 = 1 / (1 - b1^t), bc2_sqrt = 1 / sqrt(1 - b2^t)
-};
-
-// The coefficients of one shard; adamw_step_multi changes only wd from shard to shard.
-AdamCoef adam_coef(float lr, float beta1, float beta2, float eps, float weight_decay,
-                   float grad_scale, int64_t step) {
-  double t = static_cast<double>(step);
-  return AdamCoef{
-      lr,
-      beta1,
-      beta2,
-      eps,
-      weight_decay,
-      grad_scale,
-      static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(beta1), t))),
-      static_cast<float>(1.0 / std::sqrt(1.0 - std::pow(static_cast<double>(beta2), t)))};
-}
-
-AdamCoef adam_coef(const ops::AdamWAttrs& a) {
-  return adam_coef(a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, a.grad_scale, a.step);
-}
-
-// Shard i of an adamw_step_multi call.
-AdamCoef adam_coef(const ops::AdamWMultiAttrs& a, int32_t i) {
-  return adam_coef(a.lr, a.beta1, a.beta2, a.eps, a.weight_decay[i], a.grad_scale, a.step);
-}
+using AdamCoef = AdamWCoef;  // loom/cpp/adamw_coef.h: shared with every kernel library
 
 // The tensors of one AdamW shard of a call: grad = input `in`, master, exp_avg, exp_avg_sq
 // and param (empty or not) = outputs [out, out + 4).
@@ -105,7 +79,7 @@ void adamw_shard_ref(const AdamCoef& c, const AdamShard& s) {
 Status adamw_step_ref(const OpCall* call) {
   return guard([&] {
     check_adamw(call, false);
-    adamw_shard_ref(adam_coef(*static_cast<const ops::AdamWAttrs*>(call->attrs)),
+    adamw_shard_ref(adamw_coef(*static_cast<const ops::AdamWAttrs*>(call->attrs)),
                     adam_shard(call, 0, 0));
   });
 }
@@ -115,7 +89,7 @@ Status adamw_step_multi_ref(const OpCall* call) {
     check_adamw_multi(call, false);
     const auto& a = *static_cast<const ops::AdamWMultiAttrs*>(call->attrs);
     for (int32_t i = 0; i < a.count; ++i)
-      adamw_shard_ref(adam_coef(a, i), adam_shard(call, i, 4 * i));
+      adamw_shard_ref(adamw_coef(a, i), adam_shard(call, i, 4 * i));
   });
 }
 
@@ -150,7 +124,7 @@ LOOM_CPU_FAST_BEGIN
 Status adamw_step_fast(const OpCall* call) {
   return guard([&] {
     int64_t n = check_adamw(call, false);
-    AdamCoef c = adam_coef(*static_cast<const ops::AdamWAttrs*>(call->attrs));
+    AdamCoef c = adamw_coef(*static_cast<const ops::AdamWAttrs*>(call->attrs));
     AdamShard s = adam_shard(call, 0, 0);
 #pragma omp parallel for schedule(static)
     for (int64_t c0 = 0; c0 < n; c0 += kChunk) adamw_chunk_fast(c, s, c0);
@@ -167,7 +141,7 @@ Status adamw_step_multi_fast(const OpCall* call) {
     std::vector<AdamShard> shards;
     std::vector<int64_t> first_chunk{0};  // (K + 1) prefix sums of the shards' chunks
     for (int32_t i = 0; i < a.count; ++i) {
-      coef.push_back(adam_coef(a, i));
+      coef.push_back(adamw_coef(a, i));
       shards.push_back(adam_shard(call, i, 4 * i));
       first_chunk.push_back(first_chunk.back() + (shards.back().n + kChunk - 1) / kChunk);
     }

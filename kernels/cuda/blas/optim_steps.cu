@@ -14,6 +14,7 @@
 // block owns one chunk of kMultiChunk elements of one shard and finds it by a binary search
 // over the table's prefix of block starts. The elements go through adamw_range, the very
 // code of adamw_step's kernel, so the results are adamw_step's bit for bit.
+#include <loom/cpp/adamw_coef.h>
 #include <loom/cpp/error.h>
 #include <loom/cpp/op_checks/optim.h>
 
@@ -30,29 +31,7 @@
 namespace loom::kernels::cuda::blas {
 namespace {
 
-struct AdamCoef {
-  float lr, b1, b2, eps, wd, gs;
-  float bc1;       // 1 / (1 - b1^t)
-  float bc2_sqrt;  // 1 / sqrt(1 - b2^t)
-};
-
-AdamCoef adam_coef(float lr, float beta1, float beta2, float eps, float weight_decay,
-                   float grad_scale, int64_t step) {
-  const double t = static_cast<double>(step);
-  return AdamCoef{
-      lr,
-      beta1,
-      beta2,
-      eps,
-      weight_decay,
-      grad_scale,
-      static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(beta1), t))),
-      static_cast<float>(1.0 / std::sqrt(1.0 - std::pow(static_cast<double>(beta2), t)))};
-}
-
-AdamCoef adam_coef(const ops::AdamWAttrs& a) {
-  return adam_coef(a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, a.grad_scale, a.step);
-}
+using AdamCoef = AdamWCoef;  // loom/cpp/adamw_coef.h: shared with every kernel library
 
 __device__ __forceinline__ void adam_point(const AdamCoef& c, float g, float& w, float& m,
                                            float& v) {
@@ -241,7 +220,7 @@ Status adamw_step(const OpCall* call) {
     const TensorView& G = call->inputs[0];
     current_device(ops::kAdamWStep, G);
     if (n == 0) return;
-    const AdamCoef c = adam_coef(*static_cast<const ops::AdamWAttrs*>(call->attrs));
+    const AdamCoef c = adamw_coef(*static_cast<const ops::AdamWAttrs*>(call->attrs));
     float* w = static_cast<float*>(call->outputs[0].data);
     float* m = static_cast<float*>(call->outputs[1].data);
     float* v = static_cast<float*>(call->outputs[2].data);
@@ -296,7 +275,7 @@ Status adamw_step_multi(const OpCall* call) {
     const DType param_types[] = {DType::kF32, DType::kBF16, DType::kF16};
     std::vector<bool> done(static_cast<size_t>(a.count), false);
     for (DType pt : param_types) {
-      table.c = adam_coef(a.lr, a.beta1, a.beta2, a.eps, 0.0f, a.grad_scale, a.step);
+      table.c = adamw_coef(a.lr, a.beta1, a.beta2, a.eps, 0.0f, a.grad_scale, a.step);
       table.count = 0;
       table.block_start[0] = 0;
       for (int32_t i = 0; i < a.count; ++i) {
