@@ -110,8 +110,9 @@ TEST_F(MemoryTest, FullRecomputationKeepsOnlyLayerInputs) {
   s["train"]["recompute"] = "full";
   nlohmann::json full = expect_within_10_percent("llama_full", s);
   if (none.is_object() && full.is_object() && none.contains("peak_mem_bytes") &&
-      full.contains("peak_mem_bytes"))
+      full.contains("peak_mem_bytes")) {
     EXPECT_LT(full["peak_mem_bytes"].get<double>(), none["peak_mem_bytes"].get<double>());
+  }
 }
 
 TEST_F(MemoryTest, OnTheFakeCudaDeviceThroughTheCachingAllocator) {
