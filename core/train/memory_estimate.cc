@@ -58,15 +58,13 @@ std::optional<uint64_t> transformer_activation_bytes(const nlohmann::json& model
   const double t = static_cast<double>(shape.seq_length);
   const double n = b * t;
   const double s = static_cast<double>(dtype_size(shape.dtype));
-  const double c = static_cast<double>(integer(model, "hidden_size", 0));
-  const double h = static_cast<double>(integer(model, "num_attention_heads", 1));
-  const double g = static_cast<double>(integer(model, "num_query_groups", static_cast<int64_t>(h)));
-  const double d = static_cast<double>(
-      integer(model, "kv_channels",
-              integer(model, "hidden_size", 0) /
-                  std::max<int64_t>(1, integer(model, "num_attention_heads", 1))));
-  const double f =
-      static_cast<double>(integer(model, "ffn_hidden_size", 4 * integer(model, "hidden_size", 0)));
+  const int64_t hidden = integer(model, "hidden_size", 0);
+  const int64_t heads = std::max<int64_t>(1, integer(model, "num_attention_heads", 1));
+  const double c = static_cast<double>(hidden);
+  const double h = static_cast<double>(heads);
+  const double g = static_cast<double>(integer(model, "num_query_groups", heads));
+  const double d = static_cast<double>(integer(model, "kv_channels", hidden / heads));
+  const double f = static_cast<double>(integer(model, "ffn_hidden_size", 4 * hidden));
   const double v = static_cast<double>(integer(model, "vocab_size", 0));
   const double layers = static_cast<double>(integer(model, "num_layers", 0));
   const double hl = h / p, gl = std::max(1.0, g / p), fl = f / p, vl = v / p;

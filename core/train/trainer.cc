@@ -335,6 +335,13 @@ uint64_t Trainer::peak_memory() const {
 
 void Trainer::reset_memory_peak() { plugins_.host().reset_peak(device_); }
 
+RecomputePolicy Trainer::recompute_policy() const {
+  const std::string recompute = spec_["train"]["recompute"].get<std::string>();
+  if (recompute == "full") return RecomputePolicy::kFull;
+  if (recompute == "selective") return RecomputePolicy::kSelective;
+  return RecomputePolicy::kNone;
+}
+
 MemoryEstimate Trainer::memory_estimate() const {
   MemoryEstimate e;
   for (const Parameter& p : params_->all()) {
@@ -354,10 +361,7 @@ MemoryEstimate Trainer::memory_estimate() const {
   shape.tp = spec_["parallel"]["tp"].get<int64_t>();
   shape.sequence_parallel = spec_["parallel"]["sequence_parallel"].get<bool>();
   shape.dtype = params_dtype_;
-  std::string recompute = spec_["train"]["recompute"].get<std::string>();
-  shape.recompute = recompute == "full"        ? RecomputePolicy::kFull
-                    : recompute == "selective" ? RecomputePolicy::kSelective
-                                               : RecomputePolicy::kNone;
+  shape.recompute = recompute_policy();
   e.activations = transformer_activation_bytes(spec_["model"], shape);
   return e;
 }
@@ -468,11 +472,7 @@ double Trainer::run_forward(ForwardContext& ctx, const Batch& batch, std::vector
 
 double Trainer::forward_backward(const Batch& batch, double loss_weight, std::vector<float>* logits,
                                  int32_t micro_batch, bool last) {
-  RecomputePolicy policy = RecomputePolicy::kNone;
-  std::string recompute = spec_["train"]["recompute"].get<std::string>();
-  if (recompute == "selective") policy = RecomputePolicy::kSelective;
-  if (recompute == "full") policy = RecomputePolicy::kFull;
-  ForwardContext ctx(plugins_.host(), true, policy, micro_batch,
+  ForwardContext ctx(plugins_.host(), true, recompute_policy(), micro_batch,
                      spec_["train"]["seed"].get<uint64_t>(), iteration_ + 1,
                      &params_->module_ids());
   double loss = run_forward(ctx, batch, logits);

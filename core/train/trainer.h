@@ -142,6 +142,8 @@ class Trainer {
  private:
   /// Frees the master weights and optimizer states (destructor, failed constructor).
   void release_states();
+  /// The spec's train.recompute as a policy.
+  RecomputePolicy recompute_policy() const;
   // Optimizer memory of one segment (a whole parameter, or with the distributed optimizer
   // the part of it this rank updates): f32 master weights (the parameter itself when it is
   // f32) and the optimizer's state tensors.
