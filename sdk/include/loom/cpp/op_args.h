@@ -136,6 +136,10 @@ class OpArgs {
   const TensorView& float_out(int i) const { return tensor(false, i, DType::kInvalid); }
   const TensorView& f32_out(int i) const { return tensor(false, i, DType::kF32); }
   const TensorView& f64_out(int i) const { return tensor(false, i, DType::kF64); }
+  /// Required FP8 tensors (e4m3 or e5m2).
+  const TensorView& fp8_in(int i) const { return tensor(true, i, kAnyFp8); }
+  const TensorView& fp8_out(int i) const { return tensor(false, i, kAnyFp8); }
+  const TensorView* opt_fp8_out(int i) const { return has_out(i) ? &fp8_out(i) : nullptr; }
   /// Optional ones: null when absent.
   const TensorView* opt_float_in(int i) const { return has_in(i) ? &float_in(i) : nullptr; }
   const TensorView* opt_i32_in(int i) const { return has_in(i) ? &i32_in(i) : nullptr; }
@@ -189,7 +193,10 @@ class OpArgs {
     return v.data != nullptr || (v.ndim > 0 && (shapes_only_ || numel(v) == 0));
   }
 
-  // kInvalid means "any float dtype".
+  // Stands for "e4m3 or e5m2" in `tensor`'s `want`.
+  static constexpr DType kAnyFp8 = static_cast<DType>(-1);
+
+  // kInvalid means "any float dtype", kAnyFp8 either FP8 format.
   const TensorView& tensor(bool input, int i, DType want) const {
     const TensorView& v = input ? call_->inputs[i] : call_->outputs[i];
     std::string label = input ? in_label(i) : out_label(i);
@@ -198,10 +205,13 @@ class OpArgs {
       fail(label + " is in " + device_type_name(v.device.type) + " memory: the " +
            device_type_name(device_) + " kernels take " + device_type_name(device_) +
            " tensors only");
-    bool ok = want == DType::kInvalid ? is_float_dtype(v.dtype) : v.dtype == want;
+    bool ok = want == DType::kInvalid ? is_float_dtype(v.dtype)
+              : want == kAnyFp8      ? v.dtype == DType::kF8E4M3 || v.dtype == DType::kF8E5M2
+                                     : v.dtype == want;
     if (!ok)
       fail(label + " has dtype " + dtype_name(v.dtype) + ", expected " +
            (want == DType::kInvalid ? std::string("a float dtype (f32, bf16, f16)")
+            : want == kAnyFp8       ? std::string("an FP8 dtype (fp8_e4m3, fp8_e5m2)")
                                     : dtype_name(want)));
     if (v.ndim < 0 || v.ndim > kMaxDims) fail(label + " has ndim " + std::to_string(v.ndim));
     for (int32_t d = 0; d < v.ndim; ++d)
