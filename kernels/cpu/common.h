@@ -181,5 +181,6 @@ void add_flash_attention_kernels(std::vector<KernelDesc>& out);
 void add_cross_entropy_kernels(std::vector<KernelDesc>& out);
 void add_cross_entropy_shard_kernels(std::vector<KernelDesc>& out);
 void add_optim_kernels(std::vector<KernelDesc>& out);
+void add_fp8_kernels(std::vector<KernelDesc>& out);
 
 }  // namespace loom::kernels::cpu

@@ -1,7 +1,8 @@
 // The CPU kernel library: a plain reference implementation ("cpu.ref", priority 0) of every
 // op in loom/ops.h, the oracle that every other kernel is tested against, and a fast one
 // ("cpu.fast", priority 10: OpenBLAS, OpenMP, AVX2) wherever it pays. Each is registered
-// for f32, bf16 and f16 (the op's keyed dtype; f32 alone where that input is always f32,
+// for f32, bf16 and f16 (the op's keyed dtype; the FP8 formats for fp8_gemm; f32 alone
+// where that input is always f32,
 // as cross_entropy_combine's stats). The plugin `kernels_cpu` registers exactly this list;
 // tests call the kernels through it directly.
 #pragma once

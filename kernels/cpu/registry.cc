@@ -24,6 +24,7 @@ const std::vector<KernelDesc>& all_kernels() {
     add_cross_entropy_kernels(k);
     add_cross_entropy_shard_kernels(k);
     add_optim_kernels(k);
+    add_fp8_kernels(k);
     return k;
   }();
   return kernels;

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 #include <loom/cpp/error.h>
+#include <loom/cpp/fp8.h>
 #include <loom/cpp/half.h>
 #include <loom/kernel.h>
 #include <loom/ops.h>
@@ -36,6 +37,9 @@ inline Tolerance tolerance(DType t) {
       return {1.6e-2, 1e-2};
     case DType::kF16:  // 11 bits: 2^-11 = 0.05%
       return {2e-3, 1e-3};
+    case DType::kF8E4M3:  // fp8 ops: quantised values must match exactly (one FP8 step is
+    case DType::kF8E5M2:  // 6-25%), f32 GEMM sums to f32 rounding of their order
+      return {1e-4, 1e-5};
     default:
       return {0.0, 0.0};
   }
@@ -103,6 +107,9 @@ class Tensor {
         return static_cast<const double*>(p)[i];
       case DType::kI32:
         return static_cast<const int32_t*>(p)[i];
+      case DType::kF8E4M3:
+      case DType::kF8E5M2:
+        return fp8_to_f32(static_cast<const uint8_t*>(p)[i], dtype_);
       default:
         return NAN;
     }
@@ -124,6 +131,10 @@ class Tensor {
         break;
       case DType::kI32:
         static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v);
+        break;
+      case DType::kF8E4M3:
+      case DType::kF8E5M2:
+        static_cast<uint8_t*>(p)[i] = f32_to_fp8(static_cast<float>(v), dtype_);
         break;
       default:
         break;

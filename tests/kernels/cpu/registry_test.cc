@@ -1,7 +1,8 @@
 // The kernel list: every op of loom/ops.h has a reference and a fast kernel for f32, bf16
-// and f16 (f32 alone for an op keyed on an always-f32 input), descriptors are well formed
+// and f16 (f32 alone for an op keyed on an always-f32 input, FP8 for fp8_gemm), descriptors are well formed
 // and unambiguous, the plugin manifest lists exactly these kernels, and the ops that MFU
 // counts have a cost model.
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -49,15 +50,27 @@ const std::vector<const char*> kAllOps = {
     ops::kAdamWStep,
     ops::kAdamWStepMulti,
     ops::kSgdStep,
+    ops::kFp8Quantize,
+    ops::kFp8Gemm,
+    ops::kFp8ScaleUpdate,
 };
 
-// Ops keyed on an f32 input whatever the model's dtype: registered for f32 alone.
-bool f32_only(const char* op) { return std::string(op) == ops::kCrossEntropyCombine; }
+// The dtypes an op is keyed on: every float dtype, f32 alone for an op keyed on an
+// always-f32 input whatever the model's dtype, the two FP8 formats for fp8_gemm.
+std::vector<DType> key_dtypes(const char* op) {
+  std::string name = op;
+  if (name == ops::kCrossEntropyCombine || name == ops::kFp8ScaleUpdate) return {DType::kF32};
+  if (name == ops::kFp8Gemm) return {DType::kF8E4M3, DType::kF8E5M2};
+  return float_dtypes();
+}
 
-TEST(Registry, EveryOpHasReferenceAndFastForEveryFloatDtype) {
+TEST(Registry, EveryOpHasReferenceAndFastForEachKeyDtype) {
+  const std::vector<DType> all = {DType::kF32, DType::kBF16, DType::kF16, DType::kF8E4M3,
+                                  DType::kF8E5M2};
   for (const char* op : kAllOps)
-    for (DType dt : float_dtypes()) {
-      if (f32_only(op) && dt != DType::kF32) {
+    for (DType dt : all) {
+      std::vector<DType> keys = key_dtypes(op);
+      if (std::find(keys.begin(), keys.end(), dt) == keys.end()) {
         EXPECT_EQ(find_kernel(op, dt, "cpu.ref"), nullptr) << op << " " << dtype_name(dt);
         EXPECT_EQ(find_kernel(op, dt, "cpu.fast"), nullptr) << op << " " << dtype_name(dt);
         continue;

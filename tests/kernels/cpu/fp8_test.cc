@@ -1,0 +1,314 @@
+// FP8 ops: the host conversions against a brute-force nearest-value search over all codes,
+// fp8_quantize / fp8_gemm / fp8_scale_update references against computations written here,
+// fast against reference (and every device linked in, op_test_util.h), and bad calls.
+#include <cfloat>
+#include <cmath>
+
+#include "tests/kernels/cpu/op_test_util.h"
+
+namespace loom::kernels::cpu::testing {
+namespace {
+
+const DType kFp8[] = {DType::kF8E4M3, DType::kF8E5M2};
+constexpr const NoAttrs* kNone = nullptr;
+
+// The oracle of f32 -> FP8: the finite code nearest to x, ties to the code with an even
+// mantissa (last bit 0), magnitudes beyond the largest finite one saturated, NaN to NaN.
+uint8_t oracle_encode(float x, DType t) {
+  const float max = fp8_format(t).max;
+  const uint8_t sign = std::signbit(x) ? 0x80 : 0x00;
+  const double a = std::fabs(static_cast<double>(x));
+  if (a >= max) return static_cast<uint8_t>(sign | (t == DType::kF8E5M2 ? 0x7b : 0x7e));
+  uint8_t best = 0;
+  double best_diff = INFINITY;
+  for (int c = 0; c < 0x80; ++c) {
+    double v = fp8_to_f32(static_cast<uint8_t>(c), t);
+    if (!std::isfinite(v)) continue;
+    double d = std::fabs(v - a);
+    if (d < best_diff || (d == best_diff && (c & 1) == 0)) {
+      best = static_cast<uint8_t>(c);
+      best_diff = d;
+    }
+  }
+  return static_cast<uint8_t>(sign | best);
+}
+
+TEST(Fp8Conversion, KnownCodes) {
+  EXPECT_EQ(f32_to_fp8(1.0f, DType::kF8E4M3), 0x38);
+  EXPECT_EQ(f32_to_fp8(448.0f, DType::kF8E4M3), 0x7e);
+  EXPECT_EQ(f32_to_fp8(-448.0f, DType::kF8E4M3), 0xfe);
+  EXPECT_EQ(f32_to_fp8(std::ldexp(1.0f, -9), DType::kF8E4M3), 0x01);  // smallest subnormal
+  EXPECT_EQ(f32_to_fp8(1.0f, DType::kF8E5M2), 0x3c);
+  EXPECT_EQ(f32_to_fp8(57344.0f, DType::kF8E5M2), 0x7b);
+  EXPECT_EQ(f32_to_fp8(std::ldexp(1.0f, -16), DType::kF8E5M2), 0x01);
+  EXPECT_EQ(fp8_to_f32(0x7e, DType::kF8E4M3), 448.0f);
+  EXPECT_EQ(fp8_to_f32(0x08, DType::kF8E4M3), std::ldexp(1.0f, -6));  // smallest normal
+  EXPECT_EQ(fp8_to_f32(0x07, DType::kF8E4M3), 7 * std::ldexp(1.0f, -9));
+  EXPECT_TRUE(std::isnan(fp8_to_f32(0x7f, DType::kF8E4M3)));
+  EXPECT_TRUE(std::isnan(fp8_to_f32(0xff, DType::kF8E4M3)));
+  EXPECT_EQ(fp8_to_f32(0x7c, DType::kF8E5M2), INFINITY);
+  EXPECT_TRUE(std::isnan(fp8_to_f32(0x7d, DType::kF8E5M2)));
+  EXPECT_EQ(fp8_to_f32(0x03, DType::kF8E5M2), 3 * std::ldexp(1.0f, -16));
+}
+
+TEST(Fp8Conversion, EveryFiniteCodeRoundTrips) {
+  for (DType t : kFp8)
+    for (int c = 0; c < 256; ++c) {
+      float v = fp8_to_f32(static_cast<uint8_t>(c), t);
+      if (!std::isfinite(v)) continue;
+      EXPECT_EQ(f32_to_fp8(v, t), c) << dtype_name(t) << " code " << c << " = " << v;
+    }
+}
+
+TEST(Fp8Conversion, MatchesNearestValueSearch) {
+  std::mt19937 rng(5);
+  for (DType t : kFp8) {
+    std::vector<float> xs = {0.0f, -0.0f, INFINITY, -INFINITY, FLT_MAX, 1e-30f, -1e-30f,
+                             FLT_MIN, fp8_format(t).max * 1.01f, fp8_format(t).max * 0.999f};
+    // Every midpoint between neighbouring codes (the ties), and just either side of it.
+    for (int c = 0; c + 1 < 0x80; ++c) {
+      float lo = fp8_to_f32(static_cast<uint8_t>(c), t);
+      float hi = fp8_to_f32(static_cast<uint8_t>(c + 1), t);
+      if (!std::isfinite(hi)) continue;
+      float mid = (lo + hi) / 2;
+      for (float x : {mid, std::nextafter(mid, 0.0f), std::nextafter(mid, INFINITY)}) {
+        xs.push_back(x);
+        xs.push_back(-x);
+      }
+    }
+    std::uniform_real_distribution<float> expo(-20.0f, 18.0f);
+    for (int i = 0; i < 20000; ++i) xs.push_back((i % 2 ? -1 : 1) * std::exp2(expo(rng)));
+    for (float x : xs)
+      ASSERT_EQ(f32_to_fp8(x, t), oracle_encode(x, t)) << dtype_name(t) << " x = " << x;
+    EXPECT_TRUE(std::isnan(fp8_to_f32(f32_to_fp8(NAN, t), t))) << dtype_name(t);
+  }
+}
+
+// ---- fp8_quantize ---------------------------------------------------------------------
+
+class Fp8QuantizeTest : public ::testing::TestWithParam<DType> {};
+
+TEST_P(Fp8QuantizeTest, ReferenceMatchesOracleAndTransposes) {
+  std::mt19937 rng(11);
+  for (DType out : kFp8)
+    for (auto [m, k] : {std::pair<int64_t, int64_t>{1, 1}, {7, 33}, {65, 20}}) {
+      Tensor x = Tensor::random(GetParam(), {m, k}, rng, -5.0, 5.0);
+      x.set(0, 0.0);
+      const float scale = out == DType::kF8E4M3 ? 80.0f : 9000.0f;  // some values saturate
+      Tensor s = Tensor::filled(DType::kF32, {1}, scale);
+      Tensor y(out, {m, k}), yt(out, {k, m}), amax = Tensor::filled(DType::kF32, {1}, 0.25);
+      run_ref(ops::kFp8Quantize, GetParam(), {&x, &s}, {&y, &yt, &amax});
+      double expected_amax = 0.25;
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < k; ++j) {
+          float v = static_cast<float>(x.get(i * k + j));
+          uint8_t want = oracle_encode(v * scale, out);
+          ASSERT_EQ(static_cast<const uint8_t*>(y.raw())[i * k + j], want) << i << "," << j;
+          ASSERT_EQ(static_cast<const uint8_t*>(yt.raw())[j * m + i], want) << i << "," << j;
+          expected_amax = std::max(expected_amax, std::fabs(static_cast<double>(v)));
+        }
+      EXPECT_EQ(amax.get(0), expected_amax);
+    }
+}
+
+TEST_P(Fp8QuantizeTest, FastMatchesReference) {
+  std::mt19937 rng(12);
+  for (DType out : kFp8)
+    for (std::vector<int64_t> shape :
+         {std::vector<int64_t>{1, 1}, {7, 33}, {65, 129}, {3, 5, 17}, {40, 256}}) {
+      int64_t k = shape.back(), m = 1;
+      for (size_t d = 0; d + 1 < shape.size(); ++d) m *= shape[d];
+      Tensor x = Tensor::random(GetParam(), shape, rng, -3.0, 3.0);
+      Tensor s = Tensor::filled(DType::kF32, {1}, out == DType::kF8E4M3 ? 150.0 : 20000.0);
+      Tensor amax = Tensor::filled(DType::kF32, {1}, 0.0);
+      expect_fast_matches_ref(ops::kFp8Quantize, GetParam(), {x, s},
+                              {Tensor(out, shape), Tensor(out, {k, m}), amax}, kNone,
+                              "both outputs");
+      expect_fast_matches_ref(ops::kFp8Quantize, GetParam(), {x, s},
+                              {Tensor(out, shape), Tensor(), Tensor()}, kNone, "Y only");
+      expect_fast_matches_ref(ops::kFp8Quantize, GetParam(), {x, s},
+                              {Tensor(), Tensor(out, {k, m}), amax}, kNone, "Yt only");
+    }
+}
+
+TEST_P(Fp8QuantizeTest, NonFiniteInputs) {
+  Tensor x = Tensor::filled(GetParam(), {2, 4}, 1.0);
+  x.set(1, INFINITY);
+  x.set(2, -INFINITY);
+  x.set(5, NAN);
+  Tensor s = Tensor::filled(DType::kF32, {1}, 1.0);
+  for (const char* name : {"cpu.ref", "cpu.fast"}) {
+    Tensor y(DType::kF8E4M3, {2, 4}), none, amax = Tensor::filled(DType::kF32, {1}, 0.0);
+    run(ops::kFp8Quantize, name, GetParam(), {&x, &s}, {&y, &none, &amax});
+    EXPECT_EQ(y.get(1), 448.0) << name << ": +inf saturates";
+    EXPECT_EQ(y.get(2), -448.0) << name << ": -inf saturates";
+    EXPECT_TRUE(std::isnan(y.get(5))) << name;
+    EXPECT_TRUE(std::isnan(amax.get(0))) << name << ": NaN propagates into amax";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, Fp8QuantizeTest, ::testing::ValuesIn(float_dtypes()),
+                         dtype_param_name);
+
+// ---- fp8_gemm -------------------------------------------------------------------------
+
+// Random FP8 values spread over the format's range.
+Tensor random_fp8(DType t, std::vector<int64_t> shape, std::mt19937& rng, double range) {
+  return Tensor::random(t, std::move(shape), rng, -range, range);
+}
+
+// Y = alpha * sa * sb * A @ B^T + beta * Y in f64 from the decoded values.
+std::vector<double> gemm_oracle(const Tensor& a, const Tensor& b, double sa, double sb,
+                                const ops::Fp8GemmAttrs& at, const Tensor& y0) {
+  int64_t m = a.shape()[0], k = a.shape()[1], n = b.shape()[0];
+  std::vector<double> y(static_cast<size_t>(m * n));
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double acc = 0;
+      for (int64_t p = 0; p < k; ++p) acc += a.get(i * k + p) * b.get(j * k + p);
+      y[i * n + j] = at.alpha * sa * sb * acc + (at.beta != 0 ? at.beta * y0.get(i * n + j) : 0.0);
+    }
+  return y;
+}
+
+TEST(Fp8Gemm, ReferenceAndFastMatchOracle) {
+  std::mt19937 rng(21);
+  const std::pair<DType, DType> kinds[] = {{DType::kF8E4M3, DType::kF8E4M3},
+                                           {DType::kF8E5M2, DType::kF8E4M3},
+                                           {DType::kF8E4M3, DType::kF8E5M2}};
+  for (auto [ta, tb] : kinds)
+    for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 16}, {16, 48, 32},
+                           {33, 17, 64}, {64, 96, 256}})
+      for (float beta : {0.0f, 1.0f}) {
+        Tensor a = random_fp8(ta, {m, k}, rng, 8.0), b = random_fp8(tb, {n, k}, rng, 8.0);
+        Tensor sa = Tensor::filled(DType::kF32, {1}, 0.125), sb = Tensor::filled(DType::kF32, {1}, 0.5);
+        ops::Fp8GemmAttrs at{1.5f, beta, 0};
+        Tensor y = Tensor::random(DType::kF32, {m, n}, rng);
+        if (beta == 0.0f) y.set(0, NAN);  // beta 0 must not read Y
+        std::vector<double> expected = gemm_oracle(a, b, 0.125, 0.5, at, y);
+        for (const char* name : {"cpu.ref", "cpu.fast"}) {
+          Tensor got = y;
+          run(ops::kFp8Gemm, name, ta, {&a, &b, &sa, &sb}, {&got}, &at);
+          expect_close(got, expected, DType::kF32,
+                       std::string(name) + " " + dtype_name(ta) + " x " + dtype_name(tb));
+        }
+        expect_fast_matches_ref(ops::kFp8Gemm, ta, {a, b, sa, sb}, {y}, &at,
+                                std::string(dtype_name(ta)) + " x " + dtype_name(tb));
+      }
+}
+
+TEST(Fp8Gemm, LowPrecisionOutputs) {
+  std::mt19937 rng(22);
+  Tensor a = random_fp8(DType::kF8E4M3, {32, 64}, rng, 4.0);
+  Tensor b = random_fp8(DType::kF8E4M3, {48, 64}, rng, 4.0);
+  Tensor sa = Tensor::filled(DType::kF32, {1}, 0.25), sb = Tensor::filled(DType::kF32, {1}, 0.25);
+  ops::Fp8GemmAttrs at{1.0f, 0.0f, 1};
+  std::vector<double> expected = gemm_oracle(a, b, 0.25, 0.25, at, Tensor());
+  for (DType out : {DType::kBF16, DType::kF16})
+    for (const char* name : {"cpu.ref", "cpu.fast"}) {
+      Tensor y(out, {32, 48});
+      run(ops::kFp8Gemm, name, DType::kF8E4M3, {&a, &b, &sa, &sb}, {&y}, &at);
+      expect_close(y, expected, out, std::string(name) + " into " + dtype_name(out));
+    }
+}
+
+// What FP8 is for: quantised with per-tensor scales, a GEMM stays close to the f32 one.
+TEST(Fp8Gemm, QuantisedProductTracksTheF32Product) {
+  std::mt19937 rng(23);
+  const int64_t m = 64, n = 48, k = 128;
+  Tensor x = Tensor::random(DType::kF32, {m, k}, rng, -2.0, 2.0);
+  Tensor w = Tensor::random(DType::kF32, {n, k}, rng, -0.05, 0.05);
+  auto quantise = [&](Tensor& t, double amax, Tensor* q, Tensor* scale_inv) {
+    Tensor s = Tensor::filled(DType::kF32, {1}, 448.0 / amax);
+    Tensor none;
+    run_ref(ops::kFp8Quantize, DType::kF32, {&t, &s}, {q, &none, &none});
+    *scale_inv = Tensor::filled(DType::kF32, {1}, amax / 448.0);
+  };
+  Tensor xq(DType::kF8E4M3, {m, k}), wq(DType::kF8E4M3, {n, k}), sx, sw;
+  quantise(x, 2.0, &xq, &sx);
+  quantise(w, 0.05, &wq, &sw);
+  ops::Fp8GemmAttrs at{1.0f, 0.0f, 0};
+  Tensor y(DType::kF32, {m, n});
+  run(ops::kFp8Gemm, "cpu.fast", DType::kF8E4M3, {&xq, &wq, &sx, &sw}, {&y}, &at);
+  double err = 0, norm = 0;
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double exact = 0;
+      for (int64_t p = 0; p < k; ++p) exact += x.get(i * k + p) * w.get(j * k + p);
+      err += (y.get(i * n + j) - exact) * (y.get(i * n + j) - exact);
+      norm += exact * exact;
+    }
+  // E4M3 keeps 3 mantissa bits: each operand is within 2^-4 relative, the product's error
+  // averages out over K to a few percent.
+  EXPECT_LT(std::sqrt(err / norm), 0.05);
+}
+
+TEST(Fp8Gemm, BadCallsNameTheProblem) {
+  Tensor a(DType::kF8E5M2, {4, 16}), b(DType::kF8E5M2, {8, 16}), y(DType::kF32, {4, 8});
+  Tensor s = Tensor::filled(DType::kF32, {1}, 1.0);
+  ops::Fp8GemmAttrs at{1.0f, 0.0f, 0};
+  Status st = call_kernel(ops::kFp8Gemm, "cpu.ref", DType::kF8E5M2, {&a, &b, &s, &s}, {&y}, &at);
+  EXPECT_NE(st.code, Code::kOk);
+  status_release(&st);
+  CallHolder h({&a, &b, &s, &s}, {&y}, &at);
+  Status direct = kernel(ops::kFp8Gemm, DType::kF8E5M2, "cpu.ref").fn(&h.call);
+  std::string message = take_message(&direct);
+  EXPECT_NE(message.find("both fp8_e5m2"), std::string::npos) << message;
+  Tensor a4(DType::kF8E4M3, {4, 16}), b4(DType::kF8E4M3, {8, 32});
+  CallHolder h2({&a4, &b4, &s, &s}, {&y}, &at);
+  Status k_mismatch = kernel(ops::kFp8Gemm, DType::kF8E4M3, "cpu.ref").fn(&h2.call);
+  message = take_message(&k_mismatch);
+  EXPECT_NE(message.find("expected (N, K) with K = 16"), std::string::npos) << message;
+}
+
+// ---- fp8_scale_update -----------------------------------------------------------------
+
+TEST(Fp8ScaleUpdate, DelayedScalingRules) {
+  // Q = 6 quantisers, L = 3 history rows; row 1 holds the newest amaxes.
+  const float h0[3][6] = {{2.0f, 0.0f, 1.0f, 0.0f, 3.0f, 1e-40f},
+                          {1.0f, 0.0f, NAN, INFINITY, 0.5f, 1e-40f},
+                          {4.0f, 0.0f, 1.0f, 0.0f, 0.25f, 0.0f}};
+  Tensor fp8_max(DType::kF32, {6});
+  for (int q = 0; q < 6; ++q) fp8_max.set(q, q == 4 ? 57344.0 : 448.0);
+  for (int algo : {0, 1})
+    for (const char* name : {"cpu.ref", "cpu.fast"}) {
+      Tensor history(DType::kF32, {3, 6});
+      for (int r = 0; r < 3; ++r)
+        for (int q = 0; q < 6; ++q) history.set(r * 6 + q, h0[r][q]);
+      Tensor scale = Tensor::filled(DType::kF32, {6}, 7.0), scale_inv(DType::kF32, {6});
+      ops::Fp8ScaleAttrs at{algo, 1, 2, 1.0f};
+      run(ops::kFp8ScaleUpdate, name, DType::kF32, {&fp8_max}, {&history, &scale, &scale_inv},
+          &at);
+      std::string what = std::string(name) + " algo " + std::to_string(algo);
+      // Column 0: max 4 (algo 0) or most recent 1 (algo 1), margin 1 halves the scale.
+      EXPECT_FLOAT_EQ(scale.get(0), algo == 0 ? 448.0 / 4 / 2 : 448.0 / 1 / 2) << what;
+      EXPECT_EQ(scale.get(1), 7.0) << what << ": amax 0 keeps the scale";
+      EXPECT_EQ(scale.get(2), 7.0) << what << ": NaN amax keeps the scale";
+      EXPECT_EQ(scale.get(3), 7.0) << what << ": infinite amax keeps the scale";
+      EXPECT_FLOAT_EQ(scale.get(4), algo == 0 ? 57344.0 / 3 / 2 : 57344.0 / 0.5 / 2) << what;
+      EXPECT_EQ(scale.get(5), FLT_MAX) << what << ": an overflowing scale is FLT_MAX";
+      for (int q = 0; q < 6; ++q) {
+        EXPECT_FLOAT_EQ(scale_inv.get(q), 1.0 / scale.get(q)) << what << " q " << q;
+        EXPECT_EQ(history.get(2 * 6 + q), 0.0) << what << ": row next is zeroed";
+        EXPECT_EQ(history.get(0 * 6 + q), h0[0][q]) << what << ": other rows are kept";
+      }
+    }
+}
+
+TEST(Fp8ScaleUpdate, NoRowZeroedWithNextMinusOneAndBadAttrsRefused) {
+  Tensor fp8_max = Tensor::filled(DType::kF32, {2}, 448.0);
+  Tensor history = Tensor::filled(DType::kF32, {1, 2}, 2.0);
+  Tensor scale = Tensor::filled(DType::kF32, {2}, 1.0), scale_inv(DType::kF32, {2});
+  ops::Fp8ScaleAttrs at{1, 0, -1, 0.0f};
+  run_ref(ops::kFp8ScaleUpdate, DType::kF32, {&fp8_max}, {&history, &scale, &scale_inv}, &at);
+  EXPECT_EQ(history.get(0), 2.0);
+  EXPECT_EQ(scale.get(1), 224.0);
+  ops::Fp8ScaleAttrs bad{1, 1, -1, 0.0f};  // current outside the single row
+  CallHolder h({&fp8_max}, {&history, &scale, &scale_inv}, &bad);
+  Status st = kernel(ops::kFp8ScaleUpdate, DType::kF32, "cpu.ref").fn(&h.call);
+  std::string message = take_message(&st);
+  EXPECT_NE(message.find("attrs.current is 1, outside [0, 1)"), std::string::npos) << message;
+}
+
+}  // namespace
+}  // namespace loom::kernels::cpu::testing
