@@ -15,11 +15,12 @@ namespace {
 class BuildContext final : public IBuildContext {
  public:
   BuildContext(PluginManager& plugins, const nlohmann::json& node, std::string pointer,
-               const nlohmann::json& inherited)
+               const nlohmann::json& inherited, IFp8Recipe* fp8)
       : plugins_(plugins),
         node_(node),
         pointer_(std::move(pointer)),
-        inherited_(inherited.dump()) {}
+        inherited_(inherited.dump()),
+        fp8_(fp8) {}
   virtual ~BuildContext() = default;
 
   InterfaceInfo interface_info() const noexcept override { return kinds::kBuildContext; }
@@ -43,25 +44,27 @@ class BuildContext final : public IBuildContext {
           nlohmann::json::parse(inherited_json.data, inherited_json.data + inherited_json.size);
       if (!inherited.is_object())
         fail(Code::kInvalidArgument, "build_child_with: inherited options must be a JSON object");
-      *out = build_component(plugins_, node_[name], kind, child, inherited).release();
+      *out = build_component(plugins_, node_[name], kind, child, inherited, fp8_).release();
     });
   }
   StringView inherited() const noexcept override {
     return StringView{inherited_.data(), inherited_.size()};
   }
+  IFp8Recipe* fp8_recipe() noexcept override { return fp8_; }
 
  private:
   PluginManager& plugins_;
   const nlohmann::json& node_;
   std::string pointer_;
   std::string inherited_;
+  IFp8Recipe* fp8_;
 };
 
 }  // namespace
 
 ObjectPtr build_component(PluginManager& plugins, const nlohmann::json& node,
                           const InterfaceInfo& kind, const std::string& pointer,
-                          const nlohmann::json& inherited) {
+                          const nlohmann::json& inherited, IFp8Recipe* fp8) {
   std::string name = node.value("impl", "");
   const FactoryEntry* factory = plugins.registry().find_factory(kind.kind, name);
   if (factory == nullptr)
@@ -79,7 +82,7 @@ ObjectPtr build_component(PluginManager& plugins, const nlohmann::json& node,
                                   compact_value(merged[key]), compact_value(value)));
     }
   }
-  BuildContext ctx(plugins, node, pointer, inherited);
+  BuildContext ctx(plugins, node, pointer, inherited, fp8);
   std::string options = merged.dump();
   IObject* raw = nullptr;
   Status status = factory->factory->create(StringView{options.data(), options.size()}, &ctx, &raw);

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "core/plugin/plugin_manager.h"
+#include "loom/kinds/fp8_recipe.h"
 #include "loom/object.h"
 
 namespace loom::core {
@@ -27,8 +28,11 @@ using ObjectPtr = std::unique_ptr<IObject, ObjectDeleter>;
 /// \param pointer  JSON pointer of the node, for messages
 /// \param inherited options handed down by the enclosing component (or the core): keys the
 ///                  node does not set are added; keys it sets must be equal
+/// \param fp8      the run's FP8 recipe, handed to this component and its children
+///                  (IBuildContext::fp8_recipe); null when the run does not use FP8
 ObjectPtr build_component(PluginManager& plugins, const nlohmann::json& node,
                           const InterfaceInfo& kind, const std::string& pointer,
-                          const nlohmann::json& inherited = nlohmann::json::object());
+                          const nlohmann::json& inherited = nlohmann::json::object(),
+                          IFp8Recipe* fp8 = nullptr);
 
 }  // namespace loom::core

@@ -217,7 +217,14 @@ Trainer::Trainer(const nlohmann::json& spec, PluginManager& plugins,
                               {"sequence_parallel", spec_["parallel"]["sequence_parallel"]}};
   for (const auto& [k, v] : model_inherited.items()) inherited[k] = v;
   return_logits_ = inherited.value("return_logits", false);
-  model_object_ = build_component(plugins_, spec_["model"], kinds::kModel, "/model", inherited);
+  // FP8 training (Transformer Engine's recipes): the recipe is handed to every module built.
+  if (precision.contains("fp8")) {
+    fp8_object_ = build_component(plugins_, precision["fp8"], kinds::kFp8Recipe, "/precision/fp8",
+                                  {{"device", device}});
+    fp8_ = interface_cast<IFp8Recipe>(fp8_object_.get());
+  }
+  model_object_ =
+      build_component(plugins_, spec_["model"], kinds::kModel, "/model", inherited, fp8_);
   model_ = interface_cast<IModel>(model_object_.get());
   const nlohmann::json& par = spec_["parallel"];
   bool sharded = par["distributed_optimizer"].get<bool>();
@@ -398,6 +405,8 @@ void Trainer::print_banner(std::FILE* out) const {
                  "%.1f TFLOP/s%s\n",
                  flops_per_step_, device_name_.c_str(), peak_flops_ / 1e12,
                  peak_flops_ > 0 ? "" : " (unknown: no MFU)");
+  if (fp8_ != nullptr)
+    std::fprintf(out, "  fp8: %s\n", spec_["precision"]["fp8"].dump().c_str());
   std::fprintf(out, "  memory estimate: %s\n", memory_estimate().describe().c_str());
   std::string kernels;
   for (const auto& r : plugins_.host().resolutions())
@@ -585,6 +594,16 @@ StepResult Trainer::step() {
     else
       update_each(hp);
     grad_sync_->gather_values();
+  }
+  // FP8 scales for the next step from this step's amaxes, alike on every replica (reduced
+  // over the groups that quantise the same tensors: Megatron's amax reduction group).
+  if (fp8_ != nullptr) {
+    ICommunicator* amax_group = nullptr;
+    throw_if_error(host.communicator(make_string_view("tp,dp"), &amax_group), "the tp,dp group");
+    throw_if_error(
+        fp8_->step_end(amax_group->size() > 1 ? amax_group : nullptr, nullptr),
+        fmt::format("the FP8 recipe ('{}') at the end of step {}",
+                    spec_["precision"]["fp8"]["impl"].get<std::string>(), r.step));
   }
   // Kernels on a device run asynchronously: the step ends when its work has.
   throw_if_error(plugins_.host().synchronize(device_), "the step's device work");

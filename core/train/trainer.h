@@ -189,6 +189,9 @@ class Trainer {
   bool overlap_ = false;  // hand buckets over during the last backward of a step
   Device device_;
   DType params_dtype_;
+  // The FP8 recipe first: the model's modules hold it, so it is destroyed after them.
+  ObjectPtr fp8_object_;
+  IFp8Recipe* fp8_ = nullptr;  ///< spec /precision/fp8; null without FP8
   ObjectPtr model_object_, optimizer_object_, schedule_object_;
   IModel* model_ = nullptr;
   IOptimizer* optimizer_ = nullptr;

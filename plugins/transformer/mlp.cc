@@ -8,7 +8,7 @@
 namespace loom::transformer {
 namespace {
 
-enum Slot : int32_t { kInput, kFc1Out, kActOut };
+enum Slot : int32_t { kInput, kFc1Out, kActOut, kFc1Fp8 = 16, kFc2Fp8 = kFc1Fp8 + Linear::kFp8Slots };
 
 std::string activation_name(const nlohmann::json& options) {
   return options.at("activation").get<std::string>();
@@ -70,6 +70,8 @@ Mlp::Mlp(const nlohmann::json& options, IBuildContext& ctx)
   IHost& host = *ctx.host();
   act_fwd_ = Kernel(host, swiglu ? ops::kSwigluFwd : ops::kGeluFwd, device_, dtype_);
   act_bwd_ = Kernel(host, swiglu ? ops::kSwigluBwd : ops::kGeluBwd, device_, dtype_);
+  linear_.enable_fp8(ctx, {this, kFc1Fp8});  // FP8 GEMMs when the run has a recipe
+  linear_.enable_fp8(ctx, {this, kFc2Fp8});
 }
 
 void Mlp::run_forward(IForwardContext& ctx, const TensorView* inputs, int32_t num_inputs,
@@ -85,7 +87,7 @@ void Mlp::run_forward(IForwardContext& ctx, const TensorView* inputs, int32_t nu
   TensorView x = tp_.enter(ctx, x_in);  // the whole sequence with sequence parallelism
   int64_t n = numel(x) / hidden_;
   TensorView h1 = allocate(ctx, dtype_, {n, fc1_out_}, device_);  // (N, F | 2F)
-  linear_.forward(rows(x, hidden_), rows(value(fc1_weight_), hidden_),
+  linear_.forward(ctx, {this, kFc1Fp8}, rows(x, hidden_), rows(value(fc1_weight_), hidden_),
                   bias_ ? reshape(value(fc1_bias_), {fc1_out_}) : empty_view(), h1);
   TensorView a = allocate(ctx, dtype_, {n, local_ffn_}, device_);  // (N, F/P)
   if (activation_ == Activation::kSwiglu)
@@ -93,7 +95,8 @@ void Mlp::run_forward(IForwardContext& ctx, const TensorView* inputs, int32_t nu
   else
     act_fwd_({h1}, {a}, ops::GeluAttrs{activation_ == Activation::kGeluTanh ? 1 : 0});
   TensorView y_partial = allocate_like(ctx, x);
-  linear_.forward(a, value(fc2_weight_), empty_view(), rows(y_partial, hidden_));
+  linear_.forward(ctx, {this, kFc2Fp8}, a, value(fc2_weight_), empty_view(),
+                  rows(y_partial, hidden_));
   TensorView y = tp_.exit(ctx, y_partial);  // summed over the group: like x_in
   if (bias_) linear_.add_bias(value(fc2_bias_), rows(y, hidden_));
   if (ctx.training()) {
@@ -119,7 +122,8 @@ void Mlp::run_backward(IForwardContext& ctx, const TensorView* grad_outputs,
   TensorView dy = tp_.exit_backward(ctx, dy_in);
   int64_t n = numel(x) / hidden_;
   TensorView da = allocate(ctx, dtype_, {n, local_ffn_}, device_);
-  linear_.backward(rows(dy, hidden_), a, value(fc2_weight_), grad(fc2_weight_), empty_view(), da);
+  linear_.backward(ctx, {this, kFc2Fp8}, rows(dy, hidden_), a, value(fc2_weight_),
+                   grad(fc2_weight_), empty_view(), da);
   TensorView dh1 = allocate(ctx, dtype_, {n, fc1_out_}, device_);
   if (activation_ == Activation::kSwiglu)
     act_bwd_({da, h1}, {dh1});
@@ -127,7 +131,7 @@ void Mlp::run_backward(IForwardContext& ctx, const TensorView* grad_outputs,
     act_bwd_({da, h1}, {dh1}, ops::GeluAttrs{activation_ == Activation::kGeluTanh ? 1 : 0});
   TensorView dx_partial = allocate_like(ctx, x);
   linear_.backward(
-      dh1, rows(x, hidden_), rows(value(fc1_weight_), hidden_), rows(grad(fc1_weight_), hidden_),
+      ctx, {this, kFc1Fp8}, dh1, rows(x, hidden_), rows(value(fc1_weight_), hidden_), rows(grad(fc1_weight_), hidden_),
       bias_ ? reshape(grad(fc1_bias_), {fc1_out_}) : empty_view(), rows(dx_partial, hidden_));
   grad_inputs[0] = tp_.enter_backward(ctx, dx_partial);
   release_all(ctx, {dy, da, dh1, dx_partial}, {dy_in, grad_inputs[0]});

@@ -11,7 +11,15 @@
 namespace loom::transformer {
 namespace {
 
-enum Slot : int32_t { kInput, kPositions, kSegments, kNormed, kCoreOut };
+enum Slot : int32_t {
+  kInput,
+  kPositions,
+  kSegments,
+  kNormed,
+  kCoreOut,
+  kQkvFp8 = 16,  // Linear's FP8 operands of the QKV and output projections
+  kProjFp8 = kQkvFp8 + Linear::kFp8Slots,
+};
 enum Stream : uint64_t { kAttentionOutDropout = 1, kMlpOutDropout = 2 };
 
 }  // namespace
@@ -110,6 +118,8 @@ TransformerLayer::TransformerLayer(const nlohmann::json& options, IBuildContext&
   add_ = Kernel(host, ops::kAdd, device_, dtype_);
   dropout_fwd_ = Kernel(host, ops::kDropoutFwd, device_, dtype_);
   dropout_bwd_ = Kernel(host, ops::kDropoutBwd, device_, dtype_);
+  linear_.enable_fp8(ctx, {this, kQkvFp8});  // FP8 GEMMs when the run has a recipe
+  linear_.enable_fp8(ctx, {this, kProjFp8});
 }
 
 void TransformerLayer::dropout_forward(IForwardContext& ctx, const TensorView& x,
@@ -163,7 +173,7 @@ TensorView TransformerLayer::forward_impl(IForwardContext& ctx, const TensorView
   TensorView normed_shard = call_forward(*input_norm_, ctx, {x}, 1, "input_layernorm")[0];
   TensorView normed = tp_.enter(ctx, normed_shard);  // (B, T, C) on every rank
   TensorView qkv = allocate(ctx, dtype_, {b, t, g, (h / g + 2) * d}, device_);
-  linear_.forward(rows(normed, hidden_), value(qkv_weight_),
+  linear_.forward(ctx, {this, kQkvFp8}, rows(normed, hidden_), value(qkv_weight_),
                   qkv_bias_ ? value(qkv_bias_index_) : empty_view(), rows(qkv, (h + 2 * g) * d));
   TensorView q = allocate(ctx, dtype_, {b, t, h, d}, device_);
   TensorView k = allocate(ctx, dtype_, {b, t, g, d}, device_);
@@ -195,7 +205,7 @@ TensorView TransformerLayer::forward_impl(IForwardContext& ctx, const TensorView
   TensorView core_out =
       call_forward(*core_, ctx, {q, k_all, v_all, segments, empty_view()}, 1, "attention")[0];
   TensorView attn_partial = allocate(ctx, dtype_, {b, t, hidden_}, device_);
-  linear_.forward(rows(core_out, h * d), value(proj_weight_), empty_view(),
+  linear_.forward(ctx, {this, kProjFp8}, rows(core_out, h * d), value(proj_weight_), empty_view(),
                   rows(attn_partial, hidden_));
   TensorView attn = tp_.exit(ctx, attn_partial);  // summed over the group: like x
   release_all(ctx, {attn_partial}, {attn});
@@ -250,7 +260,8 @@ void TransformerLayer::run_backward(IForwardContext& ctx, const TensorView* grad
   if (proj_bias_) linear_.bias_grad(rows(dattn, hidden_), grad(proj_bias_index_));
   TensorView dattn_full = tp_.exit_backward(ctx, dattn);  // (B, T, C)
   TensorView dcore_out = allocate(ctx, dtype_, {b, t, h, d}, device_);
-  linear_.backward(rows(dattn_full, hidden_), rows(core_out, h * d), value(proj_weight_),
+  linear_.backward(ctx, {this, kProjFp8}, rows(dattn_full, hidden_), rows(core_out, h * d),
+                   value(proj_weight_),
                    grad(proj_weight_), empty_view(), rows(dcore_out, h * d));
   release_all(ctx, {dattn, dattn_full}, {dresidual});
   std::vector<TensorView> dqkv3 = call_backward(*core_, ctx, {dcore_out}, 3, "attention");
@@ -264,7 +275,8 @@ void TransformerLayer::run_backward(IForwardContext& ctx, const TensorView* grad
   merge_({dqkv3[0], dqkv3[1], dqkv3[2]}, {dqkv});
   release_all(ctx, {dqkv3[0], dqkv3[1], dqkv3[2]});
   TensorView dnormed_partial = allocate_like(ctx, normed);  // (B, T, C), this rank's heads
-  linear_.backward(rows(dqkv, (h + 2 * g) * d), rows(normed, hidden_), value(qkv_weight_),
+  linear_.backward(ctx, {this, kQkvFp8}, rows(dqkv, (h + 2 * g) * d), rows(normed, hidden_),
+                   value(qkv_weight_),
                    grad(qkv_weight_), qkv_bias_ ? grad(qkv_bias_index_) : empty_view(),
                    rows(dnormed_partial, hidden_));
   TensorView dnormed = tp_.enter_backward(ctx, dnormed_partial);  // like dy

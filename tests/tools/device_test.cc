@@ -112,6 +112,25 @@ TEST_F(DeviceTest, SameLossesOnTheFakeDeviceAsOnTheCpu) {
   }
 }
 
+// FP8 on a device: the recipe keeps its amax history and scales in device memory and
+// touches them only through kernels and IHost; the same losses as on the CPU, to the bit.
+TEST_F(DeviceTest, Fp8RecipesGiveTheCpuLossesOnTheDevice) {
+  for (const char* recipe : {"delayed", "tensorwise"}) {
+    SCOPED_TRACE(recipe);
+    nlohmann::json body = tiny_spec(6);
+    body["precision"] = {{"params", "bf16"}, {"fp8", {{"impl", recipe}, {"amax_history_len", 2}}}};
+    if (std::string(recipe) == "tensorwise") body["precision"]["fp8"].erase("amax_history_len");
+    auto cpu = train(std::string("fp8_cpu_") + recipe, body, "cpu");
+    ASSERT_EQ(cpu.exit_code, 0) << cpu.out << cpu.err;
+    auto dev = train(std::string("fp8_dev_") + recipe, body, "cuda");
+    ASSERT_EQ(dev.exit_code, 0) << dev.out << dev.err;
+    EXPECT_THAT(dev.out, HasSubstr("fp8_gemm:fp8_e4m3=cpu."));
+    Curve a = curve(std::string("fp8_cpu_") + recipe), b = curve(std::string("fp8_dev_") + recipe);
+    ASSERT_EQ(a.steps.size(), 6u);
+    expect_same(a, b, recipe);
+  }
+}
+
 TEST_F(DeviceTest, CheckpointOnTheDeviceResumesExactly) {
   nlohmann::json body = tiny_spec(6);
   body["precision"] = {{"params", "bf16"}};

@@ -36,7 +36,8 @@ inline constexpr InterfaceInfo kFactory{"factory", 1, 0};
 inline constexpr InterfaceInfo kHost{"host", 1, 1};
 /// 1.1: add_device_runtime.
 inline constexpr InterfaceInfo kRegistry{"registry", 1, 1};
-inline constexpr InterfaceInfo kBuildContext{"build_context", 1, 0};
+/// 1.1: fp8_recipe.
+inline constexpr InterfaceInfo kBuildContext{"build_context", 1, 1};
 /// 1.1: kv_cache; 1.2: grads_ready; 1.3: release, drop_saved.
 inline constexpr InterfaceInfo kForwardContext{"forward_context", 1, 3};
 /// 1.1: asynchronous collectives returning ICommWork (check the minor before calling them).

@@ -96,6 +96,11 @@ class IBuildContext {
   /// root unless the core passes some: the root model gets "seq_length",
   /// "micro_batch_size", "params_dtype" and "device"). ABI 1.1.
   virtual StringView inherited() const noexcept = 0;
+  /// The run's FP8 recipe (spec /precision/fp8), or null when the run does not train in
+  /// FP8. Owned by the core; it outlives every component built in this run. A module whose
+  /// GEMMs may run in FP8 asks it for quantisers while it is built (loom/kinds/fp8_recipe.h).
+  /// Build context 1.1 (ABI 1.4): check interface_info().minor before calling it.
+  virtual class IFp8Recipe* fp8_recipe() noexcept = 0;
 
  protected:
   ~IBuildContext() = default;

@@ -1,8 +1,12 @@
 // kinds::kFp8Recipe: how tensors are scaled into FP8 for GEMMs (delayed scaling with an
-// amax history, current per-tensor scaling, blockwise, MXFP8).
+// amax history, current per-tensor scaling; blockwise and MXFP8 scales are described below
+// for recipes to come).
 //
-// A GEMM-bearing module asks the recipe for a quantiser per operand (by role) when it is
-// built; the recipe owns the scaling state (amax history, scale) of that quantiser.
+// The core builds the recipe from spec /precision/fp8 and hands it to every component it
+// builds (IBuildContext::fp8_recipe). A GEMM-bearing module asks it for a quantiser per
+// operand (by role) when it is built; the recipe owns the scaling state (amax history,
+// scale) of that quantiser. The module quantises with `quantize` and multiplies with the
+// "fp8_gemm" op (loom/ops.h), scaling by the scale_inv each quantize wrote.
 #pragma once
 
 #include <stdint.h>
@@ -44,12 +48,21 @@ class IFp8Recipe : public IObject {
   /// \param[out] info  output dtype and scale layout
   virtual Status quantizer(const void* owner, Fp8Role role, int32_t* id,
                            Fp8QuantizerInfo* info) noexcept = 0;
-  /// Quantises `input` (f32/bf16/f16) into `output` and writes the scales the GEMM must
-  /// multiply by (scale_inv), recording the amax for the recipe's state.
+  /// Quantises `input` and writes the factor the GEMM must multiply by, recording the
+  /// input's amax in the recipe's state. All views are the caller's memory on the input's
+  /// device; the recipe keeps none of them.
+  /// \param id        a quantiser from `quantizer`
+  /// \param input     (M, K) f32/bf16/f16 (leading dimensions flatten into M), contiguous
+  /// \param output    (M, K) of info.dtype, or a view with data == null when not wanted
+  /// \param output_t  (K, M) of info.dtype, the transpose (for the GEMMs of backward), or
+  ///                  empty; at least one of output and output_t is given
+  /// \param scale_inv f32 (1): receives 1 / scale, so that input ~ output * scale_inv
+  /// \param stream    the device's compute stream (null on the CPU)
   virtual Status quantize(int32_t id, const TensorView* input, TensorView* output,
-                          TensorView* scale_inv, void* stream) noexcept = 0;
-  /// Called once per optimizer step, after the step: update amax histories and scales
-  /// (reduced over the given communicator when not null).
+                          TensorView* output_t, TensorView* scale_inv, void* stream) noexcept = 0;
+  /// Called once per optimizer step, after the step, on every rank: updates amax
+  /// histories and scales, the step's amaxes reduced (max) over `amax_group` first when it
+  /// is not null (the data-parallel group, so that every replica quantises alike).
   virtual Status step_end(class ICommunicator* amax_group, void* stream) noexcept = 0;
 
  protected:
