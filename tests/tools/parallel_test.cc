@@ -240,6 +240,25 @@ TEST_F(ParallelTest, MixedPrecisionDataParallelMatchesOneRank) {
     EXPECT_NEAR(one.loss[i], dp2.loss[i], 2e-3 * one.loss[i]) << "step " << i + 1;
 }
 
+// FP8 (delayed scaling): the amaxes of a step are reduced (max) over tp and dp before the
+// scales are updated, so every replica and every tensor-parallel shard quantises with the
+// scales one rank would use on the whole batch and the whole weights.
+TEST_F(ParallelTest, Fp8DataAndTensorParallelMatchOneRank) {
+  nlohmann::json s = tiny_spec();
+  s["precision"] = {{"params", "bf16"}, {"fp8", {{"impl", "delayed"}, {"amax_history_len", 2}}}};
+  s["train"]["steps"] = 5;
+  Curve one = train("fp8_one", s, "");
+  Curve dp2 = train("fp8_dp2", s, "--nproc 2 --set parallel.dp=2");
+  Curve tp2 = train("fp8_tp2", s, "--nproc 2 --set parallel.tp=2");
+  ASSERT_EQ(one.loss.size(), 5u);
+  for (const Curve* c : {&dp2, &tp2}) {
+    ASSERT_EQ(one.loss.size(), c->loss.size());
+    for (size_t i = 0; i < one.loss.size(); ++i)
+      EXPECT_NEAR(one.loss[i], c->loss[i], 2e-3 * one.loss[i])
+          << (c == &dp2 ? "dp2" : "tp2") << " step " << i + 1;
+  }
+}
+
 TEST_F(ParallelTest, DataParallelCheckpointResumes) {
   nlohmann::json s = tiny_spec();
   s["checkpoint"] = {{"interval", 3}, {"save_at_end", true}};
