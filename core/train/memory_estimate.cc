@@ -86,6 +86,8 @@ std::optional<uint64_t> transformer_activation_bytes(const nlohmann::json& model
     kept += 4 * n * hl;  // log-sum-exp
   else if (shape.recompute != RecomputePolicy::kSelective)
     kept += b * hl * t * t * s;  // probabilities
+  if (shape.fp8)  // x^T and W^T of qkv, proj, fc1, fc2 in one-byte FP8
+    kept += n * (2 * c + hl * d + fl) + c * ((hl + 2 * gl) * d + hl * d + fc1 + fl);
   const bool full = shape.recompute == RecomputePolicy::kFull;
   const double logits = n * vl * s + 4 * n;  // and their log-sum-exp
   double saved = layers * (full ? edge : kept);

@@ -15,7 +15,10 @@
 //                                           n (Hl + 2 Gl) D s + B Hl T^2 s (not "selective")
 //     MLP: fc1 output (Fl, or 2 Fl for swiglu) and activation output (Fl): n (fc1 + Fl) s
 //     the two norms' statistics (f32): layernorm 2 x 2 x 4 n, rmsnorm 2 x 4 n
-// and with recompute "full" only its input, n C s. After the last layer come the final
+// and with recompute "full" only its input, n C s. With FP8 GEMMs (/precision/fp8) each of
+// the layer's four linear sites also keeps its input's and its weight's FP8 transposes, one
+// byte each: n (2 C + Hl D + Fl) + C ((Hl + 2 Gl) D + Hl D + fc1 + Fl) bytes per layer
+// (qkv, proj, fc1, fc2). After the last layer come the final
 // norm's input and output, its statistics, the logits n Vl s and their log-sum-exp 4 n.
 // The peak is reached when backward starts, with the logits' gradient (n Vl s) beside all of
 // that, or inside the top layer's MLP backward when that is larger (dy, da, d(fc1 out),
@@ -56,6 +59,7 @@ struct ActivationShape {
   bool sequence_parallel = false;  ///< layer-boundary tensors are sequence shards
   DType dtype = DType::kF32;       ///< the parameters' (and activations') dtype
   RecomputePolicy recompute = RecomputePolicy::kNone;
+  bool fp8 = false;  ///< the layers' GEMMs run in FP8 (their operands' transposes are kept)
 };
 
 /// Peak activation bytes of one micro-batch's forward and backward (the formula above) for

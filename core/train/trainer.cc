@@ -369,6 +369,7 @@ MemoryEstimate Trainer::memory_estimate() const {
   shape.sequence_parallel = spec_["parallel"]["sequence_parallel"].get<bool>();
   shape.dtype = params_dtype_;
   shape.recompute = recompute_policy();
+  shape.fp8 = fp8_ != nullptr;
   e.activations = transformer_activation_bytes(spec_["model"], shape);
   return e;
 }

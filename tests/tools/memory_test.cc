@@ -115,6 +115,28 @@ TEST_F(MemoryTest, FullRecomputationKeepsOnlyLayerInputs) {
   }
 }
 
+// FP8 GEMMs keep each linear site's input and weight transposes in FP8 besides what the
+// bf16 layer keeps: the estimate grows by what the peak grows by.
+TEST_F(MemoryTest, Fp8LayersKeepTheirOperandsTransposes) {
+  for (const char* model : {"gpt", "llama"}) {
+    SCOPED_TRACE(model);
+    nlohmann::json s = std::string(model) == "gpt" ? gpt_spec() : llama_spec();
+    s["precision"] = {{"params", "bf16"}};
+    nlohmann::json bf16 = expect_within_10_percent(std::string(model) + "_bf16", s);
+    s["precision"]["fp8"] = {{"impl", "delayed"}};
+    nlohmann::json fp8 = expect_within_10_percent(std::string(model) + "_fp8", s);
+    if (!bf16.contains("peak_mem_bytes") || !fp8.contains("peak_mem_bytes")) continue;
+    double measured = fp8["peak_mem_bytes"].get<double>() - bf16["peak_mem_bytes"].get<double>();
+    double estimated =
+        fp8["estimated_mem_bytes"].get<double>() - bf16["estimated_mem_bytes"].get<double>();
+    EXPECT_GT(measured, 0);
+    EXPECT_NEAR(estimated, measured, 0.3 * measured) << "the FP8 share of the estimate";
+  }
+  nlohmann::json s = llama_spec();
+  s["precision"] = {{"params", "bf16"}, {"fp8", {{"impl", "tensorwise"}}}};
+  expect_within_10_percent("llama_fp8_cuda", s, "cuda");
+}
+
 TEST_F(MemoryTest, OnTheFakeCudaDeviceThroughTheCachingAllocator) {
   expect_within_10_percent("llama_cuda", llama_spec(), "cuda");
   nlohmann::json s = gpt_spec();
