@@ -197,6 +197,7 @@ struct BuildContext final : IBuildContext {
     return make_status(Code::kNotFound, "no children in load_check");
   }
   StringView inherited() const noexcept override { return make_string_view("{}"); }
+  IFp8Recipe* fp8_recipe() noexcept override { return nullptr; }
 };
 
 struct ForwardContext final : IForwardContext {
