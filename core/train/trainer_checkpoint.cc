@@ -124,6 +124,14 @@ std::vector<SaveTensor> Trainer::checkpoint_tensors() {
       out.push_back({state_name(*optimizer_, s, p), DType::kF32, shape_of(p),
                      by_param_kind[i * kinds + 1 + static_cast<size_t>(s)], b.offset, b.shape});
   }
+  // The FP8 recipe's state (amax histories, scales): the same on every rank after a step
+  // (the amaxes are reduced over tp and dp), so rank 0 writes it whole.
+  if (fp8_ != nullptr && tp_rank_ == 0)
+    for (int32_t i = 0; i < fp8_->state_count(); ++i) {
+      auto [name, view] = fp8_state(i);
+      std::vector<int64_t> shape(view.shape, view.shape + view.ndim);
+      out.push_back({name, DType::kF32, shape, view.data});
+    }
   if (device_.type != DeviceType::kCpu) {
     // The writers read host memory: copy what still lives on the device (the flats of the
     // distributed optimizer are host memory already).
@@ -176,6 +184,43 @@ nlohmann::json Trainer::checkpoint_metadata() const {
          "is the whole state"}}}};
   return {{"format_version", 1}, {"iteration", iteration_},   {"spec", spec_},
           {"trainer", trainer},  {"plugins", plugin_hashes_}, {"loom_version", kLoomVersion}};
+}
+
+std::pair<std::string, TensorView> Trainer::fp8_state(int32_t index) {
+  const char* name = nullptr;
+  TensorView view{};
+  throw_if_error(fp8_->state(index, device_, &name, &view),
+                 fmt::format("the FP8 recipe's state tensor {}", index));
+  if (name == nullptr || view.dtype != DType::kF32)
+    throw Error(Code::kInternal,
+                fmt::format("the FP8 recipe's state tensor {} has no name or is not f32", index));
+  return {std::string("fp8.") + name, view};
+}
+
+void Trainer::restore_fp8(CheckpointReader& reader) {
+  if (fp8_ == nullptr || fp8_->state_count() == 0) return;
+  std::vector<std::string> names;
+  std::vector<CheckpointTensor> requests;
+  for (int32_t i = 0; i < fp8_->state_count(); ++i) {
+    auto [name, view] = fp8_state(i);
+    if (!reader.has(name)) {
+      log_warning("checkpoint",
+                  fmt::format("{} holds no FP8 recipe state ('{}'; saved without "
+                              "/precision/fp8 or with another recipe): the amax histories and "
+                              "scales start afresh",
+                              reader.dir().string(), name));
+      return;
+    }
+    names.push_back(name);
+    CheckpointTensor t{};
+    t.struct_size = sizeof(CheckpointTensor);
+    t.ndim = view.ndim;
+    for (int32_t d = 0; d < view.ndim; ++d) t.global_shape[d] = view.shape[d];
+    t.data = view;
+    requests.push_back(t);
+  }
+  for (size_t i = 0; i < requests.size(); ++i) requests[i].name = names[i].c_str();
+  reader.read(requests);
 }
 
 void Trainer::load_weights(CheckpointReader& reader) {
@@ -272,6 +317,8 @@ void Trainer::restore(CheckpointReader& reader) {
                                  flats[static_cast<size_t>(s) + 1].data() + st->segment.flat, n));
     }
   }
+
+  restore_fp8(reader);
 
   const nlohmann::json& t = meta["trainer"];
   iteration_ = t.value("iteration", reader.iteration());

@@ -21,12 +21,47 @@ void DelayedScaling::allocate_state() {
   history_ = device_f32({history_len_, quantizer_count()}, 0.0f);
   scale_ = device_f32({quantizer_count()}, 1.0f);
   scale_inv_ = device_f32({quantizer_count()}, 1.0f);
+  position_ = device_f32({1}, 0.0f);
+}
+
+Status DelayedScaling::state(int32_t index, Device device, const char** name,
+                             TensorView* view) noexcept {
+  return guard([&] {
+    if (name == nullptr || view == nullptr)
+      fail(Code::kInvalidArgument, "fp8 delayed scaling: state: null name or view");
+    static const char* const kNames[] = {"amax_history", "scale", "scale_inv", "history_position"};
+    if (index < 0 || index >= state_count())
+      fail(Code::kOutOfRange, "fp8 delayed scaling: no state tensor " + std::to_string(index));
+    start(device);
+    const TensorView* views[] = {&history_, &scale_, &scale_inv_, &position_};
+    *name = kNames[index];
+    *view = *views[index];
+    reread_position_ = true;
+  });
+}
+
+void DelayedScaling::sync_position() {
+  if (!reread_position_) return;
+  reread_position_ = false;
+  float position = 0;
+  throw_if_error(host().copy(kCpu, &position, device(), position_.data, 4),
+                 "fp8 delayed scaling: reading the history position");
+  if (!(position >= 0 && position < static_cast<float>(history_len_)) ||
+      position != static_cast<float>(static_cast<int32_t>(position)))
+    fail(Code::kInvalidArgument,
+         "fp8 delayed scaling: history_position " + std::to_string(position) +
+             " is not a row of the amax history of " + std::to_string(history_len_) +
+             " (a checkpoint saved with another amax_history_len?)");
+  current_ = static_cast<int32_t>(position);
 }
 
 void DelayedScaling::quantize_impl(int32_t id, const TensorView& x, const TensorView& y,
-                                   const TensorView& yt, const TensorView& scale_inv,
+                                   const TensorView& yt, const TensorView& scale_inv, bool record,
                                    void* stream) {
-  TensorView amax_slot = element(history_, int64_t{current_} * quantizer_count() + id);
+  sync_position();
+  TensorView amax_slot = record
+                             ? element(history_, int64_t{current_} * quantizer_count() + id)
+                             : empty_view();
   quantize_kernel(x.dtype)({x, element(scale_, id)}, {y, yt, amax_slot}, stream);
   copy_scale_inv(element(scale_inv_, id), scale_inv, stream);
 }
@@ -34,6 +69,7 @@ void DelayedScaling::quantize_impl(int32_t id, const TensorView& x, const Tensor
 Status DelayedScaling::step_end(ICommunicator* amax_group, void* stream) noexcept {
   return guard([&] {
     if (!started()) return;  // nothing quantised yet: every scale stays 1
+    sync_position();
     if (amax_group != nullptr) {
       TensorView row = make_view(static_cast<float*>(history_.data) +
                                      int64_t{current_} * quantizer_count(),
@@ -45,6 +81,9 @@ Status DelayedScaling::step_end(ICommunicator* amax_group, void* stream) noexcep
     scale_update_kernel()({fp8_max()}, {history_, scale_, scale_inv_},
                           ops::Fp8ScaleAttrs{algo_, current_, next, margin()}, stream);
     current_ = next;
+    const float position = static_cast<float>(current_);
+    throw_if_error(host().copy(device(), position_.data, kCpu, &position, 4),
+                   "fp8 delayed scaling: the history position");
   });
 }
 

@@ -49,7 +49,7 @@ Status ScalingRecipe::quantizer(const void* owner, Fp8Role role, int32_t* id,
 }
 
 Status ScalingRecipe::quantize(int32_t id, const TensorView* input, TensorView* output,
-                               TensorView* output_t, TensorView* scale_inv,
+                               TensorView* output_t, TensorView* scale_inv, uint32_t flags,
                                void* stream) noexcept {
   return guard([&] {
     if (input == nullptr || output == nullptr || output_t == nullptr || scale_inv == nullptr)
@@ -64,31 +64,46 @@ Status ScalingRecipe::quantize(int32_t id, const TensorView* input, TensorView* 
         fail(Code::kInvalidArgument, std::string("fp8 quantize: output of dtype ") +
                                          dtype_name(v->dtype) + " for a quantiser of " +
                                          dtype_name(want) + " (see its Fp8QuantizerInfo)");
-    if (!started_) {
-      device_ = input->device;
-      std::vector<float> max(dtypes_.size());
-      for (size_t q = 0; q < dtypes_.size(); ++q) max[q] = fp8_format(dtypes_[q]).max;
-      fp8_max_ = device_f32({quantizer_count()}, 0.0f);
-      throw_if_error(host_.copy(device_, fp8_max_.data, kCpu, max.data(), max.size() * 4),
-                     "fp8 recipe: uploading fp8_max");
-      scale_update_ = Kernel(host_, ops::kFp8ScaleUpdate, device_, DType::kF32);
-      copy_ = Kernel(host_, ops::kScale, device_, DType::kF32);
-      allocate_state();
-      started_ = true;
-    }
+    if (!started_) start(input->device);
     for (const TensorView* v :
          std::initializer_list<const TensorView*>{input, output, output_t, scale_inv})
       if (present(*v) && (v->device.type != device_.type || v->device.index != device_.index))
         fail(Code::kInvalidArgument,
              "fp8 quantize: tensors on two devices; the recipe keeps its scales on the device "
              "of the first tensor it quantised");
-    quantize_impl(id, *input, *output, *output_t, *scale_inv, stream);
+    quantize_impl(id, *input, *output, *output_t, *scale_inv, (flags & kFp8NoAmaxRecord) == 0,
+                  stream);
   });
+}
+
+void ScalingRecipe::start(Device device) {
+  if (started_) {
+    if (device.type != device_.type || device.index != device_.index)
+      fail(Code::kInvalidArgument,
+           "fp8 recipe: asked for another device than the one its state lives on");
+    return;
+  }
+  device_ = device;
+  std::vector<float> max(dtypes_.size());
+  for (size_t q = 0; q < dtypes_.size(); ++q) max[q] = fp8_format(dtypes_[q]).max;
+  fp8_max_ = device_f32({quantizer_count()}, 0.0f);
+  throw_if_error(host_.copy(device_, fp8_max_.data, kCpu, max.data(), max.size() * 4),
+                 "fp8 recipe: uploading fp8_max");
+  scale_update_ = Kernel(host_, ops::kFp8ScaleUpdate, device_, DType::kF32);
+  copy_ = Kernel(host_, ops::kScale, device_, DType::kF32);
+  allocate_state();
+  started_ = true;
+}
+
+Status ScalingRecipe::state(int32_t index, Device, const char**, TensorView*) noexcept {
+  return make_status(Code::kOutOfRange,
+                     ("fp8 recipe: no state tensor " + std::to_string(index)).c_str());
 }
 
 TensorView ScalingRecipe::device_f32(std::initializer_list<int64_t> shape, float value) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
+  if (n == 0) return make_view(nullptr, DType::kF32, shape, device_);  // no quantisers
   void* p = nullptr;
   throw_if_error(host_.allocate(device_, static_cast<uint64_t>(n) * 4, 64, &p),
                  "fp8 recipe state");

@@ -31,19 +31,29 @@ class ScalingRecipe : public Object<IFp8Recipe> {
   /// Checks the call (id, devices, dtypes; the kernels check the shapes) and runs the
   /// recipe's quantize_impl.
   Status quantize(int32_t id, const TensorView* input, TensorView* output, TensorView* output_t,
-                  TensorView* scale_inv, void* stream) noexcept override;
+                  TensorView* scale_inv, uint32_t flags, void* stream) noexcept override;
+
+  /// No state by default (a recipe whose scales carry over steps overrides both).
+  int32_t state_count() const noexcept override { return 0; }
+  Status state(int32_t index, Device device, const char** name,
+               TensorView* view) noexcept override;
 
   /// Number of quantisers registered.
   int32_t quantizer_count() const { return static_cast<int32_t>(dtypes_.size()); }
 
  protected:
   /// Quantises x into y / yt (either may be empty) with quantiser `id`'s scale and writes
-  /// its inverse into `scale_inv`. The state exists (started() is true).
+  /// its inverse into `scale_inv`; records x's amax in the recipe's state when `record`.
+  /// The state exists (started() is true).
   virtual void quantize_impl(int32_t id, const TensorView& x, const TensorView& y,
-                             const TensorView& yt, const TensorView& scale_inv, void* stream) = 0;
+                             const TensorView& yt, const TensorView& scale_inv, bool record,
+                             void* stream) = 0;
   /// Allocates the recipe's own state on `device` (called once, at the first quantize).
   virtual void allocate_state() = 0;
 
+  /// Allocates the shared state and the recipe's (allocate_state) on `device` the first
+  /// time; afterwards checks that `device` is the same.
+  void start(Device device);
   /// True once the first quantize has allocated the state.
   bool started() const { return started_; }
   Device device() const { return device_; }

@@ -13,7 +13,7 @@ void TensorwiseScaling::allocate_state() {
 
 void TensorwiseScaling::quantize_impl(int32_t id, const TensorView& x, const TensorView& y,
                                       const TensorView& yt, const TensorView& scale_inv,
-                                      void* stream) {
+                                      bool /*record: there is no history*/, void* stream) {
   TensorView amax = element(amax_, id), scale = element(scale_, id);
   TensorView scale_inv_q = element(scale_inv_, id);
   throw_if_error(host().fill_zero(device(), amax.data, 4), "fp8 tensorwise scaling: amax");

@@ -19,7 +19,7 @@ class TensorwiseScaling final : public ScalingRecipe {
 
  private:
   void quantize_impl(int32_t id, const TensorView& x, const TensorView& y, const TensorView& yt,
-                     const TensorView& scale_inv, void* stream) override;
+                     const TensorView& scale_inv, bool record, void* stream) override;
   void allocate_state() override;
 
   TensorView amax_{}, scale_{}, scale_inv_{};  ///< (Q) each, on the device

@@ -60,7 +60,9 @@ std::array<TensorView, 3> Linear::quantize(IForwardContext& ctx, int32_t id, DTy
   if (rowwise) out[0] = allocate(ctx, dtype, {m, k}, device_);
   if (columnwise) out[1] = allocate(ctx, dtype, {k, m}, device_);
   TensorView rows_view = reshape(x, {m, k});
-  throw_if_error(recipe_->quantize(id, &rows_view, &out[0], &out[1], &out[2], nullptr),
+  // Evaluation quantises with the training scales and leaves the recipe's state alone.
+  uint32_t flags = ctx.training() ? kFp8QuantizeDefault : kFp8NoAmaxRecord;
+  throw_if_error(recipe_->quantize(id, &rows_view, &out[0], &out[1], &out[2], flags, nullptr),
                  "linear: FP8 quantisation");
   return out;
 }

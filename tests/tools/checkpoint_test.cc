@@ -137,6 +137,38 @@ TEST_F(CheckpointTest, KilledAtARandomStepResumesBitIdentically) {
                      losses(run / "metrics.jsonl", "valid_loss"));
 }
 
+// FP8 delayed scaling carries amax histories and scales from step to step: a checkpoint
+// keeps them (fp8.amax_history, ...), so a resumed run quantises exactly as the
+// uninterrupted one. A checkpoint without them resumes with fresh histories and says so.
+TEST_F(CheckpointTest, Fp8RecipeStateResumesBitIdentically) {
+  nlohmann::json body = tiny_spec(8);
+  body["lr_schedule"] = {{"impl", "constant"}, {"warmup_steps", 2}};  // the same LR for 4 or 8 steps
+  body["precision"] = {{"params", "bf16"},
+                       {"fp8", {{"impl", "delayed"}, {"amax_history_len", 3}}}};
+  body["checkpoint"] = {{"resume", "auto"}};
+  std::map<int64_t, double> want = reference(body);
+  ASSERT_EQ(want.size(), 8u);
+
+  nlohmann::json first = body;
+  first["train"]["steps"] = 4;
+  auto r = run_loom(train_args("resumed", first));
+  ASSERT_EQ(r.exit_code, kOk) << r.out << r.err;
+  r = run_loom(train_args("resumed", body));
+  ASSERT_EQ(r.exit_code, kOk) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("resume: iteration 4"));
+  EXPECT_THAT(r.err, ::testing::Not(HasSubstr("holds no FP8 recipe state")));
+  expect_same_losses(want, losses(dir_ / "resumed" / "metrics.jsonl"));
+
+  // Saved without FP8, resumed with it: a warning, and training goes on.
+  nlohmann::json plain = first;
+  plain["precision"] = {{"params", "bf16"}};
+  r = run_loom(train_args("plain", plain));
+  ASSERT_EQ(r.exit_code, kOk) << r.out << r.err;
+  r = run_loom(train_args("plain", body));
+  ASSERT_EQ(r.exit_code, kOk) << r.out << r.err;
+  EXPECT_THAT(r.out + r.err, HasSubstr("holds no FP8 recipe state"));
+}
+
 TEST_F(CheckpointTest, KilledInsideASaveKeepsThePreviousCheckpoint) {
   nlohmann::json body = tiny_spec(12);
   body["checkpoint"] = {{"interval", 2}, {"resume", "auto"}};

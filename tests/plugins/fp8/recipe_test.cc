@@ -47,14 +47,14 @@ class RecipeTest : public ::testing::Test {
   // Quantises x (rows of 8) with quantiser `id`; returns the scale_inv it wrote and the
   // quantised values (decoded) in `out`.
   static float quantize(IFp8Recipe& r, int32_t id, DType dtype, std::vector<float> x,
-                        std::vector<float>* out = nullptr) {
+                        std::vector<float>* out = nullptr, uint32_t flags = 0) {
     int64_t m = static_cast<int64_t>(x.size()) / 8;
     std::vector<uint8_t> q(x.size()), qt(x.size());
     float scale_inv = -1;
     TensorView in = make_view(x.data(), DType::kF32, {m, 8});
     TensorView y = make_view(q.data(), dtype, {m, 8}), yt = make_view(qt.data(), dtype, {8, m});
     TensorView s = make_view(&scale_inv, DType::kF32, {1});
-    Status st = r.quantize(id, &in, &y, &yt, &s, nullptr);
+    Status st = r.quantize(id, &in, &y, &yt, &s, flags, nullptr);
     EXPECT_EQ(st.code, Code::kOk) << take_message(&st);
     for (int64_t i = 0; i < m; ++i)
       for (int64_t j = 0; j < 8; ++j) EXPECT_EQ(q[i * 8 + j], qt[j * m + i]) << "transpose";
@@ -174,6 +174,80 @@ TEST_F(RecipeTest, TensorwiseScalesEachTensorByItsOwnAmax) {
   EXPECT_FLOAT_EQ(quantize(r, act, DType::kF8E4M3, tensor(7.0f)), 7.0f / 448.0f);
 }
 
+TEST_F(RecipeTest, EvaluationQuantisesWithoutRecordingAmaxes) {
+  IFp8Recipe& r = build({{"impl", "delayed"}, {"amax_history_len", 2}});
+  int owner = 0;
+  int32_t id = -1;
+  Fp8QuantizerInfo info{};
+  ASSERT_EQ(r.quantizer(&owner, Fp8Role::kActivation, &id, &info).code, Code::kOk);
+  quantize(r, id, DType::kF8E4M3, tensor(2.0f));
+  step_end(r);
+  std::vector<float> q;
+  EXPECT_FLOAT_EQ(quantize(r, id, DType::kF8E4M3, tensor(100.0f), &q, kFp8NoAmaxRecord),
+                  2.0f / 448.0f)
+      << "the training scale";
+  EXPECT_EQ(q[0], -448.0f);
+  quantize(r, id, DType::kF8E4M3, tensor(1.0f));
+  step_end(r);
+  EXPECT_FLOAT_EQ(quantize(r, id, DType::kF8E4M3, tensor(1.0f)), 2.0f / 448.0f)
+      << "history [2, 1]: the 100 seen in evaluation is not in it";
+}
+
+// The state a checkpoint keeps: written into a fresh recipe, it continues exactly where the
+// first one was (history position included).
+TEST_F(RecipeTest, DelayedStateRoundTripsIntoAFreshRecipe) {
+  auto run = [&](IFp8Recipe& r, int steps, const std::vector<float>& amaxes, int32_t id) {
+    for (int s = 0; s < steps; ++s) {
+      quantize(r, id, DType::kF8E4M3, tensor(amaxes[static_cast<size_t>(s)]));
+      step_end(r);
+    }
+  };
+  const std::vector<float> amaxes = {3.0f, 1.0f, 0.5f, 0.25f, 8.0f, 0.125f, 0.5f};
+  int owner = 0;
+  int32_t id = -1;
+  Fp8QuantizerInfo info{};
+  json node = {{"impl", "delayed"}, {"amax_history_len", 3}};
+  // The uninterrupted run: 7 steps, then the scale_inv it would use at step 8.
+  IFp8Recipe& whole = build(node);
+  ASSERT_EQ(whole.quantizer(&owner, Fp8Role::kActivation, &id, &info).code, Code::kOk);
+  run(whole, 7, amaxes, id);
+  const float want = quantize(whole, id, DType::kF8E4M3, tensor(1.0f));
+  // 4 steps, its state copied out, a fresh recipe given it, 3 more steps.
+  core::ObjectPtr keep;
+  IFp8Recipe& first = build(node);
+  keep = std::move(object_);
+  ASSERT_EQ(first.quantizer(&owner, Fp8Role::kActivation, &id, &info).code, Code::kOk);
+  run(first, 4, amaxes, id);
+  ASSERT_EQ(first.state_count(), 4);
+  std::vector<std::vector<float>> saved;
+  std::vector<std::string> names;
+  for (int32_t i = 0; i < first.state_count(); ++i) {
+    const char* name = nullptr;
+    TensorView v{};
+    ASSERT_EQ(first.state(i, kCpu, &name, &v).code, Code::kOk);
+    names.push_back(name);
+    const float* p = static_cast<const float*>(v.data);
+    saved.emplace_back(p, p + numel(v));
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"amax_history", "scale", "scale_inv",
+                                             "history_position"}));
+  EXPECT_EQ(saved[3][0], 1.0f) << "4 steps into a ring of 3: row 1 is next";
+  IFp8Recipe& second = build(node);
+  ASSERT_EQ(second.quantizer(&owner, Fp8Role::kActivation, &id, &info).code, Code::kOk);
+  for (int32_t i = 0; i < second.state_count(); ++i) {
+    const char* name = nullptr;
+    TensorView v{};
+    ASSERT_EQ(second.state(i, kCpu, &name, &v).code, Code::kOk);
+    ASSERT_EQ(static_cast<size_t>(numel(v)), saved[static_cast<size_t>(i)].size());
+    std::copy(saved[static_cast<size_t>(i)].begin(), saved[static_cast<size_t>(i)].end(),
+              static_cast<float*>(v.data));
+  }
+  std::vector<float> rest(amaxes.begin() + 4, amaxes.end());
+  run(second, 3, rest, id);
+  EXPECT_EQ(quantize(second, id, DType::kF8E4M3, tensor(1.0f)), want);
+  EXPECT_EQ(build({{"impl", "tensorwise"}}).state_count(), 0) << "current scaling keeps nothing";
+}
+
 TEST_F(RecipeTest, BadCallsAreRefusedWithTheReason) {
   IFp8Recipe& r = build({{"impl", "delayed"}});
   int owner = 0;
@@ -186,10 +260,10 @@ TEST_F(RecipeTest, BadCallsAreRefusedWithTheReason) {
   TensorView in = make_view(x.data(), DType::kF32, {2, 8}), none = empty_view();
   TensorView e5 = make_view(q.data(), DType::kF8E5M2, {2, 8});
   TensorView sv = make_view(&s, DType::kF32, {1});
-  Status st = r.quantize(7, &in, &e5, &none, &sv, nullptr);
+  Status st = r.quantize(7, &in, &e5, &none, &sv, 0, nullptr);
   EXPECT_EQ(st.code, Code::kInvalidArgument);
   EXPECT_THAT(take_message(&st), HasSubstr("quantiser id 7 was not handed out"));
-  st = r.quantize(id, &in, &e5, &none, &sv, nullptr);
+  st = r.quantize(id, &in, &e5, &none, &sv, 0, nullptr);
   EXPECT_EQ(st.code, Code::kInvalidArgument);
   EXPECT_THAT(take_message(&st), HasSubstr("fp8_e5m2 for a quantiser of fp8_e4m3"));
   quantize(r, id, DType::kF8E4M3, x);

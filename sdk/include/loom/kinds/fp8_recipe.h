@@ -39,6 +39,14 @@ struct Fp8QuantizerInfo {
   DType scale_dtype;  ///< kF32 or kF8E8M0
 };
 
+/// Flags of IFp8Recipe::quantize.
+enum Fp8QuantizeFlags : uint32_t {
+  kFp8QuantizeDefault = 0,
+  /// Evaluation: quantise with the current scale but record nothing, so that the recipe's
+  /// state (amax history) stays as training left it.
+  kFp8NoAmaxRecord = 1u << 0,
+};
+
 class IFp8Recipe : public IObject {
  public:
   /// Creates (or returns) the quantiser for `role` of the module `owner`.
@@ -57,13 +65,29 @@ class IFp8Recipe : public IObject {
   /// \param output_t  (K, M) of info.dtype, the transpose (for the GEMMs of backward), or
   ///                  empty; at least one of output and output_t is given
   /// \param scale_inv f32 (1): receives 1 / scale, so that input ~ output * scale_inv
-  /// \param stream    the device's compute stream (null on the CPU)
+  /// \param flags     Fp8QuantizeFlags
+  /// \param stream    the device's compute stream (null: the default)
   virtual Status quantize(int32_t id, const TensorView* input, TensorView* output,
-                          TensorView* output_t, TensorView* scale_inv, void* stream) noexcept = 0;
+                          TensorView* output_t, TensorView* scale_inv, uint32_t flags,
+                          void* stream) noexcept = 0;
   /// Called once per optimizer step, after the step, on every rank: updates amax
   /// histories and scales, the step's amaxes reduced (max) over `amax_group` first when it
   /// is not null (the data-parallel group, so that every replica quantises alike).
   virtual Status step_end(class ICommunicator* amax_group, void* stream) noexcept = 0;
+  /// Number of state tensors a checkpoint keeps for an exact resume (amax histories,
+  /// scales; 0 when the recipe carries nothing from one step to the next).
+  virtual int32_t state_count() const noexcept = 0;
+  /// State tensor `index` in [0, state_count()): an f32 view of the recipe's own memory on
+  /// `device`, allocated now if need be (call it once the model is built: every quantiser
+  /// is known then). Alike on every rank after step_end. The caller may read it (to save a
+  /// checkpoint) or write it (to restore one) between steps; the recipe takes written
+  /// values into account from its next quantize or step_end on.
+  /// \param index      which tensor
+  /// \param device     the run's device
+  /// \param[out] name  its name in checkpoints, e.g. "amax_history"; static or the recipe's
+  /// \param[out] view  the tensor
+  virtual Status state(int32_t index, Device device, const char** name,
+                       TensorView* view) noexcept = 0;
 
  protected:
   ~IFp8Recipe() = default;
