@@ -1,6 +1,8 @@
 // The blas family of the CUDA kernel library: gemm through cuBLASLt, cross entropy (whole
 // and vocab-parallel), the optimizer steps and the elementwise ops (add, bias_add,
-// bias_grad, cast, scale, sumsq, amax), on CUDA tensors in f32, bf16 and f16.
+// bias_grad, cast, scale, sumsq, amax), on CUDA tensors in f32, bf16 and f16; and FP8:
+// fp8_gemm through cuBLASLt (A and B in fp8_e4m3 / fp8_e5m2; compute capability 8.9+) and
+// fp8_scale_update (f32).
 //
 // Plain C++ (no CUDA types): the kernels_cuda plugin and the tests include it without nvcc.
 #pragma once
@@ -14,10 +16,13 @@ namespace loom::kernels::cuda {
 
 /// Appends a KernelDesc for every op and dtype of the family: name "cuda", priority 20
 /// (kernels/cuda/common/registration.h), and for gemm on f32 also "cuda.tf32" (priority 15:
-/// TF32 tensor cores, about 10 mantissa bits, used only when a spec pins it). Each has
-/// `supports` (shapes, dtypes and attributes only; never throws) and `cost`. The kernels
-/// launch on the current device, which must be the device of the call's tensors, on the
-/// call's stream; none of them synchronises the device.
+/// TF32 tensor cores, about 10 mantissa bits, used only when a spec pins it). fp8_gemm is
+/// keyed on fp8_e4m3 and fp8_e5m2 (A's dtype), fp8_scale_update on f32. Each has `supports`
+/// (shapes, dtypes and attributes only, never throws; fp8_gemm's also declines a device below
+/// sm_89 and what cuBLASLt's FP8 kernels cannot run: K not a multiple of 16, rows of Y not a
+/// multiple of 16 bytes, unaligned operands) and `cost`. The kernels launch on the current
+/// device, which must be the device of the call's tensors, on the call's stream; none of them
+/// synchronises the device.
 void add_blas_kernels(std::vector<KernelDesc>& out);
 
 /// Out-of-range labels of the cross-entropy kernels are found on the device, so the call

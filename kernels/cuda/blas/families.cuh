@@ -14,6 +14,8 @@ void add_optim_kernels(std::vector<KernelDesc>& out);                // optim_st
 void add_elementwise_kernels(std::vector<KernelDesc>& out);          // elementwise.cu
 void add_bias_kernels(std::vector<KernelDesc>& out);                 // bias.cu
 void add_reduction_kernels(std::vector<KernelDesc>& out);            // reductions.cu
+void add_fp8_gemm_kernels(std::vector<KernelDesc>& out);             // fp8_gemm.cu
+void add_fp8_scale_update_kernels(std::vector<KernelDesc>& out);     // fp8_scale_update.cu
 
 /// The gemm kernel functions (gemm.cu), for gemm_bench.cu: CUBLAS_COMPUTE_32F, and TF32.
 Status gemm_f32_accumulate(const OpCall* call);

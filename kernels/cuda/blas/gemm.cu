@@ -27,19 +27,17 @@
 // State. One cublasLt handle per device (created on first use, under a mutex); the
 // workspace is the 32 MiB scratch of the (device, stream) pair (resources.cuh); a plan
 // (matmul and layout descriptors, and the algorithm cublasLtMatmulAlgoGetHeuristic picks,
-// given the operands' real pointer alignment) is cached per problem, at most kMaxPlans of
-// them. K == 0 is an empty sum: a small kernel writes Y = beta * Y (0 when beta == 0).
+// given the operands' real pointer alignment) is cached per problem (cublaslt.cuh). K == 0
+// is an empty sum: a small kernel writes Y = beta * Y (0 when beta == 0).
 #include <cublasLt.h>
 #include <loom/cpp/error.h>
 #include <loom/cpp/op_checks/gemm.h>
 
 #include <array>
 #include <climits>
-#include <map>
-#include <mutex>
 #include <string>
 
-#include "kernels/cuda/blas/blas_util.cuh"
+#include "kernels/cuda/blas/cublaslt.cuh"
 #include "kernels/cuda/blas/families.cuh"
 #include "kernels/cuda/blas/resources.cuh"
 #include "kernels/cuda/common/cuda_check.h"
@@ -50,16 +48,7 @@ namespace {
 
 using op_checks::GemmShape;
 
-constexpr size_t kMaxPlans = 4096;
-
-void lt_check(cublasStatus_t status, const char* what) {
-  if (status == CUBLAS_STATUS_SUCCESS) return;
-  Code code = Code::kInternal;
-  if (status == CUBLAS_STATUS_ALLOC_FAILED) code = Code::kResourceExhausted;
-  if (status == CUBLAS_STATUS_NOT_SUPPORTED) code = Code::kUnimplemented;
-  throw Error(code, std::string("gemm: ") + what + " failed: " + cublasLtGetStatusName(status) +
-                        ": " + cublasLtGetStatusString(status));
-}
+constexpr const char* kOp = ops::kGemm;
 
 cudaDataType_t cuda_type(DType t) {
   switch (t) {
@@ -70,18 +59,6 @@ cudaDataType_t cuda_type(DType t) {
     default:
       return CUDA_R_32F;
   }
-}
-
-cublasLtHandle_t lt_handle(int device) {
-  static std::mutex mutex;
-  static auto* handles = new std::map<int, cublasLtHandle_t>();  // leaked: see resources.cuh
-  std::lock_guard<std::mutex> lock(mutex);
-  auto it = handles->find(device);
-  if (it != handles->end()) return it->second;
-  cublasLtHandle_t h = nullptr;
-  lt_check(cublasLtCreate(&h), "cublasLtCreate");
-  (*handles)[device] = h;
-  return h;
 }
 
 // The dtype combinations cuBLASLt runs (see the file comment); throws otherwise.
@@ -102,14 +79,6 @@ void check_cuda_dtypes(const OpCall* call, bool tf32) {
                 "cores in the 'cuda' kernel)");
 }
 
-// Largest power of two <= 256 that divides the address `p` and `stride_bytes` (the distance
-// to the next batch matrix, 0 when there is none): what every matrix of the call is
-// aligned to.
-uint32_t alignment_of(const void* p, int64_t stride_bytes) {
-  uintptr_t bits = reinterpret_cast<uintptr_t>(p) | static_cast<uintptr_t>(stride_bytes) | 256u;
-  return static_cast<uint32_t>(bits & (~bits + 1));  // lowest set bit
-}
-
 // One cublasLtMatmul problem, in cuBLAS's column-major terms (see the file comment).
 struct Problem {
   int64_t device, compute, ab_type, y_type;
@@ -124,52 +93,6 @@ struct Problem {
   }
 };
 
-struct Plan {
-  cublasLtMatmulDesc_t desc = nullptr;
-  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
-  cublasLtMatmulAlgo_t algo{};
-  size_t workspace = 0;
-};
-
-// Destroys the plan's descriptors at scope exit unless `keep` (it went into the cache).
-struct PlanOwner {
-  Plan plan;
-  bool keep = false;
-  PlanOwner() = default;
-  PlanOwner(const PlanOwner&) = delete;
-  PlanOwner& operator=(const PlanOwner&) = delete;
-  ~PlanOwner() {
-    if (keep) return;
-    if (plan.a != nullptr) cublasLtMatrixLayoutDestroy(plan.a);
-    if (plan.b != nullptr) cublasLtMatrixLayoutDestroy(plan.b);
-    if (plan.c != nullptr) cublasLtMatrixLayoutDestroy(plan.c);
-    if (plan.desc != nullptr) cublasLtMatmulDescDestroy(plan.desc);
-  }
-};
-
-struct PreferenceOwner {
-  cublasLtMatmulPreference_t pref = nullptr;
-  ~PreferenceOwner() {
-    if (pref != nullptr) cublasLtMatmulPreferenceDestroy(pref);
-  }
-};
-
-template <class V>
-void set_desc(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, V value) {
-  lt_check(cublasLtMatmulDescSetAttribute(d, attr, &value, sizeof(value)),
-           "cublasLtMatmulDescSetAttribute");
-}
-template <class V>
-void set_layout(cublasLtMatrixLayout_t l, cublasLtMatrixLayoutAttribute_t attr, V value) {
-  lt_check(cublasLtMatrixLayoutSetAttribute(l, attr, &value, sizeof(value)),
-           "cublasLtMatrixLayoutSetAttribute");
-}
-template <class V>
-void set_pref(cublasLtMatmulPreference_t p, cublasLtMatmulPreferenceAttributes_t attr, V value) {
-  lt_check(cublasLtMatmulPreferenceSetAttribute(p, attr, &value, sizeof(value)),
-           "cublasLtMatmulPreferenceSetAttribute");
-}
-
 std::string describe(const Problem& p) {
   return "(cuBLAS m = " + std::to_string(p.m) + ", n = " + std::to_string(p.n) +
          ", k = " + std::to_string(p.k) + ", batch " + std::to_string(p.batch) + ", alignments " +
@@ -177,39 +100,34 @@ std::string describe(const Problem& p) {
          std::to_string(p.align_c) + " bytes)";
 }
 
-void make_plan(cublasLtHandle_t h, const Problem& p, PlanOwner* out) {
-  Plan& plan = out->plan;
+void make_plan(cublasLtHandle_t h, const Problem& p, Plan* out) {
+  Plan& plan = *out;
   lt_check(
       cublasLtMatmulDescCreate(&plan.desc, static_cast<cublasComputeType_t>(p.compute), CUDA_R_32F),
-      "cublasLtMatmulDescCreate");
+      kOp, "cublasLtMatmulDescCreate");
   auto op_a = static_cast<cublasOperation_t>(p.op_a), op_b = static_cast<cublasOperation_t>(p.op_b);
-  set_desc(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, op_a);
-  set_desc(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, op_b);
+  set_desc(kOp, plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, op_a);
+  set_desc(kOp, plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, op_b);
   // Stored (before op) shapes: op(A) is (m, k), op(B) is (k, n); column-major, ld = rows.
   uint64_t a_rows = op_a == CUBLAS_OP_N ? p.m : p.k, a_cols = op_a == CUBLAS_OP_N ? p.k : p.m;
   uint64_t b_rows = op_b == CUBLAS_OP_N ? p.k : p.n, b_cols = op_b == CUBLAS_OP_N ? p.n : p.k;
   auto ab = static_cast<cudaDataType_t>(p.ab_type), y = static_cast<cudaDataType_t>(p.y_type);
   lt_check(cublasLtMatrixLayoutCreate(&plan.a, ab, a_rows, a_cols, static_cast<int64_t>(a_rows)),
-           "cublasLtMatrixLayoutCreate(A)");
+           kOp, "cublasLtMatrixLayoutCreate(A)");
   lt_check(cublasLtMatrixLayoutCreate(&plan.b, ab, b_rows, b_cols, static_cast<int64_t>(b_rows)),
-           "cublasLtMatrixLayoutCreate(B)");
-  lt_check(cublasLtMatrixLayoutCreate(&plan.c, y, p.m, p.n, p.m), "cublasLtMatrixLayoutCreate(C)");
+           kOp, "cublasLtMatrixLayoutCreate(B)");
+  lt_check(cublasLtMatrixLayoutCreate(&plan.c, y, p.m, p.n, p.m), kOp,
+           "cublasLtMatrixLayoutCreate(C)");
   if (p.batch > 1) {
     const std::pair<cublasLtMatrixLayout_t, int64_t> layouts[] = {
         {plan.a, p.stride_a}, {plan.b, p.stride_b}, {plan.c, p.stride_c}};
     for (const auto& [layout, stride] : layouts) {
-      set_layout(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, static_cast<int32_t>(p.batch));
-      set_layout(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, stride);
+      set_layout(kOp, layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, static_cast<int32_t>(p.batch));
+      set_layout(kOp, layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, stride);
     }
   }
-  PreferenceOwner pref;
-  lt_check(cublasLtMatmulPreferenceCreate(&pref.pref), "cublasLtMatmulPreferenceCreate");
-  set_pref(pref.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64_t{kScratchBytes});
-  // The default assumes 256-byte aligned operands; a view into a larger buffer may not be.
-  set_pref(pref.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, static_cast<uint32_t>(p.align_a));
-  set_pref(pref.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, static_cast<uint32_t>(p.align_b));
-  set_pref(pref.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, static_cast<uint32_t>(p.align_c));
-  set_pref(pref.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, static_cast<uint32_t>(p.align_c));
+  Preference pref(kOp, static_cast<uint32_t>(p.align_a), static_cast<uint32_t>(p.align_b),
+                  static_cast<uint32_t>(p.align_c));
   cublasLtMatmulHeuristicResult_t result{};
   int count = 0;
   cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(h, plan.desc, plan.a, plan.b, plan.c,
@@ -217,36 +135,15 @@ void make_plan(cublasLtHandle_t h, const Problem& p, PlanOwner* out) {
   if (status == CUBLAS_STATUS_NOT_SUPPORTED || (status == CUBLAS_STATUS_SUCCESS && count == 0))
     throw Error(Code::kUnimplemented, std::string("gemm: cuBLASLt has no algorithm for ") +
                                           describe(p) + " (" + cublasLtGetStatusName(status) + ")");
-  lt_check(status, "cublasLtMatmulAlgoGetHeuristic");
+  lt_check(status, kOp, "cublasLtMatmulAlgoGetHeuristic");
   plan.algo = result.algo;
   plan.workspace = result.workspaceSize;
 }
 
-// The cached plan of `p`, made on first use. `owner` keeps a plan that did not go into the
-// cache (cache full) alive until the caller is done with it.
+// The cached plan of `p`, made on first use (see PlanCache::get for `owner`).
 Plan plan_for(cublasLtHandle_t h, const Problem& p, PlanOwner* owner) {
-  static std::mutex mutex;
-  static auto* cache = new std::map<std::array<int64_t, 16>, Plan>();  // leaked
-  const auto key = p.key();
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    auto it = cache->find(key);
-    if (it != cache->end()) return it->second;
-  }
-  make_plan(h, p, owner);  // outside the lock: the heuristic takes tens of microseconds
-  std::lock_guard<std::mutex> lock(mutex);
-  if (cache->size() >= kMaxPlans) return owner->plan;
-  auto [it, inserted] = cache->emplace(key, owner->plan);
-  owner->keep = inserted;  // else another thread cached one first: ours is destroyed
-  return it->second;
-}
-
-// Y = beta * Y, or 0 when beta == 0 (without reading Y, which may hold NaN).
-template <class T>
-__global__ void scale_y_kernel(T* __restrict__ y, int64_t n, float beta) {
-  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x)
-    y[i] = from_f32<T>(beta == 0.0f ? 0.0f : beta * to_f32<T>(y[i]));
+  static auto* cache = new PlanCache<std::array<int64_t, 16>>();  // leaked
+  return cache->get(p.key(), owner, [&](Plan* plan) { make_plan(h, p, plan); });
 }
 
 void gemm_run(const OpCall* call, bool tf32) {
@@ -258,13 +155,7 @@ void gemm_run(const OpCall* call, bool tf32) {
   int device = current_device(ops::kGemm, Y);
   cudaStream_t stream = stream_of(call);
   if (s.k == 0) {
-    if (at.beta == 1.0f) return;
-    int64_t n = numel(Y);
-    LOOM_CUDA_FLOAT_SWITCH(Y.dtype, T, ops::kGemm, {
-      scale_y_kernel<T>
-          <<<grid_for(n, kThreads), kThreads, 0, stream>>>(static_cast<T*>(Y.data), n, at.beta);
-    });
-    launch_check(ops::kGemm);
+    scale_y(kOp, Y, at.beta, stream);
     return;
   }
   const bool fold = s.batch == 1 || (s.shared_b && !at.trans_a);
@@ -296,7 +187,7 @@ void gemm_run(const OpCall* call, bool tf32) {
   p.align_b = alignment_of(A.data, stepped ? a_size * ab : 0);
   p.align_c = alignment_of(Y.data, stepped ? y_size * yb : 0);
 
-  cublasLtHandle_t h = lt_handle(device);
+  cublasLtHandle_t h = lt_handle(kOp, device);
   PlanOwner owner;
   Plan plan = plan_for(h, p, &owner);
   Scratch ws = stream_scratch(device, stream);
@@ -308,7 +199,7 @@ void gemm_run(const OpCall* call, bool tf32) {
     // cuBLAS's A is loom's B, its B loom's A; C and D are both Y (in place, beta reads it).
     lt_check(cublasLtMatmul(h, plan.desc, &alpha, B.data, plan.a, a_ptr, plan.b, &beta, y_ptr,
                             plan.c, y_ptr, plan.c, &plan.algo, ws.data, plan.workspace, stream),
-             "cublasLtMatmul");
+             kOp, "cublasLtMatmul");
   }
 }
 

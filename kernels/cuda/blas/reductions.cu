@@ -7,16 +7,16 @@
 // memory, and thread 0 folds the block's result into out[0] with one atomic:
 //   sumsq: f64 partial sums, atomicAdd on double (sm_60+). The order in which blocks add is
 //          not fixed, so the last bits of the f64 sum may vary from run to run.
-//   amax:  the bit patterns of non-negative floats order as the floats do, and every NaN's
-//          lies above +inf's, so an unsigned max over the bits of |x| is a max that
-//          propagates NaN (exact, order-free); out[0] is then updated by an atomicCAS loop
-//          with a NaN-propagating float max (out[0] may be NaN or negative).
+//   amax:  an unsigned max over the bits of |x| (a max that propagates NaN, exact and
+//          order-free), folded into out[0] by an atomicCAS loop with a NaN-propagating
+//          float max (kernels/cuda/common/amax.cuh, shared with fp8_quantize).
 #include <loom/cpp/error.h>
 #include <loom/cpp/op_checks/elementwise.h>
 
 #include "kernels/cuda/blas/blas_util.cuh"
 #include "kernels/cuda/blas/families.cuh"
 #include "kernels/cuda/blas/resources.cuh"
+#include "kernels/cuda/common/amax.cuh"
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/registration.h"
 
@@ -49,11 +49,6 @@ __global__ void sumsq_kernel(const T* __restrict__ x, int64_t n, double* __restr
   if (threadIdx.x == 0) atomicAdd(out, acc);
 }
 
-__device__ __forceinline__ uint32_t abs_bits(float v) { return __float_as_uint(v) & 0x7fffffffu; }
-
-// max(a, b) where a NaN on either side wins.
-__device__ __forceinline__ float nan_max(float a, float b) { return a > b || isnan(a) ? a : b; }
-
 template <class T, bool kVec>
 __global__ void amax_kernel(const T* __restrict__ x, int64_t n, float* __restrict__ out) {
   const int64_t stride = int64_t{gridDim.x} * blockDim.x;
@@ -71,24 +66,7 @@ __global__ void amax_kernel(const T* __restrict__ x, int64_t n, float* __restric
     done = packs * 4;
   }
   for (int64_t i = done + first; i < n; i += stride) bits = max(bits, abs_bits(to_f32<T>(x[i])));
-
-  __shared__ uint32_t partial[32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  bits = __reduce_max_sync(0xffffffffu, bits);
-  if (lane == 0) partial[warp] = bits;
-  __syncthreads();
-  if (threadIdx.x != 0) return;
-  for (int w = 1; w < static_cast<int>(blockDim.x >> 5); ++w) bits = max(bits, partial[w]);
-  const float block_amax = __uint_as_float(bits);
-  unsigned int* word = reinterpret_cast<unsigned int*>(out);
-  unsigned int old = *reinterpret_cast<volatile unsigned int*>(word);
-  while (true) {
-    const unsigned int want = __float_as_uint(nan_max(__uint_as_float(old), block_amax));
-    if (want == old) break;
-    const unsigned int seen = atomicCAS(word, old, want);
-    if (seen == old) break;
-    old = seen;
-  }
+  block_amax_fold(bits, out);
 }
 
 // Launches KERNEL<T, true> when x is aligned for packs of 4, else KERNEL<T, false>.

@@ -12,6 +12,8 @@ void add_blas_kernels(std::vector<KernelDesc>& out) {
   blas::add_elementwise_kernels(out);
   blas::add_bias_kernels(out);
   blas::add_reduction_kernels(out);
+  blas::add_fp8_gemm_kernels(out);
+  blas::add_fp8_scale_update_kernels(out);
 }
 
 }  // namespace loom::kernels::cuda

@@ -22,6 +22,22 @@ int current_device(const char* op, const TensorView& t) {
   return device;
 }
 
+int compute_capability(int device) noexcept {
+  static std::mutex mutex;
+  static auto* known = new std::map<int, int>();  // leaked
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = known->find(device);
+  if (it != known->end()) return it->second;
+  int major = 0, minor = 0;
+  int cc = 0;  // also kept when the runtime cannot tell: it will not later either
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess)
+    cc = major * 10 + minor;
+  else
+    cudaGetLastError();  // clear it: the caller only asked
+  return (*known)[device] = cc;
+}
+
 Scratch stream_scratch(int device, cudaStream_t stream) {
   static std::mutex mutex;
   static auto* buffers = new std::map<std::pair<int, cudaStream_t>, void*>();  // leaked

@@ -14,6 +14,11 @@ namespace loom::kernels::cuda::blas {
 /// naming `op` when `t` lives on another device: the caller must set the device first.
 int current_device(const char* op, const TensorView& t);
 
+/// The compute capability of `device` as major * 10 + minor (89 for sm_89, 90 for sm_90),
+/// asked of the CUDA runtime once per device; 0 when the runtime cannot tell (no device, no
+/// driver, no such ordinal). Never throws.
+int compute_capability(int device) noexcept;
+
 /// Device memory owned by one (device, stream) pair: cuBLASLt's workspace and the scratch of
 /// the ops that run as several kernels (cross_entropy_bwd's mask total, bias_grad's
 /// partial sums). Work on one stream runs in order, so the ops on a stream share it

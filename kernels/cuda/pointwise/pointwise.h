@@ -1,8 +1,8 @@
 // The pointwise CUDA kernels: activations (gelu, swiglu), dropout, embedding, layernorm,
-// rmsnorm, rope, the head layout ops (split_qkv, merge_qkv, swap_axes_12) and the masked
-// softmax of loom/ops.h, for CUDA tensors of every float dtype (f32, bf16, f16 storage, f32
-// arithmetic). Plain C++: no CUDA types, so .cc code (the kernels_cuda plugin, the op tests)
-// includes it without nvcc.
+// rmsnorm, rope, the head layout ops (split_qkv, merge_qkv, swap_axes_12), the masked softmax
+// and fp8_quantize of loom/ops.h, for CUDA tensors of every float dtype (f32, bf16, f16
+// storage, f32 arithmetic; fp8_quantize writes E4M3 or E5M2). Plain C++: no CUDA types, so
+// .cc code (the kernels_cuda plugin, the op tests) includes it without nvcc.
 #pragma once
 
 #include <loom/kernel.h>

@@ -1,10 +1,13 @@
 // The blas family's kernel list and everything about it that runs without a GPU: one
-// "cuda" kernel per op and dtype (and "cuda.tf32" for f32 gemm), `supports` deciding on
-// shapes alone and declining what cuBLASLt cannot run, costs equal to the CPU kernels', and
-// bad calls rejected with the CPU kernels' words. The numerical tests of these kernels run
-// in the op tests, against cpu.ref, on a machine with a GPU.
+// "cuda" kernel per op and dtype (and "cuda.tf32" for f32 gemm; fp8_gemm on the FP8
+// dtypes), `supports` deciding on shapes alone and declining what cuBLASLt cannot run, costs
+// equal to the CPU kernels', and bad calls rejected with the CPU kernels' words (for the FP8
+// ops, the shared checks' words). The numerical tests of these kernels run in the op tests,
+// against cpu.ref, and in fp8_test, on a machine with a GPU.
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 #include <loom/cpp/error.h>
+#include <loom/cpp/op_checks/fp8.h>
 #include <loom/kernel.h>
 #include <loom/ops.h>
 
@@ -50,14 +53,17 @@ const std::vector<const char*> kOps = {
     ops::kAdamWStep,
     ops::kAdamWStepMulti,
     ops::kSgdStep,
+    ops::kFp8ScaleUpdate,
 };
 const DType kFloats[] = {DType::kF32, DType::kBF16, DType::kF16};
+const DType kFp8s[] = {DType::kF8E4M3, DType::kF8E5M2};
 
 TEST(BlasRegistry, OneCudaKernelPerOpAndDtype) {
   for (const char* op : kOps)
     for (DType dt : kFloats) {
       const KernelDesc* k = find(op, dt);
-      bool f32_only = std::string(op) == ops::kCrossEntropyCombine;
+      bool f32_only =
+          std::string(op) == ops::kCrossEntropyCombine || std::string(op) == ops::kFp8ScaleUpdate;
       if (f32_only && dt != DType::kF32) {
         EXPECT_EQ(k, nullptr) << op << " " << dtype_name(dt);
         continue;
@@ -75,8 +81,17 @@ TEST(BlasRegistry, OneCudaKernelPerOpAndDtype) {
   ASSERT_NE(tf32, nullptr);
   EXPECT_LT(tf32->priority, 20);  // only a spec that pins it gets TF32
   EXPECT_EQ(find(ops::kGemm, DType::kBF16, "cuda.tf32"), nullptr);
+  // fp8_gemm is keyed on A's dtype: the FP8 ones only.
+  for (DType dt : kFp8s) {
+    const KernelDesc* k = find(ops::kFp8Gemm, dt);
+    ASSERT_NE(k, nullptr) << dtype_name(dt);
+    EXPECT_EQ(k->priority, 20);
+    EXPECT_NE(k->supports, nullptr);
+    EXPECT_NE(k->cost, nullptr);
+  }
+  for (DType dt : kFloats) EXPECT_EQ(find(ops::kFp8Gemm, dt), nullptr) << dtype_name(dt);
   for (const KernelDesc& k : blas_kernels()) {
-    bool known = false;
+    bool known = std::string(k.op) == ops::kFp8Gemm;
     for (const char* op : kOps) known = known || std::string(op) == k.op;
     EXPECT_TRUE(known) << k.op;
   }
@@ -331,6 +346,122 @@ TEST(BlasRegistry, BadCallsFailWithTheCpuKernelsWords) {
   EXPECT_NE(msg.find("add: input 0 (A) is in cpu memory: the cuda kernels take cuda tensors only"),
             std::string::npos)
       << msg;
+}
+
+// ---- FP8 ------------------------------------------------------------------------------
+
+const ops::Fp8GemmAttrs kFp8Gemm{1.0f, 0.0f, 1};
+
+// True unless this machine has a CUDA device older than sm_89 (fp8_gemm declines it).
+bool fp8_device_or_none() {
+  int count = 0, major = 0, minor = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    return true;
+  }
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
+  return major * 10 + minor >= 89;
+}
+
+// fp8_gemm of A (m, k) in `a`, B (n, k) in `b`, Y (m, n) in `y`, every tensor's data at
+// `data` (null: shapes only).
+Call fp8_gemm_call(int64_t m, int64_t n, int64_t k, DType a, DType b, DType y,
+                   void* data = nullptr) {
+  const DeviceType cu = DeviceType::kCuda;
+  return Call({view(a, {m, k}, cu, data), view(b, {n, k}, cu, data),
+               view(DType::kF32, {1}, cu, data), view(DType::kF32, {1}, cu, data)},
+              {view(y, {m, n}, cu, data)}, &kFp8Gemm);
+}
+
+TEST(BlasRegistry, Fp8GemmDeclinesWhatCublasLtsFp8KernelsCannotRun) {
+  if (!fp8_device_or_none()) GTEST_SKIP() << "device 0 is older than sm_89: fp8_gemm declines it";
+  const KernelDesc* k = find(ops::kFp8Gemm, DType::kF8E4M3);
+  ASSERT_NE(k, nullptr);
+  const DType e4 = DType::kF8E4M3, e5 = DType::kF8E5M2;
+  const Call good = fp8_gemm_call(3, 16, 64, e4, e4, DType::kBF16);
+  const Call rows16 = fp8_gemm_call(3, 4, 16, e4, e5, DType::kF32);  // 16-byte rows of Y
+  const Call empty_k = fp8_gemm_call(3, 8, 0, e4, e4, DType::kF16);
+  EXPECT_TRUE(k->supports(&good.call));
+  EXPECT_TRUE(k->supports(&rows16.call));
+  EXPECT_TRUE(k->supports(&empty_k.call));
+  const Call host = good.on(DeviceType::kCpu);
+  EXPECT_FALSE(k->supports(&host.call));
+
+  // What cuBLASLt cannot run: declined, and a call says why before it needs a device.
+  alignas(16) static unsigned char fake[64];
+  struct Case {
+    Call call;
+    const char* expect;
+  };
+  const Case cases[] = {
+      {fp8_gemm_call(3, 16, 40, e4, e4, DType::kBF16, fake),
+       "fp8_gemm: K = 40 is not a multiple of 16"},
+      {fp8_gemm_call(3, 4, 64, e4, e4, DType::kBF16, fake),
+       "fp8_gemm: a row of Y (N = 4 bf16) is 8 bytes, not a multiple of 16"},
+      {fp8_gemm_call(3, 6, 64, e4, e4, DType::kF32, fake),
+       "fp8_gemm: a row of Y (N = 6 f32) is 24 bytes, not a multiple of 16"},
+      {fp8_gemm_call(3, 16, 64, e4, e4, DType::kBF16, fake + 8),
+       "fp8_gemm: A, B or Y does not start at a 16-byte aligned address"},
+  };
+  for (const Case& c : cases) {
+    EXPECT_FALSE(k->supports(&c.call.call)) << c.expect;
+    Status s = k->fn(&c.call.call);
+    EXPECT_EQ(s.code, Code::kUnimplemented) << c.expect;
+    std::string msg = take_message(&s);
+    EXPECT_EQ(msg.find(c.expect), 0u) << msg;
+    EXPECT_NE(msg.find("cuBLASLt's FP8 GEMMs need K a multiple of 16"), std::string::npos) << msg;
+  }
+}
+
+// The message of the shared checks for `call` (the CPU kernels run the same checks).
+template <class Shape>
+std::string shared_check_message(Shape (*check)(const OpCall*, bool, DeviceType),
+                                 const Call& call) {
+  try {
+    check(&call.call, false, DeviceType::kCuda);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "the shared checks accept the call";
+  return "";
+}
+
+// A bad call: declined by `supports`, and failing with the shared checks' words.
+template <class Shape>
+void expect_refused(const KernelDesc* k, Shape (*check)(const OpCall*, bool, DeviceType),
+                    const Call& call, const std::string& expect) {
+  ASSERT_NE(k, nullptr) << expect;
+  EXPECT_FALSE(k->supports(&call.call)) << expect;
+  Status s = k->fn(&call.call);
+  EXPECT_EQ(s.code, Code::kInvalidArgument) << expect;
+  std::string msg = take_message(&s);
+  EXPECT_EQ(msg.find(expect), 0u) << msg;
+  EXPECT_EQ(msg, shared_check_message(check, call));
+}
+
+TEST(BlasRegistry, Fp8BadCallsFailWithTheSharedChecksWords) {
+  const DeviceType cu = DeviceType::kCuda;
+  alignas(16) static unsigned char fake[256];
+  void* p = fake;
+  const DType e4 = DType::kF8E4M3, e5 = DType::kF8E5M2, f = DType::kF32;
+  const Call both_e5m2 = fp8_gemm_call(16, 16, 32, e5, e5, f, p);
+  expect_refused(find(ops::kFp8Gemm, e5), op_checks::check_fp8_gemm, both_e5m2,
+                 "fp8_gemm: A and B are both fp8_e5m2");
+  Call k_mismatch = fp8_gemm_call(16, 16, 32, e4, e4, f, p);
+  k_mismatch.in[1] = view(e4, {16, 48}, cu, p);
+  expect_refused(find(ops::kFp8Gemm, e4), op_checks::check_fp8_gemm, k_mismatch,
+                 "fp8_gemm: input 1 (B) has shape (16, 48), expected (N, K) with K = 32");
+
+  // fp8_scale_update: `current` outside the history's 3 rows.
+  const ops::Fp8ScaleAttrs far{0, 3, -1, 0.0f};
+  Call scale({view(f, {4}, cu, p)},
+             {view(f, {3, 4}, cu, p), view(f, {4}, cu, p), view(f, {4}, cu, p)}, &far);
+  expect_refused(find(ops::kFp8ScaleUpdate, f), op_checks::check_fp8_scale_update, scale,
+                 "fp8_scale_update: attrs.current is 3, outside [0, 3)");
+  const ops::Fp8ScaleAttrs good{0, 2, 0, 0.0f};
+  scale.call.attrs = &good;
+  EXPECT_TRUE(find(ops::kFp8ScaleUpdate, f)->supports(&scale.call));
 }
 
 TEST(BlasRegistry, WithoutADeviceAGoodCallFailsCleanly) {

@@ -43,11 +43,11 @@ const KernelDesc& cuda_kernel(const char* op, DType t) {
 }
 
 const char* const kOps[] = {
-    ops::kGeluFwd,      ops::kGeluBwd,          ops::kSwigluFwd,       ops::kSwigluBwd,
-    ops::kDropoutFwd,   ops::kDropoutBwd,       ops::kEmbeddingFwd,    ops::kEmbeddingBwd,
-    ops::kLayerNormFwd, ops::kLayerNormBwd,     ops::kRmsNormFwd,      ops::kRmsNormBwd,
-    ops::kRopeFwd,      ops::kRopeBwd,          ops::kSplitQkv,        ops::kMergeQkv,
-    ops::kSwapAxes12,   ops::kMaskedSoftmaxFwd, ops::kMaskedSoftmaxBwd};
+    ops::kGeluFwd,      ops::kGeluBwd,          ops::kSwigluFwd,        ops::kSwigluBwd,
+    ops::kDropoutFwd,   ops::kDropoutBwd,       ops::kEmbeddingFwd,     ops::kEmbeddingBwd,
+    ops::kLayerNormFwd, ops::kLayerNormBwd,     ops::kRmsNormFwd,       ops::kRmsNormBwd,
+    ops::kRopeFwd,      ops::kRopeBwd,          ops::kSplitQkv,         ops::kMergeQkv,
+    ops::kSwapAxes12,   ops::kMaskedSoftmaxFwd, ops::kMaskedSoftmaxBwd, ops::kFp8Quantize};
 
 // The call of `k` on views of the host tensors, every view marked as in `device` memory.
 template <class A>
