@@ -18,7 +18,6 @@
 namespace loom::core {
 namespace {
 
-constexpr Device kHost{DeviceType::kCpu, 0};
 
 // A positive integer at `key` of `node`, or 0 when absent or null.
 int64_t positive_or_zero(const nlohmann::json& node, const char* key) {
@@ -29,28 +28,61 @@ int64_t positive_or_zero(const nlohmann::json& node, const char* key) {
 
 // Loads the kernel libraries of `kernels` (a spec's /kernels node; kernels_cpu always) and
 // sets its pins, as a training run does.
-void load_kernels(PluginManager& plugins, const nlohmann::json& kernels) {
+// Loads the spec's /kernels/libraries (default: kernels_<device>) and sets its pins, as a
+// training run does, and checks that the device is usable.
+void load_kernels(PluginManager& plugins, const nlohmann::json& kernels, Device device) {
   if (!kernels.is_object())
     throw SpecError("/kernels", "expected an object {\"libraries\": [...], \"pin\": {...}}");
-  std::vector<std::string> libraries = {"kernels_cpu"};
+  const std::string device_name = device.type == DeviceType::kCpu ? "cpu" : "cuda";
+  std::vector<std::string> libraries;
   if (kernels.contains("libraries"))
-    for (const auto& l : kernels["libraries"])
-      if (std::find(libraries.begin(), libraries.end(), l.get<std::string>()) == libraries.end())
-        libraries.push_back(l.get<std::string>());
+    for (const auto& l : kernels["libraries"]) libraries.push_back(l.get<std::string>());
+  if (libraries.empty()) libraries.push_back("kernels_" + device_name);
   for (const std::string& lib : libraries) {
     if (plugins.is_loaded(lib)) continue;
     if (plugins.catalog().find(lib) == nullptr)
       throw PluginError(Code::kNotFound,
-                        fmt::format("kernel library '{}' not found (generation runs on the CPU; "
-                                    "spec /kernels/libraries); searched: {}; pass --plugin-path",
-                                    lib, describe_roots(plugins.catalog().roots())));
+                        fmt::format("kernel library '{}' not found (generation on {}; spec "
+                                    "/kernels/libraries); searched: {}; pass --plugin-path",
+                                    lib, device_name, describe_roots(plugins.catalog().roots())));
     plugins.load(lib);
+  }
+  try {
+    plugins.host().check_device(device);
+  } catch (const Error& e) {
+    throw Error(e.code(), fmt::format("generation on device '{}': {}", device_name, e.what()));
   }
   std::map<std::string, std::string> pins;
   if (kernels.contains("pin"))
     for (const auto& [op, kernel] : kernels["pin"].items()) pins[op] = kernel.get<std::string>();
   plugins.host().set_pins(std::move(pins));
 }
+
+// Host memory copied to `device` for the length of one forward pass (the CPU: used as is).
+class DeviceCopy {
+ public:
+  DeviceCopy(IHost& host, Device device, const void* data, DType dtype,
+             std::initializer_list<int64_t> shape)
+      : host_(host), device_(device) {
+    view_ = make_view(const_cast<void*>(data), dtype, shape, kCpu);
+    if (device.type == DeviceType::kCpu) return;
+    throw_if_error(host.allocate(device, nbytes(view_), 64, &owned_), "generator inputs");
+    copy_from_host(host, data, make_view(owned_, dtype, shape, device));
+    view_ = make_view(owned_, dtype, shape, device);
+  }
+  ~DeviceCopy() {
+    if (owned_ != nullptr) host_.deallocate(device_, owned_);
+  }
+  DeviceCopy(const DeviceCopy&) = delete;
+  DeviceCopy& operator=(const DeviceCopy&) = delete;
+  const TensorView& view() const { return view_; }
+
+ private:
+  IHost& host_;
+  Device device_;
+  void* owned_ = nullptr;
+  TensorView view_{};
+};
 
 // Resolves {"model": node} against the catalog (defaults filled, options checked, messages
 // under /model), loads the plugins that provide its components and returns the resolved
@@ -85,6 +117,8 @@ GeneratorOptions GeneratorOptions::from_spec(const nlohmann::json& spec) {
   if (spec.contains("train") && spec["train"].contains("seq_length"))
     o.seq_length = spec["train"]["seq_length"].get<int64_t>();
   if (spec.contains("kernels") && spec["kernels"].is_object()) o.kernels = spec["kernels"];
+  if (spec.contains("train") && spec["train"].value("device", std::string("cpu")) == "cuda")
+    o.device = Device{DeviceType::kCuda, 0};
   return o;
 }
 
@@ -98,7 +132,8 @@ Generator::Generator(PluginManager& plugins, const nlohmann::json& model,
   if (options.seq_length < 0 || options.max_sequence < 0)
     throw InvalidArgument(fmt::format("generator: seq_length {} and max_sequence {} must be >= 0",
                                       options.seq_length, options.max_sequence));
-  load_kernels(plugins, options.kernels);
+  device_ = options.device;
+  load_kernels(plugins, options.kernels, device_);
   nlohmann::json node = resolve_model(plugins, model);
 
   // The model's maximum length: its learned position table, else what it was trained for.
@@ -120,15 +155,15 @@ Generator::Generator(PluginManager& plugins, const nlohmann::json& model,
   nlohmann::json inherited = {{"seq_length", std::min(seq_length, limit)},
                               {"micro_batch_size", 1},
                               {"params_dtype", options.params_dtype},
-                              {"device", "cpu"},
+                              {"device", device_.type == DeviceType::kCpu ? "cpu" : "cuda"},
                               {"return_logits", true}};
   model_object_ = build_component(plugins, node, kinds::kModel, "/model", inherited);
   model_ = interface_cast<IModel>(model_object_.get());
   if (model_ == nullptr)
     throw PluginError(Code::kAbiMismatch, "the /model component is not a model (kinds::kModel)");
-  params_ = std::make_unique<ParameterSet>(plugins.host(), *model_, kHost);
+  params_ = std::make_unique<ParameterSet>(plugins.host(), *model_, device_);
   params_->initialize(options.init_seed);
-  cache_ = std::make_unique<KvCache>(plugins.host(), 1, max_sequence_, kHost);
+  cache_ = std::make_unique<KvCache>(plugins.host(), 1, max_sequence_, device_);
   vocab_ = positive_or_zero(node, "vocab_size");
   if (vocab_ == 0) {  // a model without the key: ask it
     std::vector<float> probe = forward({0}, 0, false, false);
@@ -161,12 +196,17 @@ void Generator::copy_parameters_from(const ParameterSet& source) {
           fmt::format("copy parameters: '{}' has shape {} in the source and {} "
                       "in the inference model",
                       p.name, shape_string(s.value), shape_string(p.value)));
-    if (s.value.device.type != DeviceType::kCpu)
-      throw Error(Code::kUnimplemented,
-                  fmt::format("copy parameters: '{}' lives on a device; copy it to the host first",
-                              p.name));
-    if (s.value.dtype == p.value.dtype) {
-      std::memcpy(p.value.data, s.value.data, nbytes(p.value));
+    // The same dtype on the same device or across host and device: one copy; anything
+    // else through host floats.
+    const bool one_copy = s.value.dtype == p.value.dtype &&
+                          (s.value.device.type == DeviceType::kCpu ||
+                           p.value.device.type == DeviceType::kCpu ||
+                           (s.value.device.type == p.value.device.type &&
+                            s.value.device.index == p.value.device.index));
+    if (one_copy) {
+      throw_if_error(plugins_.host().copy(p.value.device, p.value.data, s.value.device,
+                                          s.value.data, nbytes(p.value)),
+                     fmt::format("copy parameters: '{}'", p.name));
     } else {
       buffer.resize(static_cast<size_t>(numel(p.value)));
       load_floats(plugins_.host(), s.value, buffer.data());
@@ -184,11 +224,13 @@ std::vector<float> Generator::forward(const std::vector<int32_t>& tokens, int64_
   ForwardContext ctx(plugins_.host(), false, RecomputePolicy::kNone, 0, 0, 1,
                      &params_->module_ids());
   if (cached) ctx.set_kv_cache(cache_.get());
-  TensorView inputs[5] = {
-      make_view(ids.data(), DType::kI32, {1, t}), make_view(labels.data(), DType::kI32, {1, t}),
-      make_view(mask.data(), DType::kF32, {1, t}),
-      with_positions ? make_view(positions.data(), DType::kI32, {1, t}) : empty_view(),
-      empty_view()};
+  IHost& host = plugins_.host();
+  DeviceCopy ids_in(host, device_, ids.data(), DType::kI32, {1, t});
+  DeviceCopy labels_in(host, device_, labels.data(), DType::kI32, {1, t});
+  DeviceCopy mask_in(host, device_, mask.data(), DType::kF32, {1, t});
+  DeviceCopy positions_in(host, device_, positions.data(), DType::kI32, {1, t});
+  TensorView inputs[5] = {ids_in.view(), labels_in.view(), mask_in.view(),
+                          with_positions ? positions_in.view() : empty_view(), empty_view()};
   TensorView outputs[2] = {};
   throw_if_error(model_->forward(&ctx, inputs, 5, outputs, 2), "model forward");
   const TensorView& logits = outputs[1];

@@ -2,9 +2,10 @@
 // of `loom generate` and of the sample a training run prints at its end (DESIGN.md
 // section 7).
 //
-// The model of a "model" spec node is built on the CPU with micro-batch 1 and
-// return_logits = true, its kernels loaded as a training run loads them (the spec's
-// /kernels/libraries or kernels_cpu, and /kernels/pin). The generator owns the parameters
+// The model of a "model" spec node is built on the options' device (the CPU by default, or
+// a GPU) with micro-batch 1 and return_logits = true, its kernels loaded as a training run
+// loads them (the spec's /kernels/libraries or kernels_<device>, and /kernels/pin). Only
+// the logits of each pass come back to host memory, for sampling. The generator owns the parameters
 // (core::ParameterSet): the caller loads weights into params() (CheckpointReader::load_model)
 // or copies them from a trainer's (copy_parameters_from).
 //
@@ -50,8 +51,11 @@ struct GeneratorOptions {
   nlohmann::json kernels = nlohmann::json::object();
   /// Seed of the initial (random) weights, before the caller loads real ones.
   uint64_t init_seed = 0;
+  /// Where the model, its parameters and the KV cache live.
+  Device device{DeviceType::kCpu, 0};
 
-  /// seq_length from /train/seq_length and kernels from /kernels of a resolved spec.
+  /// seq_length from /train/seq_length, kernels from /kernels and the device (index 0)
+  /// from /train/device of a resolved spec.
   static GeneratorOptions from_spec(const nlohmann::json& spec);
 };
 
@@ -141,6 +145,7 @@ class Generator {
                              bool cached);
 
   PluginManager& plugins_;
+  Device device_{DeviceType::kCpu, 0};
   ObjectPtr model_object_;
   IModel* model_ = nullptr;
   std::unique_ptr<ParameterSet> params_;

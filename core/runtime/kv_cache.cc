@@ -2,9 +2,9 @@
 
 #include <fmt/format.h>
 
-#include <cstring>
 
 #include "loom/cpp/error.h"
+#include "loom/cpp/op_args.h"
 
 namespace loom::core {
 namespace {
@@ -22,14 +22,15 @@ KvCache::KvCache(IHost& host, int64_t batch, int64_t capacity, Device device)
   if (batch < 1 || capacity < 1)
     fail(Code::kInvalidArgument,
          fmt::format("kv cache: batch {} and capacity {} must both be >= 1", batch, capacity));
-  if (device.type != DeviceType::kCpu)
-    fail(Code::kUnimplemented,
-         "kv cache: only host (CPU) memory is supported; decode on the CPU (device \"cpu\")");
 }
 
 KvCache::~KvCache() {
   for (auto& [owner, slot] : slots_)
     for (void* p : {slot.k, slot.v, slot.k_scratch, slot.v_scratch}) host_.deallocate(device_, p);
+}
+
+void KvCache::copy(void* to, const void* from, size_t bytes) {
+  throw_if_error(host_.copy(device_, to, device_, from, bytes), "kv cache");
 }
 
 void* KvCache::allocate(uint64_t bytes) {
@@ -77,9 +78,10 @@ Status KvCache::append(const void* owner, const TensorView* k, const TensorView*
       if (x.data == nullptr || x.ndim != 4 || !is_contiguous(x) || x.shape[0] != batch_ ||
           x.device.type != device_.type || dtype_size(x.dtype) == 0)
         fail(Code::kInvalidArgument,
-             fmt::format("kv cache append: {} must be a contiguous host tensor (B, T, G, D) with "
-                         "B = {} (the cache's batch), got {}{}",
-                         what, batch_, x.data == nullptr ? "none " : "", shape_text(x)));
+             fmt::format("kv cache append: {} must be a contiguous tensor (B, T, G, D) on the "
+                         "cache's device ({}) with B = {} (the cache's batch), got {}{}",
+                         what, device_type_name(device_.type), batch_,
+                         x.data == nullptr ? "none " : "", shape_text(x)));
     };
     check(*k, "k");
     check(*v, "v");
@@ -105,8 +107,8 @@ Status KvCache::append(const void* owner, const TensorView* k, const TensorView*
       size_t to = static_cast<size_t>(b * capacity_ + past_) * row;
       size_t from = static_cast<size_t>(b * t) * row;
       if (t > 0) {
-        std::memcpy(kb + to, kn + from, static_cast<size_t>(t) * row);
-        std::memcpy(vb + to, vn + from, static_cast<size_t>(t) * row);
+        copy(kb + to, kn + from, static_cast<size_t>(t) * row);
+        copy(vb + to, vn + from, static_cast<size_t>(t) * row);
       }
     }
     void* k_out = slot.k;
@@ -117,8 +119,8 @@ Status KvCache::append(const void* owner, const TensorView* k, const TensorView*
       size_t n = static_cast<size_t>(total) * row;
       for (int64_t b = 0; b < batch_; ++b) {
         size_t from = static_cast<size_t>(b * capacity_) * row;
-        std::memcpy(ks + static_cast<size_t>(b) * n, kb + from, n);
-        std::memcpy(vs + static_cast<size_t>(b) * n, vb + from, n);
+        copy(ks + static_cast<size_t>(b) * n, kb + from, n);
+        copy(vs + static_cast<size_t>(b) * n, vb + from, n);
       }
       k_out = ks;
       v_out = vs;

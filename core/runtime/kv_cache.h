@@ -26,8 +26,8 @@ class KvCache final : public IKvCache {
   /// \param host      allocator of the buffers; must outlive the cache
   /// \param batch     B, the sequences decoded together (>= 1)
   /// \param capacity  the longest sequence (positions) it holds (>= 1)
-  /// \param device    where the buffers live; only the CPU is supported (kUnimplemented
-  ///                  otherwise)
+  /// \param device    where the buffers live (the CPU or a device; appends copy through
+  ///                  IHost::copy on that device)
   /// Throws Error(kInvalidArgument) for batch or capacity < 1.
   KvCache(IHost& host, int64_t batch, int64_t capacity,
           Device device = Device{DeviceType::kCpu, 0});
@@ -64,6 +64,8 @@ class KvCache final : public IKvCache {
     void* v_scratch = nullptr;
   };
   void* allocate(uint64_t bytes);
+  /// Copies `bytes` within the cache's device.
+  void copy(void* to, const void* from, size_t bytes);
   Slot& slot_for(const void* owner, const TensorView& k);
 
   IHost& host_;

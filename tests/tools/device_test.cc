@@ -165,6 +165,50 @@ TEST_F(DeviceTest, CheckpointOnTheDeviceResumesExactly) {
   }
 }
 
+// Decoding on the device: the sample a run prints at its end (its trained weights, decoded
+// with a KV cache on the device it trained on) and `loom generate --device cuda` give the
+// CPU's text, token for token.
+TEST_F(DeviceTest, GenerationOnTheDeviceGivesTheCpuText) {
+  fs::path text = dir_ / "text";
+  fs::create_directories(text);
+  const char* words[] = {"the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog"};
+  for (int d = 0; d < 8; ++d) {
+    std::string doc;
+    for (int w = 0; w < 120; ++w) doc += std::string(w ? " " : "") + words[(d * 7 + w * w) % 8];
+    write_file(text / ("doc" + std::to_string(d) + ".txt"), doc + "\n");
+  }
+  nlohmann::json body = tiny_spec(20);
+  body["model"]["vocab_size"] = 320;
+  body["data"] = {{"corpus",
+                   {{"inputs", {text.string()}},
+                    {"vocab_size", 300},
+                    {"cache_dir", (dir_ / "corpora").string()}}}};
+  body["log"] = {{"sample", {{"prompt", "the quick"}, {"max_new_tokens", 8}, {"seed", 3}}}};
+  body["checkpoint"] = {{"dir", (dir_ / "dev_ckpt").string()}};
+  auto cpu = train("gen_cpu", body, "cpu");
+  ASSERT_EQ(cpu.exit_code, 0) << cpu.out << cpu.err;
+  auto dev = train("gen_dev", body, "cuda");
+  ASSERT_EQ(dev.exit_code, 0) << dev.out << dev.err;
+  auto sample = [](const std::string& out) {
+    size_t at = out.find("sample (");
+    return at == std::string::npos ? std::string("none") : out.substr(at);
+  };
+  EXPECT_NE(sample(dev.out), "none") << dev.out;
+  EXPECT_EQ(sample(dev.out), sample(cpu.out));
+  // The device-trained checkpoint, decoded on the device and on the CPU.
+  std::string args = "generate --checkpoint '" + (dir_ / "dev_ckpt").string() +
+                     "' --prompt 'the lazy' --max-new-tokens 10 --temperature 0 --json";
+  auto on_dev = run_loom(args + " --device cuda", env());
+  ASSERT_EQ(on_dev.exit_code, 0) << on_dev.out << on_dev.err;
+  auto on_cpu = run_loom(args + " --device cpu", env());
+  ASSERT_EQ(on_cpu.exit_code, 0) << on_cpu.out << on_cpu.err;
+  EXPECT_EQ(on_dev.out, on_cpu.out);
+  EXPECT_THAT(on_dev.out, HasSubstr("\"new_tokens\":"));
+  auto bad = run_loom(args + " --device tpu", env());
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_THAT(bad.err, HasSubstr("--device 'tpu': use cpu or cuda"));
+}
+
 TEST_F(DeviceTest, NoDeviceRuntimeIsOneClearError) {
   nlohmann::json body = tiny_spec(2);
   body["train"]["device"] = "cuda";

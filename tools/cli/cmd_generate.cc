@@ -1,7 +1,8 @@
 // loom generate --checkpoint DIR (--prompt TEXT | --prompts FILE) [--max-new-tokens N]
 //                [--temperature T] [--top-k K] [--top-p P] [--seed S] [--tokenizer PATH]
-//                [--plugin-path DIR] [--json]
-// Text from a checkpoint with KV-cache decoding (core/infer/generator.h) on the CPU.
+//                [--device cpu|cuda] [--plugin-path DIR] [--json]
+// Text from a checkpoint with KV-cache decoding (core/infer/generator.h), on the CPU unless
+// --device cuda (the checkpoint's /kernels when it trained on cuda, else kernels_cuda).
 //   --prompt TEXT: the prompt and then the completion stream to stdout as tokens arrive
 //     (--json: one JSON line instead).
 //   --prompts FILE: one prompt per line, or JSONL lines {"prompt": TEXT, ...}; one JSON line
@@ -30,7 +31,7 @@ namespace {
 constexpr const char* kUsage =
     "loom generate --checkpoint DIR (--prompt TEXT | --prompts FILE) [--max-new-tokens N] "
     "[--temperature T] [--top-k K] [--top-p P] [--seed S] [--tokenizer PATH] "
-    "[--plugin-path DIR] [--json]";
+    "[--device cpu|cuda] [--plugin-path DIR] [--json]";
 
 // The last value of option `name` as a finite number within the bounds, else `fallback`
 // when absent. Throws UsageError naming the option and the range.
@@ -93,15 +94,20 @@ std::vector<Prompt> read_prompts(const fs::path& file) {
   return out;
 }
 
-// The GeneratorOptions of a checkpoint's spec: its seq_length, and its kernels unless it
-// trained on another device (generation runs on the CPU).
-core::GeneratorOptions generator_options(const core::CheckpointReader& reader) {
+// The GeneratorOptions of a checkpoint's spec for generation on `device` ("cpu" or "cuda"):
+// its seq_length, and its kernels when it trained on that device (else that device's
+// default library).
+core::GeneratorOptions generator_options(const core::CheckpointReader& reader,
+                                         const std::string& device) {
+  core::GeneratorOptions options;
   const nlohmann::json& metadata = reader.metadata();
-  if (!metadata.contains("spec") || !metadata["spec"].is_object()) return {};
-  const nlohmann::json& spec = metadata["spec"];
-  core::GeneratorOptions options = core::GeneratorOptions::from_spec(spec);
-  if (spec.contains("train") && spec["train"].value("device", std::string("cpu")) != "cpu")
-    options.kernels = nlohmann::json::object();
+  if (metadata.contains("spec") && metadata["spec"].is_object()) {
+    const nlohmann::json& spec = metadata["spec"];
+    options = core::GeneratorOptions::from_spec(spec);
+    if (!spec.contains("train") || spec["train"].value("device", std::string("cpu")) != device)
+      options.kernels = nlohmann::json::object();
+  }
+  options.device = Device{device == "cuda" ? DeviceType::kCuda : DeviceType::kCpu, 0};
   return options;
 }
 
@@ -111,7 +117,7 @@ int cmd_generate(const std::vector<std::string>& argv) {
   Args args = parse_args(
       argv, {{"--json"},
              {"--checkpoint", "--prompt", "--prompts", "--max-new-tokens", "--temperature",
-              "--top-k", "--top-p", "--seed", "--tokenizer", "--plugin-path"},
+              "--top-k", "--top-p", "--seed", "--tokenizer", "--device", "--plugin-path"},
              0,
              0,
              kUsage});
@@ -146,6 +152,10 @@ int cmd_generate(const std::vector<std::string>& argv) {
   std::vector<Prompt> prompts = batch ? read_prompts(args.get("--prompts"))
                                       : std::vector<Prompt>{{args.get("--prompt"), "--prompt"}};
   bool json = batch || args.flag("--json");
+  std::string device = args.get("--device").empty() ? "cpu" : args.get("--device");
+  if (device != "cpu" && device != "cuda")
+    throw core::UsageError(
+        fmt::format("--device '{}': use cpu or cuda ({})", device, kUsage));
 
   // The model, its weights and the tokenizer.
   core::PluginManager plugins(catalog_from_args(args));
@@ -158,7 +168,7 @@ int cmd_generate(const std::vector<std::string>& argv) {
         "was trained with: a directory with tokenizer.json or vocab.json + merges.txt)",
         reader.dir().string()));
   std::unique_ptr<core::Tokenizer> tokenizer = core::Tokenizer::load(*tokenizer_path);
-  core::Generator generator(plugins, reader.model_spec(), generator_options(reader));
+  core::Generator generator(plugins, reader.model_spec(), generator_options(reader, device));
   reader.load_model(generator.params());
   if (tokenizer->vocab_size() > generator.vocab_size())
     throw core::UsageError(fmt::format(

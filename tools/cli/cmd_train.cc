@@ -370,7 +370,9 @@ void print_sample(const Session& s, core::Trainer& trainer) {
   }
   const nlohmann::json& o = spec["log"]["sample"];
   std::unique_ptr<core::Tokenizer> tokenizer = core::Tokenizer::load(*trainer.tokenizer_path());
-  core::Generator generator(*s.plugins, spec["model"], core::GeneratorOptions::from_spec(spec));
+  core::GeneratorOptions options = core::GeneratorOptions::from_spec(spec);
+  options.device = trainer.device();  // decoded where the run trained
+  core::Generator generator(*s.plugins, spec["model"], options);
   generator.copy_parameters_from(trainer.params());
   std::string prompt = o["prompt"].get<std::string>();
   std::vector<int32_t> ids = tokenizer->encode(prompt);
