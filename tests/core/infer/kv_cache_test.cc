@@ -103,7 +103,12 @@ TEST(KvCache, FullCacheNamesItsCapacity) {
   EXPECT_EQ(s.code, Code::kInvalidArgument);
   status_release(&s);
   EXPECT_THROW(core::KvCache(host, 0, 4), Error);
-  EXPECT_THROW(core::KvCache(host, 1, 4, Device{DeviceType::kCuda, 0}), Error);
+  // A cache on a device takes tensors on that device only.
+  core::KvCache on_device(host, 1, 4, Device{DeviceType::kCuda, 0});
+  s = on_device.append(&owner, &kv, &vv, &k_all, &v_all);
+  EXPECT_EQ(s.code, Code::kInvalidArgument);
+  message = take_message(&s);
+  EXPECT_NE(message.find("on the cache's device (cuda)"), std::string::npos) << message;
 }
 
 }  // namespace
