@@ -27,16 +27,17 @@ double number(const nlohmann::json& node, const char* key) {
 }  // namespace
 
 uint64_t MemoryEstimate::total() const {
-  return weights + grads + master + optimizer + activations.value_or(0);
+  return weights + grads + master + optimizer + fp8 + activations.value_or(0);
 }
 
 std::string MemoryEstimate::describe() const {
   constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
   auto g = [&](uint64_t b) { return static_cast<double>(b) / kGiB; };
   return fmt::format(
-      "{:.3g} GiB: weights {:.3g}, grads {:.3g}, master {:.3g}, optimizer {:.3g}, "
+      "{:.3g} GiB: weights {:.3g}, grads {:.3g}, master {:.3g}, optimizer {:.3g}, {}"
       "activations {} GiB",
       g(total()), g(weights), g(grads), g(master), g(optimizer),
+      fp8 > 0 ? fmt::format("fp8 state {:.3g}, ", g(fp8)) : std::string(),
       activations ? fmt::format("{:.3g}", g(*activations)) : std::string("not estimated"));
 }
 
@@ -86,8 +87,10 @@ std::optional<uint64_t> transformer_activation_bytes(const nlohmann::json& model
     kept += 4 * n * hl;  // log-sum-exp
   else if (shape.recompute != RecomputePolicy::kSelective)
     kept += b * hl * t * t * s;  // probabilities
-  if (shape.fp8)  // x^T and W^T of qkv, proj, fc1, fc2 in one-byte FP8
+  if (shape.fp8) {  // x^T and W^T of qkv, proj, fc1, fc2 in one-byte FP8 instead of those x
     kept += n * (2 * c + hl * d + fl) + c * ((hl + 2 * gl) * d + hl * d + fc1 + fl);
+    kept -= n * (2 * c + fl + (attention == "fused" ? 0 : hl * d)) * s;
+  }
   const bool full = shape.recompute == RecomputePolicy::kFull;
   const double logits = n * vl * s + 4 * n;  // and their log-sum-exp
   double saved = layers * (full ? edge : kept);

@@ -16,9 +16,11 @@
 //     MLP: fc1 output (Fl, or 2 Fl for swiglu) and activation output (Fl): n (fc1 + Fl) s
 //     the two norms' statistics (f32): layernorm 2 x 2 x 4 n, rmsnorm 2 x 4 n
 // and with recompute "full" only its input, n C s. With FP8 GEMMs (/precision/fp8) each of
-// the layer's four linear sites also keeps its input's and its weight's FP8 transposes, one
-// byte each: n (2 C + Hl D + Fl) + C ((Hl + 2 Gl) D + Hl D + fc1 + Fl) bytes per layer
-// (qkv, proj, fc1, fc2). After the last layer come the final
+// the layer's four linear sites (qkv, proj, fc1, fc2) keeps its input's and its weight's
+// FP8 transposes, one byte an element: n (2 C + Hl D + Fl) + C ((Hl + 2 Gl) D + Hl D + fc1 +
+// Fl) bytes per layer; and the layer no longer keeps the normalised input, the MLP input and
+// the activation output in the parameter dtype, nor the attention output unless the
+// attention core keeps it (fused does, for its backward): n (2 C + Fl (+ Hl D)) s less. After the last layer come the final
 // norm's input and output, its statistics, the logits n Vl s and their log-sum-exp 4 n.
 // The peak is reached when backward starts, with the logits' gradient (n Vl s) beside all of
 // that, or inside the top layer's MLP backward when that is larger (dy, da, d(fc1 out),
@@ -43,11 +45,13 @@ struct MemoryEstimate {
   uint64_t grads = 0;
   uint64_t master = 0;
   uint64_t optimizer = 0;
+  uint64_t fp8 = 0;  ///< the FP8 recipe's state (amax histories, scales)
   std::optional<uint64_t> activations;
 
   /// The sum (activations counted as 0 when unknown).
   uint64_t total() const;
-  /// "2.31 GiB: weights 0.46, grads 0.46, master 0, optimizer 0.93, activations 0.46 GiB".
+  /// "2.31 GiB: weights 0.46, grads 0.46, master 0, optimizer 0.93, activations 0.46 GiB"
+  /// (", fp8 state 0.01" before the activations when there is one).
   std::string describe() const;
 };
 

@@ -1,5 +1,6 @@
 #include "plugins/transformer/mlp.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "plugins/transformer/options.h"
@@ -100,9 +101,10 @@ void Mlp::run_forward(IForwardContext& ctx, const TensorView* inputs, int32_t nu
   TensorView y = tp_.exit(ctx, y_partial);  // summed over the group: like x_in
   if (bias_) linear_.add_bias(value(fc2_bias_), rows(y, hidden_));
   if (ctx.training()) {
-    save(ctx, this, kInput, x);
+    // An FP8 site keeps its input's FP8 transpose instead (Linear): x and a only for bf16.
+    if (!linear_.fp8({this, kFc1Fp8})) save(ctx, this, kInput, x);
     save(ctx, this, kFc1Out, h1);
-    save(ctx, this, kActOut, a);
+    if (!linear_.fp8({this, kFc2Fp8})) save(ctx, this, kActOut, a);
   }
   release_all(ctx, {x, h1, a, y_partial}, {x_in, y});  // the saves keep x, h1, a in training
   outputs[0] = y;
@@ -112,15 +114,27 @@ void Mlp::run_backward(IForwardContext& ctx, const TensorView* grad_outputs,
                        int32_t num_grad_outputs, TensorView* grad_inputs, int32_t num_grad_inputs) {
   expect_count("mlp backward grad outputs", num_grad_outputs, 1);
   expect_count("mlp backward grad inputs", num_grad_inputs, 1);
-  TensorView x = load(ctx, this, kInput), h1 = load(ctx, this, kFc1Out);
-  TensorView a = load(ctx, this, kActOut);
+  const bool fc1_fp8 = linear_.fp8({this, kFc1Fp8}), fc2_fp8 = linear_.fp8({this, kFc2Fp8});
+  TensorView x = fc1_fp8 ? empty_view() : load(ctx, this, kInput);
+  TensorView h1 = load(ctx, this, kFc1Out);
+  TensorView a = fc2_fp8 ? empty_view() : load(ctx, this, kActOut);
   const TensorView& dy_in = grad_outputs[0];
-  std::vector<int64_t> y_shape(x.shape, x.shape + x.ndim);
-  if (tp_.sequence_parallel()) y_shape[1] /= tp_.size();
-  expect(dy_in, y_shape, dtype_, "mlp grad output");
+  // x's shape: (B, T, C), the whole sequence even with sequence parallelism.
+  std::vector<int64_t> x_shape(dy_in.shape, dy_in.shape + dy_in.ndim);
+  if (present(x)) {
+    x_shape.assign(x.shape, x.shape + x.ndim);
+    std::vector<int64_t> y_shape = x_shape;
+    if (tp_.sequence_parallel()) y_shape[1] /= tp_.size();
+    expect(dy_in, y_shape, dtype_, "mlp grad output");
+  } else {
+    std::vector<int64_t> any(static_cast<size_t>(std::max(dy_in.ndim, 1)), -1);
+    any.back() = hidden_;
+    expect(dy_in, any, dtype_, "mlp grad output");
+    if (tp_.sequence_parallel()) x_shape[1] = tp_.full_length(x_shape[1]);
+  }
   if (bias_) linear_.bias_grad(rows(dy_in, hidden_), grad(fc2_bias_));
   TensorView dy = tp_.exit_backward(ctx, dy_in);
-  int64_t n = numel(x) / hidden_;
+  int64_t n = numel(h1) / fc1_out_;
   TensorView da = allocate(ctx, dtype_, {n, local_ffn_}, device_);
   linear_.backward(ctx, {this, kFc2Fp8}, rows(dy, hidden_), a, value(fc2_weight_),
                    grad(fc2_weight_), empty_view(), da);
@@ -129,9 +143,13 @@ void Mlp::run_backward(IForwardContext& ctx, const TensorView* grad_outputs,
     act_bwd_({da, h1}, {dh1});
   else
     act_bwd_({da, h1}, {dh1}, ops::GeluAttrs{activation_ == Activation::kGeluTanh ? 1 : 0});
-  TensorView dx_partial = allocate_like(ctx, x);
+  TensorView dx_partial{};
+  throw_if_error(ctx.allocate(dtype_, static_cast<int32_t>(x_shape.size()), x_shape.data(),
+                              device_, &dx_partial),
+                 "mlp backward");
   linear_.backward(
-      ctx, {this, kFc1Fp8}, dh1, rows(x, hidden_), rows(value(fc1_weight_), hidden_), rows(grad(fc1_weight_), hidden_),
+      ctx, {this, kFc1Fp8}, dh1, present(x) ? rows(x, hidden_) : empty_view(),
+      rows(value(fc1_weight_), hidden_), rows(grad(fc1_weight_), hidden_),
       bias_ ? reshape(grad(fc1_bias_), {fc1_out_}) : empty_view(), rows(dx_partial, hidden_));
   grad_inputs[0] = tp_.enter_backward(ctx, dx_partial);
   release_all(ctx, {dy, da, dh1, dx_partial}, {dy_in, grad_inputs[0]});

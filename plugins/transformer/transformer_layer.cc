@@ -222,11 +222,12 @@ TensorView TransformerLayer::forward_impl(IForwardContext& ctx, const TensorView
   add_({residual, mlp_out}, {y});
   if (ctx.training()) {
     save(ctx, this, kPositions, positions);
-    save(ctx, this, kNormed, normed);
-    save(ctx, this, kCoreOut, core_out);
+    // An FP8 projection keeps its input's FP8 transpose instead (Linear).
+    if (!linear_.fp8({this, kQkvFp8})) save(ctx, this, kNormed, normed);
+    if (!linear_.fp8({this, kProjFp8})) save(ctx, this, kCoreOut, core_out);
   }
   // The saves (this layer's and its children's) keep what backward needs: normed, q, k, v,
-  // core_out, residual.
+  // core_out (in bf16 or as FP8 transposes), residual.
   release_all(ctx, {normed_shard, normed, q, k, v, core_out, residual, mlp_out}, {x});
   return y;
 }
@@ -240,12 +241,17 @@ void TransformerLayer::run_backward(IForwardContext& ctx, const TensorView* grad
     release(ctx, forward_impl(ctx, load(ctx, this, kInput), load(ctx, this, kPositions),
                               load(ctx, this, kSegments)));
   TensorView positions = load(ctx, this, kPositions);
-  TensorView normed = load(ctx, this, kNormed), core_out = load(ctx, this, kCoreOut);
+  const bool qkv_fp8 = linear_.fp8({this, kQkvFp8}), proj_fp8 = linear_.fp8({this, kProjFp8});
+  TensorView normed = qkv_fp8 ? empty_view() : load(ctx, this, kNormed);
+  TensorView core_out = proj_fp8 ? empty_view() : load(ctx, this, kCoreOut);
   const TensorView& dy = grad_outputs[0];
-  int64_t b = normed.shape[0], t = normed.shape[1];
+  expect(dy, {-1, -1, hidden_}, dtype_, "transformer_layer grad output");
+  int64_t b = dy.shape[0], t = tp_.full_length(dy.shape[1]);
   int64_t h = local_heads_, g = local_groups_, d = head_dim_;
-  int64_t t_local = tp_.sequence_parallel() ? t / tp_.size() : t;
-  expect(dy, {b, t_local, hidden_}, dtype_, "transformer_layer grad output");
+  if (present(normed)) {
+    int64_t t_local = tp_.sequence_parallel() ? normed.shape[1] / tp_.size() : normed.shape[1];
+    expect(dy, {normed.shape[0], t_local, hidden_}, dtype_, "transformer_layer grad output");
+  }
 
   // y = residual + dropout(mlp(norm2(residual)))
   TensorView dmlp_out = dropout_backward(ctx, dy, kMlpOutDropout);
@@ -260,7 +266,8 @@ void TransformerLayer::run_backward(IForwardContext& ctx, const TensorView* grad
   if (proj_bias_) linear_.bias_grad(rows(dattn, hidden_), grad(proj_bias_index_));
   TensorView dattn_full = tp_.exit_backward(ctx, dattn);  // (B, T, C)
   TensorView dcore_out = allocate(ctx, dtype_, {b, t, h, d}, device_);
-  linear_.backward(ctx, {this, kProjFp8}, rows(dattn_full, hidden_), rows(core_out, h * d),
+  linear_.backward(ctx, {this, kProjFp8}, rows(dattn_full, hidden_),
+                   present(core_out) ? rows(core_out, h * d) : empty_view(),
                    value(proj_weight_),
                    grad(proj_weight_), empty_view(), rows(dcore_out, h * d));
   release_all(ctx, {dattn, dattn_full}, {dresidual});
@@ -274,8 +281,9 @@ void TransformerLayer::run_backward(IForwardContext& ctx, const TensorView* grad
   TensorView dqkv = allocate(ctx, dtype_, {b, t, g, (h / g + 2) * d}, device_);
   merge_({dqkv3[0], dqkv3[1], dqkv3[2]}, {dqkv});
   release_all(ctx, {dqkv3[0], dqkv3[1], dqkv3[2]});
-  TensorView dnormed_partial = allocate_like(ctx, normed);  // (B, T, C), this rank's heads
-  linear_.backward(ctx, {this, kQkvFp8}, rows(dqkv, (h + 2 * g) * d), rows(normed, hidden_),
+  TensorView dnormed_partial = allocate(ctx, dtype_, {b, t, hidden_}, device_);  // this rank's heads
+  linear_.backward(ctx, {this, kQkvFp8}, rows(dqkv, (h + 2 * g) * d),
+                   present(normed) ? rows(normed, hidden_) : empty_view(),
                    value(qkv_weight_),
                    grad(qkv_weight_), qkv_bias_ ? grad(qkv_bias_index_) : empty_view(),
                    rows(dnormed_partial, hidden_));
