@@ -87,13 +87,18 @@ std::optional<uint64_t> transformer_activation_bytes(const nlohmann::json& model
     kept += 4 * n * hl;  // log-sum-exp
   else if (shape.recompute != RecomputePolicy::kSelective)
     kept += b * hl * t * t * s;  // probabilities
-  if (shape.fp8) {  // x^T and W^T of qkv, proj, fc1, fc2 in one-byte FP8 instead of those x
-    kept += n * (2 * c + hl * d + fl) + c * ((hl + 2 * gl) * d + hl * d + fc1 + fl);
-    kept -= n * (2 * c + fl + (attention == "fused" ? 0 : hl * d)) * s;
-  }
+  // An FP8 layer keeps x^T and W^T of qkv, proj, fc1, fc2 in one-byte FP8 instead of those x.
+  const double kept_fp8 = kept + n * (2 * c + hl * d + fl) +
+                          c * ((hl + 2 * gl) * d + hl * d + fc1 + fl) -
+                          n * (2 * c + fl + (attention == "fused" ? 0 : hl * d)) * s;
+  // Layers kept out of FP8 at either end (the model's num_layers_at_{start,end}_in_bf16).
+  const double bf16_start = static_cast<double>(integer(model, "num_layers_at_start_in_bf16", 0));
+  const double bf16_end = static_cast<double>(integer(model, "num_layers_at_end_in_bf16", 0));
+  const double fp8_layers = shape.fp8 ? std::max(0.0, layers - bf16_start - bf16_end) : 0.0;
+  const bool top_fp8 = shape.fp8 && bf16_end == 0 && fp8_layers > 0;
   const bool full = shape.recompute == RecomputePolicy::kFull;
   const double logits = n * vl * s + 4 * n;  // and their log-sum-exp
-  double saved = layers * (full ? edge : kept);
+  double saved = full ? layers * edge : (layers - fp8_layers) * kept + fp8_layers * kept_fp8;
   saved += edge + n * c * s + stats(final_norm);  // final norm's input, output layer's input
   saved += logits;
   // Backward starts with the logits' gradient beside everything saved; in the top layer's
@@ -101,7 +106,8 @@ std::optional<uint64_t> transformer_activation_bytes(const nlohmann::json& model
   // been rerun.
   const double dropout = number(model, "hidden_dropout") > 0 ? n * c * s : 0;
   const double top_mlp = n * (2 * c + fl + fc1) * s + dropout;
-  const double transient = std::max(n * vl * s, (full ? kept : 0) + top_mlp - logits);
+  const double top_kept = top_fp8 ? kept_fp8 : kept;
+  const double transient = std::max(n * vl * s, (full ? top_kept : 0) + top_mlp - logits);
   return static_cast<uint64_t>(saved + transient);
 }
 

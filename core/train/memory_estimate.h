@@ -20,7 +20,8 @@
 // FP8 transposes, one byte an element: n (2 C + Hl D + Fl) + C ((Hl + 2 Gl) D + Hl D + fc1 +
 // Fl) bytes per layer; and the layer no longer keeps the normalised input, the MLP input and
 // the activation output in the parameter dtype, nor the attention output unless the
-// attention core keeps it (fused does, for its backward): n (2 C + Fl (+ Hl D)) s less. After the last layer come the final
+// attention core keeps it (fused does, for its backward): n (2 C + Fl (+ Hl D)) s less. The
+// model's num_layers_at_start_in_bf16 / num_layers_at_end_in_bf16 layers are not FP8. After the last layer come the final
 // norm's input and output, its statistics, the logits n Vl s and their log-sum-exp 4 n.
 // The peak is reached when backward starts, with the logits' gradient (n Vl s) beside all of
 // that, or inside the top layer's MLP backward when that is larger (dy, da, d(fc1 out),

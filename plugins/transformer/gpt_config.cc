@@ -30,6 +30,8 @@ GptConfig GptConfig::from_options(const nlohmann::json& o) {
   c.init_std = o.at("init_std").get<double>();
   c.hidden_dropout = o.at("hidden_dropout").get<double>();
   c.attention_dropout = o.at("attention_dropout").get<double>();
+  c.layers_at_start_in_bf16 = inherited_or<int64_t>(o, "num_layers_at_start_in_bf16", 0);
+  c.layers_at_end_in_bf16 = inherited_or<int64_t>(o, "num_layers_at_end_in_bf16", 0);
   c.seq_length = inherited<int64_t>(o, "seq_length", "gpt model");
   c.micro_batch_size = inherited_or<int64_t>(o, "micro_batch_size", 1);
   c.return_logits = inherited_or<bool>(o, "return_logits", false);
@@ -77,6 +79,11 @@ GptConfig GptConfig::from_options(const nlohmann::json& o) {
   }
   if (!(c.init_std > 0.0)) invalid("/init_std: must be > 0, got " + std::to_string(c.init_std));
   check_probability(c.hidden_dropout, "hidden_dropout");
+  for (auto [key, value] : {std::pair{"num_layers_at_start_in_bf16", c.layers_at_start_in_bf16},
+                            {"num_layers_at_end_in_bf16", c.layers_at_end_in_bf16}})
+    if (value < 0 || value > c.num_layers)
+      invalid(std::string("/") + key + ": " + str(value) + " is outside [0, num_layers = " +
+              str(c.num_layers) + "]");
   check_probability(c.attention_dropout, "attention_dropout");
   if (c.seq_length < 1) invalid("#/train/seq_length: must be >= 1, got " + str(c.seq_length));
   return c;
@@ -93,6 +100,8 @@ nlohmann::json GptConfig::layer_options(int64_t layer_number) const {
           {"init_std", init_std},
           {"num_layers", num_layers},
           {"layer_number", layer_number},
+          {"fp8", layer_number > layers_at_start_in_bf16 &&
+                      layer_number <= num_layers - layers_at_end_in_bf16},
           {"hidden_dropout", hidden_dropout},
           {"attention_dropout", attention_dropout},
           {"position_embedding", position_embedding},

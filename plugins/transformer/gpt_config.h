@@ -20,6 +20,9 @@ struct GptConfig {
   bool add_bias_linear, add_qkv_bias, tie_embeddings, return_logits;
   double init_std, hidden_dropout, attention_dropout;
   int64_t seq_length, micro_batch_size;
+  /// Layers kept out of FP8 at either end (Megatron's --num-layers-at-start-in-bf16 /
+  /// --num-layers-at-end-in-bf16); only matter in a run with an FP8 recipe.
+  int64_t layers_at_start_in_bf16 = 0, layers_at_end_in_bf16 = 0;
   bool sequence_parallel;  // from the core (parallel.sequence_parallel)
   DType params_dtype;
   Device device;

@@ -71,8 +71,10 @@ Mlp::Mlp(const nlohmann::json& options, IBuildContext& ctx)
   IHost& host = *ctx.host();
   act_fwd_ = Kernel(host, swiglu ? ops::kSwigluFwd : ops::kGeluFwd, device_, dtype_);
   act_bwd_ = Kernel(host, swiglu ? ops::kSwigluBwd : ops::kGeluBwd, device_, dtype_);
-  linear_.enable_fp8(ctx, {this, kFc1Fp8});  // FP8 GEMMs when the run has a recipe
-  linear_.enable_fp8(ctx, {this, kFc2Fp8});
+  if (inherited_or<bool>(options, "fp8", true)) {  // FP8 GEMMs when the run has a recipe
+    linear_.enable_fp8(ctx, {this, kFc1Fp8});
+    linear_.enable_fp8(ctx, {this, kFc2Fp8});
+  }
 }
 
 void Mlp::run_forward(IForwardContext& ctx, const TensorView* inputs, int32_t num_inputs,

@@ -107,6 +107,7 @@ TransformerLayer::TransformerLayer(const nlohmann::json& options, IBuildContext&
   mlp["add_bias_linear"] = proj_bias_;
   mlp["init_std"] = init_std;
   mlp["num_layers"] = layers;
+  mlp["fp8"] = inherited_or<bool>(options, "fp8", true);
   add_child("input_layernorm", input_norm_ = build_child<INorm>(ctx, "norm", norm));
   add_child("self_attention.core_attention",
             core_ = build_child<IAttention>(ctx, "attention", core));
@@ -118,8 +119,10 @@ TransformerLayer::TransformerLayer(const nlohmann::json& options, IBuildContext&
   add_ = Kernel(host, ops::kAdd, device_, dtype_);
   dropout_fwd_ = Kernel(host, ops::kDropoutFwd, device_, dtype_);
   dropout_bwd_ = Kernel(host, ops::kDropoutBwd, device_, dtype_);
-  linear_.enable_fp8(ctx, {this, kQkvFp8});  // FP8 GEMMs when the run has a recipe
-  linear_.enable_fp8(ctx, {this, kProjFp8});
+  if (inherited_or<bool>(options, "fp8", true)) {  // FP8 GEMMs when the run has a recipe
+    linear_.enable_fp8(ctx, {this, kQkvFp8});
+    linear_.enable_fp8(ctx, {this, kProjFp8});
+  }
 }
 
 void TransformerLayer::dropout_forward(IForwardContext& ctx, const TensorView& x,

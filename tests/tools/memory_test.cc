@@ -135,6 +135,9 @@ TEST_F(MemoryTest, Fp8LayersKeepTheirOperandsTransposes) {
   nlohmann::json s = llama_spec();
   s["precision"] = {{"params", "bf16"}, {"fp8", {{"impl", "tensorwise"}}}};
   expect_within_10_percent("llama_fp8_cuda", s, "cuda");
+  s["model"]["num_layers_at_start_in_bf16"] = 1;  // a bf16 layer among FP8 ones
+  s["model"]["layer"]["attention"] = {{"impl", "dot_product"}};
+  expect_within_10_percent("llama_fp8_first_bf16", s);
 }
 
 TEST_F(MemoryTest, OnTheFakeCudaDeviceThroughTheCachingAllocator) {

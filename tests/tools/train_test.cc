@@ -140,6 +140,42 @@ TEST_F(TrainTest, Fp8RecipesTrackTheBf16Run) {
   }
 }
 
+// Megatron's --num-layers-at-{start,end}-in-bf16: those layers' GEMMs stay in bf16. With
+// both ends covering the whole 2-layer model nothing runs in FP8: the bf16 run's bits.
+TEST_F(TrainTest, Fp8LayersAtTheEndsStayInBf16) {
+  auto losses_of = [&](const std::string& name, const nlohmann::json& precision, int64_t start,
+                       int64_t end) {
+    nlohmann::json s = tiny_spec();
+    s["train"]["steps"] = 6;
+    s["train"]["log_interval"] = 1;
+    s["precision"] = precision;
+    s["model"]["num_layers_at_start_in_bf16"] = start;
+    s["model"]["num_layers_at_end_in_bf16"] = end;
+    fs::path run = dir_ / name;
+    auto r = run_loom("train " + q(spec(name + ".json", s)) + " --run-dir " + q(run));
+    EXPECT_EQ(r.exit_code, kOk) << name << "\n" << r.out << r.err;
+    std::vector<double> losses;
+    for (const auto& m : read_jsonl(run / "metrics.jsonl"))
+      if (m.contains("loss")) losses.push_back(m["loss"].get<double>());
+    return losses;
+  };
+  nlohmann::json bf16 = {{"params", "bf16"}};
+  nlohmann::json fp8 = {{"params", "bf16"}, {"fp8", {{"impl", "delayed"}}}};
+  std::vector<double> plain = losses_of("plain", bf16, 0, 0);
+  std::vector<double> none_fp8 = losses_of("ends", fp8, 1, 1);
+  std::vector<double> first_bf16 = losses_of("first", fp8, 1, 0);
+  std::vector<double> all_fp8 = losses_of("all", fp8, 0, 0);
+  ASSERT_EQ(plain.size(), 6u);
+  EXPECT_EQ(none_fp8, plain) << "both layers in bf16: the bf16 run, bit for bit";
+  EXPECT_NE(first_bf16, plain) << "layer 2 runs in FP8";
+  EXPECT_NE(first_bf16, all_fp8) << "layer 1 does not";
+  nlohmann::json s = tiny_spec();
+  s["model"]["num_layers_at_end_in_bf16"] = 3;
+  auto r = run_loom("train " + q(spec("too_many.json", s)) + " --run-dir " + q(dir_ / "bad"));
+  EXPECT_EQ(r.exit_code, kSpec);
+  EXPECT_THAT(r.err, HasSubstr("/model/num_layers_at_end_in_bf16: 3 is outside [0, num_layers = 2]"));
+}
+
 TEST_F(TrainTest, Fp8SpecMistakesNameThePlace) {
   nlohmann::json s = tiny_spec();
   s["precision"] = {{"params", "bf16"}, {"fp8", {{"impl", "mxfp8"}}}};
