@@ -18,7 +18,6 @@
 namespace loom::core {
 namespace {
 
-
 // A positive integer at `key` of `node`, or 0 when absent or null.
 int64_t positive_or_zero(const nlohmann::json& node, const char* key) {
   auto it = node.find(key);
@@ -198,11 +197,11 @@ void Generator::copy_parameters_from(const ParameterSet& source) {
                       p.name, shape_string(s.value), shape_string(p.value)));
     // The same dtype on the same device or across host and device: one copy; anything
     // else through host floats.
-    const bool one_copy = s.value.dtype == p.value.dtype &&
-                          (s.value.device.type == DeviceType::kCpu ||
-                           p.value.device.type == DeviceType::kCpu ||
-                           (s.value.device.type == p.value.device.type &&
-                            s.value.device.index == p.value.device.index));
+    const bool one_copy =
+        s.value.dtype == p.value.dtype &&
+        (s.value.device.type == DeviceType::kCpu || p.value.device.type == DeviceType::kCpu ||
+         (s.value.device.type == p.value.device.type &&
+          s.value.device.index == p.value.device.index));
     if (one_copy) {
       throw_if_error(plugins_.host().copy(p.value.device, p.value.data, s.value.device,
                                           s.value.data, nbytes(p.value)),

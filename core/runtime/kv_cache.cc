@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 
-
 #include "loom/cpp/error.h"
 #include "loom/cpp/op_args.h"
 

@@ -21,13 +21,13 @@
 // Fl) bytes per layer; and the layer no longer keeps the normalised input, the MLP input and
 // the activation output in the parameter dtype, nor the attention output unless the
 // attention core keeps it (fused does, for its backward): n (2 C + Fl (+ Hl D)) s less. The
-// model's num_layers_at_start_in_bf16 / num_layers_at_end_in_bf16 layers are not FP8. After the last layer come the final
-// norm's input and output, its statistics, the logits n Vl s and their log-sum-exp 4 n.
-// The peak is reached when backward starts, with the logits' gradient (n Vl s) beside all of
-// that, or inside the top layer's MLP backward when that is larger (dy, da, d(fc1 out),
-// dx: n (2 C + Fl + fc1) s, plus n C s for hidden dropout).
-// Not counted: kernel workspaces, the batch's ids, the RoPE table and the allocator's
-// rounding, which is why the estimate is meant to be within 10%, not exact.
+// model's num_layers_at_start_in_bf16 / num_layers_at_end_in_bf16 layers are not FP8. After the
+// last layer come the final norm's input and output, its statistics, the logits n Vl s and their
+// log-sum-exp 4 n. The peak is reached when backward starts, with the logits' gradient (n Vl s)
+// beside all of that, or inside the top layer's MLP backward when that is larger (dy, da, d(fc1
+// out), dx: n (2 C + Fl + fc1) s, plus n C s for hidden dropout). Not counted: kernel workspaces,
+// the batch's ids, the RoPE table and the allocator's rounding, which is why the estimate is meant
+// to be within 10%, not exact.
 #pragma once
 
 #include <cstdint>

@@ -416,8 +416,7 @@ void Trainer::print_banner(std::FILE* out) const {
                  "%.1f TFLOP/s%s\n",
                  flops_per_step_, device_name_.c_str(), peak_flops_ / 1e12,
                  peak_flops_ > 0 ? "" : " (unknown: no MFU)");
-  if (fp8_ != nullptr)
-    std::fprintf(out, "  fp8: %s\n", spec_["precision"]["fp8"].dump().c_str());
+  if (fp8_ != nullptr) std::fprintf(out, "  fp8: %s\n", spec_["precision"]["fp8"].dump().c_str());
   std::fprintf(out, "  memory estimate: %s\n", memory_estimate().describe().c_str());
   std::string kernels;
   for (const auto& r : plugins_.host().resolutions())
@@ -611,10 +610,9 @@ StepResult Trainer::step() {
   if (fp8_ != nullptr) {
     ICommunicator* amax_group = nullptr;
     throw_if_error(host.communicator(make_string_view("tp,dp"), &amax_group), "the tp,dp group");
-    throw_if_error(
-        fp8_->step_end(amax_group->size() > 1 ? amax_group : nullptr, nullptr),
-        fmt::format("the FP8 recipe ('{}') at the end of step {}",
-                    spec_["precision"]["fp8"]["impl"].get<std::string>(), r.step));
+    throw_if_error(fp8_->step_end(amax_group->size() > 1 ? amax_group : nullptr, nullptr),
+                   fmt::format("the FP8 recipe ('{}') at the end of step {}",
+                               spec_["precision"]["fp8"]["impl"].get<std::string>(), r.step));
   }
   // Kernels on a device run asynchronously: the step ends when its work has.
   throw_if_error(plugins_.host().synchronize(device_), "the step's device work");

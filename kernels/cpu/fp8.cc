@@ -243,8 +243,8 @@ void add_fp8_kernels(std::vector<KernelDesc>& out) {
   LOOM_CPU_REGISTER(out, ops::kFp8Quantize, fp8_quantize);
   add_kernels(out, ops::kFp8Gemm, kRefName, kRefPriority, fp8_gemm_ref, fp8_gemm_supports,
               fp8_gemm_cost, {DType::kF8E4M3, DType::kF8E5M2});
-  add_kernels(out, ops::kFp8Gemm, kFastName, kFastPriority, fp8_gemm_fast,
-              fp8_gemm_fast_supports, fp8_gemm_cost, {DType::kF8E4M3, DType::kF8E5M2});
+  add_kernels(out, ops::kFp8Gemm, kFastName, kFastPriority, fp8_gemm_fast, fp8_gemm_fast_supports,
+              fp8_gemm_cost, {DType::kF8E4M3, DType::kF8E5M2});
   for (auto [name, priority] : {std::pair{kRefName, kRefPriority}, {kFastName, kFastPriority}})
     add_kernels(out, ops::kFp8ScaleUpdate, name, priority, fp8_scale_update_ref,
                 fp8_scale_update_supports, fp8_scale_update_cost, {DType::kF32});

@@ -59,9 +59,8 @@ void DelayedScaling::quantize_impl(int32_t id, const TensorView& x, const Tensor
                                    const TensorView& yt, const TensorView& scale_inv, bool record,
                                    void* stream) {
   sync_position();
-  TensorView amax_slot = record
-                             ? element(history_, int64_t{current_} * quantizer_count() + id)
-                             : empty_view();
+  TensorView amax_slot =
+      record ? element(history_, int64_t{current_} * quantizer_count() + id) : empty_view();
   quantize_kernel(x.dtype)({x, element(scale_, id)}, {y, yt, amax_slot}, stream);
   copy_scale_inv(element(scale_inv_, id), scale_inv, stream);
 }
@@ -71,9 +70,9 @@ Status DelayedScaling::step_end(ICommunicator* amax_group, void* stream) noexcep
     if (!started()) return;  // nothing quantised yet: every scale stays 1
     sync_position();
     if (amax_group != nullptr) {
-      TensorView row = make_view(static_cast<float*>(history_.data) +
-                                     int64_t{current_} * quantizer_count(),
-                                 DType::kF32, {quantizer_count()}, device());
+      TensorView row =
+          make_view(static_cast<float*>(history_.data) + int64_t{current_} * quantizer_count(),
+                    DType::kF32, {quantizer_count()}, device());
       throw_if_error(amax_group->all_reduce(&row, ReduceOp::kMax, stream),
                      "fp8 delayed scaling: the amax all-reduce (max)");
     }

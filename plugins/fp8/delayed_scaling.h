@@ -22,8 +22,7 @@ class DelayedScaling final : public ScalingRecipe {
   /// 4: "amax_history" (L, Q), "scale" (Q), "scale_inv" (Q), and "history_position" (1):
   /// the history row of the coming step, as a float.
   int32_t state_count() const noexcept override { return 4; }
-  Status state(int32_t index, Device device, const char** name,
-               TensorView* view) noexcept override;
+  Status state(int32_t index, Device device, const char** name, TensorView* view) noexcept override;
 
  private:
   void quantize_impl(int32_t id, const TensorView& x, const TensorView& y, const TensorView& yt,
@@ -31,12 +30,12 @@ class DelayedScaling final : public ScalingRecipe {
   void allocate_state() override;
 
   int32_t history_len_;
-  int32_t algo_;         ///< Fp8ScaleAttrs::algo: 0 max, 1 most recent
+  int32_t algo_;  ///< Fp8ScaleAttrs::algo: 0 max, 1 most recent
   /// Takes current_ from position_ when state() handed the tensors out (a restore may have
   /// written them); one read back after each such call.
   void sync_position();
 
-  int32_t current_ = 0;  ///< the history row of this step
+  int32_t current_ = 0;                           ///< the history row of this step
   TensorView history_{}, scale_{}, scale_inv_{};  ///< (L, Q), (Q), (Q) on the device
   TensorView position_{};                         ///< (1): current_ as a float, on the device
   bool reread_position_ = false;

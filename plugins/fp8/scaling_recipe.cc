@@ -105,8 +105,7 @@ TensorView ScalingRecipe::device_f32(std::initializer_list<int64_t> shape, float
   for (int64_t d : shape) n *= d;
   if (n == 0) return make_view(nullptr, DType::kF32, shape, device_);  // no quantisers
   void* p = nullptr;
-  throw_if_error(host_.allocate(device_, static_cast<uint64_t>(n) * 4, 64, &p),
-                 "fp8 recipe state");
+  throw_if_error(host_.allocate(device_, static_cast<uint64_t>(n) * 4, 64, &p), "fp8 recipe state");
   owned_.push_back(p);
   std::vector<float> init(static_cast<size_t>(n), value);
   throw_if_error(host_.copy(device_, p, kCpu, init.data(), init.size() * 4), "fp8 recipe state");

@@ -35,8 +35,7 @@ class ScalingRecipe : public Object<IFp8Recipe> {
 
   /// No state by default (a recipe whose scales carry over steps overrides both).
   int32_t state_count() const noexcept override { return 0; }
-  Status state(int32_t index, Device device, const char** name,
-               TensorView* view) noexcept override;
+  Status state(int32_t index, Device device, const char** name, TensorView* view) noexcept override;
 
   /// Number of quantisers registered.
   int32_t quantizer_count() const { return static_cast<int32_t>(dtypes_.size()); }

@@ -19,8 +19,7 @@ void TensorwiseScaling::quantize_impl(int32_t id, const TensorView& x, const Ten
   throw_if_error(host().fill_zero(device(), amax.data, 4), "fp8 tensorwise scaling: amax");
   amax_kernel(x.dtype)({x}, {amax}, stream);
   // A one-row history holding this amax: its "most recent" entry gives the scale.
-  scale_update_kernel()({element(fp8_max(), id)},
-                        {reshape(amax, {1, 1}), scale, scale_inv_q},
+  scale_update_kernel()({element(fp8_max(), id)}, {reshape(amax, {1, 1}), scale, scale_inv_q},
                         ops::Fp8ScaleAttrs{1, 0, -1, margin()}, stream);
   quantize_kernel(x.dtype)({x, scale}, {y, yt, empty_view()}, stream);
   copy_scale_inv(scale_inv_q, scale_inv, stream);

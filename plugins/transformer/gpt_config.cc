@@ -82,8 +82,8 @@ GptConfig GptConfig::from_options(const nlohmann::json& o) {
   for (auto [key, value] : {std::pair{"num_layers_at_start_in_bf16", c.layers_at_start_in_bf16},
                             {"num_layers_at_end_in_bf16", c.layers_at_end_in_bf16}})
     if (value < 0 || value > c.num_layers)
-      invalid(std::string("/") + key + ": " + str(value) + " is outside [0, num_layers = " +
-              str(c.num_layers) + "]");
+      invalid(std::string("/") + key + ": " + str(value) +
+              " is outside [0, num_layers = " + str(c.num_layers) + "]");
   check_probability(c.attention_dropout, "attention_dropout");
   if (c.seq_length < 1) invalid("#/train/seq_length: must be >= 1, got " + str(c.seq_length));
   return c;

@@ -9,7 +9,13 @@
 namespace loom::transformer {
 namespace {
 
-enum Slot : int32_t { kInput, kFc1Out, kActOut, kFc1Fp8 = 16, kFc2Fp8 = kFc1Fp8 + Linear::kFp8Slots };
+enum Slot : int32_t {
+  kInput,
+  kFc1Out,
+  kActOut,
+  kFc1Fp8 = 16,
+  kFc2Fp8 = kFc1Fp8 + Linear::kFp8Slots
+};
 
 std::string activation_name(const nlohmann::json& options) {
   return options.at("activation").get<std::string>();
@@ -146,13 +152,13 @@ void Mlp::run_backward(IForwardContext& ctx, const TensorView* grad_outputs,
   else
     act_bwd_({da, h1}, {dh1}, ops::GeluAttrs{activation_ == Activation::kGeluTanh ? 1 : 0});
   TensorView dx_partial{};
-  throw_if_error(ctx.allocate(dtype_, static_cast<int32_t>(x_shape.size()), x_shape.data(),
-                              device_, &dx_partial),
+  throw_if_error(ctx.allocate(dtype_, static_cast<int32_t>(x_shape.size()), x_shape.data(), device_,
+                              &dx_partial),
                  "mlp backward");
-  linear_.backward(
-      ctx, {this, kFc1Fp8}, dh1, present(x) ? rows(x, hidden_) : empty_view(),
-      rows(value(fc1_weight_), hidden_), rows(grad(fc1_weight_), hidden_),
-      bias_ ? reshape(grad(fc1_bias_), {fc1_out_}) : empty_view(), rows(dx_partial, hidden_));
+  linear_.backward(ctx, {this, kFc1Fp8}, dh1, present(x) ? rows(x, hidden_) : empty_view(),
+                   rows(value(fc1_weight_), hidden_), rows(grad(fc1_weight_), hidden_),
+                   bias_ ? reshape(grad(fc1_bias_), {fc1_out_}) : empty_view(),
+                   rows(dx_partial, hidden_));
   grad_inputs[0] = tp_.enter_backward(ctx, dx_partial);
   release_all(ctx, {dy, da, dh1, dx_partial}, {dy_in, grad_inputs[0]});
 }

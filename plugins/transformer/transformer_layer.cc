@@ -270,8 +270,7 @@ void TransformerLayer::run_backward(IForwardContext& ctx, const TensorView* grad
   TensorView dattn_full = tp_.exit_backward(ctx, dattn);  // (B, T, C)
   TensorView dcore_out = allocate(ctx, dtype_, {b, t, h, d}, device_);
   linear_.backward(ctx, {this, kProjFp8}, rows(dattn_full, hidden_),
-                   present(core_out) ? rows(core_out, h * d) : empty_view(),
-                   value(proj_weight_),
+                   present(core_out) ? rows(core_out, h * d) : empty_view(), value(proj_weight_),
                    grad(proj_weight_), empty_view(), rows(dcore_out, h * d));
   release_all(ctx, {dattn, dattn_full}, {dresidual});
   std::vector<TensorView> dqkv3 = call_backward(*core_, ctx, {dcore_out}, 3, "attention");
@@ -284,10 +283,10 @@ void TransformerLayer::run_backward(IForwardContext& ctx, const TensorView* grad
   TensorView dqkv = allocate(ctx, dtype_, {b, t, g, (h / g + 2) * d}, device_);
   merge_({dqkv3[0], dqkv3[1], dqkv3[2]}, {dqkv});
   release_all(ctx, {dqkv3[0], dqkv3[1], dqkv3[2]});
-  TensorView dnormed_partial = allocate(ctx, dtype_, {b, t, hidden_}, device_);  // this rank's heads
+  TensorView dnormed_partial =
+      allocate(ctx, dtype_, {b, t, hidden_}, device_);  // this rank's heads
   linear_.backward(ctx, {this, kQkvFp8}, rows(dqkv, (h + 2 * g) * d),
-                   present(normed) ? rows(normed, hidden_) : empty_view(),
-                   value(qkv_weight_),
+                   present(normed) ? rows(normed, hidden_) : empty_view(), value(qkv_weight_),
                    grad(qkv_weight_), qkv_bias_ ? grad(qkv_bias_index_) : empty_view(),
                    rows(dnormed_partial, hidden_));
   TensorView dnormed = tp_.enter_backward(ctx, dnormed_partial);  // like dy

@@ -142,9 +142,9 @@ TEST_F(CheckpointTest, KilledAtARandomStepResumesBitIdentically) {
 // uninterrupted one. A checkpoint without them resumes with fresh histories and says so.
 TEST_F(CheckpointTest, Fp8RecipeStateResumesBitIdentically) {
   nlohmann::json body = tiny_spec(8);
-  body["lr_schedule"] = {{"impl", "constant"}, {"warmup_steps", 2}};  // the same LR for 4 or 8 steps
-  body["precision"] = {{"params", "bf16"},
-                       {"fp8", {{"impl", "delayed"}, {"amax_history_len", 3}}}};
+  body["lr_schedule"] = {{"impl", "constant"},
+                         {"warmup_steps", 2}};  // the same LR for 4 or 8 steps
+  body["precision"] = {{"params", "bf16"}, {"fp8", {{"impl", "delayed"}, {"amax_history_len", 3}}}};
   body["checkpoint"] = {{"resume", "auto"}};
   std::map<int64_t, double> want = reference(body);
   ASSERT_EQ(want.size(), 8u);

@@ -4,9 +4,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include <nlohmann/json.hpp>
 #include <algorithm>
 #include <cmath>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "tests/util/test_plugins.h"
@@ -120,8 +120,11 @@ TEST_F(TrainTest, Fp8RecipesTrackTheBf16Run) {
   };
   std::vector<Case> cases = {
       {"delayed_hybrid", {{"impl", "delayed"}}},
-      {"delayed_e4m3_recent", {{"impl", "delayed"}, {"format", "e4m3"},
-                               {"amax_history_len", 4}, {"amax_compute_algo", "most_recent"}}},
+      {"delayed_e4m3_recent",
+       {{"impl", "delayed"},
+        {"format", "e4m3"},
+        {"amax_history_len", 4},
+        {"amax_compute_algo", "most_recent"}}},
       {"tensorwise", {{"impl", "tensorwise"}, {"margin", 1}}},
       {"delayed_full_recompute", {{"impl", "delayed"}}, "full"},
   };
@@ -173,7 +176,8 @@ TEST_F(TrainTest, Fp8LayersAtTheEndsStayInBf16) {
   s["model"]["num_layers_at_end_in_bf16"] = 3;
   auto r = run_loom("train " + q(spec("too_many.json", s)) + " --run-dir " + q(dir_ / "bad"));
   EXPECT_EQ(r.exit_code, kSpec);
-  EXPECT_THAT(r.err, HasSubstr("/model/num_layers_at_end_in_bf16: 3 is outside [0, num_layers = 2]"));
+  EXPECT_THAT(r.err,
+              HasSubstr("/model/num_layers_at_end_in_bf16: 3 is outside [0, num_layers = 2]"));
 }
 
 TEST_F(TrainTest, Fp8SpecMistakesNameThePlace) {

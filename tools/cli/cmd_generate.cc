@@ -154,8 +154,7 @@ int cmd_generate(const std::vector<std::string>& argv) {
   bool json = batch || args.flag("--json");
   std::string device = args.get("--device").empty() ? "cpu" : args.get("--device");
   if (device != "cpu" && device != "cuda")
-    throw core::UsageError(
-        fmt::format("--device '{}': use cpu or cuda ({})", device, kUsage));
+    throw core::UsageError(fmt::format("--device '{}': use cpu or cuda ({})", device, kUsage));
 
   // The model, its weights and the tokenizer.
   core::PluginManager plugins(catalog_from_args(args));

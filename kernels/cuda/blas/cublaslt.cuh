@@ -112,4 +112,21 @@ class PlanCache {
 /// on `stream`: the GEMMs' answer when K == 0 (an empty sum).
 void scale_y(const char* op, const TensorView& Y, float beta, cudaStream_t stream);
 
+/// The cuBLASLt data type of a GEMM operand's dtype (f32, bf16, f16, fp8_e4m3, fp8_e5m2;
+/// anything else maps to CUDA_R_32F: the callers' checks admit only those).
+inline cudaDataType_t cuda_data_type(DType t) {
+  switch (t) {
+    case DType::kBF16:
+      return CUDA_R_16BF;
+    case DType::kF16:
+      return CUDA_R_16F;
+    case DType::kF8E4M3:
+      return CUDA_R_8F_E4M3;
+    case DType::kF8E5M2:
+      return CUDA_R_8F_E5M2;
+    default:
+      return CUDA_R_32F;
+  }
+}
+
 }  // namespace loom::kernels::cuda::blas

@@ -50,21 +50,6 @@ using op_checks::Fp8GemmShape;
 constexpr const char* kOp = ops::kFp8Gemm;
 constexpr int kMinCapability = 89;  // sm_89
 
-cudaDataType_t cuda_type(DType t) {
-  switch (t) {
-    case DType::kF8E4M3:
-      return CUDA_R_8F_E4M3;
-    case DType::kF8E5M2:
-      return CUDA_R_8F_E5M2;
-    case DType::kBF16:
-      return CUDA_R_16BF;
-    case DType::kF16:
-      return CUDA_R_16F;
-    default:
-      return CUDA_R_32F;
-  }
-}
-
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // Why cuBLASLt's FP8 kernels cannot take this call's shapes or addresses, or "" when they
@@ -173,9 +158,9 @@ void fp8_gemm_run(const OpCall* call) {
 
   Problem p{};
   p.device = device;
-  p.type_a = cuda_type(B.dtype);
-  p.type_b = cuda_type(A.dtype);
-  p.type_y = cuda_type(Y.dtype);
+  p.type_a = cuda_data_type(B.dtype);
+  p.type_b = cuda_data_type(A.dtype);
+  p.type_y = cuda_data_type(Y.dtype);
   p.fast_accum = at.fast_accum != 0;
   p.m = s.n;
   p.n = s.m;

@@ -50,17 +50,6 @@ using op_checks::GemmShape;
 
 constexpr const char* kOp = ops::kGemm;
 
-cudaDataType_t cuda_type(DType t) {
-  switch (t) {
-    case DType::kBF16:
-      return CUDA_R_16BF;
-    case DType::kF16:
-      return CUDA_R_16F;
-    default:
-      return CUDA_R_32F;
-  }
-}
-
 // The dtype combinations cuBLASLt runs (see the file comment); throws otherwise.
 void check_cuda_dtypes(const OpCall* call, bool tf32) {
   DType a = call->inputs[0].dtype, b = call->inputs[1].dtype, y = call->outputs[0].dtype;
@@ -170,8 +159,8 @@ void gemm_run(const OpCall* call, bool tf32) {
   Problem p{};
   p.device = device;
   p.compute = tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-  p.ab_type = cuda_type(A.dtype);
-  p.y_type = cuda_type(Y.dtype);
+  p.ab_type = cuda_data_type(A.dtype);
+  p.y_type = cuda_data_type(Y.dtype);
   p.op_a = at.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   p.op_b = at.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   p.m = s.n;

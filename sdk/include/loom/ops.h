@@ -137,8 +137,8 @@ inline constexpr const char* kFp8Quantize = "fp8_quantize";
 inline constexpr const char* kFp8Gemm = "fp8_gemm";
 struct Fp8GemmAttrs {
   float alpha;
-  float beta;         ///< 0 overwrites Y, 1 accumulates into it (weight gradients)
-  int32_t fast_accum; ///< 1: allow the tensor cores' fast accumulation (forward GEMMs)
+  float beta;          ///< 0 overwrites Y, 1 accumulates into it (weight gradients)
+  int32_t fast_accum;  ///< 1: allow the tensor cores' fast accumulation (forward GEMMs)
 };
 
 /// "fp8_scale_update": delayed scaling (Transformer Engine's recipe) for Q quantisers at

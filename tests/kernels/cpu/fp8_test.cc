@@ -63,8 +63,16 @@ TEST(Fp8Conversion, EveryFiniteCodeRoundTrips) {
 TEST(Fp8Conversion, MatchesNearestValueSearch) {
   std::mt19937 rng(5);
   for (DType t : kFp8) {
-    std::vector<float> xs = {0.0f, -0.0f, INFINITY, -INFINITY, FLT_MAX, 1e-30f, -1e-30f,
-                             FLT_MIN, fp8_format(t).max * 1.01f, fp8_format(t).max * 0.999f};
+    std::vector<float> xs = {0.0f,
+                             -0.0f,
+                             INFINITY,
+                             -INFINITY,
+                             FLT_MAX,
+                             1e-30f,
+                             -1e-30f,
+                             FLT_MIN,
+                             fp8_format(t).max * 1.01f,
+                             fp8_format(t).max * 0.999f};
     // Every midpoint between neighbouring codes (the ties), and just either side of it.
     for (int c = 0; c + 1 < 0x80; ++c) {
       float lo = fp8_to_f32(static_cast<uint8_t>(c), t);
@@ -177,11 +185,14 @@ TEST(Fp8Gemm, ReferenceAndFastMatchOracle) {
                                            {DType::kF8E5M2, DType::kF8E4M3},
                                            {DType::kF8E4M3, DType::kF8E5M2}};
   for (auto [ta, tb] : kinds)
-    for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 16}, {16, 48, 32},
-                           {33, 17, 64}, {64, 96, 256}})
+    for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 16},
+                           {16, 48, 32},
+                           {33, 17, 64},
+                           {64, 96, 256}})
       for (float beta : {0.0f, 1.0f}) {
         Tensor a = random_fp8(ta, {m, k}, rng, 8.0), b = random_fp8(tb, {n, k}, rng, 8.0);
-        Tensor sa = Tensor::filled(DType::kF32, {1}, 0.125), sb = Tensor::filled(DType::kF32, {1}, 0.5);
+        Tensor sa = Tensor::filled(DType::kF32, {1}, 0.125),
+               sb = Tensor::filled(DType::kF32, {1}, 0.5);
         ops::Fp8GemmAttrs at{1.5f, beta, 0};
         Tensor y = Tensor::random(DType::kF32, {m, n}, rng);
         if (beta == 0.0f) y.set(0, NAN);  // beta 0 must not read Y
@@ -277,8 +288,7 @@ TEST(Fp8ScaleUpdate, DelayedScalingRules) {
         for (int q = 0; q < 6; ++q) history.set(r * 6 + q, h0[r][q]);
       Tensor scale = Tensor::filled(DType::kF32, {6}, 7.0), scale_inv(DType::kF32, {6});
       ops::Fp8ScaleAttrs at{algo, 1, 2, 1.0f};
-      run(ops::kFp8ScaleUpdate, name, DType::kF32, {&fp8_max}, {&history, &scale, &scale_inv},
-          &at);
+      run(ops::kFp8ScaleUpdate, name, DType::kF32, {&fp8_max}, {&history, &scale, &scale_inv}, &at);
       std::string what = std::string(name) + " algo " + std::to_string(algo);
       // Column 0: max 4 (algo 0) or most recent 1 (algo 1), margin 1 halves the scale.
       EXPECT_FLOAT_EQ(scale.get(0), algo == 0 ? 448.0 / 4 / 2 : 448.0 / 1 / 2) << what;

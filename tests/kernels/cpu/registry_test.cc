@@ -1,7 +1,7 @@
 // The kernel list: every op of loom/ops.h has a reference and a fast kernel for f32, bf16
-// and f16 (f32 alone for an op keyed on an always-f32 input, FP8 for fp8_gemm), descriptors are well formed
-// and unambiguous, the plugin manifest lists exactly these kernels, and the ops that MFU
-// counts have a cost model.
+// and f16 (f32 alone for an op keyed on an always-f32 input, FP8 for fp8_gemm), descriptors are
+// well formed and unambiguous, the plugin manifest lists exactly these kernels, and the ops that
+// MFU counts have a cost model.
 #include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>

@@ -13,6 +13,7 @@
 #include <loom/cpp/error.h>
 #include <loom/cpp/fp8.h>
 #include <loom/cpp/half.h>
+#include <loom/cpp/tensor.h>
 #include <loom/kernel.h>
 #include <loom/ops.h>
 
@@ -95,19 +96,13 @@ struct Buffer {
     ASSERT_EQ(cudaMemcpy(host.data(), data, host.size(), cudaMemcpyDeviceToHost), cudaSuccess);
   }
   TensorView view() const {
-    TensorView v{};
-    v.device = Device{DeviceType::kCuda, 0};
-    if (dtype == DType::kInvalid) return v;  // an absent optional
-    v.data = data;
-    v.dtype = dtype;
-    v.ndim = static_cast<int32_t>(shape.size());
-    int64_t stride = 1;
-    for (int32_t d = v.ndim - 1; d >= 0; --d) {
-      v.shape[d] = shape[d];
-      v.strides[d] = stride;
-      stride *= shape[d];
+    const Device cuda{DeviceType::kCuda, 0};
+    if (dtype == DType::kInvalid) {  // an absent optional
+      TensorView v{};
+      v.device = cuda;
+      return v;
     }
-    return v;
+    return make_view(data, dtype, shape.data(), static_cast<int32_t>(shape.size()), cuda);
   }
   float* f32() { return reinterpret_cast<float*>(host.data()); }
   // Element i of a float tensor, as f32 (exact).

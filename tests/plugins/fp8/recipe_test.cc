@@ -16,8 +16,8 @@
 #include "core/spec/spec.h"
 #include "loom/cpp/fp8.h"
 #include "loom/cpp/object.h"
-#include "loom/kinds.h"
 #include "loom/cpp/tensor.h"
+#include "loom/kinds.h"
 
 namespace loom::testing {
 namespace {
@@ -139,8 +139,10 @@ TEST_F(RecipeTest, DelayedScalingUsesTheMaxOfTheHistoryRing) {
 }
 
 TEST_F(RecipeTest, DelayedMostRecentWithMargin) {
-  IFp8Recipe& r = build({{"impl", "delayed"}, {"amax_compute_algo", "most_recent"},
-                         {"margin", 2}, {"format", "e4m3"}});
+  IFp8Recipe& r = build({{"impl", "delayed"},
+                         {"amax_compute_algo", "most_recent"},
+                         {"margin", 2},
+                         {"format", "e4m3"}});
   int owner = 0;
   int32_t id = -1;
   Fp8QuantizerInfo info{};
@@ -229,8 +231,8 @@ TEST_F(RecipeTest, DelayedStateRoundTripsIntoAFreshRecipe) {
     const float* p = static_cast<const float*>(v.data);
     saved.emplace_back(p, p + numel(v));
   }
-  EXPECT_EQ(names, (std::vector<std::string>{"amax_history", "scale", "scale_inv",
-                                             "history_position"}));
+  EXPECT_EQ(names,
+            (std::vector<std::string>{"amax_history", "scale", "scale_inv", "history_position"}));
   EXPECT_EQ(saved[3][0], 1.0f) << "4 steps into a ring of 3: row 1 is next";
   IFp8Recipe& second = build(node);
   ASSERT_EQ(second.quantizer(&owner, Fp8Role::kActivation, &id, &info).code, Code::kOk);

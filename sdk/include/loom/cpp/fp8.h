@@ -59,8 +59,7 @@ inline float fp8_to_f32(uint8_t code, DType dtype) noexcept {
           ++shift;
         }
         mm &= (1u << f.mantissa_bits) - 1u;
-        bits = static_cast<uint32_t>(1 - f.bias - shift + 127) << 23 |
-               mm << (23 - f.mantissa_bits);
+        bits = static_cast<uint32_t>(1 - f.bias - shift + 127) << 23 | mm << (23 - f.mantissa_bits);
       }
     } else {
       bits = static_cast<uint32_t>(static_cast<int32_t>(e) - f.bias + 127) << 23 |
@@ -78,7 +77,8 @@ inline uint8_t f32_to_fp8(float x, DType dtype) noexcept {
   std::memcpy(&bits, &x, sizeof(bits));
   const uint8_t sign = static_cast<uint8_t>((bits >> 24) & 0x80u);
   const uint32_t abs = bits & 0x7fffffffu;
-  if (abs > 0x7f800000u) return dtype == DType::kF8E5M2 ? uint8_t(sign | 0x7e) : uint8_t(sign | 0x7f);
+  if (abs > 0x7f800000u)
+    return dtype == DType::kF8E5M2 ? uint8_t(sign | 0x7e) : uint8_t(sign | 0x7f);
   float a;
   std::memcpy(&a, &abs, sizeof(a));
   const int32_t mb = f.mantissa_bits;

@@ -206,8 +206,8 @@ class OpArgs {
            device_type_name(device_) + " kernels take " + device_type_name(device_) +
            " tensors only");
     bool ok = want == DType::kInvalid ? is_float_dtype(v.dtype)
-              : want == kAnyFp8      ? v.dtype == DType::kF8E4M3 || v.dtype == DType::kF8E5M2
-                                     : v.dtype == want;
+              : want == kAnyFp8       ? v.dtype == DType::kF8E4M3 || v.dtype == DType::kF8E5M2
+                                      : v.dtype == want;
     if (!ok)
       fail(label + " has dtype " + dtype_name(v.dtype) + ", expected " +
            (want == DType::kInvalid ? std::string("a float dtype (f32, bf16, f16)")

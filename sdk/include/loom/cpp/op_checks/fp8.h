@@ -82,14 +82,15 @@ inline Fp8GemmShape check_fp8_gemm(const OpCall* call, bool shapes_only, DeviceT
   if (A.ndim != 2) a.fail(a.in_label(0) + " has shape " + view_shape_str(A) + ", expected (M, K)");
   if (B.ndim != 2) a.fail(a.in_label(1) + " has shape " + view_shape_str(B) + ", expected (N, K)");
   if (A.dtype == DType::kF8E5M2 && B.dtype == DType::kF8E5M2)
-    a.fail("A and B are both fp8_e5m2: at most one operand may be E5M2 (quantise the other "
-           "as fp8_e4m3)");
+    a.fail(
+        "A and B are both fp8_e5m2: at most one operand may be E5M2 (quantise the other "
+        "as fp8_e4m3)");
   s.m = A.shape[0];
   s.k = A.shape[1];
   s.n = B.shape[0];
   if (B.shape[1] != s.k)
-    a.fail(a.in_label(1) + " has shape " + view_shape_str(B) + ", expected (N, K) with K = " +
-           std::to_string(s.k) + " (A is " + view_shape_str(A) +
+    a.fail(a.in_label(1) + " has shape " + view_shape_str(B) +
+           ", expected (N, K) with K = " + std::to_string(s.k) + " (A is " + view_shape_str(A) +
            "; both operands are K-contiguous: B is stored transposed)");
   a.shape_out(0, {s.m, s.n}, "(M, N)");
   return s;
@@ -105,8 +106,8 @@ struct Fp8ScaleShape {
 /// algo 0 or 1, current in [0, L), next in [0, L) or -1, margin finite.
 inline Fp8ScaleShape check_fp8_scale_update(const OpCall* call, bool shapes_only,
                                             DeviceType device) {
-  OpArgs a(call, ops::kFp8ScaleUpdate, {"fp8_max"}, {"history", "scale", "scale_inv"},
-           shapes_only, device);
+  OpArgs a(call, ops::kFp8ScaleUpdate, {"fp8_max"}, {"history", "scale", "scale_inv"}, shapes_only,
+           device);
   Fp8ScaleShape s{};
   s.attrs = a.attrs<ops::Fp8ScaleAttrs>();
   const TensorView& H = a.f32_out(0);
