@@ -55,7 +55,9 @@ HfModel hf_model_from_metadata(const json& metadata) {
              {"impl", "num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
               "kv_channels", "ffn_hidden_size", "vocab_size", "max_position_embeddings",
               "position_embedding", "rotary", "add_bias_linear", "add_qkv_bias", "tie_embeddings",
-              "init_std", "hidden_dropout", "attention_dropout", "layer", "final_norm"});
+              "init_std", "hidden_dropout", "attention_dropout", "layer", "final_norm",
+              // Which layers train in FP8: no effect on the weights.
+              "num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16"});
   const json& layer = child(m, "layer");
   const json& norm = child(layer, "norm");
   const json& attention = child(layer, "attention");
