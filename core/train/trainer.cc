@@ -365,13 +365,7 @@ MemoryEstimate Trainer::memory_estimate() const {
   // The FP8 recipe's state as it allocates it (asking for it allocates it, as the first
   // quantisation would).
   if (fp8_ != nullptr)
-    for (int32_t i = 0; i < fp8_->state_count(); ++i) {
-      const char* name = nullptr;
-      TensorView v{};
-      Status st = fp8_->state(i, device_, &name, &v);
-      if (st.code == Code::kOk) e.fp8 += nbytes(v);
-      status_release(&st);
-    }
+    for (int32_t i = 0; i < fp8_->state_count(); ++i) e.fp8 += nbytes(fp8_state(i).second);
   ActivationShape shape;
   shape.micro_batch = micro_batch_;
   shape.seq_length = seq_length_;

@@ -183,7 +183,7 @@ class Trainer {
   std::vector<std::vector<float>> checkpoint_scratch_;   // gathered optimizer states
   std::vector<std::vector<uint64_t>> checkpoint_bytes_;  // device tensors staged on the host
   /// The FP8 recipe's state tensor `index` as ("fp8.<name>", its view on the device).
-  std::pair<std::string, TensorView> fp8_state(int32_t index);
+  std::pair<std::string, TensorView> fp8_state(int32_t index) const;
   /// Reads the FP8 recipe's state from a checkpoint (a warning when it holds none).
   void restore_fp8(CheckpointReader& reader);
   /// Elements of the whole model (tensor-parallel slices counted whole).

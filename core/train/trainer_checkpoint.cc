@@ -186,7 +186,7 @@ nlohmann::json Trainer::checkpoint_metadata() const {
           {"trainer", trainer},  {"plugins", plugin_hashes_}, {"loom_version", kLoomVersion}};
 }
 
-std::pair<std::string, TensorView> Trainer::fp8_state(int32_t index) {
+std::pair<std::string, TensorView> Trainer::fp8_state(int32_t index) const {
   const char* name = nullptr;
   TensorView view{};
   throw_if_error(fp8_->state(index, device_, &name, &view),
