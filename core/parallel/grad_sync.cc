@@ -5,21 +5,17 @@
 #include <algorithm>
 #include <cstring>
 
-#include "core/parallel/comm_stats.h"
-#include "core/parallel/timed_communicator.h"
 #include "loom/cpp/error.h"
 #include "loom/cpp/tensor.h"
 
 namespace loom::core {
 
-GradSync::GradSync(ParameterSet& params, ICommunicator& dp, bool sharded, IHost& host,
-                   CommStats* stats)
+GradSync::GradSync(ParameterSet& params, ICommunicator& dp, bool sharded, IHost& host)
     : params_(params),
       dp_(dp),
       sharded_(sharded && dp.size() > 1),
       host_(host),
-      device_(params.flat_grads().device),
-      stats_(stats) {
+      device_(params.flat_grads().device) {
   const std::vector<Parameter>& all = params_.all();
   started_.assign(params_.buckets().size(), false);
   if (!sharded_) {
@@ -54,16 +50,10 @@ GradSync::GradSync(ParameterSet& params, ICommunicator& dp, bool sharded, IHost&
         device_, static_cast<uint64_t>(largest) * dtype_size(params_.flat_values().dtype), 64,
         &gather_mem_));
   }
-  if (dp_.size() > 1) thread_ = std::thread([this] { worker(); });
 }
 
 GradSync::~GradSync() {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stop_ = true;
-  }
-  cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
+  pending_.clear();  // destroying a handle waits for its operation, which uses the buffers
   host_.deallocate(device_, grad_shard_mem_);
   host_.deallocate(device_, gather_mem_);
 }
@@ -76,74 +66,49 @@ TensorView GradSync::grad_of(const Segment& s) const {
                    device_);
 }
 
-void GradSync::worker() {
-  TimedCommunicator::mark_worker_thread();
-  for (;;) {
-    std::function<void()> task;
-    {
-      std::unique_lock<std::mutex> lock(mutex_);
-      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-      if (queue_.empty()) return;
-      task = std::move(queue_.front());
-      queue_.pop_front();
-    }
-    std::exception_ptr error;
-    try {
-      task();
-    } catch (...) {
-      error = std::current_exception();
-    }
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (error && !error_) error_ = error;
-    --pending_;
-    cv_.notify_all();
-  }
-}
-
-void GradSync::run(std::function<void()> task) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  queue_.push_back(std::move(task));
-  ++pending_;
-  cv_.notify_all();
-}
-
 void GradSync::start(size_t b) {
   if (dp_.size() == 1 || started_[b]) return;
   started_[b] = true;
   const Bucket& bucket = params_.buckets()[b];
-  float* grads = static_cast<float*>(params_.flat_grads().data) + bucket.offset;
-  if (!sharded_) {
-    run([this, grads, size = bucket.size] {
-      TensorView v = make_view(grads, DType::kF32, {size}, device_);
-      throw_if_error(dp_.all_reduce(&v, ReduceOp::kAvg, nullptr),
-                     "data-parallel gradient "
-                     "all-reduce");
-    });
-  } else {
-    float* out = static_cast<float*>(grad_shard_.data) + shard_base_[b];
-    int64_t chunk = bucket.size / dp_.size();
-    run([this, grads, out, size = bucket.size, chunk] {
-      TensorView in = make_view(grads, DType::kF32, {size}, device_);
-      TensorView o = make_view(out, DType::kF32, {chunk}, device_);
-      throw_if_error(dp_.reduce_scatter(&in, &o, ReduceOp::kAvg, nullptr),
-                     "distributed-optimizer gradient reduce-scatter");
-    });
-  }
+  TensorView in = make_view(static_cast<float*>(params_.flat_grads().data) + bucket.offset,
+                            DType::kF32, {bucket.size}, device_);
+  TensorView out{};
+  if (sharded_)
+    out = make_view(static_cast<float*>(grad_shard_.data) + shard_base_[b], DType::kF32,
+                    {bucket.size / dp_.size()}, device_);
+  const char* what = sharded_ ? "distributed-optimizer gradient reduce-scatter"
+                              : "data-parallel gradient all-reduce";
+  ICommWork* work = nullptr;
+  Status status{};
+  if (!has_async(dp_))  // a 1.0 communicator: reduce now
+    status = sharded_ ? dp_.reduce_scatter(&in, &out, ReduceOp::kAvg, nullptr)
+                      : dp_.all_reduce(&in, ReduceOp::kAvg, nullptr);
+  else
+    status = sharded_ ? dp_.reduce_scatter_async(&in, &out, ReduceOp::kAvg, nullptr, &work)
+                      : dp_.all_reduce_async(&in, ReduceOp::kAvg, nullptr, &work);
+  throw_if_error(status, what);
+  if (work != nullptr) pending_.push_back({CommWorkPtr(work), what});
 }
 
 void GradSync::finish() {
   for (size_t b = 0; b < started_.size(); ++b) start(b);
   std::fill(started_.begin(), started_.end(), false);
-  if (dp_.size() == 1) return;
-  auto t0 = std::chrono::steady_clock::now();
-  std::unique_lock<std::mutex> lock(mutex_);
-  cv_.wait(lock, [&] { return pending_ == 0; });
-  if (stats_ != nullptr) stats_->add_wait(seconds_since(t0));
-  if (error_) {
-    std::exception_ptr e = error_;
-    error_ = nullptr;
-    std::rethrow_exception(e);
+  // Every reduction is waited for before the first failure is thrown: the buffers are not
+  // handed back while an operation may still use them.
+  std::vector<Pending> pending = std::move(pending_);
+  pending_.clear();
+  Status first = ok_status();
+  const char* first_what = "";
+  for (Pending& p : pending) {
+    Status status = p.work->wait();
+    if (first.code == Code::kOk) {
+      first = status;
+      first_what = p.what;
+    } else {
+      status_release(&status);
+    }
   }
+  throw_if_error(first, first_what);
 }
 
 void GradSync::gather_values() {

@@ -7,24 +7,21 @@
 // instead: rank r receives the averaged chunk r of every bucket, updates only the
 // parameter elements in those chunks (its segments: master weights and optimizer states
 // exist only for them), and all-gathers the new values of each bucket afterwards.
-// Buckets are reduced on a worker thread as soon as they are handed over, one at a time in
-// the order they were handed over, so reduction overlaps whatever the training thread does
-// next (the rest of the last backward pass, when the trainer hands buckets over as their
-// gradients become final: core/parallel/bucket_readiness.h). Until finish() returns, the
-// data-parallel communicator belongs to the worker: the training thread must not use it.
+// Buckets are reduced with the communicator's asynchronous collectives (communicator 1.1),
+// issued when they are handed over and waited for in finish(). The backend runs its
+// operations one at a time in issue order, on its own thread (Gloo) or stream (NCCL: after
+// the work already queued on the device's compute stream, so gradient kernels queued
+// before the hand-over finish first), so the reduction overlaps whatever the training
+// thread does next (the rest of the last backward pass, when the trainer hands buckets
+// over as their gradients become final: core/parallel/bucket_readiness.h). A 1.0 backend
+// has no asynchronous calls: its reductions run at once, without overlap.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
-#include <deque>
-#include <exception>
-#include <functional>
-#include <mutex>
-#include <thread>
 #include <vector>
 
-#include "core/parallel/comm_stats.h"
 #include "core/runtime/parameters.h"
+#include "loom/cpp/comm_work.h"
 #include "loom/kinds/comm_backend.h"
 
 namespace loom::core {
@@ -44,9 +41,7 @@ class GradSync {
   /// \param dp       the data-parallel group's communicator (its size may be 1)
   /// \param sharded  true for the distributed optimizer
   /// \param host     for the shard buffers (counted in the memory figures)
-  /// \param stats    where the training thread's waits are counted, or null
-  GradSync(ParameterSet& params, ICommunicator& dp, bool sharded, IHost& host,
-           CommStats* stats = nullptr);
+  GradSync(ParameterSet& params, ICommunicator& dp, bool sharded, IHost& host);
   ~GradSync();
   GradSync(const GradSync&) = delete;
   GradSync& operator=(const GradSync&) = delete;
@@ -59,41 +54,38 @@ class GradSync {
   /// True with the distributed optimizer.
   bool sharded() const { return sharded_; }
 
-  /// Hands bucket `b` to the worker for reduction (its gradients are final). Collectives on
-  /// one communicator must be issued in the same order on every rank: every rank of the
-  /// data-parallel group must hand the buckets over in the same order. A bucket already
-  /// handed over in this step is ignored.
+  /// Issues the reduction of bucket `b` (its gradients are final: nothing writes them until
+  /// finish() returns). Collectives on one communicator must be issued in the same order on
+  /// every rank: every rank of the data-parallel group must hand the buckets over in the
+  /// same order. A bucket already handed over in this step is ignored. Throws when the
+  /// backend refuses to issue it.
   void start(size_t bucket);
   /// Hands over every bucket not yet started (in index order), then waits until all are
-  /// reduced. Throws the first communication error.
+  /// reduced (on a device: until the compute stream is ordered after them). Throws the
+  /// first communication error, after waiting for every reduction issued.
   void finish();
   /// Distributed optimizer: every rank's updated chunks to every rank (the parameter
   /// values, in their dtype). No-op otherwise.
   void gather_values();
 
  private:
-  void run(std::function<void()> task);
-  void worker();
   ParameterSet& params_;
   ICommunicator& dp_;
   bool sharded_;
   IHost& host_;
   Device device_;  // where the parameters live
-  CommStats* stats_;
   std::vector<Segment> segments_;
   std::vector<int64_t> shard_base_;  // per bucket: start of its chunk in grad_shard_
   TensorView grad_shard_{};
   void* grad_shard_mem_ = nullptr;
   void* gather_mem_ = nullptr;  // one chunk of values, the all-gather's input
   std::vector<bool> started_;
-  // The worker thread and its queue.
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;
-  int64_t pending_ = 0;
-  std::exception_ptr error_;
-  bool stop_ = false;
-  std::thread thread_;
+  // The reductions issued in this step, in issue order, with what they are for messages.
+  struct Pending {
+    CommWorkPtr work;
+    const char* what;
+  };
+  std::vector<Pending> pending_;
 };
 
 }  // namespace loom::core

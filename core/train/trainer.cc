@@ -256,13 +256,12 @@ Trainer::Trainer(const nlohmann::json& spec, PluginManager& plugins,
   try {
     ICommunicator* dp_comm = nullptr;
     throw_if_error(host.communicator(make_string_view("dp"), &dp_comm), "the dp group");
-    grad_sync_ = std::make_unique<GradSync>(*params_, *dp_comm, sharded, host,
-                                            parallel_ ? &parallel_->stats() : nullptr);
+    grad_sync_ = std::make_unique<GradSync>(*params_, *dp_comm, sharded, host);
     readiness_ = std::make_unique<BucketReadiness>(*params_);
-    // The CPU kernels have finished when a module's backward returns; a device's run
-    // asynchronously and would need an event per bucket before the reduction reads it.
-    overlap_ = par["overlap_grad_reduce"].get<bool>() && parallel_ != nullptr &&
-               device_.type == DeviceType::kCpu;
+    // On a device the kernels that wrote a bucket's gradients may still be queued when it
+    // is handed over: the device's communicator orders its collectives after the work
+    // queued on the compute stream (comm_nccl), so the reduction reads them finished.
+    overlap_ = par["overlap_grad_reduce"].get<bool>() && parallel_ != nullptr;
     for (const Segment& seg : grad_sync_->segments()) {
       Parameter& p = params_->all()[seg.param];
       states_.push_back(std::make_unique<ParamState>());
@@ -556,7 +555,6 @@ StepResult Trainer::step() {
   // the same on every rank).
   for (size_t b : readiness_->release_rest()) reduce_sequence_parallel_grads(b);
   grad_sync_->finish();
-  // After finish: until then the dp communicator is GradSync's worker's.
   if (dp_size_ > 1) r.loss = sum_over("dp", r.loss) / static_cast<double>(dp_size_);
 
   // Global gradient norm (over every parameter, each counted once), unscaled.

@@ -169,7 +169,7 @@ class Trainer {
   /// group.
   void reduce_sequence_parallel_grads(size_t b);
   /// Bucket `b`'s gradients are final: its sequence-parallel ones over tp, then the
-  /// data-parallel reduction on GradSync's worker.
+  /// data-parallel reduction (issued now, waited for in GradSync::finish).
   void reduce_bucket(size_t b);
   double run_forward(ForwardContext& ctx, const Batch& batch, std::vector<float>* logits);
   double loss_scale() const { return loss_scale_; }
