@@ -51,7 +51,9 @@ Status masked_softmax_fwd_ref(const OpCall* call) {
             sum += v[k];
           }
           for (int64_t k = 0; k < s.sk; ++k)
-            store(P, row + k, sum > 0.0 ? static_cast<float>(v[k] / sum) : 0.0f);
+            // A fully masked row is zeros; a NaN score makes its whole row NaN (sum is at
+            // least 1 otherwise: the max contributes exp(0)).
+            store(P, row + k, m == -INFINITY ? 0.0f : static_cast<float>(v[k] / sum));
         }
   });
 }

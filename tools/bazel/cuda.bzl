@@ -17,12 +17,14 @@ object file, and a `cc_library` of the same name wraps those objects. Everything
 load("@bazel_tools//tools/cpp:toolchain_utils.bzl", "find_cpp_toolchain")
 
 # SASS for Hopper, both the portable sm_90 and the arch-specific sm_90a (wgmma, setmaxnreg),
-# plus compute_90 PTX: SASS loads only on compute capability 9.x, so the PTX is what lets a
-# newer GPU JIT the kernels instead of failing to load them.
+# plus compute_89 PTX: SASS loads only on compute capability 9.x, so the PTX is what lets
+# other GPUs JIT the kernels instead of failing to load them: newer ones, and Ada (sm_89,
+# the oldest with FP8 tensor cores: L4, L40S), which PTX of compute_90 would not serve.
+# Code for sm_90 only (16-byte vector atomics) is guarded by __CUDA_ARCH__.
 _GENCODE = [
     "-gencode=arch=compute_90,code=sm_90",
     "-gencode=arch=compute_90a,code=sm_90a",
-    "-gencode=arch=compute_90,code=compute_90",
+    "-gencode=arch=compute_89,code=compute_89",
 ]
 
 # -fPIC always: one object serves static test binaries and shared-object plugins alike, so

@@ -28,10 +28,15 @@ using namespace attn;
 constexpr int kMaxWarps = 4;
 
 // Warps per block when each needs `per_warp` bytes of shared memory: up to kMaxWarps within
-// the 227 KB a Hopper block may use (kAttentionGenericMaxD keeps one warp within it).
-int warps_for(size_t per_warp) {
-  constexpr size_t kBudget = 227 * 1024;
-  return static_cast<int>(std::clamp<size_t>(kBudget / per_warp, 1, kMaxWarps));
+// what a block of the current device may use (227 KB on Hopper; the compute_90 PTX also
+// runs on later GPUs with less, e.g. 99 KB). kAttentionGenericMaxD keeps one warp within
+// 99 KB.
+int warps_for(size_t per_warp, const char* op) {
+  int device = 0, optin = 0;
+  cuda_check(cudaGetDevice(&device), op);
+  cuda_check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), op);
+  const size_t budget = static_cast<size_t>(optin);
+  return static_cast<int>(std::clamp<size_t>(budget / per_warp, 1, kMaxWarps));
 }
 
 // Launches kernel<Io> with one warp per row, `floats_per_warp` of shared memory each.
@@ -40,7 +45,7 @@ void launch_rows(Kernel kernel, const AttentionParams& p, int64_t rows, int64_t 
                  cudaStream_t stream, const char* op) {
   if (rows == 0) return;
   const size_t per_warp = sizeof(float) * static_cast<size_t>(floats_per_warp);
-  const int warps = warps_for(per_warp);
+  const int warps = warps_for(per_warp, op);
   const size_t smem = per_warp * warps;
   attention_allow_smem(reinterpret_cast<const void*>(kernel), smem, op);
   kernel<<<static_cast<unsigned>((rows + warps - 1) / warps), 32 * warps, smem, stream>>>(p);

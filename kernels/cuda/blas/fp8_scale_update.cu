@@ -61,7 +61,7 @@ Status fp8_scale_update(const OpCall* call) {
     if (s.quantizers == 0) return;
     current_device(ops::kFp8ScaleUpdate, call->outputs[0]);
     const ops::Fp8ScaleAttrs& at = s.attrs;
-    const float pow2_margin = static_cast<float>(std::exp2(static_cast<double>(at.margin)));
+    const float pow2_margin = std::exp2(at.margin);  // float, as the CPU kernel computes it
     fp8_scale_update_kernel<<<blocks_for(s.quantizers, kThreads), kThreads, 0, stream_of(call)>>>(
         static_cast<const float*>(call->inputs[0].data), static_cast<float*>(call->outputs[0].data),
         static_cast<float*>(call->outputs[1].data), static_cast<float*>(call->outputs[2].data),

@@ -8,6 +8,8 @@
 #include <loom/ops.h>
 
 #include <climits>
+#include <map>
+#include <mutex>
 #include <string>
 
 #include "kernels/cuda/blas/blas_util.cuh"
@@ -18,7 +20,25 @@
 namespace loom::kernels::cuda {
 namespace {
 
-// Owns device memory, events, a stream and a cuBLAS handle, so every early exit frees them.
+// The benchmarks' stream on `device`, made once and kept: loom's GEMM keeps a workspace per
+// (device, stream) for the life of the process (blas/resources.cuh), so a stream per call
+// would leave one behind each time.
+cudaStream_t bench_stream(int device) {
+  static std::mutex mutex;
+  static auto* streams = new std::map<int, cudaStream_t>();  // leaked, as the workspaces
+  std::lock_guard<std::mutex> lock(mutex);
+  cudaStream_t& stream = (*streams)[device];
+  if (stream == nullptr) {
+    cudaError_t status = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+    if (status != cudaSuccess) {
+      streams->erase(device);
+      cuda_check(status, "cudaStreamCreate");
+    }
+  }
+  return stream;
+}
+
+// Owns device memory, events and a cuBLAS handle, so every early exit frees them.
 struct Resources {
   void* a = nullptr;
   void* b = nullptr;
@@ -31,7 +51,6 @@ struct Resources {
     if (cublas != nullptr) cublasDestroy(cublas);
     if (start != nullptr) cudaEventDestroy(start);
     if (stop != nullptr) cudaEventDestroy(stop);
-    if (stream != nullptr) cudaStreamDestroy(stream);
     cudaFree(a);
     cudaFree(b);
     cudaFree(y);
@@ -115,7 +134,7 @@ void run_bench(int64_t m, int64_t n, int64_t k, DType dtype, const GemmBenchOpti
   cuda_check(cudaMalloc(&r.a, static_cast<size_t>(m * k) * ab), "cudaMalloc(A)");
   cuda_check(cudaMalloc(&r.b, static_cast<size_t>(k * n) * ab), "cudaMalloc(B)");
   cuda_check(cudaMalloc(&r.y, static_cast<size_t>(m * n) * yb), "cudaMalloc(Y)");
-  cuda_check(cudaStreamCreateWithFlags(&r.stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  r.stream = bench_stream(o.device);
   cuda_check(cudaEventCreate(&r.start), "cudaEventCreate");
   cuda_check(cudaEventCreate(&r.stop), "cudaEventCreate");
   fill(r.a, dtype, m * k, 1u, r.stream);

@@ -182,6 +182,9 @@ void report(int device, bool wait) {
   if (!wait && *static_cast<volatile int*>(flag) == 0) return;
   std::lock_guard<std::mutex> lock(g_mutex);
   cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize (embedding id check)");
+  // Every kernel has finished: a flag still down means no error (the kernels raise it after
+  // a system fence), and the record need not be read.
+  if (*static_cast<volatile int*>(flag) == 0) return;
   IdErrorRecord rec;
   cuda_check(cudaMemcpy(&rec, st.record, sizeof rec, cudaMemcpyDeviceToHost),
              "cudaMemcpy (embedding id record)");
@@ -206,7 +209,7 @@ void launch_embedding(const OpCall* call, const op_checks::EmbShape& s, bool bwd
   const char* op = bwd ? ops::kEmbeddingBwd : ops::kEmbeddingFwd;
   const int device = current_device();
   report(device, false);  // an error of an earlier call fails this one, before it runs
-  if (s.n == 0) return;  // with C == 0 the ids are still checked, as on the CPU
+  if (s.n == 0) return;   // with C == 0 the ids are still checked, as on the CPU
   DeviceIdState& st = ensure_state(device);
   unsigned int seq = ++st.seq;
   if (seq == 0u) seq = ++st.seq;  // 0 means "no owner"

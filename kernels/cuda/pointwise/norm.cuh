@@ -18,8 +18,11 @@
 //    every block in a fixed order into dweight / dbias: deterministic, run to run.
 //  - without it (a caller that gives none), each block adds its partial row into dweight /
 //    dbias with atomics: the same sums, in an order that may vary in the last bits.
-// The number of blocks is capped at about 128K threads' worth (enough to keep HBM busy), so
-// the partials stay below about 16 MiB and take a few percent of the backward's traffic.
+// The number of blocks is capped at about 128K threads' worth (enough to keep HBM busy). The
+// partials are blocks x gradients x C f32: a few MiB for transformer widths (C = 4096: about
+// 8 MiB), 32 MiB at C = 16384, a few percent of the backward's traffic; past the columns a
+// lane keeps in registers (C > 8192), a block also updates its partial row in global memory
+// (mostly L2) on every row.
 #pragma once
 
 #include <loom/cpp/op_checks/norms.h>

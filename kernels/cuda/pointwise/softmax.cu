@@ -86,7 +86,9 @@ __global__ void __launch_bounds__(kMaxTeam) softmax_fwd_kernel(SoftmaxArgs a) {
       }
     });
     team_sum(sum, a.tpr, scratch);
-    const float inv = sum[0] > 0.0f ? 1.0f / sum[0] : 0.0f;
+    // sum >= 1 unless the row is fully masked (the max contributes exp(0)); a NaN score
+    // makes it NaN, and so the whole row, as on the CPU.
+    const float inv = empty ? 0.0f : 1.0f / sum[0];
     if (active) {
       for_each_chunk<kFwdChunks>(lane, a.tpr, a.sk, [&](int k, int64_t c) {
         float t[4];

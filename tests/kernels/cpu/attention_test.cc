@@ -247,6 +247,29 @@ TEST_P(MaskedSoftmaxTest, ReferenceMatchesF64AndFastMatchesReference) {
 INSTANTIATE_TEST_SUITE_P(Dtypes, MaskedSoftmaxTest, ::testing::ValuesIn(float_dtypes()),
                          dtype_param_name);
 
+// A NaN score where it is visible makes its whole row NaN (never a quiet row of zeros, which
+// would hide a diverging run); where the mask hides it, it changes nothing. The same on
+// every kernel and device.
+TEST(MaskedSoftmaxNaN, AVisibleNaNPoisonsItsRowOnly) {
+  std::mt19937 rng(7);
+  for (DType dt : float_dtypes()) {
+    Tensor s = Tensor::random(dt, {1, 1, 3, 3}, rng, -2, 2), no_seg;
+    s.set(0 * 3 + 2, NAN);  // row 0 sees key 0 only (causal): hidden
+    s.set(1 * 3 + 1, NAN);  // row 1 sees keys 0 and 1: visible
+    ops::SoftmaxAttrs at{1.0f, 1};
+    Tensor p(dt, {1, 1, 3, 3});
+    run_ref(ops::kMaskedSoftmaxFwd, dt, {&s, &no_seg}, {&p}, &at);
+    std::string what = std::string("masked_softmax with NaN scores ") + dtype_name(dt);
+    EXPECT_EQ(p.get(0), 1.0) << what;
+    EXPECT_EQ(p.get(1), 0.0) << what;
+    EXPECT_EQ(p.get(2), 0.0) << what;
+    for (int k = 0; k < 3; ++k) EXPECT_TRUE(std::isnan(p.get(3 + k))) << what << ", key " << k;
+    for (int k = 0; k < 3; ++k) EXPECT_TRUE(std::isfinite(p.get(6 + k))) << what << ", key " << k;
+    expect_fast_matches_ref(ops::kMaskedSoftmaxFwd, dt, {s, no_seg}, {Tensor(dt, {1, 1, 3, 3})},
+                            &at, what);
+  }
+}
+
 TEST(MaskedSoftmaxGradient, ReferenceMatchesFiniteDifferences) {
   std::mt19937 rng(6);
   Tensor s = Tensor::random(DType::kF32, {1, 2, 3, 4}, rng, -2, 2), no_seg;

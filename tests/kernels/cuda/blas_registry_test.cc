@@ -385,6 +385,16 @@ TEST(BlasRegistry, Fp8GemmDeclinesWhatCublasLtsFp8KernelsCannotRun) {
   EXPECT_TRUE(k->supports(&good.call));
   EXPECT_TRUE(k->supports(&rows16.call));
   EXPECT_TRUE(k->supports(&empty_k.call));
+  // An empty Y: nothing runs, so the layout rules do not apply (K = 40, 8-byte rows of Y),
+  // as on the CPU; the call returns without a device.
+  alignas(16) static unsigned char host_bytes[16];
+  for (const Call& empty : {fp8_gemm_call(0, 4, 40, e4, e4, DType::kBF16, host_bytes),
+                            fp8_gemm_call(3, 0, 40, e4, e4, DType::kBF16, host_bytes)}) {
+    EXPECT_TRUE(k->supports(&empty.call));
+    Status s = k->fn(&empty.call);
+    EXPECT_EQ(s.code, Code::kOk) << take_message(&s);
+    status_release(&s);
+  }
   const Call host = good.on(DeviceType::kCpu);
   EXPECT_FALSE(k->supports(&host.call));
 

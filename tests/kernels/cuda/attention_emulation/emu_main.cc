@@ -26,6 +26,11 @@
 #include "kernels/cuda/attention/attention_fwd_kernel.cuh"
 #include "kernels/cuda/attention/attention_generic_kernel.cuh"
 
+#ifndef LOOM_ATTENTION_MMA_EMULATED
+#error \
+    "the inline-PTX attention_mma.cuh was included instead of the emulated one: put this directory first on the include path (run.sh), or keep the real header out of the Bazel test's inputs"
+#endif
+
 namespace loom::kernels::cuda::attn {
 alignas(16) unsigned char smem[256 * 1024];
 alignas(16) float shared[64 * 1024];
@@ -402,9 +407,10 @@ void run_case(const Case& c, std::mt19937& rng) {
 
 int main(int argc, char** argv) {
   std::mt19937 rng(42);
-  // argv[1]: "deferred" (cp.async lands at its wait) or anything else (at
-  // once); argv[2]: the index of the only case to run.
-  if (argc > 1 && std::string(argv[1]) == "deferred") emu::g_deferred_cp = true;
+  // argv[1]: "immediate" (cp.async lands at once) or "deferred" (at its wait);
+  // without it, both in turn. argv[2]: the index of the only case to run.
+  std::vector<bool> modes = {false, true};
+  if (argc > 1) modes = {std::string(argv[1]) == "deferred"};
   std::vector<Case> cases = {
       {"bf16 D64 B1 T80 S80 H2 G1 plain", DType::kBF16, 1, 80, 80, 2, 1, 64, 0, false, 0.f, false},
       {"f16 D64 B1 T80 S80 H2 G1 plain", DType::kF16, 1, 80, 80, 2, 1, 64, 0, false, 0.f, false},
@@ -434,10 +440,27 @@ int main(int argc, char** argv) {
        true},
       {"mixed bf16/f32 D64 generic", DType::kBF16, 1, 30, 30, 2, 2, 64, 1, false, 0.1f, true,
        DType::kF32},
+      {"bf16 D64 B1 T130 S70 H8 G1 MQA", DType::kBF16, 1, 130, 70, 8, 1, 64, 0, false, 0.f, false},
+      {"f16 D128 B2 T17 S200 H4 G1 causal", DType::kF16, 2, 17, 200, 4, 1, 128, 1, false, 0.f,
+       false},
+      {"bf16 D128 B1 T200 S17 H2 G1 causal (T>>S)", DType::kBF16, 1, 200, 17, 2, 1, 128, 1, false,
+       0.f, false},
+      {"f16 D64 B3 T129 S129 H6 G3 causal seg dropout", DType::kF16, 3, 129, 129, 6, 3, 64, 1, true,
+       0.3f, false},
+      {"bf16 D128 B1 T1 S300 H2 G2 causal dropout", DType::kBF16, 1, 1, 300, 2, 2, 128, 1, false,
+       0.5f, false},
+      {"bf16 D64 B1 T64 S128 H2 G1 causal", DType::kBF16, 1, 64, 128, 2, 1, 64, 1, false, 0.f,
+       false},
+      {"f16 D128 B1 T95 S33 H4 G2 dropout", DType::kF16, 1, 95, 33, 4, 2, 128, 0, false, 0.1f,
+       false},
   };
   int only = argc > 2 ? atoi(argv[2]) : -1;
-  for (size_t i = 0; i < cases.size(); ++i)
-    if (only < 0 || (int)i == only) run_case(cases[i], rng);
+  for (bool deferred : modes) {
+    emu::g_deferred_cp = deferred;
+    printf("== cp.async %s\n", deferred ? "deferred (lands at its wait)" : "immediate");
+    for (size_t i = 0; i < cases.size(); ++i)
+      if (only < 0 || (int)i == only) run_case(cases[i], rng);
+  }
   printf("%s (%d failures)\n", g_fail ? "FAILED" : "ALL OK", g_fail);
   return g_fail ? 1 : 0;
 }

@@ -2,6 +2,8 @@
 // PTX) in the emulation test, implementing cp.async, ldmatrix(.trans) and mma.sync m16n8k16
 // from the fragment layouts of the PTX ISA (the f32 products are exact sums of 16 terms).
 #pragma once
+// emu_main.cc checks that this file, not the inline-PTX one, was included.
+#define LOOM_ATTENTION_MMA_EMULATED 1
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
