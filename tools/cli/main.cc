@@ -59,9 +59,15 @@ exit codes:
 int main(int argc, char** argv) {
   // The CPU kernels run OpenMP regions between OpenBLAS calls, which use their own threads.
   // OpenMP workers that busy-wait after a region steal the cores OpenBLAS needs (measured:
-  // 20% slower GPT-2 steps on 2 cores), so they sleep unless the user asked otherwise. Set
+  // 20% slower GPT-2 steps on 2 cores), so they sleep unless the user asked otherwise; but
+  // only after a short spin (GOMP_SPINCOUNT): waking a sleeping worker for every small
+  // region cost 22 of the 23 ms of a step of a 12-layer model with tiny tensors, and the
+  // short spin leaves the GPT-2 124M and gpt_tiny steps as they were (BENCHMARKS.md). Set
   // before any plugin (and so libgomp) is loaded.
-  setenv("OMP_WAIT_POLICY", "PASSIVE", /*overwrite=*/0);
+  if (std::getenv("OMP_WAIT_POLICY") == nullptr && std::getenv("GOMP_SPINCOUNT") == nullptr) {
+    setenv("OMP_WAIT_POLICY", "PASSIVE", /*overwrite=*/0);
+    setenv("GOMP_SPINCOUNT", "10000", /*overwrite=*/0);
+  }
 
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty() || args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
