@@ -110,10 +110,31 @@ Status attention_fwd_cost(const OpCall* call, OpCost* out) {
 
 // ---- attention_bwd -----------------------------------------------------------------------
 
-// The workspace of a checked call: dq_acc when the shapes suit the tensor cores, then delta.
-uint64_t bwd_workspace_bytes(const OpCall* call, const AttentionShape& s) {
+// Multiprocessors of CUDA device `index`; 0 when the runtime cannot tell (no head splits).
+int64_t sm_count(int index) {
+  int count = 0;
+  if (cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, index) != cudaSuccess) {
+    cudaGetLastError();  // clear it: the caller only asked
+    return 0;
+  }
+  return count;
+}
+
+// The backward's parameters from the shapes alone, head splits included (the workspace
+// depends on them; the call's device decides them).
+AttentionParams bwd_params(const OpCall* call, const AttentionShape& s) {
   AttentionParams p = make_params(s);
-  return attention_bwd_dq_acc_bytes(p, tc_shapes(call, s, false)) + attention_bwd_delta_bytes(p);
+  p.head_splits = attention_bwd_head_splits(p, sm_count(call->inputs[1].device.index));
+  return p;
+}
+
+// The workspace of a checked call: dq_acc and dkv_acc when the shapes suit the tensor
+// cores, then delta.
+uint64_t bwd_workspace_bytes(const OpCall* call, const AttentionShape& s) {
+  const AttentionParams p = bwd_params(call, s);
+  const bool tc = tc_shapes(call, s, false);
+  return attention_bwd_dq_acc_bytes(p, tc) + attention_bwd_dkv_acc_bytes(p, tc) +
+         attention_bwd_delta_bytes(p);
 }
 
 uint64_t attention_bwd_workspace(const OpCall* call) {
@@ -130,7 +151,7 @@ Status attention_bwd_cuda(const OpCall* call) {
     AttentionShape s = op_checks::check_attention_bwd(call, false, DeviceType::kCuda);
     check_head_dim(s, ops::kAttentionBwd);
     const TensorView *in = call->inputs, *out = call->outputs;
-    AttentionParams p = make_params(s);
+    AttentionParams p = bwd_params(call, s);
     p.dout = in[0].data, p.q = in[1].data, p.k = in[2].data, p.v = in[3].data;
     p.out = in[4].data, p.lse_in = static_cast<const float*>(in[5].data);
     p.seg = static_cast<const int32_t*>(in[6].data);
@@ -150,13 +171,17 @@ Status attention_bwd_cuda(const OpCall* call) {
       throw Error(Code::kInvalidArgument,
                   std::string(ops::kAttentionBwd) + ": the workspace must be 4-byte aligned");
     char* ws = static_cast<char*>(call->workspace);
-    p.delta = reinterpret_cast<float*>(ws + attention_bwd_dq_acc_bytes(p, tc_ok));
+    p.delta = reinterpret_cast<float*>(ws + attention_bwd_dq_acc_bytes(p, tc_ok) +
+                                       attention_bwd_dkv_acc_bytes(p, tc_ok));
     if (s.b * s.s * s.g == 0 && s.b * s.t * s.h == 0) return;  // every output is empty
     const bool tc = tc_ok && aligned16(ws) && aligned16(p.dout) && aligned16(p.q) &&
                     aligned16(p.k) && aligned16(p.v) && aligned16(p.dq) && aligned16(p.dk) &&
                     aligned16(p.dv);
     if (tc) {
       p.dq_acc = reinterpret_cast<float*>(ws);
+      p.dkv_acc = p.head_splits > 1
+                      ? reinterpret_cast<float*>(ws + attention_bwd_dq_acc_bytes(p, true))
+                      : nullptr;
       launch_attention_bwd_tc(p, p.dt_q, stream_of(call));
     } else {
       p.dq_acc = nullptr;

@@ -22,12 +22,17 @@
 //      atomics cost less, at the price of a summation order that varies from run to run
 //      (f32 rounding only).
 //    Query tiles that the causal mask hides from every key of the tile are skipped.
-// 3. convert kernel: dQ = dq_acc rounded to the storage dtype.
+//    When those blocks are too few to fill the GPU (MQA or few kv heads, a small batch,
+//    short sequences: fewer than two per multiprocessor), each (key tile, b, g) gets
+//    head_splits blocks instead, each over its share of the group's query heads, which
+//    write their partial dK, dV in f32 to a workspace (attention_bwd_head_splits).
+// 3. convert kernel: dQ = dq_acc rounded to the storage dtype; with split heads, a reduce
+//    kernel sums the partial dK, dV in split order (deterministic) into dK, dV.
 //
 // Shared memory (elements of T unless noted, rows padded by 16 bytes against bank
 // conflicts): K, V (kBc, D + 8); Q, dO (2, kBr, D + 8); dS^T (kBc, kBr + 8); lse, delta,
 // segment ids (2, kBr) of 4 bytes. D = 64 (kBr 64): 66 KB; D = 128 (kBr 32): 75 KB.
-// ptxas (sm_90a, CUDA 13.0): 245 (D = 64) and 247 (D = 128) registers, no spills, so two
+// ptxas (sm_90a, CUDA 13.0): 246 (D = 64) and 255 (D = 128) registers, no spills, so two
 // blocks of 128 threads per SM.
 //
 // Expected bottleneck (for tuning): the dQ atomics (kBr * D per block and query tile) and
@@ -45,12 +50,22 @@ using namespace attn;
 template <class T, int D, int kWarps, int kBr>
 void launch_bwd(const AttentionParams& p, cudaStream_t stream) {
   using Tile = BwdTile<D, kWarps, kBr>;
-  const int64_t blocks = (p.s + Tile::kBc - 1) / Tile::kBc * p.b * p.g;
+  static_assert(Tile::kBc == kAttentionBwdKeysPerBlock, "attention_bwd_head_splits assumes it");
+  const int64_t splits = p.head_splits > 1 ? p.head_splits : 1;
+  const int64_t blocks = (p.s + Tile::kBc - 1) / Tile::kBc * p.b * p.g * splits;
   if (blocks > 0) {
     const size_t smem = Tile::template smem_bytes<T>();
     auto kernel = attention_bwd_tc_kernel<T, D, kWarps, kBr>;
     attention_allow_smem(reinterpret_cast<const void*>(kernel), smem, "attention_bwd");
     kernel<<<static_cast<unsigned>(blocks), Tile::kThreads, smem, stream>>>(p);
+    launch_check("attention_bwd");
+  }
+  const int64_t n_kv = p.b * p.s * p.g * p.d;
+  if (splits > 1 && n_kv > 0) {
+    const int64_t want = (n_kv + 255) / 256;
+    const unsigned grid = static_cast<unsigned>(want < 65536 ? want : 65536);
+    attention_dkv_reduce_kernel<T><<<grid, 256, 0, stream>>>(
+        p.dkv_acc, splits, n_kv, static_cast<T*>(p.dk), static_cast<T*>(p.dv));
     launch_check("attention_bwd");
   }
   const int64_t n = p.b * p.t * p.h * p.d;

@@ -81,10 +81,16 @@ __global__ void __launch_bounds__(32 * kWarps) attention_bwd_tc_kernel(const Att
   const int gid = lane / 4, tig = lane % 4;
   const int mi = lane / 8, mr = lane % 8;  // ldmatrix: which matrix this lane addresses, row
   const int64_t T_ = p.t, S_ = p.s, H_ = p.h, G_ = p.g;
-  const int64_t bg_count = p.b * G_;
+  const int64_t splits = p.head_splits > 1 ? p.head_splits : 1;
+  const int64_t bgs_count = p.b * G_ * splits;
   const int64_t block = blockIdx.x;
-  const int64_t n0 = block / bg_count * kBc;
-  const int64_t bg = block % bg_count, b = bg / G_, g = bg % G_;
+  const int64_t n0 = block / bgs_count * kBc;
+  const int64_t bgs = block % bgs_count, split = bgs % splits, bg = bgs / splits;
+  const int64_t b = bg / G_, g = bg % G_;
+  // This block's query heads: [h_first, h_first + h_count) of the group's.
+  const int64_t split_heads = (p.group + splits - 1) / splits;
+  const int64_t h_first = g * p.group + split * split_heads;
+  const int64_t h_count = min64(split_heads, p.group - split * split_heads);
 
   const T* k_base = static_cast<const T*>(p.k) + (b * S_ * G_ + g) * D;  // row s: + s G D
   const T* v_base = static_cast<const T*>(p.v) + (b * S_ * G_ + g) * D;
@@ -94,11 +100,11 @@ __global__ void __launch_bounds__(32 * kWarps) attention_bwd_tc_kernel(const Att
   const int64_t t_begin = p.causal ? max64(0, n0 - (S_ - T_)) : 0;
   const int64_t i_begin = t_begin / kBr;
   const int64_t i_count = t_begin < T_ ? (T_ + kBr - 1) / kBr - i_begin : 0;
-  const int64_t steps = p.group * i_count;  // (query head, query tile) pairs
+  const int64_t steps = h_count * i_count;  // (query head, query tile) pairs
 
-  // Step it covers query head g * group + it / i_count, query tile i_begin + it % i_count.
+  // Step it covers query head h_first + it / i_count, query tile i_begin + it % i_count.
   auto load_step = [&](int64_t it, int stage) {
-    const int64_t h = g * p.group + it / i_count;
+    const int64_t h = h_first + it / i_count;
     const int64_t m0 = (i_begin + it % i_count) * kBr;
     const int64_t row_off = (b * T_ * H_ + h) * D;  // (b, t = 0, h) of (B, T, H, D)
     load_tile_async<T, D, kBr, Tile::kThreads>(
@@ -140,7 +146,7 @@ __global__ void __launch_bounds__(32 * kWarps) attention_bwd_tc_kernel(const Att
 
   for (int64_t it = 0; it < steps; ++it) {
     const int stage = static_cast<int>(it & 1);
-    const int64_t h = g * p.group + it / i_count;
+    const int64_t h = h_first + it / i_count;
     const int64_t m0 = (i_begin + it % i_count) * kBr;
     cp_async_wait_all();
     __syncthreads();  // step it landed; every warp is done with step it - 1 (and its dS^T)
@@ -269,12 +275,24 @@ __global__ void __launch_bounds__(32 * kWarps) attention_bwd_tc_kernel(const Att
   }
   cp_async_wait_all();  // nothing may stay in flight into shared memory at exit
 
-  // dK, dV rows s0 and s1 (both already carry the softmax scale through dS).
+  // dK, dV rows s0 and s1 (both already carry the softmax scale through dS): this split's
+  // share in f32 when the heads are split, else the rows themselves.
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int64_t key = r == 0 ? s0 : s1;
     if (key >= S_) continue;
     const int64_t off = ((b * S_ + key) * G_ + g) * D + 2 * tig;
+    if (splits > 1) {
+      const int64_t n = p.b * S_ * G_ * D;  // elements of dK
+      float* dk_acc = p.dkv_acc + split * 2 * n + off;
+      float* dv_acc = dk_acc + n;
+#pragma unroll
+      for (int dt = 0; dt < D / 8; ++dt) {
+        *reinterpret_cast<float2*>(dk_acc + dt * 8) = make_float2(dk[dt][2 * r], dk[dt][2 * r + 1]);
+        *reinterpret_cast<float2*>(dv_acc + dt * 8) = make_float2(dv[dt][2 * r], dv[dt][2 * r + 1]);
+      }
+      continue;
+    }
     uint32_t* dk_row = reinterpret_cast<uint32_t*>(static_cast<T*>(p.dk) + off);
     uint32_t* dv_row = reinterpret_cast<uint32_t*>(static_cast<T*>(p.dv) + off);
 #pragma unroll
@@ -285,7 +303,24 @@ __global__ void __launch_bounds__(32 * kWarps) attention_bwd_tc_kernel(const Att
   }
 }
 
-// ---- 3. dQ = dq_acc in the storage dtype ----------------------------------------------------
+// ---- 3. dQ = dq_acc in the storage dtype; dK, dV = the sum of their splits -----------------
+
+// dK[i] = sum over splits s of acc[s][0][i], dV[i] = the same of acc[s][1][i], in split
+// order (deterministic); n = B S G D.
+template <class T>
+__global__ void attention_dkv_reduce_kernel(const float* __restrict__ acc, int64_t splits,
+                                            int64_t n, T* __restrict__ dk, T* __restrict__ dv) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float k = 0.0f, v = 0.0f;
+    for (int64_t s = 0; s < splits; ++s) {
+      k += acc[(2 * s) * n + i];
+      v += acc[(2 * s + 1) * n + i];
+    }
+    dk[i] = from_f32<T>(k);
+    dv[i] = from_f32<T>(v);
+  }
+}
 
 template <class T>
 __global__ void attention_dq_convert_kernel(const float* __restrict__ acc, T* __restrict__ dq,

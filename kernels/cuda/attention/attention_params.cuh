@@ -30,6 +30,12 @@ struct AttentionParams {
   void* dv;             // (B, S, G, D)
   float* dq_acc;        // (B, T, H, D) f32 workspace of the tensor-core backward, else null
   float* delta;         // (B, H, T) f32 workspace: rowsum(dO * O)
+  // Tensor-core backward: blocks per (key tile, b, g), each over its share of the group's
+  // query heads (attention_bwd_head_splits). With more than one, each block writes its
+  // partial dK, dV into dkv_acc, (head_splits, 2, B, S, G, D) f32, and a last kernel sums
+  // the splits in order; with one (or 0, the same), into dk and dv directly.
+  int64_t head_splits;
+  float* dkv_acc;
 
   int64_t b, t, s, h, g, d;
   int64_t group;  // H / G: query heads per key/value head
@@ -45,11 +51,36 @@ struct AttentionParams {
   DType dt_q, dt_k, dt_v, dt_o, dt_do, dt_dq, dt_dk, dt_dv;
 };
 
+/// Keys per block of the tensor-core backward (BwdTile::kBc for both head dims).
+inline constexpr int64_t kAttentionBwdKeysPerBlock = 64;
+
+/// Blocks per (key tile, b, g) of the tensor-core backward on a GPU of `sm_count`
+/// multiprocessors: 1 while the (key tile, b, g) blocks alone give every multiprocessor
+/// two (two fit at once), else enough to get there, up to one per query head of the group
+/// (MQA or few groups, a small batch, short sequences), each split over the same number of
+/// heads but the last.
+inline int64_t attention_bwd_head_splits(const AttentionParams& p, int64_t sm_count) {
+  const int64_t blocks =
+      (p.s + kAttentionBwdKeysPerBlock - 1) / kAttentionBwdKeysPerBlock * p.b * p.g;
+  const int64_t want = 2 * sm_count;
+  if (blocks == 0 || p.group <= 1 || blocks >= want) return 1;
+  int64_t splits = (want + blocks - 1) / blocks;
+  if (splits > p.group) splits = p.group;
+  const int64_t heads = (p.group + splits - 1) / splits;  // per split
+  return (p.group + heads - 1) / heads;                   // no split left without a head
+}
+
 /// attention_bwd's workspace: dq_acc (B, T, H, D) f32 for the tensor-core path (0 bytes
-/// otherwise), then delta (B, H, T) f32. Both regions are multiples of 8 bytes when D is
-/// even, so delta stays aligned.
+/// otherwise), then dkv_acc (head_splits, 2, B, S, G, D) f32 when the tensor-core path
+/// splits the heads (0 bytes otherwise), then delta (B, H, T) f32. Every region is a
+/// multiple of 8 bytes when D is even, so the next stays aligned.
 inline uint64_t attention_bwd_dq_acc_bytes(const AttentionParams& p, bool tensor_cores) {
   return tensor_cores ? static_cast<uint64_t>(p.b * p.t * p.h * p.d) * 4u : 0u;
+}
+inline uint64_t attention_bwd_dkv_acc_bytes(const AttentionParams& p, bool tensor_cores) {
+  return tensor_cores && p.head_splits > 1
+             ? static_cast<uint64_t>(p.head_splits * 2 * p.b * p.s * p.g * p.d) * 4u
+             : 0u;
 }
 inline uint64_t attention_bwd_delta_bytes(const AttentionParams& p) {
   return static_cast<uint64_t>(p.b * p.h * p.t) * 4u;

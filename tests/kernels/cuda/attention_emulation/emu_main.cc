@@ -137,6 +137,8 @@ struct Buf {
   }
 };
 
+int64_t g_sm_count = 1;  // multiprocessors of the GPU the launch geometry is for
+
 struct Case {
   std::string name;
   DType dt;
@@ -347,7 +349,13 @@ void run_case(const Case& c, std::mt19937& rng) {
         else
           attention_bwd_delta_kernel<TypedIo<__half>>(p);
       });
-    const int64_t bwd_blocks = (S + 63) / 64 * B * G;
+    // Split heads as the launcher would on a GPU of g_sm_count multiprocessors.
+    p.head_splits = attention_bwd_head_splits(p, g_sm_count);
+    std::vector<float> dkv_acc(p.head_splits > 1 ? p.head_splits * 2 * B * S * G * D : 0, 999.f);
+    p.dkv_acc = p.head_splits > 1 ? dkv_acc.data() : nullptr;
+    printf("  tensor-core backward: %lld head split(s) per (key tile, b, g)\n",
+           (long long)p.head_splits);
+    const int64_t bwd_blocks = (S + 63) / 64 * B * G * p.head_splits;
     if (bwd_blocks)
       emu::run_grid(bwd_blocks, 128, [&] {
         if (c.dt == DType::kBF16) {
@@ -361,6 +369,16 @@ void run_case(const Case& c, std::mt19937& rng) {
           else
             attention_bwd_tc_kernel<__half, 128, 4, 32>(p);
         }
+      });
+    const int64_t n_kv = B * S * G * D;
+    if (p.head_splits > 1 && n_kv)
+      emu::run_grid(std::min<int64_t>((n_kv + 255) / 256, 65536), 256, [&] {
+        if (c.dt == DType::kBF16)
+          attention_dkv_reduce_kernel<__nv_bfloat16>(p.dkv_acc, p.head_splits, n_kv,
+                                                     (__nv_bfloat16*)p.dk, (__nv_bfloat16*)p.dv);
+        else
+          attention_dkv_reduce_kernel<__half>(p.dkv_acc, p.head_splits, n_kv, (__half*)p.dk,
+                                              (__half*)p.dv);
       });
     const int64_t n = B * T * H * D;
     if (n)
@@ -453,13 +471,21 @@ int main(int argc, char** argv) {
        false},
       {"f16 D128 B1 T95 S33 H4 G2 dropout", DType::kF16, 1, 95, 33, 4, 2, 128, 0, false, 0.1f,
        false},
+      // On 3 multiprocessors (i % 3 == 2): 3 head splits of 2, 2 and 1 heads.
+      {"bf16 D64 B1 T80 S80 H5 G1 causal (uneven head splits)", DType::kBF16, 1, 80, 80, 5, 1, 64,
+       1, false, 0.f, false},
   };
   int only = argc > 2 ? atoi(argv[2]) : -1;
   for (bool deferred : modes) {
     emu::g_deferred_cp = deferred;
     printf("== cp.async %s\n", deferred ? "deferred (lands at its wait)" : "immediate");
-    for (size_t i = 0; i < cases.size(); ++i)
+    for (size_t i = 0; i < cases.size(); ++i) {
+      // The tensor-core backward's launch geometry for a GPU of 132 multiprocessors (an H100:
+      // these small problems split the heads whenever the group has several), of one (never
+      // split) or of three (a few splits, some uneven), in turn.
+      g_sm_count = i % 3 == 0 ? 132 : i % 3 == 1 ? 1 : 3;
       if (only < 0 || (int)i == only) run_case(cases[i], rng);
+    }
   }
   printf("%s (%d failures)\n", g_fail ? "FAILED" : "ALL OK", g_fail);
   return g_fail ? 1 : 0;
