@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <utility>
+#include <vector>
 
 #include "core/dist/store.h"
 #include "core/parallel/device_dispatch_communicator.h"
@@ -74,6 +76,18 @@ ICommunicator& ParallelState::comm(const std::string& dims) {
   auto* c = static_cast<ICommunicator*>(made.get());
   comms_.emplace(g.dims, std::move(made));
   return *c;
+}
+
+void ParallelState::barrier_all() {
+  std::vector<std::pair<std::string, ICommunicator*>> comms;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& [dims, object] : comms_)  // std::map: sorted by the dimension list
+      comms.emplace_back(dims, static_cast<ICommunicator*>(object.get()));
+  }
+  for (auto& [dims, comm] : comms)
+    if (comm->size() > 1)
+      throw_if_error(comm->barrier(), fmt::format("barrier of group '{}'", dims));
 }
 
 void ParallelState::check_agreement(const std::string& what, const std::string& value,

@@ -43,6 +43,14 @@ class ParallelState {
   /// for its groups in the same order (modules are built in the same order on every rank).
   /// Size-1 groups need no backend.
   ICommunicator& comm(const std::string& dims);
+  /// A barrier on every communicator made so far (groups of more than one rank), in the
+  /// order of their dimension lists, the same on every rank (so no two ranks wait on each
+  /// other's groups in a cycle). It also brings out a failure a device backend has recorded
+  /// without reporting it yet: NCCL's collectives complete on the GPU after the calls that
+  /// issued them have returned, and their failure reaches the caller only at its next call
+  /// (call it before writing state that a failed collective may have left half reduced).
+  /// Throws the first failure, naming the group.
+  void barrier_all();
   /// Communication time and bytes of this rank.
   CommStats& stats() { return stats_; }
   int64_t timeout_ms() const { return timeout_ms_; }

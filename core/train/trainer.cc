@@ -730,13 +730,27 @@ RunResult Trainer::run(const RunOptions& options) {
   int64_t first_iteration = iteration_;
   RunResult result;
   int64_t last_saved = -1;
+  // Called at the same iterations on every rank, also on those that write nothing (plain
+  // data parallelism: rank 0 writes the replicated state).
   auto save = [&](bool blocking) {
-    if (options.checkpoint == nullptr || last_saved == iteration_) return;
+    if (last_saved == iteration_) return;
+    last_saved = iteration_;
+    // A device backend's collective that failed on the GPU after its call returned (NCCL)
+    // may have left the state half reduced: such a failure comes out here, on every rank,
+    // before anything is written, and the checkpoints already on disk stay the newest.
+    if (parallel_ != nullptr) {
+      try {
+        parallel_->barrier_all();
+      } catch (const Error& e) {
+        throw Error(e.code(),
+                    fmt::format("checkpoint of step {} not written: {}", iteration_, e.what()));
+      }
+    }
+    if (options.checkpoint == nullptr) return;
     clear_bar();
     std::fflush(stdout);
     options.checkpoint->save(iteration_, checkpoint_tensors(), checkpoint_metadata());
     if (blocking) options.checkpoint->wait();
-    last_saved = iteration_;
   };
   while (iteration_ < steps) {
     StepResult r = step();

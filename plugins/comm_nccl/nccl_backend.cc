@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -140,7 +141,14 @@ ncclComm_t init_comm(const ncclUniqueId& id, int32_t rank, int32_t size, int32_t
 }  // namespace
 
 NcclBackend::NcclBackend(const nlohmann::json& options, IBuildContext& ctx)
-    : host_(ctx.host()), blocking_wait_(options.value("blocking_wait", false)) {}
+    : host_(ctx.host()), blocking_wait_(options.value("blocking_wait", false)) {
+  // Collectives of different communicators (a tp all-reduce while the dp reductions of the
+  // gradient buckets are in flight) can run on one GPU at once, each on its communicator's
+  // stream; NCCL promises progress then only when every rank launches them in one order.
+  // NCCL 2.26+ keeps the host's issue order (the same on every rank here) with this
+  // setting, read at its first communicator; the user's own value wins.
+  setenv("NCCL_LAUNCH_ORDER_IMPLICIT", "1", /*overwrite=*/0);
+}
 
 Status NcclBackend::create_communicator(IRendezvousStore* store, StringView group_key, int32_t rank,
                                         int32_t size, DeviceType device_type,

@@ -191,8 +191,9 @@ std::shared_ptr<OpRecord> NcclCommunicator::issue(const std::string& what, void*
 void NcclCommunicator::abort_locked(const Failure& failure, bool reported) {
   if (!tracker_.fail(failure, reported)) return;  // failed (and aborted) before
   if (comm_ != nullptr) {
-    // Sets NCCL's abort flag, so kernels waiting for a dead peer return, and frees the
-    // communicator in the background (a non-blocking communicator never blocks here).
+    // Sets NCCL's abort flag, so kernels waiting for a dead peer return, then frees the
+    // communicator. This blocks (even for a non-blocking communicator) until NCCL's own
+    // streams drain, which the abort flag makes quick: the kernels exit.
     (void)ncclCommAbort(comm_);
     comm_ = nullptr;
   }
