@@ -3,8 +3,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cstring>
 #include <map>
+#include <optional>
 #include <unordered_map>
 
 #include "core/runtime/forward_context.h"
@@ -25,8 +25,6 @@ int64_t positive_or_zero(const nlohmann::json& node, const char* key) {
   return std::max<int64_t>(0, it->get<int64_t>());
 }
 
-// Loads the kernel libraries of `kernels` (a spec's /kernels node; kernels_cpu always) and
-// sets its pins, as a training run does.
 // Loads the spec's /kernels/libraries (default: kernels_<device>) and sets its pins, as a
 // training run does, and checks that the device is usable.
 void load_kernels(PluginManager& plugins, const nlohmann::json& kernels, Device device) {
@@ -66,8 +64,8 @@ class DeviceCopy {
     view_ = make_view(const_cast<void*>(data), dtype, shape, kCpu);
     if (device.type == DeviceType::kCpu) return;
     throw_if_error(host.allocate(device, nbytes(view_), 64, &owned_), "generator inputs");
-    copy_from_host(host, data, make_view(owned_, dtype, shape, device));
     view_ = make_view(owned_, dtype, shape, device);
+    copy_from_host(host, data, view_);
   }
   ~DeviceCopy() {
     if (owned_ != nullptr) host_.deallocate(device_, owned_);
@@ -227,9 +225,12 @@ std::vector<float> Generator::forward(const std::vector<int32_t>& tokens, int64_
   DeviceCopy ids_in(host, device_, ids.data(), DType::kI32, {1, t});
   DeviceCopy labels_in(host, device_, labels.data(), DType::kI32, {1, t});
   DeviceCopy mask_in(host, device_, mask.data(), DType::kF32, {1, t});
-  DeviceCopy positions_in(host, device_, positions.data(), DType::kI32, {1, t});
+  std::optional<DeviceCopy> positions_in;  // only when the model takes them
+  if (with_positions)
+    positions_in.emplace(host, device_, positions.data(), DType::kI32,
+                         std::initializer_list<int64_t>{1, t});
   TensorView inputs[5] = {ids_in.view(), labels_in.view(), mask_in.view(),
-                          with_positions ? positions_in.view() : empty_view(), empty_view()};
+                          positions_in ? positions_in->view() : empty_view(), empty_view()};
   TensorView outputs[2] = {};
   throw_if_error(model_->forward(&ctx, inputs, 5, outputs, 2), "model forward");
   const TensorView& logits = outputs[1];

@@ -1,9 +1,6 @@
 #include "core/parallel/grad_sync.h"
 
-#include <fmt/format.h>
-
 #include <algorithm>
-#include <cstring>
 
 #include "loom/cpp/error.h"
 #include "loom/cpp/tensor.h"
@@ -16,6 +13,10 @@ GradSync::GradSync(ParameterSet& params, ICommunicator& dp, bool sharded, IHost&
       sharded_(sharded && dp.size() > 1),
       host_(host),
       device_(params.flat_grads().device) {
+  if (dp_.size() > 1 && !has_async(dp_))
+    throw Error(Code::kInternal,
+                "GradSync: the data-parallel communicator has no asynchronous collectives (the "
+                "core's TimedCommunicator always has them)");
   const std::vector<Parameter>& all = params_.all();
   started_.assign(params_.buckets().size(), false);
   if (!sharded_) {
@@ -79,15 +80,10 @@ void GradSync::start(size_t b) {
   const char* what = sharded_ ? "distributed-optimizer gradient reduce-scatter"
                               : "data-parallel gradient all-reduce";
   ICommWork* work = nullptr;
-  Status status{};
-  if (!has_async(dp_))  // a 1.0 communicator: reduce now
-    status = sharded_ ? dp_.reduce_scatter(&in, &out, ReduceOp::kAvg, nullptr)
-                      : dp_.all_reduce(&in, ReduceOp::kAvg, nullptr);
-  else
-    status = sharded_ ? dp_.reduce_scatter_async(&in, &out, ReduceOp::kAvg, nullptr, &work)
-                      : dp_.all_reduce_async(&in, ReduceOp::kAvg, nullptr, &work);
-  throw_if_error(status, what);
-  if (work != nullptr) pending_.push_back({CommWorkPtr(work), what});
+  throw_if_error(sharded_ ? dp_.reduce_scatter_async(&in, &out, ReduceOp::kAvg, nullptr, &work)
+                          : dp_.all_reduce_async(&in, ReduceOp::kAvg, nullptr, &work),
+                 what);
+  pending_.push_back({CommWorkPtr(work), what});
 }
 
 void GradSync::finish() {

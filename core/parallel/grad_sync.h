@@ -13,8 +13,9 @@
 // the work already queued on the device's compute stream, so gradient kernels queued
 // before the hand-over finish first), so the reduction overlaps whatever the training
 // thread does next (the rest of the last backward pass, when the trainer hands buckets
-// over as their gradients become final: core/parallel/bucket_readiness.h). A 1.0 backend
-// has no asynchronous calls: its reductions run at once, without overlap.
+// over as their gradients become final: core/parallel/bucket_readiness.h). The core's
+// communicator wrapper (TimedCommunicator) has the asynchronous calls whatever the backend:
+// over a 1.0 backend its reductions run at once, without overlap.
 #pragma once
 
 #include <cstdint>
@@ -38,7 +39,8 @@ struct Segment {
 class GradSync {
  public:
   /// \param params   the model's parameters (flat buffers and buckets)
-  /// \param dp       the data-parallel group's communicator (its size may be 1)
+  /// \param dp       the data-parallel group's communicator (its size may be 1), with the
+  ///                 asynchronous collectives of communicator 1.1
   /// \param sharded  true for the distributed optimizer
   /// \param host     for the shard buffers (counted in the memory figures)
   GradSync(ParameterSet& params, ICommunicator& dp, bool sharded, IHost& host);

@@ -5,15 +5,14 @@
 namespace loom::fp8 {
 
 DelayedScaling::DelayedScaling(const nlohmann::json& options, IBuildContext& ctx)
-    : ScalingRecipe(options, ctx),
-      history_len_(options.value("amax_history_len", 1024)),
-      algo_(options.value("amax_compute_algo", "max") == "most_recent" ? 1 : 0) {
+    : ScalingRecipe(options, ctx), history_len_(options.value("amax_history_len", 1024)) {
   if (history_len_ < 1 || history_len_ > 65536)
     fail(Code::kInvalidArgument, "/amax_history_len: must be in [1, 65536], e.g. 1024");
-  std::string algo = options.value("amax_compute_algo", "max");
+  const std::string algo = options.value("amax_compute_algo", "max");
   if (algo != "max" && algo != "most_recent")
     fail(Code::kInvalidArgument,
          "/amax_compute_algo: '" + algo + "' is not one of max, most_recent");
+  algo_ = algo == "most_recent" ? 1 : 0;
 }
 
 void DelayedScaling::allocate_state() {

@@ -30,7 +30,7 @@ class DelayedScaling final : public ScalingRecipe {
   void allocate_state() override;
 
   int32_t history_len_;
-  int32_t algo_;  ///< Fp8ScaleAttrs::algo: 0 max, 1 most recent
+  int32_t algo_ = 0;  ///< Fp8ScaleAttrs::algo: 0 max, 1 most recent
   /// Takes current_ from position_ when state() handed the tensors out (a restore may have
   /// written them); one read back after each such call.
   void sync_position();

@@ -7,10 +7,9 @@
 namespace loom::fp8 {
 
 ScalingRecipe::ScalingRecipe(const nlohmann::json& options, IBuildContext& ctx)
-    : host_(*ctx.host()),
-      hybrid_(options.value("format", "hybrid") == "hybrid"),
-      margin_(options.value("margin", 0.0f)) {
-  std::string format = options.value("format", "hybrid");
+    : host_(*ctx.host()), margin_(options.value("margin", 0.0f)) {
+  const std::string format = options.value("format", "hybrid");
+  hybrid_ = format == "hybrid";
   if (format != "hybrid" && format != "e4m3")
     fail(Code::kInvalidArgument,
          "/format: '" + format + "' is not an FP8 format of this recipe: use hybrid or e4m3");
@@ -86,9 +85,7 @@ void ScalingRecipe::start(Device device) {
   device_ = device;
   std::vector<float> max(dtypes_.size());
   for (size_t q = 0; q < dtypes_.size(); ++q) max[q] = fp8_format(dtypes_[q]).max;
-  fp8_max_ = device_f32({quantizer_count()}, 0.0f);
-  throw_if_error(host_.copy(device_, fp8_max_.data, kCpu, max.data(), max.size() * 4),
-                 "fp8 recipe: uploading fp8_max");
+  fp8_max_ = device_f32(max);
   scale_update_ = Kernel(host_, ops::kFp8ScaleUpdate, device_, DType::kF32);
   copy_ = Kernel(host_, ops::kScale, device_, DType::kF32);
   allocate_state();
@@ -103,32 +100,38 @@ Status ScalingRecipe::state(int32_t index, Device, const char**, TensorView*) no
 TensorView ScalingRecipe::device_f32(std::initializer_list<int64_t> shape, float value) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
-  if (n == 0) return make_view(nullptr, DType::kF32, shape, device_);  // no quantisers
+  return reshape(device_f32(std::vector<float>(static_cast<size_t>(n), value)), shape);
+}
+
+TensorView ScalingRecipe::device_f32(const std::vector<float>& values) {
+  const int64_t n = static_cast<int64_t>(values.size());
+  if (n == 0) return make_view(nullptr, DType::kF32, {0}, device_);  // no quantisers
   void* p = nullptr;
   throw_if_error(host_.allocate(device_, static_cast<uint64_t>(n) * 4, 64, &p), "fp8 recipe state");
   owned_.push_back(p);
-  std::vector<float> init(static_cast<size_t>(n), value);
-  throw_if_error(host_.copy(device_, p, kCpu, init.data(), init.size() * 4), "fp8 recipe state");
-  return make_view(p, DType::kF32, shape, device_);
+  throw_if_error(host_.copy(device_, p, kCpu, values.data(), values.size() * 4),
+                 "fp8 recipe state");
+  return make_view(p, DType::kF32, {n}, device_);
 }
 
 TensorView ScalingRecipe::element(const TensorView& v, int64_t index) {
   return make_view(static_cast<float*>(v.data) + index, DType::kF32, {1}, v.device);
 }
 
-const Kernel& ScalingRecipe::quantize_kernel(DType input_dtype) {
-  auto it = quantize_.find(input_dtype);
-  if (it == quantize_.end())
-    it = quantize_.emplace(input_dtype, Kernel(host_, ops::kFp8Quantize, device_, input_dtype))
-             .first;
+const Kernel& ScalingRecipe::kernel_for(std::map<DType, Kernel>& cache, const char* op,
+                                        DType input_dtype) {
+  auto it = cache.find(input_dtype);
+  if (it == cache.end())
+    it = cache.emplace(input_dtype, Kernel(host_, op, device_, input_dtype)).first;
   return it->second;
 }
 
+const Kernel& ScalingRecipe::quantize_kernel(DType input_dtype) {
+  return kernel_for(quantize_, ops::kFp8Quantize, input_dtype);
+}
+
 const Kernel& ScalingRecipe::amax_kernel(DType input_dtype) {
-  auto it = amax_.find(input_dtype);
-  if (it == amax_.end())
-    it = amax_.emplace(input_dtype, Kernel(host_, ops::kAmax, device_, input_dtype)).first;
-  return it->second;
+  return kernel_for(amax_, ops::kAmax, input_dtype);
 }
 
 void ScalingRecipe::copy_scale_inv(const TensorView& from, const TensorView& to,

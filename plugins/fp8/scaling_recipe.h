@@ -62,6 +62,8 @@ class ScalingRecipe : public Object<IFp8Recipe> {
   const TensorView& fp8_max() const { return fp8_max_; }
   /// An f32 tensor of `shape` on the device, every element `value`; freed with the recipe.
   TensorView device_f32(std::initializer_list<int64_t> shape, float value);
+  /// An f32 (n) tensor on the device holding `values`; freed with the recipe.
+  TensorView device_f32(const std::vector<float>& values);
   /// Element `index` of an f32 tensor as a (1) view (a row-major flat index).
   static TensorView element(const TensorView& v, int64_t index);
   /// The kernels: fp8_quantize keyed on the input's dtype, amax likewise, and the f32 ones.
@@ -73,7 +75,7 @@ class ScalingRecipe : public Object<IFp8Recipe> {
 
  private:
   IHost& host_;
-  bool hybrid_;
+  bool hybrid_ = true;
   float margin_;
   std::map<std::pair<const void*, Fp8Role>, int32_t> ids_;
   std::vector<DType> dtypes_;  // per quantiser
@@ -82,6 +84,8 @@ class ScalingRecipe : public Object<IFp8Recipe> {
   std::vector<void*> owned_;
   TensorView fp8_max_{};
   std::map<DType, Kernel> quantize_, amax_;
+  /// cache's kernel of `op` for `input_dtype`, resolved on first use.
+  const Kernel& kernel_for(std::map<DType, Kernel>& cache, const char* op, DType input_dtype);
   Kernel scale_update_, copy_;
 };
 

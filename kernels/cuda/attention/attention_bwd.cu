@@ -47,6 +47,12 @@ namespace {
 
 using namespace attn;
 
+// Blocks of 256 threads for a grid-stride loop over n elements (at most 65536).
+unsigned stride_grid(int64_t n) {
+  const int64_t want = (n + 255) / 256;
+  return static_cast<unsigned>(want < 65536 ? want : 65536);
+}
+
 template <class T, int D, int kWarps, int kBr>
 void launch_bwd(const AttentionParams& p, cudaStream_t stream) {
   using Tile = BwdTile<D, kWarps, kBr>;
@@ -62,17 +68,14 @@ void launch_bwd(const AttentionParams& p, cudaStream_t stream) {
   }
   const int64_t n_kv = p.b * p.s * p.g * p.d;
   if (splits > 1 && n_kv > 0) {
-    const int64_t want = (n_kv + 255) / 256;
-    const unsigned grid = static_cast<unsigned>(want < 65536 ? want : 65536);
-    attention_dkv_reduce_kernel<T><<<grid, 256, 0, stream>>>(
+    attention_dkv_reduce_kernel<T><<<stride_grid(n_kv), 256, 0, stream>>>(
         p.dkv_acc, splits, n_kv, static_cast<T*>(p.dk), static_cast<T*>(p.dv));
     launch_check("attention_bwd");
   }
   const int64_t n = p.b * p.t * p.h * p.d;
   if (n > 0) {
-    const int64_t want = (n + 255) / 256;
-    const unsigned grid = static_cast<unsigned>(want < 65536 ? want : 65536);
-    attention_dq_convert_kernel<T><<<grid, 256, 0, stream>>>(p.dq_acc, static_cast<T*>(p.dq), n);
+    attention_dq_convert_kernel<T>
+        <<<stride_grid(n), 256, 0, stream>>>(p.dq_acc, static_cast<T*>(p.dq), n);
     launch_check("attention_bwd");
   }
 }
