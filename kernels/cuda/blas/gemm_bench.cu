@@ -13,6 +13,7 @@
 #include <string>
 
 #include "kernels/cuda/blas/blas_util.cuh"
+#include "kernels/cuda/blas/cublaslt.cuh"
 #include "kernels/cuda/blas/families.cuh"
 #include "kernels/cuda/blas/gemm_bench.h"
 #include "kernels/cuda/common/cuda_check.h"
@@ -84,10 +85,6 @@ void fill(void* x, DType t, int64_t n, uint32_t seed, cudaStream_t stream) {
         static_cast<T*>(x), n, seed);
   });
   launch_check("gemm_bench fill");
-}
-
-cudaDataType_t cuda_type(DType t) {
-  return t == DType::kBF16 ? CUDA_R_16BF : t == DType::kF16 ? CUDA_R_16F : CUDA_R_32F;
 }
 
 TensorView view(void* data, DType t, int device, int64_t rows, int64_t cols) {
@@ -166,13 +163,13 @@ void run_bench(int64_t m, int64_t n, int64_t k, DType dtype, const GemmBenchOpti
   const int lda = static_cast<int>(o.trans_a ? m : k), ldb = static_cast<int>(o.trans_b ? k : n);
   cublasComputeType_t compute = o.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   auto run_cublas = [&] {
-    cublas_check(
-        cublasGemmEx(r.cublas, o.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-                     o.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(n),
-                     static_cast<int>(m), static_cast<int>(k), &alpha, r.b, cuda_type(dtype), ldb,
-                     r.a, cuda_type(dtype), lda, &beta, r.y, cuda_type(y_dtype),
-                     static_cast<int>(n), compute, CUBLAS_GEMM_DEFAULT),
-        "cublasGemmEx");
+    cublas_check(cublasGemmEx(r.cublas, o.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                              o.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(n),
+                              static_cast<int>(m), static_cast<int>(k), &alpha, r.b,
+                              blas::cuda_data_type(dtype), ldb, r.a, blas::cuda_data_type(dtype),
+                              lda, &beta, r.y, blas::cuda_data_type(y_dtype), static_cast<int>(n),
+                              compute, CUBLAS_GEMM_DEFAULT),
+                 "cublasGemmEx");
   };
 
   for (int i = 0; i < o.warmup; ++i) {
