@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "core/spec/schema.h"
+#include "core/schema/schema.h"
 #include "core/util/errors.h"
 #include "core/util/files.h"
 #include "core/util/log.h"

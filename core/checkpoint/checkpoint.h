@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "core/build/builder.h"
+#include "core/component/builder.h"
 #include "core/plugin/plugin_manager.h"
 #include "core/runtime/parameters.h"
 #include "loom/kinds/checkpoint_format.h"

@@ -17,7 +17,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/build/builder.h"
+#include "core/component/builder.h"
 #include "core/plugin/plugin_manager.h"
 #include "loom/kinds/checkpoint_format.h"
 #include "loom/kinds/comm_backend.h"

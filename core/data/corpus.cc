@@ -11,7 +11,6 @@
 #include "core/data/preprocess.h"
 #include "core/data/text_source.h"
 #include "core/data/tokenizer.h"
-#include "core/spec/schema.h"
 #include "core/util/errors.h"
 #include "core/util/files.h"
 #include "core/util/hash.h"
@@ -22,7 +21,6 @@ namespace loom::core {
 namespace fs = std::filesystem;
 
 namespace {
-
 
 fs::path default_cache_root() {
   if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && *xdg != '\0')

@@ -5,7 +5,6 @@
 #include <cmath>
 #include <map>
 
-#include "core/spec/schema.h"
 #include "core/util/errors.h"
 #include "core/util/log.h"
 

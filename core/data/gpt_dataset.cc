@@ -10,7 +10,6 @@
 
 #include "core/data/npy_file.h"
 #include "core/data/numpy_random.h"
-#include "core/spec/schema.h"
 #include "core/util/errors.h"
 #include "core/util/files.h"
 #include "core/util/hash.h"
@@ -21,7 +20,6 @@ namespace loom::core {
 namespace fs = std::filesystem;
 
 namespace {
-
 
 // Megatron's _build_document_index: the split's documents tiled over `epochs` and shuffled.
 void append_shuffled_epochs(int64_t begin, int64_t end, int64_t epochs, NumpyRandomState& rng,

@@ -10,7 +10,6 @@
 #include <sstream>
 
 #include "core/runtime/forward_context.h"
-#include "core/spec/schema.h"
 #include "core/util/errors.h"
 
 namespace loom::core {

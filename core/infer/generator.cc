@@ -7,8 +7,8 @@
 #include <optional>
 #include <unordered_map>
 
+#include "core/plugin/kernel_libraries.h"
 #include "core/runtime/forward_context.h"
-#include "core/spec/schema.h"
 #include "core/spec/spec.h"
 #include "core/util/errors.h"
 #include "loom/cpp/object.h"
@@ -17,43 +17,6 @@
 
 namespace loom::core {
 namespace {
-
-// A positive integer at `key` of `node`, or 0 when absent or null.
-int64_t positive_or_zero(const nlohmann::json& node, const char* key) {
-  auto it = node.find(key);
-  if (it == node.end() || it->is_null() || !it->is_number_integer()) return 0;
-  return std::max<int64_t>(0, it->get<int64_t>());
-}
-
-// Loads the spec's /kernels/libraries (default: kernels_<device>) and sets its pins, as a
-// training run does, and checks that the device is usable.
-void load_kernels(PluginManager& plugins, const nlohmann::json& kernels, Device device) {
-  if (!kernels.is_object())
-    throw SpecError("/kernels", "expected an object {\"libraries\": [...], \"pin\": {...}}");
-  const std::string device_name = device.type == DeviceType::kCpu ? "cpu" : "cuda";
-  std::vector<std::string> libraries;
-  if (kernels.contains("libraries"))
-    for (const auto& l : kernels["libraries"]) libraries.push_back(l.get<std::string>());
-  if (libraries.empty()) libraries.push_back("kernels_" + device_name);
-  for (const std::string& lib : libraries) {
-    if (plugins.is_loaded(lib)) continue;
-    if (plugins.catalog().find(lib) == nullptr)
-      throw PluginError(Code::kNotFound,
-                        fmt::format("kernel library '{}' not found (generation on {}; spec "
-                                    "/kernels/libraries); searched: {}; pass --plugin-path",
-                                    lib, device_name, describe_roots(plugins.catalog().roots())));
-    plugins.load(lib);
-  }
-  try {
-    plugins.host().check_device(device);
-  } catch (const Error& e) {
-    throw Error(e.code(), fmt::format("generation on device '{}': {}", device_name, e.what()));
-  }
-  std::map<std::string, std::string> pins;
-  if (kernels.contains("pin"))
-    for (const auto& [op, kernel] : kernels["pin"].items()) pins[op] = kernel.get<std::string>();
-  plugins.host().set_pins(std::move(pins));
-}
 
 // Host memory copied to `device` for the length of one forward pass (the CPU: used as is).
 class DeviceCopy {
@@ -130,39 +93,44 @@ Generator::Generator(PluginManager& plugins, const nlohmann::json& model,
     throw InvalidArgument(fmt::format("generator: seq_length {} and max_sequence {} must be >= 0",
                                       options.seq_length, options.max_sequence));
   device_ = options.device;
-  load_kernels(plugins, options.kernels, device_);
+  load_kernel_libraries(plugins, KernelsConfig::from_json(options.kernels), device_,
+                        "generation on device");
   nlohmann::json node = resolve_model(plugins, model);
 
-  // The model's maximum length: its learned position table, else what it was trained for.
-  int64_t table = positive_or_zero(node, "max_position_embeddings");
-  int64_t seq_length = options.seq_length > 0 ? options.seq_length : table;
-  if (seq_length == 0)
+  // The training run's sequence length when known; a model may also know its own length
+  // (a position table), which it reports through ModelInfo (model 1.1).
+  nlohmann::json inherited = {{"micro_batch_size", 1},
+                              {"params_dtype", options.params_dtype},
+                              {"device", device_family_name(device_.type)},
+                              {"return_logits", true}};
+  if (options.seq_length > 0) inherited["seq_length"] = options.seq_length;
+  model_object_ = build_component(plugins, node, kinds::kModel, "/model", inherited);
+  model_ = interface_cast<IModel>(model_object_.get());
+  if (model_ == nullptr)
+    throw PluginError(Code::kAbiMismatch, "the /model component is not a model (kinds::kModel)");
+  ModelInfo info{};
+  info.struct_size = sizeof(ModelInfo);
+  if (model_->interface_info().minor >= 1)
+    throw_if_error(model_->info(&info), "the model's info (IModel::info)");
+  // The model's maximum length: its position table, else what it was trained for.
+  int64_t limit = info.max_sequence > 0 ? info.max_sequence : options.seq_length;
+  if (limit <= 0)
     throw InvalidArgument(
-        "generator: the model node sets no max_position_embeddings; pass the training run's "
-        "/train/seq_length (GeneratorOptions::seq_length) so the model's length is known");
-  int64_t limit = table > 0 ? table : seq_length;
-  bool learned = node.value("position_embedding", std::string("learned")) == "learned";
+        "generator: the model does not say how long a sequence it runs (a model built against "
+        "SDK 1.4 or older); pass the training run's /train/seq_length "
+        "(GeneratorOptions::seq_length)");
   max_sequence_ = options.max_sequence > 0 ? options.max_sequence : limit;
-  if (learned && max_sequence_ > limit)
+  if (info.positions_bounded != 0 && max_sequence_ > limit)
     throw InvalidArgument(
         fmt::format("generator max_sequence {}: the model's learned position table has {} rows "
                     "(max_position_embeddings); generate at most {} positions",
                     max_sequence_, limit, limit));
 
-  nlohmann::json inherited = {{"seq_length", std::min(seq_length, limit)},
-                              {"micro_batch_size", 1},
-                              {"params_dtype", options.params_dtype},
-                              {"device", device_.type == DeviceType::kCpu ? "cpu" : "cuda"},
-                              {"return_logits", true}};
-  model_object_ = build_component(plugins, node, kinds::kModel, "/model", inherited);
-  model_ = interface_cast<IModel>(model_object_.get());
-  if (model_ == nullptr)
-    throw PluginError(Code::kAbiMismatch, "the /model component is not a model (kinds::kModel)");
   params_ = std::make_unique<ParameterSet>(plugins.host(), *model_, device_);
   params_->initialize(options.init_seed);
   cache_ = std::make_unique<KvCache>(plugins.host(), 1, max_sequence_, device_);
-  vocab_ = positive_or_zero(node, "vocab_size");
-  if (vocab_ == 0) {  // a model without the key: ask it
+  vocab_ = info.vocab_size;
+  if (vocab_ <= 0) {  // a model that does not say: ask it
     std::vector<float> probe = forward({0}, 0, false, false);
     vocab_ = static_cast<int64_t>(probe.size());
   }

@@ -25,7 +25,7 @@
 #include <string>
 #include <vector>
 
-#include "core/build/builder.h"
+#include "core/component/builder.h"
 #include "core/infer/sampler.h"
 #include "core/plugin/plugin_manager.h"
 #include "core/runtime/kv_cache.h"

@@ -6,7 +6,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/dist/store.h"
+#include "core/launch/store.h"
 #include "core/parallel/device_dispatch_communicator.h"
 #include "core/parallel/local_communicator.h"
 #include "core/parallel/timed_communicator.h"
@@ -16,12 +16,13 @@
 
 namespace loom::core {
 
-ParallelState::ParallelState(ProcessGrid grid, std::unique_ptr<dist::Store> store,
-                             ObjectPtr backend, int64_t timeout_ms)
+ParallelState::ParallelState(ProcessGrid grid, std::unique_ptr<launch::Store> store,
+                             ObjectPtr backend, int64_t timeout_ms, RoleOptions roles)
     : grid_(std::move(grid)),
       store_(std::move(store)),
       backend_object_(std::move(backend)),
-      timeout_ms_(timeout_ms) {
+      timeout_ms_(timeout_ms),
+      roles_(roles) {
   backend_ = interface_cast<ICommBackend>(backend_object_.get());
   if (backend_ == nullptr && grid_.world_size() > 1)
     throw Error(Code::kInvalidArgument,
@@ -42,10 +43,15 @@ ParallelState::~ParallelState() {
   comms_.clear();  // communicators before the backend that made them
 }
 
-ICommunicator& ParallelState::comm(const std::string& dims) {
-  GridGroup g = grid_.group(dims);
+ICommunicator& ParallelState::comm(const std::string& dims) { return comm_of(grid_.group(dims)); }
+
+ICommunicator& ParallelState::group(ParallelRole role) {
+  return comm_of(role_group(grid_, role, roles_));
+}
+
+ICommunicator& ParallelState::comm_of(const GridGroup& g) {
   std::lock_guard<std::mutex> lock(mutex_);
-  auto it = comms_.find(g.dims);
+  auto it = comms_.find(g.key);
   if (it != comms_.end()) return *static_cast<ICommunicator*>(it->second.get());
   ObjectPtr made;
   if (g.size() == 1) {
@@ -74,7 +80,7 @@ ICommunicator& ParallelState::comm(const std::string& dims) {
     made = ObjectPtr(new TimedCommunicator(inner, g.key, stats_));
   }
   auto* c = static_cast<ICommunicator*>(made.get());
-  comms_.emplace(g.dims, std::move(made));
+  comms_.emplace(g.key, std::move(made));
   return *c;
 }
 
@@ -82,8 +88,8 @@ void ParallelState::barrier_all() {
   std::vector<std::pair<std::string, ICommunicator*>> comms;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    for (auto& [dims, object] : comms_)  // std::map: sorted by the dimension list
-      comms.emplace_back(dims, static_cast<ICommunicator*>(object.get()));
+    for (auto& [key, object] : comms_)  // std::map: sorted by the group's key
+      comms.emplace_back(key, static_cast<ICommunicator*>(object.get()));
   }
   for (auto& [dims, comm] : comms)
     if (comm->size() > 1)

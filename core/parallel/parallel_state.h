@@ -10,30 +10,32 @@
 #include <mutex>
 #include <string>
 
-#include "core/build/builder.h"
 #include "core/parallel/comm_stats.h"
 #include "core/parallel/grid.h"
+#include "core/parallel/roles.h"
+#include "loom/cpp/object.h"
 #include "loom/kinds/comm_backend.h"
 
 namespace loom::core {
 
-namespace dist {
+namespace launch {
 class Store;
-}  // namespace dist
+}  // namespace launch
 
-class ParallelState {
+class ParallelState final : public GroupSource {
  public:
   /// \param grid        this rank's place on the grid
   /// \param store       the run's rendezvous store (keys already prefixed by the run id)
   /// \param backend     the comm_backend component (ICommBackend); owned
   /// \param timeout_ms  the timeout of every operation and of the rendezvous
-  ParallelState(ProcessGrid grid, std::unique_ptr<dist::Store> store, ObjectPtr backend,
-                int64_t timeout_ms);
+  /// \param roles       how roles map onto the grid (roles.h)
+  ParallelState(ProcessGrid grid, std::unique_ptr<launch::Store> store, ObjectPtr backend,
+                int64_t timeout_ms, RoleOptions roles = {});
   /// Serves the tensors of `type` (not the CPU) through `backend` (a second comm_backend,
   /// spec /parallel/device_comm_backend): each group's communicator then sends host
   /// tensors over the first backend and `type` tensors over this one. Call before comm().
   void set_device_backend(ObjectPtr backend, DeviceType type);
-  ~ParallelState();
+  ~ParallelState() override;
   ParallelState(const ParallelState&) = delete;
   ParallelState& operator=(const ParallelState&) = delete;
 
@@ -42,7 +44,10 @@ class ParallelState {
   /// Created on first use, which is collective over the group's members: every rank asks
   /// for its groups in the same order (modules are built in the same order on every rank).
   /// Size-1 groups need no backend.
-  ICommunicator& comm(const std::string& dims);
+  ICommunicator& comm(const std::string& dims) override;
+  /// The communicator of this rank's group for `role` (roles.h), created on first use like
+  /// comm(). Two roles over the same dimensions share one communicator.
+  ICommunicator& group(ParallelRole role) override;
   /// A barrier on every communicator made so far (groups of more than one rank), in the
   /// order of their dimension lists, the same on every rank (so no two ranks wait on each
   /// other's groups in a cycle). It also brings out a failure a device backend has recorded
@@ -64,7 +69,7 @@ class ParallelState {
 
  private:
   ProcessGrid grid_;
-  std::unique_ptr<dist::Store> store_;
+  std::unique_ptr<launch::Store> store_;
   ObjectPtr backend_object_;
   ObjectPtr device_backend_object_;
   ICommBackend* device_backend_ = nullptr;
@@ -73,7 +78,10 @@ class ParallelState {
   int64_t timeout_ms_;
   CommStats stats_;
   std::mutex mutex_;
-  std::map<std::string, ObjectPtr> comms_;  // by canonical dims
+  RoleOptions roles_;
+  std::map<std::string, ObjectPtr> comms_;  // by the group's key (canonical dims and index)
+  // The communicator of `g`, made on first use.
+  ICommunicator& comm_of(const GridGroup& g);
 };
 
 }  // namespace loom::core

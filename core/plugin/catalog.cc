@@ -9,7 +9,7 @@
 #include <regex>
 #include <sstream>
 
-#include "core/spec/schema.h"
+#include "core/schema/schema.h"
 #include "core/util/errors.h"
 #include "core/util/log.h"
 #include "loom/kinds.h"

@@ -270,27 +270,41 @@ Status Host::communicator(StringView dims, ICommunicator** out) noexcept {
   return guard([&] {
     *out = nullptr;
     std::string name(sv(dims));
-    std::function<ICommunicator*(const std::string&)> provider;
+    GroupSource* groups = nullptr;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      provider = provider_;
-    }
-    if (provider) {
-      *out = provider(name);
-      return;
+      groups = groups_;
     }
     // One process: every group is this process alone. The names are still checked.
-    GridGroup group = ProcessGrid({1, 1, 1, 1, 1}, 0).group(name);
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto it = local_comms_.find(group.dims);
-    if (it == local_comms_.end())
-      it = local_comms_
-               .emplace(group.dims, std::unique_ptr<ICommunicator, void (*)(ICommunicator*)>(
-                                        new LocalCommunicator(group.key),
-                                        [](ICommunicator* c) { c->destroy(); }))
-               .first;
-    *out = it->second.get();
+    *out = groups != nullptr ? &groups->comm(name)
+                             : local_comm(ProcessGrid({1, 1, 1, 1, 1}, 0).group(name));
   });
+}
+
+Status Host::group(ParallelRole role, ICommunicator** out) noexcept {
+  return guard([&] {
+    *out = nullptr;
+    GroupSource* groups = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      groups = groups_;
+    }
+    *out = groups != nullptr
+               ? &groups->group(role)
+               : local_comm(role_group(ProcessGrid({1, 1, 1, 1, 1}, 0), role, RoleOptions{}));
+  });
+}
+
+ICommunicator* Host::local_comm(const GridGroup& group) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = local_comms_.find(group.key);
+  if (it == local_comms_.end())
+    it = local_comms_
+             .emplace(group.key,
+                      std::unique_ptr<ICommunicator, void (*)(ICommunicator*)>(
+                          new LocalCommunicator(group.key), [](ICommunicator* c) { c->destroy(); }))
+             .first;
+  return it->second.get();
 }
 
 }  // namespace loom::core

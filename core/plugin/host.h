@@ -12,6 +12,7 @@
 #include <tuple>
 #include <vector>
 
+#include "core/parallel/roles.h"
 #include "core/plugin/registry.h"
 #include "loom/host.h"
 
@@ -38,6 +39,7 @@ class Host final : public IHost {
   Status find_kernel(StringView op, DeviceType device, DType dtype, const OpCall* example,
                      KernelDesc* out) noexcept override;
   Status communicator(StringView dims, ICommunicator** out) noexcept override;
+  Status group(ParallelRole role, ICommunicator** out) noexcept override;
   uint64_t seed() const noexcept override { return seed_; }
   Status copy(Device dst_device, void* dst, Device src_device, const void* src,
               uint64_t bytes) noexcept override;
@@ -71,12 +73,12 @@ class Host final : public IHost {
   /// then returns that kernel or fails naming the pin.
   void set_pins(std::map<std::string, std::string> pins) { pins_ = std::move(pins); }
 
-  /// Serves IHost::communicator from `provider` (a multi-process run's groups). Without
-  /// one, every group is this process alone (a size-1 communicator). The provider returns
-  /// a communicator the core owns, or throws naming what is wrong.
-  void set_communicators(std::function<ICommunicator*(const std::string& dims)> provider) {
+  /// Serves IHost::communicator and IHost::group from `groups` (a multi-process run's
+  /// ParallelState; it must outlive its use here, null to stop). Without one, every group
+  /// is this process alone (a size-1 communicator).
+  void set_groups(GroupSource* groups) {
     std::lock_guard<std::mutex> lock(mutex_);
-    provider_ = std::move(provider);
+    groups_ = groups;
   }
 
   /// One kernel resolution made through find_kernel.
@@ -105,7 +107,9 @@ class Host final : public IHost {
   uint64_t cpu_cached_bytes_ = 0;
   std::map<std::string, std::string> pins_;
   std::set<Resolution> resolutions_;
-  std::function<ICommunicator*(const std::string&)> provider_;
+  GroupSource* groups_ = nullptr;
+  // Single process: one size-1 communicator per group name.
+  ICommunicator* local_comm(const GridGroup& group);
   std::map<std::string, std::unique_ptr<ICommunicator, void (*)(ICommunicator*)>> local_comms_;
 };
 

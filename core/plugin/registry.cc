@@ -6,7 +6,7 @@
 #include <cstring>
 #include <tuple>
 
-#include "core/spec/schema.h"
+#include "core/schema/schema.h"
 #include "loom/cpp/error.h"
 #include "loom/kinds.h"
 

@@ -51,6 +51,26 @@ void ForwardContext::set_grads_ready(std::function<void(const void*)> callback) 
   grads_ready_ = std::move(callback);
 }
 
+Status ForwardContext::metric(StringView name, const TensorView* value,
+                              MetricReduce reduce) noexcept {
+  return guard([&] {
+    std::string text = name.size > 0 ? std::string(name.data, name.size) : std::string();
+    if (text.empty() || text.find_first_of(" \t\n") != std::string::npos)
+      fail(Code::kInvalidArgument,
+           fmt::format("metric name '{}': give a non-empty name without spaces, e.g. "
+                       "\"moe/aux_loss/layer_3\"",
+                       text));
+    if (value == nullptr || value->data == nullptr || value->dtype != DType::kF32 ||
+        numel(*value) != 1)
+      fail(Code::kInvalidArgument,
+           fmt::format("metric {}: the value must be an f32 tensor of one element", text));
+    if (reduce != MetricReduce::kMean && reduce != MetricReduce::kMax)
+      fail(Code::kInvalidArgument,
+           fmt::format("metric {}: unknown reduce {}", text, static_cast<int32_t>(reduce)));
+    if (training_ && metric_sink_ != nullptr) metric_sink_->record(text, *value, reduce);
+  });
+}
+
 void ForwardContext::rethrow_grads_ready_error() {
   if (!grads_ready_error_) return;
   std::exception_ptr e = grads_ready_error_;

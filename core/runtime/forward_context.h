@@ -13,13 +13,16 @@
 // reproducible across processes. An inference context may carry a KV cache
 // (set_kv_cache, core/runtime/kv_cache.h) for incremental decoding. A training context may
 // carry a callback for grads_ready (set_grads_ready): the trainer sets one on the last
-// micro-batch of a step to start the gradient reduction during backward.
+// micro-batch of a step to start the gradient reduction during backward; a flag that splits
+// its backward (set_defer_weight_grads: zero-bubble schedules); and a sink for the metrics
+// modules report (set_metric_sink).
 #pragma once
 
 #include <cstdint>
 #include <exception>
 #include <functional>
 #include <map>
+#include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -28,6 +31,15 @@
 #include "loom/kinds/module.h"
 
 namespace loom::core {
+
+/// Where a forward context's metric reports go (IForwardContext::metric).
+class MetricSink {
+ public:
+  virtual ~MetricSink() = default;
+  /// Takes `value` (an f32 tensor of one element, on any device) for metric `name` of the
+  /// current step; it may read it later (it copies it now if it must). Throws loom::Error.
+  virtual void record(const std::string& name, const TensorView& value, MetricReduce reduce) = 0;
+};
 
 class ForwardContext final : public IForwardContext {
  public:
@@ -64,6 +76,13 @@ class ForwardContext final : public IForwardContext {
   void set_grads_ready(std::function<void(const void*)> callback);
   /// Rethrows the first exception of the grads_ready callback, if any (then forgets it).
   void rethrow_grads_ready_error();
+  /// Splits the backward of this micro-batch (defer_weight_grads() answers it): set before
+  /// the backward that computes input gradients only, followed by the model's
+  /// backward_weight on this context.
+  void set_defer_weight_grads(bool defer) { defer_weight_grads_ = defer; }
+  /// Sends metric reports to `sink` (null: they are ignored, the default); only a training
+  /// context records them.
+  void set_metric_sink(MetricSink* sink) { metric_sink_ = sink; }
 
   InterfaceInfo interface_info() const noexcept override;
   bool training() const noexcept override { return training_; }
@@ -78,6 +97,8 @@ class ForwardContext final : public IForwardContext {
   void grads_ready(const void* owner) noexcept override;
   Status release(const TensorView* tensor) noexcept override;
   void drop_saved(const void* owner) noexcept override;
+  bool defer_weight_grads() const noexcept override { return defer_weight_grads_; }
+  Status metric(StringView name, const TensorView* value, MetricReduce reduce) noexcept override;
 
  private:
   IHost& host_;
@@ -112,6 +133,8 @@ class ForwardContext final : public IForwardContext {
   IKvCache* kv_cache_ = nullptr;
   std::function<void(const void*)> grads_ready_;
   std::exception_ptr grads_ready_error_;
+  bool defer_weight_grads_ = false;
+  MetricSink* metric_sink_ = nullptr;
 };
 
 /// SplitMix64 finaliser: mixes 64 bits (for seeds and stream keys).

@@ -178,27 +178,33 @@ TensorView view_at(void* base, DType dtype, int64_t offset, const ParamInfo& inf
 }  // namespace
 
 void ParameterSet::allocate_flat(const BucketOptions& options) {
-  // Buckets in backward order: the last declared parameters first.
-  int64_t pad = std::max<int64_t>(options.pad_multiple, 1);
-  Bucket open;
+  // Buckets in backward order: the last declared parameters first; one group after the
+  // other, so that a bucket holds the parameters of one reduction group only.
   int64_t offset = 0;
-  auto close = [&] {
-    if (open.params.empty()) return;
-    open.offset = offset;
-    open.size = (open.size + pad - 1) / pad * pad;
-    offset += open.size;
-    buckets_.push_back(std::move(open));
-    open = Bucket{};
-  };
   constexpr int64_t kAlign = 16;  // elements: every parameter starts 64-byte aligned (f32)
-  for (size_t i = params_.size(); i-- > 0;) {
-    open.size = (open.size + kAlign - 1) / kAlign * kAlign;
-    params_[i].offset = offset + open.size;
-    open.size += params_[i].numel();
-    open.params.push_back(i);
-    if (options.bucket_elements > 0 && open.size >= options.bucket_elements) close();
+  for (ParallelRole group : {ParallelRole::kData, ParallelRole::kExpertData}) {
+    int64_t pad = std::max<int64_t>(
+        group == ParallelRole::kData ? options.pad_multiple : options.expert_pad_multiple, 1);
+    Bucket open;
+    auto close = [&] {
+      if (open.params.empty()) return;
+      open.offset = offset;
+      open.size = (open.size + pad - 1) / pad * pad;
+      open.group = group;
+      offset += open.size;
+      buckets_.push_back(std::move(open));
+      open = Bucket{};
+    };
+    for (size_t i = params_.size(); i-- > 0;) {
+      if (params_[i].reduce_group() != group) continue;
+      open.size = (open.size + kAlign - 1) / kAlign * kAlign;
+      params_[i].offset = offset + open.size;
+      open.size += params_[i].numel();
+      open.params.push_back(i);
+      if (options.bucket_elements > 0 && open.size >= options.bucket_elements) close();
+    }
+    close();
   }
-  close();
   flat_size_ = offset;
 
   bool one_dtype = true;

@@ -32,14 +32,21 @@ struct Parameter {
   int64_t slice_start(int32_t d, int64_t tp_rank) const {
     return d == info.tp_split_dim ? tp_rank * info.shape[d] : 0;
   }
+  /// The group whose replicas of this parameter average its gradient: the experts' data
+  /// group for an expert's parameter (kParamExpert), else the dense one.
+  ParallelRole reduce_group() const {
+    return (info.flags & kParamExpert) != 0 ? ParallelRole::kExpertData : ParallelRole::kData;
+  }
 };
 
 /// A run of whole parameters that is contiguous in the flat buffers: the unit of
-/// gradient reduction (data parallelism) and of sharding (distributed optimizer).
+/// gradient reduction (data parallelism) and of sharding (distributed optimizer). Its
+/// parameters share one reduction group (Parameter::reduce_group).
 struct Bucket {
   int64_t offset = 0;          ///< first element in the flat buffers
   int64_t size = 0;            ///< elements, padding included (a multiple of pad_multiple)
   std::vector<size_t> params;  ///< indices into ParameterSet::all(), in backward order
+  ParallelRole group = ParallelRole::kData;  ///< whose replicas reduce its gradients
 };
 
 /// How the flat buffers are cut into buckets.
@@ -49,6 +56,8 @@ struct BucketOptions {
   /// Every bucket's size is padded up to a multiple of this (the data-parallel size, so
   /// that it splits evenly into shards).
   int64_t pad_multiple = 1;
+  /// The same for the buckets of expert parameters (the experts' data-parallel size).
+  int64_t expert_pad_multiple = 1;
 };
 
 class ParameterSet {
@@ -56,7 +65,8 @@ class ParameterSet {
   /// Walks `root`, allocates and binds every parameter on `device`. Throws on a module that
   /// declares a bad parameter (naming it). Values and f32 gradients live in two flat
   /// buffers, cut into buckets in backward order (the last parameters first: their
-  /// gradients are ready first); parameters of different dtypes get one buffer each and
+  /// gradients are ready first), the dense parameters' buckets first, then the experts'
+  /// (each group's contiguous); parameters of different dtypes get one buffer each and
   /// no flat value buffer.
   ParameterSet(IHost& host, IModule& root, Device device, const BucketOptions& buckets = {});
   ~ParameterSet();

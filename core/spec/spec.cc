@@ -11,9 +11,10 @@
 #include <sstream>
 
 #include "core/plugin/catalog.h"
+#include "core/plugin/plugin_manager.h"
 #include "core/plugin/registry.h"
-#include "core/spec/did_you_mean.h"
-#include "core/spec/schema.h"
+#include "core/schema/did_you_mean.h"
+#include "core/schema/schema.h"
 #include "core/util/errors.h"
 
 namespace fs = std::filesystem;
@@ -242,6 +243,15 @@ void write_json_atomically(const nlohmann::json& spec, const fs::path& path) {
     throw IoError(
         fmt::format("cannot rename {} to {}: {}", tmp.string(), path.string(), ec.message()));
   }
+}
+
+void load_plugins_for(nlohmann::json& spec, std::vector<ImplUse>& uses, PluginManager& manager) {
+  for (const ImplUse& use : uses) {
+    const PluginRecord* p = manager.catalog().provider(use.kind, use.name);
+    if (p != nullptr) manager.load(p->name);
+  }
+  for (const auto& name : spec["plugins"]["load"]) manager.load(name.get<std::string>());
+  uses = resolve_spec(spec, manager.catalog(), &manager.registry());
 }
 
 }  // namespace loom::core

@@ -64,6 +64,13 @@ std::vector<ImplUse> resolve_spec(
 std::vector<ImplUse> resolve_spec(nlohmann::json& spec, const Catalog& catalog,
                                   const Registry* registry = nullptr);
 
+class PluginManager;
+
+/// Loads the plugins a resolved spec uses (the providers of its impls and /plugins/load),
+/// then validates it again against what they registered (the registry is the authority:
+/// a plugin's factories may differ from its manifest). Updates `uses`.
+void load_plugins_for(nlohmann::json& spec, std::vector<ImplUse>& uses, PluginManager& manager);
+
 /// Writes `spec` as indented JSON to `path` atomically (temporary file, fsync, rename).
 void write_json_atomically(const nlohmann::json& spec, const std::filesystem::path& path);
 

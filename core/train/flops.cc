@@ -7,21 +7,6 @@
 
 namespace loom::core {
 
-double model_flops_per_token(int64_t num_params, const nlohmann::json& model, int64_t seq_length) {
-  double flops = 6.0 * static_cast<double>(num_params);
-  auto number = [&](const char* key) {
-    return model.is_object() && model.contains(key) && model[key].is_number();
-  };
-  if (number("num_layers") && number("hidden_size")) {
-    double layers = model["num_layers"].get<double>();
-    double width = model["hidden_size"].get<double>();
-    if (number("kv_channels") && number("num_attention_heads"))
-      width = model["kv_channels"].get<double>() * model["num_attention_heads"].get<double>();
-    flops += 6.0 * layers * static_cast<double>(seq_length) * width;
-  }
-  return flops;
-}
-
 double measure_gemm_peak(IHost& host) {
   static double peak = 0;
   if (peak > 0) return peak;

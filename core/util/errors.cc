@@ -2,9 +2,13 @@
 
 #include <new>
 
-#include "core/spec/schema.h"
-
 namespace loom::core {
+
+SpecError::SpecError(std::string pointer, std::string problem)
+    : Error(Code::kInvalidArgument,
+            pointer.empty() ? "spec: " + problem : "spec " + pointer + ": " + problem),
+      pointer_(std::move(pointer)),
+      problem_(std::move(problem)) {}
 
 int exit_code_for(const std::exception& error) {
   if (dynamic_cast<const UsageError*>(&error)) return kExitUsage;

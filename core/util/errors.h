@@ -49,6 +49,22 @@ class InvalidArgument : public Error {
       : Error(Code::kInvalidArgument, std::move(message)) {}
 };
 
+/// Thrown for a spec that breaks its schema (code kInvalidArgument). what() is the whole
+/// one-line message, "spec /model/layer/mlp/num_experts: expected integer >= 1, got 0", or
+/// "spec: <problem>" when the pointer is the root ("").
+class SpecError : public loom::Error {
+ public:
+  /// \param pointer  JSON pointer (RFC 6901) of the offending value in the spec
+  /// \param problem  what is wrong and, where possible, the fix
+  SpecError(std::string pointer, std::string problem);
+  const std::string& pointer() const { return pointer_; }
+  const std::string& problem() const { return problem_; }
+
+ private:
+  std::string pointer_;
+  std::string problem_;
+};
+
 /// Maps an exception caught at the top of the command to its exit code.
 int exit_code_for(const std::exception& error);
 

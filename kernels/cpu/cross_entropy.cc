@@ -2,7 +2,8 @@
 // without materialising probabilities, the masked mean, and its gradient
 // dlogits = dmean * mask / sum(mask) * (softmax - onehot), softmax recomputed from lse. The
 // backward also serves one shard of vocab-parallel logits (CrossEntropyShardAttrs; lse then
-// comes from cross_entropy_combine, cross_entropy_shard.cc).
+// comes from cross_entropy_combine, cross_entropy_shard.cc). And masked_sum, the (sum,
+// count) a model reports its loss with.
 //   reference: row by row in f64.
 //   fast: OpenMP over rows, AVX2 max / exp / sum.
 #include "kernels/cpu/cross_entropy.h"
@@ -149,15 +150,43 @@ Status cross_entropy_bwd_fast(const OpCall* call) {
 
 LOOM_CPU_FAST_END
 
+// ---- masked_sum: [sum mask x, sum mask] in f64 ------------------------------------------
+
+int64_t check_masked_sum(const OpCall* call, bool shapes_only) {
+  return op_checks::check_masked_sum(call, shapes_only, DeviceType::kCpu);
+}
+
+Status masked_sum_ref(const OpCall* call) {
+  return guard([&] {
+    int64_t n = check_masked_sum(call, false);
+    const float* x = f32(call->inputs[0]);
+    const float* mask = call->inputs[1].data != nullptr ? f32(call->inputs[1]) : nullptr;
+    double sum = 0.0, count = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+      double m = mask != nullptr ? mask[i] : 1.0;
+      sum += m * x[i];
+      count += m;
+    }
+    f32_mut(call->outputs[0])[0] = static_cast<float>(sum);
+    f32_mut(call->outputs[0])[1] = static_cast<float>(count);
+  });
+}
+
 // Forward: max, exp, sum per logit; backward: exp, scale, store.
 LOOM_CPU_HOOKS(cross_entropy_fwd, check_ce_fwd, 4)
 LOOM_CPU_HOOKS(cross_entropy_bwd, check_ce_bwd, 4)
+LOOM_CPU_HOOKS(masked_sum, check_masked_sum, 2)
 
 }  // namespace
 
 void add_cross_entropy_kernels(std::vector<KernelDesc>& out) {
   LOOM_CPU_REGISTER(out, ops::kCrossEntropyFwd, cross_entropy_fwd);
   LOOM_CPU_REGISTER(out, ops::kCrossEntropyBwd, cross_entropy_bwd);
+  // A reduction of N floats once per micro-batch: the fast kernel is the reference itself.
+  add_kernels(out, ops::kMaskedSum, kRefName, kRefPriority, masked_sum_ref, masked_sum_supports,
+              masked_sum_cost, {DType::kF32});
+  add_kernels(out, ops::kMaskedSum, kFastName, kFastPriority, masked_sum_ref,
+              masked_sum_fast_supports, masked_sum_cost, {DType::kF32});
 }
 
 }  // namespace loom::kernels::cpu

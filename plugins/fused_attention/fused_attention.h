@@ -3,46 +3,28 @@
 // FlashAttention: fast kernels never materialise the (T, S) scores; forward keeps only O and
 // the row log-sum-exp for backward. Dropout uses the same Philox stream (purpose 1 of this
 // module) and element numbering as the reference "dot_product" core, so both give the same
-// result for the same seed.
+// result for the same seed. Built on the SDK's module toolkit (loom/cpp/nn.h).
 //   forward:  [0] q (B, T, H, D), [1] k (B, S, G, D), [2] v (B, S, G, D),
 //             [3] segment ids (B, T) i32 or empty, [4] bias (unsupported: must be empty)
 //             -> [0] out (B, T, H, D)
 //   backward: dout -> dq, dk, dv
 #pragma once
 
-#include <loom/cpp/tensor.h>
-#include <loom/sdk.h>
+#include <loom/cpp/nn.h>
 
 #include <nlohmann/json.hpp>
 
 namespace loom::fused_attention {
 
-class FusedAttention final : public Object<IAttention> {
+class FusedAttention final : public nn::ModuleBase<IAttention> {
  public:
   FusedAttention(const nlohmann::json& options, IBuildContext& ctx);
 
-  // No parameters, no children.
-  int32_t param_count() const noexcept override { return 0; }
-  Status param_info(int32_t, ParamInfo*) const noexcept override {
-    return make_status(Code::kOutOfRange, "the fused attention core has no parameters");
-  }
-  Status bind_param(int32_t, const TensorView*, const TensorView*) noexcept override {
-    return make_status(Code::kOutOfRange, "the fused attention core has no parameters");
-  }
-  Status init_param(int32_t, uint64_t) noexcept override {
-    return make_status(Code::kOutOfRange, "the fused attention core has no parameters");
-  }
-  int32_t child_count() const noexcept override { return 0; }
-  Status child(int32_t, StringView*, IModule**) noexcept override {
-    return make_status(Code::kOutOfRange, "the fused attention core has no children");
-  }
-
-  Status forward(IForwardContext* ctx, const TensorView* inputs, int32_t num_inputs,
-                 TensorView* outputs, int32_t num_outputs) noexcept override;
-  Status backward(IForwardContext* ctx, const TensorView* grad_outputs, int32_t num_grad_outputs,
-                  TensorView* grad_inputs, int32_t num_grad_inputs) noexcept override;
-
  private:
+  void run_forward(IForwardContext& ctx, const TensorView* inputs, int32_t num_inputs,
+                   TensorView* outputs, int32_t num_outputs) override;
+  void run_backward(IForwardContext& ctx, const TensorView* grad_outputs, int32_t num_grad_outputs,
+                    TensorView* grad_inputs, int32_t num_grad_inputs) override;
   ops::AttentionAttrs attrs(IForwardContext& ctx, int64_t head_dim) const;
 
   bool causal_;

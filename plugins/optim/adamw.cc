@@ -26,7 +26,7 @@ void check_options(const nlohmann::json& options) {
 
 }  // namespace
 
-AdamW::AdamW(const nlohmann::json& options, IBuildContext& ctx) {
+AdamW::AdamW(const nlohmann::json& options, IBuildContext& ctx) : hyper_(hyper_of(options)) {
   check_options(options);
   beta1_ = static_cast<float>(number(options, "beta1"));
   beta2_ = static_cast<float>(number(options, "beta2"));

@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "plugins/optim/options.h"
 #include "plugins/optim/step_kernels.h"
 
 namespace loom::optim {
@@ -37,6 +38,8 @@ class AdamW final : public Object<IOptimizer> {
   /// adamw_step per shard instead, its output [3] the param: the same bits either way.
   Status update_many(const OptimizerStep* hp, int32_t count, const OptimizerShard* shards,
                      void* stream) noexcept override;
+  /// The options' lr and weight_decay (optimizer 1.2).
+  Status hyper(OptimizerHyper* out) const noexcept override { return fill_hyper(hyper_, out); }
 
  private:
   /// adamw_step's attributes for one shard.
@@ -45,6 +48,7 @@ class AdamW final : public Object<IOptimizer> {
   float beta1_ = 0.9f;
   float beta2_ = 0.999f;
   float eps_ = 1e-8f;
+  OptimizerHyper hyper_{};
   StepKernels kernels_;
   StepKernels multi_;  ///< adamw_step_multi; unresolved where no kernel serves it
 };

@@ -82,4 +82,20 @@ inline void check_range(const char* name, double x, double lo, std::optional<dou
   bad_option(name, "must be " + range + ", got " + text(x) + ": use e.g. " + typical);
 }
 
+/// The options' "lr" and "weight_decay" as IOptimizer::hyper reports them.
+inline OptimizerHyper hyper_of(const nlohmann::json& options) {
+  OptimizerHyper h{};
+  h.struct_size = sizeof(OptimizerHyper);
+  h.lr = number(options, "lr");
+  h.weight_decay = optional_number(options, "weight_decay").value_or(0.0);
+  return h;
+}
+
+/// IOptimizer::hyper's body: `hyper` into the caller's struct.
+inline Status fill_hyper(const OptimizerHyper& hyper, OptimizerHyper* out) noexcept {
+  if (out == nullptr) return make_status(Code::kInvalidArgument, "hyper: null output");
+  copy_struct(hyper, out);
+  return ok_status();
+}
+
 }  // namespace loom::optim

@@ -6,7 +6,7 @@
 
 namespace loom::optim {
 
-Sgd::Sgd(const nlohmann::json& options, IBuildContext& ctx) {
+Sgd::Sgd(const nlohmann::json& options, IBuildContext& ctx) : hyper_(hyper_of(options)) {
   check_range("lr", number(options, "lr"), 0, std::nullopt, "0.1");
   double momentum = number(options, "momentum");
   check_range("momentum", momentum, 0, 1, "0.9");

@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "plugins/optim/options.h"
 #include "plugins/optim/step_kernels.h"
 
 namespace loom::optim {
@@ -32,6 +33,8 @@ class Sgd final : public Object<IOptimizer> {
   /// fused into it (its output [2]).
   Status update_many(const OptimizerStep* hp, int32_t count, const OptimizerShard* shards,
                      void* stream) noexcept override;
+  /// The options' lr and weight_decay (optimizer 1.2).
+  Status hyper(OptimizerHyper* out) const noexcept override { return fill_hyper(hyper_, out); }
 
  private:
   /// sgd_step's attributes for one shard.
@@ -39,6 +42,7 @@ class Sgd final : public Object<IOptimizer> {
 
   float momentum_ = 0.9f;
   bool nesterov_ = false;
+  OptimizerHyper hyper_{};
   StepKernels kernels_;
 };
 

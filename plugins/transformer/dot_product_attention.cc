@@ -2,23 +2,13 @@
 
 #include <cmath>
 
-#include "plugins/transformer/options.h"
-#include "plugins/transformer/views.h"
+#include "plugins/transformer/toolkit.h"
 
 namespace loom::transformer {
 namespace {
 
 enum Slot : int32_t { kQ, kK, kV, kSegments, kProbs };
 constexpr uint64_t kDropoutStream = 1;
-
-// Attention dropout inside a tensor-parallel region: each rank holds other heads and draws
-// from its own part of the stream (Megatron's model-parallel RNG); rank 0's is the
-// single-rank stream.
-uint64_t dropout_stream(IHost& host) {
-  ICommunicator* tp = nullptr;
-  throw_if_error(host.communicator(make_string_view("tp"), &tp), "the tensor-parallel group");
-  return kDropoutStream + (static_cast<uint64_t>(tp->rank()) << 32);
-}
 
 // `x` (B, H, T, X) seen as (B, G, H / G * T, X): the heads of a query group are contiguous.
 TensorView grouped(const TensorView& x, int64_t groups) {
@@ -44,7 +34,7 @@ DotProductAttention::DotProductAttention(const nlohmann::json& options, IBuildCo
   dropout_fwd_ = Kernel(host, ops::kDropoutFwd, device_, dtype_);
   dropout_bwd_ = Kernel(host, ops::kDropoutBwd, device_, dtype_);
   swap_ = Kernel(host, ops::kSwapAxes12, device_, dtype_);
-  dropout_stream_ = dropout_stream(host);
+  dropout_stream_ = tensor_parallel_stream(host, kDropoutStream);
 }
 
 float DotProductAttention::scale_for(int64_t head_dim) const {

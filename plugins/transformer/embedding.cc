@@ -1,11 +1,11 @@
 #include "plugins/transformer/embedding.h"
 
-#include "plugins/transformer/views.h"
+#include "plugins/transformer/toolkit.h"
 
 namespace loom::transformer {
 namespace {
 
-enum Slot : int32_t { kTokens, kPositions };
+enum Slot : int32_t { kTokens, kPositions, kGradOutput };
 constexpr uint64_t kDropoutStream = 1;
 
 }  // namespace
@@ -46,6 +46,8 @@ TensorView Embedding::first_rows(const TensorView& table, int64_t t) const {
 
 void Embedding::run_forward(IForwardContext& ctx, const TensorView* inputs, int32_t num_inputs,
                             TensorView* outputs, int32_t num_outputs) {
+  if (config_.table_only)
+    fail(Code::kInternal, "embedding: the last stage's tied table is not run forward");
   expect_count("embedding forward inputs", num_inputs, 1);
   expect_count("embedding forward outputs", num_outputs, 1);
   const TensorView& tokens = inputs[0];
@@ -94,9 +96,27 @@ void Embedding::run_backward(IForwardContext& ctx, const TensorView* grad_output
                              int32_t num_grad_outputs, TensorView* grad_inputs,
                              int32_t num_grad_inputs) {
   expect_count("embedding backward grad outputs", num_grad_outputs, 1);
+  for (int32_t i = 0; i < num_grad_inputs; ++i) grad_inputs[i] = empty_view();
   TensorView tokens = load(ctx, this, kTokens), positions = load(ctx, this, kPositions);
+  if (weight_grads_deferred(ctx)) {  // all of it is weight gradients: kept for later
+    save(ctx, deferred_owner(), kTokens, tokens);
+    save(ctx, deferred_owner(), kPositions, positions);
+    save(ctx, deferred_owner(), kGradOutput, grad_outputs[0]);
+    return;
+  }
+  weight_grads(ctx, grad_outputs[0], tokens, positions);
+}
+
+void Embedding::run_backward_weight(IForwardContext& ctx) {
+  if (config_.table_only) return;  // never ran
+  weight_grads(ctx, load(ctx, deferred_owner(), kGradOutput), load(ctx, deferred_owner(), kTokens),
+               load(ctx, deferred_owner(), kPositions));
+}
+
+void Embedding::weight_grads(IForwardContext& ctx, const TensorView& grad_output,
+                             const TensorView& tokens, const TensorView& positions) {
   int64_t b = tokens.shape[0], t = tokens.shape[1], c = config_.hidden_size;
-  TensorView dy = grad_outputs[0], dropped{};
+  TensorView dy = grad_output, dropped{};
   expect(dy, {b, tp_.sequence_parallel() ? t / tp_.size() : t, c}, config_.dtype,
          "embedding grad output");
   if (ctx.training() && config_.dropout > 0.f) {
@@ -124,8 +144,7 @@ void Embedding::run_backward(IForwardContext& ctx, const TensorView* grad_output
       }
     }
   }
-  for (int32_t i = 0; i < num_grad_inputs; ++i) grad_inputs[i] = empty_view();
-  release_all(ctx, {dropped, dy}, {grad_outputs[0]});
+  release_all(ctx, {dropped, dy}, {grad_output});
 }
 
 }  // namespace loom::transformer

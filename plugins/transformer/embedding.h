@@ -5,7 +5,8 @@
 // position_embeddings.weight (P, C) with learned positions.
 //   forward:  [0] tokens (B, T) i32, [1] position ids (B, T) i32 or empty (0..T-1)
 //             -> [0] (B, T, C), or the sequence shard (B, T/P, C) with sequence parallelism
-//   backward: d(output) -> no input gradients; embedding gradients accumulated
+//   backward: d(output) -> no input gradients; embedding gradients accumulated (in
+//             backward_weight when the context defers weight gradients)
 // Tensor parallelism (Megatron's VocabParallelEmbedding): rank r holds vocabulary rows
 // [r V/P, (r + 1) V/P) and looks up only those (zero rows for other tokens); the partial
 // sums are all-reduced (reduce-scattered to the sequence shard with sequence parallelism).
@@ -13,8 +14,7 @@
 // only rank 0 computes, is summed over the group (flagged kParamSequenceParallel).
 #pragma once
 
-#include "plugins/transformer/module_base.h"
-#include "plugins/transformer/tensor_parallel.h"
+#include "plugins/transformer/toolkit.h"
 
 namespace loom::transformer {
 
@@ -25,6 +25,9 @@ struct EmbeddingConfig {
   DType dtype;
   Device device;
   bool sequence_parallel = false;  // activations after the embedding are sequence shards
+  /// Only the word table, never run: the last pipeline stage's copy of a table tied to its
+  /// output layer (the same parameter name as the first stage's, so both start equal).
+  bool table_only = false;
 };
 
 class Embedding final : public ModuleBase<IGenericModule> {
@@ -39,6 +42,13 @@ class Embedding final : public ModuleBase<IGenericModule> {
                    TensorView* outputs, int32_t num_outputs) override;
   void run_backward(IForwardContext& ctx, const TensorView* grad_outputs, int32_t num_grad_outputs,
                     TensorView* grad_inputs, int32_t num_grad_inputs) override;
+  // Zero-bubble split: the whole backward is weight gradients, so all of it waits for
+  // backward_weight.
+  bool defers_weight_grads() const override { return !config_.table_only; }
+  void run_backward_weight(IForwardContext& ctx) override;
+  // The table gradients from the output's gradient (B, T or T/P, C).
+  void weight_grads(IForwardContext& ctx, const TensorView& grad_output, const TensorView& tokens,
+                    const TensorView& positions);
   // Row range [0, t) of a (P, C) table: the default positions 0..T-1.
   TensorView first_rows(const TensorView& table, int64_t t) const;
 

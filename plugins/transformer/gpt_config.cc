@@ -1,7 +1,7 @@
 #include "plugins/transformer/gpt_config.h"
 
-#include "plugins/transformer/options.h"
 #include "plugins/transformer/rotary.h"
+#include "plugins/transformer/toolkit.h"
 
 namespace loom::transformer {
 namespace {
@@ -12,6 +12,39 @@ void check_probability(double p, const char* key) {
   if (!(p >= 0.0 && p < 1.0))
     invalid(std::string("/") + key + ": " + std::to_string(p) +
             " is not a probability in [0, 1): use 0 to turn dropout off");
+}
+
+// The core's inherited "pipeline" {"rank", "size", "chunk", "chunks"}: which virtual stage
+// this model is, and so which layers it owns (an even split).
+void read_pipeline_stage(const nlohmann::json& o, GptConfig& c) {
+  c.layer_end = c.num_layers;
+  auto it = o.find("pipeline");
+  if (it == o.end() || it->is_null()) return;
+  const nlohmann::json& p = *it;
+  auto field = [&](const char* key) {
+    if (!p.is_object() || !p.contains(key) || !p[key].is_number_integer())
+      invalid(std::string("/pipeline: expected {\"rank\", \"size\", \"chunk\", \"chunks\"} as "
+                          "integers (the core hands it down), got ") +
+              p.dump());
+    return p[key].get<int32_t>();
+  };
+  c.pp_rank = field("rank");
+  c.pp_size = field("size");
+  c.chunk = field("chunk");
+  c.chunks = field("chunks");
+  if (c.pp_size < 1 || c.chunks < 1 || c.pp_rank < 0 || c.pp_rank >= c.pp_size || c.chunk < 0 ||
+      c.chunk >= c.chunks)
+    invalid("/pipeline: rank " + str(c.pp_rank) + " of " + str(c.pp_size) + ", chunk " +
+            str(c.chunk) + " of " + str(c.chunks) + " is not a pipeline stage");
+  int64_t stages = static_cast<int64_t>(c.pp_size) * c.chunks;
+  if (c.num_layers % stages != 0)
+    invalid("/num_layers: " + str(c.num_layers) + " layers do not split evenly over " +
+            str(c.pp_size) + " pipeline stages x " + str(c.chunks) +
+            " virtual chunks; choose a multiple of " + str(stages) +
+            " layers or other pipeline sizes");
+  int64_t per_stage = c.num_layers / stages;
+  c.layer_begin = (static_cast<int64_t>(c.chunk) * c.pp_size + c.pp_rank) * per_stage;
+  c.layer_end = c.layer_begin + per_stage;
 }
 
 }  // namespace
@@ -32,7 +65,7 @@ GptConfig GptConfig::from_options(const nlohmann::json& o) {
   c.attention_dropout = o.at("attention_dropout").get<double>();
   c.layers_at_start_in_bf16 = inherited_or<int64_t>(o, "num_layers_at_start_in_bf16", 0);
   c.layers_at_end_in_bf16 = inherited_or<int64_t>(o, "num_layers_at_end_in_bf16", 0);
-  c.seq_length = inherited<int64_t>(o, "seq_length", "gpt model");
+  c.seq_length = inherited_or<int64_t>(o, "seq_length", 0);
   c.micro_batch_size = inherited_or<int64_t>(o, "micro_batch_size", 1);
   c.return_logits = inherited_or<bool>(o, "return_logits", false);
   c.sequence_parallel = inherited_or<bool>(o, "sequence_parallel", false);
@@ -42,6 +75,12 @@ GptConfig GptConfig::from_options(const nlohmann::json& o) {
   for (const char* key : {"num_layers", "hidden_size", "num_attention_heads", "vocab_size"})
     if (o.at(key).get<int64_t>() < 1)
       invalid(std::string("/") + key + ": must be >= 1, got " + o.at(key).dump());
+  // The tokenizer the training data was written with (the core hands its size down).
+  int64_t tokenizer_vocab = inherited_or<int64_t>(o, "tokenizer_vocab_size", 0);
+  if (tokenizer_vocab > c.vocab_size)
+    invalid("/vocab_size: " + str(c.vocab_size) + " is smaller than the tokenizer's " +
+            str(tokenizer_vocab) + " ids (the data's tokenizer); raise it to at least " +
+            str(tokenizer_vocab));
   int64_t heads = c.num_attention_heads;
   if (o.contains("kv_channels") && !o["kv_channels"].is_null()) {
     c.kv_channels = o["kv_channels"].get<int64_t>();
@@ -62,6 +101,11 @@ GptConfig GptConfig::from_options(const nlohmann::json& o) {
   if (c.ffn_hidden_size < 1)
     invalid("/ffn_hidden_size: must be >= 1, got " + str(c.ffn_hidden_size));
   c.max_position_embeddings = inherited_or<int64_t>(o, "max_position_embeddings", c.seq_length);
+  if (c.seq_length == 0 && c.max_position_embeddings == 0)
+    invalid(
+        "/seq_length: missing; the gpt model takes it from /train/seq_length (the core hands "
+        "it down), or set /max_position_embeddings");
+  if (c.seq_length == 0) c.seq_length = c.max_position_embeddings;  // generation, from a table
   if (c.max_position_embeddings < 1)
     invalid("/max_position_embeddings: must be >= 1, got " + str(c.max_position_embeddings));
 
@@ -86,6 +130,7 @@ GptConfig GptConfig::from_options(const nlohmann::json& o) {
               " is outside [0, num_layers = " + str(c.num_layers) + "]");
   check_probability(c.attention_dropout, "attention_dropout");
   if (c.seq_length < 1) invalid("#/train/seq_length: must be >= 1, got " + str(c.seq_length));
+  read_pipeline_stage(o, c);
   return c;
 }
 

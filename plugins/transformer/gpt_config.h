@@ -26,6 +26,13 @@ struct GptConfig {
   bool sequence_parallel;  // from the core (parallel.sequence_parallel)
   DType params_dtype;
   Device device;
+  /// The pipeline stage this model is built as (the core's inherited "pipeline"; 0 of 1 and
+  /// chunk 0 of 1 for the whole network), and the layers it owns: an even split of
+  /// num_layers over pp_size * chunks virtual stages, virtual stage chunk * pp_size + pp_rank.
+  int32_t pp_rank = 0, pp_size = 1, chunk = 0, chunks = 1;
+  int64_t layer_begin = 0, layer_end = 0;
+  bool first_stage() const { return chunk == 0 && pp_rank == 0; }
+  bool last_stage() const { return chunk == chunks - 1 && pp_rank == pp_size - 1; }
 
   /// Reads and validates `options` (the merged options handed to the factory).
   static GptConfig from_options(const nlohmann::json& options);

@@ -2,9 +2,7 @@
 
 #include <string>
 
-#include "plugins/transformer/child.h"
-#include "plugins/transformer/options.h"
-#include "plugins/transformer/views.h"
+#include "plugins/transformer/toolkit.h"
 
 namespace loom::transformer {
 namespace {
@@ -15,6 +13,7 @@ enum Slot : int32_t { kLogits, kLabels, kMask, kLse };
 
 GptModel::GptModel(const nlohmann::json& options, IBuildContext& ctx)
     : config_(GptConfig::from_options(options)),
+      options_(options),
       tp_(*ctx.host(), config_.device, config_.params_dtype, config_.sequence_parallel) {
   IHost& host = *ctx.host();
   const GptConfig& c = config_;
@@ -36,13 +35,22 @@ GptModel::GptModel(const nlohmann::json& options, IBuildContext& ctx)
                             c.params_dtype,
                             c.device,
                             tp_.sequence_parallel()};
-  embedding_ = new Embedding(host, embedding);
-  add_child("embedding", embedding_);
-  for (int64_t i = 0; i < c.num_layers; ++i) {
+  if (c.first_stage()) {
+    embedding_ = new Embedding(host, embedding);
+    add_child("embedding", embedding_);
+  } else if (c.last_stage() && c.tie_embeddings) {
+    EmbeddingConfig table = embedding;
+    table.max_positions = 0;
+    table.table_only = true;
+    embedding_ = new Embedding(host, table);
+    add_child("embedding", embedding_);
+  }
+  for (int64_t i = c.layer_begin; i < c.layer_end; ++i) {
     IModule* layer = build_child<ILayer>(ctx, "layer", c.layer_options(i + 1));
     add_child("decoder.layers." + std::to_string(i), layer);
     layers_.push_back(layer);
   }
+  if (!c.last_stage()) return;
   nlohmann::json norm = {{"hidden_size", c.hidden_size},
                          {"params_dtype", dtype_name(c.params_dtype)},
                          {"device", device_name(c.device)},
@@ -53,74 +61,173 @@ GptModel::GptModel(const nlohmann::json& options, IBuildContext& ctx)
   loss_fwd_ = Kernel(host, ops::kCrossEntropyFwd, c.device, c.params_dtype);
   loss_bwd_ = Kernel(host, ops::kCrossEntropyBwd, c.device, c.params_dtype);
   add_ = Kernel(host, ops::kAdd, c.device, c.params_dtype);
+  masked_sum_ = Kernel(host, ops::kMaskedSum, c.device, DType::kF32);
   if (tp_.size() > 1) {
     shard_stats_ = Kernel(host, ops::kCrossEntropyShardStats, c.device, c.params_dtype);
     combine_ = Kernel(host, ops::kCrossEntropyCombine, c.device, DType::kF32);
   }
 }
 
+Status GptModel::info(ModelInfo* out) const noexcept {
+  return guard([&] {
+    const GptConfig& c = config_;
+    ModelInfo m{};
+    m.struct_size = sizeof(ModelInfo);
+    m.vocab_size = c.vocab_size;
+    m.num_layers = c.num_layers;
+    m.max_sequence = c.max_position_embeddings;
+    m.positions_bounded = c.position_embedding == "learned" ? 1 : 0;
+    m.layer_begin = c.layer_begin;
+    m.layer_end = c.layer_end;
+    m.pp_rank = c.pp_rank;
+    m.pp_size = c.pp_size;
+    m.chunk = c.chunk;
+    m.chunks = c.chunks;
+    m.first_stage = c.first_stage() ? 1 : 0;
+    m.last_stage = c.last_stage() ? 1 : 0;
+    int64_t t = tp_.sequence_parallel() ? c.seq_length / tp_.size() : c.seq_length;
+    m.hidden = make_view(nullptr, c.params_dtype, {c.micro_batch_size, t, c.hidden_size}, c.device);
+    copy_struct(m, out);
+  });
+}
+
+Status GptModel::cost(const CostQuery* query, ModelCost* out) const noexcept {
+  return guard([&] {
+    const GptConfig& c = config_;
+    // Megatron's and llm.c's count: 6 FLOPs per parameter and token (forward 2, backward 4)
+    // plus attention's 6 L T (H D) per token (QK^T and AV, causal), for this stage's share;
+    // tensor-parallel slices count whole.
+    double params = 0;
+    for (const auto& [name, module] : modules_of(*this)) {
+      ParamInfo p{};
+      for (int32_t i = 0; i < module->param_count(); ++i) {
+        throw_if_error(module->param_info(i, &p), "gpt cost: " + name);
+        double n = 1;
+        for (int32_t d = 0; d < p.ndim; ++d) n *= static_cast<double>(p.global_shape[d]);
+        params += n;
+      }
+    }
+    double width = static_cast<double>(c.kv_channels * c.num_attention_heads);
+    ModelCost m{};
+    m.struct_size = sizeof(ModelCost);
+    m.flops_per_token = 6.0 * params + 6.0 * static_cast<double>(c.layer_end - c.layer_begin) *
+                                           static_cast<double>(query->seq_length) * width;
+    m.activation_bytes = activation_bytes(*query);
+    copy_struct(m, out);
+  });
+}
+
 void GptModel::run_forward(IForwardContext& ctx, const TensorView* inputs, int32_t num_inputs,
                            TensorView* outputs, int32_t num_outputs) {
-  expect_count("gpt forward inputs", num_inputs, 2);
-  expect_count("gpt forward outputs", num_outputs, 1);
+  const GptConfig& c = config_;
+  expect_count("gpt forward inputs", num_inputs, c.first_stage() ? 2 : 6);
+  expect_count("gpt forward outputs", num_outputs, c.last_stage() ? 1 : 3);
+  for (int32_t i = 0; i < num_outputs; ++i) outputs[i] = empty_view();
   const TensorView& tokens = inputs[0];
   expect(tokens, {-1, -1}, DType::kI32, "gpt tokens");
-  int64_t b = tokens.shape[0], t = tokens.shape[1], n = b * t;
-  int64_t v = config_.vocab_size / tp_.size();  // this rank's logits
-  const TensorView& labels = inputs[1];
-  expect(labels, {b, t}, DType::kI32, "gpt labels");
-  TensorView mask = num_inputs > 2 ? inputs[2] : empty_view();
-  if (present(mask)) expect(mask, {b, t}, DType::kF32, "gpt loss mask");
+  int64_t b = tokens.shape[0], t = tokens.shape[1];
   TensorView positions = num_inputs > 3 ? inputs[3] : empty_view();
   TensorView segments = num_inputs > 4 ? inputs[4] : empty_view();
   if (present(segments)) expect(segments, {b, t}, DType::kI32, "gpt segment ids");
 
   // Each hidden state is handed back once the next module has run: what a module's
-  // backward needs of it, that module saved.
-  TensorView hidden = call_forward(*embedding_, ctx, {tokens, positions}, 1, "embedding")[0];
+  // backward needs of it, that module saved. A stage's input is the caller's.
+  TensorView hidden;
+  if (c.first_stage()) {
+    hidden = call_forward(*embedding_, ctx, {tokens, positions}, 1, "embedding")[0];
+  } else {
+    hidden = inputs[5];
+    int64_t t_local = tp_.sequence_parallel() ? t / tp_.size() : t;
+    expect(hidden, {b, t_local, c.hidden_size}, c.params_dtype, "gpt stage input (hidden)");
+  }
   for (size_t i = 0; i < layers_.size(); ++i) {
     TensorView next =
         call_forward(*layers_[i], ctx, {hidden, positions, segments}, 1, "decoder layer")[0];
-    release(ctx, hidden);
+    if (c.first_stage() || i > 0) release(ctx, hidden);
     hidden = next;
   }
+  if (!c.last_stage()) {
+    outputs[2] = hidden;
+    return;
+  }
+  const TensorView& labels = inputs[1];
+  expect(labels, {b, t}, DType::kI32, "gpt labels");
+  TensorView mask = num_inputs > 2 ? inputs[2] : empty_view();
+  if (present(mask)) expect(mask, {b, t}, DType::kF32, "gpt loss mask");
   TensorView normed = call_forward(*final_norm_, ctx, {hidden}, 1, "final_layernorm")[0];
-  release(ctx, hidden);
+  if (c.first_stage() || !layers_.empty()) release(ctx, hidden);
   TensorView logits = call_forward(*output_layer_, ctx, {normed}, 1, "output_layer")[0];
   release(ctx, normed);
 
-  TensorView loss = allocate(ctx, DType::kF32, {n}, config_.device);
-  TensorView lse = allocate(ctx, DType::kF32, {n}, config_.device);
-  TensorView mean = allocate(ctx, DType::kF32, {1}, config_.device);
+  int64_t n = b * t, v = c.vocab_size / tp_.size();  // this rank's logits
+  TensorView loss = allocate(ctx, DType::kF32, {n}, c.device);
+  TensorView lse = allocate(ctx, DType::kF32, {n}, c.device);
+  TensorView mean = allocate(ctx, DType::kF32, {1}, c.device);
+  TensorView totals = allocate(ctx, DType::kF32, {2}, c.device);  // loss sum, token count
   TensorView flat_mask = present(mask) ? reshape(mask, {n}) : empty_view();
   if (tp_.size() == 1) {
     loss_fwd_({rows(logits, v), reshape(labels, {n}), flat_mask}, {loss, lse, mean});
   } else {  // vocab-parallel: per-row statistics of each shard, gathered and combined
     int64_t p = tp_.size();
-    ops::CrossEntropyShardAttrs attrs{tp_.rank() * v, config_.vocab_size};
-    TensorView stats = allocate(ctx, DType::kF32, {n, 3}, config_.device);
+    ops::CrossEntropyShardAttrs attrs{tp_.rank() * v, c.vocab_size};
+    TensorView stats = allocate(ctx, DType::kF32, {n, 3}, c.device);
     shard_stats_({rows(logits, v), reshape(labels, {n}), flat_mask}, {stats}, attrs);
-    TensorView all = allocate(ctx, DType::kF32, {p, n, 3}, config_.device);
+    TensorView all = allocate(ctx, DType::kF32, {p, n, 3}, c.device);
     tp_.all_gather(stats, all, "the loss statistics");
     combine_({all, reshape(labels, {n}), flat_mask}, {loss, lse, mean}, attrs);
     release_all(ctx, {stats, all});
   }
+  masked_sum_({loss, flat_mask}, {totals});
   if (ctx.training()) {
     save(ctx, this, kLogits, logits);
     save(ctx, this, kLabels, labels);
     save(ctx, this, kMask, mask);
     save(ctx, this, kLse, lse);
   }
-  outputs[0] = make_view(mean.data, DType::kF32, nullptr, 0, config_.device);  // scalar
-  bool logits_out = num_outputs > 1 && config_.return_logits;
-  if (num_outputs > 1) outputs[1] = logits_out ? logits : empty_view();
-  release_all(ctx, {loss, lse, logits_out ? empty_view() : logits});  // the saves keep theirs
+  outputs[0] = make_view(mean.data, DType::kF32, nullptr, 0, c.device);  // scalar
+  bool logits_out = num_outputs > 1 && c.return_logits;
+  if (logits_out) outputs[1] = logits;
+  if (num_outputs > 3) outputs[3] = make_view(totals.data, DType::kF32, nullptr, 0, c.device);
+  if (num_outputs > 4)
+    outputs[4] = make_view(static_cast<float*>(totals.data) + 1, DType::kF32, nullptr, 0, c.device);
+  // The saves keep theirs; mean and totals are the caller's.
+  release_all(ctx, {loss, lse, logits_out ? empty_view() : logits});
 }
 
 void GptModel::run_backward(IForwardContext& ctx, const TensorView* grad_outputs,
                             int32_t num_grad_outputs, TensorView* grad_inputs,
                             int32_t num_grad_inputs) {
-  expect_count("gpt backward grad outputs", num_grad_outputs, 1);
+  const GptConfig& c = config_;
+  for (int32_t i = 0; i < num_grad_inputs; ++i) grad_inputs[i] = empty_view();
+  TensorView dhidden;
+  if (c.last_stage()) {
+    expect_count("gpt backward grad outputs", num_grad_outputs, 1);
+    dhidden = loss_backward(ctx, grad_outputs, num_grad_outputs);
+  } else {
+    expect_count("gpt backward grad outputs", num_grad_outputs, 3);
+    dhidden = grad_outputs[2];
+    expect(dhidden, {-1, -1, c.hidden_size}, c.params_dtype, "gpt stage output gradient");
+  }
+  // Each gradient is handed back once the module below has consumed it (the caller's own
+  // gradient of a stage's output stays the caller's).
+  bool owned = c.last_stage();
+  for (size_t i = layers_.size(); i-- > 0;) {
+    TensorView below = call_backward(*layers_[i], ctx, {dhidden}, 3, "decoder layer")[0];
+    if (owned) release(ctx, dhidden);
+    dhidden = below;
+    owned = true;
+  }
+  if (c.first_stage()) {
+    call_backward(*embedding_, ctx, {dhidden}, 0, "embedding");
+    if (owned) release(ctx, dhidden);
+  } else {
+    expect_count("gpt backward grad inputs", num_grad_inputs, 6);
+    grad_inputs[5] = dhidden;  // a stage's input gradient, the caller's to release
+  }
+}
+
+TensorView GptModel::loss_backward(IForwardContext& ctx, const TensorView* grad_outputs,
+                                   int32_t num_grad_outputs) {
   TensorView logits = load(ctx, this, kLogits), labels = load(ctx, this, kLabels);
   TensorView mask = load(ctx, this, kMask), lse = load(ctx, this, kLse);
   int64_t b = logits.shape[0], t = logits.shape[1], n = b * t, v = logits.shape[2];
@@ -142,20 +249,11 @@ void GptModel::run_backward(IForwardContext& ctx, const TensorView* grad_outputs
   }
   // The logits (B, T, V), often the largest activation, are not needed any more.
   drop_saved(ctx, this);
-  // Each gradient is handed back once the module below has consumed it.
   TensorView dhidden = call_backward(*output_layer_, ctx, {dlogits}, 1, "output_layer")[0];
   release(ctx, dlogits);
   TensorView below = call_backward(*final_norm_, ctx, {dhidden}, 1, "final_layernorm")[0];
   release(ctx, dhidden);
-  dhidden = below;
-  for (size_t i = layers_.size(); i-- > 0;) {
-    below = call_backward(*layers_[i], ctx, {dhidden}, 3, "decoder layer")[0];
-    release(ctx, dhidden);
-    dhidden = below;
-  }
-  call_backward(*embedding_, ctx, {dhidden}, 0, "embedding");
-  release(ctx, dhidden);
-  for (int32_t i = 0; i < num_grad_inputs; ++i) grad_inputs[i] = empty_view();
+  return below;
 }
 
 }  // namespace loom::transformer

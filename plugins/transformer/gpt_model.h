@@ -13,6 +13,15 @@
 // per-row statistics (cross_entropy_shard_stats), the statistics are all-gathered and
 // combined into the loss (cross_entropy_combine), and each rank's logit gradient is its
 // shard's. The logits output is then not available (return_logits is refused).
+// Pipeline stages (model 1.1, kinds/model.h): built with the core's inherited "pipeline", the
+// model owns an even share of the layers (GptConfig); the first virtual stage holds the
+// embedding, the last the final norm, the output layer and the loss. A last stage that is not
+// the first and ties its embeddings keeps its own copy of the word table under the
+// embedding's name (so both copies start equal; their gradients are summed over the
+// embedding group). Layers keep their global numbers in parameter names
+// ("decoder.layers.<i>"), so checkpoints name the same tensor alike in every layout.
+// Split backward: every weight-holding child defers its GEMMs' weight gradients when the
+// context says so (backward_weight runs them, the output layer first, the embedding last).
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -20,9 +29,8 @@
 
 #include "plugins/transformer/embedding.h"
 #include "plugins/transformer/gpt_config.h"
-#include "plugins/transformer/module_base.h"
 #include "plugins/transformer/output_layer.h"
-#include "plugins/transformer/tensor_parallel.h"
+#include "plugins/transformer/toolkit.h"
 
 namespace loom::transformer {
 
@@ -30,19 +38,30 @@ class GptModel final : public ModuleBase<IModel> {
  public:
   GptModel(const nlohmann::json& options, IBuildContext& ctx);
 
+  Status info(ModelInfo* out) const noexcept override;
+  Status cost(const CostQuery* query, ModelCost* out) const noexcept override;
+
  private:
   void run_forward(IForwardContext& ctx, const TensorView* inputs, int32_t num_inputs,
                    TensorView* outputs, int32_t num_outputs) override;
   void run_backward(IForwardContext& ctx, const TensorView* grad_outputs, int32_t num_grad_outputs,
                     TensorView* grad_inputs, int32_t num_grad_inputs) override;
 
+  // The loss's backward down to the final norm's input gradient (the last stage).
+  TensorView loss_backward(IForwardContext& ctx, const TensorView* grad_outputs,
+                           int32_t num_grad_outputs);
+  // Activation bytes of one micro-batch at its peak (gpt_cost.cc), or < 0 when a child's
+  // impl is not one whose memory it knows.
+  double activation_bytes(const CostQuery& query) const;
+
   GptConfig config_;
+  nlohmann::json options_;  // the node as built (the children's impls, for cost)
   TensorParallel tp_;
   Embedding* embedding_ = nullptr;
   std::vector<IModule*> layers_;
   IModule* final_norm_ = nullptr;
   OutputLayer* output_layer_ = nullptr;
-  Kernel loss_fwd_, loss_bwd_, add_, shard_stats_, combine_;
+  Kernel loss_fwd_, loss_bwd_, add_, masked_sum_, shard_stats_, combine_;
 };
 
 }  // namespace loom::transformer

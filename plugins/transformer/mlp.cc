@@ -3,8 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "plugins/transformer/options.h"
-#include "plugins/transformer/views.h"
+#include "plugins/transformer/toolkit.h"
 
 namespace loom::transformer {
 namespace {
@@ -14,7 +13,7 @@ enum Slot : int32_t {
   kFc1Out,
   kActOut,
   kFc1Fp8 = 16,
-  kFc2Fp8 = kFc1Fp8 + Linear::kFp8Slots
+  kFc2Fp8 = kFc1Fp8 + Linear::kSiteSlots
 };
 
 std::string activation_name(const nlohmann::json& options) {
@@ -141,11 +140,13 @@ void Mlp::run_backward(IForwardContext& ctx, const TensorView* grad_outputs,
     if (tp_.sequence_parallel()) x_shape[1] = tp_.full_length(x_shape[1]);
   }
   if (bias_) linear_.bias_grad(rows(dy_in, hidden_), grad(fc2_bias_));
+  // Zero-bubble schedules: fc1's and fc2's weight gradients wait for backward_weight.
+  const void* deferred = weight_grads_deferred(ctx) ? deferred_owner() : nullptr;
   TensorView dy = tp_.exit_backward(ctx, dy_in);
   int64_t n = numel(h1) / fc1_out_;
   TensorView da = allocate(ctx, dtype_, {n, local_ffn_}, device_);
   linear_.backward(ctx, {this, kFc2Fp8}, rows(dy, hidden_), a, value(fc2_weight_),
-                   grad(fc2_weight_), empty_view(), da);
+                   grad(fc2_weight_), empty_view(), da, deferred);
   TensorView dh1 = allocate(ctx, dtype_, {n, fc1_out_}, device_);
   if (activation_ == Activation::kSwiglu)
     act_bwd_({da, h1}, {dh1});
@@ -157,10 +158,19 @@ void Mlp::run_backward(IForwardContext& ctx, const TensorView* grad_outputs,
                  "mlp backward");
   linear_.backward(ctx, {this, kFc1Fp8}, dh1, present(x) ? rows(x, hidden_) : empty_view(),
                    rows(value(fc1_weight_), hidden_), rows(grad(fc1_weight_), hidden_),
-                   bias_ ? reshape(grad(fc1_bias_), {fc1_out_}) : empty_view(),
-                   rows(dx_partial, hidden_));
+                   fc1_bias_grad(), rows(dx_partial, hidden_), deferred);
   grad_inputs[0] = tp_.enter_backward(ctx, dx_partial);
   release_all(ctx, {dy, da, dh1, dx_partial}, {dy_in, grad_inputs[0]});
+}
+
+void Mlp::run_backward_weight(IForwardContext& ctx) {
+  linear_.backward_weight(ctx, {this, kFc2Fp8}, deferred_owner(), grad(fc2_weight_), empty_view());
+  linear_.backward_weight(ctx, {this, kFc1Fp8}, deferred_owner(), rows(grad(fc1_weight_), hidden_),
+                          fc1_bias_grad());
+}
+
+TensorView Mlp::fc1_bias_grad() const {
+  return bias_ ? reshape(grad(fc1_bias_), {fc1_out_}) : empty_view();
 }
 
 }  // namespace loom::transformer

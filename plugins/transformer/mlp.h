@@ -14,9 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "plugins/transformer/linear.h"
-#include "plugins/transformer/module_base.h"
-#include "plugins/transformer/tensor_parallel.h"
+#include "plugins/transformer/toolkit.h"
 
 namespace loom::transformer {
 
@@ -29,6 +27,12 @@ class Mlp final : public ModuleBase<IMlp> {
                    TensorView* outputs, int32_t num_outputs) override;
   void run_backward(IForwardContext& ctx, const TensorView* grad_outputs, int32_t num_grad_outputs,
                     TensorView* grad_inputs, int32_t num_grad_inputs) override;
+  // Zero-bubble split: fc1's and fc2's weight gradients (and fc1's bias's) wait for
+  // backward_weight; fc2's bias (added after the tensor-parallel sum) is computed in backward.
+  bool defers_weight_grads() const override { return true; }
+  void run_backward_weight(IForwardContext& ctx) override;
+  // fc1's bias gradient as the (F | 2F) vector the GEMM site writes, or empty.
+  TensorView fc1_bias_grad() const;
 
   enum class Activation { kGelu, kGeluTanh, kSwiglu };
   Activation activation_;

@@ -1,10 +1,10 @@
 #include "plugins/transformer/output_layer.h"
 
-#include "plugins/transformer/views.h"
+#include "plugins/transformer/toolkit.h"
 
 namespace loom::transformer {
 namespace {
-enum Slot : int32_t { kInput };
+enum Slot : int32_t { kInput, kSite };
 }  // namespace
 
 OutputLayer::OutputLayer(IHost& host, const EmbeddingConfig& config, const Embedding* tied_to)
@@ -53,9 +53,15 @@ void OutputLayer::run_backward(IForwardContext& ctx, const TensorView* grad_outp
   int64_t c = config_.hidden_size, v = local_vocab_;
   expect(grad_outputs[0], {x.shape[0], x.shape[1], v}, config_.dtype, "output_layer grad output");
   TensorView dx_partial = allocate_like(ctx, x);  // this rank's vocabulary rows' share
-  linear_.backward(rows(grad_outputs[0], v), rows(x, c), weight(), weight_grad(), empty_view(),
-                   rows(dx_partial, c));
+  // Zero-bubble schedules: the weight gradient waits for backward_weight.
+  linear_.backward(ctx, {this, kSite}, rows(grad_outputs[0], v), rows(x, c), weight(),
+                   weight_grad(), empty_view(), rows(dx_partial, c),
+                   weight_grads_deferred(ctx) ? deferred_owner() : nullptr);
   grad_inputs[0] = tp_.enter_backward(ctx, dx_partial);
+}
+
+void OutputLayer::run_backward_weight(IForwardContext& ctx) {
+  linear_.backward_weight(ctx, {this, kSite}, deferred_owner(), weight_grad(), empty_view());
 }
 
 }  // namespace loom::transformer

@@ -10,9 +10,7 @@
 #pragma once
 
 #include "plugins/transformer/embedding.h"
-#include "plugins/transformer/linear.h"
-#include "plugins/transformer/module_base.h"
-#include "plugins/transformer/tensor_parallel.h"
+#include "plugins/transformer/toolkit.h"
 
 namespace loom::transformer {
 
@@ -26,6 +24,10 @@ class OutputLayer final : public ModuleBase<IGenericModule> {
                    TensorView* outputs, int32_t num_outputs) override;
   void run_backward(IForwardContext& ctx, const TensorView* grad_outputs, int32_t num_grad_outputs,
                     TensorView* grad_inputs, int32_t num_grad_inputs) override;
+  // Zero-bubble split: the weight gradient (into the tied table's, when tied) waits for
+  // backward_weight.
+  bool defers_weight_grads() const override { return true; }
+  void run_backward_weight(IForwardContext& ctx) override;
   const TensorView& weight() const;
   const TensorView& weight_grad() const;
 

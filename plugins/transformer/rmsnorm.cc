@@ -1,7 +1,6 @@
 #include "plugins/transformer/rmsnorm.h"
 
-#include "plugins/transformer/options.h"
-#include "plugins/transformer/views.h"
+#include "plugins/transformer/toolkit.h"
 
 namespace loom::transformer {
 namespace {

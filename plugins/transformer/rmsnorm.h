@@ -6,7 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "plugins/transformer/module_base.h"
+#include "plugins/transformer/toolkit.h"
 
 namespace loom::transformer {
 

@@ -5,7 +5,7 @@
 #include <numbers>
 #include <string>
 
-#include "plugins/transformer/options.h"
+#include "plugins/transformer/toolkit.h"
 
 namespace loom::transformer {
 
@@ -64,7 +64,8 @@ RotaryTable::RotaryTable(IHost& host, Device device, const std::vector<float>& i
   uint64_t bytes = inv_freq.size() * sizeof(float);
   throw_if_error(host.allocate(device, bytes, 64, &data));
   view_ = make_view(data, DType::kF32, {static_cast<int64_t>(inv_freq.size())}, device);
-  throw_if_error(host.copy(device, data, kCpu, inv_freq.data(), bytes), "rope: inverse frequencies");
+  throw_if_error(host.copy(device, data, kCpu, inv_freq.data(), bytes),
+                 "rope: inverse frequencies");
 }
 
 RotaryTable::~RotaryTable() { host_.deallocate(view_.device, view_.data); }

@@ -3,10 +3,7 @@
 #include <cmath>
 #include <string>
 
-#include "plugins/transformer/child.h"
-#include "plugins/transformer/forward_only_context.h"
-#include "plugins/transformer/options.h"
-#include "plugins/transformer/views.h"
+#include "plugins/transformer/toolkit.h"
 
 namespace loom::transformer {
 namespace {
@@ -18,7 +15,7 @@ enum Slot : int32_t {
   kNormed,
   kCoreOut,
   kQkvFp8 = 16,  // Linear's FP8 operands of the QKV and output projections
-  kProjFp8 = kQkvFp8 + Linear::kFp8Slots,
+  kProjFp8 = kQkvFp8 + Linear::kSiteSlots,
 };
 enum Stream : uint64_t { kAttentionOutDropout = 1, kMlpOutDropout = 2 };
 
@@ -240,9 +237,13 @@ void TransformerLayer::run_backward(IForwardContext& ctx, const TensorView* grad
                                     int32_t num_grad_inputs) {
   expect_count("transformer_layer backward grad outputs", num_grad_outputs, 1);
   expect_count("transformer_layer backward grad inputs", num_grad_inputs, 1);
-  if (ctx.recompute() == RecomputePolicy::kFull)  // rerun forward, saving this time
-    release(ctx, forward_impl(ctx, load(ctx, this, kInput), load(ctx, this, kPositions),
+  if (ctx.recompute() == RecomputePolicy::kFull) {  // rerun forward, saving this time
+    RerunContext rerun(ctx);
+    release(ctx, forward_impl(rerun, load(ctx, this, kInput), load(ctx, this, kPositions),
                               load(ctx, this, kSegments)));
+  }
+  // Zero-bubble schedules: the projections' weight gradients wait for backward_weight.
+  const void* deferred = weight_grads_deferred(ctx) ? deferred_owner() : nullptr;
   TensorView positions = load(ctx, this, kPositions);
   const bool qkv_fp8 = linear_.fp8({this, kQkvFp8}), proj_fp8 = linear_.fp8({this, kProjFp8});
   TensorView normed = qkv_fp8 ? empty_view() : load(ctx, this, kNormed);
@@ -271,7 +272,7 @@ void TransformerLayer::run_backward(IForwardContext& ctx, const TensorView* grad
   TensorView dcore_out = allocate(ctx, dtype_, {b, t, h, d}, device_);
   linear_.backward(ctx, {this, kProjFp8}, rows(dattn_full, hidden_),
                    present(core_out) ? rows(core_out, h * d) : empty_view(), value(proj_weight_),
-                   grad(proj_weight_), empty_view(), rows(dcore_out, h * d));
+                   grad(proj_weight_), empty_view(), rows(dcore_out, h * d), deferred);
   release_all(ctx, {dattn, dattn_full}, {dresidual});
   std::vector<TensorView> dqkv3 = call_backward(*core_, ctx, {dcore_out}, 3, "attention");
   release(ctx, dcore_out);
@@ -288,7 +289,7 @@ void TransformerLayer::run_backward(IForwardContext& ctx, const TensorView* grad
   linear_.backward(ctx, {this, kQkvFp8}, rows(dqkv, (h + 2 * g) * d),
                    present(normed) ? rows(normed, hidden_) : empty_view(), value(qkv_weight_),
                    grad(qkv_weight_), qkv_bias_ ? grad(qkv_bias_index_) : empty_view(),
-                   rows(dnormed_partial, hidden_));
+                   rows(dnormed_partial, hidden_), deferred);
   TensorView dnormed = tp_.enter_backward(ctx, dnormed_partial);  // like dy
   TensorView dx_norm = call_backward(*input_norm_, ctx, {dnormed}, 1, "input_layernorm")[0];
   TensorView dx = allocate_like(ctx, dy);
@@ -296,6 +297,14 @@ void TransformerLayer::run_backward(IForwardContext& ctx, const TensorView* grad
   release_all(ctx, {dqkv, dnormed_partial, dnormed, dx_norm, dresidual});
   grad_inputs[0] = dx;
   for (int32_t i = 1; i < num_grad_inputs; ++i) grad_inputs[i] = empty_view();
+}
+
+void TransformerLayer::run_backward_weight(IForwardContext& ctx) {
+  ModuleBase::run_backward_weight(ctx);  // the children's (the MLP's GEMMs)
+  linear_.backward_weight(ctx, {this, kProjFp8}, deferred_owner(), grad(proj_weight_),
+                          empty_view());
+  linear_.backward_weight(ctx, {this, kQkvFp8}, deferred_owner(), grad(qkv_weight_),
+                          qkv_bias_ ? grad(qkv_bias_index_) : empty_view());
 }
 
 }  // namespace loom::transformer

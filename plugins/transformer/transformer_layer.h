@@ -16,6 +16,8 @@
 // refused.
 //   backward: dy -> dx (and an empty gradient for the position ids)
 // Recompute kFull: only the input is saved; backward reruns forward, then goes back.
+// Split backward (IForwardContext::defer_weight_grads): the projections' weight gradients
+// wait for backward_weight.
 // Tensor parallelism (the "tp" group of size P): linear_qkv is column-parallel (each rank
 // holds G/P whole query groups, so H and G must be divisible by P), the core attends over
 // the rank's H/P heads, linear_proj is row-parallel (its output summed over the group, the
@@ -26,10 +28,8 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
-#include "plugins/transformer/linear.h"
-#include "plugins/transformer/module_base.h"
 #include "plugins/transformer/rotary.h"
-#include "plugins/transformer/tensor_parallel.h"
+#include "plugins/transformer/toolkit.h"
 
 namespace loom::transformer {
 
@@ -42,6 +42,10 @@ class TransformerLayer final : public ModuleBase<ILayer> {
                    TensorView* outputs, int32_t num_outputs) override;
   void run_backward(IForwardContext& ctx, const TensorView* grad_outputs, int32_t num_grad_outputs,
                     TensorView* grad_inputs, int32_t num_grad_inputs) override;
+  // Zero-bubble split: the QKV and output projections' weight gradients (and the QKV bias's)
+  // wait for backward_weight; the norms and the projection bias are computed in backward.
+  bool defers_weight_grads() const override { return true; }
+  void run_backward_weight(IForwardContext& ctx) override;
   // The forward proper; saves through `ctx` what backward needs.
   TensorView forward_impl(IForwardContext& ctx, const TensorView& x, const TensorView& positions,
                           const TensorView& segments);

@@ -15,7 +15,7 @@
 #include <filesystem>
 #include <random>
 
-#include "core/build/builder.h"
+#include "core/component/builder.h"
 #include "core/io/safetensors.h"
 #include "core/plugin/catalog.h"
 #include "core/plugin/plugin_manager.h"
@@ -31,7 +31,7 @@ namespace {
 
 struct Env {
   std::unique_ptr<core::PluginManager> plugins;
-  core::ObjectPtr object;
+  ObjectPtr object;
   ICheckpointFormat* format = nullptr;
 };
 

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "core/build/builder.h"
+#include "core/component/builder.h"
 #include "core/plugin/plugin_manager.h"
 #include "core/runtime/forward_context.h"
 #include "core/runtime/parameters.h"
@@ -51,7 +51,7 @@ class ModuleHarness {
  private:
   uint64_t seed_;
   std::unique_ptr<core::PluginManager> plugins_;
-  core::ObjectPtr object_;
+  ObjectPtr object_;
   std::unique_ptr<core::ParameterSet> params_;
   std::unique_ptr<core::ForwardContext> context_;
   std::vector<std::unique_ptr<char[]>> buffers_;

@@ -158,7 +158,7 @@ def loom_system_libraries():
     )
     system_cc_library(
         name = "hiredis",
-        # The Redis client of the rendezvous store (core/dist/redis_store.cc).
+        # The Redis client of the rendezvous store (core/launch/redis_store.cc).
         probe_headers = ["/usr/include/hiredis/hiredis.h"],
         debian_package = "libhiredis-dev",
         linkopts = ["-lhiredis"],

@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "core/spec/did_you_mean.h"
+#include "core/schema/did_you_mean.h"
 #include "core/util/errors.h"
 
 namespace loom::cli {

@@ -7,7 +7,7 @@
 
 #include "core/checkpoint/checkpoint.h"
 #include "core/checkpoint/checkpoint_writer.h"
-#include "core/spec/schema.h"
+#include "core/schema/schema.h"
 #include "core/spec/spec.h"
 #include "core/util/errors.h"
 #include "core/util/files.h"
@@ -225,7 +225,7 @@ int convert(const std::vector<std::string>& argv) {
   std::optional<DType> dtype;
   if (!args.get("--dtype").empty()) dtype = parse_dtype(args.get("--dtype"), "--dtype");
   core::PluginManager plugins(catalog_from_args(args));
-  core::ObjectPtr object = core::make_checkpoint_format(plugins, {{"impl", to}}, "--to");
+  ObjectPtr object = core::make_checkpoint_format(plugins, {{"impl", to}}, "--to");
   auto* format = interface_cast<ICheckpointFormat>(object.get());
   std::error_code ec;
   if (fs::exists(dst, ec) && !fs::is_empty(dst, ec))

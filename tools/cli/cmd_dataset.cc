@@ -9,7 +9,7 @@
 
 #include "core/data/indexed_dataset.h"
 #include "core/data/tokenizer.h"
-#include "core/spec/did_you_mean.h"
+#include "core/schema/did_you_mean.h"
 #include "core/util/errors.h"
 #include "tools/cli/commands.h"
 

@@ -1,13 +1,13 @@
 // loom launch --nproc N [--nnodes M --node-rank R] [--rdzv DIR|redis://HOST:PORT]
 //             [--run-id ID] [--kill-grace SECONDS] -- CMD [ARGS...]
-// Starts N ranks of CMD on this machine (core/dist/launcher.h), like torchrun --standalone.
+// Starts N ranks of CMD on this machine (core/launch/launcher.h), like torchrun --standalone.
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 
-#include "core/dist/launcher.h"
+#include "core/launch/launcher.h"
 #include "core/util/errors.h"
 #include "tools/cli/commands.h"
 
@@ -29,7 +29,7 @@ int cmd_launch(const std::vector<std::string>& argv) {
   spec.usage = kUsage;
   Args args = parse_args(ours, spec);
 
-  core::dist::LaunchOptions options;
+  core::launch::LaunchOptions options;
   if (args.get("--nproc").empty())
     throw core::UsageError(
         "--nproc is missing: say how many ranks to start on this machine, e.g. "
@@ -61,7 +61,7 @@ int cmd_launch(const std::vector<std::string>& argv) {
         "nothing to run: put the command after --, e.g. "
         "`loom launch --nproc 2 -- loom train spec.json`");
   options.command.assign(dash + 1, argv.end());
-  return core::dist::launch(options);
+  return core::launch::launch(options);
 }
 
 int relaunch_self(int nproc, const std::vector<std::string>& argv_of_this_command) {
@@ -72,12 +72,12 @@ int relaunch_self(int nproc, const std::vector<std::string>& argv_of_this_comman
         fmt::format("cannot find the loom binary through /proc/self/exe ({}); "
                     "start the ranks with `loom launch --nproc {} -- loom ...`",
                     ec.message(), nproc));
-  core::dist::LaunchOptions options;
+  core::launch::LaunchOptions options;
   options.nproc = nproc;
   options.command.push_back(self.string());
   options.command.insert(options.command.end(), argv_of_this_command.begin(),
                          argv_of_this_command.end());
-  return core::dist::launch(options);
+  return core::launch::launch(options);
 }
 
 }  // namespace loom::cli

@@ -4,7 +4,7 @@
 #include <cstdio>
 
 #include "core/plugin/plugin_manager.h"
-#include "core/spec/did_you_mean.h"
+#include "core/schema/did_you_mean.h"
 #include "core/util/errors.h"
 #include "tools/cli/commands.h"
 

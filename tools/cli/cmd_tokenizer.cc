@@ -12,7 +12,7 @@
 #include "core/data/bpe_trainer.h"
 #include "core/data/text_source.h"
 #include "core/data/tokenizer.h"
-#include "core/spec/did_you_mean.h"
+#include "core/schema/did_you_mean.h"
 #include "core/util/errors.h"
 #include "core/util/files.h"
 #include "tools/cli/commands.h"

@@ -11,6 +11,7 @@
 #include "core/plugin/catalog.h"
 #include "core/plugin/plugin_manager.h"
 #include "core/spec/spec.h"
+#include "core/train/session.h"
 #include "tools/cli/args.h"
 
 namespace loom::cli {
@@ -27,7 +28,7 @@ int cmd_checkpoint(const std::vector<std::string>& argv);
 int cmd_generate(const std::vector<std::string>& argv);
 int cmd_launch(const std::vector<std::string>& argv);
 
-/// Runs this binary again as `nproc` local ranks (core/dist/launcher.h: prefixed output,
+/// Runs this binary again as `nproc` local ranks (core/launch/launcher.h: prefixed output,
 /// one failure stops all, SIGINT/SIGTERM forwarded) and returns launch()'s exit code; the
 /// rendezvous is a temporary directory removed at the end. For `loom train --nproc N`.
 /// \param nproc                 ranks to start (>= 1)
@@ -57,5 +58,16 @@ void load_plugins_for(ResolvedSpec& spec, core::PluginManager& manager);
 
 /// The catalog for commands without a spec: --plugin-path, LOOM_PLUGIN_PATH, install.
 core::Catalog catalog_from_args(const Args& args);
+
+/// The run session of `loom train` and `loom bench`: SPEC with its --set overrides, opened
+/// (resolved, validated, plugins loaded, the run joined; core/train/session.h).
+std::unique_ptr<core::RunSession> open_run_session(const Args& args);
+
+/// --nproc N of train and bench: N, checked, and OMP_NUM_THREADS shared out when unset.
+int nproc_of(const Args& args);
+
+/// `command` and argv without --nproc: the ranks' own command line.
+std::vector<std::string> without_nproc(const std::string& command,
+                                       const std::vector<std::string>& argv);
 
 }  // namespace loom::cli

@@ -3,7 +3,7 @@
 #include <cstdio>
 
 #include "core/plugin/plugin_manager.h"
-#include "core/spec/schema.h"
+#include "core/schema/schema.h"
 #include "core/util/errors.h"
 #include "core/version.h"
 #include "loom/version.h"
@@ -54,13 +54,7 @@ ResolvedSpec load_spec(const Args& args) {
 }
 
 void load_plugins_for(ResolvedSpec& spec, core::PluginManager& manager) {
-  for (const core::ImplUse& use : spec.uses) {
-    const core::PluginRecord* p = manager.catalog().provider(use.kind, use.name);
-    if (p != nullptr) manager.load(p->name);
-  }
-  for (const auto& name : spec.spec["plugins"]["load"]) manager.load(name.get<std::string>());
-  // The registry is now the authority: validate again against what was registered.
-  spec.uses = core::resolve_spec(spec.spec, manager.catalog(), &manager.registry());
+  core::load_plugins_for(spec.spec, spec.uses, manager);
 }
 
 int cmd_version(const std::vector<std::string>& argv) {

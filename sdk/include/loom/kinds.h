@@ -11,20 +11,22 @@
 
 namespace loom::kinds {
 
-// Modules (loom/kinds/module.h and the headers beside it).
-inline constexpr InterfaceInfo kModel{"model", 1, 0};                   ///< whole network
-inline constexpr InterfaceInfo kLayer{"layer", 1, 0};                   ///< one transformer layer
-inline constexpr InterfaceInfo kModule{"module", 1, 0};                 ///< any other module
-inline constexpr InterfaceInfo kAttention{"attention", 1, 0};           ///< attention core
-inline constexpr InterfaceInfo kMlp{"mlp", 1, 0};                       ///< feed-forward block
-inline constexpr InterfaceInfo kNorm{"norm", 1, 0};                     ///< LayerNorm, RMSNorm, ...
-inline constexpr InterfaceInfo kMixer{"mixer", 1, 0};                   ///< sequence mixer (Mamba)
-inline constexpr InterfaceInfo kRouter{"router", 1, 0};                 ///< MoE router
+// Modules (loom/kinds/module.h and the headers beside it). 1.1 (ABI 1.5): IModule appends
+// backward_weight and step_end, so every module kind has them; the model kind also appends
+// info and cost.
+inline constexpr InterfaceInfo kModel{"model", 1, 1};                   ///< whole network
+inline constexpr InterfaceInfo kLayer{"layer", 1, 1};                   ///< one transformer layer
+inline constexpr InterfaceInfo kModule{"module", 1, 1};                 ///< any other module
+inline constexpr InterfaceInfo kAttention{"attention", 1, 1};           ///< attention core
+inline constexpr InterfaceInfo kMlp{"mlp", 1, 1};                       ///< feed-forward block
+inline constexpr InterfaceInfo kNorm{"norm", 1, 1};                     ///< LayerNorm, RMSNorm, ...
+inline constexpr InterfaceInfo kMixer{"mixer", 1, 1};                   ///< sequence mixer (Mamba)
+inline constexpr InterfaceInfo kRouter{"router", 1, 1};                 ///< MoE router
 inline constexpr InterfaceInfo kMoeDispatcher{"moe_dispatcher", 1, 0};  ///< MoE token moves
 // Numerics and training.
 inline constexpr InterfaceInfo kFp8Recipe{"fp8_recipe", 1, 0};
-/// 1.1: update_many (check has_update_many before calling it).
-inline constexpr InterfaceInfo kOptimizer{"optimizer", 1, 1};
+/// 1.1: update_many (check has_update_many before calling it); 1.2: hyper (has_hyper).
+inline constexpr InterfaceInfo kOptimizer{"optimizer", 1, 2};
 inline constexpr InterfaceInfo kLrSchedule{"lr_schedule", 1, 0};
 inline constexpr InterfaceInfo kPipelineSchedule{"pipeline_schedule", 1, 0};
 // Infrastructure.
@@ -32,14 +34,16 @@ inline constexpr InterfaceInfo kCheckpointFormat{"checkpoint_format", 1, 1};
 inline constexpr InterfaceInfo kCommBackend{"comm_backend", 1, 0};
 // Not spec-selected kinds, but versioned the same way.
 inline constexpr InterfaceInfo kFactory{"factory", 1, 0};
-/// 1.1: copy, fill_zero, compute_stream, synchronize (devices other than the CPU).
-inline constexpr InterfaceInfo kHost{"host", 1, 1};
+/// 1.1: copy, fill_zero, compute_stream, synchronize (devices other than the CPU);
+/// 1.2: group (process groups by role).
+inline constexpr InterfaceInfo kHost{"host", 1, 2};
 /// 1.1: add_device_runtime.
 inline constexpr InterfaceInfo kRegistry{"registry", 1, 1};
 /// 1.1: fp8_recipe.
 inline constexpr InterfaceInfo kBuildContext{"build_context", 1, 1};
-/// 1.1: kv_cache; 1.2: grads_ready; 1.3: release, drop_saved.
-inline constexpr InterfaceInfo kForwardContext{"forward_context", 1, 3};
+/// 1.1: kv_cache; 1.2: grads_ready; 1.3: release, drop_saved; 1.4: defer_weight_grads,
+/// metric.
+inline constexpr InterfaceInfo kForwardContext{"forward_context", 1, 4};
 /// 1.1: asynchronous collectives returning ICommWork (check the minor before calling them).
 inline constexpr InterfaceInfo kCommunicator{"communicator", 1, 1};
 inline constexpr InterfaceInfo kKernel{"kernel", 1, 0};       ///< op kernels, loom/kernel.h

@@ -106,6 +106,19 @@ inline const char* dtype_name(DType dtype) noexcept {
   return "invalid";
 }
 
+/// The dtype whose spec name (dtype_name) is `name`, or DType::kInvalid for null or an
+/// unknown name. Each caller decides which dtypes it accepts and says so in its message.
+inline DType dtype_from_name(const char* name) noexcept {
+  if (name == nullptr) return DType::kInvalid;
+  for (int32_t i = 1; i <= static_cast<int32_t>(DType::kF8E8M0); ++i) {
+    const char* known = dtype_name(static_cast<DType>(i));
+    const char* a = name;
+    while (*a != '\0' && *a == *known) ++a, ++known;
+    if (*a == *known) return static_cast<DType>(i);
+  }
+  return DType::kInvalid;
+}
+
 /// Device families. Values are ABI: only append.
 enum class DeviceType : int32_t {
   kCpu = 1,

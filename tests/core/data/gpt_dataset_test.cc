@@ -11,7 +11,6 @@
 #include "core/data/gpt_data.h"
 #include "core/data/indexed_dataset.h"
 #include "core/data/numpy_random.h"
-#include "core/spec/schema.h"
 #include "core/util/errors.h"
 
 namespace loom::core {

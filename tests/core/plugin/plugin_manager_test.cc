@@ -5,7 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "core/build/builder.h"
+#include "core/component/builder.h"
 #include "core/util/errors.h"
 #include "loom/cpp/object.h"
 #include "tests/util/test_plugins.h"

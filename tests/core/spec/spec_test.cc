@@ -4,7 +4,6 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "core/spec/schema.h"
 #include "core/util/errors.h"
 
 using ::testing::HasSubstr;

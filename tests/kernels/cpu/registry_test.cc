@@ -47,6 +47,7 @@ const std::vector<const char*> kAllOps = {
     ops::kCrossEntropyBwd,
     ops::kCrossEntropyShardStats,
     ops::kCrossEntropyCombine,
+    ops::kMaskedSum,
     ops::kAdamWStep,
     ops::kAdamWStepMulti,
     ops::kSgdStep,
@@ -59,7 +60,8 @@ const std::vector<const char*> kAllOps = {
 // always-f32 input whatever the model's dtype, the two FP8 formats for fp8_gemm.
 std::vector<DType> key_dtypes(const char* op) {
   std::string name = op;
-  if (name == ops::kCrossEntropyCombine || name == ops::kFp8ScaleUpdate) return {DType::kF32};
+  if (name == ops::kCrossEntropyCombine || name == ops::kFp8ScaleUpdate || name == ops::kMaskedSum)
+    return {DType::kF32};
   if (name == ops::kFp8Gemm) return {DType::kF8E4M3, DType::kF8E5M2};
   return float_dtypes();
 }

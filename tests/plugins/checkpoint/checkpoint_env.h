@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "core/build/builder.h"
+#include "core/component/builder.h"
 #include "core/plugin/plugin_manager.h"
 #include "loom/cpp/error.h"
 #include "loom/cpp/object.h"
@@ -20,7 +20,7 @@ namespace loom::testing {
 
 /// A checkpoint_format component built from {"impl": NAME, options...}.
 struct Format {
-  core::ObjectPtr object;
+  ObjectPtr object;
   ICheckpointFormat* api = nullptr;
   ICheckpointFormat* operator->() const { return api; }
 };

@@ -333,7 +333,7 @@ TEST(Interface, LoopbackConnects) {
 // Two groups of the same ranks, as a grid's tp and dp groups, used concurrently.
 TEST(Groups, TwoGroupsShareOneBackendPerRank) {
   InMemoryStore store;
-  std::vector<core::ObjectPtr> backends;
+  std::vector<ObjectPtr> backends;
   for (int r = 0; r < 2; ++r) backends.push_back(make_backend());
   std::vector<CommPtr> a(2), b(2);
   std::vector<Outcome> outcomes(4);

@@ -54,13 +54,13 @@ core::PluginManager& plugins() {
 }
 }  // namespace
 
-core::ObjectPtr make_backend(const nlohmann::json& node) {
+ObjectPtr make_backend(const nlohmann::json& node) {
   static std::mutex mutex;  // the plugin manager is not made for concurrent builds
   std::lock_guard<std::mutex> lock(mutex);
   return core::build_component(plugins(), node, kinds::kCommBackend, "/parallel/comm");
 }
 
-ICommBackend* as_backend(const core::ObjectPtr& object) {
+ICommBackend* as_backend(const ObjectPtr& object) {
   return interface_cast<ICommBackend>(object.get());
 }
 

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "core/build/builder.h"
+#include "core/component/builder.h"
 #include "core/plugin/plugin_manager.h"
 #include "loom/cpp/error.h"
 #include "loom/cpp/object.h"
@@ -51,15 +51,14 @@ Outcome outcome(Status status);
 
 /// Builds comm_backend "gloo" from `node` ({"impl": "gloo", ...}) through the core, with
 /// the plugin loaded once per process from the runfiles.
-core::ObjectPtr make_backend(const nlohmann::json& node = {{"impl", "gloo"},
-                                                           {"hostname", "127.0.0.1"}});
+ObjectPtr make_backend(const nlohmann::json& node = {{"impl", "gloo"}, {"hostname", "127.0.0.1"}});
 /// The backend's interface (null when `object` is not a comm_backend).
-ICommBackend* as_backend(const core::ObjectPtr& object);
+ICommBackend* as_backend(const ObjectPtr& object);
 
 /// The ranks of one group: one backend and one communicator per rank.
 struct Group {
-  std::vector<core::ObjectPtr> backends;  // destroyed after the communicators
-  std::vector<CommPtr> comms;             // indexed by rank
+  std::vector<ObjectPtr> backends;  // destroyed after the communicators
+  std::vector<CommPtr> comms;       // indexed by rank
   ICommunicator& operator[](int rank) { return *comms[rank]; }
 };
 

@@ -70,7 +70,7 @@ TEST(Errors, BadShapesAndDtypesAreInvalidArgumentAndLeaveTheCommunicatorUsable) 
 }
 
 TEST(Errors, CudaCommunicatorIsUnimplemented) {
-  core::ObjectPtr backend = make_backend();
+  ObjectPtr backend = make_backend();
   InMemoryStore store;
   ICommunicator* comm = nullptr;
   Outcome o = outcome(as_backend(backend)->create_communicator(&store, {"tp/0", 4}, 0, 2,
@@ -90,7 +90,7 @@ TEST(Errors, HostnameAndInterfaceTogetherAreRejected) {
 }
 
 TEST(Errors, SizeOneNeedsNoStoreOrPeer) {
-  core::ObjectPtr backend = make_backend({{"impl", "gloo"}, {"interface", "no_such_if0"}});
+  ObjectPtr backend = make_backend({{"impl", "gloo"}, {"interface", "no_such_if0"}});
   ICommunicator* raw = nullptr;
   Outcome o = outcome(
       as_backend(backend)->create_communicator(nullptr, {"solo", 4}, 0, 1, DeviceType::kCpu, &raw));
@@ -105,7 +105,7 @@ TEST(Errors, SizeOneNeedsNoStoreOrPeer) {
 }
 
 TEST(Errors, BadInterfaceIsUnavailableNamingTheOption) {
-  core::ObjectPtr backend = make_backend({{"impl", "gloo"}, {"interface", "no_such_if0"}});
+  ObjectPtr backend = make_backend({{"impl", "gloo"}, {"interface", "no_such_if0"}});
   InMemoryStore store;
   ICommunicator* raw = nullptr;
   Outcome o = outcome(

@@ -30,7 +30,7 @@ int ranks() {
 // The ranks of one group: backends made on the test thread, communicators made
 // concurrently on the rank threads, each with its GPU current.
 struct NcclGroup {
-  std::vector<core::ObjectPtr> backends;  // destroyed after the communicators
+  std::vector<ObjectPtr> backends;  // destroyed after the communicators
   std::vector<CommPtr> comms;
   ICommunicator& operator[](int r) { return *comms[r]; }
 };

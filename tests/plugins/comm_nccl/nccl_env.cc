@@ -23,7 +23,7 @@ core::PluginManager& nccl_plugins() {
 }
 }  // namespace
 
-core::ObjectPtr make_nccl_backend(const nlohmann::json& node) {
+ObjectPtr make_nccl_backend(const nlohmann::json& node) {
   static std::mutex mutex;  // the plugin manager is not made for concurrent builds
   std::lock_guard<std::mutex> lock(mutex);
   return core::build_component(nccl_plugins(), node, kinds::kCommBackend, "/parallel/comm_backend");

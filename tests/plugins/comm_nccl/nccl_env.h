@@ -10,13 +10,13 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "core/build/builder.h"
+#include "core/component/builder.h"
 #include "tests/plugins/comm_gloo/comm_env.h"
 
 namespace loom::testing {
 
 /// Builds comm_backend "nccl" from `node` through the core (plugin loaded once per process).
-core::ObjectPtr make_nccl_backend(const nlohmann::json& node = {{"impl", "nccl"}});
+ObjectPtr make_nccl_backend(const nlohmann::json& node = {{"impl", "nccl"}});
 
 /// The number of usable CUDA devices; 0 with `*reason` set when there is none.
 int cuda_devices(std::string* reason);

@@ -19,11 +19,11 @@ bool has(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
-ICommBackend* backend_of(const core::ObjectPtr& object) {
+ICommBackend* backend_of(const ObjectPtr& object) {
   return interface_cast<ICommBackend>(object.get());
 }
 
-Outcome create(const core::ObjectPtr& backend, const std::string& key, int rank, int size,
+Outcome create(const ObjectPtr& backend, const std::string& key, int rank, int size,
                DeviceType device, CommPtr* comm, IRendezvousStore* store = nullptr) {
   ICommunicator* raw = nullptr;
   Outcome o = outcome(backend_of(backend)->create_communicator(
@@ -47,14 +47,14 @@ TEST(Plugin, SidecarManifestDeclaresTheBackend) {
 }
 
 TEST(Plugin, RegistersAndBuildsWithoutAGpu) {
-  core::ObjectPtr backend = make_nccl_backend();
+  ObjectPtr backend = make_nccl_backend();
   ASSERT_NE(backend_of(backend), nullptr);
-  core::ObjectPtr blocking = make_nccl_backend({{"impl", "nccl"}, {"blocking_wait", true}});
+  ObjectPtr blocking = make_nccl_backend({{"impl", "nccl"}, {"blocking_wait", true}});
   EXPECT_NE(backend_of(blocking), nullptr);
 }
 
 TEST(Plugin, CpuCommunicatorIsUnimplemented) {
-  core::ObjectPtr backend = make_nccl_backend();
+  ObjectPtr backend = make_nccl_backend();
   CommPtr comm;
   Outcome o = create(backend, "tp/0", 0, 2, DeviceType::kCpu, &comm);
   EXPECT_EQ(o.code, Code::kUnimplemented);
@@ -63,7 +63,7 @@ TEST(Plugin, CpuCommunicatorIsUnimplemented) {
 }
 
 TEST(Plugin, BadRankAndMissingStoreAreInvalidArgument) {
-  core::ObjectPtr backend = make_nccl_backend();
+  ObjectPtr backend = make_nccl_backend();
   CommPtr comm;
   Outcome o = create(backend, "dp/0", 2, 2, DeviceType::kCuda, &comm);
   EXPECT_EQ(o.code, Code::kInvalidArgument);
@@ -81,7 +81,7 @@ TEST(Plugin, WithoutAGpuCreatingACommunicatorSaysWhy) {
         "checked where there is none\n");
     GTEST_SKIP();
   }
-  core::ObjectPtr backend = make_nccl_backend();
+  ObjectPtr backend = make_nccl_backend();
   CommPtr comm;
   Outcome o = create(backend, "solo", 0, 1, DeviceType::kCuda, &comm);
   EXPECT_EQ(o.code, Code::kUnavailable);
@@ -116,7 +116,7 @@ class OneRank : public ::testing::TestWithParam<bool> {
   }
 
   InMemoryStore store_;
-  core::ObjectPtr backend_;
+  ObjectPtr backend_;
   CommPtr comm_;
 };
 

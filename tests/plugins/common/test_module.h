@@ -29,6 +29,8 @@ class TestModule : public Object<I> {
                   int32_t) noexcept override {
     return make_status(Code::kUnimplemented, "test module");
   }
+  Status backward_weight(IForwardContext*) noexcept override { return ok_status(); }
+  Status step_end(const StepEvent*) noexcept override { return ok_status(); }
 };
 
 }  // namespace loom::testing

@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
-#include "core/build/builder.h"
+#include "core/component/builder.h"
 #include "core/plugin/plugin_manager.h"
 #include "core/spec/spec.h"
 #include "loom/cpp/fp8.h"
@@ -76,7 +76,7 @@ class RecipeTest : public ::testing::Test {
   }
 
   std::unique_ptr<core::PluginManager> plugins_;
-  core::ObjectPtr object_;
+  ObjectPtr object_;
 };
 
 TEST_F(RecipeTest, QuantisersPerOwnerAndRoleWithTheFormatsDtypes) {
@@ -215,7 +215,7 @@ TEST_F(RecipeTest, DelayedStateRoundTripsIntoAFreshRecipe) {
   run(whole, 7, amaxes, id);
   const float want = quantize(whole, id, DType::kF8E4M3, tensor(1.0f));
   // 4 steps, its state copied out, a fresh recipe given it, 3 more steps.
-  core::ObjectPtr keep;
+  ObjectPtr keep;
   IFp8Recipe& first = build(node);
   keep = std::move(object_);
   ASSERT_EQ(first.quantizer(&owner, Fp8Role::kActivation, &id, &info).code, Code::kOk);

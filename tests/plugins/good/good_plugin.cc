@@ -50,6 +50,20 @@ class TestModel final : public TestModule<loom::IModel> {
       out->init_std = 0.02f;
     });
   }
+  Status info(loom::ModelInfo* out) const noexcept override {
+    loom::ModelInfo m{};
+    m.struct_size = sizeof(loom::ModelInfo);
+    m.vocab_size = vocab_;
+    m.pp_size = m.chunks = 1;
+    m.first_stage = m.last_stage = 1;
+    loom::copy_struct(m, out);
+    return loom::ok_status();
+  }
+  Status cost(const loom::CostQuery*, loom::ModelCost* out) const noexcept override {
+    loom::ModelCost c{sizeof(loom::ModelCost), 0, -1};  // unknown: the core counts 6N
+    loom::copy_struct(c, out);
+    return loom::ok_status();
+  }
   int32_t child_count() const noexcept override { return 1; }
   Status child(int32_t index, loom::StringView* name, loom::IModule** out) noexcept override {
     if (index != 0) return loom::make_status(loom::Code::kOutOfRange, "one child");

@@ -40,6 +40,10 @@ class LegacyOptimizer final : public loom::Object<loom::IOptimizer> {
     std::fprintf(stderr, "testlegacyoptim: update_many called on an optimizer 1.0 object\n");
     std::abort();
   }
+  Status hyper(loom::OptimizerHyper*) const noexcept override {
+    std::fprintf(stderr, "testlegacyoptim: hyper called on an optimizer 1.0 object\n");
+    std::abort();
+  }
 
  private:
   loom::IOptimizer* inner_ = nullptr;

@@ -71,10 +71,10 @@ class LrScheduleTest : public ::testing::Test {
   OptimEnv env_{false};
 
   // Builds `node` (as the spec's lr_schedule) with `inherited` and returns the schedule.
-  core::ObjectPtr build(const json& node, const json& inherited = json::object()) {
+  ObjectPtr build(const json& node, const json& inherited = json::object()) {
     return env_.build("lr_schedule", node, inherited);
   }
-  static const ILrSchedule& schedule(const core::ObjectPtr& object) {
+  static const ILrSchedule& schedule(const ObjectPtr& object) {
     auto* s = interface_cast<ILrSchedule>(object.get());
     EXPECT_NE(s, nullptr);
     return *s;
@@ -136,14 +136,14 @@ TEST_F(LrScheduleTest, EveryScheduleMatchesTheReferenceAtEveryStep) {
                      {"wsd", peak, min_lr, 0, 10, 120, 30, style}});
   for (const Case& c : cases) {
     SCOPED_TRACE(c.node.dump());
-    core::ObjectPtr object = build(c.node);
+    ObjectPtr object = build(c.node);
     int64_t horizon = c.ref.decay > 0 ? c.ref.decay : 500;
     expect_matches(schedule(object), c.ref, horizon + 25);
   }
 }
 
 TEST_F(LrScheduleTest, WarmupRampsToThePeakAtWarmupStepsCountingFromStepOne) {
-  core::ObjectPtr object = build(
+  ObjectPtr object = build(
       {{"impl", "cosine"}, {"lr", 1.0}, {"warmup_steps", 4}, {"decay_steps", 14}, {"min_lr", 0.1}});
   const ILrSchedule& s = schedule(object);
   EXPECT_DOUBLE_EQ(s.lr(1), 0.25);
@@ -157,27 +157,27 @@ TEST_F(LrScheduleTest, WarmupRampsToThePeakAtWarmupStepsCountingFromStepOne) {
 
 TEST_F(LrScheduleTest, AnchorValuesOfEachDecay) {
   // linear: 1.0 -> 0 over steps 0..10 without warmup.
-  core::ObjectPtr linear = build({{"impl", "linear"}, {"lr", 1.0}, {"decay_steps", 10}});
+  ObjectPtr linear = build({{"impl", "linear"}, {"lr", 1.0}, {"decay_steps", 10}});
   EXPECT_DOUBLE_EQ(schedule(linear).lr(1), 0.9);
   EXPECT_DOUBLE_EQ(schedule(linear).lr(5), 0.5);
   EXPECT_DOUBLE_EQ(schedule(linear).lr(10), 0.0);
   // inverse square root: lr * sqrt(4 / s) after a 4-step warmup, floored at 0.2.
-  core::ObjectPtr isr =
+  ObjectPtr isr =
       build({{"impl", "inverse_square_root"}, {"lr", 1.0}, {"warmup_steps", 4}, {"min_lr", 0.2}});
   EXPECT_DOUBLE_EQ(schedule(isr).lr(16), 0.5);
   EXPECT_DOUBLE_EQ(schedule(isr).lr(64), 0.25);
   EXPECT_DOUBLE_EQ(schedule(isr).lr(10000), 0.2);
   // wsd linear: stable at 1.0 through step 80, then down to 0 at step 100.
-  core::ObjectPtr wsd = build({{"impl", "wsd"},
-                               {"lr", 1.0},
-                               {"decay_steps", 100},
-                               {"wsd_decay_steps", 20},
-                               {"wsd_decay_style", "linear"}});
+  ObjectPtr wsd = build({{"impl", "wsd"},
+                         {"lr", 1.0},
+                         {"decay_steps", 100},
+                         {"wsd_decay_steps", 20},
+                         {"wsd_decay_style", "linear"}});
   EXPECT_DOUBLE_EQ(schedule(wsd).lr(80), 1.0);
   EXPECT_DOUBLE_EQ(schedule(wsd).lr(90), 0.5);
   EXPECT_NEAR(schedule(wsd).lr(100), 0.0, 1e-15);
   // wsd exponential (Megatron's default style): 2 * 0.5^(1/2) - 1 halfway.
-  core::ObjectPtr exp =
+  ObjectPtr exp =
       build({{"impl", "wsd"}, {"lr", 1.0}, {"decay_steps", 100}, {"wsd_decay_steps", 20}});
   EXPECT_DOUBLE_EQ(schedule(exp).lr(90), std::sqrt(2.0) - 1.0);
 }
@@ -185,14 +185,13 @@ TEST_F(LrScheduleTest, AnchorValuesOfEachDecay) {
 TEST_F(LrScheduleTest, InheritsThePeakFromTheOptimizerAndTheHorizonFromTrainSteps) {
   // What the core hands down: the optimizer's lr and train.steps.
   json inherited = {{"lr", 0.5}, {"train_steps", 20}};
-  core::ObjectPtr object =
-      build({{"impl", "linear"}, {"warmup_steps", 10}, {"min_lr", 0.0}}, inherited);
+  ObjectPtr object = build({{"impl", "linear"}, {"warmup_steps", 10}, {"min_lr", 0.0}}, inherited);
   const ILrSchedule& s = schedule(object);
   EXPECT_DOUBLE_EQ(s.lr(10), 0.5);
   EXPECT_DOUBLE_EQ(s.lr(15), 0.25);
   EXPECT_DOUBLE_EQ(s.lr(21), 0.0);
   // decay_steps, when given, wins over train_steps.
-  core::ObjectPtr shorter = build({{"impl", "linear"}, {"decay_steps", 10}}, inherited);
+  ObjectPtr shorter = build({{"impl", "linear"}, {"decay_steps", 10}}, inherited);
   EXPECT_DOUBLE_EQ(schedule(shorter).lr(5), 0.25);
   EXPECT_DOUBLE_EQ(schedule(shorter).lr(11), 0.0);
   // A node that repeats the optimizer's lr agrees with it; one that differs is refused.

@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "core/build/builder.h"
+#include "core/component/builder.h"
 #include "core/plugin/plugin_manager.h"
 #include "core/spec/spec.h"
 #include "loom/cpp/error.h"
@@ -30,8 +30,8 @@ class OptimEnv {
 
   /// Resolves `node` as the spec's `slot` ("optimizer" or "lr_schedule") and builds it with
   /// `inherited`. Throws what the core throws (SpecError for a bad option).
-  core::ObjectPtr build(const std::string& slot, const nlohmann::json& node,
-                        const nlohmann::json& inherited = nlohmann::json::object()) {
+  ObjectPtr build(const std::string& slot, const nlohmann::json& node,
+                  const nlohmann::json& inherited = nlohmann::json::object()) {
     nlohmann::json spec = {{slot, node}};
     core::resolve_spec(spec, plugins_->catalog(), &plugins_->registry());
     return build_unchecked(slot, spec[slot], inherited);
@@ -39,8 +39,8 @@ class OptimEnv {
 
   /// Builds `node` as given, without the schema (no defaults, no bounds): what the plugin
   /// itself checks.
-  core::ObjectPtr build_unchecked(const std::string& slot, const nlohmann::json& node,
-                                  const nlohmann::json& inherited = nlohmann::json::object()) {
+  ObjectPtr build_unchecked(const std::string& slot, const nlohmann::json& node,
+                            const nlohmann::json& inherited = nlohmann::json::object()) {
     const InterfaceInfo& kind = slot == "optimizer" ? kinds::kOptimizer : kinds::kLrSchedule;
     return core::build_component(*plugins_, node, kind, "/" + slot, inherited);
   }

@@ -55,7 +55,7 @@ class OptimizerTest : public ::testing::Test {
  protected:
   OptimEnv env_{true};
 
-  static IOptimizer& optimizer(const core::ObjectPtr& object) {
+  static IOptimizer& optimizer(const ObjectPtr& object) {
     auto* o = interface_cast<IOptimizer>(object.get());
     EXPECT_NE(o, nullptr);
     return *o;
@@ -134,7 +134,7 @@ TEST_F(OptimizerTest, AdamWMatchesTheReferenceOverSeveralSteps) {
   for (const Case& c : cases) {
     SCOPED_TRACE(c.node.dump() + (c.decay ? " decay" : " no decay") +
                  " grad_scale=" + std::to_string(c.grad_scale));
-    core::ObjectPtr object = env_.build("optimizer", c.node);
+    ObjectPtr object = env_.build("optimizer", c.node);
     IOptimizer& opt = optimizer(object);
     ASSERT_EQ(opt.state_count(), 2);
     EXPECT_STREQ(opt.state_name(0), "exp_avg");
@@ -155,7 +155,7 @@ TEST_F(OptimizerTest, AdamWMatchesTheReferenceOverSeveralSteps) {
 }
 
 TEST_F(OptimizerTest, AdamWTakesGradientsInTheParameterDtype) {
-  core::ObjectPtr object = env_.build("optimizer", {{"impl", "adamw"}}, {{"params_dtype", "bf16"}});
+  ObjectPtr object = env_.build("optimizer", {{"impl", "adamw"}}, {{"params_dtype", "bf16"}});
   Shard shard(2);
   AdamWRef ref{0.9,
                0.999,
@@ -205,7 +205,7 @@ TEST_F(OptimizerTest, SgdMatchesTheReferenceWithAndWithoutNesterovMomentum) {
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.node.dump() + (c.decay ? " decay" : " no decay"));
-    core::ObjectPtr object = env_.build("optimizer", c.node);
+    ObjectPtr object = env_.build("optimizer", c.node);
     IOptimizer& opt = optimizer(object);
     int32_t count = c.momentum > 0 ? 1 : 0;
     ASSERT_EQ(opt.state_count(), count);
@@ -287,7 +287,7 @@ TEST_F(OptimizerErrorTest, NoKernelForTheDeviceNamesTheOp) {
 }
 
 TEST_F(OptimizerErrorTest, BadUpdateCallsAreRefused) {
-  core::ObjectPtr object = env_.build("optimizer", {{"impl", "adamw"}});
+  ObjectPtr object = env_.build("optimizer", {{"impl", "adamw"}});
   IOptimizer& opt = optimizer(object);
   std::vector<float> w(kN, 1.f), g(kN, 1.f), m(kN), v(kN), short_grad(kN - 1);
   std::vector<uint16_t> half(kN);

@@ -171,7 +171,7 @@ class UpdateManyTest : public ::testing::Test {
   }
 
  private:
-  std::vector<core::ObjectPtr> objects_;
+  std::vector<ObjectPtr> objects_;
 };
 
 TEST_F(UpdateManyTest, AdamWEqualsUpdatePerShardAndCast) {

@@ -10,8 +10,8 @@
 #include <map>
 #include <set>
 
-#include "core/parallel/bucket_readiness.h"
-#include "core/spec/schema.h"
+#include "core/optim/bucket_readiness.h"
+#include "core/util/errors.h"
 #include "tests/plugins/transformer/module_check.h"
 
 namespace loom::testing {

@@ -6,7 +6,7 @@
 #include <cmath>
 #include <set>
 
-#include "core/spec/schema.h"
+#include "core/schema/schema.h"
 
 namespace loom::testing {
 

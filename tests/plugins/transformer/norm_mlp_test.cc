@@ -2,7 +2,7 @@
 // backward against central finite differences, parameter layout, bad options.
 #include <gtest/gtest.h>
 
-#include "core/spec/schema.h"
+#include "core/util/errors.h"
 #include "tests/plugins/transformer/module_check.h"
 
 namespace loom::testing {

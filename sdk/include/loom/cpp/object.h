@@ -4,6 +4,10 @@
 //   class MyNorm final : public loom::Object<loom::INorm> { ... };
 #pragma once
 
+#include <algorithm>
+#include <cstring>
+#include <memory>
+
 #include "loom/kinds.h"
 #include "loom/kinds/attention.h"
 #include "loom/kinds/checkpoint_format.h"
@@ -56,6 +60,27 @@ class Object : public Interface {
  protected:
   virtual ~Object() = default;
 };
+
+/// Deletes an IObject through its own library (IObject::destroy).
+struct ObjectDeleter {
+  void operator()(IObject* object) const {
+    if (object != nullptr) object->destroy();
+  }
+};
+/// Owns an object made by another library: destroyed there, never with `delete`.
+using ObjectPtr = std::unique_ptr<IObject, ObjectDeleter>;
+
+/// Copies the value struct `from` (whose first field is `uint32_t struct_size`) into the
+/// caller's `*to`: at most to->struct_size bytes, since an older caller's struct is smaller
+/// and a newer caller's keeps its later fields as it set them; to->struct_size becomes the
+/// number of bytes written. For an object filling a struct its caller passed in.
+template <class T>
+void copy_struct(const T& from, T* to) {
+  const uint32_t caller = to->struct_size;
+  const uint32_t bytes = std::min<uint32_t>(caller, static_cast<uint32_t>(sizeof(T)));
+  std::memcpy(static_cast<void*>(to), &from, bytes);
+  to->struct_size = bytes;
+}
 
 /// Casts an object received across the boundary to `Interface` after checking its kind
 /// and major version; null when they do not match.

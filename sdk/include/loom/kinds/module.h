@@ -6,6 +6,12 @@
 // side. Anything backward needs is saved in the forward context, never in the module, so a
 // pipeline schedule can keep several micro-batches in flight. Activation recomputation is
 // a policy of the context (DESIGN.md section 4).
+//
+// Module kinds 1.1 (ABI 1.5) append to IModule backward_weight (the deferred weight-gradient
+// pass of zero-bubble schedules) and step_end (a per-step hook); forward_context 1.4
+// appends defer_weight_grads and metric. The core calls a 1.1 method only on an object
+// whose interface_info() says 1.1 or later, and a module checks the context's minor before
+// calling a 1.4 method (loom/cpp/nn/views.h has the checks).
 #pragma once
 
 #include <stdint.h>
@@ -59,6 +65,21 @@ enum class RecomputePolicy : int32_t {
   kNone = 0,       ///< save what backward needs
   kSelective = 1,  ///< recompute the attention core (and modules that opt in)
   kFull = 2,       ///< save only module inputs, rerun forward in backward
+};
+
+/// How a step combines the values a metric was reported with (IForwardContext::metric):
+/// over every report of the step, from every micro-batch and every rank.
+enum class MetricReduce : int32_t {
+  kMean = 0,  ///< the arithmetic mean of the reports (an aux loss, a load-balance loss)
+  kMax = 1,   ///< the largest report (a load imbalance: max over mean tokens per expert)
+};
+
+/// The end of an optimizer step, as IModule::step_end sees it.
+struct StepEvent {
+  uint32_t struct_size;  ///< sizeof(StepEvent) of the core
+  int64_t step;          ///< the 1-based step that just ended
+  int32_t skipped;       ///< 1 when the step made no update (non-finite loss or gradients)
+  double lr;             ///< the learning rate of the step
 };
 
 /// Keys and values of earlier positions, for incremental decoding (`loom generate`): each
@@ -143,6 +164,27 @@ class IForwardContext {
   /// that was never released stays until the context is. (Interface 1.3.)
   /// \param owner  the id the module saved under (its `this`)
   virtual void drop_saved(const void* owner) noexcept = 0;
+
+  // ---- forward_context 1.4 (ABI 1.5): check interface_info().minor >= 4 first. ----
+
+  /// True when this micro-batch's backward is split (a zero-bubble pipeline schedule): the
+  /// module's backward computes the input gradients only, and the weight gradients it can
+  /// defer come later, in IModule::backward_weight on this same context. A module that
+  /// cannot defer computes everything in backward as usual (correct, only less overlap);
+  /// one that defers keeps what its weight gradients need until backward_weight and calls
+  /// grads_ready there instead of after backward. loom::nn::ModuleBase implements the
+  /// protocol. False in forward-only and unsplit contexts.
+  virtual bool defer_weight_grads() const noexcept = 0;
+  /// Reports a number of this micro-batch for the run's log line and metrics.jsonl (an aux
+  /// loss, a load imbalance): every report of `name` in a step is combined by `reduce` over
+  /// the micro-batches and the ranks, and the step's value is shown beside the loss. The
+  /// value is read when the core chooses (it copies it at once on a device, without waiting
+  /// for the device), so the caller may release it after the call. Names are free text
+  /// without spaces, e.g. "moe/aux_loss/layer_3"; reports outside training are ignored.
+  /// \param name    what is measured
+  /// \param value   an f32 tensor of one element on the context's device
+  /// \param reduce  how the step combines the reports
+  virtual Status metric(StringView name, const TensorView* value, MetricReduce reduce) noexcept = 0;
 };
 
 /// Base of every trainable module. Inputs and outputs are positional; each kind's header
@@ -176,6 +218,22 @@ class IModule : public IObject {
   virtual Status backward(IForwardContext* ctx, const TensorView* grad_outputs,
                           int32_t num_grad_outputs, TensorView* grad_inputs,
                           int32_t num_grad_inputs) noexcept = 0;
+
+  // ---- module kinds 1.1 (ABI 1.5): the core checks interface_info().minor >= 1 first. ----
+
+  /// The weight gradients this module (and its children) deferred in a backward on `ctx`
+  /// whose defer_weight_grads() was true: they are accumulated into the bound gradient
+  /// views now, and what was kept for them is dropped. Called once per such backward, on
+  /// the same context, before the context is released. A module passes it on to its
+  /// children, in the order of its backward (the core calls only the model's); a module
+  /// that deferred nothing (or cannot defer) does nothing but that.
+  virtual Status backward_weight(IForwardContext* ctx) noexcept = 0;
+  /// The end of an optimizer step: after the gradients were reduced and the optimizer ran
+  /// (or the step was skipped). The core calls it on every module of the tree, in tree
+  /// order, the same on every rank; a module does not pass it on to its children. For
+  /// state that changes once per step outside the optimizer (an MoE router's expert bias
+  /// updated from the step's token counts). Collectives are allowed (every rank calls it).
+  virtual Status step_end(const StepEvent* event) noexcept = 0;
 
  protected:
   ~IModule() = default;

@@ -23,6 +23,15 @@ struct OptimizerStep {
   double grad_scale;    ///< gradients are multiplied by this first (clipping, 1/loss scale)
 };
 
+/// What an optimizer was configured with (IOptimizer::hyper, optimizer 1.2).
+struct OptimizerHyper {
+  uint32_t struct_size;  ///< sizeof(OptimizerHyper) of the caller
+  /// The learning rate: the constant rate without an LR schedule, the peak rate a schedule
+  /// starts from (handed to it as its inherited "lr").
+  double lr;
+  double weight_decay;  ///< decoupled weight decay (OptimizerStep::weight_decay); 0 for none
+};
+
 /// One shard of IOptimizer::update_many: what IOptimizer::update takes for one shard, and
 /// the parameter to receive the new master weights. A plain value struct; the tensors are
 /// the caller's.
@@ -70,6 +79,10 @@ class IOptimizer : public IObject {
   /// \param stream  device stream or null
   virtual Status update_many(const OptimizerStep* hp, int32_t count, const OptimizerShard* shards,
                              void* stream) noexcept = 0;
+  /// The learning rate and weight decay this optimizer was configured with (from its own
+  /// options, whatever their names). Optimizer 1.2 (ABI 1.5): check has_hyper() first.
+  /// \param[out] out  filled up to out->struct_size
+  virtual Status hyper(OptimizerHyper* out) const noexcept = 0;
 
  protected:
   ~IOptimizer() = default;
@@ -80,6 +93,12 @@ class IOptimizer : public IObject {
 inline bool has_update_many(const IOptimizer& optimizer) noexcept {
   InterfaceInfo info = optimizer.interface_info();
   return info.major == 1 && info.minor >= 1;
+}
+
+/// Whether `optimizer` implements optimizer 1.2, i.e. has hyper.
+inline bool has_hyper(const IOptimizer& optimizer) noexcept {
+  InterfaceInfo info = optimizer.interface_info();
+  return info.major == 1 && info.minor >= 2;
 }
 
 /// A learning-rate schedule: a pure function of the step (resume needs no other state).

@@ -142,4 +142,14 @@ inline std::string label_out_of_range_message(const char* op, int64_t row, int64
          ") (the vocabulary); fix the data or set its mask to 0";
 }
 
+/// masked_sum: x f32 (N), mask f32 (N) or empty -> out f32 (2); returns N.
+inline int64_t check_masked_sum(const OpCall* call, bool shapes_only, DeviceType device) {
+  OpArgs a(call, ops::kMaskedSum, {"x", "mask"}, {"out"}, shapes_only, device);
+  int64_t n = numel(a.f32_in(0));
+  if (a.opt_f32_in(1)) a.numel_in(1, n, "(N)");
+  a.f32_out(0);
+  a.shape_out(0, {2}, "(2)");
+  return n;
+}
+
 }  // namespace loom::op_checks

@@ -1,0 +1,189 @@
+#include "core/optim/distributed_optimizer.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "loom/cpp/error.h"
+#include "loom/cpp/tensor.h"
+
+namespace loom::core {
+
+DistributedOptimizer::DistributedOptimizer(IHost& host, ParameterSet& params, IOptimizer& optimizer,
+                                           const OptimizerSetup& setup, const GroupOf& groups)
+    : host_(host),
+      params_(params),
+      optimizer_(optimizer),
+      setup_(setup),
+      tensor_(groups(ParallelRole::kTensor)),
+      grad_norm_group_(groups(ParallelRole::kGradNorm)),
+      grad_sync_(params, groups, setup.sharded, host),
+      readiness_(params) {
+  // The destructor does not run when the constructor throws: whatever was allocated is
+  // freed here then.
+  try {
+    const Device device = setup_.device;
+    for (const Segment& seg : grad_sync_.segments()) {
+      Parameter& p = params_.all()[seg.param];
+      states_.push_back(std::make_unique<ParamState>());
+      ParamState* st = states_.back().get();
+      st->param = &p;
+      st->segment = seg;
+      st->decay = (p.info.flags & kParamNoWeightDecay) == 0;
+      st->in_norm = p.info.tp_split_dim >= 0 || setup_.tp_rank == 0;
+      int64_t n = seg.length;
+      auto alloc_f32 = [&]() {
+        void* mem = nullptr;
+        throw_if_error(host_.allocate(device, static_cast<uint64_t>(n) * 4, 64, &mem));
+        st->owned.push_back(mem);
+        if (mem != nullptr)
+          throw_if_error(host_.fill_zero(device, mem, static_cast<uint64_t>(n) * 4));
+        return make_view(mem, DType::kF32, {n}, device);
+      };
+      if (p.info.dtype == DType::kF32) {
+        st->master = param_shard(*st);
+      } else {
+        st->master = alloc_f32();
+        std::vector<float> staging(static_cast<size_t>(n));
+        load_floats(host_, param_shard(*st), staging.data());
+        copy_from_host(host_, staging.data(), st->master);
+      }
+      for (int32_t s = 0; s < optimizer_.state_count(); ++s) st->states.push_back(alloc_f32());
+    }
+    sumsq_ = Kernel(host_, ops::kSumSq, device, DType::kF32);
+    if (device.type != DeviceType::kCpu) throw_if_error(host_.allocate(device, 8, 64, &norm_acc_));
+    if (setup_.params_dtype != DType::kF32) cast_ = Kernel(host_, ops::kCast, device, DType::kF32);
+  } catch (...) {
+    release();
+    throw;
+  }
+}
+
+DistributedOptimizer::~DistributedOptimizer() { release(); }
+
+void DistributedOptimizer::release() {
+  for (auto& st : states_)
+    for (void* p : st->owned) host_.deallocate(setup_.device, p);
+  states_.clear();
+  host_.deallocate(setup_.device, norm_acc_);
+  norm_acc_ = nullptr;
+}
+
+TensorView DistributedOptimizer::param_shard(const ParamState& st) const {
+  const Parameter& p = *st.param;
+  char* value = static_cast<char*>(p.value.data) +
+                st.segment.begin * static_cast<int64_t>(dtype_size(p.info.dtype));
+  return make_view(value, p.info.dtype, {st.segment.length}, setup_.device);
+}
+
+uint64_t DistributedOptimizer::master_bytes() const {
+  if (setup_.params_dtype == DType::kF32) return 0;
+  uint64_t n = 0;
+  for (const auto& st : states_) n += static_cast<uint64_t>(st->segment.length) * sizeof(float);
+  return n;
+}
+
+uint64_t DistributedOptimizer::state_bytes() const {
+  uint64_t n = 0;
+  for (const auto& st : states_)
+    n += st->states.size() * static_cast<uint64_t>(st->segment.length) * sizeof(float);
+  return n;
+}
+
+void DistributedOptimizer::begin_step() {
+  params_.zero_grads();
+  readiness_.reset();
+}
+
+void DistributedOptimizer::grads_ready(const void* owner) {
+  for (size_t b : readiness_.mark(owner)) reduce_bucket(b);
+}
+
+void DistributedOptimizer::reduce_bucket(size_t b) {
+  reduce_sequence_parallel_grads(b);
+  grad_sync_.start(b);
+}
+
+void DistributedOptimizer::reduce_sequence_parallel_grads(size_t b) {
+  if (tensor_.size() == 1) return;
+  for (size_t i : params_.buckets()[b].params) {
+    Parameter& p = params_.all()[i];
+    if ((p.info.flags & kParamSequenceParallel) == 0) continue;
+    TensorView g = make_view(p.grad.data, DType::kF32, {p.numel()}, setup_.device);
+    throw_if_error(tensor_.all_reduce(&g, ReduceOp::kSum, nullptr),
+                   fmt::format("sequence-parallel gradient all-reduce of {}", p.name));
+  }
+}
+
+void DistributedOptimizer::finish_reduction() {
+  // The buckets not handed over during backward, in order (BucketReadiness keeps the order
+  // the same on every rank).
+  for (size_t b : readiness_.release_rest()) reduce_sequence_parallel_grads(b);
+  grad_sync_.finish();
+}
+
+double DistributedOptimizer::grad_norm(double loss_scale) {
+  // sumsq accumulates in f64 where the gradients live; one read back per step.
+  double sumsq = 0;
+  TensorView acc =
+      make_view(norm_acc_ != nullptr ? norm_acc_ : &sumsq, DType::kF64, {1}, setup_.device);
+  throw_if_error(host_.fill_zero(setup_.device, acc.data, 8));
+  for (auto& st : states_) {
+    if ((st->param->info.flags & kParamFrozen) || !st->in_norm) continue;
+    sumsq_({grad_sync_.grad_of(st->segment)}, {acc});
+  }
+  if (acc.data != &sumsq) copy_to_host(host_, acc, &sumsq);
+  if (grad_norm_group_.size() > 1) {
+    TensorView v = make_view(&sumsq, DType::kF64, {1});
+    throw_if_error(grad_norm_group_.all_reduce(&v, ReduceOp::kSum, nullptr),
+                   "all-reduce of the squared gradient norm over the grad-norm group");
+  }
+  return std::sqrt(sumsq) / loss_scale;
+}
+
+void DistributedOptimizer::update(const OptimizerStep& hp) {
+  if (has_update_many(optimizer_))
+    update_all(hp);
+  else
+    update_each(hp);
+  grad_sync_.gather_values();
+}
+
+void DistributedOptimizer::update_all(const OptimizerStep& hp) {
+  // Every shard in one call, so a GPU optimizer can update them in a few multi-tensor
+  // launches; a non-f32 parameter's view receives its new master there (an f32 one is its
+  // own master).
+  std::vector<OptimizerShard> shards;
+  shards.reserve(states_.size());
+  for (auto& st : states_) {
+    const Parameter& p = *st->param;
+    if (p.info.flags & kParamFrozen) continue;
+    OptimizerShard s{};
+    s.struct_size = sizeof(OptimizerShard);
+    s.decay = st->decay ? 1 : 0;
+    s.master = st->master;
+    s.grad = grad_sync_.grad_of(st->segment);
+    s.states = st->states.data();
+    s.param = p.info.dtype != DType::kF32 ? param_shard(*st) : empty_view();
+    shards.push_back(s);
+  }
+  throw_if_error(
+      optimizer_.update_many(&hp, static_cast<int32_t>(shards.size()), shards.data(), nullptr),
+      "optimizer update");
+}
+
+void DistributedOptimizer::update_each(const OptimizerStep& hp) {
+  // An optimizer built against optimizer 1.0: one update per shard, then the cast.
+  for (auto& st : states_) {
+    Parameter& p = *st->param;
+    if (p.info.flags & kParamFrozen) continue;
+    TensorView grad = grad_sync_.grad_of(st->segment);
+    OptimizerStep h = hp;
+    if (!st->decay) h.weight_decay = 0;
+    throw_if_error(optimizer_.update(&h, st->decay, &st->master, &grad, st->states.data(), nullptr),
+                   fmt::format("optimizer update of {}", p.name));
+    if (p.info.dtype != DType::kF32) cast_({st->master}, {param_shard(*st)});
+  }
+}
+
+}  // namespace loom::core

@@ -1,0 +1,145 @@
+// DistributedOptimizer: the optimizer's side of a training step, in one place (DESIGN.md
+// sections 5 and 6). It owns, for the parameter segments this rank updates (whole
+// parameters, or with the distributed optimizer the parts in its shards, GradSync), the f32
+// master weights (the parameter itself when it is f32) and the optimizer plugin's state
+// tensors; and it runs the step's optimizer work:
+//   - the gradient reduction: sequence-parallel gradients summed over the tensor group, then
+//     each bucket averaged over its data group (all-reduce, or reduce-scatter for ZeRO-1),
+//     started during the last backward as buckets become final (BucketReadiness) when
+//     overlap is on, else after backward;
+//   - the global gradient norm (each gradient piece counted once, summed over the grad-norm
+//     group) and the clipping coefficient;
+//   - the update: update_many (optimizer 1.1) with the casts into non-f32 parameters fused,
+//     or update per shard and a cast for an optimizer built against optimizer 1.0; then the
+//     all-gather of the updated shards (ZeRO-1);
+//   - its checkpoint tensors ("optim.master.<name>", "optim.<state>.<name>"), gathered from
+//     the shards, and their restore (optimizer_checkpoint.cc).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/checkpoint/checkpoint.h"
+#include "core/checkpoint/checkpoint_writer.h"
+#include "core/optim/bucket_readiness.h"
+#include "core/optim/grad_sync.h"
+#include "core/runtime/parameters.h"
+#include "loom/cpp/tensor.h"
+#include "loom/kinds/optimizer.h"
+
+namespace loom::core {
+
+/// How the optimizer runs on this rank.
+struct OptimizerSetup {
+  Device device;                     ///< where parameters, gradients and states live
+  DType params_dtype = DType::kF32;  ///< f32 parameters are their own master weights
+  bool sharded = false;              ///< the distributed optimizer (ZeRO-1)
+  bool overlap = false;              ///< reduce buckets during the step's last backward
+  int tp_rank = 0;                   ///< this rank's tensor-parallel coordinate
+};
+
+class DistributedOptimizer {
+ public:
+  /// Allocates the master weights (copied from the parameters) and zeroed states of this
+  /// rank's segments. Frees them again when it throws.
+  /// \param host       allocator, copies and kernels
+  /// \param params     the model's parameters (outlives this object)
+  /// \param optimizer  the optimizer plugin's component (outlives this object)
+  /// \param groups     the communicators of the data, expert-data, tensor and grad-norm roles
+  DistributedOptimizer(IHost& host, ParameterSet& params, IOptimizer& optimizer,
+                       const OptimizerSetup& setup, const GroupOf& groups);
+  ~DistributedOptimizer();
+  DistributedOptimizer(const DistributedOptimizer&) = delete;
+  DistributedOptimizer& operator=(const DistributedOptimizer&) = delete;
+
+  /// Starts a step: zero gradients, no bucket handed over yet.
+  void begin_step();
+  /// Whether buckets are reduced during the step's last backward.
+  bool overlap() const { return setup_.overlap; }
+  /// The grads_ready signal of `owner` (a module) during the step's last backward: starts
+  /// the reduction of every bucket that became final, in bucket order.
+  void grads_ready(const void* owner);
+  /// After the last backward: reduces the buckets not started yet and waits for all.
+  void finish_reduction();
+  /// The global L2 norm of the reduced gradients (every piece once, over every rank),
+  /// divided by `loss_scale`.
+  double grad_norm(double loss_scale);
+  /// Updates every shard with `hp` (clipping and unscaling in hp.grad_scale), then gathers
+  /// the updated shards (ZeRO-1).
+  void update(const OptimizerStep& hp);
+  /// Buckets handed over during the last backward in this step, and in all.
+  size_t released_buckets() const { return readiness_.released(); }
+  size_t bucket_count() const { return readiness_.bucket_count(); }
+  bool sharded() const { return grad_sync_.sharded(); }
+
+  /// Whether the tensors append_checkpoint_tensors gives are host memory (the gathered
+  /// shards of the distributed optimizer) rather than where the states live.
+  bool checkpoint_on_host() const { return checkpoint_on_host_; }
+  /// Memory of the master weights and of the optimizer states on this rank, in bytes.
+  uint64_t master_bytes() const;
+  uint64_t state_bytes() const;
+
+  // ---- checkpoints (optimizer_checkpoint.cc) ----
+
+  /// Makes the optimizer tensors of every parameter readable for a checkpoint: f32 master
+  /// weights when the parameters are not f32 ("optim.master.<name>") and the optimizer's
+  /// states ("optim.<state>.<name>"). Collective over the data groups with the distributed
+  /// optimizer: the shards are gathered into host memory this object keeps until the next
+  /// call. Call on every rank before append_checkpoint_tensors.
+  void prepare_checkpoint();
+  /// Appends `p`'s optimizer tensors (prepared above), this rank's slice in the whole
+  /// tensor's coordinates; the data still lives where the states do (on a device: the
+  /// caller copies it to the host). Only the ranks that write `p` call it.
+  void append_checkpoint_tensors(const Parameter& p, std::vector<SaveTensor>& out) const;
+  /// Reads the optimizer tensors of every parameter this rank updates from `reader`.
+  /// Throws kNotFound naming the tensor when the checkpoint lacks one (another optimizer).
+  /// \param saved_optimizer  the optimizer impl that saved it (for the message)
+  /// \param this_optimizer   this run's impl
+  void restore(CheckpointReader& reader, const std::string& saved_optimizer,
+               const std::string& this_optimizer);
+  /// Copies the parameters' values into the master weights (after loading weights alone).
+  void refresh_masters();
+
+ private:
+  // Optimizer memory of one segment (a whole parameter, or with the distributed optimizer
+  // the part of it this rank updates): f32 master weights (the parameter itself when it is
+  // f32) and the optimizer's state tensors.
+  struct ParamState {
+    Parameter* param = nullptr;
+    Segment segment;
+    TensorView master{};             // f32 (n,)
+    std::vector<TensorView> states;  // f32 (n,) each
+    std::vector<void*> owned;        // allocations to free
+    bool decay = true;
+    bool in_norm = true;  // counted in the grad norm on this rank (replicas count once)
+  };
+  // The parameter's own memory of a shard: (segment.length) in the parameter's dtype.
+  TensorView param_shard(const ParamState& st) const;
+  // Bucket `b`'s gradients are final: its sequence-parallel ones over the tensor group,
+  // then its data-parallel reduction (issued now, waited for in finish_reduction).
+  void reduce_bucket(size_t b);
+  void reduce_sequence_parallel_grads(size_t b);
+  // One update_many call (optimizer 1.1), or update and a cast per shard (1.0).
+  void update_all(const OptimizerStep& hp);
+  void update_each(const OptimizerStep& hp);
+  void release();
+
+  IHost& host_;
+  ParameterSet& params_;
+  IOptimizer& optimizer_;
+  OptimizerSetup setup_;
+  ICommunicator& tensor_;
+  ICommunicator& grad_norm_group_;
+  GradSync grad_sync_;
+  BucketReadiness readiness_;
+  std::vector<std::unique_ptr<ParamState>> states_;
+  Kernel sumsq_, cast_;
+  void* norm_acc_ = nullptr;  // (1) f64 on a device: the gradient norm's sum of squares
+  std::vector<std::vector<float>> checkpoint_scratch_;  // gathered states (host)
+  std::vector<const float*> checkpoint_data_;  // [param * (states + 1) + kind], kind 0: master
+  bool checkpoint_on_host_ = false;            // checkpoint_data_ points into the scratch
+};
+
+}  // namespace loom::core

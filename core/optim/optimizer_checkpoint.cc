@@ -1,0 +1,143 @@
+// The optimizer's side of checkpoints: master weights and optimizer states by name, gathered
+// from the distributed optimizer's shards, and read back into them.
+#include <fmt/format.h>
+
+#include "core/checkpoint/param_slices.h"
+#include "core/optim/distributed_optimizer.h"
+
+namespace loom::core {
+namespace {
+
+std::string master_name(const Parameter& p) { return "optim.master." + p.name; }
+
+std::string state_name(const IOptimizer& optimizer, int32_t s, const Parameter& p) {
+  return fmt::format("optim.{}.{}", optimizer.state_name(s), p.name);
+}
+
+}  // namespace
+
+void DistributedOptimizer::prepare_checkpoint() {
+  // What each parameter's optimizer data is: [master if not f32, states...], as f32 arrays
+  // of its local elements. With the distributed optimizer each rank holds only segments:
+  // they are gathered first (every rank's segments into flat buffers, summed over each
+  // bucket's data group).
+  const int32_t kinds = optimizer_.state_count() + 1;  // kind 0: master
+  const bool need_master = setup_.params_dtype != DType::kF32;
+  std::vector<Parameter>& all = params_.all();
+  checkpoint_data_.assign(all.size() * static_cast<size_t>(kinds), nullptr);
+  checkpoint_scratch_.clear();
+  checkpoint_on_host_ = grad_sync_.sharded();
+  auto index_of = [&](const Parameter* p) { return static_cast<size_t>(p - all.data()); };
+  if (!grad_sync_.sharded()) {
+    for (const auto& st : states_) {
+      size_t i = index_of(st->param);
+      checkpoint_data_[i * kinds] = static_cast<const float*>(st->master.data);
+      for (int32_t s = 0; s < kinds - 1; ++s)
+        checkpoint_data_[i * kinds + 1 + static_cast<size_t>(s)] =
+            static_cast<const float*>(st->states[static_cast<size_t>(s)].data);
+    }
+    return;
+  }
+  for (int32_t k = need_master ? 0 : 1; k < kinds; ++k) {
+    checkpoint_scratch_.emplace_back(static_cast<size_t>(params_.flat_size()), 0.f);
+    std::vector<float>& flat = checkpoint_scratch_.back();
+    for (const auto& st : states_) {
+      const TensorView& src = k == 0 ? st->master : st->states[static_cast<size_t>(k - 1)];
+      throw_if_error(host_.copy(kCpu, flat.data() + st->segment.flat, setup_.device, src.data,
+                                static_cast<uint64_t>(st->segment.length) * 4));
+    }
+    // Each bucket's range over its own group (the ranges of one group are adjacent).
+    const std::vector<Bucket>& buckets = params_.buckets();
+    for (size_t b = 0; b < buckets.size();) {
+      size_t end = b;
+      while (end < buckets.size() && &grad_sync_.comm_of(end) == &grad_sync_.comm_of(b)) ++end;
+      int64_t begin = buckets[b].offset, size = buckets[end - 1].offset + buckets[end - 1].size;
+      TensorView v = make_view(flat.data() + begin, DType::kF32, {size - begin}, kCpu);
+      throw_if_error(grad_sync_.comm_of(b).all_reduce(&v, ReduceOp::kSum, nullptr),
+                     "checkpoint: gathering the distributed optimizer's states");
+      b = end;
+    }
+    for (Parameter& p : all)
+      checkpoint_data_[index_of(&p) * kinds + static_cast<size_t>(k)] = flat.data() + p.offset;
+  }
+}
+
+void DistributedOptimizer::append_checkpoint_tensors(const Parameter& p,
+                                                     std::vector<SaveTensor>& out) const {
+  const size_t kinds = static_cast<size_t>(optimizer_.state_count()) + 1;
+  const size_t i = static_cast<size_t>(&p - params_.all().data());
+  if (setup_.params_dtype != DType::kF32)
+    out.push_back(save_tensor_of(master_name(p), p, setup_.tp_rank, checkpoint_data_[i * kinds],
+                                 DType::kF32));
+  for (int32_t s = 0; s < optimizer_.state_count(); ++s)
+    out.push_back(save_tensor_of(state_name(optimizer_, s, p), p, setup_.tp_rank,
+                                 checkpoint_data_[i * kinds + 1 + static_cast<size_t>(s)],
+                                 DType::kF32));
+}
+
+void DistributedOptimizer::restore(CheckpointReader& reader, const std::string& saved_optimizer,
+                                   const std::string& this_optimizer) {
+  // With the distributed optimizer each rank reads its parameters' whole local boxes into
+  // flat buffers and keeps its segments; otherwise straight into the states.
+  const bool sharded = grad_sync_.sharded();
+  const int32_t state_count = optimizer_.state_count();
+  const bool need_master = setup_.params_dtype != DType::kF32;
+  const std::string where = reader.dir().string();
+  std::vector<std::vector<float>> flats;
+  if (sharded)
+    for (int32_t k = 0; k < state_count + 1; ++k)
+      flats.emplace_back(k == 0 && !need_master ? 0 : static_cast<size_t>(params_.flat_size()),
+                         0.f);
+  std::vector<std::string> names;
+  std::vector<CheckpointTensor> requests;
+  names.reserve(params_.all().size() * 3);
+  auto request = [&](std::string name, const Parameter& p, void* into) {
+    if (!reader.has(name))
+      throw Error(Code::kNotFound,
+                  fmt::format("checkpoint {}: no tensor '{}' (saved with optimizer '{}', this run "
+                              "uses '{}'); to keep only the weights set checkpoint.init_from",
+                              where, name, saved_optimizer, this_optimizer));
+    names.push_back(std::move(name));
+    // The flat buffers of the distributed optimizer are host memory.
+    requests.push_back(
+        request_of(names.back(), p, setup_.tp_rank, into, sharded ? kCpu : setup_.device));
+  };
+  if (sharded) {
+    for (Parameter& p : params_.all()) {
+      if (need_master) request(master_name(p), p, flats[0].data() + p.offset);
+      for (int32_t s = 0; s < state_count; ++s)
+        request(state_name(optimizer_, s, p), p,
+                flats[static_cast<size_t>(s) + 1].data() + p.offset);
+    }
+  } else {
+    for (auto& st : states_) {
+      const Parameter& p = *st->param;
+      if (need_master) request(master_name(p), p, st->master.data);
+      for (int32_t s = 0; s < state_count; ++s)
+        request(state_name(optimizer_, s, p), p, st->states[static_cast<size_t>(s)].data);
+    }
+  }
+  for (size_t i = 0; i < requests.size(); ++i) requests[i].name = names[i].c_str();
+  reader.read(requests);
+  if (!sharded) return;
+  for (auto& st : states_) {
+    size_t n = static_cast<size_t>(st->segment.length) * 4;
+    if (need_master)
+      throw_if_error(
+          host_.copy(setup_.device, st->master.data, kCpu, flats[0].data() + st->segment.flat, n));
+    for (int32_t s = 0; s < state_count; ++s)
+      throw_if_error(host_.copy(setup_.device, st->states[static_cast<size_t>(s)].data, kCpu,
+                                flats[static_cast<size_t>(s) + 1].data() + st->segment.flat, n));
+  }
+}
+
+void DistributedOptimizer::refresh_masters() {
+  for (auto& st : states_) {  // the master weights of this rank's segments
+    if (st->param->info.dtype == DType::kF32) continue;
+    std::vector<float> staging(static_cast<size_t>(st->segment.length));
+    load_floats(host_, param_shard(*st), staging.data());
+    copy_from_host(host_, staging.data(), st->master);
+  }
+}
+
+}  // namespace loom::core

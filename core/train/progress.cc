@@ -1,0 +1,111 @@
+#include "core/train/progress.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "core/util/errors.h"
+#include "core/util/log.h"
+
+namespace loom::core {
+
+Progress::Progress(const std::filesystem::path& run_dir, int64_t steps, int64_t first_iteration)
+    : tty_(isatty(fileno(stdout)) != 0),
+      steps_(steps),
+      first_iteration_(first_iteration),
+      start_(std::chrono::steady_clock::now()) {
+  if (run_dir.empty()) return;
+  std::filesystem::create_directories(run_dir);
+  metrics_.open(run_dir / "metrics.jsonl", std::ios::app);
+  if (!metrics_)
+    throw IoError(fmt::format("cannot write {}", (run_dir / "metrics.jsonl").string()));
+}
+
+void Progress::clear_bar() {
+  if (tty_) std::printf("\r\033[K");
+}
+
+void Progress::add(const StepResult& r) {
+  if (r.skipped) {
+    ++skipped_;
+    clear_bar();
+    std::printf("step %lld skipped: non-finite %s (loss scale %g)\n",
+                static_cast<long long>(r.step), std::isfinite(r.loss) ? "gradients" : "loss",
+                r.loss_scale);
+  } else {
+    loss_ += r.loss;
+    norm_ += r.grad_norm;
+    ++count_;
+  }
+  time_ += r.seconds;
+  tokens_ += r.tokens;
+  lr_ = r.lr;
+  ++steps_in_;
+}
+
+void Progress::log(int64_t iteration, const LogFigures& figures) {
+  double step_ms = 1e3 * time_ / static_cast<double>(steps_in_);
+  double tps = static_cast<double>(tokens_) / time_;
+  double mfu = figures.peak_flops > 0 ? figures.flops_per_step * static_cast<double>(steps_in_) /
+                                            time_ / figures.peak_flops
+                                      : 0;
+  double loss = count_ ? loss_ / static_cast<double>(count_) : std::nan("");
+  double norm = count_ ? norm_ / static_cast<double>(count_) : std::nan("");
+  std::string extra;
+  if (figures.loss_scale) extra += fmt::format(" | scale {:g}", *figures.loss_scale);
+  for (const auto& [name, value] : figures.metrics)
+    extra += fmt::format(" | {} {:.4g}", name, value);
+  clear_bar();
+  std::printf(
+      "iter %6lld/%lld | loss %.4f | lr %.3e | grad norm %.3f | %.0f tok/s | %.1f ms/step "
+      "| MFU %.1f%% | mem %s (rss %s)%s\n",
+      static_cast<long long>(iteration), static_cast<long long>(steps_), loss, lr_, norm, tps,
+      step_ms, 100 * mfu, human_bytes(static_cast<double>(figures.peak_memory)).c_str(),
+      human_bytes(static_cast<double>(figures.max_rss)).c_str(), extra.c_str());
+  if (metrics_.is_open()) {
+    nlohmann::json line = {{"step", iteration},
+                           {"loss", loss},
+                           {"lr", lr_},
+                           {"grad_norm", norm},
+                           {"tokens_per_s", tps},
+                           {"step_ms", step_ms},
+                           {"mfu", mfu},
+                           {"peak_mem_bytes", figures.peak_memory},
+                           {"max_rss_bytes", figures.max_rss},
+                           {"skipped", skipped_},
+                           {"loss_scale", figures.loss_scale.value_or(1.0)}};
+    if (!std::isfinite(loss)) line["loss"] = nullptr;
+    if (!std::isfinite(norm)) line["grad_norm"] = nullptr;
+    for (const auto& [name, value] : figures.metrics)
+      line[name] = std::isfinite(value) ? nlohmann::json(value) : nlohmann::json(nullptr);
+    metrics_ << line.dump() << "\n" << std::flush;
+  }
+  loss_ = time_ = norm_ = 0;
+  count_ = tokens_ = skipped_ = steps_in_ = 0;
+}
+
+void Progress::validation(int64_t iteration, double loss) {
+  if (!std::isfinite(loss)) return;
+  clear_bar();
+  std::printf("validation at iter %lld | loss %.4f | ppl %.2f\n", static_cast<long long>(iteration),
+              loss, std::exp(loss));
+  if (metrics_.is_open())
+    metrics_ << nlohmann::json{{"step", iteration}, {"valid_loss", loss}}.dump() << "\n"
+             << std::flush;
+}
+
+void Progress::bar(int64_t iteration) {
+  if (!tty_ || iteration >= steps_) return;
+  double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  double eta = elapsed / static_cast<double>(iteration - first_iteration_) *
+               static_cast<double>(steps_ - iteration);
+  int width = 30, filled = static_cast<int>(width * iteration / steps_);
+  std::printf("\r[%s%s] %lld/%lld  eta %.0fs", std::string(filled, '#').c_str(),
+              std::string(width - filled, '.').c_str(), static_cast<long long>(iteration),
+              static_cast<long long>(steps_), eta);
+}
+
+}  // namespace loom::core

@@ -1,0 +1,146 @@
+#include "core/train/run_config.h"
+
+#include <fmt/format.h>
+
+#include "core/util/errors.h"
+
+namespace loom::core {
+namespace {
+
+// The value at `section`/`key` of a resolved spec (the core schema filled every default in;
+// a missing one is a spec that was not resolved).
+const nlohmann::json& at(const nlohmann::json& spec, const char* section, const char* key) {
+  if (!spec.contains(section) || !spec[section].is_object() || !spec[section].contains(key))
+    throw SpecError(fmt::format("/{}/{}", section, key),
+                    "missing; the spec was not resolved (core/spec/spec.h, resolve_spec)");
+  return spec[section][key];
+}
+
+// The component node at `section`/`key`, or null when absent.
+nlohmann::json node(const nlohmann::json& spec, const char* section, const char* key) {
+  if (spec.contains(section) && spec[section].is_object() && spec[section].contains(key))
+    return spec[section][key];
+  return nullptr;
+}
+
+RecomputePolicy recompute_policy(const std::string& name) {
+  if (name == "full") return RecomputePolicy::kFull;
+  if (name == "selective") return RecomputePolicy::kSelective;
+  if (name == "none") return RecomputePolicy::kNone;
+  throw SpecError("/train/recompute",
+                  fmt::format("'{}' is not one of none, selective, full", name));
+}
+
+void check(const RunConfig& c) {
+  const ParallelConfig& par = c.parallel;
+  std::string format = c.checkpoint.format.value("impl", "sharded");
+  if (par.saves_together() && format != "sharded")
+    throw SpecError(
+        "/checkpoint/format",
+        fmt::format("'{}' keeps whole tensors, but with tp > 1 or the distributed optimizer "
+                    "every rank saves its slices; use the sharded format (and `loom checkpoint "
+                    "convert` for a {} copy)",
+                    format, format));
+  for (auto [dim, size] : {std::pair{"cp", par.cp}, {"ep", par.ep}, {"pp", par.pp}})
+    if (size != 1)
+      throw Error(Code::kUnimplemented,
+                  fmt::format("spec /parallel/{}: {} is not available in this loom yet (data, "
+                              "tensor and sequence parallelism and the distributed optimizer "
+                              "are); set it to 1",
+                              dim, size));
+  if (par.vpp != 1 && par.pp == 1)
+    throw SpecError("/parallel/vpp",
+                    fmt::format("{} virtual pipeline chunks need pipeline parallelism "
+                                "(parallel.pp > 1); set it to 1",
+                                par.vpp));
+  const TrainConfig& t = c.train;
+  if (par.sequence_parallel && t.seq_length % par.tp != 0)
+    throw SpecError("/train/seq_length",
+                    fmt::format("{} is not divisible by parallel.tp {}: sequence "
+                                "parallelism splits every sequence into tp equal shards; "
+                                "choose a multiple of {}",
+                                t.seq_length, par.tp, par.tp));
+}
+
+}  // namespace
+
+void RunConfig::check_batch() const {
+  int64_t replicas = parallel.batch_replicas();
+  if (train.global_batch_size % (train.micro_batch_size * replicas) != 0)
+    throw SpecError("/train/global_batch_size",
+                    fmt::format("{} is not a multiple of micro_batch_size x dp = {} x {}",
+                                train.global_batch_size, train.micro_batch_size, replicas));
+}
+
+std::string ParallelConfig::describe() const {
+  return fmt::format("tp={} cp={} ep={} dp={} pp={}", tp, cp, ep, dp, pp);
+}
+
+RunConfig RunConfig::from_spec(const nlohmann::json& spec) {
+  RunConfig c;
+  ParallelConfig& par = c.parallel;
+  par.tp = at(spec, "parallel", "tp").get<int>();
+  par.cp = at(spec, "parallel", "cp").get<int>();
+  par.ep = at(spec, "parallel", "ep").get<int>();
+  par.dp = at(spec, "parallel", "dp").get<int>();
+  par.pp = at(spec, "parallel", "pp").get<int>();
+  par.vpp = at(spec, "parallel", "vpp").get<int>();
+  par.sequence_parallel = at(spec, "parallel", "sequence_parallel").get<bool>();
+  par.distributed_optimizer = at(spec, "parallel", "distributed_optimizer").get<bool>();
+  par.overlap_grad_reduce = at(spec, "parallel", "overlap_grad_reduce").get<bool>();
+  par.bucket_size = at(spec, "parallel", "bucket_size").get<int64_t>();
+  par.timeout_s = at(spec, "parallel", "timeout_s").get<double>();
+  par.pipeline_schedule = node(spec, "parallel", "pipeline_schedule");
+  par.comm_backend = node(spec, "parallel", "comm_backend");
+  par.device_comm_backend = node(spec, "parallel", "device_comm_backend");
+
+  PrecisionConfig& pr = c.precision;
+  std::string params = at(spec, "precision", "params").get<std::string>();
+  pr.params = dtype_from_name(params.c_str());
+  if (pr.params != DType::kF32 && pr.params != DType::kBF16 && pr.params != DType::kF16)
+    throw SpecError("/precision/params", fmt::format("unknown dtype '{}'", params));
+  pr.initial_loss_scale = at(spec, "precision", "initial_loss_scale").get<double>();
+  pr.min_loss_scale = at(spec, "precision", "min_loss_scale").get<double>();
+  pr.loss_scale_window = at(spec, "precision", "loss_scale_window").get<int64_t>();
+  pr.hysteresis = at(spec, "precision", "hysteresis").get<int64_t>();
+  pr.fp8 = node(spec, "precision", "fp8");
+
+  TrainConfig& t = c.train;
+  t.steps = at(spec, "train", "steps").get<int64_t>();
+  t.micro_batch_size = at(spec, "train", "micro_batch_size").get<int64_t>();
+  t.seq_length = at(spec, "train", "seq_length").get<int64_t>();
+  t.global_batch_size = spec["train"].contains("global_batch_size")
+                            ? spec["train"]["global_batch_size"].get<int64_t>()
+                            : t.micro_batch_size * par.batch_replicas();
+  t.seed = at(spec, "train", "seed").get<uint64_t>();
+  t.device_name = at(spec, "train", "device").get<std::string>();
+  t.device = t.device_name == "cuda" ? DeviceType::kCuda : DeviceType::kCpu;
+  t.grad_clip = at(spec, "train", "grad_clip").get<double>();
+  t.log_interval = at(spec, "train", "log_interval").get<int64_t>();
+  t.eval_interval = at(spec, "train", "eval_interval").get<int64_t>();
+  t.eval_steps = at(spec, "train", "eval_steps").get<int64_t>();
+  t.max_nonfinite_steps = at(spec, "train", "max_nonfinite_steps").get<int64_t>();
+  t.recompute = recompute_policy(at(spec, "train", "recompute").get<std::string>());
+
+  CheckpointConfig& ck = c.checkpoint;
+  ck.format = node(spec, "checkpoint", "format");
+  if (ck.format.is_null()) ck.format = {{"impl", "sharded"}};
+  if (spec["checkpoint"].contains("dir")) ck.dir = spec["checkpoint"]["dir"].get<std::string>();
+  ck.interval = spec["checkpoint"].value("interval", int64_t{0});
+  ck.keep = at(spec, "checkpoint", "keep").get<int64_t>();
+  ck.resume_auto = at(spec, "checkpoint", "resume").get<std::string>() == "auto";
+  ck.async = at(spec, "checkpoint", "async").get<bool>();
+  ck.save_at_end = at(spec, "checkpoint", "save_at_end").get<bool>();
+  if (spec["checkpoint"].contains("init_from"))
+    ck.init_from = spec["checkpoint"]["init_from"].get<std::string>();
+
+  c.kernels = KernelsConfig::from_json(spec.value("kernels", nlohmann::json::object()));
+
+  c.log.level = at(spec, "log", "level").get<std::string>();
+  if (spec["log"].contains("run_dir")) c.log.run_dir = spec["log"]["run_dir"].get<std::string>();
+  c.log.sample = node(spec, "log", "sample");
+  check(c);
+  return c;
+}
+
+}  // namespace loom::core

@@ -1,0 +1,416 @@
+#include "core/train/schedule_executor.h"
+
+#include <fmt/format.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "core/runtime/parameters.h"
+#include "core/util/errors.h"
+#include "loom/cpp/comm_work.h"
+#include "loom/cpp/tensor.h"
+
+namespace loom::core {
+namespace {
+
+const char* op_name(PipelineOp op) {
+  switch (op) {
+    case PipelineOp::kForward:
+      return "forward";
+    case PipelineOp::kBackward:
+      return "backward";
+    case PipelineOp::kSendActivation:
+      return "send_activation";
+    case PipelineOp::kRecvActivation:
+      return "recv_activation";
+    case PipelineOp::kSendGrad:
+      return "send_grad";
+    case PipelineOp::kRecvGrad:
+      return "recv_grad";
+    case PipelineOp::kBackwardInput:
+      return "backward_input";
+    case PipelineOp::kBackwardWeight:
+      return "backward_weight";
+  }
+  return "unknown";
+}
+
+// A host view of one of the batch's (B, T) inputs, copied into `ctx` on a device (the CPU:
+// the host memory itself); an absent input stays empty.
+TensorView input_view(IHost& host, ForwardContext& ctx, const void* data, DType dtype,
+                      const Batch& batch, Device device) {
+  if (data == nullptr) return empty_view();
+  TensorView v = make_view(const_cast<void*>(data), dtype, {batch.batch, batch.seq_length}, kCpu);
+  if (device.type == DeviceType::kCpu) return v;
+  TensorView d = allocate(ctx, dtype, {batch.batch, batch.seq_length}, device);
+  copy_from_host(host, data, d);
+  return d;
+}
+
+double read_scalar(IHost& host, const TensorView& v, const char* what) {
+  float x = 0;
+  throw_if_error(host.copy(kCpu, &x, v.device, v.data, 4), what);
+  return x;
+}
+
+// What has happened to one (micro-batch, chunk) while a plan is checked.
+struct Progress {
+  bool received = false, forwarded = false, sent = false;
+  bool grad_received = false, backwarded = false, split = false, weighted = false;
+  bool grad_sent = false;
+};
+
+// A receive buffer shaped like `like` (data null: a shape) on `device`, from `ctx`.
+TensorView allocate_like(ForwardContext& ctx, const TensorView& like, Device device) {
+  TensorView out{};
+  throw_if_error(ctx.allocate(like.dtype, like.ndim, like.shape, device, &out),
+                 "pipeline receive buffer");
+  return out;
+}
+
+}  // namespace
+
+struct ScheduleExecutor::InFlight {
+  std::unique_ptr<ForwardContext> ctx;
+  TensorView received{};       // the previous stage's output: this chunk's input
+  TensorView output{};         // this chunk's output, for the next stage
+  TensorView received_grad{};  // the gradient of `output`, from the next stage
+  TensorView input_grad{};     // the gradient of `received`, for the previous stage
+  double grad_weight = 0;      // the loss gradient of a last stage
+  std::vector<CommWorkPtr> sends;
+};
+
+ScheduleExecutor::ScheduleExecutor(IHost& host, Device device, std::vector<IModel*> chunks)
+    : host_(host), device_(device), chunks_(std::move(chunks)) {
+  if (chunks_.empty()) throw InvalidArgument("schedule executor: no model chunk");
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    ModelInfo info{};
+    info.struct_size = sizeof(ModelInfo);
+    if (chunks_[c]->interface_info().minor >= 1) {
+      throw_if_error(chunks_[c]->info(&info), fmt::format("model chunk {}: IModel::info", c));
+    } else {  // a model built against SDK 1.4: the whole network
+      info.pp_size = info.chunks = 1;
+      info.first_stage = info.last_stage = 1;
+    }
+    if (info.chunks != static_cast<int32_t>(chunks_.size()) ||
+        info.chunk != static_cast<int32_t>(c))
+      throw InvalidArgument(fmt::format(
+          "schedule executor: model chunk {} was built as chunk {} of {}, but this rank runs {} "
+          "chunks",
+          c, info.chunk, info.chunks, chunks_.size()));
+    infos_.push_back(info);
+  }
+}
+
+int32_t ScheduleExecutor::virtual_stage(int32_t chunk) const {
+  const ModelInfo& i = info(chunk);
+  return chunk * i.pp_size + i.pp_rank;
+}
+
+int32_t ScheduleExecutor::tag(int32_t m, int32_t sender, bool gradient) const {
+  const int32_t stages = info(0).pp_size * info(0).chunks;
+  return (m * stages + sender) * 2 + (gradient ? 1 : 0);
+}
+
+void ScheduleExecutor::check(const std::vector<PipelineAction>& plan, int32_t micro_batches,
+                             const std::string& schedule) const {
+  const int32_t chunks = static_cast<int32_t>(chunks_.size());
+  std::map<std::pair<int32_t, int32_t>, Progress> seen;
+  auto refuse = [&](size_t index, const PipelineAction& a, const std::string& rule) {
+    throw InvalidArgument(
+        fmt::format("pipeline schedule '{}': action {} ({} of micro-batch {}, chunk {}) {}",
+                    schedule, index, op_name(a.op), a.micro_batch, a.chunk, rule));
+  };
+  for (size_t i = 0; i < plan.size(); ++i) {
+    const PipelineAction& a = plan[i];
+    if (a.micro_batch < 0 || a.micro_batch >= micro_batches)
+      refuse(i, a, fmt::format("names a micro-batch outside [0, {})", micro_batches));
+    if (a.chunk < 0 || a.chunk >= chunks)
+      refuse(i, a, fmt::format("names a chunk outside [0, {}) (this rank's chunks)", chunks));
+    const ModelInfo& info = this->info(a.chunk);
+    const bool first = info.first_stage != 0, last = info.last_stage != 0;
+    Progress& p = seen[{a.micro_batch, a.chunk}];
+    switch (a.op) {
+      case PipelineOp::kRecvActivation:
+        if (first) refuse(i, a, "is on the first stage, which takes tokens, not activations");
+        if (p.received || p.forwarded) refuse(i, a, "comes twice or after the forward");
+        p.received = true;
+        break;
+      case PipelineOp::kForward:
+        if (p.forwarded) refuse(i, a, "comes twice");
+        if (!first && !p.received) refuse(i, a, "comes before its input was received");
+        p.forwarded = true;
+        break;
+      case PipelineOp::kSendActivation:
+        if (last) refuse(i, a, "is on the last stage, which gives the loss, not activations");
+        if (!p.forwarded || p.sent) refuse(i, a, "comes before the forward or twice");
+        p.sent = true;
+        break;
+      case PipelineOp::kRecvGrad:
+        if (last) refuse(i, a, "is on the last stage, whose gradient is the loss's");
+        if (!p.forwarded || p.grad_received) refuse(i, a, "comes before the forward or twice");
+        p.grad_received = true;
+        break;
+      case PipelineOp::kBackward:
+      case PipelineOp::kBackwardInput:
+        if (!p.forwarded) refuse(i, a, "comes before its forward");
+        if (p.backwarded) refuse(i, a, "comes twice");
+        if (!last && !p.grad_received) refuse(i, a, "comes before its output gradient arrived");
+        if (a.op == PipelineOp::kBackwardInput &&
+            chunks_[static_cast<size_t>(a.chunk)]->interface_info().minor < 1)
+          refuse(i, a,
+                 "splits the backward, which the model cannot (it was built against SDK 1.4 "
+                 "or older: model 1.1 has backward_weight)");
+        p.backwarded = true;
+        p.split = a.op == PipelineOp::kBackwardInput;
+        break;
+      case PipelineOp::kBackwardWeight:
+        if (!p.backwarded || !p.split || p.weighted)
+          refuse(i, a, "needs a backward_input before it, once");
+        p.weighted = true;
+        break;
+      case PipelineOp::kSendGrad:
+        if (first) refuse(i, a, "is on the first stage, which has no input gradient to send");
+        if (!p.backwarded || p.grad_sent) refuse(i, a, "comes before the backward or twice");
+        p.grad_sent = true;
+        break;
+      default:
+        refuse(i, a, "is not a pipeline op");
+    }
+  }
+  for (int32_t m = 0; m < micro_batches; ++m)
+    for (int32_t c = 0; c < chunks; ++c) {
+      const Progress& p = seen[{m, c}];
+      const ModelInfo& info = this->info(c);
+      const char* missing = !p.forwarded                            ? "a forward"
+                            : !p.backwarded                         ? "a backward"
+                            : p.split && !p.weighted                ? "a backward_weight"
+                            : info.last_stage == 0 && !p.sent       ? "a send_activation"
+                            : info.first_stage == 0 && !p.grad_sent ? "a send_grad"
+                                                                    : nullptr;
+      if (missing != nullptr)
+        throw InvalidArgument(
+            fmt::format("pipeline schedule '{}': micro-batch {} of chunk {} has no {} in the plan",
+                        schedule, m, c, missing));
+    }
+}
+
+StepLosses ScheduleExecutor::run(const std::vector<PipelineAction>& plan, int32_t micro_batches,
+                                 const StepPlanContext& step, const std::string& schedule) {
+  check(plan, micro_batches, schedule);
+  const int32_t chunks = static_cast<int32_t>(chunks_.size());
+  // The action after which each chunk's gradients are final (its last backward or
+  // backward_input, and its last backward_weight), and each micro-batch's last action.
+  std::vector<size_t> last_backward(static_cast<size_t>(chunks), plan.size());
+  std::vector<size_t> last_weight(static_cast<size_t>(chunks), plan.size());
+  std::map<std::pair<int32_t, int32_t>, size_t> last_action;
+  bool transfers = false;
+  for (size_t i = 0; i < plan.size(); ++i) {
+    const PipelineAction& a = plan[i];
+    if (a.op == PipelineOp::kBackward || a.op == PipelineOp::kBackwardInput)
+      last_backward[static_cast<size_t>(a.chunk)] = i;
+    if (a.op == PipelineOp::kBackwardWeight) last_weight[static_cast<size_t>(a.chunk)] = i;
+    last_action[{a.micro_batch, a.chunk}] = i;
+    transfers = transfers || a.op == PipelineOp::kSendActivation ||
+                a.op == PipelineOp::kRecvActivation || a.op == PipelineOp::kSendGrad ||
+                a.op == PipelineOp::kRecvGrad;
+  }
+  if (transfers && (step.pipeline == nullptr || step.pipeline->size() < 2))
+    throw InvalidArgument(fmt::format(
+        "pipeline schedule '{}': the plan sends between stages, but this run has no pipeline "
+        "group of more than one rank (parallel.pp)",
+        schedule));
+
+  inputs_.assign(static_cast<size_t>(micro_batches), MicroBatchInput{});
+  std::map<std::pair<int32_t, int32_t>, InFlight> flights;
+  std::vector<InFlight> draining;  // done but for sends still under way
+  StepLosses out;
+  const int32_t pp = info(0).pp_size, rank = info(0).pp_rank;
+  const int32_t next = (rank + 1) % pp, prev = (rank + pp - 1) % pp;
+  try {
+    for (size_t i = 0; i < plan.size(); ++i) {
+      const PipelineAction& a = plan[i];
+      const int32_t m = a.micro_batch, c = a.chunk;
+      InFlight& f = flights[{m, c}];
+      if (!f.ctx) open(f, m, step);
+      const std::string what =
+          fmt::format("pipeline schedule '{}': action {} ({} of micro-batch {}, chunk {})",
+                      schedule, i, op_name(a.op), m, c);
+      ICommWork* work = nullptr;
+      switch (a.op) {
+        case PipelineOp::kRecvActivation:
+          f.received = allocate_like(*f.ctx, info(c).hidden, device_);
+          throw_if_error(
+              step.pipeline->recv_async(&f.received, prev, tag(m, virtual_stage(c) - 1, false),
+                                        nullptr, &work),
+              what);
+          throw_if_error(CommWorkPtr(work)->wait(), what);
+          break;
+        case PipelineOp::kForward:
+          forward(f, m, c, step, out);
+          break;
+        case PipelineOp::kSendActivation:
+          throw_if_error(step.pipeline->send_async(&f.output, next, tag(m, virtual_stage(c), false),
+                                                   nullptr, &work),
+                         what);
+          f.sends.emplace_back(work);
+          break;
+        case PipelineOp::kRecvGrad:
+          f.received_grad = allocate_like(*f.ctx, info(c).hidden, device_);
+          throw_if_error(
+              step.pipeline->recv_async(&f.received_grad, next, tag(m, virtual_stage(c) + 1, true),
+                                        nullptr, &work),
+              what);
+          throw_if_error(CommWorkPtr(work)->wait(), what);
+          break;
+        case PipelineOp::kBackward:
+        case PipelineOp::kBackwardInput:
+          backward(f, c, a.op == PipelineOp::kBackwardInput,
+                   i == last_backward[static_cast<size_t>(c)], step);
+          if (step.after_backward) step.after_backward(m);
+          break;
+        case PipelineOp::kBackwardWeight:
+          if (i == last_weight[static_cast<size_t>(c)] && step.grads_ready)
+            f.ctx->set_grads_ready(step.grads_ready);
+          throw_if_error(chunks_[static_cast<size_t>(c)]->backward_weight(f.ctx.get()),
+                         what + ": model backward_weight");
+          f.ctx->set_grads_ready(nullptr);
+          f.ctx->rethrow_grads_ready_error();
+          break;
+        case PipelineOp::kSendGrad:
+          throw_if_error(step.pipeline->send_async(&f.input_grad, prev,
+                                                   tag(m, virtual_stage(c), true), nullptr, &work),
+                         what);
+          f.sends.emplace_back(work);
+          break;
+      }
+      // A micro-batch whose chunk is done frees its memory (once its sends have finished).
+      if (last_action[{m, c}] == i) {
+        auto node = flights.extract({m, c});
+        draining.push_back(std::move(node.mapped()));
+      }
+      for (InFlight& d : draining)
+        if (d.ctx && sends_done(d)) d.ctx.reset();
+    }
+  } catch (...) {
+    // The transfers under way use the contexts' memory: wait for them before it goes.
+    for (auto& [key, f] : flights) drain(f, nullptr);
+    for (InFlight& d : draining) drain(d, nullptr);
+    throw;
+  }
+  Status first = ok_status();
+  for (InFlight& d : draining) drain(d, &first);
+  throw_if_error(first, fmt::format("pipeline schedule '{}': a send between stages", schedule));
+  return out;
+}
+
+void ScheduleExecutor::open(InFlight& f, int32_t m, const StepPlanContext& step) {
+  MicroBatchInput& in = inputs_[static_cast<size_t>(m)];
+  if (in.batch == nullptr) {
+    in = step.input(m);
+    if (in.batch == nullptr)
+      throw Error(Code::kInternal, fmt::format("schedule executor: no data for micro-batch {}", m));
+  }
+  f.ctx = std::make_unique<ForwardContext>(host_, true, step.recompute, in.rng_index, step.seed,
+                                           step.step, step.module_ids);
+  f.ctx->set_metric_sink(step.metrics);
+}
+
+void ScheduleExecutor::forward(InFlight& f, int32_t m, int32_t c, const StepPlanContext& step,
+                               StepLosses& out) {
+  const ModelInfo& where = info(c);
+  IModel& model = *chunks_[static_cast<size_t>(c)];
+  ForwardContext& ctx = *f.ctx;
+  const Batch& batch = *inputs_[static_cast<size_t>(m)].batch;
+  TensorView in[6] = {
+      input_view(host_, ctx, batch.tokens.data(), DType::kI32, batch, device_),
+      input_view(host_, ctx, batch.labels.data(), DType::kI32, batch, device_),
+      input_view(host_, ctx, batch.loss_mask.data(), DType::kF32, batch, device_),
+      input_view(host_, ctx, batch.position_ids.empty() ? nullptr : batch.position_ids.data(),
+                 DType::kI32, batch, device_),
+      input_view(host_, ctx, batch.segment_ids.empty() ? nullptr : batch.segment_ids.data(),
+                 DType::kI32, batch, device_),
+      f.received};
+  // A model 1.1 gives up to five outputs; one built against SDK 1.4 the loss and logits.
+  const bool v11 = model.interface_info().minor >= 1;
+  const int32_t n_out = v11 ? 5 : (step.logits ? 2 : 1);
+  TensorView outputs[5] = {};
+  throw_if_error(model.forward(&ctx, in, where.first_stage != 0 ? 5 : 6, outputs, n_out),
+                 "model forward");
+  if (where.last_stage == 0) {
+    f.output = outputs[2];
+    return;
+  }
+  if (step.logits && n_out > 1 && present(outputs[1])) step.logits(m, outputs[1]);
+  double mean = read_scalar(host_, outputs[0], "reading the loss");
+  double weight = step.loss_weight;
+  if (step.context != nullptr && step.context->size() > 1) {
+    // Context-parallel ranks hold parts of one sequence: the micro-batch's mean is the sum
+    // of their losses over the sum of their tokens, and each rank's share of the gradient
+    // its share of the tokens.
+    if (!v11 || !present(outputs[3]) || !present(outputs[4]))
+      throw InvalidArgument(
+          "context parallelism needs the loss as (sum, tokens) from the model (outputs [3] and "
+          "[4], model 1.1)");
+    double local_tokens = read_scalar(host_, outputs[4], "reading the loss's tokens");
+    double totals[2] = {read_scalar(host_, outputs[3], "reading the loss's sum"), local_tokens};
+    TensorView v = make_view(totals, DType::kF64, {2});
+    throw_if_error(step.context->all_reduce(&v, ReduceOp::kSum, nullptr),
+                   "the loss's (sum, tokens) over the context-parallel group");
+    mean = totals[1] > 0 ? totals[0] / totals[1] : 0.0;
+    weight = totals[1] > 0 ? step.loss_weight * local_tokens / totals[1] : 0.0;
+  }
+  f.grad_weight = weight;
+  out.sum_of_means += mean;
+  out.micro_batches += 1;
+}
+
+void ScheduleExecutor::backward(InFlight& f, int32_t c, bool split, bool last_for_chunk,
+                                const StepPlanContext& step) {
+  const ModelInfo& where = info(c);
+  IModel& model = *chunks_[static_cast<size_t>(c)];
+  ForwardContext& ctx = *f.ctx;
+  ctx.set_defer_weight_grads(split);
+  // The chunk's final gradient pass hands buckets to the reduction as they become final.
+  if (last_for_chunk && step.grads_ready) ctx.set_grads_ready(step.grads_ready);
+  TensorView grad_outputs[3] = {};
+  int32_t n_grad_outputs = 3;
+  if (where.last_stage != 0) {
+    float dloss = static_cast<float>(f.grad_weight);
+    grad_outputs[0] = allocate(ctx, DType::kF32, {}, device_);
+    copy_from_host(host_, &dloss, grad_outputs[0]);
+    n_grad_outputs = 1;
+  } else {
+    grad_outputs[2] = f.received_grad;
+  }
+  TensorView grad_inputs[6] = {};
+  throw_if_error(model.backward(&ctx, grad_outputs, n_grad_outputs, grad_inputs,
+                                where.first_stage != 0 ? 0 : 6),
+                 "model backward");
+  ctx.set_grads_ready(nullptr);
+  ctx.rethrow_grads_ready_error();
+  if (where.first_stage == 0) f.input_grad = grad_inputs[5];
+}
+
+bool ScheduleExecutor::sends_done(InFlight& f) {
+  for (CommWorkPtr& w : f.sends)
+    if (!w->done()) return false;
+  drain(f, nullptr);
+  return true;
+}
+
+void ScheduleExecutor::drain(InFlight& f, Status* first) {
+  for (CommWorkPtr& w : f.sends) {
+    Status s = w->wait();
+    if (first != nullptr && first->code == Code::kOk)
+      *first = s;
+    else
+      status_release(&s);
+  }
+  f.sends.clear();
+  f.ctx.reset();
+}
+
+}  // namespace loom::core

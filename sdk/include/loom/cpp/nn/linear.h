@@ -1,0 +1,226 @@
+// Linear: the compute of a dense layer, y = x W^T + b, for the modules that own the weight
+// (a layer's QKV and output projections, an MLP's fc1 and fc2, an output layer). It holds
+// resolved kernels only; parameters belong to the owner, and so do saved activations
+// except the FP8 operands and the deferred weight-gradient operands below. The owner names
+// each of its GEMM sites by a LinearSite: its own `this` and a first forward-context slot,
+// from which the site may use kSiteSlots slots that the owner must leave free.
+//
+// FP8 (a run with spec /precision/fp8): a module makes the GEMMs of one of its linear sites
+// FP8 with enable_fp8 while it is built, which asks the run's recipe for three quantisers
+// (activation, weight, output gradient). That site's forward then quantises x and W
+// (keeping their transposes for backward, saved in the forward context under the site's
+// slots), multiplies them with "fp8_gemm" into y in the module's dtype, and its backward
+// quantises dy and runs the two backward GEMMs in FP8 as well (Transformer Engine's Linear
+// with fp8_wgrad). Bias terms stay in the module's dtype.
+//
+// Deferred weight gradients (zero-bubble schedules; ModuleBase explains the protocol):
+// backward with a `deferred` owner id computes dx only and keeps dW's operands (x and dy,
+// or their FP8 transposes and scales) under (deferred, site slots); backward_weight then
+// computes dW and dbias from them.
+#pragma once
+
+#include <loom/cpp/nn/views.h>
+#include <loom/cpp/tensor.h>
+#include <loom/kinds/fp8_recipe.h>
+#include <loom/registry.h>
+
+#include <array>
+#include <map>
+#include <utility>
+
+namespace loom::nn {
+
+/// Names one GEMM site of a module: its saved tensors go under (owner, slot ..
+/// slot + Linear::kSiteSlots - 1), which the module must leave free.
+struct LinearSite {
+  const void* owner;
+  int32_t slot;
+};
+
+class Linear {
+ public:
+  /// Forward-context slots a site uses from its first slot on.
+  static constexpr int32_t kSiteSlots = 4;
+  /// The former name of kSiteSlots.
+  static constexpr int32_t kFp8Slots = kSiteSlots;
+
+  /// Resolves gemm, bias_add and bias_grad for activations of `dtype` on `device`.
+  Linear(IHost& host, Device device, DType dtype)
+      : device_(device),
+        gemm_(host, ops::kGemm, device, dtype),
+        bias_add_(host, ops::kBiasAdd, device, dtype),
+        bias_grad_(host, ops::kBiasGrad, device, dtype),
+        host_(&host) {}
+
+  /// Makes `site`'s GEMMs FP8 when the run has an FP8 recipe (ctx.fp8_recipe()); does
+  /// nothing otherwise. Call it while the owner is built.
+  void enable_fp8(IBuildContext& ctx, LinearSite site) {
+    if (ctx.interface_info().minor < 1 || ctx.fp8_recipe() == nullptr) return;
+    recipe_ = ctx.fp8_recipe();
+    // One quantiser per (site, role): the site's id is its owner's address offset by its
+    // slot (distinct slots of one owner give distinct keys).
+    const void* key = static_cast<const char*>(site.owner) + site.slot;
+    Fp8Site s{};
+    Fp8QuantizerInfo info{};
+    throw_if_error(recipe_->quantizer(key, Fp8Role::kActivation, &s.act, &info), "fp8 quantizer");
+    s.act_dtype = info.dtype;
+    throw_if_error(recipe_->quantizer(key, Fp8Role::kWeight, &s.weight, &info), "fp8 quantizer");
+    s.weight_dtype = info.dtype;
+    throw_if_error(recipe_->quantizer(key, Fp8Role::kGradOutput, &s.grad, &info), "fp8 quantizer");
+    s.grad_dtype = info.dtype;
+    if (info.granularity != Fp8Granularity::kPerTensor || info.scale_dtype != DType::kF32)
+      fail(Code::kUnimplemented,
+           "linear: the FP8 recipe asks for block scales; this layer's GEMMs take per-tensor "
+           "scales (use the delayed or tensorwise recipe)");
+    for (DType a : {s.act_dtype, s.grad_dtype})
+      if (!fp8_gemm_.count(a)) fp8_gemm_.emplace(a, Kernel(*host_, ops::kFp8Gemm, device_, a));
+    sites_[{site.owner, site.slot}] = s;
+  }
+  /// True when `site` runs in FP8.
+  bool fp8(LinearSite site) const { return fp8_site(site) != nullptr; }
+
+  /// y (N, out) = x (N, in) @ w^T (out, in) + bias (out) when present. In FP8 the site's
+  /// quantised operands are saved in `ctx` when it is training.
+  void forward(IForwardContext& ctx, LinearSite site, const TensorView& x, const TensorView& w,
+               const TensorView& bias, const TensorView& y) const {
+    const Fp8Site* s = fp8_site(site);
+    if (s == nullptr) return forward(x, w, bias, y);
+    const bool training = ctx.training();
+    // x (N, in) -> xq (N, in) for this GEMM, xq^T (in, N) for dW; w (out, in) -> wq for
+    // this GEMM, wq^T (in, out) for dx.
+    auto [xq, xt, xs] = quantize(ctx, s->act, s->act_dtype, x, true, training);
+    auto [wq, wt, ws] = quantize(ctx, s->weight, s->weight_dtype, w, true, training);
+    fp8_gemm(s->act_dtype)({xq, wq, xs, ws}, {y}, ops::Fp8GemmAttrs{1.f, 0.f, 1});
+    if (present(bias)) bias_add_({bias}, {y});
+    if (training) {
+      save(ctx, site.owner, site.slot + kXt, xt);
+      save(ctx, site.owner, site.slot + kWt, wt);
+      save(ctx, site.owner, site.slot + kXScaleInv, xs);
+      save(ctx, site.owner, site.slot + kWScaleInv, ws);
+    }
+    release_all(ctx, {xq, wq, xt, wt, xs, ws});  // the saves keep what backward reads
+  }
+  /// dw (out, in) += dy^T @ x; dbias (out) += sum_n dy when present; dx (N, in) = dy @ w
+  /// when present (overwritten). In FP8, x and w are not read (the saved quantised
+  /// operands are): they may be empty views.
+  /// \param deferred  null: all of the above; else the owner's deferred id
+  ///                  (ModuleBase::deferred_owner): dx only, dW's operands kept there for
+  ///                  backward_weight (dw and dbias are not touched)
+  void backward(IForwardContext& ctx, LinearSite site, const TensorView& dy, const TensorView& x,
+                const TensorView& w, const TensorView& dw, const TensorView& dbias,
+                const TensorView& dx, const void* deferred = nullptr) const {
+    const Fp8Site* s = fp8_site(site);
+    if (s == nullptr) {
+      if (deferred == nullptr) return backward(dy, x, w, dw, dbias, dx);
+      save(ctx, deferred, deferred_slot(site, kDy), dy);
+      save(ctx, deferred, deferred_slot(site, kX), x);
+      if (present(dx)) gemm_({dy, w}, {dx}, ops::GemmAttrs{0, 0, 1.f, 0.f});
+      return;
+    }
+    TensorView xt = load(ctx, site.owner, site.slot + kXt);  // (in, N)
+    TensorView wt = load(ctx, site.owner, site.slot + kWt);  // (in, out)
+    TensorView xs = load(ctx, site.owner, site.slot + kXScaleInv);
+    TensorView ws = load(ctx, site.owner, site.slot + kWScaleInv);
+    // dy (N, out) -> dyq (N, out) for dx, dyq^T (out, N) for dW.
+    auto [dyq, dyt, gs] = quantize(ctx, s->grad, s->grad_dtype, dy, present(dx), true);
+    if (deferred == nullptr) {
+      fp8_weight_grad(*s, dyt, xt, gs, xs, dw);
+      if (present(dbias)) bias_grad_({dy}, {dbias});
+    } else {
+      save(ctx, deferred, deferred_slot(site, kDyt), dyt);
+      save(ctx, deferred, deferred_slot(site, kXtDeferred), xt);
+      save(ctx, deferred, deferred_slot(site, kGradScaleInv), gs);
+      save(ctx, deferred, deferred_slot(site, kXScaleInvDeferred), xs);
+      if (present(dbias))
+        save(ctx, deferred, deferred_slot(site, kDy), dy);  // dbias needs dy itself
+    }
+    // dx (N, in) = dy (N, out) @ W (out, in): both operands out-contiguous.
+    if (present(dx))
+      fp8_gemm(s->grad_dtype)({dyq, wt, gs, ws}, {dx}, ops::Fp8GemmAttrs{1.f, 0.f, 0});
+    release_all(ctx, {dyq, dyt, gs});  // a deferred save keeps dyt and gs
+  }
+  /// The weight gradients backward deferred for `site` (same `deferred` id): dw (out, in)
+  /// += dy^T @ x; dbias (out) += sum_n dy when present.
+  void backward_weight(IForwardContext& ctx, LinearSite site, const void* deferred,
+                       const TensorView& dw, const TensorView& dbias) const {
+    const Fp8Site* s = fp8_site(site);
+    if (s == nullptr) {
+      TensorView dy = load(ctx, deferred, deferred_slot(site, kDy));
+      backward(dy, load(ctx, deferred, deferred_slot(site, kX)), empty_view(), dw, dbias,
+               empty_view());
+      return;
+    }
+    fp8_weight_grad(*s, load(ctx, deferred, deferred_slot(site, kDyt)),
+                    load(ctx, deferred, deferred_slot(site, kXtDeferred)),
+                    load(ctx, deferred, deferred_slot(site, kGradScaleInv)),
+                    load(ctx, deferred, deferred_slot(site, kXScaleInvDeferred)), dw);
+    if (present(dbias)) bias_grad_({load(ctx, deferred, deferred_slot(site, kDy))}, {dbias});
+  }
+
+  /// The same without FP8 and without a context (an output layer's GEMMs, tests).
+  void forward(const TensorView& x, const TensorView& w, const TensorView& bias,
+               const TensorView& y) const {
+    gemm_({x, w}, {y}, ops::GemmAttrs{0, 1, 1.f, 0.f});
+    if (present(bias)) bias_add_({bias}, {y});
+  }
+  void backward(const TensorView& dy, const TensorView& x, const TensorView& w,
+                const TensorView& dw, const TensorView& dbias, const TensorView& dx) const {
+    if (present(dw)) gemm_({dy, x}, {dw}, ops::GemmAttrs{1, 0, 1.f, 1.f});  // (out, N) @ (N, in)
+    if (present(dbias)) bias_grad_({dy}, {dbias});
+    if (present(dx)) gemm_({dy, w}, {dx}, ops::GemmAttrs{0, 0, 1.f, 0.f});  // (N, out) @ (out, in)
+  }
+  /// y (N, out) += bias (out): the bias of a row-parallel layer, added after the sum.
+  void add_bias(const TensorView& bias, const TensorView& y) const { bias_add_({bias}, {y}); }
+  /// dbias (out) += sum_n dy (N, out).
+  void bias_grad(const TensorView& dy, const TensorView& dbias) const { bias_grad_({dy}, {dbias}); }
+
+ private:
+  // A site's slots, from its first: the FP8 x^T and W^T with their scale_invs (forward to
+  // backward, under the owner), and the deferred operands (under the deferred id).
+  enum Slot : int32_t { kXt = 0, kWt = 1, kXScaleInv = 2, kWScaleInv = 3 };
+  // The deferred operands of a site: under the owner's deferred id, at deferred_slot(site, k).
+  enum DeferredSlot : int32_t { kDy, kX, kDyt, kXtDeferred, kGradScaleInv, kXScaleInvDeferred };
+  static int32_t deferred_slot(LinearSite site, DeferredSlot k) { return site.slot * 8 + k; }
+
+  /// The quantisers of one FP8 site.
+  struct Fp8Site {
+    int32_t act, weight, grad;
+    DType act_dtype, weight_dtype, grad_dtype;
+  };
+  const Fp8Site* fp8_site(LinearSite site) const {
+    auto it = sites_.find({site.owner, site.slot});
+    return it == sites_.end() ? nullptr : &it->second;
+  }
+  const Kernel& fp8_gemm(DType a_dtype) const { return fp8_gemm_.at(a_dtype); }
+  // dW (out, in) += dy^T (out, N) @ x (N, in): both operands N-contiguous.
+  void fp8_weight_grad(const Fp8Site& s, const TensorView& dyt, const TensorView& xt,
+                       const TensorView& gs, const TensorView& xs, const TensorView& dw) const {
+    fp8_gemm(s.grad_dtype)({dyt, xt, gs, xs}, {dw}, ops::Fp8GemmAttrs{1.f, 1.f, 0});
+  }
+  /// Quantises `x` (M, K) with quantiser `id` of `dtype` into (M, K) (when `rowwise`) and
+  /// its (K, M) transpose (when `columnwise`); returns {q, q^T, scale_inv}, empty views for
+  /// what was not asked.
+  std::array<TensorView, 3> quantize(IForwardContext& ctx, int32_t id, DType dtype,
+                                     const TensorView& x, bool rowwise, bool columnwise) const {
+    const int64_t k = x.shape[x.ndim - 1], m = numel(x) / k;
+    std::array<TensorView, 3> out{empty_view(), empty_view(),
+                                  allocate(ctx, DType::kF32, {1}, device_)};
+    if (rowwise) out[0] = allocate(ctx, dtype, {m, k}, device_);
+    if (columnwise) out[1] = allocate(ctx, dtype, {k, m}, device_);
+    TensorView rows_view = reshape(x, {m, k});
+    // Evaluation quantises with the training scales and leaves the recipe's state alone.
+    uint32_t flags = ctx.training() ? kFp8QuantizeDefault : kFp8NoAmaxRecord;
+    throw_if_error(recipe_->quantize(id, &rows_view, &out[0], &out[1], &out[2], flags, nullptr),
+                   "linear: FP8 quantisation");
+    return out;
+  }
+
+  Device device_;
+  Kernel gemm_, bias_add_, bias_grad_;
+  IHost* host_;
+  IFp8Recipe* recipe_ = nullptr;
+  std::map<std::pair<const void*, int32_t>, Fp8Site> sites_;
+  std::map<DType, Kernel> fp8_gemm_;
+};
+
+}  // namespace loom::nn

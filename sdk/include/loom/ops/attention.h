@@ -1,0 +1,50 @@
+// Attention: masked softmax and the fused attention op. Part of the op catalogue: loom/ops.h states
+// the conventions every op follows (layouts, dtypes, "+=" outputs, the random stream) and includes
+// every family.
+#pragma once
+
+#include <stdint.h>
+
+namespace loom::ops {
+
+// ---------------------------------------------------------------------------------------
+// Attention
+// ---------------------------------------------------------------------------------------
+
+/// "masked_softmax_fwd": P = softmax(scale * S + mask) over the last dimension, where the
+/// mask hides key s from query t when causal and s > t + (Sk - T), or when the segment ids
+/// of t and s differ. A fully masked row gives zeros. (The reference attention core.)
+///   inputs:  [0] S float (B, H, T, Sk), [1] segment ids i32 (B, T) or empty (T == Sk)
+///   outputs: [0] P float (B, H, T, Sk)
+/// "masked_softmax_bwd": dS = scale * P * (dP - sum(dP * P)).
+///   inputs:  [0] dP (B, H, T, Sk), [1] P (B, H, T, Sk)    outputs: [0] dS (B, H, T, Sk)
+inline constexpr const char* kMaskedSoftmaxFwd = "masked_softmax_fwd";
+inline constexpr const char* kMaskedSoftmaxBwd = "masked_softmax_bwd";
+struct SoftmaxAttrs {
+  float scale;
+  int32_t causal;
+};
+
+/// "attention_fwd": O = softmax(scale * Q K^T + mask) V per head, query head h reading
+/// key/value head h / (H / G); mask as for masked_softmax. Attention dropout acts on the
+/// probabilities: element (b, h, t, s) has index i = ((b * H + h) * T + t) * S + s in the
+/// Philox convention above, so the mask equals dropout_fwd's on a (B, H, T, S) tensor and
+/// the fused core matches the reference core exactly. Fast kernels never materialise
+/// (T, S).
+///   inputs:  [0] Q float (B, T, H, D), [1] K float (B, S, G, D), [2] V float (B, S, G, D),
+///            [3] segment ids i32 (B, T) or empty
+///   outputs: [0] O float (B, T, H, D), [1] lse f32 (B, H, T): log-sum-exp of each row
+/// "attention_bwd":
+///   inputs:  [0] dO (B, T, H, D), [1] Q, [2] K, [3] V, [4] O, [5] lse, [6] segment ids
+///   outputs: [0] dQ (B, T, H, D), [1] dK (B, S, G, D), [2] dV (B, S, G, D)
+inline constexpr const char* kAttentionFwd = "attention_fwd";
+inline constexpr const char* kAttentionBwd = "attention_bwd";
+struct AttentionAttrs {
+  float scale;  ///< usually 1 / sqrt(D)
+  int32_t causal;
+  float dropout_p;  ///< 0 outside training
+  uint64_t key;     ///< Philox key for the dropout mask
+  uint64_t counter;
+};
+
+}  // namespace loom::ops

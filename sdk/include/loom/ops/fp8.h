@@ -1,0 +1,63 @@
+// FP8 ops (per-tensor scaling): quantisation, FP8 GEMM and the delayed-scaling update. Part of the
+// op catalogue: loom/ops.h states the conventions every op follows (layouts, dtypes, "+=" outputs,
+// the random stream) and includes every family.
+#pragma once
+
+#include <stdint.h>
+
+namespace loom::ops {
+
+// ---------------------------------------------------------------------------------------
+// FP8 (per-tensor scaling; the recipe that picks the scales is an fp8_recipe component)
+// ---------------------------------------------------------------------------------------
+// Conversions to FP8 (OCP E4M3 "fn", max 448; E5M2, max 57344) round to nearest even and
+// saturate: a finite or infinite value beyond the format's largest magnitude becomes that
+// magnitude with its sign; NaN stays NaN (loom/cpp/fp8.h has the host conversions).
+
+/// "fp8_quantize": Y = fp8(X * scale[0]) and, for the GEMMs of backward, its transpose;
+/// amax[0] = max(amax[0], max |X|) (of X, before scaling; NaN propagates as in "amax").
+///   inputs:  [0] X float (M, K) (leading dimensions flatten into M), [1] scale f32 (1)
+///   outputs: [0] Y fp8 (X's shape) or empty, [1] Yt fp8 (K, M) = Y transposed, or empty,
+///            [2] amax f32 (1), read and written, or empty
+/// Y and Yt have one fp8 dtype (e4m3 or e5m2). At least one of Y and Yt is present.
+inline constexpr const char* kFp8Quantize = "fp8_quantize";
+
+/// "fp8_gemm": Y = alpha * (A * a_scale_inv[0]) @ (B * b_scale_inv[0])^T + beta * Y: the
+/// one layout cuBLASLt runs FP8 in (both operands K-contiguous; a Linear's forward
+/// X @ W^T is it as it stands, its backward GEMMs take the transposes fp8_quantize wrote).
+///   inputs:  [0] A fp8 (M, K), [1] B fp8 (N, K), [2] a_scale_inv f32 (1),
+///            [3] b_scale_inv f32 (1)
+///   outputs: [0] Y float (M, N); read only when beta != 0
+///   attrs:   Fp8GemmAttrs (required)
+/// A and B may be e4m3 or e5m2 but not both e5m2 (no GPU multiplies two E5M2 operands).
+/// Products are exact and sums are in f32 (with fast_accum, a GPU may sum in its FP8 tensor
+/// cores' reduced precision). Keyed on A's dtype.
+inline constexpr const char* kFp8Gemm = "fp8_gemm";
+struct Fp8GemmAttrs {
+  float alpha;
+  float beta;          ///< 0 overwrites Y, 1 accumulates into it (weight gradients)
+  int32_t fast_accum;  ///< 1: allow the tensor cores' fast accumulation (forward GEMMs)
+};
+
+/// "fp8_scale_update": delayed scaling (Transformer Engine's recipe) for Q quantisers at
+/// once, each a column of an amax history of L rows (one row per step, a ring):
+///   amax_q  = max over the L rows of column q (algo 0), or history[current, q] (algo 1)
+///   scale_q = fp8_max[q] / amax_q / 2^margin when amax_q is finite and > 0 (FLT_MAX if
+///             that overflows to infinity), else scale_q is left as it was
+///   scale_inv_q = 1 / scale_q
+/// and then row `next` of the history is zeroed, to collect the coming step's amaxes
+/// (next < 0: no row is zeroed).
+///   inputs:  [0] fp8_max f32 (Q): 448 for an E4M3 quantiser, 57344 for an E5M2 one
+///   outputs: [0] history f32 (L, Q), read and written; [1] scale f32 (Q), read and
+///            written; [2] scale_inv f32 (Q)
+///   attrs:   Fp8ScaleAttrs (required)
+/// Keyed on f32.
+inline constexpr const char* kFp8ScaleUpdate = "fp8_scale_update";
+struct Fp8ScaleAttrs {
+  int32_t algo;     ///< 0: max over the history, 1: the most recent amax
+  int32_t current;  ///< the history row of the newest amaxes, in [0, L)
+  int32_t next;     ///< the row to zero afterwards, in [0, L), or -1
+  float margin;     ///< scale down by 2^margin (headroom)
+};
+
+}  // namespace loom::ops

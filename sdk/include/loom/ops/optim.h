@@ -1,0 +1,73 @@
+// Optimizer steps on contiguous f32 shards (AdamW, multi-tensor AdamW, SGD). Part of the op
+// catalogue: loom/ops.h states the conventions every op follows (layouts, dtypes, "+=" outputs, the
+// random stream) and includes every family.
+#pragma once
+
+#include <stdint.h>
+
+namespace loom::ops {
+
+// ---------------------------------------------------------------------------------------
+// Optimizer steps (on contiguous f32 shards)
+// ---------------------------------------------------------------------------------------
+
+/// "adamw_step": g = grad * grad_scale; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
+/// w -= lr * (m / (1 - b1^t) / (sqrt(v / (1 - b2^t)) + eps) + weight_decay * w).
+///   inputs:  [0] grad float (n)
+///   outputs: [0] master f32 (n), [1] exp_avg f32 (n), [2] exp_avg_sq f32 (n), all read and
+///            written; [3] param float (n) or empty: receives the new master, cast
+/// Keyed on the dtype of grad.
+inline constexpr const char* kAdamWStep = "adamw_step";
+struct AdamWAttrs {
+  float lr;
+  float beta1;
+  float beta2;
+  float eps;
+  float weight_decay;  ///< 0 for parameters without decay
+  float grad_scale;
+  int64_t step;  ///< 1-based, for bias correction
+};
+
+/// "adamw_step_multi": adamw_step over K shards in one call, the multi-tensor optimizer step
+/// (apex / PyTorch's foreach AdamW): a GPU library launches one kernel per table of shards
+/// instead of two (update and cast) per parameter tensor. Shard i is exactly adamw_step
+/// with weight decay weight_decay[i]: its results are bit-identical to K adamw_step calls
+/// of the same kernel library.
+///   inputs:  [i] grad_i float (n_i), i in [0, K); every grad of one dtype (the op is keyed
+///            on it: shards with f32 and bf16 gradients take one call per dtype)
+///   outputs: 4K views, for shard i: [4i] master_i f32 (n_i), [4i+1] exp_avg_i f32 (n_i),
+///            [4i+2] exp_avg_sq_i f32 (n_i), all read and written; [4i+3] param_i float
+///            (n_i) or empty: receives the new master, cast (adamw_step's output [3])
+///   attrs:   AdamWMultiAttrs (required)
+/// K >= 1; n_i may be 0. Shards must not overlap one another (they run in any order, in
+/// parallel); params may differ in dtype.
+inline constexpr const char* kAdamWStepMulti = "adamw_step_multi";
+struct AdamWMultiAttrs {
+  float lr;
+  float beta1;
+  float beta2;
+  float eps;
+  float grad_scale;
+  int32_t count;  ///< K, the number of shards: must equal the call's num_inputs
+  int64_t step;   ///< 1-based, for bias correction
+  /// [count] floats in host memory (whatever device the tensors are on): shard i's weight
+  /// decay, 0 for parameters without decay. Read during the call only.
+  const float* weight_decay;
+};
+
+/// "sgd_step": g = grad * grad_scale + weight_decay * w; buf = momentum * buf + g (buf = g
+/// at step 1); w -= lr * (nesterov ? g + momentum * buf : buf).
+///   inputs:  [0] grad float (n)
+///   outputs: [0] master f32 (n), [1] momentum buffer f32 (n) (empty when momentum == 0),
+///            [2] param float (n) or empty
+inline constexpr const char* kSgdStep = "sgd_step";
+struct SgdAttrs {
+  float lr;
+  float momentum;
+  float weight_decay;
+  float grad_scale;
+  int32_t nesterov;
+  int64_t step;
+};
+
+}  // namespace loom::ops
