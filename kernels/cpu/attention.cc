@@ -5,7 +5,7 @@
 // A fully masked query row gives O = 0 and lse = -inf; backward gives it zero gradients.
 #include "kernels/cpu/attention.h"
 
-#include "kernels/cpu/philox.h"
+#include <loom/cpp/philox.h>
 
 namespace loom::kernels::cpu {
 

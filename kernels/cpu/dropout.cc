@@ -1,13 +1,13 @@
 // dropout_fwd / dropout_bwd: Y = X * keep / (1 - p), keep drawn from Philox4x32-10 at
-// (key, counter) as loom/ops.h specifies (philox.h), so backward redraws the mask.
+// (key, counter) as loom/ops.h specifies (loom/cpp/philox.h), so backward redraws the mask.
 //   reference: one Philox block per element (the plain definition).
 //   fast: OpenMP over chunks, one Philox block per 4 elements; bit-identical mask.
 #include <loom/cpp/op_checks/dropout.h>
+#include <loom/cpp/philox.h>
 
 #include <algorithm>
 
 #include "kernels/cpu/common.h"
-#include "kernels/cpu/philox.h"
 #include "kernels/cpu/simd.h"
 
 namespace loom::kernels::cpu {

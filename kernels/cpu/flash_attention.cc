@@ -12,9 +12,9 @@
 // small and the work is spread over OpenMP threads, where a BLAS call (itself threaded)
 // would oversubscribe the cores.
 #include <immintrin.h>
+#include <loom/cpp/philox.h>
 
 #include "kernels/cpu/attention.h"
-#include "kernels/cpu/philox.h"
 #include "kernels/cpu/simd.h"
 
 namespace loom::kernels::cpu {

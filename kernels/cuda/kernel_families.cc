@@ -3,13 +3,19 @@
 #include <loom/cpp/error.h>
 
 #include "kernels/cuda/attention/attention.h"
-#include "kernels/cuda/blas/blas.h"
+#include "kernels/cuda/elementwise/elementwise.h"
+#include "kernels/cuda/gemm/gemm.h"
+#include "kernels/cuda/loss/loss.h"
+#include "kernels/cuda/optim/optim.h"
 #include "kernels/cuda/pointwise/pointwise.h"
 
 namespace loom::kernels::cuda {
 
 void add_all_kernels(std::vector<KernelDesc>& out) {
-  add_blas_kernels(out);
+  add_gemm_kernels(out);
+  add_loss_kernels(out);
+  add_optim_kernels(out);
+  add_elementwise_kernels(out);
   add_pointwise_kernels(out);
   add_attention_kernels(out);
 }

@@ -5,7 +5,7 @@
 //
 //   gemm_bench [--markdown | --json] [--dtype bf16|f16|f32] [--iterations N]
 //              [--shape M,N,K]...
-#include "kernels/cuda/blas/gemm_bench.h"
+#include "kernels/cuda/lab/gemm_bench.h"
 
 #include <cstdio>
 #include <cstdlib>

@@ -8,13 +8,13 @@
 // Nothing here synchronises the device: the kernels are queued on the call's stream.
 #include <loom/cpp/error.h>
 #include <loom/cpp/op_checks/attention.h>
+#include <loom/cpp/philox.h>
 
 #include <string>
 
 #include "kernels/cuda/attention/attention.h"
 #include "kernels/cuda/attention/attention_params.cuh"
 #include "kernels/cuda/common/cuda_check.h"
-#include "kernels/cuda/common/philox.cuh"
 #include "kernels/cuda/common/registration.h"
 
 namespace loom::kernels::cuda {

@@ -18,12 +18,12 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <loom/cpp/philox.h>
 #include <loom/types.h>
 #include <stdint.h>
 
 #include "kernels/cuda/attention/attention_mma.cuh"
 #include "kernels/cuda/common/dtype.cuh"
-#include "kernels/cuda/common/philox.cuh"
 
 namespace loom::kernels::cuda::attn {
 

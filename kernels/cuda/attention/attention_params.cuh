@@ -43,7 +43,7 @@ struct AttentionParams {
   float scale;
   int32_t causal;
   int32_t dropout;     // 1 when dropout_p > 0
-  uint32_t threshold;  // Philox keep threshold of dropout_p (philox.cuh)
+  uint32_t threshold;  // Philox keep threshold of dropout_p (loom/cpp/philox.h)
   float keep_scale;    // 1 / (1 - dropout_p)
   uint64_t key, counter;
 

@@ -1,5 +1,5 @@
 // The NaN-propagating max |x| of the "amax" op (loom/ops.h), shared by the kernels that
-// accumulate one into an f32 in device memory (blas/reductions.cu's amax, pointwise's
+// accumulate one into an f32 in device memory (elementwise/reductions.cu's amax, pointwise's
 // fp8_quantize).
 //
 // The bit patterns of non-negative floats order as the floats do, and every NaN's lies

@@ -3,19 +3,18 @@
 // counter + i / 4, shifted right by 8, is >= ceil(p * 2^24). Backward redraws the same mask
 // (same key and counter), so nothing is stored between the passes.
 //
-// Algorithm: the device Philox of kernels/cuda/common/philox.cuh is the CPU's
-// (kernels/cpu/philox.h) word for word, and the keep test, the f32 scale 1 / (1 - p) and the
-// product x * scale are the CPU's too: the mask, and the outputs, equal the CPU's bit for
-// bit.
+// Algorithm: the Philox of loom/cpp/philox.h, the very code the CPU kernels run, and the keep
+// test, the f32 scale 1 / (1 - p) and the product x * scale are the CPU's too: the mask, and
+// the outputs, equal the CPU's bit for bit.
 //
 // Launch: one thread per Philox block, i.e. per 4 elements (one 16- or 8-byte access when
 // both tensors are aligned; the tail block of N % 4 elements element by element), 256
 // threads per block, grid-striding with 64-bit indices. Y may alias X: each thread reads its
 // 4 elements before writing them.
 #include <loom/cpp/op_checks/dropout.h>
+#include <loom/cpp/philox.h>
 
 #include "kernels/cuda/common/cuda_check.h"
-#include "kernels/cuda/common/philox.cuh"
 #include "kernels/cuda/pointwise/common.cuh"
 #include "kernels/cuda/pointwise/device_util.cuh"
 

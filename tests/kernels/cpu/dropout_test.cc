@@ -1,9 +1,10 @@
 // Dropout and its Philox4x32-10 stream: the generator against Random123's published
 // known-answer vectors, the fast mask bit-identical to the reference's, the keep rate,
 // and backward redrawing forward's mask.
+#include <loom/cpp/philox.h>
+
 #include <cmath>
 
-#include "kernels/cpu/philox.h"
 #include "tests/kernels/cpu/op_test_util.h"
 
 namespace loom::kernels::cpu::testing {

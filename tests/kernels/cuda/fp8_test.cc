@@ -25,7 +25,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cuda/blas/blas.h"
+#include "kernels/cuda/gemm/gemm.h"
+#include "kernels/cuda/optim/optim.h"
 #include "kernels/cuda/pointwise/pointwise.h"
 
 namespace loom::kernels::cuda {
@@ -54,7 +55,8 @@ std::string why_no_fp8_gpu() {
 const KernelDesc& cuda_kernel(const char* op, DType key) {
   static const std::vector<KernelDesc> all = [] {
     std::vector<KernelDesc> out;
-    add_blas_kernels(out);
+    add_gemm_kernels(out);
+    add_optim_kernels(out);
     add_pointwise_kernels(out);
     return out;
   }();

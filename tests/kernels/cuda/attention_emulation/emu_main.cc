@@ -1,7 +1,7 @@
 // Runs the CUDA attention kernels (kernels/cuda/attention/*_kernel.cuh) on the
 // CPU under emulation and compares them with an f64 reference written here (the
 // semantics of loom/ops.h: causal offset, segment ids, GQA, Philox dropout of
-// kernels/cpu/philox.h, lse, fully masked rows), with the per-dtype tolerances
+// loom/cpp/philox.h, lse, fully masked rows), with the per-dtype tolerances
 // of tests/kernels/cpu/op_test_util.h.
 //
 // Emulation (emu_prelude.h): one fiber per CUDA thread, a block at a time,
@@ -16,12 +16,13 @@
 // is repeated from the launchers (attention_fwd.cu, attention_bwd.cu,
 // attention_generic.cu), which cannot be compiled without nvcc. Usage: run.sh
 // (from the repository root).
+#include <loom/cpp/philox.h>
+
 #include <algorithm>
 #include <functional>
 #include <random>
 #include <string>
 
-#include "kernels/cpu/philox.h"
 #include "kernels/cuda/attention/attention_bwd_kernel.cuh"
 #include "kernels/cuda/attention/attention_fwd_kernel.cuh"
 #include "kernels/cuda/attention/attention_generic_kernel.cuh"
@@ -203,7 +204,7 @@ void run_case(const Case& c, std::mt19937& rng) {
     }
   }
   uint64_t key = 0x1234567890abcdefull, counter = 77;
-  uint32_t thr = kernels::cpu::keep_threshold(c.p);
+  uint32_t thr = loom::keep_threshold(c.p);
   auto hidden = [&](int64_t b, int64_t t, int64_t s) {
     if (c.causal && s > t + (S - T)) return true;
     return c.seg && seg[b * T + t] != seg[b * T + s];
@@ -211,7 +212,7 @@ void run_case(const Case& c, std::mt19937& rng) {
   auto zmult = [&](int64_t b, int64_t h, int64_t t, int64_t s) -> double {
     if (c.p == 0.f) return 1.0;
     uint64_t idx = (uint64_t)(((b * H + h) * T + t) * S + s);
-    return kernels::cpu::philox_keep(key, counter, idx, thr) ? 1.0 / (1.0 - (double)c.p) : 0.0;
+    return loom::philox_keep(key, counter, idx, thr) ? 1.0 / (1.0 - (double)c.p) : 0.0;
   };
   // ---- reference forward (f64)
   std::vector<double> O(B * T * H * D), lse(B * H * T), P(T * S);

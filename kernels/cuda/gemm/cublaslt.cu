@@ -1,0 +1,81 @@
+// The cuBLASLt helpers of the gemm family (cublaslt.cuh).
+#include <loom/cpp/error.h>
+
+#include <string>
+
+#include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/device_util.cuh"
+#include "kernels/cuda/common/resources.cuh"
+#include "kernels/cuda/gemm/cublaslt.cuh"
+
+namespace loom::kernels::cuda::gemm {
+
+void lt_check(cublasStatus_t status, const char* op, const char* what) {
+  if (status == CUBLAS_STATUS_SUCCESS) return;
+  Code code = Code::kInternal;
+  if (status == CUBLAS_STATUS_ALLOC_FAILED) code = Code::kResourceExhausted;
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED) code = Code::kUnimplemented;
+  throw Error(code, std::string(op) + ": " + what + " failed: " + cublasLtGetStatusName(status) +
+                        ": " + cublasLtGetStatusString(status));
+}
+
+cublasLtHandle_t lt_handle(const char* op, int device) {
+  static std::mutex mutex;
+  static auto* handles = new std::map<int, cublasLtHandle_t>();  // leaked: see common/resources.cuh
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = handles->find(device);
+  if (it != handles->end()) return it->second;
+  cublasLtHandle_t h = nullptr;
+  lt_check(cublasLtCreate(&h), op, "cublasLtCreate");
+  (*handles)[device] = h;
+  return h;
+}
+
+uint32_t alignment_of(const void* p, int64_t stride_bytes) {
+  uintptr_t bits = reinterpret_cast<uintptr_t>(p) | static_cast<uintptr_t>(stride_bytes) | 256u;
+  return static_cast<uint32_t>(bits & (~bits + 1));  // lowest set bit
+}
+
+Preference::Preference(const char* op, uint32_t align_a, uint32_t align_b, uint32_t align_c) {
+  lt_check(cublasLtMatmulPreferenceCreate(&pref), op, "cublasLtMatmulPreferenceCreate");
+  set_pref(op, pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64_t{kScratchBytes});
+  set_pref(op, pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a);
+  set_pref(op, pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b);
+  set_pref(op, pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_c);
+  set_pref(op, pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_c);
+}
+
+Preference::~Preference() {
+  if (pref != nullptr) cublasLtMatmulPreferenceDestroy(pref);
+}
+
+PlanOwner::~PlanOwner() {
+  if (keep) return;
+  if (plan.a != nullptr) cublasLtMatrixLayoutDestroy(plan.a);
+  if (plan.b != nullptr) cublasLtMatrixLayoutDestroy(plan.b);
+  if (plan.c != nullptr) cublasLtMatrixLayoutDestroy(plan.c);
+  if (plan.desc != nullptr) cublasLtMatmulDescDestroy(plan.desc);
+}
+
+namespace {
+
+template <class T>
+__global__ void scale_y_kernel(T* __restrict__ y, int64_t n, float beta) {
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    y[i] = from_f32<T>(beta == 0.0f ? 0.0f : beta * to_f32<T>(y[i]));
+}
+
+}  // namespace
+
+void scale_y(const char* op, const TensorView& Y, float beta, cudaStream_t stream) {
+  if (beta == 1.0f) return;
+  const int64_t n = numel(Y);
+  LOOM_CUDA_FLOAT_SWITCH(Y.dtype, T, op, {
+    scale_y_kernel<T>
+        <<<grid_for(n, kThreads), kThreads, 0, stream>>>(static_cast<T*>(Y.data), n, beta);
+  });
+  launch_check(op);
+}
+
+}  // namespace loom::kernels::cuda::gemm

@@ -1,0 +1,133 @@
+// What the cuBLASLt kernels of the gemm family (gemm.cu, fp8_gemm.cu) share: status checks,
+// the per-device handle, descriptor setters, the plan cache, the K == 0 case, and the
+// dtype mapping (which the lab's gemm_bench uses too).
+//
+// A plan is the problem's matrix layouts and the algorithm cublasLtMatmulAlgoGetHeuristic
+// picked for it (and, for gemm, its matmul descriptor). Plans are cached per problem for the
+// life of the process (never destroyed: see common/resources.cuh), at most kMaxPlans per cache.
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+#include <loom/kernel.h>
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+
+namespace loom::kernels::cuda::gemm {
+
+/// Throws Error naming `op` and the cuBLASLt call `what` unless `status` is success
+/// (kResourceExhausted for an allocation failure, kUnimplemented for "not supported",
+/// kInternal otherwise).
+void lt_check(cublasStatus_t status, const char* op, const char* what);
+
+/// The cublasLt handle of `device`, created on first use.
+cublasLtHandle_t lt_handle(const char* op, int device);
+
+/// Largest power of two <= 256 that divides the address `p` and `stride_bytes` (the distance
+/// to the next batch matrix, 0 when there is none): what every matrix of the call is
+/// aligned to.
+uint32_t alignment_of(const void* p, int64_t stride_bytes);
+
+template <class V>
+void set_desc(const char* op, cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr,
+              V value) {
+  lt_check(cublasLtMatmulDescSetAttribute(d, attr, &value, sizeof(value)), op,
+           "cublasLtMatmulDescSetAttribute");
+}
+template <class V>
+void set_layout(const char* op, cublasLtMatrixLayout_t l, cublasLtMatrixLayoutAttribute_t attr,
+                V value) {
+  lt_check(cublasLtMatrixLayoutSetAttribute(l, attr, &value, sizeof(value)), op,
+           "cublasLtMatrixLayoutSetAttribute");
+}
+template <class V>
+void set_pref(const char* op, cublasLtMatmulPreference_t p,
+              cublasLtMatmulPreferenceAttributes_t attr, V value) {
+  lt_check(cublasLtMatmulPreferenceSetAttribute(p, attr, &value, sizeof(value)), op,
+           "cublasLtMatmulPreferenceSetAttribute");
+}
+
+/// The preference of a heuristic query: at most the stream scratch as workspace, and the
+/// operands' real alignments in bytes (the default assumes 256-byte aligned operands; a view
+/// into a larger buffer may not be). Destroyed at scope exit.
+struct Preference {
+  cublasLtMatmulPreference_t pref = nullptr;
+  Preference(const char* op, uint32_t align_a, uint32_t align_b, uint32_t align_c);
+  Preference(const Preference&) = delete;
+  Preference& operator=(const Preference&) = delete;
+  ~Preference();
+};
+
+/// A cached problem's descriptors and algorithm (`desc` may stay null when the kernel makes
+/// its matmul descriptor per call).
+struct Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  size_t workspace = 0;
+};
+
+/// Destroys the plan's descriptors at scope exit unless `keep` (it went into the cache).
+struct PlanOwner {
+  Plan plan;
+  bool keep = false;
+  PlanOwner() = default;
+  PlanOwner(const PlanOwner&) = delete;
+  PlanOwner& operator=(const PlanOwner&) = delete;
+  ~PlanOwner();
+};
+
+/// Plans by problem key (any ordered type), made on first use.
+template <class Key>
+class PlanCache {
+ public:
+  static constexpr size_t kMaxPlans = 4096;
+
+  /// The cached plan of `key`; on a miss `make(&owner->plan)` fills one (outside the lock:
+  /// the heuristic takes tens of microseconds), which goes into the cache unless it is full
+  /// or another thread cached one first. `owner` keeps a plan that did not go into the cache
+  /// alive until the caller is done with it.
+  template <class Make>
+  Plan get(const Key& key, PlanOwner* owner, Make&& make) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = plans_.find(key);
+      if (it != plans_.end()) return it->second;
+    }
+    make(&owner->plan);
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (plans_.size() >= kMaxPlans) return owner->plan;
+    auto [it, inserted] = plans_.emplace(key, owner->plan);
+    owner->keep = inserted;  // else another thread cached one first: ours is destroyed
+    return it->second;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::map<Key, Plan> plans_;
+};
+
+/// Y = beta * Y, or 0 when beta == 0 (without reading Y, which may hold NaN), for a float Y
+/// on `stream`: the GEMMs' answer when K == 0 (an empty sum).
+void scale_y(const char* op, const TensorView& Y, float beta, cudaStream_t stream);
+
+/// The cuBLASLt data type of a GEMM operand's dtype (f32, bf16, f16, fp8_e4m3, fp8_e5m2;
+/// anything else maps to CUDA_R_32F: the callers' checks admit only those).
+inline cudaDataType_t cuda_data_type(DType t) {
+  switch (t) {
+    case DType::kBF16:
+      return CUDA_R_16BF;
+    case DType::kF16:
+      return CUDA_R_16F;
+    case DType::kF8E4M3:
+      return CUDA_R_8F_E4M3;
+    case DType::kF8E5M2:
+      return CUDA_R_8F_E5M2;
+    default:
+      return CUDA_R_32F;
+  }
+}
+
+}  // namespace loom::kernels::cuda::gemm

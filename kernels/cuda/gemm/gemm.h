@@ -1,0 +1,41 @@
+// The gemm family of the CUDA kernel library: gemm (loom/ops.h) through cuBLASLt on f32,
+// bf16 and f16, and fp8_gemm through cuBLASLt (A and B in fp8_e4m3 / fp8_e5m2; compute
+// capability 8.9+).
+//
+// Plain C++ (no CUDA types): the kernels_cuda plugin, the tests and the lab's gemm_bench
+// include it without nvcc.
+#pragma once
+
+#include <loom/kernel.h>
+#include <loom/status.h>
+
+#include <vector>
+
+namespace loom::kernels::cuda {
+
+/// Appends a KernelDesc for every op and dtype of the family: name "cuda", priority 20
+/// (kernels/cuda/common/registration.h), and for gemm on f32 also "cuda.tf32" (priority 15:
+/// TF32 tensor cores, about 10 mantissa bits, used only when a spec pins it). fp8_gemm is
+/// keyed on fp8_e4m3 and fp8_e5m2 (A's dtype). Each has `supports` (shapes, dtypes and
+/// attributes only, never throws; fp8_gemm's also declines a device below sm_89 and what
+/// cuBLASLt's FP8 kernels cannot run: K not a multiple of 16, rows of Y not a multiple of 16
+/// bytes, unaligned operands) and `cost`. The kernels launch on the current device, which
+/// must be the device of the call's tensors, on the call's stream; none of them synchronises
+/// the device.
+/// \param out  the list to append to
+void add_gemm_kernels(std::vector<KernelDesc>& out);
+
+/// The KernelFn of gemm's "cuda" kernel as add_gemm_kernels registers it: CUBLAS_COMPUTE_32F
+/// (f32 operands in full f32, bf16 / f16 on tensor cores with f32 accumulation). Exposed for
+/// the lab's gemm_bench (kernels/cuda/lab), which calls it as a module does.
+/// \param call  a gemm call (loom/ops.h) on CUDA tensors of the current device
+/// \return      kOk, or the error of a bad call or of cuBLASLt
+Status gemm_f32_accumulate(const OpCall* call);
+
+/// The KernelFn of gemm's "cuda.tf32" kernel: CUBLAS_COMPUTE_32F_FAST_TF32, f32 only. Exposed
+/// for the lab's gemm_bench, as gemm_f32_accumulate.
+/// \param call  a gemm call on f32 CUDA tensors of the current device
+/// \return      kOk, or the error of a bad call or of cuBLASLt
+Status gemm_tf32(const OpCall* call);
+
+}  // namespace loom::kernels::cuda

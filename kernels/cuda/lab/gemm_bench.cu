@@ -1,0 +1,200 @@
+// gemm_bench (gemm_bench.h): loom's CUDA gemm kernel and cublasGemmEx timed on the same
+// buffers, with CUDA events around `iterations` back-to-back calls on one stream, after
+// `warmup` untimed calls (which also build loom's cached cuBLASLt plan).
+#include <cublas_v2.h>
+#include <loom/cpp/error.h>
+#include <loom/cpp/op_args.h>
+#include <loom/kernel.h>
+#include <loom/ops.h>
+
+#include <climits>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/device_util.cuh"
+#include "kernels/cuda/gemm/cublaslt.cuh"
+#include "kernels/cuda/gemm/gemm.h"
+#include "kernels/cuda/lab/gemm_bench.h"
+
+namespace loom::kernels::cuda {
+namespace {
+
+// The benchmarks' stream on `device`, made once and kept: loom's GEMM keeps a workspace per
+// (device, stream) for the life of the process (common/resources.cuh), so a stream per call
+// would leave one behind each time.
+cudaStream_t bench_stream(int device) {
+  static std::mutex mutex;
+  static auto* streams = new std::map<int, cudaStream_t>();  // leaked, as the workspaces
+  std::lock_guard<std::mutex> lock(mutex);
+  cudaStream_t& stream = (*streams)[device];
+  if (stream == nullptr) {
+    cudaError_t status = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+    if (status != cudaSuccess) {
+      streams->erase(device);
+      cuda_check(status, "cudaStreamCreate");
+    }
+  }
+  return stream;
+}
+
+// Owns device memory, events and a cuBLAS handle, so every early exit frees them.
+struct Resources {
+  void* a = nullptr;
+  void* b = nullptr;
+  void* y = nullptr;
+  cudaStream_t stream = nullptr;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  cublasHandle_t cublas = nullptr;
+  ~Resources() {
+    if (stream != nullptr) cudaStreamSynchronize(stream);
+    if (cublas != nullptr) cublasDestroy(cublas);
+    if (start != nullptr) cudaEventDestroy(start);
+    if (stop != nullptr) cudaEventDestroy(stop);
+    cudaFree(a);
+    cudaFree(b);
+    cudaFree(y);
+  }
+};
+
+void cublas_check(cublasStatus_t status, const char* what) {
+  if (status != CUBLAS_STATUS_SUCCESS)
+    throw Error(Code::kInternal, std::string(what) + " failed: " + cublasGetStatusName(status) +
+                                     ": " + cublasGetStatusString(status));
+}
+
+// Uniform values in [-1, 1) from a hash of the index (the same for every dtype).
+template <class T>
+__global__ void fill_uniform_kernel(T* __restrict__ x, int64_t n, uint32_t seed) {
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 0x9E3779B1u ^ static_cast<uint32_t>(i >> 32) ^ seed;
+    h ^= h >> 16;
+    h *= 0x85EBCA6Bu;
+    h ^= h >> 13;
+    h *= 0xC2B2AE35u;
+    h ^= h >> 16;
+    x[i] = from_f32<T>(static_cast<float>(h >> 8) * (2.0f / 16777216.0f) - 1.0f);
+  }
+}
+
+void fill(void* x, DType t, int64_t n, uint32_t seed, cudaStream_t stream) {
+  LOOM_CUDA_FLOAT_SWITCH(t, T, "gemm_bench", {
+    fill_uniform_kernel<T>
+        <<<grid_for(n, kThreads), kThreads, 0, stream>>>(static_cast<T*>(x), n, seed);
+  });
+  launch_check("gemm_bench fill");
+}
+
+TensorView view(void* data, DType t, int device, int64_t rows, int64_t cols) {
+  TensorView v{};
+  v.data = data;
+  v.dtype = t;
+  v.device = Device{DeviceType::kCuda, device};
+  v.ndim = 2;
+  v.shape[0] = rows;
+  v.shape[1] = cols;
+  v.strides[0] = cols;
+  v.strides[1] = 1;
+  return v;
+}
+
+// Milliseconds per call of `body` over `iterations` calls.
+template <class F>
+double time_ms(Resources& r, int iterations, F&& body) {
+  cuda_check(cudaEventRecord(r.start, r.stream), "cudaEventRecord");
+  for (int i = 0; i < iterations; ++i) body();
+  cuda_check(cudaEventRecord(r.stop, r.stream), "cudaEventRecord");
+  cuda_check(cudaEventSynchronize(r.stop), "cudaEventSynchronize");
+  float ms = 0.0f;
+  cuda_check(cudaEventElapsedTime(&ms, r.start, r.stop), "cudaEventElapsedTime");
+  return static_cast<double>(ms) / iterations;
+}
+
+void run_bench(int64_t m, int64_t n, int64_t k, DType dtype, const GemmBenchOptions& o,
+               GemmBenchResult* out) {
+  if (!is_float_dtype(dtype))
+    throw Error(Code::kInvalidArgument,
+                std::string("gemm_bench: dtype ") + dtype_name(dtype) + " is not f32, bf16 or f16");
+  DType y_dtype = o.y_dtype == DType::kInvalid ? dtype : o.y_dtype;
+  if (m < 1 || n < 1 || k < 1 || m > INT_MAX || n > INT_MAX || k > INT_MAX)
+    throw Error(Code::kInvalidArgument, "gemm_bench: M, N, K must be in [1, 2^31) (cuBLAS's int)");
+  if (o.iterations < 1 || o.warmup < 0)
+    throw Error(Code::kInvalidArgument, "gemm_bench: iterations must be >= 1 and warmup >= 0");
+  if (o.tf32 && (dtype != DType::kF32 || y_dtype != DType::kF32))
+    throw Error(Code::kInvalidArgument, "gemm_bench: tf32 times f32 operands and an f32 Y");
+  cuda_check(cudaSetDevice(o.device), "cudaSetDevice");
+
+  Resources r;
+  const size_t ab = dtype_size(dtype), yb = dtype_size(y_dtype);
+  cuda_check(cudaMalloc(&r.a, static_cast<size_t>(m * k) * ab), "cudaMalloc(A)");
+  cuda_check(cudaMalloc(&r.b, static_cast<size_t>(k * n) * ab), "cudaMalloc(B)");
+  cuda_check(cudaMalloc(&r.y, static_cast<size_t>(m * n) * yb), "cudaMalloc(Y)");
+  r.stream = bench_stream(o.device);
+  cuda_check(cudaEventCreate(&r.start), "cudaEventCreate");
+  cuda_check(cudaEventCreate(&r.stop), "cudaEventCreate");
+  fill(r.a, dtype, m * k, 1u, r.stream);
+  fill(r.b, dtype, k * n, 2u, r.stream);
+  cuda_check(cudaMemsetAsync(r.y, 0, static_cast<size_t>(m * n) * yb, r.stream), "cudaMemset");
+
+  // loom: the KernelFn with an OpCall, exactly as a module calls it.
+  TensorView in[2] = {
+      o.trans_a ? view(r.a, dtype, o.device, k, m) : view(r.a, dtype, o.device, m, k),
+      o.trans_b ? view(r.b, dtype, o.device, n, k) : view(r.b, dtype, o.device, k, n)};
+  TensorView y = view(r.y, y_dtype, o.device, m, n);
+  ops::GemmAttrs attrs{o.trans_a ? 1 : 0, o.trans_b ? 1 : 0, 1.0f, o.beta};
+  OpCall call{};
+  call.struct_size = sizeof(OpCall);
+  call.inputs = in;
+  call.num_inputs = 2;
+  call.outputs = &y;
+  call.num_outputs = 1;
+  call.attrs = &attrs;
+  call.attrs_size = sizeof(attrs);
+  call.stream = r.stream;
+  KernelFn loom_gemm = o.tf32 ? gemm_tf32 : gemm_f32_accumulate;
+  auto run_loom = [&] { throw_if_error(loom_gemm(&call), "gemm_bench: loom gemm"); };
+
+  // cuBLAS: the same column-major swap as gemm.cu (Y^T = op(B)^T op(A)^T).
+  cublas_check(cublasCreate(&r.cublas), "cublasCreate");
+  cublas_check(cublasSetStream(r.cublas, r.stream), "cublasSetStream");
+  const float alpha = 1.0f, beta = o.beta;
+  const int lda = static_cast<int>(o.trans_a ? m : k), ldb = static_cast<int>(o.trans_b ? k : n);
+  cublasComputeType_t compute = o.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  auto run_cublas = [&] {
+    cublas_check(cublasGemmEx(r.cublas, o.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                              o.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(n),
+                              static_cast<int>(m), static_cast<int>(k), &alpha, r.b,
+                              gemm::cuda_data_type(dtype), ldb, r.a, gemm::cuda_data_type(dtype),
+                              lda, &beta, r.y, gemm::cuda_data_type(y_dtype), static_cast<int>(n),
+                              compute, CUBLAS_GEMM_DEFAULT),
+                 "cublasGemmEx");
+  };
+
+  for (int i = 0; i < o.warmup; ++i) {
+    run_loom();
+    run_cublas();
+  }
+  out->loom_ms = time_ms(r, o.iterations, run_loom);
+  out->cublas_ms = time_ms(r, o.iterations, run_cublas);
+  const double flops =
+      2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+  out->loom_tflops = flops / (out->loom_ms * 1e-3) / 1e12;
+  out->cublas_tflops = flops / (out->cublas_ms * 1e-3) / 1e12;
+}
+
+}  // namespace
+
+GemmBenchResult gemm_bench(int64_t m, int64_t n, int64_t k, DType dtype,
+                           const GemmBenchOptions& options) {
+  GemmBenchResult result;
+  Status s = guard([&] { run_bench(m, n, k, dtype, options, &result); });
+  if (s.code != Code::kOk) {
+    result = GemmBenchResult{};
+    result.error = take_message(&s);
+  }
+  return result;
+}
+
+}  // namespace loom::kernels::cuda

@@ -1,0 +1,45 @@
+// Timing of loom's CUDA gemm kernel against cuBLAS on the same problem, for the benchmark
+// tool (tools/bench:gemm_bench) and BENCHMARKS.md (DESIGN.md section 10: GEMM within 10% of
+// cuBLAS on the same shapes). Lab code: not part of the kernels_cuda plugin. Plain C++: no
+// CUDA types.
+#pragma once
+
+#include <loom/types.h>
+#include <stdint.h>
+
+#include <string>
+
+namespace loom::kernels::cuda {
+
+/// What to time besides (M, N, K) and the operands' dtype.
+struct GemmBenchOptions {
+  bool trans_a = false;             ///< A stored (K, M) instead of (M, K)
+  bool trans_b = true;              ///< B stored (N, K), as a Linear's weight (out, in) is
+  DType y_dtype = DType::kInvalid;  ///< Y's dtype: the operands' (kInvalid) or f32
+  bool tf32 = false;     ///< f32 operands: loom's "cuda.tf32" and cuBLAS's FAST_TF32 compute
+  float beta = 0.0f;     ///< 1 times the accumulating form (weight gradients)
+  int warmup = 10;       ///< untimed calls of each before timing (plans, clocks)
+  int iterations = 100;  ///< timed calls of each, back to back on one stream
+  int device = 0;        ///< CUDA device ordinal
+};
+
+/// Times of one problem; TFLOP/s count 2 M N K floating-point operations per call.
+struct GemmBenchResult {
+  double loom_ms = 0.0;        ///< mean time of one call of loom's gemm kernel
+  double cublas_ms = 0.0;      ///< mean time of one cublasGemmEx call
+  double loom_tflops = 0.0;    ///< 2 M N K / loom_ms, in 10^12 per second
+  double cublas_tflops = 0.0;  ///< 2 M N K / cublas_ms
+  std::string error;           ///< why nothing was measured; empty on success
+};
+
+/// Allocates A, B and Y on `options.device` for Y (M, N) = op(A) @ op(B) with inner
+/// dimension K, fills A and B with uniform values in [-1, 1) (and Y with 0), times
+/// `options.iterations` calls of loom's gemm kernel (through its KernelFn, as a module calls
+/// it) and of cublasGemmEx with CUBLAS_COMPUTE_32F (or FAST_TF32) on the same buffers with
+/// CUDA events, and frees everything. Never throws; a failure is reported in `error`.
+/// \param m, n, k  problem size, each in [1, 2^31)
+/// \param dtype    operands' dtype: f32, bf16 or f16
+GemmBenchResult gemm_bench(int64_t m, int64_t n, int64_t k, DType dtype,
+                           const GemmBenchOptions& options = {});
+
+}  // namespace loom::kernels::cuda
