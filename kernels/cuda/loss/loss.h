@@ -1,7 +1,7 @@
 // The loss family of the CUDA kernel library: cross entropy on CUDA tensors in f32, bf16 and
 // f16, whole (cross_entropy_fwd / cross_entropy_bwd) and vocab-parallel
 // (cross_entropy_shard_stats / cross_entropy_combine), with out-of-range labels found on the
-// device and reported lazily (label_errors.cuh).
+// device and reported lazily (label_errors.cuh), and masked_sum (f32).
 //
 // Plain C++ (no CUDA types): the kernels_cuda plugin and the tests include it without nvcc.
 #pragma once

@@ -7,6 +7,7 @@ namespace loom::kernels::cuda {
 void add_loss_kernels(std::vector<KernelDesc>& out) {
   loss::add_cross_entropy_kernels(out);
   loss::add_cross_entropy_shard_kernels(out);
+  loss::add_masked_sum_kernels(out);
 }
 
 }  // namespace loom::kernels::cuda

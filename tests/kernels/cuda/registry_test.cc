@@ -56,6 +56,7 @@ const std::vector<const char*> kOps = {
     ops::kCrossEntropyBwd,
     ops::kCrossEntropyShardStats,
     ops::kCrossEntropyCombine,
+    ops::kMaskedSum,
     ops::kAdamWStep,
     ops::kAdamWStepMulti,
     ops::kSgdStep,
@@ -68,8 +69,8 @@ TEST(FamilyRegistry, OneCudaKernelPerOpAndDtype) {
   for (const char* op : kOps)
     for (DType dt : kFloats) {
       const KernelDesc* k = find(op, dt);
-      bool f32_only =
-          std::string(op) == ops::kCrossEntropyCombine || std::string(op) == ops::kFp8ScaleUpdate;
+      bool f32_only = std::string(op) == ops::kCrossEntropyCombine ||
+                      std::string(op) == ops::kFp8ScaleUpdate || std::string(op) == ops::kMaskedSum;
       if (f32_only && dt != DType::kF32) {
         EXPECT_EQ(k, nullptr) << op << " " << dtype_name(dt);
         continue;
@@ -201,6 +202,10 @@ std::vector<Case> good_calls() {
   c.push_back({ops::kCrossEntropyCombine,
                Call({view(f, {3, 4, 3}, cu), view(DType::kI32, {4}, cu), none()},
                     {view(f, {4}, cu), view(f, {4}, cu), view(f, {1}, cu)}, &kShard)});
+  const void* no_attrs = nullptr;
+  c.push_back({ops::kMaskedSum,
+               Call({view(f, {12}, cu), view(f, {12}, cu)}, {view(f, {2}, cu)}, &no_attrs)});
+  c.push_back({ops::kMaskedSum, Call({view(f, {12}, cu), none()}, {view(f, {2}, cu)}, &no_attrs)});
   c.push_back({ops::kAdamWStep, Call({view(bf, {1000}, cu)},
                                      {view(f, {1000}, cu), view(f, {1000}, cu), view(f, {1000}, cu),
                                       view(bf, {1000}, cu)},
