@@ -30,9 +30,8 @@ namespace loom::core {
 namespace {
 
 DType parse_dtype(const std::string& name) {
-  if (name == "f32") return DType::kF32;
-  if (name == "bf16") return DType::kBF16;
-  if (name == "f16") return DType::kF16;
+  DType dtype = dtype_from_name(name.c_str());
+  if (dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16) return dtype;
   throw SpecError("/precision/params", fmt::format("unknown dtype '{}'", name));
 }
 

@@ -57,13 +57,8 @@ FusedAttention::FusedAttention(const nlohmann::json& options, IBuildContext& ctx
   if (!(dropout_p_ >= 0.f && dropout_p_ < 1.f))
     invalid("/attention_dropout: must be in [0, 1), got " + std::to_string(dropout_p_));
   std::string dtype = option_string(options, "params_dtype", "f32");
-  if (dtype == "f32")
-    dtype_ = DType::kF32;
-  else if (dtype == "bf16")
-    dtype_ = DType::kBF16;
-  else if (dtype == "f16")
-    dtype_ = DType::kF16;
-  else
+  dtype_ = dtype_from_name(dtype.c_str());
+  if (dtype_ != DType::kF32 && dtype_ != DType::kBF16 && dtype_ != DType::kF16)
     invalid("/params_dtype: '" + dtype + "' is not one of f32, bf16, f16");
   std::string device = option_string(options, "device", "cpu");
   if (device != "cpu" && device != "cuda")

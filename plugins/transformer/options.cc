@@ -6,9 +6,8 @@ void invalid(const std::string& message) { fail(Code::kInvalidArgument, message)
 
 DType params_dtype(const nlohmann::json& options) {
   std::string name = inherited_or<std::string>(options, "params_dtype", "f32");
-  if (name == "f32") return DType::kF32;
-  if (name == "bf16") return DType::kBF16;
-  if (name == "f16") return DType::kF16;
+  DType dtype = dtype_from_name(name.c_str());
+  if (dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16) return dtype;
   invalid("/params_dtype: '" + name + "' is not a parameter dtype; use f32, bf16 or f16");
 }
 
