@@ -129,7 +129,7 @@ void export_hf(const fs::path& dir, const CheckpointTensor* tensors, int64_t cou
   kept["format"] = {{"impl", "safetensors"}, {"architecture", arch}};
   DType main = outputs.empty() ? DType::kF32 : outputs.front().dtype;
   if (const TensorLayout* e = layout.find("embedding.word_embeddings.weight"))
-    main = dtype_from_name(listed["model." + e->loom]["dtype"].get<std::string>());
+    main = dtype_from_name(listed["model." + e->loom]["dtype"].get<std::string>().c_str());
   write_safetensors(dir / kHfWeights, std::move(outputs),
                     {{"format", "pt"}, {"loom", kept.dump()}});
   write_file_durably(dir / kHfConfig, hf_config(model, main).dump(2) + "\n");

@@ -1,19 +1,13 @@
-// Safetensors files (Hugging Face): an 8-byte little-endian header length N, N bytes of
-// JSON header {name: {"dtype": "F32"|"BF16"|..., "shape": [...], "data_offsets": [begin,
-// end]}, "__metadata__": {string: string}} padded with spaces, then the tensor bytes
-// (offsets relative to the end of the header), little-endian and row-major.
-//
-// Reading checks what the `safetensors` library checks: the header inside the file, a JSON
-// object without duplicate names, known dtypes, every byte range inside the data, of the
-// size its shape and dtype say, the ranges in order without overlap or gap, and the data
-// ending where the last range does. A violation is Error(kDataLoss) naming the file (and
-// the tensor).
+// Safetensors files (Hugging Face) as the checkpoint plugin reads and writes them: mapped
+// into memory and checked by the SDK's codec (loom/cpp/safetensors.h: the format, its
+// checks and messages), written durably (files.h).
 //
 // loom adds "__metadata__" {"crc32c": JSON text {name: 8 hex digits}} when it writes a file,
 // the CRC-32C of every tensor's bytes, and checks it when present (files written by other
 // programs have none), so that damage to the data is detected too.
 #pragma once
 
+#include <loom/cpp/safetensors.h>
 #include <loom/sdk.h>
 
 #include <cstdint>
@@ -28,27 +22,11 @@
 
 namespace loom::checkpoint {
 
-/// One tensor of a safetensors header.
-struct SafetensorsTensor {
-  std::string name;
-  std::string st_dtype;  ///< as in the file: "F32", "BF16", ...
-  DType dtype;           ///< loom's dtype; kInvalid for ones loom lacks (U32, U64)
-  std::vector<int64_t> shape;
-  uint64_t begin = 0, end = 0;  ///< byte range in the data section
-};
+// The tensors the reader lists are the codec's.
+using loom::SafetensorsTensor;
 
-/// The safetensors name of `dtype` ("F32"); throws kUnimplemented for ones it lacks.
-const char* safetensors_dtype(DType dtype);
-
-/// Parses and checks a header (the JSON text after the length) for a data section of
-/// `data_size` bytes. `file` names the file in messages. Returns the tensors by name and
-/// fills `metadata` with "__metadata__" (an empty object when absent).
-std::map<std::string, SafetensorsTensor> parse_safetensors_header(const std::string& header,
-                                                                  uint64_t data_size,
-                                                                  const std::filesystem::path& file,
-                                                                  nlohmann::json* metadata);
-
-/// A safetensors file mapped into memory and checked (see above).
+/// A safetensors file mapped into memory and checked (parse_safetensors); a file that is not
+/// there is Error(kNotFound), one that is not valid Error(kDataLoss), both naming the file.
 class SafetensorsReader {
  public:
   explicit SafetensorsReader(std::filesystem::path path);

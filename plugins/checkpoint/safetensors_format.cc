@@ -19,13 +19,9 @@ fs::path path_of(StringView dir) {
 
 SafetensorsFormat::SafetensorsFormat(const nlohmann::json& options, IBuildContext& ctx) {
   std::string dtype = options.value("dtype", "auto");
-  if (dtype == "f32")
-    dtype_ = DType::kF32;
-  else if (dtype == "bf16")
-    dtype_ = DType::kBF16;
-  else if (dtype == "f16")
-    dtype_ = DType::kF16;
-  else if (dtype != "auto")
+  if (dtype == "auto") return;
+  dtype_ = dtype_from_name(dtype.c_str());
+  if (dtype_ != DType::kF32 && dtype_ != DType::kBF16 && dtype_ != DType::kF16)
     fail(Code::kInvalidArgument,
          "option 'dtype' must be one of auto, f32, bf16, f16, got '" + dtype + "'");
 }

@@ -94,7 +94,7 @@ ShardIndex index_from_json(const nlohmann::json& body, const std::filesystem::pa
     ShardEntry e;
     e.name = field<std::string>(t, "name", where + " entry " + std::to_string(i));
     std::string at = where + " tensor '" + e.name + "'";
-    e.dtype = dtype_from_name(field<std::string>(t, "dtype", at));
+    e.dtype = dtype_from_name(field<std::string>(t, "dtype", at).c_str());
     if (e.dtype == DType::kInvalid) fail(Code::kDataLoss, at + " has an unknown dtype");
     e.ndim = read_shape(t, "global_shape", at, e.global_shape);
     e.slice.ndim = e.ndim;

@@ -140,12 +140,6 @@ void copy_region(const Strided& src, const Strided& dst, const Box& region) {
   }
 }
 
-DType dtype_from_name(const std::string& name) {
-  for (int32_t v = 1; v <= static_cast<int32_t>(DType::kF8E8M0); ++v)
-    if (name == dtype_name(static_cast<DType>(v))) return static_cast<DType>(v);
-  return DType::kInvalid;
-}
-
 void convert(const void* src, DType from, void* dst, DType to, int64_t count) {
   copy_line(static_cast<const unsigned char*>(src), from, 1, static_cast<unsigned char*>(dst), to,
             1, count);

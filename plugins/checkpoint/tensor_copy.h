@@ -52,9 +52,6 @@ bool convertible(DType from, DType to);
 /// dtype (convertible() must hold).
 void copy_region(const Strided& src, const Strided& dst, const Box& region);
 
-/// The dtype whose dtype_name() is `name` ("f32", "bf16", ...); kInvalid when none is.
-DType dtype_from_name(const std::string& name);
-
 /// Converts `count` contiguous elements of `from` at `src` to `to` at `dst`.
 void convert(const void* src, DType from, void* dst, DType to, int64_t count);
 

@@ -7,6 +7,7 @@
 #include <gloo/broadcast.h>
 #include <gloo/transport/unbound_buffer.h>
 #include <gloo/types.h>
+#include <loom/cpp/comm_checks.h>
 #include <loom/cpp/tensor.h>
 
 #include <algorithm>
@@ -31,27 +32,13 @@ constexpr uint8_t kReduceScatterSlotPrefix = 0x41;
 constexpr int64_t kDefaultTimeoutMs = 300000;
 
 // Contiguous CPU view with data (or no elements); throws kInvalidArgument naming `name`.
-void check_tensor(const std::string& what, const char* name, const TensorView* t) {
-  if (t == nullptr) fail(Code::kInvalidArgument, what + ": " + name + " is null");
-  if (t->device.type != DeviceType::kCpu)
-    fail(Code::kInvalidArgument, what + ": " + name + " " + shape_string(*t) +
-                                     " is not a CPU tensor; the gloo backend moves CPU tensors "
-                                     "(CUDA tensors go over comm_nccl)");
-  if (t->ndim < 0 || t->ndim > kMaxDims || dtype_size(t->dtype) == 0)
-    fail(Code::kInvalidArgument,
-         what + ": " + name + " has an invalid rank or dtype (" + dtype_name(t->dtype) + ")");
-  if (!is_contiguous(*t))
-    fail(Code::kInvalidArgument, what + ": " + name + " " + shape_string(*t) +
-                                     " is not contiguous; pass a contiguous view");
-  if (t->data == nullptr && numel(*t) > 0)
-    fail(Code::kInvalidArgument, what + ": " + name + " " + shape_string(*t) + " has no data");
-}
-
-void check_same_dtype(const std::string& what, const TensorView& a, const TensorView& b) {
-  if (a.dtype != b.dtype)
-    fail(Code::kInvalidArgument, what + ": input is " + dtype_name(a.dtype) + " " +
-                                     shape_string(a) + " but output is " + dtype_name(b.dtype) +
-                                     " " + shape_string(b) + "; they must have one dtype");
+void check_tensor(const std::string& what, const char* name, const TensorView* tensor) {
+  check_comm_tensor(what, name, tensor, [&](const TensorView& t) {
+    if (t.device.type != DeviceType::kCpu)
+      fail(Code::kInvalidArgument, what + ": " + name + " " + shape_string(t) +
+                                       " is not a CPU tensor; the gloo backend moves CPU tensors "
+                                       "(CUDA tensors go over comm_nccl)");
+  });
 }
 
 // Calls fn(T{}) with the unsigned type of `bytes` bytes (gloo's typed setters only use
@@ -297,13 +284,9 @@ std::shared_ptr<WorkCompletion> GlooCommunicator::issue_reduce_scatter(const Ten
         TensorView* output = out.get();
         check_tensor(desc, "input", input);
         check_tensor(desc, "output", output);
-        check_same_dtype(desc, *input, *output);
-        if (numel(*input) != size_ * numel(*output))
-          fail(Code::kInvalidArgument,
-               desc + ": input " + shape_string(*input) + " must hold " + std::to_string(size_) +
-                   " (the group size) times the elements of output " + shape_string(*output) +
-                   ", i.e. " + std::to_string(size_ * numel(*output)) + "; it holds " +
-                   std::to_string(numel(*input)));
+        // No overlap is refused (comm_nccl refuses all but the in-place chunk): the ring
+        // builds its sums in buffers of its own and writes the output only in its last step.
+        check_comm_reduce_scatter(desc, *input, *output, rank_, size_, ChunkOverlap::kAny);
         ReduceFn reduce = reduce_function(input->dtype, op, desc);
         (void)reduce;
         if (numel(*output) == 0) return;
@@ -375,13 +358,9 @@ std::shared_ptr<WorkCompletion> GlooCommunicator::issue_all_gather(
         TensorView* output = out.get();
         check_tensor(desc, "input", input);
         check_tensor(desc, "output", output);
-        check_same_dtype(desc, *input, *output);
-        if (numel(*output) != size_ * numel(*input))
-          fail(Code::kInvalidArgument,
-               desc + ": output " + shape_string(*output) + " must hold " + std::to_string(size_) +
-                   " (the group size) times the elements of input " + shape_string(*input) +
-                   ", i.e. " + std::to_string(size_ * numel(*input)) + "; it holds " +
-                   std::to_string(numel(*output)));
+        // No overlap is refused: the input is moved (memmove) into this rank's chunk before
+        // gloo gathers in place.
+        check_comm_all_gather(desc, *input, *output, rank_, size_, ChunkOverlap::kAny);
         const size_t chunk = nbytes(*input);
         if (chunk == 0) return;
         // In place from here on: own chunk first (memmove: the input may be that very chunk,
@@ -412,10 +391,7 @@ std::shared_ptr<WorkCompletion> GlooCommunicator::issue_broadcast(TensorView* te
                 [this, view = ViewArg(tensor_arg), root](const std::string& desc) mutable {
                   TensorView* tensor = view.get();
                   check_tensor(desc, "tensor", tensor);
-                  if (root < 0 || root >= size_)
-                    fail(Code::kInvalidArgument, desc + ": root " + std::to_string(root) +
-                                                     " is not a rank of the group (0.." +
-                                                     std::to_string(size_ - 1) + ")");
+                  check_comm_root(desc, root, size_);
                   if (size_ == 1 || nbytes(*tensor) == 0) return;
                   gloo::BroadcastOptions opts(context_);
                   opts.setOutput(static_cast<uint8_t*>(tensor->data), nbytes(*tensor));
@@ -434,33 +410,15 @@ Status GlooCommunicator::all_to_all(const TensorView* input, const int64_t* send
   return await(submit("all_to_all", -1, [&](const std::string& desc) {
     check_tensor(desc, "input", input);
     check_tensor(desc, "output", output);
-    check_same_dtype(desc, *input, *output);
-    if (!send_counts || !send_offsets || !recv_counts || !recv_offsets)
-      fail(Code::kInvalidArgument, desc + ": counts and offsets must not be null");
+    // Unlike comm_nccl's, gloo's all_to_all does not refuse overlapping input and output.
+    check_comm_all_to_all(desc, *input, send_counts, send_offsets, *output, recv_counts,
+                          recv_offsets, rank_, size_);
     const size_t elem = dtype_size(input->dtype);
-    // Each rank's slice must lie inside its tensor; offsets need not be packed.
-    auto check_slices = [&](const char* name, const TensorView& t, const int64_t* counts,
-                            const int64_t* offsets, int64_t* total) {
-      *total = 0;
-      for (int32_t p = 0; p < size_; ++p) {
-        if (counts[p] < 0 || offsets[p] < 0 || offsets[p] + counts[p] > numel(t))
-          fail(Code::kInvalidArgument, desc + ": " + name + " slice for rank " + std::to_string(p) +
-                                           " (offset " + std::to_string(offsets[p]) + ", count " +
-                                           std::to_string(counts[p]) + ") is outside the " +
-                                           shape_string(t) + " tensor of " +
-                                           std::to_string(numel(t)) + " elements");
-        *total += counts[p];
-      }
-    };
     int64_t send_total = 0, recv_total = 0;
-    check_slices("input", *input, send_counts, send_offsets, &send_total);
-    check_slices("output", *output, recv_counts, recv_offsets, &recv_total);
-    if (send_counts[rank_] != recv_counts[rank_])
-      fail(Code::kInvalidArgument, desc + ": send_counts[" + std::to_string(rank_) + "] (" +
-                                       std::to_string(send_counts[rank_]) + ") and recv_counts[" +
-                                       std::to_string(rank_) + "] (" +
-                                       std::to_string(recv_counts[rank_]) +
-                                       ") differ; what a rank sends itself it receives");
+    for (int32_t p = 0; p < size_; ++p) {
+      send_total += send_counts[p];
+      recv_total += recv_counts[p];
+    }
     if (size_ == 1) {
       std::memmove(bytes_of(*output) + recv_offsets[0] * elem,
                    bytes_of(*input) + send_offsets[0] * elem, send_counts[0] * elem);
@@ -559,10 +517,7 @@ std::shared_ptr<WorkCompletion> GlooCommunicator::issue_point_to_point(const Ten
       [this, view = ViewArg(tensor_arg), peer, tag, is_send](const std::string& desc) mutable {
         TensorView* tensor = view.get();
         check_tensor(desc, "tensor", tensor);
-        if (peer < 0 || peer >= size_ || peer == rank_)
-          fail(Code::kInvalidArgument,
-               desc + ": peer " + std::to_string(peer) + " must be another rank of the group (0.." +
-                   std::to_string(size_ - 1) + ", not " + std::to_string(rank_) + ")");
+        check_comm_peer(desc, peer, rank_, size_);
         // A send only reads: gloo's buffers take non-const pointers.
         point_to_point(*tensor, peer, tag, is_send);
       });

@@ -1,5 +1,6 @@
 #include "plugins/comm_gloo/reduce.h"
 
+#include <loom/cpp/comm_checks.h>
 #include <loom/cpp/half.h>
 #include <stdint.h>
 
@@ -77,35 +78,14 @@ ReduceFn for_dtype(DType dtype) {
 
 }  // namespace
 
-bool reducible(DType dtype) { return for_dtype<Sum>(dtype) != nullptr; }
-
-bool floating(DType dtype) {
-  return dtype == DType::kF32 || dtype == DType::kF64 || dtype == DType::kBF16 ||
-         dtype == DType::kF16;
-}
-
 ReduceFn reduce_function(DType dtype, ReduceOp op, const std::string& what) {
-  if (!reducible(dtype))
-    fail(Code::kInvalidArgument,
-         what + ": cannot reduce " + dtype_name(dtype) +
-             " tensors; the gloo backend reduces f32, f64, bf16, f16, i32, i64 and u8");
-  switch (op) {
-    case ReduceOp::kAvg:
-      if (!floating(dtype))
-        fail(Code::kInvalidArgument, what + ": avg needs a floating-point tensor (f32, f64, " +
-                                         "bf16, f16), got " + dtype_name(dtype) +
-                                         "; use sum and divide");
-      return for_dtype<Sum>(dtype);
-    case ReduceOp::kSum:
-      return for_dtype<Sum>(dtype);
-    case ReduceOp::kMax:
-      return for_dtype<Max>(dtype);
-    case ReduceOp::kMin:
-      return for_dtype<Min>(dtype);
-  }
-  fail(Code::kInvalidArgument, what + ": unknown reduce op " +
-                                   std::to_string(static_cast<int32_t>(op)) +
-                                   "; expected sum (0), avg (1), max (2) or min (3)");
+  check_comm_reduction(what, dtype, op, "gloo");
+  // for_dtype covers exactly comm_reducible's dtypes.
+  ReduceFn fn = op == ReduceOp::kMax   ? for_dtype<Max>(dtype)
+                : op == ReduceOp::kMin ? for_dtype<Min>(dtype)
+                                       : for_dtype<Sum>(dtype);  // sum, and avg before `scale`
+  LOOM_CHECK(fn != nullptr, "no gloo reduction for ", dtype_name(dtype));
+  return fn;
 }
 
 void scale(void* data, DType dtype, size_t n, double factor) {

@@ -14,15 +14,10 @@ namespace loom::comm_gloo {
 /// even. Integer sums wrap around (two's complement), as NCCL's do.
 using ReduceFn = void (*)(void* out, const void* a, const void* b, size_t n);
 
-/// True for the dtypes the backend reduces: f32, f64, bf16, f16, i32, i64, u8.
-bool reducible(DType dtype);
-
-/// True for f32, f64, bf16 and f16 (the dtypes avg accepts).
-bool floating(DType dtype);
-
 /// The reduction for (dtype, op); kAvg reduces as kSum (the caller then calls `scale`).
 /// Throws kInvalidArgument, naming `what` ("all_reduce on group 'dp/0' (rank 1 of 2)"),
-/// for a dtype that cannot be reduced or avg on an integer dtype.
+/// for what check_comm_reduction (loom/cpp/comm_checks.h) refuses: a dtype that cannot be
+/// reduced, avg on an integer dtype, an unknown op.
 /// \param dtype  element type of the tensors
 /// \param op     the reduction
 /// \param what   the operation and group, for the message

@@ -93,7 +93,7 @@ std::shared_ptr<OpRecord> NcclCommunicator::do_all_reduce(const TensorView* tens
                                                           void* stream) {
   const std::string desc = what("all_reduce");
   check_cuda_tensor(desc, "tensor", tensor, config_.device);
-  check_reduction(desc, tensor->dtype, op);
+  check_comm_reduction(desc, tensor->dtype, op, "nccl");
   const auto count = static_cast<size_t>(numel(*tensor));
   if (count == 0) return nothing_to_move(desc);
   void* data = tensor->data;
@@ -121,8 +121,9 @@ std::shared_ptr<OpRecord> NcclCommunicator::do_reduce_scatter(const TensorView* 
   const std::string desc = what("reduce_scatter");
   check_cuda_tensor(desc, "input", input, config_.device);
   check_cuda_tensor(desc, "output", output, config_.device);
-  check_reduce_scatter(desc, *input, *output, config_.rank, config_.size);
-  check_reduction(desc, input->dtype, op);
+  check_comm_reduce_scatter(desc, *input, *output, config_.rank, config_.size,
+                            ChunkOverlap::kOwnChunk);
+  check_comm_reduction(desc, input->dtype, op, "nccl");
   const auto count = static_cast<size_t>(numel(*output));
   if (count == 0) return nothing_to_move(desc);
   const void* in = input->data;
@@ -153,7 +154,7 @@ std::shared_ptr<OpRecord> NcclCommunicator::do_all_gather(const TensorView* inpu
   const std::string desc = what("all_gather");
   check_cuda_tensor(desc, "input", input, config_.device);
   check_cuda_tensor(desc, "output", output, config_.device);
-  check_all_gather(desc, *input, *output, config_.rank, config_.size);
+  check_comm_all_gather(desc, *input, *output, config_.rank, config_.size, ChunkOverlap::kOwnChunk);
   const size_t bytes = nbytes(*input);
   if (bytes == 0) return nothing_to_move(desc);
   const void* in = input->data;
@@ -179,7 +180,7 @@ std::shared_ptr<OpRecord> NcclCommunicator::do_broadcast(const TensorView* tenso
                                                          void* stream) {
   const std::string desc = what("broadcast");
   check_cuda_tensor(desc, "tensor", tensor, config_.device);
-  check_root(desc, root, config_.size);
+  check_comm_root(desc, root, config_.size);
   const size_t bytes = nbytes(*tensor);
   if (bytes == 0) return nothing_to_move(desc);
   void* data = tensor->data;
@@ -255,7 +256,7 @@ std::shared_ptr<OpRecord> NcclCommunicator::do_point_to_point(const TensorView* 
                                                               void* stream) {
   const std::string desc = what(is_send ? "send" : "recv");
   check_cuda_tensor(desc, "tensor", tensor, config_.device);
-  check_peer(desc, peer, config_.rank, config_.size);
+  check_comm_peer(desc, peer, config_.rank, config_.size);
   const size_t bytes = nbytes(*tensor);
   if (bytes == 0) return nothing_to_move(desc);  // both sides skip: the sizes must match
   void* data = tensor->data;

@@ -8,8 +8,8 @@
 
 namespace loom::comm_nccl {
 
-/// NCCL's type for a reducible dtype (checks.h `reducible`); throws Error(kInternal) for
-/// others, which the checks have refused before.
+/// NCCL's type for a reducible dtype (loom/cpp/comm_checks.h `comm_reducible`); throws
+/// Error(kInternal) for others, which the checks have refused before.
 ncclDataType_t nccl_type(DType dtype);
 
 /// NCCL's reduction for `op` (avg is NCCL's own ncclAvg: sum, then divide by the group

@@ -16,9 +16,8 @@ DeviceType parse_device(const nlohmann::json& options) {
 
 DType parse_params_dtype(const nlohmann::json& options) {
   std::string name = string_or(options, "params_dtype", "f32");
-  if (name == "f32") return DType::kF32;
-  if (name == "bf16") return DType::kBF16;
-  if (name == "f16") return DType::kF16;
+  DType dtype = dtype_from_name(name.c_str());
+  if (dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16) return dtype;
   bad_option("params_dtype", "must be \"f32\", \"bf16\" or \"f16\", got \"" + name + "\"");
 }
 

@@ -10,15 +10,17 @@
 #include <fstream>
 #include <iostream>
 
-#include "core/io/safetensors.h"
 #include "core/plugin/catalog.h"
 #include "core/plugin/plugin_manager.h"
 #include "core/spec/spec.h"
 #include "core/train/trainer.h"
 #include "core/util/errors.h"
+#include "tests/reference/safetensors_io.h"
 
 namespace fs = std::filesystem;
 using namespace loom;
+using reference::TensorBytes;
+using reference::write_safetensors_file;
 
 namespace {
 
@@ -30,7 +32,7 @@ std::vector<float> as_floats(const TensorView& v) {
 
 void dump_params(core::ParameterSet& params, const fs::path& path) {
   std::vector<std::vector<float>> keep;
-  std::vector<core::SafetensorsEntry> entries;
+  std::vector<TensorBytes> entries;
   keep.reserve(params.all().size());
   for (core::Parameter& p : params.all()) {
     keep.push_back(as_floats(p.value));
@@ -38,7 +40,7 @@ void dump_params(core::ParameterSet& params, const fs::path& path) {
                        std::vector<int64_t>(p.value.shape, p.value.shape + p.value.ndim),
                        keep.back().data()});
   }
-  core::write_safetensors(path, entries);
+  write_safetensors_file(path, entries);
 }
 
 int run(int argc, char** argv) {
@@ -69,7 +71,7 @@ int run(int argc, char** argv) {
   float loss = static_cast<float>(trainer.forward_backward(batch, 1.0, &logits));
   {
     std::vector<std::vector<float>> keep;
-    std::vector<core::SafetensorsEntry> entries;
+    std::vector<TensorBytes> entries;
     keep.reserve(trainer.params().all().size());
     int64_t b = batch.batch, t = batch.seq_length;
     entries.push_back({"tokens", DType::kI32, {b, t}, batch.tokens.data()});
@@ -86,7 +88,7 @@ int run(int argc, char** argv) {
                          std::vector<int64_t>(p.grad.shape, p.grad.shape + p.grad.ndim),
                          keep.back().data()});
     }
-    core::write_safetensors(out / "forward.safetensors", entries);
+    write_safetensors_file(out / "forward.safetensors", entries);
   }
 
   // Training steps: record each step's batch, loss, grad norm and LR.

@@ -16,13 +16,13 @@
 #include <random>
 
 #include "core/component/builder.h"
-#include "core/io/safetensors.h"
 #include "core/plugin/catalog.h"
 #include "core/plugin/plugin_manager.h"
 #include "core/spec/spec.h"
 #include "core/train/trainer.h"
 #include "loom/cpp/object.h"
 #include "loom/kinds.h"
+#include "tests/reference/safetensors_io.h"
 
 namespace fs = std::filesystem;
 using namespace loom;
@@ -91,8 +91,8 @@ std::vector<float> logits_for(core::Trainer& trainer, const std::vector<int32_t>
 void write_logits(const fs::path& path, std::vector<int32_t>& tokens, std::vector<float>& logits,
                   int64_t b, int64_t t) {
   int64_t v = static_cast<int64_t>(logits.size()) / (b * t);
-  core::write_safetensors(path, {{"tokens", DType::kI32, {b, t}, tokens.data()},
-                                 {"logits", DType::kF32, {b, t, v}, logits.data()}});
+  reference::write_safetensors_file(path, {{"tokens", DType::kI32, {b, t}, tokens.data()},
+                                           {"logits", DType::kF32, {b, t, v}, logits.data()}});
 }
 
 // Gives every parameter random values (norm weights around 1), so that the layout of each
@@ -144,11 +144,11 @@ int export_model(int argc, char** argv) {
 
 int import_model(int argc, char** argv) {
   fs::path hf = argv[2];
-  core::SafetensorsFile reference(hf / "hf.safetensors");
-  const core::SafetensorsFile::Tensor& tok = reference.get("tokens");
+  reference::SafetensorsFileData hf_file = reference::read_safetensors_file(hf / "hf.safetensors");
+  const SafetensorsTensor& tok = hf_file.get("tokens");
   const int64_t b = tok.shape[0], t = tok.shape[1];
   std::vector<int32_t> tokens(static_cast<size_t>(b * t));
-  std::memcpy(tokens.data(), tok.data, tokens.size() * 4);
+  std::memcpy(tokens.data(), hf_file.data(tok), tokens.size() * 4);
   // Read the metadata, then build the model it describes.
   Env env = make_env(nullptr, argv + 3, argc - 3);
   std::string dir = hf.string();

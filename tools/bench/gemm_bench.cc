@@ -60,13 +60,8 @@ int main(int argc, char** argv) {
       json = false;
     } else if (a == "--dtype") {
       std::string d = value();
-      if (d == "bf16")
-        dtype = loom::DType::kBF16;
-      else if (d == "f16")
-        dtype = loom::DType::kF16;
-      else if (d == "f32")
-        dtype = loom::DType::kF32;
-      else
+      dtype = loom::dtype_from_name(d.c_str());
+      if (dtype != loom::DType::kBF16 && dtype != loom::DType::kF16 && dtype != loom::DType::kF32)
         usage(("--dtype: '" + d + "' is not bf16, f16 or f32").c_str());
     } else if (a == "--iterations") {
       options.iterations = std::atoi(value().c_str());

@@ -37,8 +37,8 @@ uint64_t disk_bytes(const fs::path& dir) {
 }
 
 DType parse_dtype(const std::string& name, const char* option) {
-  for (DType d : {DType::kF32, DType::kBF16, DType::kF16})
-    if (name == dtype_name(d)) return d;
+  DType dtype = dtype_from_name(name.c_str());
+  if (dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16) return dtype;
   throw core::UsageError(fmt::format("{} '{}': expected f32, bf16 or f16", option, name));
 }
 
@@ -68,9 +68,9 @@ LoadedTensor read_tensor(core::CheckpointReader& reader, const std::string& name
 }
 
 DType stored_dtype(const nlohmann::json& entry) {
-  std::string name = entry.value("dtype", "f32");
+  DType dtype = dtype_from_name(entry.value("dtype", "f32").c_str());
   for (DType d : {DType::kF32, DType::kBF16, DType::kF16, DType::kI32, DType::kI64})
-    if (name == dtype_name(d)) return d;
+    if (dtype == d) return d;
   return DType::kF32;
 }
 

@@ -106,17 +106,25 @@ inline const char* dtype_name(DType dtype) noexcept {
   return "invalid";
 }
 
-/// The dtype whose spec name (dtype_name) is `name`, or DType::kInvalid for null or an
-/// unknown name. Each caller decides which dtypes it accepts and says so in its message.
+/// The dtype whose spec name is `name`: the inverse of dtype_name, e.g.
+/// dtype_from_name("bf16") == DType::kBF16. Which dtypes a caller accepts is its own
+/// business (parameters take only f32, bf16 and f16): this only maps the name.
+/// \param name  a NUL-terminated spec name ("f32", "fp8_e4m3", ...; case-sensitive); may
+///              be null
+/// \return the dtype, or kInvalid for null or a name that is no dtype's ("invalid" included)
 inline DType dtype_from_name(const char* name) noexcept {
   if (name == nullptr) return DType::kInvalid;
-  for (int32_t i = 1; i <= static_cast<int32_t>(DType::kF8E8M0); ++i) {
-    const char* known = dtype_name(static_cast<DType>(i));
-    const char* a = name;
-    while (*a != '\0' && *a == *known) ++a, ++known;
-    if (*a == *known) return static_cast<DType>(i);
+  auto same = [](const char* a, const char* b) {
+    while (*a != '\0' && *a == *b) ++a, ++b;
+    return *a == *b;
+  };
+  // The values run from 1 without holes (appended only), up to the first without a name:
+  // a dtype appended with its name in dtype_name is found without touching this loop.
+  for (int32_t value = 1;; ++value) {
+    const char* candidate = dtype_name(static_cast<DType>(value));
+    if (same(candidate, "invalid")) return DType::kInvalid;
+    if (same(name, candidate)) return static_cast<DType>(value);
   }
-  return DType::kInvalid;
 }
 
 /// Device families. Values are ABI: only append.
