@@ -250,7 +250,9 @@ ParameterSet::~ParameterSet() {
 }
 
 void ParameterSet::walk(IModule& module, const std::string& path) {
-  module_ids_.emplace(&module, modules_.size());
+  // Keyed by the path, which names a module alike in every layout (a pipeline stage keeps
+  // the whole model's layer numbers), so its random streams are the same in all of them.
+  module_ids_.emplace(&module, hash_name(path));
   modules_.emplace_back(path, &module);
   std::string prefix = path.empty() ? "" : path + ".";
   for (int32_t i = 0; i < module.param_count(); ++i) {

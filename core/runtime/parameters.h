@@ -94,7 +94,8 @@ class ParameterSet {
   /// parameters' dtype), or an empty view when the parameters do not share one dtype.
   const TensorView& flat_grads() const { return flat_grads_; }
   const TensorView& flat_values() const { return flat_values_; }
-  /// Stable ids of every module in the tree (tree order), for ForwardContext::rng.
+  /// Stable ids of every module in the tree (a hash of its path: the same module has the
+  /// same id in every layout), for ForwardContext::rng.
   const std::unordered_map<const void*, uint64_t>& module_ids() const { return module_ids_; }
   /// Every module with its path, in tree order (root first, path "").
   const std::vector<std::pair<std::string, IModule*>>& modules() const { return modules_; }

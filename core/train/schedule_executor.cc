@@ -184,11 +184,11 @@ void ScheduleExecutor::check(const std::vector<PipelineAction>& plan, int32_t mi
     for (int32_t c = 0; c < chunks; ++c) {
       const Progress& p = seen[{m, c}];
       const ModelInfo& info = this->info(c);
-      const char* missing = !p.forwarded                            ? "a forward"
-                            : !p.backwarded                         ? "a backward"
-                            : p.split && !p.weighted                ? "a backward_weight"
-                            : info.last_stage == 0 && !p.sent       ? "a send_activation"
-                            : info.first_stage == 0 && !p.grad_sent ? "a send_grad"
+      const char* missing = !p.forwarded                            ? "forward"
+                            : !p.backwarded                         ? "backward"
+                            : p.split && !p.weighted                ? "backward_weight"
+                            : info.last_stage == 0 && !p.sent       ? "send_activation"
+                            : info.first_stage == 0 && !p.grad_sent ? "send_grad"
                                                                     : nullptr;
       if (missing != nullptr)
         throw InvalidArgument(
@@ -201,17 +201,17 @@ StepLosses ScheduleExecutor::run(const std::vector<PipelineAction>& plan, int32_
                                  const StepPlanContext& step, const std::string& schedule) {
   check(plan, micro_batches, schedule);
   const int32_t chunks = static_cast<int32_t>(chunks_.size());
-  // The action after which each chunk's gradients are final (its last backward or
-  // backward_input, and its last backward_weight), and each micro-batch's last action.
-  std::vector<size_t> last_backward(static_cast<size_t>(chunks), plan.size());
-  std::vector<size_t> last_weight(static_cast<size_t>(chunks), plan.size());
+  // The action after which each chunk's gradients are final (its last backward,
+  // backward_input or backward_weight: signals of earlier passes could come before a later
+  // pass adds to the same gradients), and each micro-batch's last action.
+  std::vector<size_t> last_gradient(static_cast<size_t>(chunks), plan.size());
   std::map<std::pair<int32_t, int32_t>, size_t> last_action;
   bool transfers = false;
   for (size_t i = 0; i < plan.size(); ++i) {
     const PipelineAction& a = plan[i];
-    if (a.op == PipelineOp::kBackward || a.op == PipelineOp::kBackwardInput)
-      last_backward[static_cast<size_t>(a.chunk)] = i;
-    if (a.op == PipelineOp::kBackwardWeight) last_weight[static_cast<size_t>(a.chunk)] = i;
+    if (a.op == PipelineOp::kBackward || a.op == PipelineOp::kBackwardInput ||
+        a.op == PipelineOp::kBackwardWeight)
+      last_gradient[static_cast<size_t>(a.chunk)] = i;
     last_action[{a.micro_batch, a.chunk}] = i;
     transfers = transfers || a.op == PipelineOp::kSendActivation ||
                 a.op == PipelineOp::kRecvActivation || a.op == PipelineOp::kSendGrad ||
@@ -268,11 +268,11 @@ StepLosses ScheduleExecutor::run(const std::vector<PipelineAction>& plan, int32_
         case PipelineOp::kBackward:
         case PipelineOp::kBackwardInput:
           backward(f, c, a.op == PipelineOp::kBackwardInput,
-                   i == last_backward[static_cast<size_t>(c)], step);
+                   i == last_gradient[static_cast<size_t>(c)], step);
           if (step.after_backward) step.after_backward(m);
           break;
         case PipelineOp::kBackwardWeight:
-          if (i == last_weight[static_cast<size_t>(c)] && step.grads_ready)
+          if (i == last_gradient[static_cast<size_t>(c)] && step.grads_ready)
             f.ctx->set_grads_ready(step.grads_ready);
           throw_if_error(chunks_[static_cast<size_t>(c)]->backward_weight(f.ctx.get()),
                          what + ": model backward_weight");

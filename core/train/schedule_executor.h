@@ -51,8 +51,11 @@ struct StepPlanContext {
   RecomputePolicy recompute = RecomputePolicy::kNone;
   const std::unordered_map<const void*, uint64_t>* module_ids = nullptr;
   MetricSink* metrics = nullptr;  ///< where modules' metric reports go, or null
-  /// Called with every grads_ready owner of the last gradient pass over each chunk (the
-  /// step's final gradients: the overlapped reduction starts there); empty: none.
+  /// Called with every grads_ready owner of the last gradient pass over each chunk (its last
+  /// backward, backward_input or backward_weight: the gradients are final there, and the
+  /// overlapped reduction starts); empty: none. Signals of earlier passes are dropped (a
+  /// later pass may still add to those gradients); what is never signalled is reduced after
+  /// the plan.
   std::function<void(const void*)> grads_ready;
   /// Called after each backward (or backward_input) of a micro-batch (test hooks).
   std::function<void(int32_t micro_batch)> after_backward;

@@ -33,10 +33,14 @@ void resolve(const core::Catalog& catalog, const std::string& kind, nlohmann::js
 
 }  // namespace
 
+nlohmann::json resolved(ModuleHarness& h, InterfaceInfo kind, nlohmann::json node) {
+  resolve(h.plugins().catalog(), kind.kind, node, "/test");
+  return node;
+}
+
 IModule& build_resolved(ModuleHarness& h, InterfaceInfo kind, nlohmann::json node,
                         const nlohmann::json& inherited) {
-  resolve(h.plugins().catalog(), kind.kind, node, "/test");
-  return h.build(kind, node, inherited);
+  return h.build(kind, resolved(h, kind, std::move(node)), inherited);
 }
 
 void randomize_params(ModuleHarness& h, uint64_t seed, float scale) {

@@ -17,6 +17,9 @@ namespace loom::testing {
 /// The plugin directories every test loads (runfiles).
 std::vector<std::string> transformer_plugins();
 
+/// `node` with its (and its children's) schema defaults filled in, as the spec loader does.
+nlohmann::json resolved(ModuleHarness& h, InterfaceInfo kind, nlohmann::json node);
+
 /// Builds `kind` from `node` after filling its (and its children's) schema defaults.
 IModule& build_resolved(ModuleHarness& h, InterfaceInfo kind, nlohmann::json node,
                         const nlohmann::json& inherited = nlohmann::json::object());
