@@ -10,11 +10,11 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "core/component/builder.h"
 #include "core/data/data_factory.h"
 #include "core/launch/rank_env.h"
 #include "core/plugin/kernel_libraries.h"
 #include "core/runtime/forward_context.h"
+#include "core/train/components.h"
 #include "core/train/flops.h"
 #include "core/train/no_pipelining.h"
 #include "core/util/errors.h"
@@ -111,24 +111,23 @@ Trainer::Trainer(const nlohmann::json& spec, PluginManager& plugins,
   DataPlan data_plan;
   if (!data) data_plan = plan_data(spec_["data"]);
 
-  // The model, with the run's shape handed down (Megatron's config), and the FP8 recipe it
-  // builds its GEMM sites with (Transformer Engine's recipes).
-  nlohmann::json inherited = {{"seq_length", train.seq_length},
-                              {"micro_batch_size", train.micro_batch_size},
-                              {"params_dtype", dtype_name(config_.precision.params)},
-                              {"device", train.device_name},
-                              {"sequence_parallel", par.sequence_parallel}};
-  if (data_plan.tokenizer_vocab > 0) inherited["tokenizer_vocab_size"] = data_plan.tokenizer_vocab;
-  for (const auto& [k, v] : model_inherited.items()) inherited[k] = v;
+  // The FP8 recipe, the model (its options checked against the data's tokenizer), the
+  // optimizer, the LR schedule and a pipeline schedule.
+  nlohmann::json inherited = model_inherited;
+  if (data_plan.tokenizer_vocab > 0 && !inherited.contains("tokenizer_vocab_size"))
+    inherited["tokenizer_vocab_size"] = data_plan.tokenizer_vocab;
   return_logits_ = inherited.value("return_logits", false);
-  if (!config_.precision.fp8.is_null()) {
-    fp8_object_ = build_component(plugins_, config_.precision.fp8, kinds::kFp8Recipe,
-                                  "/precision/fp8", {{"device", train.device_name}});
-    fp8_ = interface_cast<IFp8Recipe>(fp8_object_.get());
-  }
-  model_object_ =
-      build_component(plugins_, spec_["model"], kinds::kModel, "/model", inherited, fp8_);
-  model_ = interface_cast<IModel>(model_object_.get());
+  if (!spec_.contains("model"))
+    throw SpecError("/model", "missing: training needs a model node {\"impl\": NAME, ...}");
+  if (!spec_.contains("optimizer"))
+    throw SpecError("/optimizer",
+                    "missing: training needs an optimizer, e.g. {\"impl\": \"adamw\"}");
+  components_ = build_components(spec_, config_, plugins_, inherited);
+  fp8_ = components_.fp8;
+  model_ = components_.model;
+  optimizer_ = components_.optimizer;
+  schedule_ = components_.schedule;
+  pipeline_schedule_ = components_.pipeline;
   const ModelInfo info = info_of(*model_);
 
   if (data) {
@@ -146,40 +145,6 @@ Trainer::Trainer(const nlohmann::json& spec, PluginManager& plugins,
                         group(ParallelRole::kExpertData).size()};
   params_ = std::make_unique<ParameterSet>(plugins_.host(), *model_, device_, buckets);
   params_->initialize(train.seed, tp_rank_);
-
-  // Optimizer and LR schedule. The schedule inherits the optimizer's peak LR and the run
-  // length; the optimizer gets the device and the parameters' dtype.
-  if (!spec_.contains("optimizer"))
-    throw SpecError("/optimizer",
-                    "missing: training needs an optimizer, e.g. {\"impl\": \"adamw\"}");
-  optimizer_object_ = build_component(
-      plugins_, spec_["optimizer"], kinds::kOptimizer, "/optimizer",
-      {{"device", train.device_name}, {"params_dtype", dtype_name(config_.precision.params)}});
-  optimizer_ = interface_cast<IOptimizer>(optimizer_object_.get());
-  bool lr_known = true;
-  if (has_hyper(*optimizer_)) {
-    OptimizerHyper hyper{};
-    hyper.struct_size = sizeof(OptimizerHyper);
-    throw_if_error(optimizer_->hyper(&hyper), "the optimizer's learning rate (hyper)");
-    base_lr_ = hyper.lr;
-    weight_decay_ = hyper.weight_decay;
-  } else {  // an optimizer built against SDK 1.4: its options by name (optimizer.h)
-    weight_decay_ = spec_["optimizer"].value("weight_decay", 0.0);
-    base_lr_ = spec_["optimizer"].value("lr", 0.0);
-    lr_known = spec_["optimizer"].contains("lr");
-  }
-  if (spec_.contains("lr_schedule")) {
-    nlohmann::json sched_inherited = {{"train_steps", train.steps}};
-    if (lr_known) sched_inherited["lr"] = base_lr_;
-    schedule_object_ = build_component(plugins_, spec_["lr_schedule"], kinds::kLrSchedule,
-                                       "/lr_schedule", sched_inherited);
-    schedule_ = interface_cast<ILrSchedule>(schedule_object_.get());
-  }
-  if (!par.pipeline_schedule.is_null()) {
-    pipeline_object_ = build_component(plugins_, par.pipeline_schedule, kinds::kPipelineSchedule,
-                                       "/parallel/pipeline_schedule");
-    pipeline_schedule_ = interface_cast<IPipelineSchedule>(pipeline_object_.get());
-  }
 
   OptimizerSetup setup{device_, config_.precision.params, par.distributed_optimizer,
                        par.overlap_grad_reduce && parallel_ != nullptr, tp_rank_};
@@ -386,7 +351,7 @@ StepResult Trainer::step() {
   r.grad_norm = optim_->grad_norm(scaler_.scale());
   bool finite = std::isfinite(r.grad_norm) && std::isfinite(r.loss);
   scaler_.update(!finite);
-  r.lr = schedule_ != nullptr ? schedule_->lr(r.step) : base_lr_;
+  r.lr = schedule_ != nullptr ? schedule_->lr(r.step) : components_.base_lr;
   if (!finite) {
     r.skipped = true;
     ++nonfinite_in_a_row_;
@@ -404,7 +369,8 @@ StepResult Trainer::step() {
       double coeff = config_.train.grad_clip / (r.grad_norm + 1e-6);
       if (coeff < 1) grad_scale *= coeff;
     }
-    optim_->update(OptimizerStep{sizeof(OptimizerStep), r.step, r.lr, weight_decay_, grad_scale});
+    optim_->update(
+        OptimizerStep{sizeof(OptimizerStep), r.step, r.lr, components_.weight_decay, grad_scale});
   }
   // FP8 scales for the next step from this step's amaxes, alike on every replica (reduced
   // over the ranks that quantise the same tensors: Megatron's amax reduction group).

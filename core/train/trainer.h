@@ -34,6 +34,7 @@
 #include "core/parallel/parallel_state.h"
 #include "core/plugin/plugin_manager.h"
 #include "core/runtime/parameters.h"
+#include "core/train/components.h"
 #include "core/train/loss_scaler.h"
 #include "core/train/memory_estimate.h"
 #include "core/train/progress.h"
@@ -165,10 +166,8 @@ class Trainer {
   int data_replicas_ = 1, data_rank_ = 0, tp_rank_ = 0;
   std::vector<std::vector<uint64_t>> checkpoint_bytes_;  // device tensors staged on the host
   Device device_;
-  // The FP8 recipe first: the model's modules hold it, so it is destroyed after them.
-  ObjectPtr fp8_object_;
+  RunComponents components_;   // destroyed after everything below that uses them
   IFp8Recipe* fp8_ = nullptr;  ///< spec /precision/fp8; null without FP8
-  ObjectPtr model_object_, optimizer_object_, schedule_object_, pipeline_object_;
   IModel* model_ = nullptr;
   IOptimizer* optimizer_ = nullptr;
   ILrSchedule* schedule_ = nullptr;
@@ -179,7 +178,6 @@ class Trainer {
   std::unique_ptr<StepMetrics> metrics_;
   std::unique_ptr<DataSource> data_;
   LossScaler scaler_;
-  double weight_decay_ = 0, base_lr_ = 0;
   bool return_logits_ = false;
   int64_t iteration_ = 0;
   int64_t nonfinite_in_a_row_ = 0;

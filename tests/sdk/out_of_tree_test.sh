@@ -406,7 +406,9 @@ JSON
   fail "spec validate failed: $(cat "$work/validate.out")"
 grep -Eq "/model/norm +norm +scale_norm +plugin hello" "$work/validate.out" ||
   fail "validate: $(cat "$work/validate.out")"
-grep -q "plugins loaded and verified: 2" "$work/validate.out" || fail "validate: $(cat "$work/validate.out")"
+# hello, testgood and the CPU kernel library: --load also builds the components, with their
+# kernels.
+grep -q "plugins loaded and verified: 3" "$work/validate.out" || fail "validate: $(cat "$work/validate.out")"
 grep -q '"scale": 2.5' "$work/resolved.json" || fail "resolved spec lacks the scale"
 grep -q '"hidden_size": 4' "$work/resolved.json" || fail "resolved spec lacks the default hidden_size"
 

@@ -244,6 +244,60 @@ TEST_F(TrainTest, AnOptimizerWithoutUpdateManyTrainsToTheSameBits) {
   EXPECT_NE(runs[0][0]["loss"].get<double>(), runs[0][5]["loss"].get<double>());
 }
 
+// `spec validate` checks the spec against the schemas; with --load it also builds every
+// component, so a rule only the plugin knows (heads that do not divide the width) is
+// refused with its pointer, as `loom train` would refuse it.
+TEST_F(TrainTest, SpecValidateLoadRunsThePluginsOwnChecks) {
+  nlohmann::json s = tiny_spec();
+  s["model"]["num_attention_heads"] = 5;  // does not divide hidden_size 32
+  fs::path p = spec("heads.json", s);
+  auto r = run_loom("spec validate " + q(p));
+  EXPECT_EQ(r.exit_code, kOk) << r.out << r.err;
+  r = run_loom("spec validate --load " + q(p));
+  EXPECT_EQ(r.exit_code, kSpec) << r.out << r.err;
+  EXPECT_THAT(r.err,
+              HasSubstr("spec /model/num_attention_heads: 5 does not divide hidden_size 32"));
+  r = run_loom("spec validate --load " + q(spec("good.json", tiny_spec())));
+  EXPECT_EQ(r.exit_code, kOk) << r.out << r.err;
+}
+
+// A plugin built against the previous ABI minor (SDK 1.4) loads, and its model and norm,
+// which lack every method of module kinds 1.1, train to the same bits as the current ones:
+// nothing calls a method the older objects do not have (the test plugin aborts if anything
+// does). The model does not tell its vocabulary (model 1.1's info), so the data says it.
+TEST_F(TrainTest, APluginBuiltAgainstThePreviousAbiMinorTrainsToTheSameBits) {
+  fs::path plugins = dir_ / "plugins";
+  testing::install_test_plugin(plugins, "legacy_modules", "testlegacymodules");
+  auto check = run_loom("plugins check testlegacymodules", "LOOM_PLUGIN_PATH=" + q(plugins));
+  ASSERT_EQ(check.exit_code, kOk) << check.out << check.err;
+  EXPECT_THAT(check.out, HasSubstr("ABI 1.4"));
+  std::vector<std::vector<nlohmann::json>> runs;
+  for (bool legacy : {false, true}) {
+    nlohmann::json s = tiny_spec();
+    s["train"]["steps"] = 6;
+    s["train"]["log_interval"] = 1;
+    s["data"]["vocab_size"] = 64;
+    if (legacy) {
+      s["model"]["final_norm"] = {{"impl", "legacy_norm"}, {"inner", s["model"]["final_norm"]}};
+      s["model"] = {{"impl", "legacy_model"}, {"inner", s["model"]}};
+    }
+    fs::path run = dir_ / (legacy ? "legacy" : "current");
+    auto r = run_loom("train " + q(spec("legacy_modules.json", s)) + " --run-dir " + q(run),
+                      "LOOM_PLUGIN_PATH=" + q(plugins));
+    ASSERT_EQ(r.exit_code, kOk) << r.out << r.err;
+    std::vector<nlohmann::json> steps;
+    for (const auto& m : read_jsonl(run / "metrics.jsonl"))
+      if (m.contains("loss")) steps.push_back(m);
+    runs.push_back(steps);
+  }
+  ASSERT_EQ(runs[0].size(), 6u);
+  ASSERT_EQ(runs[1].size(), 6u);
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_EQ(runs[0][i]["loss"].get<double>(), runs[1][i]["loss"].get<double>()) << i;
+    EXPECT_EQ(runs[0][i]["grad_norm"].get<double>(), runs[1][i]["grad_norm"].get<double>()) << i;
+  }
+}
+
 // Gradient accumulation: two micro-batches of 2 sequences make the same step as one of 4
 // (the mock stream hands out the same 4 samples either way).
 TEST_F(TrainTest, GradientAccumulationMatchesOneLargeMicroBatch) {

@@ -1,10 +1,13 @@
 // loom spec validate SPEC [--set PATH=VALUE]... [--write-resolved FILE] [--load]
+// --load also loads the plugins and kernels and builds every component (its own checks run).
 #include <fmt/format.h>
 
 #include <cstdio>
 
+#include "core/plugin/kernel_libraries.h"
 #include "core/plugin/plugin_manager.h"
 #include "core/schema/did_you_mean.h"
+#include "core/train/components.h"
 #include "core/util/errors.h"
 #include "tools/cli/commands.h"
 
@@ -15,10 +18,15 @@ int spec_validate(const Args& args) {
   ResolvedSpec spec = load_spec(args);
   std::unique_ptr<core::PluginManager> manager;
   if (args.flag("--load")) {
-    manager = std::make_unique<core::PluginManager>(std::move(*spec.catalog),
-                                                    spec.spec["plugins"]["options"],
-                                                    spec.spec["train"]["seed"].get<uint64_t>());
+    core::RunConfig config = core::RunConfig::from_spec(spec.spec);
+    manager = std::make_unique<core::PluginManager>(
+        std::move(*spec.catalog), spec.spec["plugins"]["options"], config.train.seed);
     load_plugins_for(spec, *manager);
+    // Building the components runs each plugin's own option checks (what a schema cannot
+    // say: divisibility, rules across options), as `loom train` would, without training.
+    core::load_kernel_libraries(*manager, config.kernels, Device{config.train.device, 0},
+                                "spec /train/device");
+    core::build_components(spec.spec, config, *manager);
   }
   std::string out = args.get("--write-resolved");
   if (!out.empty()) core::write_json_atomically(spec.spec, out);
