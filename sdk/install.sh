@@ -110,7 +110,9 @@ cat > "$prefix/lib/pkgconfig/loom-sdk.pc" <<EOF
 # is empty. Build a plugin in one step with
 #   c++ \$(pkg-config --cflags loom-sdk) \$(pkg-config --variable=plugin_ldflags loom-sdk) \\
 #       plugin.cc manifest.cc -o NAME/libloom_NAME.so
-# where manifest.cc defines loom_embedded_manifest() (see loom/cpp/plugin.h).
+# where manifest.cc holds the manifest's exact text (what loom_plugin and loom_add_plugin
+# generate; the manifest must not contain the closing delimiter):
+#   extern "C" const char* loom_embedded_manifest() { return R"loom_manifest(<manifest.json>)loom_manifest"; }
 prefix=$prefix
 includedir=\${prefix}/include
 datadir=\${prefix}/share/loom
