@@ -42,7 +42,8 @@ class RunSession {
   const nlohmann::json& spec() const { return spec_; }  ///< resolved
   nlohmann::json& spec() { return spec_; }
   const RunConfig& config() const { return config_; }
-  /// Replaces the data section (loom bench: synthetic tokens) and re-reads the config.
+  /// Replaces the data section (loom bench: synthetic tokens); the run config holds none of
+  /// it, so nothing else changes.
   void set_data(const nlohmann::json& data);
   /// Sets /log/run_dir in the resolved spec.
   void set_run_dir(const std::filesystem::path& run_dir);

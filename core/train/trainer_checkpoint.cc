@@ -53,8 +53,7 @@ std::vector<SaveTensor> Trainer::checkpoint_tensors() {
       out.push_back({name, DType::kF32, shape, view.data});
     }
   if (device_.type != DeviceType::kCpu) {
-    // The writers read host memory: copy what still lives on the device (the flats of the
-    // distributed optimizer are host memory already).
+    // The writers read host memory: copy what still lives on the device.
     checkpoint_bytes_.clear();
     checkpoint_bytes_.reserve(out.size());
     for (SaveTensor& t : out) {

@@ -47,6 +47,10 @@ class TrainTest : public ::testing::Test {
     return p;
   }
   static std::string q(const fs::path& p) { return "'" + p.string() + "'"; }
+  // Trains `s` into dir_/NAME with the plugins under `plugins` and returns the metrics
+  // lines that carry a loss.
+  std::vector<nlohmann::json> train_steps(const nlohmann::json& s, const std::string& name,
+                                          const fs::path& plugins);
   fs::path dir_;
 };
 
@@ -57,6 +61,30 @@ std::vector<nlohmann::json> read_jsonl(const fs::path& path) {
   while (std::getline(lines, line))
     if (!line.empty()) out.push_back(nlohmann::json::parse(line));
   return out;
+}
+
+std::vector<nlohmann::json> TrainTest::train_steps(const nlohmann::json& s, const std::string& name,
+                                                   const fs::path& plugins) {
+  fs::path run = dir_ / name;
+  auto r = run_loom("train " + q(spec(name + ".json", s)) + " --run-dir " + q(run),
+                    "LOOM_PLUGIN_PATH=" + q(plugins));
+  EXPECT_EQ(r.exit_code, kOk) << r.out << r.err;
+  std::vector<nlohmann::json> steps;
+  if (fs::exists(run / "metrics.jsonl"))
+    for (const auto& m : read_jsonl(run / "metrics.jsonl"))
+      if (m.contains("loss")) steps.push_back(m);
+  return steps;
+}
+
+// Two runs logged the same losses and gradient norms at each of `n` steps, to the last bit.
+void expect_same_steps(const std::vector<nlohmann::json>& a, const std::vector<nlohmann::json>& b,
+                       size_t n) {
+  ASSERT_EQ(a.size(), n);
+  ASSERT_EQ(b.size(), n);
+  for (size_t i = 0; i < n; ++i) {
+    EXPECT_EQ(a[i]["loss"].get<double>(), b[i]["loss"].get<double>()) << i;
+    EXPECT_EQ(a[i]["grad_norm"].get<double>(), b[i]["grad_norm"].get<double>()) << i;
+  }
 }
 
 TEST_F(TrainTest, TinyGptLearnsAndLogs) {
@@ -225,21 +253,10 @@ TEST_F(TrainTest, AnOptimizerWithoutUpdateManyTrainsToTheSameBits) {
                         {"lr", 0.01},
                         {"weight_decay", 0.1},
                         {"inner", s["optimizer"]}};
-    fs::path run = dir_ / (legacy ? "legacy" : "many");
-    auto r = run_loom("train " + q(spec("legacy.json", s)) + " --run-dir " + q(run),
-                      "LOOM_PLUGIN_PATH=" + q(plugins));
-    ASSERT_EQ(r.exit_code, kOk) << r.out << r.err;
-    std::vector<nlohmann::json> steps;
-    for (const auto& m : read_jsonl(run / "metrics.jsonl"))
-      if (m.contains("loss")) steps.push_back(m);
-    runs.push_back(steps);
+    runs.push_back(train_steps(s, legacy ? "legacy" : "many", plugins));
   }
+  expect_same_steps(runs[0], runs[1], 6);
   ASSERT_EQ(runs[0].size(), 6u);
-  ASSERT_EQ(runs[1].size(), 6u);
-  for (int i = 0; i < 6; ++i) {
-    EXPECT_EQ(runs[0][i]["loss"].get<double>(), runs[1][i]["loss"].get<double>()) << i;
-    EXPECT_EQ(runs[0][i]["grad_norm"].get<double>(), runs[1][i]["grad_norm"].get<double>()) << i;
-  }
   // The parameters moved: a step changes the loss.
   EXPECT_NE(runs[0][0]["loss"].get<double>(), runs[0][5]["loss"].get<double>());
 }
@@ -281,21 +298,9 @@ TEST_F(TrainTest, APluginBuiltAgainstThePreviousAbiMinorTrainsToTheSameBits) {
       s["model"]["final_norm"] = {{"impl", "legacy_norm"}, {"inner", s["model"]["final_norm"]}};
       s["model"] = {{"impl", "legacy_model"}, {"inner", s["model"]}};
     }
-    fs::path run = dir_ / (legacy ? "legacy" : "current");
-    auto r = run_loom("train " + q(spec("legacy_modules.json", s)) + " --run-dir " + q(run),
-                      "LOOM_PLUGIN_PATH=" + q(plugins));
-    ASSERT_EQ(r.exit_code, kOk) << r.out << r.err;
-    std::vector<nlohmann::json> steps;
-    for (const auto& m : read_jsonl(run / "metrics.jsonl"))
-      if (m.contains("loss")) steps.push_back(m);
-    runs.push_back(steps);
+    runs.push_back(train_steps(s, legacy ? "legacy" : "current", plugins));
   }
-  ASSERT_EQ(runs[0].size(), 6u);
-  ASSERT_EQ(runs[1].size(), 6u);
-  for (int i = 0; i < 6; ++i) {
-    EXPECT_EQ(runs[0][i]["loss"].get<double>(), runs[1][i]["loss"].get<double>()) << i;
-    EXPECT_EQ(runs[0][i]["grad_norm"].get<double>(), runs[1][i]["grad_norm"].get<double>()) << i;
-  }
+  expect_same_steps(runs[0], runs[1], 6);
 }
 
 // Gradient accumulation: two micro-batches of 2 sequences make the same step as one of 4

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 #include <loom/cpp/error.h>
+#include <loom/cpp/tensor.h>
 #include <loom/kernel.h>
 #include <loom/ops.h>
 
@@ -53,18 +54,7 @@ struct DeviceVec {
 };
 
 TensorView view(void* data, DType t, std::vector<int64_t> shape, DeviceType dev) {
-  TensorView v{};
-  v.data = data;
-  v.dtype = t;
-  v.device = Device{dev, 0};
-  v.ndim = static_cast<int32_t>(shape.size());
-  int64_t stride = 1;
-  for (int32_t d = v.ndim - 1; d >= 0; --d) {
-    v.shape[d] = shape[d];
-    v.strides[d] = stride;
-    stride *= shape[d];
-  }
-  return v;
+  return make_view(data, t, shape.data(), static_cast<int32_t>(shape.size()), Device{dev, 0});
 }
 
 Status call(const KernelDesc& k, std::vector<TensorView> in, std::vector<TensorView> out) {

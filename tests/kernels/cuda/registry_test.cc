@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <loom/cpp/error.h>
 #include <loom/cpp/op_checks/fp8.h>
+#include <loom/cpp/tensor.h>
 #include <loom/kernel.h>
 #include <loom/ops.h>
 
@@ -107,18 +108,7 @@ TEST(FamilyRegistry, OneCudaKernelPerOpAndDtype) {
 // ---- Calls on shapes (data is never read here) ------------------------------------------
 
 TensorView view(DType dt, std::vector<int64_t> shape, DeviceType device, void* data = nullptr) {
-  TensorView v{};
-  v.data = data;
-  v.dtype = dt;
-  v.device = Device{device, 0};
-  v.ndim = static_cast<int32_t>(shape.size());
-  int64_t stride = 1;
-  for (int32_t d = v.ndim - 1; d >= 0; --d) {
-    v.shape[d] = shape[d];
-    v.strides[d] = stride;
-    stride *= shape[d];
-  }
-  return v;
+  return make_view(data, dt, shape.data(), static_cast<int32_t>(shape.size()), Device{device, 0});
 }
 
 TensorView none() {
