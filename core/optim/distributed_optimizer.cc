@@ -2,9 +2,12 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "loom/cpp/error.h"
+#include "loom/cpp/half.h"
 #include "loom/cpp/tensor.h"
 
 namespace loom::core {
@@ -170,6 +173,46 @@ void DistributedOptimizer::update_all(const OptimizerStep& hp) {
   throw_if_error(
       optimizer_.update_many(&hp, static_cast<int32_t>(shards.size()), shards.data(), nullptr),
       "optimizer update");
+  if (!cast_checked_) {
+    cast_checked_ = true;
+    for (auto& st : states_)
+      if (!(st->param->info.flags & kParamFrozen) && st->param->info.dtype != DType::kF32 &&
+          st->segment.length > 0) {
+        check_cast(*st);
+        break;
+      }
+  }
+}
+
+void DistributedOptimizer::check_cast(const ParamState& st) {
+  const Parameter& p = *st.param;
+  const DType dt = p.info.dtype;
+  if (dt != DType::kBF16 && dt != DType::kF16) return;
+  // A prefix of the shard is enough: an optimizer that forgets the cast forgets it all.
+  const int64_t n = std::min<int64_t>(st.segment.length, 4096);
+  std::vector<float> master(static_cast<size_t>(n));
+  std::vector<uint16_t> param(static_cast<size_t>(n));
+  TensorView shard = param_shard(st);
+  throw_if_error(host_.copy(kCpu, master.data(), setup_.device, st.master.data,
+                            static_cast<uint64_t>(n) * sizeof(float)),
+                 "optimizer update: reading the master weights back");
+  throw_if_error(host_.copy(kCpu, param.data(), setup_.device, shard.data,
+                            static_cast<uint64_t>(n) * sizeof(uint16_t)),
+                 "optimizer update: reading the parameter back");
+  for (int64_t i = 0; i < n; ++i) {
+    const float m = master[static_cast<size_t>(i)];
+    if (std::isnan(m)) continue;
+    const uint16_t got = param[static_cast<size_t>(i)];
+    const float want = dt == DType::kBF16 ? bf16_to_f32(f32_to_bf16(m)) : f16_to_f32(f32_to_f16(m));
+    const float have = dt == DType::kBF16 ? bf16_to_f32(got) : f16_to_f32(got);
+    if (have != want)
+      fail(Code::kInvalidArgument,
+           fmt::format("optimizer: after update_many, parameter {} element {} is {} but its "
+                       "master weight {} rounds to {} in {}: the optimizer must write each "
+                       "shard's master, cast to the parameter's dtype, into OptimizerShard::param "
+                       "when that view is present (sdk/include/loom/kinds/optimizer.h)",
+                       p.name, st.segment.begin + i, have, m, want, dtype_name(dt)));
+  }
 }
 
 void DistributedOptimizer::update_each(const OptimizerStep& hp) {

@@ -124,6 +124,10 @@ class DistributedOptimizer {
   // One update_many call (optimizer 1.1), or update and a cast per shard (1.0).
   void update_all(const OptimizerStep& hp);
   void update_each(const OptimizerStep& hp);
+  // After the first update_many: the first bf16/f16 shard's parameter must hold its new
+  // master rounded to nearest even (OptimizerShard::param). An optimizer that skips that
+  // cast would train nothing and say nothing; it is refused with its name instead.
+  void check_cast(const ParamState& st);
   void release();
 
   IHost& host_;
@@ -140,6 +144,7 @@ class DistributedOptimizer {
   std::vector<std::vector<float>> checkpoint_scratch_;  // gathered states (host)
   std::vector<const float*> checkpoint_data_;  // [param * (states + 1) + kind], kind 0: master
   bool checkpoint_on_host_ = false;            // checkpoint_data_ points into the scratch
+  bool cast_checked_ = false;                  // check_cast ran (on the first update_many)
 };
 
 }  // namespace loom::core

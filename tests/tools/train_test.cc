@@ -261,6 +261,30 @@ TEST_F(TrainTest, AnOptimizerWithoutUpdateManyTrainsToTheSameBits) {
   EXPECT_NE(runs[0][0]["loss"].get<double>(), runs[0][5]["loss"].get<double>());
 }
 
+// An optimizer whose update_many forgets to cast the masters into the bf16 parameters would
+// train a model that never changes; the first step reads one shard back and refuses it, by
+// name, pointing at the contract.
+TEST_F(TrainTest, AnOptimizerThatSkipsTheBf16CastIsRefusedAtTheFirstStep) {
+  fs::path plugins = dir_ / "plugins";
+  testing::install_test_plugin(plugins, "legacy_optim", "testlegacyoptim");
+  nlohmann::json s = tiny_spec();
+  s["train"]["steps"] = 6;
+  s["train"]["log_interval"] = 1;
+  s["precision"] = {{"params", "bf16"}};
+  s["optimizer"] = {{"impl", "castless_optimizer"},
+                    {"inner", {{"impl", "adamw"}, {"lr", 0.01}, {"weight_decay", 0.1}}}};
+  fs::path run = dir_ / "castless";
+  auto r = run_loom("train " + q(spec("castless.json", s)) + " --run-dir " + q(run),
+                    "LOOM_PLUGIN_PATH=" + q(plugins));
+  EXPECT_NE(r.exit_code, kOk) << r.out << r.err;
+  std::cout << "refused with: " << r.err;
+  EXPECT_THAT(r.err, HasSubstr("after update_many, parameter "));
+  EXPECT_THAT(r.err, HasSubstr("OptimizerShard::param"));
+  // Stopped inside step 1's update, before its log line.
+  if (fs::exists(run / "metrics.jsonl"))
+    for (const auto& m : read_jsonl(run / "metrics.jsonl")) EXPECT_FALSE(m.contains("loss")) << m;
+}
+
 // `spec validate` checks the spec against the schemas; with --load it also builds every
 // component, so a rule only the plugin knows (heads that do not divide the width) is
 // refused with its pointer, as `loom train` would refuse it.

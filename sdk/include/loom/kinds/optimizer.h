@@ -3,7 +3,25 @@
 // Optimizer 1.1 (ABI 1.3) appends IOptimizer::update_many, the whole step in one call (on a
 // GPU: one multi-tensor kernel launch per table of shards instead of an update and a cast
 // launch per parameter). A caller checks `has_update_many` (below) before calling it: an
-// optimizer built against older headers has no such method.
+// optimizer built against older headers has no such method. Optimizer 1.2 (ABI 1.5) appends
+// IOptimizer::hyper.
+//
+// What loom hands an optimizer and what it reads back (the whole contract; nothing else is
+// read by name):
+//  - Inherited options (IBuildContext::inherited, loom/cpp/nn/options.h): "device" ("cpu",
+//    "cuda") and "params_dtype" ("f32", "bf16", "f16"), the parameters' dtype; declare them
+//    in the manifest's option schema if you read them as options.
+//  - The learning rate and weight decay: from hyper() (optimizer 1.2), whatever the options
+//    are called. For an optimizer 1.0 or 1.1 loom reads the options "lr" and
+//    "weight_decay" by those names (absent: 0), so such a plugin must use them.
+//  - An LR schedule gets inherited "train_steps" (/train/steps) and "lr" (the optimizer's
+//    learning rate, its peak).
+//  - Each step: update_many when the optimizer has it (1.1+), else update per shard and
+//    then loom's own cast of each master into a bf16/f16 parameter. So a 1.1+ optimizer's
+//    update() is not called by the trainer (keep it correct: tools and tests may call it),
+//    and its update_many must write the cast into OptimizerShard::param when that view is
+//    present; loom reads the first such shard back after the first step and stops the run,
+//    naming the parameter, if the cast is missing.
 #pragma once
 
 #include <stdint.h>
