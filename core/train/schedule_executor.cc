@@ -8,34 +8,13 @@
 #include <utility>
 
 #include "core/runtime/parameters.h"
+#include "core/train/plan_rules.h"
 #include "core/util/errors.h"
 #include "loom/cpp/comm_work.h"
 #include "loom/cpp/tensor.h"
 
 namespace loom::core {
 namespace {
-
-const char* op_name(PipelineOp op) {
-  switch (op) {
-    case PipelineOp::kForward:
-      return "forward";
-    case PipelineOp::kBackward:
-      return "backward";
-    case PipelineOp::kSendActivation:
-      return "send_activation";
-    case PipelineOp::kRecvActivation:
-      return "recv_activation";
-    case PipelineOp::kSendGrad:
-      return "send_grad";
-    case PipelineOp::kRecvGrad:
-      return "recv_grad";
-    case PipelineOp::kBackwardInput:
-      return "backward_input";
-    case PipelineOp::kBackwardWeight:
-      return "backward_weight";
-  }
-  return "unknown";
-}
 
 // A host view of one of the batch's (B, T) inputs, copied into `ctx` on a device (the CPU:
 // the host memory itself); an absent input stays empty.
@@ -54,13 +33,6 @@ double read_scalar(IHost& host, const TensorView& v, const char* what) {
   throw_if_error(host.copy(kCpu, &x, v.device, v.data, 4), what);
   return x;
 }
-
-// What has happened to one (micro-batch, chunk) while a plan is checked.
-struct Progress {
-  bool received = false, forwarded = false, sent = false;
-  bool grad_received = false, backwarded = false, split = false, weighted = false;
-  bool grad_sent = false;
-};
 
 // A receive buffer shaped like `like` (data null: a shape) on `device`, from `ctx`.
 TensorView allocate_like(ForwardContext& ctx, const TensorView& like, Device device) {
@@ -116,85 +88,11 @@ int32_t ScheduleExecutor::tag(int32_t m, int32_t sender, bool gradient) const {
 
 void ScheduleExecutor::check(const std::vector<PipelineAction>& plan, int32_t micro_batches,
                              const std::string& schedule) const {
-  const int32_t chunks = static_cast<int32_t>(chunks_.size());
-  std::map<std::pair<int32_t, int32_t>, Progress> seen;
-  auto refuse = [&](size_t index, const PipelineAction& a, const std::string& rule) {
-    throw InvalidArgument(
-        fmt::format("pipeline schedule '{}': action {} ({} of micro-batch {}, chunk {}) {}",
-                    schedule, index, op_name(a.op), a.micro_batch, a.chunk, rule));
-  };
-  for (size_t i = 0; i < plan.size(); ++i) {
-    const PipelineAction& a = plan[i];
-    if (a.micro_batch < 0 || a.micro_batch >= micro_batches)
-      refuse(i, a, fmt::format("names a micro-batch outside [0, {})", micro_batches));
-    if (a.chunk < 0 || a.chunk >= chunks)
-      refuse(i, a, fmt::format("names a chunk outside [0, {}) (this rank's chunks)", chunks));
-    const ModelInfo& info = this->info(a.chunk);
-    const bool first = info.first_stage != 0, last = info.last_stage != 0;
-    Progress& p = seen[{a.micro_batch, a.chunk}];
-    switch (a.op) {
-      case PipelineOp::kRecvActivation:
-        if (first) refuse(i, a, "is on the first stage, which takes tokens, not activations");
-        if (p.received || p.forwarded) refuse(i, a, "comes twice or after the forward");
-        p.received = true;
-        break;
-      case PipelineOp::kForward:
-        if (p.forwarded) refuse(i, a, "comes twice");
-        if (!first && !p.received) refuse(i, a, "comes before its input was received");
-        p.forwarded = true;
-        break;
-      case PipelineOp::kSendActivation:
-        if (last) refuse(i, a, "is on the last stage, which gives the loss, not activations");
-        if (!p.forwarded || p.sent) refuse(i, a, "comes before the forward or twice");
-        p.sent = true;
-        break;
-      case PipelineOp::kRecvGrad:
-        if (last) refuse(i, a, "is on the last stage, whose gradient is the loss's");
-        if (!p.forwarded || p.grad_received) refuse(i, a, "comes before the forward or twice");
-        p.grad_received = true;
-        break;
-      case PipelineOp::kBackward:
-      case PipelineOp::kBackwardInput:
-        if (!p.forwarded) refuse(i, a, "comes before its forward");
-        if (p.backwarded) refuse(i, a, "comes twice");
-        if (!last && !p.grad_received) refuse(i, a, "comes before its output gradient arrived");
-        if (a.op == PipelineOp::kBackwardInput &&
-            chunks_[static_cast<size_t>(a.chunk)]->interface_info().minor < 1)
-          refuse(i, a,
-                 "splits the backward, which the model cannot (it was built against SDK 1.4 "
-                 "or older: model 1.1 has backward_weight)");
-        p.backwarded = true;
-        p.split = a.op == PipelineOp::kBackwardInput;
-        break;
-      case PipelineOp::kBackwardWeight:
-        if (!p.backwarded || !p.split || p.weighted)
-          refuse(i, a, "needs a backward_input before it, once");
-        p.weighted = true;
-        break;
-      case PipelineOp::kSendGrad:
-        if (first) refuse(i, a, "is on the first stage, which has no input gradient to send");
-        if (!p.backwarded || p.grad_sent) refuse(i, a, "comes before the backward or twice");
-        p.grad_sent = true;
-        break;
-      default:
-        refuse(i, a, "is not a pipeline op");
-    }
-  }
-  for (int32_t m = 0; m < micro_batches; ++m)
-    for (int32_t c = 0; c < chunks; ++c) {
-      const Progress& p = seen[{m, c}];
-      const ModelInfo& info = this->info(c);
-      const char* missing = !p.forwarded                            ? "forward"
-                            : !p.backwarded                         ? "backward"
-                            : p.split && !p.weighted                ? "backward_weight"
-                            : info.last_stage == 0 && !p.sent       ? "send_activation"
-                            : info.first_stage == 0 && !p.grad_sent ? "send_grad"
-                                                                    : nullptr;
-      if (missing != nullptr)
-        throw InvalidArgument(
-            fmt::format("pipeline schedule '{}': micro-batch {} of chunk {} has no {} in the plan",
-                        schedule, m, c, missing));
-    }
+  std::vector<ChunkPlace> places;
+  for (size_t c = 0; c < chunks_.size(); ++c)
+    places.push_back({infos_[c].first_stage != 0, infos_[c].last_stage != 0,
+                      chunks_[c]->interface_info().minor >= 1});
+  check_plan(plan, micro_batches, places, schedule);
 }
 
 StepLosses ScheduleExecutor::run(const std::vector<PipelineAction>& plan, int32_t micro_batches,
@@ -237,7 +135,7 @@ StepLosses ScheduleExecutor::run(const std::vector<PipelineAction>& plan, int32_
       if (!f.ctx) open(f, m, step);
       const std::string what =
           fmt::format("pipeline schedule '{}': action {} ({} of micro-batch {}, chunk {})",
-                      schedule, i, op_name(a.op), m, c);
+                      schedule, i, pipeline_op_name(a.op), m, c);
       ICommWork* work = nullptr;
       switch (a.op) {
         case PipelineOp::kRecvActivation:
