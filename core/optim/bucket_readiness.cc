@@ -23,9 +23,12 @@ BucketReadiness::BucketReadiness(std::vector<const void*> owners,
 
 namespace {
 
-std::vector<const void*> owners_of(const ParameterSet& params) {
+std::vector<const void*> owners_of(const ParameterSet& params, bool hold_tied) {
   std::vector<const void*> owners;
-  for (const Parameter& p : params.all()) owners.push_back(static_cast<const IModule*>(p.module));
+  for (const Parameter& p : params.all()) {
+    const bool held = hold_tied && (p.info.flags & kParamTiedEmbedding) != 0;
+    owners.push_back(held ? nullptr : static_cast<const IModule*>(p.module));  // never signalled
+  }
   return owners;
 }
 
@@ -43,8 +46,8 @@ std::vector<bool> frozen_of(const ParameterSet& params) {
 
 }  // namespace
 
-BucketReadiness::BucketReadiness(const ParameterSet& params)
-    : BucketReadiness(owners_of(params), buckets_of(params), frozen_of(params)) {}
+BucketReadiness::BucketReadiness(const ParameterSet& params, bool hold_tied)
+    : BucketReadiness(owners_of(params, hold_tied), buckets_of(params), frozen_of(params)) {}
 
 void BucketReadiness::reset() {
   done_ = final_;

@@ -31,7 +31,10 @@ class BucketReadiness {
   BucketReadiness(std::vector<const void*> owners, std::vector<std::vector<size_t>> buckets,
                   std::vector<bool> final = {});
   /// The buckets of `params`; owners are the declaring modules, frozen parameters final.
-  explicit BucketReadiness(const ParameterSet& params);
+  /// \param hold_tied  the tied embedding table's bucket waits for release_rest: its
+  ///                   gradient is summed over the embedding group (first and last pipeline
+  ///                   stage) after every stage's backward, before its data reduction
+  explicit BucketReadiness(const ParameterSet& params, bool hold_tied = false);
 
   /// Starts a new backward pass: every parameter not final again, nothing released.
   void reset();

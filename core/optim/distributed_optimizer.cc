@@ -20,8 +20,9 @@ DistributedOptimizer::DistributedOptimizer(IHost& host, ParameterSet& params, IO
       setup_(setup),
       tensor_(groups(ParallelRole::kTensor)),
       grad_norm_group_(groups(ParallelRole::kGradNorm)),
+      embedding_(groups(ParallelRole::kEmbedding)),
       grad_sync_(params, groups, setup.sharded, host),
-      readiness_(params) {
+      readiness_(params, embedding_.size() > 1) {
   // The destructor does not run when the constructor throws: whatever was allocated is
   // freed here then.
   try {
@@ -33,7 +34,8 @@ DistributedOptimizer::DistributedOptimizer(IHost& host, ParameterSet& params, IO
       st->param = &p;
       st->segment = seg;
       st->decay = (p.info.flags & kParamNoWeightDecay) == 0;
-      st->in_norm = p.info.tp_split_dim >= 0 || setup_.tp_rank == 0;
+      st->in_norm = (p.info.tp_split_dim >= 0 || setup_.tp_rank == 0) &&
+                    !(setup_.tied_replica && (p.info.flags & kParamTiedEmbedding) != 0);
       int64_t n = seg.length;
       auto alloc_f32 = [&]() {
         void* mem = nullptr;
@@ -104,7 +106,24 @@ void DistributedOptimizer::grads_ready(const void* owner) {
 
 void DistributedOptimizer::reduce_bucket(size_t b) {
   reduce_sequence_parallel_grads(b);
+  reduce_tied_grads(b);
   grad_sync_.start(b);
+}
+
+void DistributedOptimizer::reduce_tied_grads(size_t b) {
+  // Each stage of the embedding group holds one tied table: one all-reduce per step on
+  // each, in the same order on both. Its bucket is held back until finish_reduction
+  // (readiness_), after every pipeline pass, so neither stage waits in the middle of one.
+  if (embedding_.size() == 1) return;
+  for (size_t i : params_.buckets()[b].params) {
+    Parameter& p = params_.all()[i];
+    if ((p.info.flags & kParamTiedEmbedding) == 0 || (p.info.flags & kParamFrozen) != 0) continue;
+    TensorView g = make_view(p.grad.data, DType::kF32, {p.numel()}, setup_.device);
+    throw_if_error(embedding_.all_reduce(&g, ReduceOp::kSum, nullptr),
+                   fmt::format("all-reduce of the tied embedding gradient '{}' over the "
+                               "embedding group (first and last pipeline stage)",
+                               p.name));
+  }
 }
 
 void DistributedOptimizer::reduce_sequence_parallel_grads(size_t b) {
@@ -121,7 +140,10 @@ void DistributedOptimizer::reduce_sequence_parallel_grads(size_t b) {
 void DistributedOptimizer::finish_reduction() {
   // The buckets not handed over during backward, in order (BucketReadiness keeps the order
   // the same on every rank).
-  for (size_t b : readiness_.release_rest()) reduce_sequence_parallel_grads(b);
+  for (size_t b : readiness_.release_rest()) {
+    reduce_sequence_parallel_grads(b);
+    reduce_tied_grads(b);
+  }
   grad_sync_.finish();
 }
 

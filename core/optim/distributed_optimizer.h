@@ -3,7 +3,9 @@
 // parameters, or with the distributed optimizer the parts in its shards, GradSync), the f32
 // master weights (the parameter itself when it is f32) and the optimizer plugin's state
 // tensors; and it runs the step's optimizer work:
-//   - the gradient reduction: sequence-parallel gradients summed over the tensor group, then
+//   - the gradient reduction: sequence-parallel gradients summed over the tensor group, the
+//     tied embedding table's over the embedding group (the first and the last pipeline
+//     stage each hold it; its bucket waits until backward is over on every stage), then
 //     each bucket averaged over its data group (all-reduce, or reduce-scatter for ZeRO-1),
 //     started during the last backward as buckets become final (BucketReadiness) when
 //     overlap is on, else after backward;
@@ -38,6 +40,10 @@ struct OptimizerSetup {
   bool sharded = false;              ///< the distributed optimizer (ZeRO-1)
   bool overlap = false;              ///< reduce buckets during the step's last backward
   int tp_rank = 0;                   ///< this rank's tensor-parallel coordinate
+  /// The tied embedding table (kParamTiedEmbedding) here is the last pipeline stage's copy
+  /// of the first stage's: its gradient is summed with the first stage's over the embedding
+  /// group like the first stage's, and counted once in the norm (there, not here).
+  bool tied_replica = false;
 };
 
 class DistributedOptimizer {
@@ -47,7 +53,8 @@ class DistributedOptimizer {
   /// \param host       allocator, copies and kernels
   /// \param params     the model's parameters (outlives this object)
   /// \param optimizer  the optimizer plugin's component (outlives this object)
-  /// \param groups     the communicators of the data, expert-data, tensor and grad-norm roles
+  /// \param groups     the communicators of the data, expert-data, tensor, embedding and
+  ///                   grad-norm roles
   DistributedOptimizer(IHost& host, ParameterSet& params, IOptimizer& optimizer,
                        const OptimizerSetup& setup, const GroupOf& groups);
   ~DistributedOptimizer();
@@ -121,6 +128,7 @@ class DistributedOptimizer {
   // then its data-parallel reduction (issued now, waited for in finish_reduction).
   void reduce_bucket(size_t b);
   void reduce_sequence_parallel_grads(size_t b);
+  void reduce_tied_grads(size_t b);
   // One update_many call (optimizer 1.1), or update and a cast per shard (1.0).
   void update_all(const OptimizerStep& hp);
   void update_each(const OptimizerStep& hp);
@@ -136,6 +144,7 @@ class DistributedOptimizer {
   OptimizerSetup setup_;
   ICommunicator& tensor_;
   ICommunicator& grad_norm_group_;
+  ICommunicator& embedding_;
   GradSync grad_sync_;
   BucketReadiness readiness_;
   std::vector<std::unique_ptr<ParamState>> states_;

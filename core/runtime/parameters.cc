@@ -157,8 +157,12 @@ int64_t Parameter::numel() const {
 }
 
 ParameterSet::ParameterSet(IHost& host, IModule& root, Device device, const BucketOptions& buckets)
+    : ParameterSet(host, std::vector<IModule*>{&root}, device, buckets) {}
+
+ParameterSet::ParameterSet(IHost& host, const std::vector<IModule*>& roots, Device device,
+                           const BucketOptions& buckets)
     : host_(host), device_(device) {
-  walk(root, "");
+  for (IModule* root : roots) walk(*root, "");
   try {
     allocate_flat(buckets);
   } catch (...) {

@@ -69,6 +69,10 @@ class ParameterSet {
   /// (each group's contiguous); parameters of different dtypes get one buffer each and
   /// no flat value buffer.
   ParameterSet(IHost& host, IModule& root, Device device, const BucketOptions& buckets = {});
+  /// The same over several trees walked in order, each from the path "": the virtual
+  /// pipeline chunks of one rank, whose parameters keep the whole model's names.
+  ParameterSet(IHost& host, const std::vector<IModule*>& roots, Device device,
+               const BucketOptions& buckets = {});
   ~ParameterSet();
   ParameterSet(const ParameterSet&) = delete;
   ParameterSet& operator=(const ParameterSet&) = delete;

@@ -1,5 +1,7 @@
 #include "core/train/components.h"
 
+#include <fmt/format.h>
+
 #include "core/component/builder.h"
 #include "core/util/errors.h"
 #include "loom/kinds.h"
@@ -7,7 +9,8 @@
 namespace loom::core {
 
 RunComponents build_components(const nlohmann::json& spec, const RunConfig& config,
-                               PluginManager& plugins, const nlohmann::json& model_inherited) {
+                               PluginManager& plugins, const nlohmann::json& model_inherited,
+                               int pp_rank) {
   const TrainConfig& train = config.train;
   const std::string params_dtype = dtype_name(config.precision.params);
   RunComponents c;
@@ -23,9 +26,23 @@ RunComponents build_components(const nlohmann::json& spec, const RunConfig& conf
                               {"sequence_parallel", config.parallel.sequence_parallel}};
   for (const auto& [k, v] : model_inherited.items()) inherited[k] = v;
   if (spec.contains("model")) {
-    c.model_object =
-        build_component(plugins, spec["model"], kinds::kModel, "/model", inherited, c.fp8);
-    c.model = interface_cast<IModel>(c.model_object.get());
+    const ParallelConfig& par = config.parallel;
+    const int chunks = par.pp > 1 ? par.vpp : 1;
+    for (int chunk = 0; chunk < chunks; ++chunk) {
+      nlohmann::json stage = inherited;
+      if (par.pp > 1)
+        stage["pipeline"] = {
+            {"rank", pp_rank}, {"size", par.pp}, {"chunk", chunk}, {"chunks", chunks}};
+      c.model_objects.push_back(
+          build_component(plugins, spec["model"], kinds::kModel, "/model", stage, c.fp8));
+      c.chunks.push_back(interface_cast<IModel>(c.model_objects.back().get()));
+      if (par.pp > 1 && c.chunks.back()->interface_info().minor < 1)
+        throw SpecError("/model", fmt::format("'{}' was built against SDK 1.4 or older and "
+                                              "cannot be a pipeline stage (model 1.1 has "
+                                              "IModel::info); set parallel.pp 1",
+                                              spec["model"].value("impl", "?")));
+    }
+    c.model = c.chunks.front();
   }
 
   bool lr_known = false;

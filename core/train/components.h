@@ -7,6 +7,7 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <vector>
 
 #include "core/plugin/plugin_manager.h"
 #include "core/train/run_config.h"
@@ -22,8 +23,11 @@ struct RunComponents {
   // The FP8 recipe first: the model's modules hold it, so it is destroyed after them.
   ObjectPtr fp8_object;
   IFp8Recipe* fp8 = nullptr;  ///< null without /precision/fp8
-  ObjectPtr model_object;
-  IModel* model = nullptr;  ///< null without /model
+  /// The model: one object per virtual pipeline chunk this rank runs (one without
+  /// interleaving; each built as its pipeline stage when parallel.pp > 1).
+  std::vector<ObjectPtr> model_objects;
+  std::vector<IModel*> chunks;
+  IModel* model = nullptr;  ///< chunks[0], or null without /model
   ObjectPtr optimizer_object;
   IOptimizer* optimizer = nullptr;  ///< null without /optimizer
   ObjectPtr schedule_object;
@@ -39,8 +43,12 @@ struct RunComponents {
 /// node's spec pointer.
 /// \param model_inherited  extra options for the model (return_logits, the data's
 ///                         tokenizer_vocab_size); they win over the run's own
+/// \param pp_rank          this rank's pipeline stage: with parallel.pp > 1 the model is
+///                         built once per virtual chunk with the inherited option
+///                         "pipeline" {"rank", "size", "chunk", "chunks"} (kinds/model.h)
 RunComponents build_components(const nlohmann::json& spec, const RunConfig& config,
                                PluginManager& plugins,
-                               const nlohmann::json& model_inherited = nlohmann::json::object());
+                               const nlohmann::json& model_inherited = nlohmann::json::object(),
+                               int pp_rank = 0);
 
 }  // namespace loom::core

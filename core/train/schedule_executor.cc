@@ -216,21 +216,46 @@ void ScheduleExecutor::open(InFlight& f, int32_t m, const StepPlanContext& step)
   f.ctx->set_metric_sink(step.metrics);
 }
 
+void ScheduleExecutor::forward_inputs(ForwardContext& ctx, const Batch& batch,
+                                      const TensorView& received, TensorView (&in)[6]) const {
+  in[0] = input_view(host_, ctx, batch.tokens.data(), DType::kI32, batch, device_);
+  in[1] = input_view(host_, ctx, batch.labels.data(), DType::kI32, batch, device_);
+  in[2] = input_view(host_, ctx, batch.loss_mask.data(), DType::kF32, batch, device_);
+  in[3] = input_view(host_, ctx, batch.position_ids.empty() ? nullptr : batch.position_ids.data(),
+                     DType::kI32, batch, device_);
+  in[4] = input_view(host_, ctx, batch.segment_ids.empty() ? nullptr : batch.segment_ids.data(),
+                     DType::kI32, batch, device_);
+  in[5] = received;
+}
+
+std::pair<double, double> ScheduleExecutor::loss_of(IModel& model, const TensorView* outputs,
+                                                    double weight,
+                                                    const StepPlanContext& step) const {
+  double mean = read_scalar(host_, outputs[0], "reading the loss");
+  if (step.context == nullptr || step.context->size() == 1) return {mean, weight};
+  // Context-parallel ranks hold parts of one sequence: the micro-batch's mean is the sum of
+  // their losses over the sum of their tokens, and each rank's share of the gradient its
+  // share of the tokens.
+  if (model.interface_info().minor < 1 || !present(outputs[3]) || !present(outputs[4]))
+    throw InvalidArgument(
+        "context parallelism needs the loss as (sum, tokens) from the model (outputs [3] and "
+        "[4], model 1.1)");
+  double local_tokens = read_scalar(host_, outputs[4], "reading the loss's tokens");
+  double totals[2] = {read_scalar(host_, outputs[3], "reading the loss's sum"), local_tokens};
+  TensorView v = make_view(totals, DType::kF64, {2});
+  throw_if_error(step.context->all_reduce(&v, ReduceOp::kSum, nullptr),
+                 "the loss's (sum, tokens) over the context-parallel group");
+  if (!(totals[1] > 0)) return {0.0, 0.0};
+  return {totals[0] / totals[1], weight * local_tokens / totals[1]};
+}
+
 void ScheduleExecutor::forward(InFlight& f, int32_t m, int32_t c, const StepPlanContext& step,
                                StepLosses& out) {
   const ModelInfo& where = info(c);
   IModel& model = *chunks_[static_cast<size_t>(c)];
   ForwardContext& ctx = *f.ctx;
-  const Batch& batch = *inputs_[static_cast<size_t>(m)].batch;
-  TensorView in[6] = {
-      input_view(host_, ctx, batch.tokens.data(), DType::kI32, batch, device_),
-      input_view(host_, ctx, batch.labels.data(), DType::kI32, batch, device_),
-      input_view(host_, ctx, batch.loss_mask.data(), DType::kF32, batch, device_),
-      input_view(host_, ctx, batch.position_ids.empty() ? nullptr : batch.position_ids.data(),
-                 DType::kI32, batch, device_),
-      input_view(host_, ctx, batch.segment_ids.empty() ? nullptr : batch.segment_ids.data(),
-                 DType::kI32, batch, device_),
-      f.received};
+  TensorView in[6];
+  forward_inputs(ctx, *inputs_[static_cast<size_t>(m)].batch, f.received, in);
   // A model 1.1 gives up to five outputs; one built against SDK 1.4 the loss and logits.
   const bool v11 = model.interface_info().minor >= 1;
   const int32_t n_out = v11 ? 5 : (step.logits ? 2 : 1);
@@ -242,27 +267,55 @@ void ScheduleExecutor::forward(InFlight& f, int32_t m, int32_t c, const StepPlan
     return;
   }
   if (step.logits && n_out > 1 && present(outputs[1])) step.logits(m, outputs[1]);
-  double mean = read_scalar(host_, outputs[0], "reading the loss");
-  double weight = step.loss_weight;
-  if (step.context != nullptr && step.context->size() > 1) {
-    // Context-parallel ranks hold parts of one sequence: the micro-batch's mean is the sum
-    // of their losses over the sum of their tokens, and each rank's share of the gradient
-    // its share of the tokens.
-    if (!v11 || !present(outputs[3]) || !present(outputs[4]))
-      throw InvalidArgument(
-          "context parallelism needs the loss as (sum, tokens) from the model (outputs [3] and "
-          "[4], model 1.1)");
-    double local_tokens = read_scalar(host_, outputs[4], "reading the loss's tokens");
-    double totals[2] = {read_scalar(host_, outputs[3], "reading the loss's sum"), local_tokens};
-    TensorView v = make_view(totals, DType::kF64, {2});
-    throw_if_error(step.context->all_reduce(&v, ReduceOp::kSum, nullptr),
-                   "the loss's (sum, tokens) over the context-parallel group");
-    mean = totals[1] > 0 ? totals[0] / totals[1] : 0.0;
-    weight = totals[1] > 0 ? step.loss_weight * local_tokens / totals[1] : 0.0;
-  }
+  auto [mean, weight] = loss_of(model, outputs, step.loss_weight, step);
   f.grad_weight = weight;
   out.sum_of_means += mean;
   out.micro_batches += 1;
+}
+
+std::optional<double> ScheduleExecutor::forward_only(const Batch& batch,
+                                                     const StepPlanContext& step) {
+  const int32_t pp = info(0).pp_size, rank = info(0).pp_rank;
+  const int32_t next = (rank + 1) % pp, prev = (rank + pp - 1) % pp;
+  // Tags apart from a training step's (which are below micro-batches x stages x 2).
+  constexpr int32_t kForwardOnlyTag = 1 << 30;
+  std::optional<double> loss;
+  TensorView received{};
+  for (int32_t c = 0; c < static_cast<int32_t>(chunks_.size()); ++c) {
+    const ModelInfo& where = info(c);
+    IModel& model = *chunks_[static_cast<size_t>(c)];
+    ForwardContext ctx(host_, false, RecomputePolicy::kNone, 0, step.seed, step.step,
+                       step.module_ids);
+    const std::string what = fmt::format("forward-only pass of chunk {}", c);
+    if (where.first_stage == 0) {
+      if (step.pipeline == nullptr || step.pipeline->size() < 2)
+        throw InvalidArgument(what + ": a pipeline stage without a pipeline group");
+      received = allocate_like(ctx, where.hidden, device_);
+      ICommWork* work = nullptr;
+      throw_if_error(step.pipeline->recv_async(&received, prev,
+                                               kForwardOnlyTag + virtual_stage(c) - 1, nullptr,
+                                               &work),
+                     what + ": receiving its input");
+      throw_if_error(CommWorkPtr(work)->wait(), what + ": receiving its input");
+    }
+    TensorView in[6];
+    forward_inputs(ctx, batch, received, in);
+    const int32_t n_out = model.interface_info().minor >= 1 ? 5 : (step.logits ? 2 : 1);
+    TensorView outputs[5] = {};
+    throw_if_error(model.forward(&ctx, in, where.first_stage != 0 ? 5 : 6, outputs, n_out),
+                   what + ": model forward");
+    if (where.last_stage == 0) {
+      ICommWork* work = nullptr;
+      throw_if_error(step.pipeline->send_async(&outputs[2], next,
+                                               kForwardOnlyTag + virtual_stage(c), nullptr, &work),
+                     what + ": sending its output");
+      throw_if_error(CommWorkPtr(work)->wait(), what + ": sending its output");
+      continue;
+    }
+    if (step.logits && n_out > 1 && present(outputs[1])) step.logits(0, outputs[1]);
+    loss = loss_of(model, outputs, 0.0, step).first;
+  }
+  return loss;
 }
 
 void ScheduleExecutor::backward(InFlight& f, int32_t c, bool split, bool last_for_chunk,

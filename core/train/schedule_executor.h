@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -90,6 +91,15 @@ class ScheduleExecutor {
   StepLosses run(const std::vector<PipelineAction>& plan, int32_t micro_batches,
                  const StepPlanContext& step, const std::string& schedule);
 
+  /// Forward only of one micro-batch through this rank's chunks in virtual-stage order (no
+  /// dropout, nothing kept for backward), receiving each chunk's input from the previous
+  /// stage and sending its output to the next over step.pipeline, blocking (evaluation and
+  /// forward-only use). Collective over the pipeline group: every stage calls it for the
+  /// same batch. Returns the micro-batch's mean loss on the rank that holds the last stage
+  /// (summed over step.context with context parallelism), nullopt on the others. Uses
+  /// step.seed, step.step, step.module_ids, step.pipeline, step.context and step.logits.
+  std::optional<double> forward_only(const Batch& batch, const StepPlanContext& step);
+
   /// Where chunk `c` sits.
   const ModelInfo& info(int32_t chunk) const { return infos_[static_cast<size_t>(chunk)]; }
 
@@ -108,6 +118,14 @@ class ScheduleExecutor {
   // between virtual stages `sender` and its neighbour for micro-batch m.
   int32_t virtual_stage(int32_t chunk) const;
   int32_t tag(int32_t m, int32_t sender, bool gradient) const;
+  // The inputs of chunk c's forward for `batch` in `ctx`: the batch's (B, T) tensors and,
+  // for a stage that is not the first, `received`.
+  void forward_inputs(ForwardContext& ctx, const Batch& batch, const TensorView& received,
+                      TensorView (&in)[6]) const;
+  // The micro-batch's mean loss from a last stage's outputs, and this rank's share of its
+  // gradient weight (`weight` scaled by its share of the tokens with context parallelism).
+  std::pair<double, double> loss_of(IModel& model, const TensorView* outputs, double weight,
+                                    const StepPlanContext& step) const;
 
   IHost& host_;
   Device device_;

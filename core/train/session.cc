@@ -88,6 +88,16 @@ std::unique_ptr<RunSession> RunSession::open(nlohmann::json spec,
     if (on_device && !par.contains("device_comm_backend"))
       par["device_comm_backend"] = {{"impl", "nccl"}};
   }
+  // A pipeline runs Megatron's default schedule unless the spec names one: 1f1b, or the
+  // interleaved 1F1B with virtual chunks.
+  if (spec.contains("parallel") && spec["parallel"].is_object()) {
+    nlohmann::json& par = spec["parallel"];
+    auto count = [&](const char* key) {
+      return par.contains(key) && par[key].is_number_integer() ? par[key].get<int64_t>() : 1;
+    };
+    if (count("pp") > 1 && !par.contains("pipeline_schedule"))
+      par["pipeline_schedule"] = {{"impl", count("vpp") > 1 ? "interleaved" : "1f1b"}};
+  }
   s->uses_ = resolve_spec(spec, *catalog);
   s->spec_ = std::move(spec);
   s->config_ = RunConfig::from_spec(s->spec_);

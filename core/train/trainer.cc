@@ -94,6 +94,7 @@ Trainer::Trainer(const nlohmann::json& spec, PluginManager& plugins,
     data_replicas_ = batch.size();
     data_rank_ = batch.rank;
     tp_rank_ = parallel_->grid().coord("tp");
+    pp_rank_ = parallel_->grid().coord("pp");
     if (parallel_->grid().size("dp") != par.dp)
       throw SpecError("/parallel/dp", fmt::format("{} differs from the process grid's dp {}",
                                                   par.dp, parallel_->grid().size("dp")));
@@ -122,7 +123,7 @@ Trainer::Trainer(const nlohmann::json& spec, PluginManager& plugins,
   if (!spec_.contains("optimizer"))
     throw SpecError("/optimizer",
                     "missing: training needs an optimizer, e.g. {\"impl\": \"adamw\"}");
-  components_ = build_components(spec_, config_, plugins_, inherited);
+  components_ = build_components(spec_, config_, plugins_, inherited, pp_rank_);
   fp8_ = components_.fp8;
   model_ = components_.model;
   optimizer_ = components_.optimizer;
@@ -143,35 +144,62 @@ Trainer::Trainer(const nlohmann::json& spec, PluginManager& plugins,
 
   BucketOptions buckets{par.bucket_size, group(ParallelRole::kData).size(),
                         group(ParallelRole::kExpertData).size()};
-  params_ = std::make_unique<ParameterSet>(plugins_.host(), *model_, device_, buckets);
+  std::vector<IModule*> roots(components_.chunks.begin(), components_.chunks.end());
+  params_ = std::make_unique<ParameterSet>(plugins_.host(), roots, device_, buckets);
   params_->initialize(train.seed, tp_rank_);
 
   OptimizerSetup setup{device_, config_.precision.params, par.distributed_optimizer,
                        par.overlap_grad_reduce && parallel_ != nullptr, tp_rank_};
+  // The last pipeline stage's tied table is a copy of the first stage's (Megatron's
+  // shared embedding): summed with it over the embedding group, counted once in the norm.
+  setup.tied_replica = par.pp > 1 && pp_rank_ != 0;
   // On a device the kernels that wrote a bucket's gradients may still be queued when it
   // is handed over: the device's communicator orders its collectives after the work
   // queued on the compute stream (comm_nccl), so the reduction reads them finished.
   optim_ = std::make_unique<DistributedOptimizer>(
       plugins_.host(), *params_, *optimizer_, setup,
       [this](ParallelRole role) -> ICommunicator& { return group(role); });
-  executor_ =
-      std::make_unique<ScheduleExecutor>(plugins_.host(), device_, std::vector<IModel*>{model_});
+  executor_ = std::make_unique<ScheduleExecutor>(plugins_.host(), device_, components_.chunks);
   metrics_ = std::make_unique<StepMetrics>(plugins_.host(), device_);
 
-  // Model FLOPs (what the model says it costs) and the peak they are measured against.
+  // Elements of the whole model: this rank's (slices counted whole, the last stage's copy
+  // of a tied table not at all), summed over the pipeline stages.
+  int64_t local_numel = 0;
+  for (const Parameter& p : params_->all()) {
+    if (setup.tied_replica && (p.info.flags & kParamTiedEmbedding) != 0) continue;
+    int64_t whole = 1;
+    for (int32_t d = 0; d < p.info.ndim; ++d) whole *= p.info.global_shape[d];
+    local_numel += whole;
+  }
+  model_numel_ = local_numel;
+  if (par.pp > 1)
+    model_numel_ = static_cast<int64_t>(
+        std::llround(sum_over(ParallelRole::kPipeline, static_cast<double>(local_numel))));
+
+  // Model FLOPs (what the model says it costs: each chunk its share, summed over the
+  // pipeline stages) and the peak they are measured against.
   CostQuery query{sizeof(CostQuery), train.micro_batch_size, train.seq_length, train.recompute,
                   fp8_ != nullptr ? 1 : 0};
-  ModelCost cost{};
-  cost.struct_size = sizeof(ModelCost);
-  cost.flops_per_token = 6.0 * static_cast<double>(model_numel());  // a model 1.0's count
-  cost.activation_bytes = -1;
-  if (model_->interface_info().minor >= 1) {
-    throw_if_error(model_->cost(&query, &cost), "the model's cost (IModel::cost)");
-    if (!(cost.flops_per_token > 0))
-      cost.flops_per_token = 6.0 * static_cast<double>(model_numel());
+  double flops_per_token = 0, activation_bytes = 0;
+  bool known = true;
+  for (IModel* chunk : components_.chunks) {
+    ModelCost cost{};
+    cost.struct_size = sizeof(ModelCost);
+    cost.activation_bytes = -1;
+    if (chunk->interface_info().minor >= 1)
+      throw_if_error(chunk->cost(&query, &cost), "the model's cost (IModel::cost)");
+    known = known && cost.flops_per_token > 0;
+    flops_per_token += cost.flops_per_token;
+    activation_bytes = cost.activation_bytes >= 0 && activation_bytes >= 0
+                           ? activation_bytes + cost.activation_bytes
+                           : -1;
   }
-  activation_bytes_ = cost.activation_bytes;
-  flops_per_step_ = cost.flops_per_token *
+  if (par.pp > 1) flops_per_token = sum_over(ParallelRole::kPipeline, known ? flops_per_token : 0);
+  if (par.pp > 1) known = sum_over(ParallelRole::kPipeline, known ? 0 : 1) == 0;
+  // A model 1.0's count (or one that does not know): 6 per parameter.
+  if (!known) flops_per_token = 6.0 * static_cast<double>(model_numel_);
+  activation_bytes_ = activation_bytes;
+  flops_per_step_ = flops_per_token *
                     static_cast<double>(train.micro_batch_size * train.seq_length) *
                     static_cast<double>(config_.micro_batches() * data_replicas_);
   if (device_.type == DeviceType::kCpu) {
@@ -194,16 +222,6 @@ ICommunicator& Trainer::group(ParallelRole role) const {
   throw_if_error(plugins_.host().group(role, &comm),
                  fmt::format("the {} parallel group", parallel_role_name(role)));
   return *comm;
-}
-
-int64_t Trainer::model_numel() const {
-  int64_t n = 0;
-  for (const Parameter& p : params_->all()) {
-    int64_t whole = 1;
-    for (int32_t d = 0; d < p.info.ndim; ++d) whole *= p.info.global_shape[d];
-    n += whole;
-  }
-  return n;
 }
 
 uint64_t Trainer::peak_memory() const {
@@ -234,10 +252,10 @@ MemoryEstimate Trainer::memory_estimate() const {
 void Trainer::print_banner(std::FILE* out) const {
   int64_t tensors = static_cast<int64_t>(params_->all().size());
   std::string local =
-      model_numel() != params_->numel() ? fmt::format(", {} on this rank", params_->numel()) : "";
+      model_numel_ != params_->numel() ? fmt::format(", {} on this rank", params_->numel()) : "";
   std::fprintf(out, "  model: %s, %lld parameters in %lld tensors (%s%s)\n",
                spec_["model"]["impl"].get<std::string>().c_str(),
-               static_cast<long long>(model_numel()), static_cast<long long>(tensors),
+               static_cast<long long>(model_numel_), static_cast<long long>(tensors),
                dtype_name(config_.precision.params), local.c_str());
   std::fprintf(out, "  batch: %lld micro-batches of %lld x %lld tokens per step; %lld steps\n",
                static_cast<long long>(config_.micro_batches()),
@@ -415,6 +433,8 @@ double Trainer::evaluate() {
     missing = sum_over(ParallelRole::kData, missing);
     sum = sum_over(ParallelRole::kData, sum);
   }
+  // The losses live on the last pipeline stage.
+  if (config_.parallel.pp > 1) sum = sum_over(ParallelRole::kPipeline, sum);
   if (missing > 0) return std::nan("");
   return sum / static_cast<double>(steps);
 }
@@ -446,32 +466,21 @@ double Trainer::forward_backward(const Batch& batch, double loss_weight, std::ve
 }
 
 double Trainer::forward_only(const Batch& batch, std::vector<float>* logits) {
-  ForwardContext ctx(plugins_.host(), false, RecomputePolicy::kNone, 0, config_.train.seed,
-                     iteration_ + 1, &params_->module_ids());
-  auto view = [&](const void* data, DType dtype) {
-    if (data == nullptr) return empty_view();
-    TensorView v = make_view(const_cast<void*>(data), dtype, {batch.batch, batch.seq_length});
-    if (device_.type == DeviceType::kCpu) return v;
-    TensorView d = allocate(ctx, dtype, {batch.batch, batch.seq_length}, device_);
-    copy_from_host(plugins_.host(), data, d);
-    return d;
-  };
-  TensorView inputs[5] = {
-      view(batch.tokens.data(), DType::kI32), view(batch.labels.data(), DType::kI32),
-      view(batch.loss_mask.data(), DType::kF32),
-      view(batch.position_ids.empty() ? nullptr : batch.position_ids.data(), DType::kI32),
-      view(batch.segment_ids.empty() ? nullptr : batch.segment_ids.data(), DType::kI32)};
-  TensorView outputs[2] = {};
-  throw_if_error(model_->forward(&ctx, inputs, 5, outputs, return_logits_ ? 2 : 1),
-                 "model forward");
-  if (logits != nullptr && return_logits_ && outputs[1].data != nullptr) {
-    logits->resize(static_cast<size_t>(numel(outputs[1])));
-    load_floats(plugins_.host(), outputs[1], logits->data());
+  StepPlanContext step;
+  step.seed = config_.train.seed;
+  step.step = iteration_ + 1;
+  step.module_ids = &params_->module_ids();
+  if (logits != nullptr && return_logits_)
+    step.logits = [this, logits](int32_t, const TensorView& l) {
+      logits->resize(static_cast<size_t>(numel(l)));
+      load_floats(plugins_.host(), l, logits->data());
+    };
+  if (parallel_ != nullptr) {
+    step.pipeline = &group(ParallelRole::kPipeline);
+    step.context = &group(ParallelRole::kContext);
   }
-  float loss = 0;
-  throw_if_error(plugins_.host().copy(kCpu, &loss, outputs[0].device, outputs[0].data, 4),
-                 "reading the loss");
-  return loss;
+  // With pipeline parallelism the loss comes out of the last stage only.
+  return executor_->forward_only(batch, step).value_or(0.0);
 }
 
 RunResult Trainer::run(const RunOptions& options) {

@@ -153,8 +153,6 @@ class Trainer {
   std::pair<std::string, TensorView> fp8_state(int32_t index) const;
   // Reads the FP8 recipe's state from a checkpoint (a warning when it holds none).
   void restore_fp8(CheckpointReader& reader);
-  // Elements of the whole model (tensor-parallel slices counted whole).
-  int64_t model_numel() const;
   // Calls every module's step_end (module kinds 1.1) after step `r`.
   void end_step_of_modules(const StepResult& r);
   ICommunicator& group(ParallelRole role) const;
@@ -163,7 +161,9 @@ class Trainer {
   const RunConfig config_;
   PluginManager& plugins_;
   ParallelState* parallel_ = nullptr;
-  int data_replicas_ = 1, data_rank_ = 0, tp_rank_ = 0;
+  int data_replicas_ = 1, data_rank_ = 0, tp_rank_ = 0, pp_rank_ = 0;
+  // Elements of the whole model (tensor-parallel slices counted whole, every stage's).
+  int64_t model_numel_ = 0;
   std::vector<std::vector<uint64_t>> checkpoint_bytes_;  // device tensors staged on the host
   Device device_;
   RunComponents components_;   // destroyed after everything below that uses them

@@ -41,6 +41,9 @@ std::vector<SaveTensor> Trainer::checkpoint_tensors() {
   for (Parameter& p : params_->all()) {
     // A replicated tensor is written once, by tensor-parallel rank 0.
     if (p.info.tp_split_dim < 0 && tp_rank_ != 0) continue;
+    // The last pipeline stage's tied table is the first stage's copy: written there.
+    if (config_.parallel.pp > 1 && pp_rank_ != 0 && (p.info.flags & kParamTiedEmbedding) != 0)
+      continue;
     out.push_back(save_tensor_of("model." + p.name, p, tp_rank_, p.value.data, p.info.dtype));
     optim_->append_checkpoint_tensors(p, out);
   }

@@ -113,6 +113,13 @@ GlooCommunicator::~GlooCommunicator() {
     }
   }
   if (worker_.joinable()) worker_.join();
+  // Waiting sends end by themselves (within their timeout, or at once when a peer closes).
+  {
+    std::lock_guard<std::mutex> lock(send_waiters_mutex_);
+    for (SendWaiter& w : send_waiters_)
+      if (w.thread.joinable()) w.thread.join();
+    send_waiters_.clear();
+  }
   // Destroying the pairs closes the sockets: peers still inside an operation with this
   // rank see the connection close and fail with kAborted rather than wait.
   try {
@@ -196,10 +203,11 @@ Status GlooCommunicator::run(const char* op, int32_t peer, Body&& body) noexcept
   const auto start = Clock::now();
   try {
     const std::string desc = what(op);
-    if (!failure_.empty())
+    const std::string earlier = failure();
+    if (!earlier.empty())
       return make_status(Code::kFailedPrecondition,
                          (desc + ": this communicator is unusable after an earlier failure (" +
-                          failure_ + "); the ranks are out of step, stop the run")
+                          earlier + "); the ranks are out of step, stop the run")
                              .c_str());
     try {
       body(desc);
@@ -215,7 +223,7 @@ Status GlooCommunicator::run(const char* op, int32_t peer, Body&& body) noexcept
       context.known_peer = peer;
       context.peer_addresses = &peer_addresses_;
       Failure failure = classify_failure(std::current_exception(), context);
-      failure_ = failure.message;
+      record_failure(failure.message);
       // The other ranks may be waiting for this one: closing its connections makes them
       // fail now rather than at their own timeout.
       try {
@@ -475,52 +483,162 @@ Status GlooCommunicator::all_to_all(const TensorView* input, const int64_t* send
   }));
 }
 
-void GlooCommunicator::point_to_point(TensorView& tensor, int32_t peer, int32_t tag, bool is_send) {
-  const size_t bytes = nbytes(tensor);
-  if (bytes == 0) return;  // both sides skip: the sizes must match anyway
-  const uint64_t slot = gloo::Slot::build(kPointToPointSlotPrefix, static_cast<uint32_t>(tag));
-  auto buffer = context_->createUnboundBuffer(tensor.data, bytes);
-  if (is_send) {
-    buffer->send(peer, slot);
-    buffer->waitSend(timeout());
-  } else {
-    buffer->recv(peer, slot);
-    buffer->waitRecv(timeout());
+std::string GlooCommunicator::failure() const {
+  std::lock_guard<std::mutex> lock(failure_mutex_);
+  return failure_;
+}
+
+void GlooCommunicator::record_failure(const std::string& message) {
+  std::lock_guard<std::mutex> lock(failure_mutex_);
+  if (failure_.empty()) failure_ = message;
+}
+
+namespace {
+
+// The handle of a send: done once the worker posted it and its receiver took it.
+class SendWork final : public Object<ICommWork> {
+ public:
+  SendWork(std::shared_ptr<WorkCompletion> posted, std::shared_ptr<WorkCompletion> sent)
+      : posted_(std::move(posted)), sent_(std::move(sent)) {}
+  ~SendWork() override {
+    Status s = wait();
+    status_release(&s);
+  }
+  Status wait() noexcept override {
+    Status s = posted_->wait();
+    if (s.code != Code::kOk) return s;  // never posted: `sent` never finishes
+    return sent_->wait();
+  }
+  bool done() noexcept override {
+    if (!posted_->done()) return false;
+    Status s = posted_->wait();
+    const bool failed = s.code != Code::kOk;
+    status_release(&s);
+    return failed || sent_->done();
+  }
+
+ private:
+  std::shared_ptr<WorkCompletion> posted_, sent_;
+};
+
+}  // namespace
+
+void GlooCommunicator::wait_for_send(std::shared_ptr<gloo::transport::UnboundBuffer> buffer,
+                                     std::shared_ptr<WorkCompletion> sent, std::string desc,
+                                     int32_t peer) {
+  auto finished = std::make_shared<std::atomic<bool>>(false);
+  const int64_t timeout_ms = timeout_ms_;
+  std::thread thread([this, buffer, sent, desc, peer, finished, timeout_ms] {
+    const auto start = Clock::now();
+    try {
+      buffer->waitSend(Milliseconds(timeout_ms));
+      sent->finish(ok_status());
+    } catch (...) {
+      try {
+        FailureContext context;
+        context.what = desc;
+        context.timeout_ms = timeout_ms;
+        context.elapsed_ms =
+            std::chrono::duration_cast<Milliseconds>(Clock::now() - start).count();
+        context.known_peer = peer;
+        context.peer_addresses = &peer_addresses_;
+        Failure failure = classify_failure(std::current_exception(), context);
+        record_failure(failure.message);
+        try {
+          if (context_) context_->closeConnections();
+        } catch (...) {
+        }
+        sent->finish(make_status(failure.code, failure.message.c_str()));
+      } catch (...) {
+        sent->finish(make_status(Code::kAborted, "send failed (out of memory describing why)"));
+      }
+    }
+    finished->store(true);
+  });
+  std::lock_guard<std::mutex> lock(send_waiters_mutex_);
+  // Join the waiters that are done, so the list stays as long as the sends in flight.
+  std::vector<SendWaiter> running;
+  for (SendWaiter& w : send_waiters_) {
+    if (w.finished->load()) {
+      w.thread.join();
+    } else {
+      running.push_back(std::move(w));
+    }
+  }
+  running.push_back({std::move(thread), finished});
+  send_waiters_.swap(running);
+}
+
+CommWorkPtr GlooCommunicator::issue_send(const TensorView* tensor_arg,
+                                                        int32_t peer, int32_t tag) noexcept {
+  try {
+    auto sent = std::make_shared<WorkCompletion>();
+    auto posted = submit(
+        "send", peer, [this, view = ViewArg(tensor_arg), peer, tag, sent](const std::string& desc) mutable {
+          TensorView* tensor = view.get();
+          check_tensor(desc, "tensor", tensor);
+          check_comm_peer(desc, peer, rank_, size_);
+          const size_t bytes = nbytes(*tensor);
+          if (bytes == 0) {  // both sides skip: the sizes must match anyway
+            sent->finish(ok_status());
+            return;
+          }
+          const uint64_t slot =
+              gloo::Slot::build(kPointToPointSlotPrefix, static_cast<uint32_t>(tag));
+          // A send only reads: gloo's buffers take non-const pointers.
+          std::shared_ptr<gloo::transport::UnboundBuffer> buffer =
+              context_->createUnboundBuffer(tensor->data, bytes);
+          buffer->send(peer, slot);
+          wait_for_send(std::move(buffer), sent, desc, peer);
+        });
+    if (!posted) return nullptr;
+    return CommWorkPtr(new SendWork(std::move(posted), std::move(sent)));
+  } catch (...) {
+    return nullptr;
   }
 }
 
+std::shared_ptr<WorkCompletion> GlooCommunicator::issue_recv(TensorView* tensor_arg, int32_t peer,
+                                                             int32_t tag) noexcept {
+  return submit("recv", peer,
+                [this, view = ViewArg(tensor_arg), peer, tag](const std::string& desc) mutable {
+                  TensorView* tensor = view.get();
+                  check_tensor(desc, "tensor", tensor);
+                  check_comm_peer(desc, peer, rank_, size_);
+                  const size_t bytes = nbytes(*tensor);
+                  if (bytes == 0) return;  // both sides skip: the sizes must match anyway
+                  const uint64_t slot =
+                      gloo::Slot::build(kPointToPointSlotPrefix, static_cast<uint32_t>(tag));
+                  auto buffer = context_->createUnboundBuffer(tensor->data, bytes);
+                  buffer->recv(peer, slot);
+                  buffer->waitRecv(timeout());
+                });
+}
+
 Status GlooCommunicator::send(const TensorView* tensor, int32_t peer, int32_t tag, void*) noexcept {
-  return await(issue_point_to_point(tensor, peer, tag, true));
+  CommWorkPtr work = issue_send(tensor, peer, tag);
+  if (!work) return make_status(Code::kResourceExhausted, "out of host memory");
+  return work->wait();
 }
 
 Status GlooCommunicator::recv(TensorView* tensor, int32_t peer, int32_t tag, void*) noexcept {
-  return await(issue_point_to_point(tensor, peer, tag, false));
+  return await(issue_recv(tensor, peer, tag));
 }
 
 Status GlooCommunicator::send_async(const TensorView* tensor, int32_t peer, int32_t tag, void*,
                                     ICommWork** out) noexcept {
   if (out == nullptr) return null_handle("send_async");
-  return hand_out(issue_point_to_point(tensor, peer, tag, true), out);
+  *out = nullptr;
+  CommWorkPtr work = issue_send(tensor, peer, tag);
+  if (!work) return make_status(Code::kResourceExhausted, "out of host memory");
+  *out = work.release();
+  return ok_status();
 }
 
 Status GlooCommunicator::recv_async(TensorView* tensor, int32_t peer, int32_t tag, void*,
                                     ICommWork** out) noexcept {
   if (out == nullptr) return null_handle("recv_async");
-  return hand_out(issue_point_to_point(tensor, peer, tag, false), out);
-}
-
-std::shared_ptr<WorkCompletion> GlooCommunicator::issue_point_to_point(const TensorView* tensor_arg,
-                                                                       int32_t peer, int32_t tag,
-                                                                       bool is_send) noexcept {
-  return submit(
-      is_send ? "send" : "recv", peer,
-      [this, view = ViewArg(tensor_arg), peer, tag, is_send](const std::string& desc) mutable {
-        TensorView* tensor = view.get();
-        check_tensor(desc, "tensor", tensor);
-        check_comm_peer(desc, peer, rank_, size_);
-        // A send only reads: gloo's buffers take non-const pointers.
-        point_to_point(*tensor, peer, tag, is_send);
-      });
+  return hand_out(issue_recv(tensor, peer, tag), out);
 }
 
 Status GlooCommunicator::barrier() noexcept {

@@ -2,9 +2,11 @@
 #pragma once
 
 #include <gloo/context.h>
+#include <gloo/transport/unbound_buffer.h>
 #include <loom/cpp/comm_work.h>
 #include <loom/sdk.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -102,8 +104,20 @@ class GlooCommunicator final : public Object<ICommunicator> {
   std::shared_ptr<WorkCompletion> issue_all_gather(const TensorView* input,
                                                    TensorView* output) noexcept;
   std::shared_ptr<WorkCompletion> issue_broadcast(TensorView* tensor, int32_t root) noexcept;
-  std::shared_ptr<WorkCompletion> issue_point_to_point(const TensorView* tensor, int32_t peer,
-                                                       int32_t tag, bool is_send) noexcept;
+  std::shared_ptr<WorkCompletion> issue_recv(TensorView* tensor, int32_t peer,
+                                             int32_t tag) noexcept;
+  // A send is posted by the worker, which goes on at once; its completion is waited for on
+  // a thread of its own (send_waiters_), so a send whose receiver is not ready yet never
+  // holds up the receives and collectives queued after it (a pipeline's stages send and
+  // receive in both directions). Null when out of memory.
+  CommWorkPtr issue_send(const TensorView* tensor, int32_t peer,
+                                        int32_t tag) noexcept;
+  // Waits for `buffer`'s send on a new thread and finishes `sent` with the outcome.
+  void wait_for_send(std::shared_ptr<gloo::transport::UnboundBuffer> buffer,
+                     std::shared_ptr<WorkCompletion> sent, std::string desc, int32_t peer);
+  // The first failure's message (any thread), or "" while usable; and recording one.
+  std::string failure() const;
+  void record_failure(const std::string& message);
   void worker_loop() noexcept;
 
   // Runs `body` as operation `op`: checks the communicator is usable, converts exceptions
@@ -118,7 +132,6 @@ class GlooCommunicator final : public Object<ICommunicator> {
   std::chrono::milliseconds timeout() const { return std::chrono::milliseconds(timeout_ms_); }
   void ring_reduce_scatter(const TensorView& input, TensorView& output, ReduceOp op,
                            const std::string& what);
-  void point_to_point(TensorView& tensor, int32_t peer, int32_t tag, bool is_send);
 
   std::string group_key_;
   int32_t rank_;
@@ -128,7 +141,16 @@ class GlooCommunicator final : public Object<ICommunicator> {
   // Used on the worker thread only.
   int64_t timeout_ms_;
   uint32_t next_tag_ = 0;
-  std::string failure_;  // the first failure's message; empty while usable
+  mutable std::mutex failure_mutex_;
+  std::string failure_;  // the first failure's message; empty while usable (failure_mutex_)
+  // Threads waiting for sends to complete, each with its "finished" flag (joined when
+  // finished, when a new one starts, and all in the destructor).
+  struct SendWaiter {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> finished;
+  };
+  std::mutex send_waiters_mutex_;
+  std::vector<SendWaiter> send_waiters_;
 
   std::mutex queue_mutex_;
   std::condition_variable queue_changed_;
