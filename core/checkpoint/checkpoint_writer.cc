@@ -11,6 +11,7 @@
 #include "core/checkpoint/checkpoint.h"
 #include "core/util/errors.h"
 #include "core/util/files.h"
+#include "core/util/gather_text.h"
 #include "core/util/log.h"
 #include "loom/cpp/error.h"
 #include "loom/cpp/object.h"
@@ -122,9 +123,18 @@ void CheckpointWriter::save(int64_t iteration, const std::vector<SaveTensor>& te
   nlohmann::json table = nlohmann::json::object();
   for (const SaveTensor& t : tensors)
     table[t.name] = {{"dtype", dtype_name(t.dtype)}, {"shape", t.shape}};
+  bool several = options_.world != nullptr && options_.world->size() > 1;
+  // Ranks that save together may hold different tensors (pipeline stages): the table lists
+  // every rank's.
+  if (several) {
+    for (const std::string& text :
+         all_gather_text(*options_.world, table.dump(), "checkpoint: gathering the tensor table")) {
+      const nlohmann::json theirs = nlohmann::json::parse(text);
+      for (const auto& [name, entry] : theirs.items()) table[name] = entry;
+    }
+  }
   metadata["tensors"] = std::move(table);
   metadata["iteration"] = iteration;
-  bool several = options_.world != nullptr && options_.world->size() > 1;
   if (!options_.async || several) {
     Job job{iteration, tensors, {}, std::move(metadata)};
     write(job);

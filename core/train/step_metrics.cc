@@ -1,5 +1,7 @@
 #include "core/train/step_metrics.h"
 
+#include "core/util/gather_text.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -60,24 +62,10 @@ std::map<std::string, double> StepMetrics::take(ICommunicator* world) {
     nlohmann::json mine = nlohmann::json::object();
     for (const auto& [name, f] : all)
       mine[name] = {static_cast<int32_t>(f.reduce), f.sum, f.count, f.max};
-    std::string text = mine.dump();
-    const int32_t n = world->size();
-    std::vector<int64_t> lengths(static_cast<size_t>(n));
-    int64_t length = static_cast<int64_t>(text.size());
-    TensorView in = make_view(&length, DType::kI64, {1});
-    TensorView out = make_view(lengths.data(), DType::kI64, {n});
-    throw_if_error(world->all_gather(&in, &out, nullptr), "gathering the metrics' sizes");
-    int64_t longest = *std::max_element(lengths.begin(), lengths.end());
-    std::string padded = text + std::string(static_cast<size_t>(longest) - text.size(), ' ');
-    std::vector<char> texts(static_cast<size_t>(longest * n));
-    in = make_view(padded.data(), DType::kU8, {longest});
-    out = make_view(texts.data(), DType::kU8, {longest * n});
-    if (longest > 0) throw_if_error(world->all_gather(&in, &out, nullptr), "gathering the metrics");
+    std::vector<std::string> texts = all_gather_text(*world, mine.dump(), "gathering the metrics");
     all.clear();
-    for (int32_t r = 0; r < n; ++r) {
-      nlohmann::json theirs =
-          nlohmann::json::parse(texts.begin() + r * longest,
-                                texts.begin() + r * longest + lengths[static_cast<size_t>(r)]);
+    for (const std::string& text : texts) {
+      nlohmann::json theirs = nlohmann::json::parse(text);
       for (const auto& [name, v] : theirs.items()) {
         Figure& f = all[name];
         double max = v[3].get<double>();

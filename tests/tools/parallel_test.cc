@@ -16,7 +16,10 @@
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <sstream>
+#include <cstring>
+#include <map>
 
+#include "loom/cpp/safetensors.h"
 #include "tests/util/test_plugins.h"
 
 namespace loom {
@@ -325,6 +328,143 @@ TEST_F(ParallelTest, ShardedCheckpointReshardsAcrossLayouts) {
   EXPECT_THAT(r.err, HasSubstr("use the sharded format"));
 }
 
+// Pipeline parallelism: the 4-layer model cut into stages, run by each schedule, against
+// one rank. SGD without momentum at a constant rate and no clipping makes the first
+// checkpoint (after step 1) the initial weights minus lr times the gradients, so comparing
+// it across layouts compares every parameter's gradient (a gradient off by a constant
+// factor, which AdamW would hide, shows); the loss, grad norm and validation loss are
+// compared at every step. The table is tied (the default), so the last stage's copy of it
+// must stay in step with the first stage's.
+nlohmann::json pipeline_spec() {
+  nlohmann::json s = tiny_spec();
+  s["model"]["num_layers"] = 4;
+  s["optimizer"] = {{"impl", "sgd"}, {"lr", 0.5}, {"momentum", 0.0}};
+  s["lr_schedule"] = {{"impl", "constant"}};
+  s["train"]["grad_clip"] = 0.0;
+  s["train"]["steps"] = 5;
+  s["checkpoint"] = {{"interval", 1}, {"keep", 5}, {"save_at_end", true}};
+  return s;
+}
+
+// Every tensor of a safetensors file, as f32.
+std::map<std::string, std::vector<float>> read_tensors(const fs::path& file) {
+  std::string bytes = read_file(file);
+  const auto* data = reinterpret_cast<const unsigned char*>(bytes.data());
+  SafetensorsLayout layout = parse_safetensors(data, bytes.size(), file);
+  std::map<std::string, std::vector<float>> out;
+  for (const auto& [name, t] : layout.tensors) {
+    EXPECT_EQ(t.dtype, DType::kF32) << name;
+    std::vector<float> v((t.end - t.begin) / 4);
+    std::memcpy(v.data(), data + layout.data_offset + t.begin, v.size() * 4);
+    out[name] = std::move(v);
+  }
+  return out;
+}
+
+class PipelineTest : public ParallelTest {
+ protected:
+  // The weights after step 1 of run `name` (its first checkpoint, converted to whole
+  // tensors).
+  std::map<std::string, std::vector<float>> step_one(const std::string& name) {
+    fs::path out = dir_ / (name + "_step1");
+    if (fs::exists(out / "model.safetensors")) return read_tensors(out / "model.safetensors");
+    auto r = run_loom("checkpoint convert " + q(dir_ / name / "checkpoints" / "iter_0000001") +
+                      " " + q(out) + " --to safetensors");
+    EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+    return read_tensors(out / "model.safetensors");
+  }
+  // Per-parameter gradients of step 1: (reference - run) / lr elementwise, against the
+  // grad norm of step 1 (the gradients' size).
+  void expect_same_gradients(const std::string& reference, const std::string& run,
+                             double grad_norm) {
+    auto a = step_one(reference), b = step_one(run);
+    ASSERT_EQ(a.size(), b.size()) << run;
+    ASSERT_GT(a.size(), 10u);
+    double worst = 0;
+    std::string where;
+    for (const auto& [name, va] : a) {
+      ASSERT_TRUE(b.count(name)) << run << ": " << name;
+      const std::vector<float>& vb = b.at(name);
+      ASSERT_EQ(va.size(), vb.size()) << run << ": " << name;
+      for (size_t i = 0; i < va.size(); ++i) {
+        double d = std::abs(static_cast<double>(va[i]) - vb[i]) / 0.5;  // lr
+        if (d > worst) worst = d, where = name;
+      }
+    }
+    std::printf("%s: per-parameter gradients of step 1 differ by at most %.3g (%s), grad norm "
+                "%.3g\n",
+                run.c_str(), worst, where.c_str(), grad_norm);
+    EXPECT_LE(worst, kGradTolerance * grad_norm) << run << ": " << where;
+  }
+  // Relative to the gradient's norm: f32 sums in another order.
+  static constexpr double kGradTolerance = 1e-5;
+};
+
+TEST_F(PipelineTest, EverySchedulesMatchesOneRankToEachGradient) {
+  Curve one = train("one", pipeline_spec(), "");
+  EXPECT_LT(one.loss.back(), one.loss.front() - 0.02);  // it learns: equality means something
+  struct Layout {
+    std::string name, args, banner;
+  };
+  const std::vector<Layout> layouts = {
+      {"pp2", "--nproc 2 --set parallel.pp=2", "pipeline: 1f1b"},
+      {"pp4", "--nproc 4 --set parallel.pp=4", "pipeline: 1f1b"},
+      {"pp2vpp2", "--nproc 2 --set parallel.pp=2 --set parallel.vpp=2",
+       "pipeline: interleaved"},
+      {"pp2zb", "--nproc 2 --set parallel.pp=2 --set parallel.pipeline_schedule.impl=zb_h1",
+       "pipeline: zb_h1"},
+      {"pp2tp2sp",
+       "--nproc 4 --set parallel.pp=2 --set parallel.tp=2 --set parallel.sequence_parallel=true",
+       "pipeline: 1f1b"},
+      {"pp2dp2zero",
+       "--nproc 4 --set parallel.pp=2 --set parallel.dp=2 --set "
+       "parallel.distributed_optimizer=true --set parallel.overlap_grad_reduce=true --set "
+       "parallel.bucket_size=3001",
+       "pipeline: 1f1b"},
+  };
+  for (const Layout& layout : layouts) {
+    Curve c = train(layout.name, pipeline_spec(), layout.args);
+    EXPECT_THAT(last_out_, HasSubstr(layout.banner)) << layout.name;
+    expect_same_curve(one, c, layout.name);
+    expect_same_gradients("one", layout.name, one.grad_norm[0]);
+  }
+}
+
+// Checkpoints move across pipeline layouts: saved at pp 2 (the tied table written once, by
+// the first stage), resumed at pp 1, at pp 4 and at pp 2 x tp 2, each continuing with the
+// uninterrupted run's losses.
+TEST_F(PipelineTest, CheckpointsReshardAcrossPipelineLayouts) {
+  Curve one = train("one", pipeline_spec(), "");
+  Curve pp2 = train("pp2", pipeline_spec(), "--nproc 2 --set parallel.pp=2");
+  fs::path ckpts = dir_ / "pp2" / "checkpoints";
+  ASSERT_TRUE(fs::exists(ckpts / "iter_0000003" / "shards" / "rank_00001.json"));  // 2 writers
+  fs::remove_all(ckpts / "iter_0000004");  // continue from step 3
+  fs::remove_all(ckpts / "iter_0000005");
+  struct Layout {
+    std::string name, args;
+  };
+  for (const Layout& layout :
+       {Layout{"pp1", ""}, Layout{"pp4", "--nproc 4 --set parallel.pp=4"},
+        Layout{"pp2tp2", "--nproc 4 --set parallel.pp=2 --set parallel.tp=2"}}) {
+    write_file(ckpts / "latest", "iter_0000003\n");
+    fs::path again = dir_ / ("resume_" + layout.name);
+    auto r = run_loom("train " + q(spec("resume.json", pipeline_spec())) + " --run-dir " +
+                      q(again) + " " + layout.args + " --set checkpoint.dir=" + q(ckpts) +
+                      " --set checkpoint.resume=\"auto\" --set checkpoint.save_at_end=false "
+                      "--set checkpoint.interval=1000");
+    ASSERT_EQ(r.exit_code, 0) << layout.name << "\n" << r.out << r.err;
+    EXPECT_THAT(r.out, HasSubstr("resume: iteration 3")) << layout.name;
+    Curve rest = read_curve(again / "metrics.jsonl");
+    ASSERT_EQ(rest.loss.size(), 2u) << layout.name;
+    for (size_t i = 0; i < 2; ++i) {
+      EXPECT_NEAR(rest.loss[i], one.loss[i + 3], kLossTolerance * one.loss[i + 3])
+          << layout.name << ": loss at step " << i + 4;
+      EXPECT_NEAR(rest.grad_norm[i], one.grad_norm[i + 3], kNormTolerance * one.grad_norm[i + 3])
+          << layout.name << ": grad norm at step " << i + 4;
+    }
+  }
+}
+
 // A rank that dies in the middle of a step: the launcher names it and returns non-zero.
 TEST_F(ParallelTest, LauncherStopsWhenARankDies) {
   nlohmann::json s = tiny_spec();
@@ -432,9 +572,17 @@ TEST_F(ParallelTest, LayoutsThatDoNotFitAreRefusedBeforeStart) {
                "train.global_batch_size=6");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_THAT(r.err, HasSubstr("is not a multiple of micro_batch_size x dp = 2 x 2"));
-  r = run_loom("train " + q(sp) + " --nproc 2 --set parallel.pp=2");
+  r = run_loom("train " + q(sp) + " --nproc 2 --set parallel.cp=2");
   EXPECT_EQ(r.exit_code, 7) << r.out << r.err;
-  EXPECT_THAT(r.err, HasSubstr("spec /parallel/pp: 2 is not available"));
+  EXPECT_THAT(r.err, HasSubstr("spec /parallel/cp: 2 is not available"));
+  // Pipeline stages the model or the schedule cannot make.
+  r = run_loom("train " + q(sp) + " --nproc 4 --set parallel.pp=4");
+  EXPECT_EQ(r.exit_code, 3) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("2 layers do not split evenly over 4 pipeline stages"));
+  r = run_loom("train " + q(sp) + " --nproc 2 --set parallel.pp=2 --set parallel.vpp=2 "
+               "--set model.num_layers=4 --set train.global_batch_size=6");
+  EXPECT_NE(r.exit_code, 0) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("3 micro-batches per step are not a multiple of the group of 2"));
   r = run_loom("train " + q(sp) +
                " --nproc 2 --set parallel.tp=2 --set parallel.sequence_parallel=true --set "
                "train.seq_length=15");

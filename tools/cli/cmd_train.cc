@@ -17,6 +17,7 @@
 #include "core/infer/generator.h"
 #include "core/launch/rank_env.h"
 #include "core/spec/spec.h"
+#include "core/train/plan_simulator.h"
 #include "core/train/session.h"
 #include "core/train/trainer.h"
 #include "core/util/errors.h"
@@ -70,6 +71,17 @@ void print_layout(core::RunSession& s, const fs::path& run_dir) {
                                                   par.comm_backend.value("impl", "?"))
                                           .c_str()
                                     : "");
+  if (par.pp > 1) {
+    const std::string schedule = par.pipeline_schedule.value("impl", "?");
+    const int64_t m = s.config().micro_batches();
+    double bubble =
+        core::theoretical_bubble(schedule, par.pp, static_cast<int32_t>(m), par.vpp);
+    std::printf("  pipeline: %s, %d stages x %d virtual chunks, %lld micro-batches per step%s\n",
+                schedule.c_str(), par.pp, par.vpp, static_cast<long long>(m),
+                bubble >= 0 ? fmt::format(" (bubble in theory {:.1f}% with B = 2F)", 100 * bubble)
+                                  .c_str()
+                            : "");
+  }
   for (const core::LoadedPlugin& p : s.plugins().loaded())
     std::printf("  plugin %s %s (%s)\n", p.record->name.c_str(), p.info->version,
                 p.record->library.string().c_str());
