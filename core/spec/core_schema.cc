@@ -170,6 +170,8 @@ constexpr const char* kCoreSchema = R"json({
         "level": {"enum": ["debug", "info", "warning", "error"], "default": "info"},
         "run_dir": {"type": "string",
                     "description": "where metrics and the resolved spec go; default runs/<spec name>"},
+        "trace_steps": {"type": "integer", "minimum": 0, "default": 3,
+                        "description": "steps (from step 2, after the first) whose pipeline actions every rank records into RUN_DIR/pipeline_trace.json, a Chrome trace (Perfetto, chrome://tracing); 0 records none; runs without pipeline parallelism record none"},
         "sample": {
           "type": "object", "additionalProperties": false,
           "description": "text generated from the trained model at the end of the run",

@@ -145,6 +145,7 @@ RunConfig RunConfig::from_spec(const nlohmann::json& spec) {
   c.log.level = at(spec, "log", "level").get<std::string>();
   if (spec["log"].contains("run_dir")) c.log.run_dir = spec["log"]["run_dir"].get<std::string>();
   c.log.sample = node(spec, "log", "sample");
+  c.log.trace_steps = at(spec, "log", "trace_steps").get<int64_t>();
   check(c);
   return c;
 }

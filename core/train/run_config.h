@@ -88,6 +88,7 @@ struct CheckpointConfig {
 struct LogConfig {
   std::string level = "info";
   std::string run_dir;    ///< empty: runs/<spec name>
+  int64_t trace_steps = 3;  ///< steps from step 2 traced into pipeline_trace.json (pp > 1)
   nlohmann::json sample;  ///< /log/sample, or null
 };
 

@@ -137,6 +137,7 @@ StepLosses ScheduleExecutor::run(const std::vector<PipelineAction>& plan, int32_
           fmt::format("pipeline schedule '{}': action {} ({} of micro-batch {}, chunk {})",
                       schedule, i, pipeline_op_name(a.op), m, c);
       ICommWork* work = nullptr;
+      const auto started = std::chrono::steady_clock::now();
       switch (a.op) {
         case PipelineOp::kRecvActivation:
           f.received = allocate_like(*f.ctx, info(c).hidden, device_);
@@ -183,6 +184,13 @@ StepLosses ScheduleExecutor::run(const std::vector<PipelineAction>& plan, int32_
                          what);
           f.sends.emplace_back(work);
           break;
+      }
+      if (step.timeline != nullptr) {
+        auto seconds = [&](std::chrono::steady_clock::time_point t) {
+          return std::chrono::duration<double>(t - step.timeline_origin).count();
+        };
+        step.timeline->push_back(
+            {info(0).pp_rank, a, seconds(started), seconds(std::chrono::steady_clock::now())});
       }
       // A micro-batch whose chunk is done frees its memory (once its sends have finished).
       if (last_action[{m, c}] == i) {

@@ -19,6 +19,7 @@
 // step's loss) scaled by the rank's share of the micro-batch's tokens.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -27,6 +28,7 @@
 
 #include "core/data/data_source.h"
 #include "core/runtime/forward_context.h"
+#include "core/train/plan_simulator.h"
 #include "loom/host.h"
 #include "loom/kinds/comm_backend.h"
 #include "loom/kinds/model.h"
@@ -63,6 +65,11 @@ struct StepPlanContext {
   /// The logits of a micro-batch whose forward returned them (a model built with
   /// return_logits), or empty.
   std::function<void(int32_t micro_batch, const TensorView& logits)> logits;
+  /// When set, every action of the plan is appended as it ends, with its start and end in
+  /// seconds since `timeline_origin` and rank = this rank's pipeline stage (a receive: from
+  /// when it was reached until its data arrived).
+  std::vector<TimedAction>* timeline = nullptr;
+  std::chrono::steady_clock::time_point timeline_origin{};
   ICommunicator* pipeline = nullptr;  ///< stage-to-stage sends and receives (null: no pp)
   ICommunicator* context = nullptr;   ///< the loss's (sum, tokens) (null or size 1: no cp)
 };

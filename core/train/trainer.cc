@@ -17,7 +17,10 @@
 #include "core/train/components.h"
 #include "core/train/flops.h"
 #include "core/train/no_pipelining.h"
+#include "core/train/plan_rules.h"
 #include "core/util/errors.h"
+#include "core/util/files.h"
+#include "core/util/gather_text.h"
 #include "core/util/log.h"
 #include "loom/kinds.h"
 
@@ -349,8 +352,16 @@ StepResult Trainer::step() {
     step.after_backward = [this, &r](int32_t m) {
       if (m == 0) maybe_inject_fault(parallel_->grid().rank(), r.step);
     };
+  // A pipeline's actions, timed: the step's measured bubble, and the trace.
+  std::vector<TimedAction> timeline;
+  const bool pipelined = config_.parallel.pp > 1;
+  if (pipelined) {
+    step.timeline = &timeline;
+    step.timeline_origin = trace_origin_;
+  }
   StepLosses losses = executor_->run(plan(static_cast<int32_t>(micro_batches)),
                                      static_cast<int32_t>(micro_batches), step, schedule_name());
+  if (pipelined) record_timeline(timeline, r.step);
   if (data_replicas_ > 1)
     data_->seek(start + micro_batches * data_replicas_ * config_.train.micro_batch_size);
   for (const Batch& batch : batches) r.tokens += batch.batch * batch.seq_length * data_replicas_;
@@ -406,6 +417,60 @@ StepResult Trainer::step() {
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (parallel_ != nullptr) r.comm_seconds = parallel_->stats().blocked_seconds() - comm_before;
   return r;
+}
+
+void Trainer::record_timeline(const std::vector<TimedAction>& timeline, int64_t step) {
+  // The share of the plan's span this rank spent outside passes (waiting for its
+  // neighbours, sending and receiving): the measured bubble, averaged over ranks in the log.
+  double busy = 0, first = 0, last = 0;
+  for (size_t i = 0; i < timeline.size(); ++i) {
+    const TimedAction& t = timeline[i];
+    first = i == 0 ? t.start : std::min(first, t.start);
+    last = std::max(last, t.end);
+    const PipelineOp op = t.action.op;
+    if (op == PipelineOp::kForward || op == PipelineOp::kBackward ||
+        op == PipelineOp::kBackwardInput || op == PipelineOp::kBackwardWeight)
+      busy += t.end - t.start;
+  }
+  float bubble = last > first ? static_cast<float>(1.0 - busy / (last - first)) : 0.0f;
+  metrics_->record("pipeline_bubble", make_view(&bubble, DType::kF32, {}), MetricReduce::kMean);
+  if (step >= 2 && step < 2 + config_.log.trace_steps)
+    for (TimedAction t : timeline) {
+      t.rank = parallel_ != nullptr ? parallel_->grid().rank() : 0;
+      trace_.push_back(t);
+    }
+}
+
+void Trainer::write_trace(const std::filesystem::path& run_dir) {
+  // Every rank's actions as Chrome trace events (one process per rank, one thread per
+  // virtual chunk, microseconds since the trainer started), written by rank 0.
+  nlohmann::json events = nlohmann::json::array();
+  const int rank = parallel_ != nullptr ? parallel_->grid().rank() : 0;
+  events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", rank},
+                    {"args", {{"name", fmt::format("rank {} (stage {})", rank, pp_rank_)}}}});
+  for (const TimedAction& t : trace_) {
+    const PipelineAction& a = t.action;
+    events.push_back({{"name", fmt::format("{} {}", pipeline_op_name(a.op), a.micro_batch)},
+                      {"cat", pipeline_op_name(a.op)},
+                      {"ph", "X"},
+                      {"pid", t.rank},
+                      {"tid", a.chunk},
+                      {"ts", t.start * 1e6},
+                      {"dur", (t.end - t.start) * 1e6},
+                      {"args", {{"micro_batch", a.micro_batch}, {"chunk", a.chunk}}}});
+  }
+  std::vector<std::string> all = {events.dump()};
+  if (parallel_ != nullptr)
+    all = all_gather_text(group(ParallelRole::kWorld), events.dump(), "gathering the trace");
+  if (rank != 0 || run_dir.empty()) return;
+  nlohmann::json merged = nlohmann::json::array();
+  for (const std::string& text : all)
+    for (const nlohmann::json& e : nlohmann::json::parse(text)) merged.push_back(e);
+  const std::filesystem::path path = run_dir / "pipeline_trace.json";
+  write_file_atomic(path, nlohmann::json{{"traceEvents", merged}, {"displayTimeUnit", "ms"}}.dump());
+  log_info("trace", fmt::format("pipeline actions of steps 2 to {} in {} (open it in Perfetto or "
+                                "chrome://tracing)",
+                                1 + config_.log.trace_steps, path.string()));
 }
 
 void Trainer::end_step_of_modules(const StepResult& r) {
@@ -543,6 +608,8 @@ RunResult Trainer::run(const RunOptions& options) {
       save(false);
   }
   if (result.stop_signal == 0 && options.save_at_end) save(true);
+  if (config_.parallel.pp > 1 && config_.log.trace_steps > 0 && !trace_.empty())
+    write_trace(options.run_dir);
   if (options.checkpoint != nullptr) {
     options.checkpoint->wait();
     result.checkpoint = options.checkpoint->last_saved();

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -153,6 +154,11 @@ class Trainer {
   std::pair<std::string, TensorView> fp8_state(int32_t index) const;
   // Reads the FP8 recipe's state from a checkpoint (a warning when it holds none).
   void restore_fp8(CheckpointReader& reader);
+  // A pipelined step's timed actions: its measured bubble into the metrics, and its actions
+  // into the trace when the step is traced (/log/trace_steps).
+  void record_timeline(const std::vector<TimedAction>& timeline, int64_t step);
+  // Collective over every rank: writes the traced steps to run_dir/pipeline_trace.json.
+  void write_trace(const std::filesystem::path& run_dir);
   // Calls every module's step_end (module kinds 1.1) after step `r`.
   void end_step_of_modules(const StepResult& r);
   ICommunicator& group(ParallelRole role) const;
@@ -164,6 +170,8 @@ class Trainer {
   int data_replicas_ = 1, data_rank_ = 0, tp_rank_ = 0, pp_rank_ = 0;
   // Elements of the whole model (tensor-parallel slices counted whole, every stage's).
   int64_t model_numel_ = 0;
+  std::chrono::steady_clock::time_point trace_origin_ = std::chrono::steady_clock::now();
+  std::vector<TimedAction> trace_;  // the traced steps' actions (rank: the global rank)
   std::vector<std::vector<uint64_t>> checkpoint_bytes_;  // device tensors staged on the host
   Device device_;
   RunComponents components_;   // destroyed after everything below that uses them

@@ -428,6 +428,59 @@ TEST_F(PipelineTest, EverySchedulesMatchesOneRankToEachGradient) {
     expect_same_curve(one, c, layout.name);
     expect_same_gradients("one", layout.name, one.grad_norm[0]);
   }
+  // The pp2 run's trace: steps 2 to 4 (log.trace_steps 3), every action of both ranks, and
+  // the measured bubble in the metrics.
+  nlohmann::json trace =
+      nlohmann::json::parse(read_file(dir_ / "pp2" / "pipeline_trace.json"))["traceEvents"];
+  std::map<std::pair<int, std::string>, int> count;
+  for (const nlohmann::json& e : trace)
+    if (e["ph"] == "X") {
+      ++count[{e["pid"].get<int>(), e["cat"].get<std::string>()}];
+      EXPECT_GE(e["dur"].get<double>(), 0.0);
+    }
+  for (int rank : {0, 1}) {
+    EXPECT_EQ((count[{rank, "forward"}]), 3 * 4) << rank;   // 3 steps x 4 micro-batches
+    EXPECT_EQ((count[{rank, "backward"}]), 3 * 4) << rank;
+  }
+  EXPECT_EQ((count[{0, "send_activation"}]), 12);
+  EXPECT_EQ((count[{1, "recv_activation"}]), 12);
+  EXPECT_EQ((count[{0, "recv_grad"}]), 12);
+  std::stringstream lines(read_file(dir_ / "pp2" / "metrics.jsonl"));
+  std::string line;
+  int bubbles = 0;
+  while (std::getline(lines, line)) {
+    nlohmann::json m = nlohmann::json::parse(line);
+    if (!m.contains("pipeline_bubble")) continue;
+    ++bubbles;
+    EXPECT_GE(m["pipeline_bubble"].get<double>(), 0.0);
+    EXPECT_LT(m["pipeline_bubble"].get<double>(), 1.0);
+  }
+  EXPECT_EQ(bubbles, 5);
+}
+
+// `loom schedule show`: the plan of every rank drawn, and its simulated bubble beside the
+// theory, without running anything; a shape the schedule cannot run is refused.
+TEST_F(PipelineTest, ScheduleShowDrawsThePlanAndItsBubble) {
+  auto r = run_loom("schedule show --pp 4 --micro-batches 8");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  std::printf("%s", r.out.c_str());
+  EXPECT_THAT(r.out, HasSubstr("schedule 1f1b: 4 stages"));
+  EXPECT_THAT(r.out, HasSubstr("rank  3 | .  .  .  F0 B0 -  F1 B1 -"));
+  EXPECT_THAT(r.out, HasSubstr("bubble: 27.3% of the step simulated, 27.3% in theory"));
+  EXPECT_THAT(r.out, HasSubstr("in flight at most, by rank: 4, 3, 2, 1"));
+  r = run_loom("schedule show --pp 4 --micro-batches 8 --schedule zb_h1");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("bubble: 11.1% of the step simulated, 11.1% in theory"));
+  r = run_loom("schedule show --pp 2 --vpp 2 --micro-batches 4");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("schedule interleaved"));
+  EXPECT_THAT(r.out, HasSubstr("11.1% in theory"));
+  r = run_loom("schedule show --pp 4 --vpp 2 --micro-batches 6");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr("6 micro-batches per step are not a multiple of the group of 4"));
+  r = run_loom("schedule show --micro-batches 6");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--pp and --micro-batches are required"));
 }
 
 // Checkpoints move across pipeline layouts: saved at pp 2 (the tied table written once, by

@@ -35,6 +35,9 @@ commands:
   launch --nproc N [--nnodes M --node-rank R] [--rdzv DIR|redis://HOST:PORT] -- CMD [ARGS...]
                                                      run CMD as N ranks on this machine (like
                                                      torchrun); output prefixed "[rank R] "
+  schedule show --pp P [--vpp V] --micro-batches M [--schedule NAME]
+                                                     a pipeline schedule's plan per rank and
+                                                     its bubble, simulated (nothing runs)
   spec validate SPEC [--set PATH=VALUE]... [--write-resolved FILE] [--load]
                                                      check a spec without running it
   plugins list [--json]                              plugins on the search path (manifests)
@@ -88,6 +91,7 @@ int main(int argc, char** argv) {
     if (command == "checkpoint") return loom::cli::cmd_checkpoint(rest);
     if (command == "generate") return loom::cli::cmd_generate(rest);
     if (command == "launch") return loom::cli::cmd_launch(rest);
+    if (command == "schedule") return loom::cli::cmd_schedule(rest);
     throw loom::core::UsageError(
         fmt::format("unknown command '{}'; run 'loom --help' for the list", command));
   } catch (const std::exception& e) {

@@ -61,10 +61,20 @@ TEST(RunConfig, ReadsTheResolvedSectionsWithTheirDefaults) {
 
 TEST(RunConfig, EveryBrokenRuleNamesItsPlaceAndTheFix) {
   Code code = Code::kOk;
-  EXPECT_THAT(refusal({{"parallel", {{"pp", 2}}}}, &code),
-              HasSubstr("spec /parallel/pp: 2 is not available in this loom yet"));
+  EXPECT_THAT(refusal({{"parallel", {{"cp", 2}}}}, &code),
+              HasSubstr("spec /parallel/cp: 2 is not available in this loom yet"));
   EXPECT_EQ(code, Code::kUnimplemented);
-  EXPECT_THAT(refusal({{"parallel", {{"cp", 2}}}}), HasSubstr("spec /parallel/cp: 2"));
+  EXPECT_EQ(refusal({{"parallel", {{"pp", 2}}}}), "accepted");
+  // An FP8 recipe node (added after resolution: this test resolves no components).
+  nlohmann::json fp8 = resolved({{"parallel", {{"pp", 2}}}});
+  fp8["precision"]["fp8"] = {{"impl", "delayed"}};
+  std::string message;
+  try {
+    RunConfig::from_spec(fp8);
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  EXPECT_THAT(message, HasSubstr("spec /precision/fp8: FP8 training with pipeline parallelism"));
   EXPECT_THAT(refusal({{"parallel", {{"vpp", 2}}}}),
               HasSubstr("spec /parallel/vpp: 2 virtual pipeline chunks need pipeline parallelism"));
   EXPECT_THAT(refusal({{"parallel", {{"tp", 2}, {"sequence_parallel", true}}},
