@@ -30,9 +30,11 @@ RunComponents build_components(const nlohmann::json& spec, const RunConfig& conf
     const int chunks = par.pp > 1 ? par.vpp : 1;
     for (int chunk = 0; chunk < chunks; ++chunk) {
       nlohmann::json stage = inherited;
-      if (par.pp > 1)
-        stage["pipeline"] = {
-            {"rank", pp_rank}, {"size", par.pp}, {"chunk", chunk}, {"chunks", chunks}};
+      if (par.pp > 1) {
+        nlohmann::json where = par.pipeline_split;
+        where.update({{"rank", pp_rank}, {"size", par.pp}, {"chunk", chunk}, {"chunks", chunks}});
+        stage["pipeline"] = where;
+      }
       c.model_objects.push_back(
           build_component(plugins, spec["model"], kinds::kModel, "/model", stage, c.fp8));
       c.chunks.push_back(interface_cast<IModel>(c.model_objects.back().get()));

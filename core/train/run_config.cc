@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "core/util/errors.h"
+#include "loom/cpp/nn/pipeline_stage.h"
 
 namespace loom::core {
 namespace {
@@ -97,6 +98,62 @@ RunConfig RunConfig::from_spec(const nlohmann::json& spec) {
   par.bucket_size = at(spec, "parallel", "bucket_size").get<int64_t>();
   par.timeout_s = at(spec, "parallel", "timeout_s").get<double>();
   par.pipeline_schedule = node(spec, "parallel", "pipeline_schedule");
+  // The layer split of a pipeline, checked here for what needs no model (the layout's
+  // grammar and stage count, the options that exclude each other); the model checks the
+  // layers themselves when it is built.
+  const nlohmann::json& p = spec.at("parallel");
+  nlohmann::json& split = par.pipeline_split;
+  if (p.contains("pipeline_layout")) {
+    const std::string layout = p["pipeline_layout"].get<std::string>();
+    int64_t stages = 0;
+    try {
+      stages = static_cast<int64_t>(nn::expand_pipeline_layout(layout).size());
+    } catch (const Error& e) {
+      // "#/parallel/pipeline_layout: '...' RULE"
+      std::string why = e.what();
+      throw SpecError("/parallel/pipeline_layout", why.substr(why.find(": ") + 2));
+    }
+    if (stages % par.pp != 0)
+      throw SpecError("/parallel/pipeline_layout",
+                      fmt::format("'{}' has {} stages, not a multiple of parallel.pp {}", layout,
+                                  stages, par.pp));
+    const int chunks = static_cast<int>(stages / par.pp);
+    if (par.vpp != 1 && par.vpp != chunks)
+      throw SpecError("/parallel/vpp",
+                      fmt::format("{} differs from the layout's {} stages / parallel.pp {} = {} "
+                                  "virtual chunks; leave vpp at 1 (it is inferred) or make them "
+                                  "agree",
+                                  par.vpp, stages, par.pp, chunks));
+    par.vpp = chunks;
+    split["layout"] = layout;
+    for (const char* other :
+         {"num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage"})
+      if (p.contains(other))
+        throw SpecError(std::string("/parallel/") + other,
+                        "cannot be combined with parallel.pipeline_layout (the layout places "
+                        "every layer); remove one");
+    for (const char* other :
+         {"account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"})
+      if (p.value(other, false))
+        throw SpecError(std::string("/parallel/") + other,
+                        "cannot be combined with parallel.pipeline_layout (the layout places "
+                        "the embedding and the loss); remove one");
+  }
+  if (p.contains("num_layers_in_first_pipeline_stage"))
+    split["first_stage_layers"] = p["num_layers_in_first_pipeline_stage"];
+  if (p.contains("num_layers_in_last_pipeline_stage"))
+    split["last_stage_layers"] = p["num_layers_in_last_pipeline_stage"];
+  split["account_for_embedding"] = p.value("account_for_embedding_in_pipeline_split", false);
+  split["account_for_loss"] = p.value("account_for_loss_in_pipeline_split", false);
+  const bool uneven = split.contains("layout") || split.contains("first_stage_layers") ||
+                      split.contains("last_stage_layers") ||
+                      split["account_for_embedding"].get<bool>() ||
+                      split["account_for_loss"].get<bool>();
+  if (uneven && par.pp == 1)
+    throw SpecError("/parallel/pp",
+                    "1: a pipeline layout or uneven stages (parallel.pipeline_layout, "
+                    "num_layers_in_first/last_pipeline_stage, account_for_*) need parallel.pp > "
+                    "1; remove them or raise pp");
   par.comm_backend = node(spec, "parallel", "comm_backend");
   par.device_comm_backend = node(spec, "parallel", "device_comm_backend");
 

@@ -33,6 +33,10 @@ struct ParallelConfig {
   bool overlap_grad_reduce = true;
   int64_t bucket_size = 0;  ///< elements per gradient bucket (0: one bucket)
   double timeout_s = 300;
+  /// How the layers split over the pipeline's virtual stages, as a model's "pipeline"
+  /// option takes it (loom/cpp/nn/pipeline_stage.h): "layout", "first_stage_layers",
+  /// "last_stage_layers", "account_for_embedding", "account_for_loss" as the spec sets them.
+  nlohmann::json pipeline_split = nlohmann::json::object();
   nlohmann::json pipeline_schedule;    ///< component node, or null for the built-in plan
   nlohmann::json comm_backend;         ///< component node, or null (one process)
   nlohmann::json device_comm_backend;  ///< component node, or null

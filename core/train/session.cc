@@ -15,6 +15,7 @@
 #include "core/util/files.h"
 #include "core/util/hash.h"
 #include "core/util/log.h"
+#include "loom/cpp/nn/pipeline_stage.h"
 #include "loom/kinds.h"
 
 namespace fs = std::filesystem;
@@ -95,8 +96,18 @@ std::unique_ptr<RunSession> RunSession::open(nlohmann::json spec,
     auto count = [&](const char* key) {
       return par.contains(key) && par[key].is_number_integer() ? par[key].get<int64_t>() : 1;
     };
+    // Virtual chunks as parallel.vpp sets them or the layout implies (its stages / pp).
+    int64_t chunks = count("vpp");
+    if (par.contains("pipeline_layout") && par["pipeline_layout"].is_string() && count("pp") > 1) {
+      try {
+        const auto stages = nn::expand_pipeline_layout(par["pipeline_layout"].get<std::string>());
+        chunks = std::max<int64_t>(chunks, static_cast<int64_t>(stages.size()) / count("pp"));
+      } catch (const Error&) {
+        // A malformed layout: RunConfig names the rule it breaks.
+      }
+    }
     if (count("pp") > 1 && !par.contains("pipeline_schedule"))
-      par["pipeline_schedule"] = {{"impl", count("vpp") > 1 ? "interleaved" : "1f1b"}};
+      par["pipeline_schedule"] = {{"impl", chunks > 1 ? "interleaved" : "1f1b"}};
   }
   s->uses_ = resolve_spec(spec, *catalog);
   s->spec_ = std::move(spec);

@@ -7,9 +7,10 @@
 // forwards (at most all M * V), then a forward and a backward in turn, then the remaining
 // backwards. The bubble shrinks by V against 1f1b: (P - 1) / (V M + P - 1) of the step.
 //
-// M must be a multiple of G, and G at least P: otherwise the ranks' plans can wait on each
-// other for ever (the plan simulator finds such deadlocks, e.g. P 4, V 3, M 5), and such
-// shapes are refused.
+// Megatron's rules: P <= G <= M, and a last, partial group of at least P micro-batches;
+// otherwise the ranks' plans can wait on each other for ever (the plan simulator finds such
+// deadlocks, e.g. P 4, V 3, M 5), and such shapes are refused. The bubble formula holds
+// exactly when G divides M.
 #include <algorithm>
 #include <string>
 #include <utility>
@@ -26,13 +27,22 @@ Plan interleaved_plan(const PipelineShape& s, int32_t group) {
          "pipeline schedule 'interleaved': microbatch_group_size " + std::to_string(g) +
              " is smaller than the " + std::to_string(s.stages) +
              " pipeline stages; use at least parallel.pp micro-batches per group");
-  if (s.micro_batches % g != 0)
+  const std::string group_name = group > 0 ? "microbatch_group_size" : "the pipeline stages";
+  if (s.micro_batches < g)
     fail(Code::kInvalidArgument,
          "pipeline schedule 'interleaved': " + std::to_string(s.micro_batches) +
-             " micro-batches per step are not a multiple of the group of " + std::to_string(g) +
-             (group > 0 ? " (microbatch_group_size)" : " (the pipeline stages)") +
-             "; choose train.global_batch_size so that the micro-batches per step are, or use "
-             "the 1f1b schedule");
+             " micro-batches per step are fewer than a group of " + std::to_string(g) + " (" +
+             group_name + "); raise train.global_batch_size or use the 1f1b schedule");
+  const int32_t rest = s.micro_batches % g;
+  if (rest != 0 && rest < s.stages)
+    fail(Code::kInvalidArgument,
+         "pipeline schedule 'interleaved': " + std::to_string(s.micro_batches) +
+             " micro-batches per step leave " + std::to_string(rest) + " after groups of " +
+             std::to_string(g) + " (" + group_name + "), fewer than the " +
+             std::to_string(s.stages) +
+             " stages (the plans would wait on each other); choose train.global_batch_size so "
+             "that the micro-batches per step are a multiple of the group, or use the 1f1b "
+             "schedule");
   // (micro-batch, chunk) in the order of the forwards; backwards reverse the chunk.
   std::vector<std::pair<int32_t, int32_t>> table;
   for (int32_t first = 0; first < s.micro_batches; first += g) {

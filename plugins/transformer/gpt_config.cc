@@ -14,8 +14,9 @@ void check_probability(double p, const char* key) {
             " is not a probability in [0, 1): use 0 to turn dropout off");
 }
 
-// The core's inherited "pipeline" {"rank", "size", "chunk", "chunks"}: which virtual stage
-// this model is, and so which layers it owns (an even split).
+// The core's inherited "pipeline" {"rank", "size", "chunk", "chunks", and the run's uneven
+// split}: which virtual stage this model is, and so which layers it owns
+// (loom/cpp/nn/pipeline_stage.h).
 void read_pipeline_stage(const nlohmann::json& o, GptConfig& c) {
   c.layer_end = c.num_layers;
   auto it = o.find("pipeline");
@@ -36,15 +37,14 @@ void read_pipeline_stage(const nlohmann::json& o, GptConfig& c) {
       c.chunk >= c.chunks)
     invalid("/pipeline: rank " + str(c.pp_rank) + " of " + str(c.pp_size) + ", chunk " +
             str(c.chunk) + " of " + str(c.chunks) + " is not a pipeline stage");
-  int64_t stages = static_cast<int64_t>(c.pp_size) * c.chunks;
-  if (c.num_layers % stages != 0)
-    invalid("/num_layers: " + str(c.num_layers) + " layers do not split evenly over " +
-            str(c.pp_size) + " pipeline stages x " + str(c.chunks) +
-            " virtual chunks; choose a multiple of " + str(stages) +
-            " layers or other pipeline sizes");
-  int64_t per_stage = c.num_layers / stages;
-  c.layer_begin = (static_cast<int64_t>(c.chunk) * c.pp_size + c.pp_rank) * per_stage;
-  c.layer_end = c.layer_begin + per_stage;
+  // The layers of every virtual stage (an even split, or the run's uneven layout), and this
+  // one's: virtual stage chunk * size + rank.
+  std::vector<int64_t> counts = nn::pipeline_stage_layers(p, c.num_layers);
+  const size_t mine = static_cast<size_t>(c.chunk) * static_cast<size_t>(c.pp_size) +
+                      static_cast<size_t>(c.pp_rank);
+  c.layer_begin = 0;
+  for (size_t s = 0; s < mine; ++s) c.layer_begin += counts[s];
+  c.layer_end = c.layer_begin + counts[mine];
 }
 
 }  // namespace

@@ -416,6 +416,12 @@ TEST_F(PipelineTest, EverySchedulesMatchesOneRankToEachGradient) {
       {"pp2tp2sp",
        "--nproc 4 --set parallel.pp=2 --set parallel.tp=2 --set parallel.sequence_parallel=true",
        "pipeline: 1f1b"},
+      // Megatron's layout string: an empty stage (it passes its input through), a last stage
+      // with the loss alone, vpp 2 inferred (4 stages / pp 2).
+      {"pp2layout", "--nproc 2 --set parallel.pp=2 --set 'parallel.pipeline_layout=\"Ett||tt|L\"'",
+       "pipeline: interleaved, 2 stages x 2 virtual chunks"},
+      {"pp2first1", "--nproc 2 --set parallel.pp=2 --set parallel.num_layers_in_first_pipeline_stage=1",
+       "pipeline: 1f1b"},
       {"pp2dp2zero",
        "--nproc 4 --set parallel.pp=2 --set parallel.dp=2 --set "
        "parallel.distributed_optimizer=true --set parallel.overlap_grad_reduce=true --set "
@@ -477,7 +483,7 @@ TEST_F(PipelineTest, ScheduleShowDrawsThePlanAndItsBubble) {
   EXPECT_THAT(r.out, HasSubstr("11.1% in theory"));
   r = run_loom("schedule show --pp 4 --vpp 2 --micro-batches 6");
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_THAT(r.err, HasSubstr("6 micro-batches per step are not a multiple of the group of 4"));
+  EXPECT_THAT(r.err, HasSubstr("6 micro-batches per step leave 2 after groups of 4"));
   r = run_loom("schedule show --micro-batches 6");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.err, HasSubstr("--pp and --micro-batches are required"));
@@ -629,13 +635,27 @@ TEST_F(ParallelTest, LayoutsThatDoNotFitAreRefusedBeforeStart) {
   EXPECT_EQ(r.exit_code, 7) << r.out << r.err;
   EXPECT_THAT(r.err, HasSubstr("spec /parallel/cp: 2 is not available"));
   // Pipeline stages the model or the schedule cannot make.
+  for (auto [layout, rule] : std::vector<std::pair<std::string, std::string>>{
+           {"Et|t|L", "'Et|t|L' has 3 stages, not a multiple of parallel.pp 2"},
+           {"Et|tx|L|", "has 'x': the symbols are E (embedding), t (decoder layer)"},
+           {"Et|tt||", "must end with L (the loss) and hold it once"},
+           {"Et|ttL", "places 3 decoder layers (t), but the model has 2"}}) {
+    r = run_loom("train " + q(sp) + " --nproc 2 --set parallel.pp=2 --set 'parallel.pipeline_layout=\"" +
+                 layout + "\"'");
+    EXPECT_EQ(r.exit_code, 3) << layout << "\n" << r.out << r.err;
+    EXPECT_THAT(r.err, HasSubstr(rule)) << layout;
+  }
+  r = run_loom("train " + q(sp) + " --nproc 2 --set parallel.pp=2 --set "
+               "'parallel.pipeline_layout=\"Et|tL\"' --set parallel.num_layers_in_first_pipeline_stage=1");
+  EXPECT_EQ(r.exit_code, 3) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("cannot be combined with parallel.pipeline_layout"));
   r = run_loom("train " + q(sp) + " --nproc 4 --set parallel.pp=4");
   EXPECT_EQ(r.exit_code, 3) << r.out << r.err;
   EXPECT_THAT(r.err, HasSubstr("2 layers do not split evenly over 4 pipeline stages"));
   r = run_loom("train " + q(sp) + " --nproc 2 --set parallel.pp=2 --set parallel.vpp=2 "
                "--set model.num_layers=4 --set train.global_batch_size=6");
   EXPECT_NE(r.exit_code, 0) << r.out << r.err;
-  EXPECT_THAT(r.err, HasSubstr("3 micro-batches per step are not a multiple of the group of 2"));
+  EXPECT_THAT(r.err, HasSubstr("3 micro-batches per step leave 1 after groups of 2"));
   r = run_loom("train " + q(sp) +
                " --nproc 2 --set parallel.tp=2 --set parallel.sequence_parallel=true --set "
                "train.seq_length=15");

@@ -9,12 +9,14 @@
 //   nn/views.h            shape checks, flat views, saving/loading, context capabilities
 //   nn/recompute.h        ForwardOnlyContext / RerunContext for full recomputation
 //   nn/options.h          reading options (inherited ones included), spec-pointer messages
+//   nn/pipeline_stage.h   which layers a pipeline stage owns (even split, Megatron layouts)
 #pragma once
 
 #include <loom/cpp/nn/child.h>
 #include <loom/cpp/nn/linear.h>
 #include <loom/cpp/nn/module_base.h>
 #include <loom/cpp/nn/options.h>
+#include <loom/cpp/nn/pipeline_stage.h>
 #include <loom/cpp/nn/recompute.h>
 #include <loom/cpp/nn/tensor_parallel.h>
 #include <loom/cpp/nn/views.h>
