@@ -561,6 +561,37 @@ TEST_F(ParallelTest, SurvivorStopsWhenAPeerDies) {
   EXPECT_LT(seconds, 60.0) << err;  // the timeout (ASan builds start slowly)
 }
 
+// A pipeline stage that dies in the middle of a step (after its first micro-batch's
+// backward): the other stage, waiting for a gradient or sending an activation, stops with a
+// message naming the pipeline group and the dead rank, well within the timeout; its send
+// threads end with it.
+TEST_F(ParallelTest, APipelineStageThatDiesStopsTheOther) {
+  nlohmann::json s = pipeline_spec();
+  s["train"]["steps"] = 50;
+  s["checkpoint"] = {{"save_at_end", false}};
+  fs::path sp = spec("pp_die.json", s);
+  fs::path rdzv = dir_ / "rdzv_pp";
+  std::vector<testing::Background> ranks;
+  auto t0 = std::chrono::steady_clock::now();
+  for (int rank = 0; rank < 2; ++rank)
+    ranks.push_back(testing::start_loom("train " + q(sp) + " --run-dir " + q(dir_ / "pp_die") +
+                                            " --set parallel.pp=2 --set parallel.timeout_s=60",
+                                        "LOOM_RANK=" + std::to_string(rank) +
+                                            " LOOM_WORLD_SIZE=2 LOOM_RDZV=" + q(rdzv) +
+                                            " LOOM_RUN_ID=pp_die LOOM_TEST_FAULT=kill:1:3"));
+  int code1 = testing::wait_loom(ranks[1]);
+  int code0 = testing::wait_loom(ranks[0]);
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::string err = read_file(ranks[0].err);
+  std::printf("the surviving stage, after %.1f s: %s", seconds, err.c_str());
+  EXPECT_EQ(code1, -SIGKILL);
+  EXPECT_EQ(code0, 6) << err;  // training failed while running
+  EXPECT_THAT(err, HasSubstr("pipeline schedule '1f1b'")) << err;
+  EXPECT_THAT(err, HasSubstr("group 'pp/0'")) << err;
+  EXPECT_THAT(err, HasSubstr("rank 1")) << err;
+  EXPECT_LT(seconds, 60.0) << err;
+}
+
 // A rank that stops answering (alive, stuck): the others time out, naming the operation.
 TEST_F(ParallelTest, StuckPeerTimesOut) {
   nlohmann::json s = tiny_spec();
