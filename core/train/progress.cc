@@ -22,7 +22,10 @@ Progress::Progress(const std::filesystem::path& run_dir, int64_t steps, int64_t 
   metrics_.open(run_dir / "metrics.jsonl", std::ios::app);
   if (!metrics_)
     throw IoError(fmt::format("cannot write {}", (run_dir / "metrics.jsonl").string()));
+  tensorboard_ = std::make_unique<TensorBoardWriter>(run_dir);
 }
+
+Progress::~Progress() = default;
 
 void Progress::clear_bar() {
   if (tty_) std::printf("\r\033[K");
@@ -82,6 +85,15 @@ void Progress::log(int64_t iteration, const LogFigures& figures) {
     for (const auto& [name, value] : figures.metrics)
       line[name] = std::isfinite(value) ? nlohmann::json(value) : nlohmann::json(nullptr);
     metrics_ << line.dump() << "\n" << std::flush;
+    // The same numbers for TensorBoard, under the names of Megatron's writer where it has one.
+    std::vector<std::pair<std::string, double>> scalars = {
+        {"lm loss", loss},          {"learning-rate", lr_},      {"grad-norm", norm},
+        {"throughput/tokens_per_s", tps}, {"throughput/step_ms", step_ms},
+        {"throughput/mfu", mfu},    {"memory/peak_bytes", static_cast<double>(figures.peak_memory)}};
+    if (figures.loss_scale) scalars.emplace_back("loss-scale", *figures.loss_scale);
+    for (const auto& [name, value] : figures.metrics) scalars.emplace_back(name, value);
+    std::erase_if(scalars, [](const auto& s) { return !std::isfinite(s.second); });
+    tensorboard_->scalars(iteration, scalars);
   }
   loss_ = time_ = norm_ = 0;
   count_ = tokens_ = skipped_ = steps_in_ = 0;
@@ -92,9 +104,11 @@ void Progress::validation(int64_t iteration, double loss) {
   clear_bar();
   std::printf("validation at iter %lld | loss %.4f | ppl %.2f\n", static_cast<long long>(iteration),
               loss, std::exp(loss));
-  if (metrics_.is_open())
+  if (metrics_.is_open()) {
     metrics_ << nlohmann::json{{"step", iteration}, {"valid_loss", loss}}.dump() << "\n"
              << std::flush;
+    tensorboard_->scalars(iteration, {{"lm loss validation", loss}});
+  }
 }
 
 void Progress::bar(int64_t iteration) {

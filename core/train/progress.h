@@ -10,8 +10,11 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
+
+#include "core/train/tensorboard.h"
 
 namespace loom::core {
 
@@ -38,10 +41,12 @@ struct LogFigures {
 
 class Progress {
  public:
-  /// \param run_dir          metrics.jsonl goes here (appended); empty for none
+  /// \param run_dir          metrics.jsonl (appended) and a TensorBoard event file
+  ///                         (tensorboard.h) go here; empty for none
   /// \param steps            the run's last iteration
   /// \param first_iteration  where it starts (a resumed run: after the checkpoint's)
   Progress(const std::filesystem::path& run_dir, int64_t steps, int64_t first_iteration);
+  ~Progress();
 
   /// Takes a step's result; a skipped step gets its own line at once.
   void add(const StepResult& r);
@@ -57,6 +62,7 @@ class Progress {
 
  private:
   std::ofstream metrics_;
+  std::unique_ptr<TensorBoardWriter> tensorboard_;  // with metrics_
   bool tty_;
   int64_t steps_, first_iteration_;
   std::chrono::steady_clock::time_point start_;

@@ -28,6 +28,7 @@ int cmd_checkpoint(const std::vector<std::string>& argv);
 int cmd_generate(const std::vector<std::string>& argv);
 int cmd_launch(const std::vector<std::string>& argv);
 int cmd_schedule(const std::vector<std::string>& argv);
+int cmd_plot(const std::vector<std::string>& argv);
 
 /// Runs this binary again as `nproc` local ranks (core/launch/launcher.h: prefixed output,
 /// one failure stops all, SIGINT/SIGTERM forwarded) and returns launch()'s exit code; the

@@ -35,6 +35,8 @@ commands:
   launch --nproc N [--nnodes M --node-rank R] [--rdzv DIR|redis://HOST:PORT] -- CMD [ARGS...]
                                                      run CMD as N ranks on this machine (like
                                                      torchrun); output prefixed "[rank R] "
+  plot RUN_DIR [--out FILE.png]                      draw a run's loss, LR, grad norm, tokens/s
+                                                     (and pipeline bubble) over steps
   schedule show --pp P [--vpp V] --micro-batches M [--schedule NAME]
                                                      a pipeline schedule's plan per rank and
                                                      its bubble, simulated (nothing runs)
@@ -92,6 +94,7 @@ int main(int argc, char** argv) {
     if (command == "generate") return loom::cli::cmd_generate(rest);
     if (command == "launch") return loom::cli::cmd_launch(rest);
     if (command == "schedule") return loom::cli::cmd_schedule(rest);
+    if (command == "plot") return loom::cli::cmd_plot(rest);
     throw loom::core::UsageError(
         fmt::format("unknown command '{}'; run 'loom --help' for the list", command));
   } catch (const std::exception& e) {
