@@ -127,7 +127,40 @@ StepLosses ScheduleExecutor::run(const std::vector<PipelineAction>& plan, int32_
   StepLosses out;
   const int32_t pp = info(0).pp_size, rank = info(0).pp_rank;
   const int32_t next = (rank + 1) % pp, prev = (rank + pp - 1) % pp;
+  // Receives are posted one ahead: when a receive has its data, the plan's next receive is
+  // posted, so that its transfer overlaps the passes before its action (the wait stays at
+  // the action). Posting opens the micro-batch's context and its buffer.
+  std::map<size_t, CommWorkPtr> posted;  // action index -> receive under way
+  size_t unposted = 0;                   // receives before this index are posted or done
+  auto is_recv = [](PipelineOp op) {
+    return op == PipelineOp::kRecvActivation || op == PipelineOp::kRecvGrad;
+  };
+  auto post = [&](size_t j) {
+    const PipelineAction& a = plan[j];
+    InFlight& f = flights[{a.micro_batch, a.chunk}];
+    if (!f.ctx) open(f, a.micro_batch, step);
+    const bool activation = a.op == PipelineOp::kRecvActivation;
+    TensorView& buffer = activation ? f.received : f.received_grad;
+    buffer = allocate_like(*f.ctx, info(a.chunk).hidden, device_);
+    const int32_t sender = virtual_stage(a.chunk) + (activation ? -1 : 1);
+    ICommWork* work = nullptr;
+    throw_if_error(step.pipeline->recv_async(&buffer, activation ? prev : next,
+                                             tag(a.micro_batch, sender, !activation), nullptr,
+                                             &work),
+                   fmt::format("pipeline schedule '{}': posting action {} ({} of micro-batch {}, "
+                               "chunk {})",
+                               schedule, j, pipeline_op_name(a.op), a.micro_batch, a.chunk));
+    posted[j] = CommWorkPtr(work);
+  };
+  auto post_from = [&](size_t from) {  // the first receive at or after `from` not posted yet
+    for (unposted = std::max(unposted, from); unposted < plan.size(); ++unposted)
+      if (is_recv(plan[unposted].op)) {
+        post(unposted++);
+        return;
+      }
+  };
   try {
+    if (transfers) post_from(0);
     for (size_t i = 0; i < plan.size(); ++i) {
       const PipelineAction& a = plan[i];
       const int32_t m = a.micro_batch, c = a.chunk;
@@ -140,13 +173,14 @@ StepLosses ScheduleExecutor::run(const std::vector<PipelineAction>& plan, int32_
       const auto started = std::chrono::steady_clock::now();
       switch (a.op) {
         case PipelineOp::kRecvActivation:
-          f.received = allocate_like(*f.ctx, info(c).hidden, device_);
-          throw_if_error(
-              step.pipeline->recv_async(&f.received, prev, tag(m, virtual_stage(c) - 1, false),
-                                        nullptr, &work),
-              what);
-          throw_if_error(CommWorkPtr(work)->wait(), what);
+        case PipelineOp::kRecvGrad: {
+          if (!posted.count(i)) post(i);
+          CommWorkPtr received = std::move(posted[i]);
+          posted.erase(i);
+          throw_if_error(received->wait(), what);
+          post_from(i + 1);
           break;
+        }
         case PipelineOp::kForward:
           forward(f, m, c, step, out);
           break;
@@ -155,14 +189,6 @@ StepLosses ScheduleExecutor::run(const std::vector<PipelineAction>& plan, int32_
                                                    nullptr, &work),
                          what);
           f.sends.emplace_back(work);
-          break;
-        case PipelineOp::kRecvGrad:
-          f.received_grad = allocate_like(*f.ctx, info(c).hidden, device_);
-          throw_if_error(
-              step.pipeline->recv_async(&f.received_grad, next, tag(m, virtual_stage(c) + 1, true),
-                                        nullptr, &work),
-              what);
-          throw_if_error(CommWorkPtr(work)->wait(), what);
           break;
         case PipelineOp::kBackward:
         case PipelineOp::kBackwardInput:
@@ -202,6 +228,11 @@ StepLosses ScheduleExecutor::run(const std::vector<PipelineAction>& plan, int32_
     }
   } catch (...) {
     // The transfers under way use the contexts' memory: wait for them before it goes.
+    for (auto& [index, received] : posted) {
+      Status ignored = received->wait();
+      status_release(&ignored);
+    }
+    posted.clear();
     for (auto& [key, f] : flights) drain(f, nullptr);
     for (InFlight& d : draining) drain(d, nullptr);
     throw;

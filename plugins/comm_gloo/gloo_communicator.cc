@@ -495,12 +495,13 @@ void GlooCommunicator::record_failure(const std::string& message) {
 
 namespace {
 
-// The handle of a send: done once the worker posted it and its receiver took it.
-class SendWork final : public Object<ICommWork> {
+// The handle of a send or a receive: done once the worker posted it and the data left (or
+// arrived).
+class TransferWork final : public Object<ICommWork> {
  public:
-  SendWork(std::shared_ptr<WorkCompletion> posted, std::shared_ptr<WorkCompletion> sent)
+  TransferWork(std::shared_ptr<WorkCompletion> posted, std::shared_ptr<WorkCompletion> sent)
       : posted_(std::move(posted)), sent_(std::move(sent)) {}
-  ~SendWork() override {
+  ~TransferWork() override {
     Status s = wait();
     status_release(&s);
   }
@@ -523,15 +524,18 @@ class SendWork final : public Object<ICommWork> {
 
 }  // namespace
 
-void GlooCommunicator::wait_for_send(std::shared_ptr<gloo::transport::UnboundBuffer> buffer,
-                                     std::shared_ptr<WorkCompletion> sent, std::string desc,
-                                     int32_t peer) {
+void GlooCommunicator::wait_for_transfer(std::shared_ptr<gloo::transport::UnboundBuffer> buffer,
+                                         bool is_send, std::shared_ptr<WorkCompletion> sent,
+                                         std::string desc, int32_t peer) {
   auto finished = std::make_shared<std::atomic<bool>>(false);
   const int64_t timeout_ms = timeout_ms_;
-  std::thread thread([this, buffer, sent, desc, peer, finished, timeout_ms] {
+  std::thread thread([this, buffer, is_send, sent, desc, peer, finished, timeout_ms] {
     const auto start = Clock::now();
     try {
-      buffer->waitSend(Milliseconds(timeout_ms));
+      if (is_send)
+        buffer->waitSend(Milliseconds(timeout_ms));
+      else
+        buffer->waitRecv(Milliseconds(timeout_ms));
       sent->finish(ok_status());
     } catch (...) {
       try {
@@ -550,7 +554,7 @@ void GlooCommunicator::wait_for_send(std::shared_ptr<gloo::transport::UnboundBuf
         }
         sent->finish(make_status(failure.code, failure.message.c_str()));
       } catch (...) {
-        sent->finish(make_status(Code::kAborted, "send failed (out of memory describing why)"));
+        sent->finish(make_status(Code::kAborted, "transfer failed (out of memory describing why)"));
       }
     }
     finished->store(true);
@@ -589,30 +593,42 @@ CommWorkPtr GlooCommunicator::issue_send(const TensorView* tensor_arg,
           std::shared_ptr<gloo::transport::UnboundBuffer> buffer =
               context_->createUnboundBuffer(tensor->data, bytes);
           buffer->send(peer, slot);
-          wait_for_send(std::move(buffer), sent, desc, peer);
+          wait_for_transfer(std::move(buffer), true, sent, desc, peer);
         });
     if (!posted) return nullptr;
-    return CommWorkPtr(new SendWork(std::move(posted), std::move(sent)));
+    return CommWorkPtr(new TransferWork(std::move(posted), std::move(sent)));
   } catch (...) {
     return nullptr;
   }
 }
 
-std::shared_ptr<WorkCompletion> GlooCommunicator::issue_recv(TensorView* tensor_arg, int32_t peer,
-                                                             int32_t tag) noexcept {
-  return submit("recv", peer,
-                [this, view = ViewArg(tensor_arg), peer, tag](const std::string& desc) mutable {
-                  TensorView* tensor = view.get();
-                  check_tensor(desc, "tensor", tensor);
-                  check_comm_peer(desc, peer, rank_, size_);
-                  const size_t bytes = nbytes(*tensor);
-                  if (bytes == 0) return;  // both sides skip: the sizes must match anyway
-                  const uint64_t slot =
-                      gloo::Slot::build(kPointToPointSlotPrefix, static_cast<uint32_t>(tag));
-                  auto buffer = context_->createUnboundBuffer(tensor->data, bytes);
-                  buffer->recv(peer, slot);
-                  buffer->waitRecv(timeout());
-                });
+CommWorkPtr GlooCommunicator::issue_recv(TensorView* tensor_arg, int32_t peer,
+                                         int32_t tag) noexcept {
+  try {
+    auto received = std::make_shared<WorkCompletion>();
+    auto posted = submit(
+        "recv", peer,
+        [this, view = ViewArg(tensor_arg), peer, tag, received](const std::string& desc) mutable {
+          TensorView* tensor = view.get();
+          check_tensor(desc, "tensor", tensor);
+          check_comm_peer(desc, peer, rank_, size_);
+          const size_t bytes = nbytes(*tensor);
+          if (bytes == 0) {  // both sides skip: the sizes must match anyway
+            received->finish(ok_status());
+            return;
+          }
+          const uint64_t slot =
+              gloo::Slot::build(kPointToPointSlotPrefix, static_cast<uint32_t>(tag));
+          std::shared_ptr<gloo::transport::UnboundBuffer> buffer =
+              context_->createUnboundBuffer(tensor->data, bytes);
+          buffer->recv(peer, slot);
+          wait_for_transfer(std::move(buffer), false, received, desc, peer);
+        });
+    if (!posted) return nullptr;
+    return CommWorkPtr(new TransferWork(std::move(posted), std::move(received)));
+  } catch (...) {
+    return nullptr;
+  }
 }
 
 Status GlooCommunicator::send(const TensorView* tensor, int32_t peer, int32_t tag, void*) noexcept {
@@ -622,7 +638,9 @@ Status GlooCommunicator::send(const TensorView* tensor, int32_t peer, int32_t ta
 }
 
 Status GlooCommunicator::recv(TensorView* tensor, int32_t peer, int32_t tag, void*) noexcept {
-  return await(issue_recv(tensor, peer, tag));
+  CommWorkPtr work = issue_recv(tensor, peer, tag);
+  if (!work) return make_status(Code::kResourceExhausted, "out of host memory");
+  return work->wait();
 }
 
 Status GlooCommunicator::send_async(const TensorView* tensor, int32_t peer, int32_t tag, void*,
@@ -638,7 +656,11 @@ Status GlooCommunicator::send_async(const TensorView* tensor, int32_t peer, int3
 Status GlooCommunicator::recv_async(TensorView* tensor, int32_t peer, int32_t tag, void*,
                                     ICommWork** out) noexcept {
   if (out == nullptr) return null_handle("recv_async");
-  return hand_out(issue_recv(tensor, peer, tag), out);
+  *out = nullptr;
+  CommWorkPtr work = issue_recv(tensor, peer, tag);
+  if (!work) return make_status(Code::kResourceExhausted, "out of host memory");
+  *out = work.release();
+  return ok_status();
 }
 
 Status GlooCommunicator::barrier() noexcept {

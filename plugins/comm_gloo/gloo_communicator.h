@@ -104,17 +104,17 @@ class GlooCommunicator final : public Object<ICommunicator> {
   std::shared_ptr<WorkCompletion> issue_all_gather(const TensorView* input,
                                                    TensorView* output) noexcept;
   std::shared_ptr<WorkCompletion> issue_broadcast(TensorView* tensor, int32_t root) noexcept;
-  std::shared_ptr<WorkCompletion> issue_recv(TensorView* tensor, int32_t peer,
-                                             int32_t tag) noexcept;
-  // A send is posted by the worker, which goes on at once; its completion is waited for on
-  // a thread of its own (send_waiters_), so a send whose receiver is not ready yet never
-  // holds up the receives and collectives queued after it (a pipeline's stages send and
-  // receive in both directions). Null when out of memory.
-  CommWorkPtr issue_send(const TensorView* tensor, int32_t peer,
-                                        int32_t tag) noexcept;
-  // Waits for `buffer`'s send on a new thread and finishes `sent` with the outcome.
-  void wait_for_send(std::shared_ptr<gloo::transport::UnboundBuffer> buffer,
-                     std::shared_ptr<WorkCompletion> sent, std::string desc, int32_t peer);
+  // A send or receive is posted by the worker, which goes on at once; its completion is
+  // waited for on a thread of its own (send_waiters_), so a transfer whose peer is not
+  // ready yet never holds up the transfers and collectives queued after it (a pipeline's
+  // stages send and receive in both directions, and post receives ahead). Null when out of
+  // memory.
+  CommWorkPtr issue_send(const TensorView* tensor, int32_t peer, int32_t tag) noexcept;
+  CommWorkPtr issue_recv(TensorView* tensor, int32_t peer, int32_t tag) noexcept;
+  // Waits for `buffer`'s send (or receive) on a new thread and finishes `done` with the
+  // outcome.
+  void wait_for_transfer(std::shared_ptr<gloo::transport::UnboundBuffer> buffer, bool is_send,
+                         std::shared_ptr<WorkCompletion> done, std::string desc, int32_t peer);
   // The first failure's message (any thread), or "" while usable; and recording one.
   std::string failure() const;
   void record_failure(const std::string& message);
@@ -143,7 +143,7 @@ class GlooCommunicator final : public Object<ICommunicator> {
   uint32_t next_tag_ = 0;
   mutable std::mutex failure_mutex_;
   std::string failure_;  // the first failure's message; empty while usable (failure_mutex_)
-  // Threads waiting for sends to complete, each with its "finished" flag (joined when
+  // Threads waiting for sends and receives to complete, each with its "finished" flag (joined when
   // finished, when a new one starts, and all in the destructor).
   struct SendWaiter {
     std::thread thread;

@@ -321,6 +321,29 @@ class Pipe {
   std::map<std::pair<int32_t, int32_t>, std::deque<std::vector<char>>> queue_;
 };
 
+// A receive of the pipe, done when waited for.
+class PipeReceive final : public Object<ICommWork> {
+ public:
+  PipeReceive(Pipe& pipe, int32_t rank, int32_t tag, TensorView into)
+      : pipe_(pipe), rank_(rank), tag_(tag), into_(into) {}
+  Status wait() noexcept override {
+    if (!done_) {
+      std::vector<char> bytes = pipe_.take(rank_, tag_);
+      done_ = true;
+      if (bytes.size() != nbytes(into_)) return make_status(Code::kInvalidArgument, "size");
+      std::memcpy(into_.data, bytes.data(), bytes.size());
+    }
+    return ok_status();
+  }
+  bool done() noexcept override { return done_; }
+
+ private:
+  Pipe& pipe_;
+  int32_t rank_, tag_;
+  TensorView into_;
+  bool done_ = false;
+};
+
 class PipeCommunicator final : public Object<ICommunicator> {
  public:
   PipeCommunicator(Pipe& pipe, int32_t rank) : pipe_(pipe), rank_(rank) {}
@@ -332,13 +355,11 @@ class PipeCommunicator final : public Object<ICommunicator> {
     pipe_.put(peer, tag, std::vector<char>(p, p + nbytes(*t)));
     return completed_work(ok_status(), out);
   }
+  // Returns at once (a receive may be posted ahead of its data); wait() takes the message.
   Status recv_async(TensorView* t, int32_t peer, int32_t tag, void*,
                     ICommWork** out) noexcept override {
-    std::vector<char> bytes = pipe_.take(rank_, tag);
-    if (bytes.size() != nbytes(*t))
-      return completed_work(make_status(Code::kInvalidArgument, "size"), out);
-    std::memcpy(t->data, bytes.data(), bytes.size());
-    return completed_work(ok_status(), out);
+    *out = new PipeReceive(pipe_, rank_, tag, *t);
+    return ok_status();
   }
   Status send(const TensorView*, int32_t, int32_t, void*) noexcept override { return no(); }
   Status recv(TensorView*, int32_t, int32_t, void*) noexcept override { return no(); }

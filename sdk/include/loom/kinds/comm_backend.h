@@ -98,9 +98,18 @@ class ICommunicator : public IObject {
   /// broadcast, asynchronously.
   virtual Status broadcast_async(TensorView* tensor, int32_t root, void* stream,
                                  ICommWork** out) noexcept = 0;
-  /// send, asynchronously (point-to-point). It too runs in issue order, and a send may
-  /// complete only once the peer's recv is posted: pair sends and recvs across ranks as
-  /// with the synchronous calls (one side sends first), or they wait for each other.
+  /// send, asynchronously (point-to-point). It is issued in order with everything else, and
+  /// it may complete only once the peer's recv is posted.
+  ///
+  /// Pipeline parallelism (the core's schedule executor) needs more of send_async and
+  /// recv_async than issue order: both return once the transfer is posted, without waiting
+  /// for the peer, and a posted send or receive that waits for its peer must not hold up the
+  /// transfers and collectives issued after it (transfers match by peer and tag, not by
+  /// position). The executor posts each receive ahead of the action that needs its data
+  /// and keeps sends in flight while it computes; stages send and receive in both
+  /// directions at once. comm_gloo does this (a thread per transfer in flight); a backend
+  /// whose point-to-point calls block, or run strictly one after another, deadlocks
+  /// pipelines.
   virtual Status send_async(const TensorView* tensor, int32_t peer, int32_t tag, void* stream,
                             ICommWork** out) noexcept = 0;
   /// recv, asynchronously (point-to-point; in issue order with everything else).
