@@ -573,18 +573,19 @@ void GlooCommunicator::wait_for_transfer(std::shared_ptr<gloo::transport::Unboun
   send_waiters_.swap(running);
 }
 
-CommWorkPtr GlooCommunicator::issue_send(const TensorView* tensor_arg,
-                                                        int32_t peer, int32_t tag) noexcept {
+CommWorkPtr GlooCommunicator::issue_transfer(const TensorView* tensor_arg, int32_t peer,
+                                             int32_t tag, bool is_send) noexcept {
   try {
-    auto sent = std::make_shared<WorkCompletion>();
+    auto done = std::make_shared<WorkCompletion>();
     auto posted = submit(
-        "send", peer, [this, view = ViewArg(tensor_arg), peer, tag, sent](const std::string& desc) mutable {
+        is_send ? "send" : "recv", peer,
+        [this, view = ViewArg(tensor_arg), peer, tag, is_send, done](const std::string& desc) mutable {
           TensorView* tensor = view.get();
           check_tensor(desc, "tensor", tensor);
           check_comm_peer(desc, peer, rank_, size_);
           const size_t bytes = nbytes(*tensor);
           if (bytes == 0) {  // both sides skip: the sizes must match anyway
-            sent->finish(ok_status());
+            done->finish(ok_status());
             return;
           }
           const uint64_t slot =
@@ -592,53 +593,27 @@ CommWorkPtr GlooCommunicator::issue_send(const TensorView* tensor_arg,
           // A send only reads: gloo's buffers take non-const pointers.
           std::shared_ptr<gloo::transport::UnboundBuffer> buffer =
               context_->createUnboundBuffer(tensor->data, bytes);
-          buffer->send(peer, slot);
-          wait_for_transfer(std::move(buffer), true, sent, desc, peer);
+          if (is_send)
+            buffer->send(peer, slot);
+          else
+            buffer->recv(peer, slot);
+          wait_for_transfer(std::move(buffer), is_send, done, desc, peer);
         });
     if (!posted) return nullptr;
-    return CommWorkPtr(new TransferWork(std::move(posted), std::move(sent)));
-  } catch (...) {
-    return nullptr;
-  }
-}
-
-CommWorkPtr GlooCommunicator::issue_recv(TensorView* tensor_arg, int32_t peer,
-                                         int32_t tag) noexcept {
-  try {
-    auto received = std::make_shared<WorkCompletion>();
-    auto posted = submit(
-        "recv", peer,
-        [this, view = ViewArg(tensor_arg), peer, tag, received](const std::string& desc) mutable {
-          TensorView* tensor = view.get();
-          check_tensor(desc, "tensor", tensor);
-          check_comm_peer(desc, peer, rank_, size_);
-          const size_t bytes = nbytes(*tensor);
-          if (bytes == 0) {  // both sides skip: the sizes must match anyway
-            received->finish(ok_status());
-            return;
-          }
-          const uint64_t slot =
-              gloo::Slot::build(kPointToPointSlotPrefix, static_cast<uint32_t>(tag));
-          std::shared_ptr<gloo::transport::UnboundBuffer> buffer =
-              context_->createUnboundBuffer(tensor->data, bytes);
-          buffer->recv(peer, slot);
-          wait_for_transfer(std::move(buffer), false, received, desc, peer);
-        });
-    if (!posted) return nullptr;
-    return CommWorkPtr(new TransferWork(std::move(posted), std::move(received)));
+    return CommWorkPtr(new TransferWork(std::move(posted), std::move(done)));
   } catch (...) {
     return nullptr;
   }
 }
 
 Status GlooCommunicator::send(const TensorView* tensor, int32_t peer, int32_t tag, void*) noexcept {
-  CommWorkPtr work = issue_send(tensor, peer, tag);
+  CommWorkPtr work = issue_transfer(tensor, peer, tag, true);
   if (!work) return make_status(Code::kResourceExhausted, "out of host memory");
   return work->wait();
 }
 
 Status GlooCommunicator::recv(TensorView* tensor, int32_t peer, int32_t tag, void*) noexcept {
-  CommWorkPtr work = issue_recv(tensor, peer, tag);
+  CommWorkPtr work = issue_transfer(tensor, peer, tag, false);
   if (!work) return make_status(Code::kResourceExhausted, "out of host memory");
   return work->wait();
 }
@@ -647,7 +622,7 @@ Status GlooCommunicator::send_async(const TensorView* tensor, int32_t peer, int3
                                     ICommWork** out) noexcept {
   if (out == nullptr) return null_handle("send_async");
   *out = nullptr;
-  CommWorkPtr work = issue_send(tensor, peer, tag);
+  CommWorkPtr work = issue_transfer(tensor, peer, tag, true);
   if (!work) return make_status(Code::kResourceExhausted, "out of host memory");
   *out = work.release();
   return ok_status();
@@ -657,7 +632,7 @@ Status GlooCommunicator::recv_async(TensorView* tensor, int32_t peer, int32_t ta
                                     ICommWork** out) noexcept {
   if (out == nullptr) return null_handle("recv_async");
   *out = nullptr;
-  CommWorkPtr work = issue_recv(tensor, peer, tag);
+  CommWorkPtr work = issue_transfer(tensor, peer, tag, false);
   if (!work) return make_status(Code::kResourceExhausted, "out of host memory");
   *out = work.release();
   return ok_status();

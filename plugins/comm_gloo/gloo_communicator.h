@@ -109,8 +109,8 @@ class GlooCommunicator final : public Object<ICommunicator> {
   // ready yet never holds up the transfers and collectives queued after it (a pipeline's
   // stages send and receive in both directions, and post receives ahead). Null when out of
   // memory.
-  CommWorkPtr issue_send(const TensorView* tensor, int32_t peer, int32_t tag) noexcept;
-  CommWorkPtr issue_recv(TensorView* tensor, int32_t peer, int32_t tag) noexcept;
+  CommWorkPtr issue_transfer(const TensorView* tensor, int32_t peer, int32_t tag,
+                             bool is_send) noexcept;
   // Waits for `buffer`'s send (or receive) on a new thread and finishes `done` with the
   // outcome.
   void wait_for_transfer(std::shared_ptr<gloo::transport::UnboundBuffer> buffer, bool is_send,
