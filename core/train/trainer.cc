@@ -30,7 +30,8 @@ namespace {
 
 // Test hook for fault tests: LOOM_TEST_FAULT="kill:RANK:STEP" SIGKILLs rank RANK, and
 // "hang:RANK:STEP" stops it for ever, in the middle of step STEP (after its first
-// micro-batch's backward, before the gradient reduction).
+// micro-batch's backward, before the gradient reduction); "throw:RANK:STEP" makes it fail
+// there with an error, as a bug in a module would.
 void maybe_inject_fault(int rank, int64_t step) {
   static const struct Hook {
     std::string what;
@@ -55,6 +56,8 @@ void maybe_inject_fault(int rank, int64_t step) {
   if (hook.what == "kill") raise(SIGKILL);
   if (hook.what == "hang")
     for (;;) pause();
+  if (hook.what == "throw")
+    throw Error(Code::kInternal, fmt::format("LOOM_TEST_FAULT: rank {} fails at step {}", rank, step));
 }
 
 uint64_t max_rss_bytes() {

@@ -113,7 +113,19 @@ GlooCommunicator::~GlooCommunicator() {
     }
   }
   if (worker_.joinable()) worker_.join();
-  // Waiting sends end by themselves (within their timeout, or at once when a peer closes).
+  // Transfers still waiting for a peer (a caller that failed left them) end now: closing
+  // the connections fails them at once instead of at their timeout. (Only then: peers that
+  // are still setting up their own communicators over these connections must not see them
+  // close before this process ends.)
+  {
+    std::lock_guard<std::mutex> lock(send_waiters_mutex_);
+    bool waiting = false;
+    for (const SendWaiter& w : send_waiters_) waiting = waiting || !w.finished->load();
+    try {
+      if (waiting && context_) context_->closeConnections();
+    } catch (...) {
+    }
+  }
   {
     std::lock_guard<std::mutex> lock(send_waiters_mutex_);
     for (SendWaiter& w : send_waiters_)

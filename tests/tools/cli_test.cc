@@ -235,12 +235,20 @@ TEST_F(CliTest, TrainWritesTheResolvedSpecAndNeedsAKernelLibrary) {
 
 TEST_F(CliTest, TrainRefusesParallelLayoutsItCannotStart) {
   fs::path s =
-      spec("pp.json", {{"model", {{"impl", "test_model"}, {"norm", {{"impl", "test_scale"}}}}},
-                       {"parallel", {{"pp", 2}}}});
-  RunResult r = run_loom("train " + q(s) + " --run-dir " + q(dir_ / "pp"));
+      spec("cp.json", {{"model", {{"impl", "test_model"}, {"norm", {{"impl", "test_scale"}}}}},
+                       {"parallel", {{"cp", 2}}}});
+  RunResult r = run_loom("train " + q(s) + " --run-dir " + q(dir_ / "cp"));
   EXPECT_EQ(r.exit_code, kUnavailable);
   expect_one_error(r, "train");
-  EXPECT_THAT(r.err, HasSubstr("/parallel/pp"));
+  EXPECT_THAT(r.err, HasSubstr("/parallel/cp"));
+  // A pipeline needs a schedule; none of the plugins on this search path provides one.
+  s = spec("pp.json", {{"model", {{"impl", "test_model"}, {"norm", {{"impl", "test_scale"}}}}},
+                       {"parallel", {{"pp", 2}}}});
+  r = run_loom("train " + q(s) + " --run-dir " + q(dir_ / "pp"));
+  EXPECT_EQ(r.exit_code, kSpec);
+  expect_one_error(r, "train");
+  EXPECT_THAT(r.err, HasSubstr("/parallel/pipeline_schedule/impl: unknown pipeline_schedule "
+                               "impl '1f1b'"));
   // A layout of several ranks in one process says how to start them.
   s = spec("tp.json", {{"model", {{"impl", "test_model"}, {"norm", {{"impl", "test_scale"}}}}},
                        {"parallel", {{"tp", 2}}}});

@@ -130,7 +130,7 @@ class ParallelTest : public ::testing::Test {
   // and rank 0 has, with the time from the start.
   struct TwoRanks {
     int code0 = 0, code1 = 0;
-    std::string err0;
+    std::string err0, err1;
     double seconds = 0;
   };
   TwoRanks two_ranks_with_a_fault(const std::string& name, const nlohmann::json& body,
@@ -148,6 +148,7 @@ class ParallelTest : public ::testing::Test {
     out.code0 = testing::wait_loom(ranks[0]);
     out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     out.err0 = read_file(ranks[0].err);
+    out.err1 = read_file(ranks[1].err);
     return out;
   }
   // Trains `body` with `extra` arguments; returns the loss curve.
@@ -516,8 +517,9 @@ TEST_F(PipelineTest, ScheduleShowDrawsThePlanAndItsBubble) {
 }
 
 // Checkpoints move across pipeline layouts: saved at pp 2 (the tied table written once, by
-// the first stage), resumed at pp 1, at pp 4 and at pp 2 x tp 2, each continuing with the
-// uninterrupted run's losses.
+// the first stage), resumed at pp 1, at pp 4, at pp 2 x tp 2 and at pp 2 x dp 2 with the
+// distributed optimizer (its states sharded again), each continuing with the uninterrupted
+// run's losses.
 TEST_F(PipelineTest, CheckpointsReshardAcrossPipelineLayouts) {
   Curve one = train("one", pipeline_spec(), "");
   Curve pp2 = train("pp2", pipeline_spec(), "--nproc 2 --set parallel.pp=2");
@@ -530,7 +532,9 @@ TEST_F(PipelineTest, CheckpointsReshardAcrossPipelineLayouts) {
   };
   for (const Layout& layout :
        {Layout{"pp1", ""}, Layout{"pp4", "--nproc 4 --set parallel.pp=4"},
-        Layout{"pp2tp2", "--nproc 4 --set parallel.pp=2 --set parallel.tp=2"}}) {
+        Layout{"pp2tp2", "--nproc 4 --set parallel.pp=2 --set parallel.tp=2"},
+        Layout{"pp2dp2zero", "--nproc 4 --set parallel.pp=2 --set parallel.dp=2 --set "
+                             "parallel.distributed_optimizer=true"}}) {
     write_file(ckpts / "latest", "iter_0000003\n");
     fs::path again = dir_ / ("resume_" + layout.name);
     auto r = run_loom("train " + q(spec("resume.json", pipeline_spec())) + " --run-dir " +
@@ -592,6 +596,25 @@ TEST_F(ParallelTest, APipelineStageThatDiesStopsTheOther) {
   EXPECT_THAT(r.err0, HasSubstr("group 'pp/0'")) << r.err0;
   EXPECT_THAT(r.err0, HasSubstr("rank 1 closed the connection")) << r.err0;
   EXPECT_LT(r.seconds, 60.0) << r.err0;
+}
+
+// A stage that fails with an error in the middle of a step (a receive of its own posted
+// ahead and never to be filled): it stops at once with its error instead of waiting for
+// that receive, and the other stage stops as soon as its connection closes.
+TEST_F(ParallelTest, APipelineStageThatFailsStopsAtOnce) {
+  nlohmann::json s = pipeline_spec();
+  s["train"]["steps"] = 50;
+  s["checkpoint"] = {{"save_at_end", false}};
+  TwoRanks r = two_ranks_with_a_fault("pp_throw", s,
+                                      "--set parallel.pp=2 --set parallel.timeout_s=120",
+                                      "throw:1:3");
+  std::printf("after %.1f s:\n  rank 0: %s  rank 1: %s", r.seconds, r.err0.c_str(),
+              r.err1.c_str());
+  EXPECT_NE(r.code1, 0);
+  EXPECT_THAT(r.err1, HasSubstr("LOOM_TEST_FAULT: rank 1 fails at step 3")) << r.err1;
+  EXPECT_EQ(r.code0, 6) << r.err0;
+  EXPECT_THAT(r.err0, HasSubstr("group 'pp/0'")) << r.err0;
+  EXPECT_LT(r.seconds, 60.0) << "waited for the 120 s timeout";
 }
 
 // A rank that stops answering (alive, stuck): the others time out, naming the operation.
