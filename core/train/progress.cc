@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 
 #include "core/util/errors.h"
@@ -93,7 +94,7 @@ void Progress::log(int64_t iteration, const LogFigures& figures) {
     if (figures.loss_scale) scalars.emplace_back("loss-scale", *figures.loss_scale);
     for (const auto& [name, value] : figures.metrics) scalars.emplace_back(name, value);
     std::erase_if(scalars, [](const auto& s) { return !std::isfinite(s.second); });
-    tensorboard_->scalars(iteration, scalars);
+    if (tensorboard_) tensorboard_->scalars(iteration, scalars);
   }
   loss_ = time_ = norm_ = 0;
   count_ = tokens_ = skipped_ = steps_in_ = 0;
@@ -107,7 +108,7 @@ void Progress::validation(int64_t iteration, double loss) {
   if (metrics_.is_open()) {
     metrics_ << nlohmann::json{{"step", iteration}, {"valid_loss", loss}}.dump() << "\n"
              << std::flush;
-    tensorboard_->scalars(iteration, {{"lm loss validation", loss}});
+    if (tensorboard_) tensorboard_->scalars(iteration, {{"lm loss validation", loss}});
   }
 }
 

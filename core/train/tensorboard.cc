@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "core/util/errors.h"
@@ -69,11 +71,15 @@ TensorBoardWriter::TensorBoardWriter(const std::filesystem::path& dir) {
   gethostname(host, sizeof(host) - 1);
   path_ = dir / fmt::format("events.out.tfevents.{}.{}.loom",
                             static_cast<int64_t>(now_seconds()), host);
-  out_.open(path_, std::ios::binary | std::ios::app);
-  if (!out_) throw IoError(fmt::format("cannot write {}", path_.string()));
+  out_ = std::fopen(path_.c_str(), "ab");
+  if (out_ == nullptr) throw IoError(fmt::format("cannot write {}", path_.string()));
   std::string first = event(now_seconds(), 0);
   bytes_field(first, 3, "brain.Event:2");
   write_record(first);
+}
+
+TensorBoardWriter::~TensorBoardWriter() {
+  if (out_ != nullptr) std::fclose(out_);
 }
 
 void TensorBoardWriter::scalars(int64_t step,
@@ -99,9 +105,9 @@ void TensorBoardWriter::write_record(const std::string& data) {
   little_endian(record, masked(crc32c_bitwise(&length, sizeof(length))));
   record += data;
   little_endian(record, masked(crc32c_bitwise(data.data(), data.size())));
-  out_.write(record.data(), static_cast<std::streamsize>(record.size()));
-  out_.flush();
-  if (!out_) throw IoError(fmt::format("writing {}", path_.string()));
+  if (std::fwrite(record.data(), 1, record.size(), out_) != record.size() ||
+      std::fflush(out_) != 0)
+    throw IoError(fmt::format("writing {}", path_.string()));
 }
 
 }  // namespace loom::core

@@ -12,7 +12,7 @@
 
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
+#include <cstdio>
 #include <string>
 #include <utility>
 #include <vector>
@@ -23,6 +23,9 @@ class TensorBoardWriter {
  public:
   /// Creates the event file in `dir` (created if needed). Throws IoError naming it.
   explicit TensorBoardWriter(const std::filesystem::path& dir);
+  ~TensorBoardWriter();
+  TensorBoardWriter(const TensorBoardWriter&) = delete;
+  TensorBoardWriter& operator=(const TensorBoardWriter&) = delete;
   /// Appends one event of `step` with every (tag, value) and flushes it to the file.
   void scalars(int64_t step, const std::vector<std::pair<std::string, double>>& values);
   const std::filesystem::path& path() const { return path_; }
@@ -30,7 +33,7 @@ class TensorBoardWriter {
  private:
   void write_record(const std::string& data);
   std::filesystem::path path_;
-  std::ofstream out_;
+  std::FILE* out_ = nullptr;
 };
 
 /// CRC-32C (Castagnoli) of `size` bytes, bitwise (the records are small and rare).
