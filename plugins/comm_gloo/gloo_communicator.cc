@@ -210,6 +210,27 @@ void GlooCommunicator::set_timeout_ms(int64_t timeout_ms) noexcept {
   issue_timeout_ms_ = std::max<int64_t>(timeout_ms, 1);
 }
 
+Failure GlooCommunicator::transport_failed(std::exception_ptr error, const std::string& desc,
+                                           int64_t timeout_ms,
+                                           std::chrono::steady_clock::time_point start,
+                                           int32_t peer) {
+  FailureContext context;
+  context.what = desc;
+  context.timeout_ms = timeout_ms;
+  context.elapsed_ms = std::chrono::duration_cast<Milliseconds>(Clock::now() - start).count();
+  context.known_peer = peer;
+  context.peer_addresses = &peer_addresses_;
+  Failure failure = classify_failure(error, context);
+  record_failure(failure.message);
+  // The other ranks may be waiting for this one: closing its connections makes them fail
+  // now rather than at their own timeout.
+  try {
+    if (context_) context_->closeConnections();
+  } catch (...) {
+  }
+  return failure;
+}
+
 template <class Body>
 Status GlooCommunicator::run(const char* op, int32_t peer, Body&& body) noexcept {
   const auto start = Clock::now();
@@ -228,20 +249,7 @@ Status GlooCommunicator::run(const char* op, int32_t peer, Body&& body) noexcept
       // Our own checks, made before anything was sent: the communicator stays usable.
       return make_status(e.code(), e.what());
     } catch (...) {
-      FailureContext context;
-      context.what = desc;
-      context.timeout_ms = timeout_ms_;
-      context.elapsed_ms = std::chrono::duration_cast<Milliseconds>(Clock::now() - start).count();
-      context.known_peer = peer;
-      context.peer_addresses = &peer_addresses_;
-      Failure failure = classify_failure(std::current_exception(), context);
-      record_failure(failure.message);
-      // The other ranks may be waiting for this one: closing its connections makes them
-      // fail now rather than at their own timeout.
-      try {
-        if (context_) context_->closeConnections();
-      } catch (...) {
-      }
+      Failure failure = transport_failed(std::current_exception(), desc, timeout_ms_, start, peer);
       return make_status(failure.code, failure.message.c_str());
     }
   } catch (...) {
@@ -551,19 +559,8 @@ void GlooCommunicator::wait_for_transfer(std::shared_ptr<gloo::transport::Unboun
       sent->finish(ok_status());
     } catch (...) {
       try {
-        FailureContext context;
-        context.what = desc;
-        context.timeout_ms = timeout_ms;
-        context.elapsed_ms =
-            std::chrono::duration_cast<Milliseconds>(Clock::now() - start).count();
-        context.known_peer = peer;
-        context.peer_addresses = &peer_addresses_;
-        Failure failure = classify_failure(std::current_exception(), context);
-        record_failure(failure.message);
-        try {
-          if (context_) context_->closeConnections();
-        } catch (...) {
-        }
+        Failure failure =
+            transport_failed(std::current_exception(), desc, timeout_ms, start, peer);
         sent->finish(make_status(failure.code, failure.message.c_str()));
       } catch (...) {
         sent->finish(make_status(Code::kAborted, "transfer failed (out of memory describing why)"));

@@ -10,12 +10,15 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "plugins/comm_gloo/failure.h"
 
 namespace loom::comm_gloo {
 
@@ -115,6 +118,11 @@ class GlooCommunicator final : public Object<ICommunicator> {
   // outcome.
   void wait_for_transfer(std::shared_ptr<gloo::transport::UnboundBuffer> buffer, bool is_send,
                          std::shared_ptr<WorkCompletion> done, std::string desc, int32_t peer);
+  // A transport failure of operation `desc` (started at `start`, with `peer` or -1):
+  // classified, recorded as the communicator's failure, and the connections closed so that
+  // the peers stop now. Any thread.
+  Failure transport_failed(std::exception_ptr error, const std::string& desc, int64_t timeout_ms,
+                           std::chrono::steady_clock::time_point start, int32_t peer);
   // The first failure's message (any thread), or "" while usable; and recording one.
   std::string failure() const;
   void record_failure(const std::string& message);

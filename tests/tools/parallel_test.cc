@@ -124,6 +124,30 @@ class ParallelTest : public ::testing::Test {
     return p;
   }
   static std::string q(const fs::path& p) { return "'" + p.string() + "'"; }
+  // Resumes `body` from the checkpoints in `ckpts` (their latest pointing at step 3) with
+  // `args` (the layout), into its own run dir, writing nothing; checks it resumed at step 3
+  // and continued with `whole`'s losses and grad norms.
+  void expect_resumes_like(const nlohmann::json& body, const fs::path& ckpts,
+                           const std::string& name, const std::string& args,
+                           const Curve& whole) {
+    write_file(ckpts / "latest", "iter_0000003\n");
+    fs::path again = dir_ / ("resume_" + name);
+    auto r = run_loom("train " + q(spec("resume_" + name + ".json", body)) + " --run-dir " +
+                      q(again) + " " + args + " --set checkpoint.dir=" + q(ckpts) +
+                      " --set checkpoint.resume=\"auto\" --set checkpoint.save_at_end=false "
+                      "--set checkpoint.interval=1000");
+    ASSERT_EQ(r.exit_code, 0) << name << "\n" << r.out << r.err;
+    EXPECT_THAT(r.out, HasSubstr("resume: iteration 3")) << name;
+    Curve rest = read_curve(again / "metrics.jsonl");
+    ASSERT_EQ(rest.loss.size(), whole.loss.size() - 3) << name;
+    for (size_t i = 0; i < rest.loss.size(); ++i) {
+      EXPECT_NEAR(rest.loss[i], whole.loss[i + 3], kLossTolerance * whole.loss[i + 3])
+          << name << ": loss at step " << i + 4;
+      EXPECT_NEAR(rest.grad_norm[i], whole.grad_norm[i + 3],
+                  kNormTolerance * whole.grad_norm[i + 3])
+          << name << ": grad norm at step " << i + 4;
+    }
+  }
   // Two ranks of `loom train SPEC ARGS` started without the launcher (as srun or mpirun
   // start them), meeting in a rendezvous directory of their own, rank 1 with the fault
   // LOOM_TEST_FAULT=`fault` (both see it; it names the rank). Returns when rank 1 has ended
@@ -329,25 +353,8 @@ TEST_F(ParallelTest, ShardedCheckpointReshardsAcrossLayouts) {
   struct Layout {
     std::string name, args;
   };
-  for (const Layout& layout : {Layout{"tp1", ""}, Layout{"tp4", "--nproc 4 --set parallel.tp=4"}}) {
-    write_file(ckpts / "latest", "iter_0000003\n");
-    fs::path again = dir_ / ("reshard_" + layout.name);
-    auto r = run_loom("train " + q(spec("reshard.json", s)) + " --run-dir " + q(again) + " " +
-                      layout.args + " --set checkpoint.dir=" + q(ckpts) +
-                      " --set checkpoint.resume=\"auto\" --set checkpoint.save_at_end=false "
-                      "--set checkpoint.interval=1000");
-    ASSERT_EQ(r.exit_code, 0) << layout.name << "\n" << r.out << r.err;
-    EXPECT_THAT(r.out, HasSubstr("resume: iteration 3")) << layout.name;
-    Curve rest = read_curve(again / "metrics.jsonl");
-    ASSERT_EQ(rest.loss.size(), 3u) << layout.name;
-    for (size_t i = 0; i < 3; ++i) {
-      EXPECT_NEAR(rest.loss[i], whole.loss[i + 3], kLossTolerance * whole.loss[i + 3])
-          << layout.name << ": loss at step " << i + 4;
-      EXPECT_NEAR(rest.grad_norm[i], whole.grad_norm[i + 3],
-                  kNormTolerance * whole.grad_norm[i + 3])
-          << layout.name << ": grad norm at step " << i + 4;
-    }
-  }
+  for (const Layout& layout : {Layout{"tp1", ""}, Layout{"tp4", "--nproc 4 --set parallel.tp=4"}})
+    expect_resumes_like(s, ckpts, layout.name, layout.args, whole);
   // Slices need a format that keeps them.
   auto r = run_loom("train " + q(spec("reshard.json", s)) + " --run-dir " + q(dir_ / "st") +
                     " --nproc 2 --set parallel.tp=2 --set checkpoint.format.impl=safetensors");
@@ -534,24 +541,8 @@ TEST_F(PipelineTest, CheckpointsReshardAcrossPipelineLayouts) {
        {Layout{"pp1", ""}, Layout{"pp4", "--nproc 4 --set parallel.pp=4"},
         Layout{"pp2tp2", "--nproc 4 --set parallel.pp=2 --set parallel.tp=2"},
         Layout{"pp2dp2zero", "--nproc 4 --set parallel.pp=2 --set parallel.dp=2 --set "
-                             "parallel.distributed_optimizer=true"}}) {
-    write_file(ckpts / "latest", "iter_0000003\n");
-    fs::path again = dir_ / ("resume_" + layout.name);
-    auto r = run_loom("train " + q(spec("resume.json", pipeline_spec())) + " --run-dir " +
-                      q(again) + " " + layout.args + " --set checkpoint.dir=" + q(ckpts) +
-                      " --set checkpoint.resume=\"auto\" --set checkpoint.save_at_end=false "
-                      "--set checkpoint.interval=1000");
-    ASSERT_EQ(r.exit_code, 0) << layout.name << "\n" << r.out << r.err;
-    EXPECT_THAT(r.out, HasSubstr("resume: iteration 3")) << layout.name;
-    Curve rest = read_curve(again / "metrics.jsonl");
-    ASSERT_EQ(rest.loss.size(), 2u) << layout.name;
-    for (size_t i = 0; i < 2; ++i) {
-      EXPECT_NEAR(rest.loss[i], one.loss[i + 3], kLossTolerance * one.loss[i + 3])
-          << layout.name << ": loss at step " << i + 4;
-      EXPECT_NEAR(rest.grad_norm[i], one.grad_norm[i + 3], kNormTolerance * one.grad_norm[i + 3])
-          << layout.name << ": grad norm at step " << i + 4;
-    }
-  }
+                             "parallel.distributed_optimizer=true"}})
+    expect_resumes_like(pipeline_spec(), ckpts, layout.name, layout.args, one);
 }
 
 // A rank that dies in the middle of a step: the launcher names it and returns non-zero.
