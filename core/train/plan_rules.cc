@@ -41,6 +41,19 @@ const char* pipeline_op_name(PipelineOp op) {
   return "unknown";
 }
 
+bool is_pipeline_pass(PipelineOp op) {
+  return op == PipelineOp::kForward || op == PipelineOp::kBackward ||
+         op == PipelineOp::kBackwardInput || op == PipelineOp::kBackwardWeight;
+}
+
+bool is_pipeline_receive(PipelineOp op) {
+  return op == PipelineOp::kRecvActivation || op == PipelineOp::kRecvGrad;
+}
+
+bool is_pipeline_send(PipelineOp op) {
+  return op == PipelineOp::kSendActivation || op == PipelineOp::kSendGrad;
+}
+
 std::vector<ChunkPlace> chunk_places(int32_t stages, int32_t rank, int32_t chunks) {
   std::vector<ChunkPlace> places(static_cast<size_t>(chunks));
   for (int32_t c = 0; c < chunks; ++c) {

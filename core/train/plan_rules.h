@@ -27,6 +27,11 @@ struct ChunkPlace {
 
 /// "forward", "backward", "send_activation", ... (the op's name in messages and traces).
 const char* pipeline_op_name(PipelineOp op);
+/// A pass that computes (forward, backward or either half of a split backward).
+bool is_pipeline_pass(PipelineOp op);
+/// A receive (of an activation or a gradient), and a send.
+bool is_pipeline_receive(PipelineOp op);
+bool is_pipeline_send(PipelineOp op);
 
 /// The places of rank `rank`'s `chunks` chunks in a pipeline of `stages` ranks (chunk c is
 /// virtual stage c * stages + rank).

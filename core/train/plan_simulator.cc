@@ -14,11 +14,6 @@
 namespace loom::core {
 namespace {
 
-bool is_pass(PipelineOp op) {
-  return op == PipelineOp::kForward || op == PipelineOp::kBackward ||
-         op == PipelineOp::kBackwardInput || op == PipelineOp::kBackwardWeight;
-}
-
 double cost_of(PipelineOp op, const PassCosts& c) {
   switch (op) {
     case PipelineOp::kForward:
@@ -89,9 +84,9 @@ Simulation simulate_plans(const std::vector<std::vector<PipelineAction>>& plans,
     const auto& plan = plans[static_cast<size_t>(r)];
     for (size_t i = 0; i < plan.size(); ++i) {
       const PipelineAction& a = plan[i];
-      if (is_pass(a.op)) continue;
+      if (is_pipeline_pass(a.op)) continue;
       const Transfer t = key_of(r, a);
-      const bool send = a.op == PipelineOp::kSendActivation || a.op == PipelineOp::kSendGrad;
+      const bool send = is_pipeline_send(a.op);
       (send ? sends : recvs)[t] = r;
     }
   }
@@ -128,11 +123,11 @@ Simulation simulate_plans(const std::vector<std::vector<PipelineAction>>& plans,
       while (i < plan.size()) {
         const PipelineAction& a = plan[i];
         TimedAction timed{r, a, now, now};
-        if (a.op == PipelineOp::kRecvActivation || a.op == PipelineOp::kRecvGrad) {
+        if (is_pipeline_receive(a.op)) {
           auto it = posted.find(key_of(r, a));
           if (it == posted.end()) break;  // waits for its send
           now = std::max(now, it->second);
-        } else if (a.op == PipelineOp::kSendActivation || a.op == PipelineOp::kSendGrad) {
+        } else if (is_pipeline_send(a.op)) {
           posted[key_of(r, a)] = now + costs.transfer;
         } else {
           const double c = cost_of(a.op, costs);
@@ -185,7 +180,7 @@ std::string draw_timeline(const Simulation& sim, int32_t stages, double unit) {
                                              std::vector<std::string>(cells, "."));
   size_t width = 1;
   for (const TimedAction& t : sim.timeline) {
-    if (!is_pass(t.action.op)) continue;
+    if (!is_pipeline_pass(t.action.op)) continue;
     const char* letters = "FBbW";
     char letter = t.action.op == PipelineOp::kForward          ? letters[0]
                   : t.action.op == PipelineOp::kBackward       ? letters[1]

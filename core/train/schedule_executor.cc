@@ -111,9 +111,7 @@ StepLosses ScheduleExecutor::run(const std::vector<PipelineAction>& plan, int32_
         a.op == PipelineOp::kBackwardWeight)
       last_gradient[static_cast<size_t>(a.chunk)] = i;
     last_action[{a.micro_batch, a.chunk}] = i;
-    transfers = transfers || a.op == PipelineOp::kSendActivation ||
-                a.op == PipelineOp::kRecvActivation || a.op == PipelineOp::kSendGrad ||
-                a.op == PipelineOp::kRecvGrad;
+    transfers = transfers || is_pipeline_send(a.op) || is_pipeline_receive(a.op);
   }
   if (transfers && (step.pipeline == nullptr || step.pipeline->size() < 2))
     throw InvalidArgument(fmt::format(
@@ -132,9 +130,6 @@ StepLosses ScheduleExecutor::run(const std::vector<PipelineAction>& plan, int32_
   // the action). Posting opens the micro-batch's context and its buffer.
   std::map<size_t, CommWorkPtr> posted;  // action index -> receive under way
   size_t unposted = 0;                   // receives before this index are posted or done
-  auto is_recv = [](PipelineOp op) {
-    return op == PipelineOp::kRecvActivation || op == PipelineOp::kRecvGrad;
-  };
   auto post = [&](size_t j) {
     const PipelineAction& a = plan[j];
     InFlight& f = flights[{a.micro_batch, a.chunk}];
@@ -154,7 +149,7 @@ StepLosses ScheduleExecutor::run(const std::vector<PipelineAction>& plan, int32_
   };
   auto post_from = [&](size_t from) {  // the first receive at or after `from` not posted yet
     for (unposted = std::max(unposted, from); unposted < plan.size(); ++unposted)
-      if (is_recv(plan[unposted].op)) {
+      if (is_pipeline_receive(plan[unposted].op)) {
         post(unposted++);
         return;
       }

@@ -430,10 +430,7 @@ void Trainer::record_timeline(const std::vector<TimedAction>& timeline, int64_t 
     const TimedAction& t = timeline[i];
     first = i == 0 ? t.start : std::min(first, t.start);
     last = std::max(last, t.end);
-    const PipelineOp op = t.action.op;
-    if (op == PipelineOp::kForward || op == PipelineOp::kBackward ||
-        op == PipelineOp::kBackwardInput || op == PipelineOp::kBackwardWeight)
-      busy += t.end - t.start;
+    if (is_pipeline_pass(t.action.op)) busy += t.end - t.start;
   }
   float bubble = last > first ? static_cast<float>(1.0 - busy / (last - first)) : 0.0f;
   metrics_->record("pipeline_bubble", make_view(&bubble, DType::kF32, {}), MetricReduce::kMean);
