@@ -18,7 +18,9 @@ constexpr const char* kCoreSchema = R"json({
       "description": "process grid sizes, in Megatron's order tp, cp, ep, dp, pp",
       "properties": {
         "tp": {"type": "integer", "minimum": 1, "default": 1, "description": "tensor parallel"},
-        "cp": {"type": "integer", "minimum": 1, "default": 1, "description": "context parallel"},
+        "cp": {"type": "integer", "minimum": 1, "default": 1, "description": "context parallel: each sequence split over cp ranks (2 cp chunks, rank r holding chunks r and 2cp-1-r)"},
+        "cp_comm_type": {"enum": ["p2p", "all_gather"], "default": "p2p",
+                         "description": "Megatron's --cp-comm-type: p2p passes key/value blocks around a ring, overlapped with the attention of the block at hand; all_gather gathers every rank's keys and values first"},
         "ep": {"type": "integer", "minimum": 1, "default": 1, "description": "expert parallel"},
         "dp": {"type": "integer", "minimum": 1, "default": 1, "description": "data parallel"},
         "pp": {"type": "integer", "minimum": 1, "default": 1, "description": "pipeline parallel"},

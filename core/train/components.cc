@@ -23,7 +23,8 @@ RunComponents build_components(const nlohmann::json& spec, const RunConfig& conf
                               {"micro_batch_size", train.micro_batch_size},
                               {"params_dtype", params_dtype},
                               {"device", train.device_name},
-                              {"sequence_parallel", config.parallel.sequence_parallel}};
+                              {"sequence_parallel", config.parallel.sequence_parallel},
+                              {"cp_comm_type", config.parallel.cp_comm_type}};
   for (const auto& [k, v] : model_inherited.items()) inherited[k] = v;
   if (spec.contains("model")) {
     const ParallelConfig& par = config.parallel;

@@ -42,13 +42,12 @@ void check(const RunConfig& c) {
                     "every rank saves its slices; use the sharded format (and `loom checkpoint "
                     "convert` for a {} copy)",
                     format, format));
-  for (auto [dim, size] : {std::pair{"cp", par.cp}, {"ep", par.ep}})
-    if (size != 1)
-      throw Error(Code::kUnimplemented,
-                  fmt::format("spec /parallel/{}: {} is not available in this loom yet (data, "
-                              "tensor, sequence and pipeline parallelism and the distributed "
-                              "optimizer are); set it to 1",
-                              dim, size));
+  if (par.ep != 1)
+    throw Error(Code::kUnimplemented,
+                fmt::format("spec /parallel/ep: {} is not available in this loom yet (data, "
+                            "tensor, sequence, context and pipeline parallelism and the "
+                            "distributed optimizer are); set it to 1",
+                            par.ep));
   if (par.pp > 1 && !c.precision.fp8.is_null())
     throw Error(Code::kUnimplemented,
                 "spec /precision/fp8: FP8 training with pipeline parallelism (parallel.pp > 1) "
@@ -61,6 +60,19 @@ void check(const RunConfig& c) {
                                 "(parallel.pp > 1); set it to 1",
                                 par.vpp));
   const TrainConfig& t = c.train;
+  if (par.cp > 1 && t.seq_length % (2 * par.cp) != 0)
+    throw SpecError("/train/seq_length",
+                    fmt::format("{} is not divisible by 2 x parallel.cp = {}: context "
+                                "parallelism cuts every sequence into 2 cp equal chunks (rank r "
+                                "holds chunks r and 2cp-1-r); choose a multiple of {}",
+                                t.seq_length, 2 * par.cp, 2 * par.cp));
+  if (par.cp > 1 && par.sequence_parallel && t.seq_length / par.cp % par.tp != 0)
+    throw SpecError("/train/seq_length",
+                    fmt::format("{} / parallel.cp {} = {} tokens per context-parallel rank are "
+                                "not divisible by parallel.tp {} for sequence parallelism; "
+                                "choose a multiple of {}",
+                                t.seq_length, par.cp, t.seq_length / par.cp, par.tp,
+                                2 * par.cp * par.tp));
   if (par.sequence_parallel && t.seq_length % par.tp != 0)
     throw SpecError("/train/seq_length",
                     fmt::format("{} is not divisible by parallel.tp {}: sequence "
@@ -92,6 +104,7 @@ RunConfig RunConfig::from_spec(const nlohmann::json& spec) {
   par.dp = at(spec, "parallel", "dp").get<int>();
   par.pp = at(spec, "parallel", "pp").get<int>();
   par.vpp = at(spec, "parallel", "vpp").get<int>();
+  par.cp_comm_type = at(spec, "parallel", "cp_comm_type").get<std::string>();
   par.sequence_parallel = at(spec, "parallel", "sequence_parallel").get<bool>();
   par.distributed_optimizer = at(spec, "parallel", "distributed_optimizer").get<bool>();
   par.overlap_grad_reduce = at(spec, "parallel", "overlap_grad_reduce").get<bool>();

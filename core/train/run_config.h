@@ -28,6 +28,7 @@ struct ParallelConfig {
   int tp = 1, cp = 1, ep = 1, dp = 1, pp = 1;  ///< the process grid (Megatron's order)
   int etp = 0;                                 ///< expert tensor parallel; 0: tp
   int vpp = 1;                                 ///< virtual pipeline chunks per pipeline rank
+  std::string cp_comm_type = "p2p";            ///< context parallel attention: p2p, all_gather
   bool sequence_parallel = false;
   bool distributed_optimizer = false;
   bool overlap_grad_reduce = true;

@@ -11,20 +11,47 @@
 #include "core/train/plan_rules.h"
 #include "core/util/errors.h"
 #include "loom/cpp/comm_work.h"
+#include "loom/cpp/nn/context_parallel.h"
 #include "loom/cpp/tensor.h"
 
 namespace loom::core {
 namespace {
 
-// A host view of one of the batch's (B, T) inputs, copied into `ctx` on a device (the CPU:
-// the host memory itself); an absent input stays empty.
+// This rank's part of each sequence: all of it, or with context parallelism (cp ranks) the
+// two chunks of T / (2 cp) tokens that the attention's ring expects
+// (loom/cpp/nn/context_parallel.h): chunks r and 2cp-1-r, in that order.
+struct SequencePart {
+  int32_t rank = 0, size = 1;
+  bool whole() const { return size == 1; }
+};
+
+// One of the batch's (B, T) inputs of 4-byte elements (or, with `positions` and no data, the
+// position ids 0..T-1) as the model takes it: the host memory itself for a whole sequence
+// on the CPU; else this rank's part, gathered into `ctx` and copied to `device`. An absent
+// input stays empty.
 TensorView input_view(IHost& host, ForwardContext& ctx, const void* data, DType dtype,
-                      const Batch& batch, Device device) {
-  if (data == nullptr) return empty_view();
-  TensorView v = make_view(const_cast<void*>(data), dtype, {batch.batch, batch.seq_length}, kCpu);
+                      const Batch& batch, Device device, SequencePart part,
+                      bool positions = false) {
+  const int64_t b = batch.batch, t = batch.seq_length;
+  if (data == nullptr && !(positions && !part.whole())) return empty_view();
+  TensorView v = make_view(const_cast<void*>(data), dtype, {b, t}, kCpu);
+  if (!part.whole()) {
+    const int64_t c = t / (2 * part.size);
+    TensorView local = allocate(ctx, dtype, {b, 2 * c}, kCpu);
+    const auto chunks = nn::context_parallel_chunks(part.rank, part.size);
+    auto* out = static_cast<int32_t*>(local.data);  // 4-byte elements, copied as bits
+    const auto* in = static_cast<const int32_t*>(data);
+    for (int64_t s = 0; s < b; ++s)
+      for (int64_t half = 0; half < 2; ++half)
+        for (int64_t i = 0; i < c; ++i) {
+          const int64_t from = chunks[static_cast<size_t>(half)] * c + i;
+          out[(s * 2 + half) * c + i] = in != nullptr ? in[s * t + from] : static_cast<int32_t>(from);
+        }
+    v = local;
+  }
   if (device.type == DeviceType::kCpu) return v;
-  TensorView d = allocate(ctx, dtype, {batch.batch, batch.seq_length}, device);
-  copy_from_host(host, data, d);
+  TensorView d = allocate(ctx, dtype, {v.shape[0], v.shape[1]}, device);
+  copy_from_host(host, v.data, d);
   return d;
 }
 
@@ -258,14 +285,26 @@ void ScheduleExecutor::open(InFlight& f, int32_t m, const StepPlanContext& step)
 }
 
 void ScheduleExecutor::forward_inputs(ForwardContext& ctx, const Batch& batch,
-                                      const TensorView& received, TensorView (&in)[6]) const {
-  in[0] = input_view(host_, ctx, batch.tokens.data(), DType::kI32, batch, device_);
-  in[1] = input_view(host_, ctx, batch.labels.data(), DType::kI32, batch, device_);
-  in[2] = input_view(host_, ctx, batch.loss_mask.data(), DType::kF32, batch, device_);
+                                      const TensorView& received, const StepPlanContext& step,
+                                      TensorView (&in)[6]) const {
+  SequencePart part;
+  if (step.context != nullptr && step.context->size() > 1) {
+    part = {step.context->rank(), step.context->size()};
+    if (batch.seq_length % (2 * part.size) != 0)
+      throw InvalidArgument(fmt::format(
+          "context parallelism: a micro-batch of {} tokens per sequence does not split into 2 x "
+          "cp = {} equal chunks",
+          batch.seq_length, 2 * part.size));
+  }
+  in[0] = input_view(host_, ctx, batch.tokens.data(), DType::kI32, batch, device_, part);
+  in[1] = input_view(host_, ctx, batch.labels.data(), DType::kI32, batch, device_, part);
+  in[2] = input_view(host_, ctx, batch.loss_mask.data(), DType::kF32, batch, device_, part);
+  // Position ids follow the chunks: without ids of its own a split sequence gets its
+  // tokens' places in the whole.
   in[3] = input_view(host_, ctx, batch.position_ids.empty() ? nullptr : batch.position_ids.data(),
-                     DType::kI32, batch, device_);
+                     DType::kI32, batch, device_, part, true);
   in[4] = input_view(host_, ctx, batch.segment_ids.empty() ? nullptr : batch.segment_ids.data(),
-                     DType::kI32, batch, device_);
+                     DType::kI32, batch, device_, part);
   in[5] = received;
 }
 
@@ -287,7 +326,11 @@ std::pair<double, double> ScheduleExecutor::loss_of(IModel& model, const TensorV
   throw_if_error(step.context->all_reduce(&v, ReduceOp::kSum, nullptr),
                  "the loss's (sum, tokens) over the context-parallel group");
   if (!(totals[1] > 0)) return {0.0, 0.0};
-  return {totals[0] / totals[1], weight * local_tokens / totals[1]};
+  // Times cp: the data-parallel reduction averages gradients over cp x dp ranks (the
+  // context-parallel ranks are part of the data group), where the cp shares must add up
+  // (Megatron scales its loss by the context-parallel size for the same reason).
+  const double cp = static_cast<double>(step.context->size());
+  return {totals[0] / totals[1], weight * cp * local_tokens / totals[1]};
 }
 
 void ScheduleExecutor::forward(InFlight& f, int32_t m, int32_t c, const StepPlanContext& step,
@@ -296,7 +339,7 @@ void ScheduleExecutor::forward(InFlight& f, int32_t m, int32_t c, const StepPlan
   IModel& model = *chunks_[static_cast<size_t>(c)];
   ForwardContext& ctx = *f.ctx;
   TensorView in[6];
-  forward_inputs(ctx, *inputs_[static_cast<size_t>(m)].batch, f.received, in);
+  forward_inputs(ctx, *inputs_[static_cast<size_t>(m)].batch, f.received, step, in);
   // A model 1.1 gives up to five outputs; one built against SDK 1.4 the loss and logits.
   const bool v11 = model.interface_info().minor >= 1;
   const int32_t n_out = v11 ? 5 : (step.logits ? 2 : 1);
@@ -340,7 +383,7 @@ std::optional<double> ScheduleExecutor::forward_only(const Batch& batch,
       throw_if_error(CommWorkPtr(work)->wait(), what + ": receiving its input");
     }
     TensorView in[6];
-    forward_inputs(ctx, batch, received, in);
+    forward_inputs(ctx, batch, received, step, in);
     const int32_t n_out = model.interface_info().minor >= 1 ? 5 : (step.logits ? 2 : 1);
     TensorView outputs[5] = {};
     throw_if_error(model.forward(&ctx, in, where.first_stage != 0 ? 5 : 6, outputs, n_out),

@@ -125,10 +125,11 @@ class ScheduleExecutor {
   // between virtual stages `sender` and its neighbour for micro-batch m.
   int32_t virtual_stage(int32_t chunk) const;
   int32_t tag(int32_t m, int32_t sender, bool gradient) const;
-  // The inputs of chunk c's forward for `batch` in `ctx`: the batch's (B, T) tensors and,
-  // for a stage that is not the first, `received`.
+  // The inputs of chunk c's forward for `batch` in `ctx`: the batch's (B, T) tensors (with
+  // context parallelism, this rank's chunks of them and the position ids that go with them)
+  // and, for a stage that is not the first, `received`.
   void forward_inputs(ForwardContext& ctx, const Batch& batch, const TensorView& received,
-                      TensorView (&in)[6]) const;
+                      const StepPlanContext& step, TensorView (&in)[6]) const;
   // The micro-batch's mean loss from a last stage's outputs, and this rank's share of its
   // gradient weight (`weight` scaled by its share of the tokens with context parallelism).
   std::pair<double, double> loss_of(IModel& model, const TensorView* outputs, double weight,

@@ -376,8 +376,11 @@ StepResult Trainer::step() {
   optim_->finish_reduction();
   // The loss lives on the last pipeline stage; every data-parallel replica had its own.
   if (config_.parallel.pp > 1) r.loss = sum_over(ParallelRole::kPipeline, r.loss);
-  if (data_replicas_ > 1)
-    r.loss = sum_over(ParallelRole::kData, r.loss) / static_cast<double>(data_replicas_);
+  // (Context-parallel ranks, also in the data group, hold the same loss: the mean counts
+  // each of them.)
+  if (parallel_ != nullptr && group(ParallelRole::kData).size() > 1)
+    r.loss = sum_over(ParallelRole::kData, r.loss) /
+             static_cast<double>(group(ParallelRole::kData).size());
 
   // Global gradient norm (over every parameter, each counted once), unscaled.
   r.grad_norm = optim_->grad_norm(scaler_.scale());
@@ -495,8 +498,10 @@ double Trainer::evaluate() {
     sum += forward_only(batch);
   }
   if (data_replicas_ > 1) {
+    // Context-parallel ranks (in the data group too) share each batch and its loss.
+    const double cp = static_cast<double>(config_.parallel.cp);
     missing = sum_over(ParallelRole::kData, missing);
-    sum = sum_over(ParallelRole::kData, sum);
+    sum = sum_over(ParallelRole::kData, sum) / cp;
   }
   // The losses live on the last pipeline stage.
   if (config_.parallel.pp > 1) sum = sum_over(ParallelRole::kPipeline, sum);

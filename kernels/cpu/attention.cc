@@ -1,6 +1,8 @@
 // attention_fwd / attention_bwd, reference (loom/ops.h): per (batch, head) the score matrix
 // (T, S) is materialised, softmax-ed with the mask, dropped out with the Philox mask of a
-// (B, H, T, S) tensor, and multiplied by V. Backward recomputes P from the saved lse.
+// (B, H, T, S) tensor, and multiplied by V. Backward recomputes P from the given lse and
+// takes delta = dO . O from the given O (so a call over one block of a row's keys, with the
+// row's merged O and lse, gives that block's share of the gradients).
 // Query head h reads key/value head h / (H / G) (GQA). f64 accumulation throughout.
 // A fully masked query row gives O = 0 and lse = -inf; backward gives it zero gradients.
 #include "kernels/cpu/attention.h"
@@ -121,7 +123,7 @@ Status attention_bwd_ref(const OpCall* call) {
   return guard([&] {
     AttentionShape s = op_checks::check_attention_bwd(call, false, DeviceType::kCpu);
     const TensorView &dO = call->inputs[0], &Q = call->inputs[1], &K = call->inputs[2];
-    const TensorView& V = call->inputs[3];
+    const TensorView &V = call->inputs[3], &O = call->inputs[4];
     const float* lse = f32(call->inputs[5]);
     std::vector<double> P(static_cast<size_t>(s.t * s.s)), keep(P.size()), dS(P.size());
     std::vector<double> dq(static_cast<size_t>(s.b * s.t * s.h * s.d));  // (B, T, H, D)
@@ -133,15 +135,18 @@ Status attention_bwd_ref(const OpCall* call) {
         probabilities(call, s, b, h, Q, K, call->inputs[6], P, lse, nullptr);
         dropout_scale(s, b, h, keep);
         for (int64_t t = 0; t < s.t; ++t) {
-          // dP = (dO V^T) * keep / (1 - p); dS = P * (dP - sum(P * dP))
+          // dP = (dO V^T) * keep / (1 - p); dS = P * (dP - delta), delta = dO . O, which is
+          // sum(P * dP) over the whole row (this call's keys may be one block of it).
           double row_dot = 0.0;
+          for (int64_t i = 0; i < s.d; ++i)
+            row_dot += static_cast<double>(load(dO, q_off(s, b, t, h) + i)) *
+                       load(O, q_off(s, b, t, h) + i);
           for (int64_t k = 0; k < s.s; ++k) {
             double dp = 0.0;
             for (int64_t i = 0; i < s.d; ++i)
               dp += static_cast<double>(load(dO, q_off(s, b, t, h) + i)) *
                     load(V, kv_off(s, b, k, g) + i);
             dS[t * s.s + k] = dp * keep[t * s.s + k];
-            row_dot += P[t * s.s + k] * dS[t * s.s + k];
           }
           for (int64_t k = 0; k < s.s; ++k)
             dS[t * s.s + k] = P[t * s.s + k] * (dS[t * s.s + k] - row_dot);
@@ -165,6 +170,42 @@ Status attention_bwd_ref(const OpCall* call) {
   });
 }
 
+// attention_merge: f64 arithmetic per row (b, t, h).
+Status attention_merge_ref(const OpCall* call) {
+  return guard([&] {
+    auto s = op_checks::check_attention_merge(call, false, DeviceType::kCpu);
+    const TensorView& part = call->inputs[0];
+    const float* lse_part = f32(call->inputs[1]);
+    const TensorView& O = call->outputs[0];
+    float* lse = f32_mut(call->outputs[1]);
+    for (int64_t b = 0; b < s.b; ++b)
+      for (int64_t t = 0; t < s.t; ++t)
+        for (int64_t h = 0; h < s.h; ++h) {
+          const int64_t r = (b * s.h + h) * s.t + t, row = ((b * s.t + t) * s.h + h) * s.d;
+          const double lp = lse_part[r], lo = lse[r];
+          if (lp == -INFINITY) continue;  // nothing visible in this block
+          const double m = std::max(lo, lp);
+          const double merged = m + std::log(std::exp(lo - m) + std::exp(lp - m));
+          const double wo = lo == -INFINITY ? 0.0 : std::exp(lo - merged);
+          const double wp = std::exp(lp - merged);
+          for (int64_t i = 0; i < s.d; ++i)
+            store(O, row + i,
+                  static_cast<float>((wo == 0.0 ? 0.0 : wo * load(O, row + i)) +
+                                     wp * load(part, row + i)));
+          lse[r] = static_cast<float>(merged);
+        }
+  });
+}
+bool attention_merge_supports(const OpCall* call) {
+  return passes([&] { op_checks::check_attention_merge(call, true, DeviceType::kCpu); });
+}
+Status attention_merge_cost(const OpCall* call, OpCost* out) {
+  return guard([&] {
+    auto s = op_checks::check_attention_merge(call, true, DeviceType::kCpu);
+    *out = io_cost(call, 4.0 * static_cast<double>(s.b * s.t * s.h * s.d));
+  });
+}
+
 }  // namespace
 
 void add_attention_kernels(std::vector<KernelDesc>& out) {
@@ -172,6 +213,8 @@ void add_attention_kernels(std::vector<KernelDesc>& out) {
               attention_fwd_supports, attention_fwd_cost);
   add_kernels(out, ops::kAttentionBwd, kRefName, kRefPriority, attention_bwd_ref,
               attention_bwd_supports, attention_bwd_cost);
+  add_kernels(out, ops::kAttentionMerge, kRefName, kRefPriority, attention_merge_ref,
+              attention_merge_supports, attention_merge_cost);
 }
 
 }  // namespace loom::kernels::cpu

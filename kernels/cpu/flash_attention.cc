@@ -222,7 +222,50 @@ bool attention_bwd_fast_supports(const OpCall* call) {
 
 }  // namespace
 
+namespace {
+
+// attention_merge in f32, rows in parallel (the reference works in f64).
+Status attention_merge_fast(const OpCall* call) {
+  return guard([&] {
+    auto s = op_checks::check_attention_merge(call, false, DeviceType::kCpu);
+    const TensorView& part = call->inputs[0];
+    const float* lse_part = f32(call->inputs[1]);
+    const TensorView& O = call->outputs[0];
+    float* lse = f32_mut(call->outputs[1]);
+#pragma omp parallel for schedule(static)
+    for (int64_t row = 0; row < s.b * s.t * s.h; ++row) {
+      // row indexes (B, T, H); lse is (B, H, T).
+      const int64_t h = row % s.h, t = (row / s.h) % s.t, b = row / (s.h * s.t);
+      const int64_t r = (b * s.h + h) * s.t + t;
+      const float lp = lse_part[r], lo = lse[r];
+      if (lp == -INFINITY) continue;  // nothing visible in this block
+      const float m = std::max(lo, lp);
+      const float merged = m + std::log(std::exp(lo - m) + std::exp(lp - m));
+      const float wo = lo == -INFINITY ? 0.0f : std::exp(lo - merged), wp = std::exp(lp - merged);
+      std::vector<float> o(static_cast<size_t>(s.d)), p(o.size());
+      load_row(O.data, O.dtype, row * s.d, s.d, o.data());
+      load_row(part.data, part.dtype, row * s.d, s.d, p.data());
+      for (int64_t i = 0; i < s.d; ++i) o[i] = (wo == 0.0f ? 0.0f : wo * o[i]) + wp * p[i];
+      store_row(O.data, O.dtype, row * s.d, s.d, o.data());
+      lse[r] = merged;
+    }
+  });
+}
+bool attention_merge_fast_supports(const OpCall* call) {
+  return passes([&] { op_checks::check_attention_merge(call, true, DeviceType::kCpu); });
+}
+Status attention_merge_fast_cost(const OpCall* call, OpCost* out) {
+  return guard([&] {
+    auto s = op_checks::check_attention_merge(call, true, DeviceType::kCpu);
+    *out = io_cost(call, 4.0 * static_cast<double>(s.b * s.t * s.h * s.d));
+  });
+}
+
+}  // namespace
+
 void add_flash_attention_kernels(std::vector<KernelDesc>& out) {
+  add_kernels(out, ops::kAttentionMerge, kFastName, kFastPriority, attention_merge_fast,
+              attention_merge_fast_supports, attention_merge_fast_cost);
   add_kernels(out, ops::kAttentionFwd, kFastName, kFastPriority, attention_fwd_fast,
               attention_fwd_fast_supports, attention_fwd_cost);
   add_kernels(out, ops::kAttentionBwd, kFastName, kFastPriority, attention_bwd_fast,

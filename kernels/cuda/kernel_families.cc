@@ -18,6 +18,7 @@ void add_all_kernels(std::vector<KernelDesc>& out) {
   add_elementwise_kernels(out);
   add_pointwise_kernels(out);
   add_attention_kernels(out);
+  add_attention_merge_kernels(out);
 }
 
 std::string take_recorded_error() {

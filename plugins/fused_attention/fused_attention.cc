@@ -24,6 +24,9 @@ FusedAttention::FusedAttention(const nlohmann::json& options, IBuildContext& ctx
   fwd_ = Kernel(*ctx.host(), ops::kAttentionFwd, device_, dtype_);
   bwd_ = Kernel(*ctx.host(), ops::kAttentionBwd, device_, dtype_);
   dropout_stream_ = nn::tensor_parallel_stream(*ctx.host(), kDropoutStream);
+  cp_ = nn::ContextParallelAttention(
+      *ctx.host(), device_, dtype_,
+      nn::context_parallel_comm(nn::inherited_or<std::string>(options, "cp_comm_type", "p2p")));
 }
 
 ops::AttentionAttrs FusedAttention::attrs(IForwardContext& ctx, int64_t head_dim) const {
@@ -53,6 +56,10 @@ void FusedAttention::run_forward(IForwardContext& ctx, const TensorView* inputs,
   if (present(segments)) nn::expect(segments, {b, t}, DType::kI32, "fused attention segment ids");
   if (num_inputs > 4 && present(inputs[4]))
     fail(Code::kUnimplemented, "fused attention: an additive bias is not supported");
+  if (cp_.active()) {  // the sequence is split over the context-parallel ranks
+    outputs[0] = cp_.forward(ctx, this, kQ, q, k, v, segments, attrs(ctx, d));
+    return;
+  }
   TensorView out = allocate(ctx, dtype_, {b, t, h, d}, device_);
   TensorView lse = allocate(ctx, DType::kF32, {b, h, t}, device_);
   fwd_({q, k, v, segments}, {out, lse}, attrs(ctx, d));
@@ -69,6 +76,13 @@ void FusedAttention::run_backward(IForwardContext& ctx, const TensorView* grad_o
                                   int32_t num_grad_inputs) {
   nn::expect_count("fused attention backward grad outputs (d(out))", num_grad_outputs, 1);
   nn::expect_count("fused attention backward grad inputs (dq, dk, dv)", num_grad_inputs, 3);
+  if (cp_.active()) {
+    const TensorView& dout = grad_outputs[0];
+    nn::expect(dout, {-1, -1, -1, -1}, dtype_, "fused attention d(out)");
+    cp_.backward(ctx, this, kQ, dout, attrs(ctx, dout.shape[3]), grad_inputs[0], grad_inputs[1],
+                 grad_inputs[2]);
+    return;
+  }
   TensorView saved[kSegments + 1];
   for (int32_t slot = kQ; slot <= kSegments; ++slot) saved[slot] = nn::load(ctx, this, slot);
   const TensorView &q = saved[kQ], &k = saved[kK], &v = saved[kV];

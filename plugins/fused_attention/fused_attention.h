@@ -34,6 +34,7 @@ class FusedAttention final : public nn::ModuleBase<IAttention> {
   DType dtype_;
   Device device_;
   Kernel fwd_, bwd_;
+  nn::ContextParallelAttention cp_;  // active with parallel.cp > 1
 };
 
 }  // namespace loom::fused_attention

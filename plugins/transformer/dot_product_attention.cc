@@ -35,6 +35,18 @@ DotProductAttention::DotProductAttention(const nlohmann::json& options, IBuildCo
   dropout_bwd_ = Kernel(host, ops::kDropoutBwd, device_, dtype_);
   swap_ = Kernel(host, ops::kSwapAxes12, device_, dtype_);
   dropout_stream_ = tensor_parallel_stream(host, kDropoutStream);
+  cp_ = ContextParallelAttention(
+      host, device_, dtype_,
+      context_parallel_comm(inherited_or<std::string>(options, "cp_comm_type", "p2p")));
+}
+
+ops::AttentionAttrs DotProductAttention::cp_attrs(IForwardContext& ctx, int64_t head_dim) const {
+  ops::AttentionAttrs a{};
+  a.scale = scale_for(head_dim);
+  a.causal = causal_ ? 1 : 0;
+  a.dropout_p = ctx.training() ? dropout_p_ : 0.f;
+  if (a.dropout_p > 0.f) ctx.rng(this, dropout_stream_, &a.key, &a.counter);
+  return a;
 }
 
 float DotProductAttention::scale_for(int64_t head_dim) const {
@@ -81,6 +93,10 @@ void DotProductAttention::run_forward(IForwardContext& ctx, const TensorView* in
   if (num_inputs > 4 && present(inputs[4]))
     fail(Code::kUnimplemented, "dot_product attention: an additive bias is not supported");
 
+  if (cp_.active()) {  // the sequence is split over the context-parallel ranks
+    outputs[0] = cp_.forward(ctx, this, kQ, q, k, v, segments, cp_attrs(ctx, d));
+    return;
+  }
   TensorView qh = swap(ctx, q), kh = swap(ctx, k), vh = swap(ctx, v);  // head-major
   TensorView probs = probabilities(ctx, qh, kh, segments);             // (B, H, T, S)
   TensorView dropped = probs;
@@ -109,6 +125,13 @@ void DotProductAttention::run_backward(IForwardContext& ctx, const TensorView* g
                                        int32_t num_grad_inputs) {
   expect_count("dot_product attention backward grad outputs", num_grad_outputs, 1);
   expect_count("dot_product attention backward grad inputs", num_grad_inputs, 3);
+  if (cp_.active()) {
+    const TensorView& dout = grad_outputs[0];
+    expect(dout, {-1, -1, -1, -1}, dtype_, "attention grad output");
+    cp_.backward(ctx, this, kQ, dout, cp_attrs(ctx, dout.shape[3]), grad_inputs[0],
+                 grad_inputs[1], grad_inputs[2]);
+    return;
+  }
   TensorView qh = load(ctx, this, kQ), kh = load(ctx, this, kK), vh = load(ctx, this, kV);
   TensorView segments = load(ctx, this, kSegments);
   int64_t b = qh.shape[0], h = qh.shape[1], t = qh.shape[2], d = qh.shape[3];

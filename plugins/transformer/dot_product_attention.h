@@ -10,6 +10,9 @@
 //             -> [0] out (B, T, H, D)
 //   backward: dout -> dq, dk, dv
 // Recompute kSelective: P is not saved but recomputed in backward from Q and K.
+// Context parallelism (parallel.cp > 1): the ring needs each block's log-sum-exp, which this
+// core's softmax does not give, so the blocks go through the fused attention_fwd /
+// attention_bwd ops (ContextParallelAttention, loom/cpp/nn/context_parallel.h).
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -42,6 +45,8 @@ class DotProductAttention final : public ModuleBase<IAttention> {
   DType dtype_;
   Device device_;
   Kernel gemm_, softmax_fwd_, softmax_bwd_, dropout_fwd_, dropout_bwd_, swap_;
+  ContextParallelAttention cp_;  // active with parallel.cp > 1
+  ops::AttentionAttrs cp_attrs(IForwardContext& ctx, int64_t head_dim) const;
 };
 
 }  // namespace loom::transformer

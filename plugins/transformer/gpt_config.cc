@@ -69,6 +69,8 @@ GptConfig GptConfig::from_options(const nlohmann::json& o) {
   c.micro_batch_size = inherited_or<int64_t>(o, "micro_batch_size", 1);
   c.return_logits = inherited_or<bool>(o, "return_logits", false);
   c.sequence_parallel = inherited_or<bool>(o, "sequence_parallel", false);
+  c.cp_comm_type = inherited_or<std::string>(o, "cp_comm_type", "p2p");
+  context_parallel_comm(c.cp_comm_type);  // refuses an unknown name with its spec key
   c.params_dtype = transformer::params_dtype(o);
   c.device = device_of(o);
 
@@ -152,6 +154,7 @@ nlohmann::json GptConfig::layer_options(int64_t layer_number) const {
           {"position_embedding", position_embedding},
           {"rotary", rotary},
           {"sequence_parallel", sequence_parallel},
+          {"cp_comm_type", cp_comm_type},
           {"params_dtype", dtype_name(params_dtype)},
           {"device", device_name(device)}};
 }

@@ -23,7 +23,8 @@ struct GptConfig {
   /// Layers kept out of FP8 at either end (Megatron's --num-layers-at-start-in-bf16 /
   /// --num-layers-at-end-in-bf16); only matter in a run with an FP8 recipe.
   int64_t layers_at_start_in_bf16 = 0, layers_at_end_in_bf16 = 0;
-  bool sequence_parallel;  // from the core (parallel.sequence_parallel)
+  bool sequence_parallel;    // from the core (parallel.sequence_parallel)
+  std::string cp_comm_type;  // from the core (parallel.cp_comm_type)
   DType params_dtype;
   Device device;
   /// The pipeline stage this model is built as (the core's inherited "pipeline"; 0 of 1 and

@@ -17,6 +17,7 @@ GptModel::GptModel(const nlohmann::json& options, IBuildContext& ctx)
       tp_(*ctx.host(), config_.device, config_.params_dtype, config_.sequence_parallel) {
   IHost& host = *ctx.host();
   const GptConfig& c = config_;
+  cp_size_ = group(host, ParallelRole::kContext).size();
   // What tensor parallelism splits, checked here so that the message names the model's keys.
   tp_.split(c.num_attention_heads, "/num_attention_heads");
   tp_.split(c.num_query_groups, "/num_query_groups");
@@ -85,7 +86,8 @@ Status GptModel::info(ModelInfo* out) const noexcept {
     m.chunks = c.chunks;
     m.first_stage = c.first_stage() ? 1 : 0;
     m.last_stage = c.last_stage() ? 1 : 0;
-    int64_t t = tp_.sequence_parallel() ? c.seq_length / tp_.size() : c.seq_length;
+    int64_t t = c.seq_length / cp_size_;  // this rank's share of each sequence
+    if (tp_.sequence_parallel()) t /= tp_.size();
     m.hidden = make_view(nullptr, c.params_dtype, {c.micro_batch_size, t, c.hidden_size}, c.device);
     copy_struct(m, out);
   });
@@ -129,6 +131,11 @@ void GptModel::run_forward(IForwardContext& ctx, const TensorView* inputs, int32
   TensorView positions = num_inputs > 3 ? inputs[3] : empty_view();
   TensorView segments = num_inputs > 4 ? inputs[4] : empty_view();
   if (present(segments)) expect(segments, {b, t}, DType::kI32, "gpt segment ids");
+  if (cp_size_ > 1 && !present(positions) && c.position_embedding != "none")
+    fail(Code::kInvalidArgument,
+         "gpt: with context parallelism (parallel.cp > 1) each rank holds two chunks of every "
+         "sequence, whose positions are not 0..T-1: pass their position ids (input [3]); the "
+         "core's trainer does");
 
   // Each hidden state is handed back once the next module has run: what a module's
   // backward needs of it, that module saved. A stage's input is the caller's.

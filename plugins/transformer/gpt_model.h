@@ -57,6 +57,7 @@ class GptModel final : public ModuleBase<IModel> {
   GptConfig config_;
   nlohmann::json options_;  // the node as built (the children's impls, for cost)
   TensorParallel tp_;
+  int32_t cp_size_ = 1;  // context-parallel ranks: each holds seq_length / cp_size_ tokens
   Embedding* embedding_ = nullptr;
   std::vector<IModule*> layers_;
   IModule* final_norm_ = nullptr;

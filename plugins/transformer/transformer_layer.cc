@@ -98,6 +98,7 @@ TransformerLayer::TransformerLayer(const nlohmann::json& options, IBuildContext&
   core["num_query_groups"] = local_groups_;
   core["kv_channels"] = head_dim_;
   core["attention_dropout"] = inherited_or<double>(options, "attention_dropout", 0.0);
+  core["cp_comm_type"] = inherited_or<std::string>(options, "cp_comm_type", "p2p");
   nlohmann::json mlp = common;
   mlp["hidden_size"] = hidden_;
   mlp["ffn_hidden_size"] = inherited_or<int64_t>(options, "ffn_hidden_size", 4 * hidden_);

@@ -235,12 +235,12 @@ TEST_F(CliTest, TrainWritesTheResolvedSpecAndNeedsAKernelLibrary) {
 
 TEST_F(CliTest, TrainRefusesParallelLayoutsItCannotStart) {
   fs::path s =
-      spec("cp.json", {{"model", {{"impl", "test_model"}, {"norm", {{"impl", "test_scale"}}}}},
-                       {"parallel", {{"cp", 2}}}});
-  RunResult r = run_loom("train " + q(s) + " --run-dir " + q(dir_ / "cp"));
+      spec("ep.json", {{"model", {{"impl", "test_model"}, {"norm", {{"impl", "test_scale"}}}}},
+                       {"parallel", {{"ep", 2}}}});
+  RunResult r = run_loom("train " + q(s) + " --run-dir " + q(dir_ / "ep"));
   EXPECT_EQ(r.exit_code, kUnavailable);
   expect_one_error(r, "train");
-  EXPECT_THAT(r.err, HasSubstr("/parallel/cp"));
+  EXPECT_THAT(r.err, HasSubstr("/parallel/ep"));
   // A pipeline needs a schedule; none of the plugins on this search path provides one.
   s = spec("pp.json", {{"model", {{"impl", "test_model"}, {"norm", {{"impl", "test_scale"}}}}},
                        {"parallel", {{"pp", 2}}}});

@@ -498,6 +498,53 @@ TEST_F(PipelineTest, EverySchedulesMatchesOneRankToEachGradient) {
   EXPECT_EQ(bubbles, 5);
 }
 
+// Context parallelism: every sequence split over cp ranks (2 cp chunks, rank r holding
+// chunks r and 2cp-1-r), keys and values passed around a ring (p2p) or gathered
+// (all_gather); equal to one rank at every step and in every parameter's gradient after
+// step 1. Learned positions (gpt) with both attention cores, a ring of four, with tensor and
+// sequence parallelism, with a pipeline, with data parallelism and the distributed
+// optimizer; RoPE with grouped-query attention (a LLaMA shape).
+TEST_F(PipelineTest, ContextParallelMatchesOneRankToEachGradient) {
+  struct Layout {
+    std::string name, args;
+  };
+  nlohmann::json gpt = pipeline_spec();
+  Curve one = train("cp_one", gpt, "");
+  EXPECT_LT(one.loss.back(), one.loss.front() - 0.02);  // it learns: equality means something
+  const std::vector<Layout> layouts = {
+      {"cp2", "--nproc 2 --set parallel.cp=2"},
+      {"cp2gather_dot",
+       "--nproc 2 --set parallel.cp=2 --set 'parallel.cp_comm_type=\"all_gather\"' --set "
+       "'model.layer.attention.impl=\"dot_product\"'"},
+      {"cp4", "--nproc 4 --set parallel.cp=4"},
+      {"cp2tp2sp",
+       "--nproc 4 --set parallel.cp=2 --set parallel.tp=2 --set parallel.sequence_parallel=true"},
+      {"cp2pp2", "--nproc 4 --set parallel.cp=2 --set parallel.pp=2"},
+      {"cp2dp2zero",
+       "--nproc 4 --set parallel.cp=2 --set parallel.dp=2 --set "
+       "parallel.distributed_optimizer=true"},
+  };
+  for (const Layout& layout : layouts) {
+    Curve c = train(layout.name, gpt, layout.args);
+    EXPECT_THAT(last_out_, HasSubstr("cp=" + std::string(layout.name.substr(2, 1))))
+        << layout.name;
+    expect_same_curve(one, c, layout.name);
+    expect_same_gradients("cp_one", layout.name, one.grad_norm[0]);
+  }
+  nlohmann::json llama = pipeline_spec();
+  llama["model"]["position_embedding"] = "rope";
+  llama["model"]["num_query_groups"] = 2;
+  llama["model"]["tie_embeddings"] = false;
+  llama["model"]["add_bias_linear"] = false;
+  llama["model"]["layer"]["norm"] = {{"impl", "rmsnorm"}};
+  llama["model"]["final_norm"] = {{"impl", "rmsnorm"}};
+  llama["model"]["layer"]["mlp"] = {{"impl", "mlp"}, {"activation", "swiglu"}};
+  Curve llama_one = train("cp_llama_one", llama, "");
+  Curve llama_cp = train("cp_llama_cp2", llama, "--nproc 2 --set parallel.cp=2");
+  expect_same_curve(llama_one, llama_cp, "llama cp2");
+  expect_same_gradients("cp_llama_one", "cp_llama_cp2", llama_one.grad_norm[0]);
+}
+
 // `loom schedule show`: the plan of every rank drawn, and its simulated bubble beside the
 // theory, without running anything; a shape the schedule cannot run is refused.
 TEST_F(PipelineTest, ScheduleShowDrawsThePlanAndItsBubble) {
@@ -680,9 +727,13 @@ TEST_F(ParallelTest, LayoutsThatDoNotFitAreRefusedBeforeStart) {
                "train.global_batch_size=6");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_THAT(r.err, HasSubstr("is not a multiple of micro_batch_size x dp = 2 x 2"));
-  r = run_loom("train " + q(sp) + " --nproc 2 --set parallel.cp=2");
+  r = run_loom("train " + q(sp) + " --nproc 2 --set parallel.ep=2");
   EXPECT_EQ(r.exit_code, 7) << r.out << r.err;
-  EXPECT_THAT(r.err, HasSubstr("spec /parallel/cp: 2 is not available"));
+  EXPECT_THAT(r.err, HasSubstr("spec /parallel/ep: 2 is not available"));
+  // Context parallelism cuts each sequence into 2 cp equal chunks.
+  r = run_loom("train " + q(sp) + " --nproc 3 --set parallel.cp=3");
+  EXPECT_EQ(r.exit_code, 3) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("/train/seq_length: 16 is not divisible by 2 x parallel.cp = 6"));
   // Pipeline stages the model or the schedule cannot make.
   for (auto [layout, rule] : std::vector<std::pair<std::string, std::string>>{
            {"Et|t|L", "'Et|t|L' has 3 stages, not a multiple of parallel.pp 2"},

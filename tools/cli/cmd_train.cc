@@ -63,8 +63,9 @@ namespace {
 
 void print_layout(core::RunSession& s, const fs::path& run_dir) {
   const core::ParallelConfig& par = s.config().parallel;
-  std::printf("  run dir: %s\n  layout: %s (world size %d%s%s%s)\n", run_dir.string().c_str(),
+  std::printf("  run dir: %s\n  layout: %s (world size %d%s%s%s%s)\n", run_dir.string().c_str(),
               par.describe().c_str(), par.world(),
+              par.cp > 1 ? fmt::format(", context parallel by {}", par.cp_comm_type).c_str() : "",
               par.sequence_parallel ? ", sequence parallel" : "",
               par.distributed_optimizer ? ", distributed optimizer" : "",
               s.env().distributed() ? fmt::format(", started by {}, {} backend", s.env().launcher,

@@ -1,4 +1,4 @@
-// CUDA kernels of attention_fwd and attention_bwd (loom/ops.h).
+// CUDA kernels of attention_fwd, attention_bwd and attention_merge (loom/ops.h).
 #pragma once
 
 #include <loom/kernel.h>
@@ -15,5 +15,10 @@ namespace loom::kernels::cuda {
 /// `workspace` reports (the f32 dQ accumulator and the softmax row sums).
 /// \param out  the list to append to
 void add_attention_kernels(std::vector<loom::KernelDesc>& out);
+
+/// Appends the KernelDescs of attention_merge (f32, bf16 and f16, keyed on O's dtype): one
+/// warp per row, any head dim and mix of float dtypes.
+/// \param out  the list to append to
+void add_attention_merge_kernels(std::vector<loom::KernelDesc>& out);
 
 }  // namespace loom::kernels::cuda

@@ -61,9 +61,15 @@ TEST(RunConfig, ReadsTheResolvedSectionsWithTheirDefaults) {
 
 TEST(RunConfig, EveryBrokenRuleNamesItsPlaceAndTheFix) {
   Code code = Code::kOk;
-  EXPECT_THAT(refusal({{"parallel", {{"cp", 2}}}}, &code),
-              HasSubstr("spec /parallel/cp: 2 is not available in this loom yet"));
+  EXPECT_THAT(refusal({{"parallel", {{"ep", 2}}}}, &code),
+              HasSubstr("spec /parallel/ep: 2 is not available in this loom yet"));
   EXPECT_EQ(code, Code::kUnimplemented);
+  EXPECT_EQ(refusal({{"parallel", {{"cp", 2}}}, {"train", {{"seq_length", 64}}}}), "accepted");
+  EXPECT_THAT(refusal({{"parallel", {{"cp", 3}}}, {"train", {{"seq_length", 64}}}}),
+              HasSubstr("/train/seq_length: 64 is not divisible by 2 x parallel.cp = 6"));
+  EXPECT_THAT(refusal({{"parallel", {{"cp", 2}, {"tp", 3}, {"sequence_parallel", true}}},
+                       {"train", {{"seq_length", 40}}}}),
+              HasSubstr("20 tokens per context-parallel rank are not divisible by parallel.tp 3"));
   EXPECT_EQ(refusal({{"parallel", {{"pp", 2}}}}), "accepted");
   // An FP8 recipe node (added after resolution: this test resolves no components).
   nlohmann::json fp8 = resolved({{"parallel", {{"pp", 2}}}});

@@ -130,6 +130,95 @@ TEST_P(AttentionTest, FusedMatchesReference) {
 INSTANTIATE_TEST_SUITE_P(Dtypes, AttentionTest, ::testing::ValuesIn(float_dtypes()),
                          dtype_param_name);
 
+// Keys [s0, s1) of a (1, S, G, D) tensor, as their own tensor.
+Tensor key_block(const Tensor& k, int64_t s0, int64_t s1, int64_t g, int64_t d) {
+  Tensor out(k.dtype(), {1, s1 - s0, g, d});
+  for (int64_t i = 0; i < out.numel(); ++i) out.set(i, k.get(s0 * g * d + i));
+  return out;
+}
+
+// Context parallelism's blocks (loom/cpp/nn/context_parallel.h): the c queries of a causal
+// sequence's second chunk over keys [0, c) (a full block) and [c, 2c) (a causal square),
+// merged by attention_merge, equal attention over all 2c keys (the f64 oracle); and
+// attention_bwd per block with the merged O and lse gives shares that add up to the whole
+// row's gradients. For the reference and the fast kernels, in f32.
+TEST(AttentionBlocks, MergedBlocksEqualTheWholeRowAndBackwardSharesAddUp) {
+  const int64_t c = 37, h = 4, g = 2, d = 8;
+  const AttnCase whole{1, c, 2 * c, h, g, d, true, false};
+  const DType dt = DType::kF32;
+  for (const char* name : {"cpu.ref", "cpu.fast"}) {
+    std::mt19937 rng(7);
+    AttnInputs in = make_inputs(whole, dt, rng);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+    ops::AttentionAttrs causal{scale, 1, 0.0f, 0, 0}, full{scale, 0, 0.0f, 0, 0};
+    std::vector<double> eo, else_;
+    naive_attention(whole, in, scale, eo, else_);
+
+    Tensor k0 = key_block(in.k, 0, c, g, d), k1 = key_block(in.k, c, 2 * c, g, d);
+    Tensor v0 = key_block(in.v, 0, c, g, d), v1 = key_block(in.v, c, 2 * c, g, d);
+    Tensor none;
+    Tensor o(dt, {1, c, h, d}), lse(DType::kF32, {1, h, c});
+    Tensor o1(dt, {1, c, h, d}), lse1(DType::kF32, {1, h, c});
+    run(ops::kAttentionFwd, name, dt, {&in.q, &k0, &v0, &none}, {&o, &lse}, &full);
+    run(ops::kAttentionFwd, name, dt, {&in.q, &k1, &v1, &none}, {&o1, &lse1}, &causal);
+    run_ref(ops::kAttentionMerge, dt, {&o1, &lse1}, {&o, &lse});
+    std::string what = std::string(name) + " merged blocks";
+    expect_close(o, eo, dt, what + " O");
+    expect_close(lse, else_, DType::kF32, what + " lse");
+
+    // The whole row's gradients, then each block's share.
+    Tensor dout = Tensor::random(dt, {1, c, h, d}, rng);
+    Tensor wo(dt, {1, c, h, d}), wlse(DType::kF32, {1, h, c});
+    run(ops::kAttentionFwd, name, dt, {&in.q, &in.k, &in.v, &none}, {&wo, &wlse}, &causal);
+    Tensor dq(dt, {1, c, h, d}), dk(dt, {1, 2 * c, g, d}), dv(dt, {1, 2 * c, g, d});
+    run(ops::kAttentionBwd, name, dt, {&dout, &in.q, &in.k, &in.v, &wo, &wlse, &none},
+        {&dq, &dk, &dv}, &causal);
+    Tensor dq0(dt, {1, c, h, d}), dk0(dt, {1, c, g, d}), dv0(dt, {1, c, g, d});
+    Tensor dq1(dt, {1, c, h, d}), dk1(dt, {1, c, g, d}), dv1(dt, {1, c, g, d});
+    run(ops::kAttentionBwd, name, dt, {&dout, &in.q, &k0, &v0, &o, &lse, &none}, {&dq0, &dk0, &dv0},
+        &full);
+    run(ops::kAttentionBwd, name, dt, {&dout, &in.q, &k1, &v1, &o, &lse, &none}, {&dq1, &dk1, &dv1},
+        &causal);
+    std::vector<double> dq_sum = dq0.values(), dk_all = dk0.values(), dv_all = dv0.values();
+    for (size_t i = 0; i < dq_sum.size(); ++i) dq_sum[i] += dq1.get(static_cast<int64_t>(i));
+    for (double x : dk1.values()) dk_all.push_back(x);
+    for (double x : dv1.values()) dv_all.push_back(x);
+    expect_close(dq_sum, dq.values(), tolerance(dt), what + " dQ (sum of the shares)");
+    expect_close(dk_all, dk.values(), tolerance(dt), what + " dK");
+    expect_close(dv_all, dv.values(), tolerance(dt), what + " dV");
+  }
+}
+
+// attention_merge's edge rows: a block with no visible key (lse_part = -inf) leaves the
+// row alone; a row with nothing so far (lse = -inf) takes the block's.
+TEST(AttentionMerge, RowsWithoutVisibleKeys) {
+  const DType dt = DType::kF32;
+  Tensor o(dt, {1, 2, 1, 2});
+  Tensor lse(DType::kF32, {1, 1, 2}), part(dt, {1, 2, 1, 2}), lse_part(DType::kF32, {1, 1, 2});
+  const double o0[] = {1, 2, 3, 4}, p0[] = {5, 6, 7, 8};
+  for (int64_t i = 0; i < 4; ++i) o.set(i, o0[i]), part.set(i, p0[i]);
+  lse.set(0, 0.5), lse.set(1, -INFINITY);            // row 0 has a result, row 1 none
+  lse_part.set(0, -INFINITY), lse_part.set(1, 1.5);  // the block sees nothing for row 0
+  run_ref(ops::kAttentionMerge, dt, {&part, &lse_part}, {&o, &lse});
+  expect_close(o, {1, 2, 7, 8}, dt, "merged O");
+  expect_close(lse, {0.5, 1.5}, DType::kF32, "merged lse");
+}
+
+// attention_merge's fast kernel against the reference, every dtype, with rows that have no
+// result yet and rows whose block sees nothing.
+TEST_P(AttentionTest, FastMergeMatchesReference) {
+  std::mt19937 rng(11);
+  DType dt = GetParam();
+  const int64_t b = 2, t = 9, h = 3, d = 5;
+  Tensor lse = Tensor::random(DType::kF32, {b, h, t}, rng, -3, 3);
+  Tensor lse_part = Tensor::random(DType::kF32, {b, h, t}, rng, -3, 3);
+  lse.set(4, -INFINITY);
+  lse_part.set(7, -INFINITY);
+  expect_fast_matches_ref(ops::kAttentionMerge, dt,
+                          {Tensor::random(dt, {b, t, h, d}, rng), lse_part},
+                          {Tensor::random(dt, {b, t, h, d}, rng), lse});
+}
+
 TEST(AttentionGradients, ReferenceMatchesFiniteDifferences) {
   std::mt19937 rng(3);
   for (AttnCase c :

@@ -43,6 +43,7 @@ const std::vector<const char*> kAllOps = {
     ops::kMaskedSoftmaxBwd,
     ops::kAttentionFwd,
     ops::kAttentionBwd,
+    ops::kAttentionMerge,
     ops::kCrossEntropyFwd,
     ops::kCrossEntropyBwd,
     ops::kCrossEntropyShardStats,

@@ -5,6 +5,7 @@
 //   nn/module_base.h      ModuleBase<I>: parameters, children and the IModule entry points
 //   nn/linear.h           Linear: dense GEMM sites with FP8 and deferred weight gradients
 //   nn/tensor_parallel.h  TensorParallel: column/row-parallel and sequence-parallel regions
+//   nn/context_parallel.h ContextParallelAttention: attention over a sequence split across ranks
 //   nn/child.h            building children from spec slots, calling their forward/backward
 //   nn/views.h            shape checks, flat views, saving/loading, context capabilities
 //   nn/recompute.h        ForwardOnlyContext / RerunContext for full recomputation
@@ -13,6 +14,7 @@
 #pragma once
 
 #include <loom/cpp/nn/child.h>
+#include <loom/cpp/nn/context_parallel.h>
 #include <loom/cpp/nn/linear.h>
 #include <loom/cpp/nn/module_base.h>
 #include <loom/cpp/nn/options.h>

@@ -34,11 +34,27 @@ struct SoftmaxAttrs {
 ///   inputs:  [0] Q float (B, T, H, D), [1] K float (B, S, G, D), [2] V float (B, S, G, D),
 ///            [3] segment ids i32 (B, T) or empty
 ///   outputs: [0] O float (B, T, H, D), [1] lse f32 (B, H, T): log-sum-exp of each row
-/// "attention_bwd":
+/// "attention_bwd": the softmax gradient uses the given O and lse as those of each query's
+/// whole row (delta = rowsum(dO * O), P = exp(scale * Q K^T - lse)). A call over one block
+/// of a longer row's keys (context parallelism) with the row's merged O and lse (see
+/// attention_merge) gives that block's share: dK and dV of its keys, and the part of dQ
+/// that the block's keys contribute; the shares sum to the whole row's gradients.
 ///   inputs:  [0] dO (B, T, H, D), [1] Q, [2] K, [3] V, [4] O, [5] lse, [6] segment ids
 ///   outputs: [0] dQ (B, T, H, D), [1] dK (B, S, G, D), [2] dV (B, S, G, D)
 inline constexpr const char* kAttentionFwd = "attention_fwd";
 inline constexpr const char* kAttentionBwd = "attention_bwd";
+/// "attention_merge": folds the attention of the same queries over another block of keys
+/// into a running result, so that attention over keys split into blocks (context
+/// parallelism: one block per rank of the ring) equals attention over all of them:
+///   lse' = log(exp(lse) + exp(lse_part)),
+///   O    = O * exp(lse - lse') + O_part * exp(lse_part - lse'),   lse = lse'.
+/// A row with lse_part = -inf (no visible key in the block) keeps O and lse; a row with
+/// lse = -inf (none so far) takes O_part and lse_part.
+///   inputs:  [0] O_part float (B, T, H, D), [1] lse_part f32 (B, H, T)
+///   outputs: [0] O float (B, T, H, D), read and written; [1] lse f32 (B, H, T), read and
+///            written
+/// Keyed on the dtype of O.
+inline constexpr const char* kAttentionMerge = "attention_merge";
 struct AttentionAttrs {
   float scale;  ///< usually 1 / sqrt(D)
   int32_t causal;

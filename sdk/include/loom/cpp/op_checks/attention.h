@@ -91,6 +91,28 @@ inline AttentionShape check_attention_bwd(const OpCall* call, bool shapes_only, 
   return s;
 }
 
+/// The extents (B, T, H, D) of an attention_merge call.
+struct AttentionMergeShape {
+  int64_t b, t, h, d;
+};
+
+/// Checks an attention_merge call, as check_attention_fwd does.
+inline AttentionMergeShape check_attention_merge(const OpCall* call, bool shapes_only,
+                                                 DeviceType device) {
+  OpArgs a(call, ops::kAttentionMerge, {"O_part", "lse_part"}, {"O", "lse"}, shapes_only, device);
+  const TensorView& O = a.float_out(0);
+  if (O.ndim != 4)
+    a.fail(a.out_label(0) + " has shape " + view_shape_str(O) + ", expected (B, T, H, D)");
+  AttentionMergeShape s{O.shape[0], O.shape[1], O.shape[2], O.shape[3]};
+  a.float_in(0);
+  a.shape_in(0, {s.b, s.t, s.h, s.d}, "O's shape (B, T, H, D)");
+  a.f32_in(1);
+  a.shape_in(1, {s.b, s.h, s.t}, "(B, H, T)");
+  a.f32_out(1);
+  a.shape_out(1, {s.b, s.h, s.t}, "(B, H, T)");
+  return s;
+}
+
 /// Philox element index of probability (b, h, t, k) (loom/ops.h, attention_fwd): that of
 /// a (B, H, T, S) tensor.
 inline uint64_t attention_dropout_index(const AttentionShape& s, int64_t b, int64_t h, int64_t t,
