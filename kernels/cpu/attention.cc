@@ -49,12 +49,15 @@ void probabilities(const OpCall* call, const AttentionShape& s, int64_t b, int64
                    const TensorView& Q, const TensorView& K, const TensorView& seg,
                    std::vector<double>& P, const float* lse, float* lse_out) {
   int64_t g = h / (s.h / s.g);
-  const int32_t* seg_row = seg.data != nullptr ? i32(seg) + b * s.t : nullptr;
+  const int32_t* key_seg =
+      s.key_segments >= 0 ? static_cast<const int32_t*>(call->inputs[s.key_segments].data) : nullptr;
+  const op_checks::SegmentRows rows =
+      op_checks::segment_rows(s, seg.data != nullptr ? i32(seg) : nullptr, key_seg, b);
   for (int64_t t = 0; t < s.t; ++t) {
     double* row = &P[t * s.s];
     double m = -INFINITY;
     for (int64_t k = 0; k < s.s; ++k) {
-      if (attention_masked(s.attrs.causal, t, k, s.t, s.s, seg_row)) {
+      if (attention_masked(s.attrs.causal, t, k, s.t, s.s, rows.q, rows.k)) {
         row[k] = -INFINITY;
         continue;
       }

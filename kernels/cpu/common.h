@@ -117,11 +117,12 @@ bool passes(F&& check) noexcept {
 
 // The attention mask of loom/ops.h: key s is hidden from query t (of T queries and S keys)
 // when causal and s > t + (S - T), or when their segment ids differ (`seg`: the batch
-// row's (T) ids, T == S, or null).
+// row's query ids (T) or null, `key_seg`: its key ids (S), `seg` itself when T == S and the
+// call has no key ids).
 inline bool attention_masked(bool causal, int64_t t, int64_t s, int64_t T, int64_t S,
-                             const int32_t* seg) {
+                             const int32_t* seg, const int32_t* key_seg) {
   if (causal && s > t + (S - T)) return true;
-  return seg != nullptr && seg[t] != seg[s];
+  return seg != nullptr && seg[t] != key_seg[s];
 }
 
 // ---- Cost helpers ---------------------------------------------------------------------

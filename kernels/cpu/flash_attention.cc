@@ -27,7 +27,8 @@ LOOM_CPU_FAST_BEGIN
 struct Operands {
   const AttentionShape& s;
   const float *q, *k, *v;
-  const int32_t* seg;  // (B, T) or null
+  const int32_t* seg;      // (B, T) or null
+  const int32_t* key_seg;  // (B, S) or null: the keys' own ids
   uint32_t threshold;  // Philox keep threshold
   float keep_scale;    // 1 / (1 - p)
 
@@ -44,9 +45,9 @@ struct Operands {
   // sc[j] = scale * q . k_{k0 + j} for j < n, -inf where masked.
   void scores(const float* qr, int64_t b, int64_t t, int64_t g, int64_t k0, int64_t n,
               float* sc) const {
-    const int32_t* seg_row = seg != nullptr ? seg + b * s.t : nullptr;
+    const op_checks::SegmentRows rows = op_checks::segment_rows(s, seg, key_seg, b);
     for (int64_t j = 0; j < n; ++j)
-      sc[j] = attention_masked(s.attrs.causal, t, k0 + j, s.t, s.s, seg_row)
+      sc[j] = attention_masked(s.attrs.causal, t, k0 + j, s.t, s.s, rows.q, rows.k)
                   ? -INFINITY
                   : s.attrs.scale * simd::dot(qr, k_row(b, k0 + j, g), s.d);
   }
@@ -64,11 +65,13 @@ struct Operands {
   }
 };
 
-Operands make_operands(const AttentionShape& s, const float* q, const float* k, const float* v,
-                       const TensorView& seg) {
+Operands make_operands(const OpCall* call, const AttentionShape& s, const float* q,
+                       const float* k, const float* v, const TensorView& seg) {
   float p = s.attrs.dropout_p;
-  return Operands{
-      s, q, k, v, seg.data != nullptr ? i32(seg) : nullptr, keep_threshold(p), 1.0f / (1.0f - p)};
+  const int32_t* key_seg =
+      s.key_segments >= 0 ? static_cast<const int32_t*>(call->inputs[s.key_segments].data) : nullptr;
+  return Operands{s,       q,       k, v, seg.data != nullptr ? i32(seg) : nullptr,
+                  key_seg, keep_threshold(p), 1.0f / (1.0f - p)};
 }
 
 // p[j] = exp(sc[j] - shift) (0 where sc is -inf).
@@ -78,7 +81,7 @@ Status attention_fwd_fast(const OpCall* call) {
   return guard([&] {
     AttentionShape s = op_checks::check_attention_fwd(call, false, DeviceType::kCpu);
     F32Copy q(call->inputs[0]), k(call->inputs[1]), v(call->inputs[2]);
-    Operands op = make_operands(s, q.data(), k.data(), v.data(), call->inputs[3]);
+    Operands op = make_operands(call, s, q.data(), k.data(), v.data(), call->inputs[3]);
     const TensorView& O = call->outputs[0];
     float* lse = f32_mut(call->outputs[1]);
     int64_t rows = s.b * s.h * s.t, group = s.h / std::max<int64_t>(s.g, 1);
@@ -126,7 +129,7 @@ Status attention_bwd_fast(const OpCall* call) {
     F32Copy dout(call->inputs[0]), q(call->inputs[1]), k(call->inputs[2]), v(call->inputs[3]);
     F32Copy o(call->inputs[4]);
     const float* lse = f32(call->inputs[5]);
-    Operands op = make_operands(s, q.data(), k.data(), v.data(), call->inputs[6]);
+    Operands op = make_operands(call, s, q.data(), k.data(), v.data(), call->inputs[6]);
     const float* dO = dout.data();
     int64_t group = s.h / std::max<int64_t>(s.g, 1), rows = s.b * s.h * s.t;
     auto row_of = [&](int64_t b, int64_t t, int64_t h) { return ((b * s.t + t) * s.h + h) * s.d; };

@@ -40,7 +40,7 @@ Status masked_softmax_fwd_ref(const OpCall* call) {
           const int32_t* seg = segment_row(call, s, b);
           double m = -INFINITY;
           for (int64_t k = 0; k < s.sk; ++k) {
-            v[k] = attention_masked(s.attrs.causal, t, k, s.t, s.sk, seg)
+            v[k] = attention_masked(s.attrs.causal, t, k, s.t, s.sk, seg, seg)
                        ? -INFINITY
                        : static_cast<double>(s.attrs.scale) * load(S, row + k);
             m = std::max(m, v[k]);
@@ -93,7 +93,7 @@ Status masked_softmax_fwd_fast(const OpCall* call) {
         simd::scal(s.attrs.scale, v, s.sk);
         if (s.attrs.causal || seg != nullptr)
           for (int64_t k = 0; k < s.sk; ++k)
-            if (attention_masked(s.attrs.causal, t, k, s.t, s.sk, seg)) v[k] = -INFINITY;
+            if (attention_masked(s.attrs.causal, t, k, s.t, s.sk, seg, seg)) v[k] = -INFINITY;
         float m = simd::max(v, s.sk);
         if (m == -INFINITY) {
           std::fill(buf.begin(), buf.end(), 0.0f);

@@ -543,6 +543,29 @@ TEST_F(PipelineTest, ContextParallelMatchesOneRankToEachGradient) {
   Curve llama_cp = train("cp_llama_cp2", llama, "--nproc 2 --set parallel.cp=2");
   expect_same_curve(llama_one, llama_cp, "llama cp2");
   expect_same_gradients("cp_llama_one", "cp_llama_cp2", llama_one.grad_norm[0]);
+
+  // Packed documents (a corpus of short texts, Megatron's reset_attention_mask and
+  // reset_position_ids): segment ids and positions follow the chunks, and attention stays
+  // within each document across ranks.
+  fs::create_directories(dir_ / "texts");
+  const char* words[] = {"red", "fox", "jumps", "over", "lazy", "dog", "a", "the", "sun"};
+  for (int d = 0; d < 40; ++d) {
+    std::string text;
+    for (int w = 0; w < 2 + d % 5; ++w) text += std::string(words[(d * 7 + w * 3) % 9]) + " ";
+    write_file(dir_ / "texts" / ("doc" + std::to_string(d) + ".txt"), text);
+  }
+  nlohmann::json packed = llama;
+  packed["model"]["vocab_size"] = 320;
+  packed["data"] = {{"corpus",
+                     {{"inputs", {(dir_ / "texts").string()}},
+                      {"vocab_size", 300},
+                      {"cache_dir", (dir_ / "corpora").string()}}},
+                    {"reset_attention_mask", true},
+                    {"reset_position_ids", true}};
+  Curve packed_one = train("cp_packed_one", packed, "");
+  Curve packed_cp = train("cp_packed_cp2", packed, "--nproc 2 --set parallel.cp=2");
+  expect_same_curve(packed_one, packed_cp, "packed documents cp2");
+  expect_same_gradients("cp_packed_one", "cp_packed_cp2", packed_one.grad_norm[0]);
 }
 
 // `loom schedule show`: the plan of every rank drawn, and its simulated bubble beside the

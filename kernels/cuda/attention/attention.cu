@@ -81,6 +81,7 @@ Status attention_fwd_cuda(const OpCall* call) {
     AttentionParams p = make_params(s);
     p.q = in[0].data, p.k = in[1].data, p.v = in[2].data;
     p.seg = static_cast<const int32_t*>(in[3].data);
+    p.kseg = s.key_segments >= 0 ? static_cast<const int32_t*>(in[s.key_segments].data) : p.seg;
     p.o = out[0].data, p.lse = static_cast<float*>(out[1].data);
     p.dt_q = in[0].dtype, p.dt_k = in[1].dtype, p.dt_v = in[2].dtype, p.dt_o = out[0].dtype;
     if (s.b * s.t * s.h == 0) return;  // no rows (O and lse are empty)
@@ -155,6 +156,7 @@ Status attention_bwd_cuda(const OpCall* call) {
     p.dout = in[0].data, p.q = in[1].data, p.k = in[2].data, p.v = in[3].data;
     p.out = in[4].data, p.lse_in = static_cast<const float*>(in[5].data);
     p.seg = static_cast<const int32_t*>(in[6].data);
+    p.kseg = s.key_segments >= 0 ? static_cast<const int32_t*>(in[s.key_segments].data) : p.seg;
     p.dq = out[0].data, p.dk = out[1].data, p.dv = out[2].data;
     p.dt_do = in[0].dtype, p.dt_q = in[1].dtype, p.dt_k = in[2].dtype, p.dt_v = in[3].dtype;
     p.dt_o = in[4].dtype;

@@ -94,7 +94,8 @@ __global__ void __launch_bounds__(32 * kWarps) attention_bwd_tc_kernel(const Att
 
   const T* k_base = static_cast<const T*>(p.k) + (b * S_ * G_ + g) * D;  // row s: + s G D
   const T* v_base = static_cast<const T*>(p.v) + (b * S_ * G_ + g) * D;
-  const int32_t* seg_row = p.seg != nullptr ? p.seg + b * T_ : nullptr;
+  const int32_t* seg_row = p.seg != nullptr ? p.seg + b * T_ : nullptr;    // queries
+  const int32_t* kseg_row = p.seg != nullptr ? p.kseg + b * S_ : nullptr;  // keys
 
   // Queries that can see some key of the tile: t >= n0 - (S - T) under the causal mask.
   const int64_t t_begin = p.causal ? max64(0, n0 - (S_ - T_)) : 0;
@@ -133,8 +134,8 @@ __global__ void __launch_bounds__(32 * kWarps) attention_bwd_tc_kernel(const Att
 
   // This lane's two keys of the warp's 16: gid and gid + 8.
   const int64_t s0 = n0 + warp * 16 + gid, s1 = s0 + 8;
-  const int32_t segk0 = seg_row != nullptr && s0 < S_ ? seg_row[s0] : 0;
-  const int32_t segk1 = seg_row != nullptr && s1 < S_ ? seg_row[s1] : 0;
+  const int32_t segk0 = kseg_row != nullptr && s0 < S_ ? kseg_row[s0] : 0;
+  const int32_t segk1 = kseg_row != nullptr && s1 < S_ ? kseg_row[s1] : 0;
   const float scale_log2 = p.scale * kLog2e;
   const int dq_strip = warp / Tile::kDqSplit, dq_col0 = (warp % Tile::kDqSplit) * Tile::kDqCols;
 

@@ -43,7 +43,8 @@ __global__ void __launch_bounds__(32 * kWarps) attention_fwd_tc_kernel(const Att
   const T* q_base = static_cast<const T*>(p.q) + (b * T_ * H_ + h) * D;   // row t: + t H D
   const T* k_base = static_cast<const T*>(p.k) + (b * S_ * p.g + g) * D;  // row s: + s G D
   const T* v_base = static_cast<const T*>(p.v) + (b * S_ * p.g + g) * D;
-  const int32_t* seg_row = p.seg != nullptr ? p.seg + b * T_ : nullptr;
+  const int32_t* seg_row = p.seg != nullptr ? p.seg + b * T_ : nullptr;    // queries
+  const int32_t* kseg_row = p.seg != nullptr ? p.kseg + b * S_ : nullptr;  // keys
 
   // Keys [0, n_end) are visible to some row of this block.
   const int64_t t_last = min64(m0 + kBr, T_) - 1;
@@ -57,7 +58,7 @@ __global__ void __launch_bounds__(32 * kWarps) attention_fwd_tc_kernel(const Att
     load_tile_async<T, D, kBc, Tile::kThreads>(sv + stage * kBc * kLd, v_base, n0, S_, p.g * D);
     if (seg_row != nullptr)
       for (int i = threadIdx.x; i < kBc; i += Tile::kThreads)
-        sseg[stage * kBc + i] = n0 + i < S_ ? seg_row[n0 + i] : 0;
+        sseg[stage * kBc + i] = n0 + i < S_ ? kseg_row[n0 + i] : 0;
   };
 
   load_tile_async<T, D, kBr, Tile::kThreads>(sq, q_base, m0, T_, H_ * D);

@@ -8,9 +8,10 @@
 
 namespace loom::kernels::cuda::attn {
 
-// Query t's segment differs from key s's (only with segment ids, T == S).
-__device__ __forceinline__ bool other_segment(const int32_t* seg_row, int64_t t, int64_t s) {
-  return seg_row != nullptr && seg_row[t] != seg_row[s];
+// Query t's segment differs from key s's (only with segment ids; kseg_row: the keys' ids).
+__device__ __forceinline__ bool other_segment(const int32_t* seg_row, const int32_t* kseg_row,
+                                              int64_t t, int64_t s) {
+  return seg_row != nullptr && seg_row[t] != kseg_row[s];
 }
 
 // Forward: warp per query row r = (b, h, t) of the (B, H, T) lse. Shared per warp:
@@ -28,6 +29,7 @@ __global__ void attention_fwd_generic_kernel(const AttentionParams p) {
   const int64_t b = r / (p.h * p.t), h = (r / p.t) % p.h, t = r % p.t, g = h / p.group;
   const int64_t q_row = ((b * p.t + t) * p.h + h) * D;
   const int32_t* seg_row = p.seg != nullptr ? p.seg + b * p.t : nullptr;
+  const int32_t* kseg_row = p.seg != nullptr ? p.kseg + b * p.s : nullptr;
   const float scale_log2 = p.scale * kLog2e;
   for (int64_t d = lane; d < D; d += 32) {
     sq[d] = Io::load(p.q, p.dt_q, q_row + d);
@@ -40,7 +42,7 @@ __global__ void attention_fwd_generic_kernel(const AttentionParams p) {
   for (int64_t k0 = 0; k0 < limit; k0 += 32) {
     const int64_t key = k0 + lane;
     float x = -INFINITY;
-    if (key < limit && !other_segment(seg_row, t, key)) {
+    if (key < limit && !other_segment(seg_row, kseg_row, t, key)) {
       const int64_t k_row = ((b * p.s + key) * p.g + g) * D;
       float dot = 0.0f;
       for (int64_t d = 0; d < D; ++d) dot += sq[d] * Io::load(p.k, p.dt_k, k_row + d);
@@ -101,6 +103,7 @@ __global__ void attention_bwd_dkv_generic_kernel(const AttentionParams p) {
   float* sds = spz + 32;
   const int64_t b = r / (p.s * p.g), key = (r / p.g) % p.s, g = r % p.g;
   const int32_t* seg_row = p.seg != nullptr ? p.seg + b * p.t : nullptr;
+  const int32_t* kseg_row = p.seg != nullptr ? p.kseg + b * p.s : nullptr;
   for (int64_t d = lane; d < D; d += 32) {
     sk[d] = Io::load(p.k, p.dt_k, r * D + d);
     sv[d] = Io::load(p.v, p.dt_v, r * D + d);
@@ -114,7 +117,7 @@ __global__ void attention_bwd_dkv_generic_kernel(const AttentionParams p) {
     for (int64_t t0 = t_begin; t0 < p.t; t0 += 32) {
       const int64_t t = t0 + lane;
       float pz = 0.0f, ds = 0.0f;
-      if (t < p.t && !other_segment(seg_row, t, key)) {
+      if (t < p.t && !other_segment(seg_row, kseg_row, t, key)) {
         const int64_t q_row = ((b * p.t + t) * p.h + h) * D;
         float qk = 0.0f, dp = 0.0f;
         for (int64_t d = 0; d < D; ++d) {
@@ -164,6 +167,7 @@ __global__ void attention_bwd_dq_generic_kernel(const AttentionParams p) {
   float* sds = sdq + D;
   const int64_t b = r / (p.t * p.h), t = (r / p.h) % p.t, h = r % p.h, g = h / p.group;
   const int32_t* seg_row = p.seg != nullptr ? p.seg + b * p.t : nullptr;
+  const int32_t* kseg_row = p.seg != nullptr ? p.kseg + b * p.s : nullptr;
   for (int64_t d = lane; d < D; d += 32) {
     sq[d] = Io::load(p.q, p.dt_q, r * D + d);
     sdo[d] = Io::load(p.dout, p.dt_do, r * D + d);
@@ -176,7 +180,7 @@ __global__ void attention_bwd_dq_generic_kernel(const AttentionParams p) {
   for (int64_t k0 = 0; k0 < limit; k0 += 32) {
     const int64_t key = k0 + lane;
     float ds = 0.0f;
-    if (key < limit && !other_segment(seg_row, t, key)) {
+    if (key < limit && !other_segment(seg_row, kseg_row, t, key)) {
       const int64_t kv_row = ((b * p.s + key) * p.g + g) * D;
       float qk = 0.0f, dp = 0.0f;
       for (int64_t d = 0; d < D; ++d) {

@@ -17,7 +17,8 @@ struct AttentionParams {
   const void* q;       // (B, T, H, D)
   const void* k;       // (B, S, G, D)
   const void* v;       // (B, S, G, D)
-  const int32_t* seg;  // (B, T) or null; T == S when present
+  const int32_t* seg;   // (B, T) or null: the queries' segment ids
+  const int32_t* kseg;  // (B, S): the keys' segment ids (seg itself when the call has none, T == S)
   // Forward outputs.
   void* o;     // (B, T, H, D)
   float* lse;  // (B, H, T)

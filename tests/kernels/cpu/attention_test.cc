@@ -23,6 +23,7 @@ std::string describe(const AttnCase& c) {
 
 struct AttnInputs {
   Tensor q, k, v, seg;
+  Tensor kseg;  // the keys' own segment ids (B, S), or empty
 };
 
 AttnInputs make_inputs(const AttnCase& c, DType dt, std::mt19937& rng) {
@@ -39,9 +40,11 @@ AttnInputs make_inputs(const AttnCase& c, DType dt, std::mt19937& rng) {
   return in;
 }
 
-bool masked(const AttnCase& c, const Tensor& seg, int64_t b, int64_t t, int64_t s) {
+bool masked(const AttnCase& c, const Tensor& seg, int64_t b, int64_t t, int64_t s,
+            const Tensor* kseg = nullptr) {
   if (c.causal && s > t + (c.s - c.t)) return true;
-  return !seg.empty() && seg.get(b * c.t + t) != seg.get(b * c.t + s);
+  if (seg.empty()) return false;
+  return seg.get(b * c.t + t) != (kseg != nullptr ? kseg->get(b * c.s + s) : seg.get(b * c.t + s));
 }
 
 // O (B, T, H, D) and lse (B, H, T) in f64, straight from the definition.
@@ -56,7 +59,7 @@ void naive_attention(const AttnCase& c, const AttnInputs& in, float scale, std::
         std::vector<double> sc(c.s, -INFINITY);
         double m = -INFINITY;
         for (int64_t s = 0; s < c.s; ++s) {
-          if (masked(c, in.seg, b, t, s)) continue;
+          if (masked(c, in.seg, b, t, s, in.kseg.empty() ? nullptr : &in.kseg)) continue;
           double dot = 0;
           for (int64_t i = 0; i < c.d; ++i)
             dot += in.q.get(((b * c.t + t) * c.h + h) * c.d + i) *
@@ -202,6 +205,50 @@ TEST(AttentionMerge, RowsWithoutVisibleKeys) {
   run_ref(ops::kAttentionMerge, dt, {&part, &lse_part}, {&o, &lse});
   expect_close(o, {1, 2, 7, 8}, dt, "merged O");
   expect_close(lse, {0.5, 1.5}, DType::kF32, "merged lse");
+}
+
+// Key segment ids (attention_fwd input [4], attention_bwd [7]): queries and keys of
+// different lengths, each with their documents; the reference against the f64 oracle and
+// the fast kernels against the reference, forward and backward.
+TEST_P(AttentionTest, KeySegmentIdsMaskAcrossDifferentLengths) {
+  std::mt19937 rng(12);
+  DType dt = GetParam();
+  for (const AttnCase& c : {AttnCase{2, 6, 10, 3, 1, 5, true, true},
+                            AttnCase{1, 9, 4, 2, 2, 4, false, true},
+                            AttnCase{1, 70, 70, 2, 1, 8, true, true}}) {
+    AttnInputs in = make_inputs(c, dt, rng);
+    std::vector<int32_t> ids(c.b * c.s);
+    for (int64_t b = 0; b < c.b; ++b)
+      for (int64_t k = 0; k < c.s; ++k) ids[b * c.s + k] = static_cast<int32_t>((k * (2 + b)) / c.s);
+    in.kseg = Tensor::i32({c.b, c.s}, ids);
+    float scale = 1.0f / std::sqrt(static_cast<float>(c.d));
+    ops::AttentionAttrs at{scale, c.causal, 0.0f, 0, 0};
+    Tensor o(dt, {c.b, c.t, c.h, c.d}), lse(DType::kF32, {c.b, c.h, c.t});
+    run_ref(ops::kAttentionFwd, dt, {&in.q, &in.k, &in.v, &in.seg, &in.kseg}, {&o, &lse}, &at);
+    std::vector<double> eo, ref_lse;
+    naive_attention(c, in, scale, eo, ref_lse);
+    expect_close(o, eo, dt, "key segments O " + describe(c));
+    expect_close(lse, ref_lse, DType::kF32, "key segments lse " + describe(c));
+    expect_fast_matches_ref(
+        ops::kAttentionFwd, dt, {in.q, in.k, in.v, in.seg, in.kseg},
+        {Tensor(dt, {c.b, c.t, c.h, c.d}), Tensor(DType::kF32, {c.b, c.h, c.t})}, &at,
+        "key segments " + describe(c));
+    Tensor dout = Tensor::random(dt, {c.b, c.t, c.h, c.d}, rng);
+    expect_fast_matches_ref(ops::kAttentionBwd, dt, {dout, in.q, in.k, in.v, o, lse, in.seg, in.kseg},
+                            {Tensor(dt, {c.b, c.t, c.h, c.d}), Tensor(dt, {c.b, c.s, c.g, c.d}),
+                             Tensor(dt, {c.b, c.s, c.g, c.d})},
+                            &at, "key segments " + describe(c));
+  }
+  // Key ids without query ids are refused by name.
+  const AttnCase c{1, 4, 4, 1, 1, 2, false, false};
+  AttnInputs in = make_inputs(c, DType::kF32, rng);
+  Tensor kseg = Tensor::i32({1, 4}, {0, 0, 1, 1}), none;
+  const ops::AttentionAttrs plain{1.0f, 0, 0.0f, 0, 0};
+  Tensor o(DType::kF32, {1, 4, 1, 2}), lse(DType::kF32, {1, 1, 4});
+  Status st = call_kernel(ops::kAttentionFwd, "cpu.ref", DType::kF32,
+                          {&in.q, &in.k, &in.v, &none, &kseg}, {&o, &lse}, &plain);
+  EXPECT_NE(st.code, Code::kOk);
+  status_release(&st);
 }
 
 // attention_merge's fast kernel against the reference, every dtype, with rows that have no

@@ -13,7 +13,7 @@ namespace loom::ops {
 
 /// "masked_softmax_fwd": P = softmax(scale * S + mask) over the last dimension, where the
 /// mask hides key s from query t when causal and s > t + (Sk - T), or when the segment ids
-/// of t and s differ. A fully masked row gives zeros. (The reference attention core.)
+/// of t and s differ (attention_fwd: the keys' own ids when given). A fully masked row gives zeros. (The reference attention core.)
 ///   inputs:  [0] S float (B, H, T, Sk), [1] segment ids i32 (B, T) or empty (T == Sk)
 ///   outputs: [0] P float (B, H, T, Sk)
 /// "masked_softmax_bwd": dS = scale * P * (dP - sum(dP * P)).
@@ -32,14 +32,19 @@ struct SoftmaxAttrs {
 /// the fused core matches the reference core exactly. Fast kernels never materialise
 /// (T, S).
 ///   inputs:  [0] Q float (B, T, H, D), [1] K float (B, S, G, D), [2] V float (B, S, G, D),
-///            [3] segment ids i32 (B, T) or empty
+///            [3] segment ids i32 (B, T) or empty,
+///            [4] (optional; a call may pass 4 inputs) key segment ids i32 (B, S) or empty:
+///            with them, [3] holds the queries' segments and [4] the keys', and T may differ
+///            from S (a block of a packed sequence's keys, context parallelism); without
+///            them the keys' segments are [3]'s, which needs T == S
 ///   outputs: [0] O float (B, T, H, D), [1] lse f32 (B, H, T): log-sum-exp of each row
 /// "attention_bwd": the softmax gradient uses the given O and lse as those of each query's
 /// whole row (delta = rowsum(dO * O), P = exp(scale * Q K^T - lse)). A call over one block
 /// of a longer row's keys (context parallelism) with the row's merged O and lse (see
 /// attention_merge) gives that block's share: dK and dV of its keys, and the part of dQ
 /// that the block's keys contribute; the shares sum to the whole row's gradients.
-///   inputs:  [0] dO (B, T, H, D), [1] Q, [2] K, [3] V, [4] O, [5] lse, [6] segment ids
+///   inputs:  [0] dO (B, T, H, D), [1] Q, [2] K, [3] V, [4] O, [5] lse, [6] segment ids,
+///            [7] (optional; a call may pass 7 inputs) key segment ids, as attention_fwd's
 ///   outputs: [0] dQ (B, T, H, D), [1] dK (B, S, G, D), [2] dV (B, S, G, D)
 inline constexpr const char* kAttentionFwd = "attention_fwd";
 inline constexpr const char* kAttentionBwd = "attention_bwd";

@@ -195,19 +195,26 @@ void run_case(const Case& c, std::mt19937& rng) {
   for (int64_t i = 0; i < q.n; ++i) q.set(i, 2.f * u(rng));
   for (int64_t i = 0; i < k.n; ++i) k.set(i, 2.f * u(rng));
   for (int64_t i = 0; i < v.n; ++i) v.set(i, u(rng));
-  std::vector<int32_t> seg(B * T);
-  for (int64_t b = 0; b < B; ++b) {
-    int32_t id = 0;
-    for (int64_t t = 0; t < T; ++t) {
-      if (t > 0 && rng() % 23 == 0) ++id;
-      seg[b * T + t] = id;
+  // Documents of about 23 tokens; with T != S the keys have their own ids (the op's key
+  // segment ids), drawn the same way, so that queries and keys share some documents.
+  auto documents = [&](int64_t n) {
+    std::vector<int32_t> ids(B * n);
+    for (int64_t b = 0; b < B; ++b) {
+      int32_t id = 0;
+      for (int64_t t = 0; t < n; ++t) {
+        if (t > 0 && rng() % 23 == 0) ++id;
+        ids[b * n + t] = id;
+      }
     }
-  }
+    return ids;
+  };
+  std::vector<int32_t> seg = documents(T);
+  std::vector<int32_t> kseg = T == S ? seg : documents(S);
   uint64_t key = 0x1234567890abcdefull, counter = 77;
   uint32_t thr = loom::keep_threshold(c.p);
   auto hidden = [&](int64_t b, int64_t t, int64_t s) {
     if (c.causal && s > t + (S - T)) return true;
-    return c.seg && seg[b * T + t] != seg[b * T + s];
+    return c.seg && seg[b * T + t] != kseg[b * S + s];
   };
   auto zmult = [&](int64_t b, int64_t h, int64_t t, int64_t s) -> double {
     if (c.p == 0.f) return 1.0;
@@ -293,6 +300,7 @@ void run_case(const Case& c, std::mt19937& rng) {
   p.k = k.data();
   p.v = v.data();
   p.seg = c.seg ? seg.data() : nullptr;
+  p.kseg = c.seg ? kseg.data() : nullptr;
   Buf o(c.dt, B * T * H * D), lse_out(DType::kF32, B * H * T);
   p.o = o.data();
   p.lse = (float*)lse_out.data();
@@ -445,6 +453,13 @@ int main(int argc, char** argv) {
       {"f32 D40 generic B1 T37 S50 H4 G2 causal dropout", DType::kF32, 1, 37, 50, 4, 2, 40, 1,
        false, 0.15f, true},
       {"f32 D64 generic seg", DType::kF32, 2, 45, 45, 2, 1, 64, 0, true, 0.f, true},
+      // Key segment ids (T != S): a block of a packed sequence's keys (context parallelism).
+      {"bf16 D64 B2 T64 S96 H2 G1 key seg", DType::kBF16, 2, 64, 96, 2, 1, 64, 0, true, 0.f,
+       false},
+      {"f16 D128 B1 T80 S48 H2 G2 key seg causal", DType::kF16, 1, 80, 48, 2, 2, 128, 1, true, 0.f,
+       false},
+      {"f32 D40 generic B2 T30 S50 key seg dropout", DType::kF32, 2, 30, 50, 2, 1, 40, 0, true,
+       0.1f, true},
       {"bf16 D96 generic causal T>S", DType::kBF16, 1, 40, 20, 2, 1, 96, 1, false, 0.f, true},
       {"bf16 D64 B2 T256 S256 H2 G1 causal", DType::kBF16, 2, 256, 256, 2, 1, 64, 1, false, 0.f,
        false},

@@ -22,7 +22,9 @@
 //               keep memory at one rank's share between the passes); the key/value
 //               gradients are reduce-scattered back.
 // Backward calls attention_bwd per block with the merged output and log-sum-exp, which
-// gives each block's share of the gradients (loom/ops/attention.h).
+// gives each block's share of the gradients (loom/ops/attention.h). Packed documents: the
+// segment ids of the keys travel (or are gathered) with them, and each block passes the
+// queries' and the keys' ids (attention_fwd's key segment ids).
 //
 // Internally every (B, 2c, ...) tensor is kept chunk-major, (2, B, c, ...), so that each
 // chunk of the whole micro-batch is one contiguous view.
@@ -100,7 +102,8 @@ class ContextParallelAttention {
 
   /// Attention of this rank's queries over the whole sequence's keys.
   ///   q (B, 2c, H, D), k and v (B, 2c, G, D): this rank's chunks (see above)
-  ///   segments: must be empty (packed documents are not split across ranks yet)
+  ///   segments (B, 2c) i32 or empty: this rank's chunks' segment ids (packed documents);
+  ///            they travel with the keys, and every block masks across documents
   ///   attrs: the core's scale, causal flag and dropout (key and counter of its stream)
   /// Returns out (B, 2c, H, D), a new activation of ctx; in training saves what backward
   /// needs in `owner`'s slots [first_slot, first_slot + kSlots).
@@ -110,29 +113,31 @@ class ContextParallelAttention {
     check_inputs(q, k, v, segments);
     Extents e = extents(q, k);
     TensorView q_cm = chunk_major(ctx, q), k_cm = chunk_major(ctx, k), v_cm = chunk_major(ctx, v);
+    TensorView seg_cm = segments_chunk_major(ctx, segments);
     TensorView o_cm = allocate(ctx, dtype_, {2, e.b, e.c, e.h, e.d}, device_);
     TensorView lse_cm = allocate(ctx, DType::kF32, {2, e.b, e.h, e.c}, device_);
     TensorView o_part = allocate(ctx, dtype_, {e.b, e.c, e.h, e.d}, device_);
     TensorView lse_part = allocate(ctx, DType::kF32, {e.b, e.h, e.c}, device_);
     bool started[2] = {false, false};
-    KeyValues kv = key_values(ctx, e, k_cm, v_cm);
+    KeyValues kv = key_values(ctx, e, k_cm, v_cm, seg_cm);
     for (int32_t step = 0; step < size_; ++step) {
       const int32_t source = (rank_ - step + size_) % size_;
       Ring ring = kv.advance(*this, step);
       for (const Block& blk : blocks(source, attrs.causal != 0)) {
         TensorView o_a = chunk(o_cm, blk.q_half), lse_a = chunk(lse_cm, blk.q_half);
         ops::AttentionAttrs a = block_attrs(attrs, e, blk);
-        if (!started[blk.q_half]) {
-          fwd_({chunk(q_cm, blk.q_half), chunk(kv.k, blk.kv_half), chunk(kv.v, blk.kv_half),
-                empty_view()},
-               {o_a, lse_a}, a, stream());
-          started[blk.q_half] = true;
-        } else {
-          fwd_({chunk(q_cm, blk.q_half), chunk(kv.k, blk.kv_half), chunk(kv.v, blk.kv_half),
-                empty_view()},
-               {o_part, lse_part}, a, stream());
-          merge_({o_part, lse_part}, {o_a, lse_a}, stream());
-        }
+        // The block's first result goes straight into the running one.
+        TensorView o_out = started[blk.q_half] ? o_part : o_a;
+        TensorView lse_out = started[blk.q_half] ? lse_part : lse_a;
+        const TensorView q_a = chunk(q_cm, blk.q_half), k_e = chunk(kv.k, blk.kv_half);
+        const TensorView v_e = chunk(kv.v, blk.kv_half);
+        if (present(seg_cm))
+          fwd_({q_a, k_e, v_e, chunk(seg_cm, blk.q_half), chunk(kv.s, blk.kv_half)},
+               {o_out, lse_out}, a, stream());
+        else
+          fwd_({q_a, k_e, v_e, empty_view()}, {o_out, lse_out}, a, stream());
+        if (started[blk.q_half]) merge_({o_part, lse_part}, {o_a, lse_a}, stream());
+        started[blk.q_half] = true;
       }
       ring.finish("forward");
       kv.settle(step);
@@ -140,11 +145,11 @@ class ContextParallelAttention {
     // Every query chunk sees at least its own chunk, so both halves were written.
     TensorView out = natural(ctx, o_cm);
     if (ctx.training()) {
-      const TensorView keep[kSlots] = {q_cm, k_cm, v_cm, o_cm, lse_cm, empty_view()};
+      const TensorView keep[kSlots] = {q_cm, k_cm, v_cm, o_cm, lse_cm, seg_cm};
       for (int32_t i = 0; i < kSlots; ++i) save(ctx, owner, first_slot + i, keep[i]);
     }
     kv.release_all(ctx);
-    release_all(ctx, {q_cm, k_cm, v_cm, o_cm, lse_cm, o_part, lse_part});
+    release_all(ctx, {q_cm, k_cm, v_cm, o_cm, lse_cm, seg_cm, o_part, lse_part});
     return out;
   }
 
@@ -155,7 +160,7 @@ class ContextParallelAttention {
                 TensorView& dk, TensorView& dv) const {
     TensorView q_cm = load(ctx, owner, first_slot + 0), k_cm = load(ctx, owner, first_slot + 1);
     TensorView v_cm = load(ctx, owner, first_slot + 2), o_cm = load(ctx, owner, first_slot + 3);
-    TensorView lse_cm = load(ctx, owner, first_slot + 4);
+    TensorView lse_cm = load(ctx, owner, first_slot + 4), seg_cm = load(ctx, owner, first_slot + 5);
     Extents e{q_cm.shape[1], q_cm.shape[2], q_cm.shape[3], k_cm.shape[3], q_cm.shape[4]};
     expect(dout, {e.b, 2 * e.c, e.h, e.d}, dtype_, "context-parallel attention d(out)");
     TensorView do_cm = chunk_major(ctx, dout);
@@ -166,7 +171,7 @@ class ContextParallelAttention {
     // This step's key/value gradients (of the chunks at hand), then added to what travels.
     TensorView dk_step = allocate(ctx, dtype_, {2, e.b, e.c, e.g, e.d}, device_);
     TensorView dv_step = allocate_like(ctx, dk_step);
-    KeyValues kv = key_values(ctx, e, k_cm, v_cm);
+    KeyValues kv = key_values(ctx, e, k_cm, v_cm, seg_cm);
     KeyValueGrads grads = key_value_grads(ctx, e);
     for (int32_t step = 0; step < size_; ++step) {
       const int32_t source = (rank_ - step + size_) % size_;
@@ -175,10 +180,16 @@ class ContextParallelAttention {
       fill_zero(dv_step);
       for (const Block& blk : blocks(source, attrs.causal != 0)) {
         ops::AttentionAttrs a = block_attrs(attrs, e, blk);
-        bwd_({chunk(do_cm, blk.q_half), chunk(q_cm, blk.q_half), chunk(kv.k, blk.kv_half),
-              chunk(kv.v, blk.kv_half), chunk(o_cm, blk.q_half), chunk(lse_cm, blk.q_half),
-              empty_view()},
-             {dq_part, dk_part, dv_part}, a, stream());
+        const TensorView do_a = chunk(do_cm, blk.q_half), q_a = chunk(q_cm, blk.q_half);
+        const TensorView k_e = chunk(kv.k, blk.kv_half), v_e = chunk(kv.v, blk.kv_half);
+        const TensorView o_a = chunk(o_cm, blk.q_half), lse_a = chunk(lse_cm, blk.q_half);
+        if (present(seg_cm))
+          bwd_({do_a, q_a, k_e, v_e, o_a, lse_a, chunk(seg_cm, blk.q_half),
+                chunk(kv.s, blk.kv_half)},
+               {dq_part, dk_part, dv_part}, a, stream());
+        else
+          bwd_({do_a, q_a, k_e, v_e, o_a, lse_a, empty_view()}, {dq_part, dk_part, dv_part}, a,
+               stream());
         TensorView dq_a = chunk(dq_cm, blk.q_half);
         TensorView dk_e = chunk(dk_step, blk.kv_half), dv_e = chunk(dv_step, blk.kv_half);
         add_({dq_a, dq_part}, {dq_a}, stream());
@@ -215,12 +226,10 @@ class ContextParallelAttention {
 
   void check_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
                     const TensorView& segments) const {
-    if (present(segments))
-      fail(Code::kUnimplemented,
-           "context parallelism: segment ids (packed documents, reset_attention_mask) cannot "
-           "be split across context-parallel ranks in this loom yet; train packed documents "
-           "with parallel.cp 1, or without segment ids");
     expect(q, {-1, -1, -1, -1}, dtype_, "context-parallel attention q");
+    if (present(segments))
+      expect(segments, {q.shape[0], q.shape[1]}, DType::kI32,
+             "context-parallel attention segment ids");
     expect(k, {q.shape[0], q.shape[1], -1, q.shape[3]}, dtype_, "context-parallel attention k");
     expect(v, {k.shape[0], k.shape[1], k.shape[2], k.shape[3]}, dtype_,
            "context-parallel attention v");
@@ -288,6 +297,22 @@ class ContextParallelAttention {
     return x;
   }
 
+  // Segment ids (B, 2c) -> (2, B, c), by 2 B row copies (no kernel moves i32); empty stays
+  // empty.
+  TensorView segments_chunk_major(IForwardContext& ctx, const TensorView& seg) const {
+    if (!present(seg)) return empty_view();
+    const int64_t b = seg.shape[0], c = seg.shape[1] / 2;
+    TensorView y = allocate(ctx, DType::kI32, {2, b, c}, device_);
+    const uint64_t row = static_cast<uint64_t>(c) * sizeof(int32_t);
+    for (int64_t i = 0; i < b; ++i)
+      for (int64_t half = 0; half < 2; ++half)
+        throw_if_error(host_->copy(device_, static_cast<char*>(y.data) + (half * b + i) * row,
+                                   device_, static_cast<const char*>(seg.data) + (i * 2 + half) * row,
+                                   row),
+                       "context-parallel attention: the segment ids");
+    return y;
+  }
+
   TensorView zeros(IForwardContext& ctx, DType dtype, std::initializer_list<int64_t> shape) const {
     TensorView t = allocate(ctx, dtype, shape, device_);
     fill_zero(t);
@@ -321,6 +346,10 @@ class ContextParallelAttention {
     std::vector<CommWorkPtr> work_;
   };
 
+  // Tags of a ring step's transfers: kTags * step + (0 keys, 1 values, 2 segment ids, 3 and
+  // 4 the key and value gradients).
+  static constexpr int32_t kTags = 8;
+
   int32_t next() const { return (rank_ + 1) % size_; }
   int32_t prev() const { return (rank_ - 1 + size_) % size_; }
 
@@ -328,11 +357,11 @@ class ContextParallelAttention {
   // all_gather: one source's chunks of the gathered whole).
   struct KeyValues {
     const ContextParallelAttention* cp = nullptr;
-    TensorView local_k{}, local_v{};    // (2, B, c, G, D)
-    TensorView k{}, v{};                // at hand
-    TensorView buf_k[2]{}, buf_v[2]{};  // p2p: receive buffers, alternating
-    TensorView all_k{}, all_v{};        // all_gather: (cp, 2, B, c, G, D)
-    TensorView next_k{}, next_v{};
+    TensorView local_k{}, local_v{}, local_s{};    // (2, B, c, G, D); segment ids (2, B, c)
+    TensorView k{}, v{}, s{};                      // at hand
+    TensorView buf_k[2]{}, buf_v[2]{}, buf_s[2]{};  // p2p: receive buffers, alternating
+    TensorView all_k{}, all_v{}, all_s{};          // all_gather: (cp, 2, B, c, G, D), (cp, 2, B, c)
+    TensorView next_k{}, next_v{}, next_s{};
 
     // Starts the transfer of the next step's keys and values (p2p), or picks the step's
     // source from the gathered ones (all_gather).
@@ -342,39 +371,48 @@ class ContextParallelAttention {
         const int32_t source = (self.rank_ - step + self.size_) % self.size_;
         k = chunk(all_k, source);
         v = chunk(all_v, source);
+        if (present(all_s)) s = chunk(all_s, source);
         return ring;
       }
-      if (step == 0) k = local_k, v = local_v;
+      if (step == 0) k = local_k, v = local_v, s = local_s;
       if (step + 1 < self.size_) {
         next_k = buf_k[step % 2];
         next_v = buf_v[step % 2];
-        ring.send(*self.comm_, k, self.next(), 4 * step, self.stream());
-        ring.send(*self.comm_, v, self.next(), 4 * step + 1, self.stream());
-        ring.recv(*self.comm_, next_k, self.prev(), 4 * step, self.stream());
-        ring.recv(*self.comm_, next_v, self.prev(), 4 * step + 1, self.stream());
+        next_s = buf_s[step % 2];
+        ring.send(*self.comm_, k, self.next(), kTags * step, self.stream());
+        ring.send(*self.comm_, v, self.next(), kTags * step + 1, self.stream());
+        ring.recv(*self.comm_, next_k, self.prev(), kTags * step, self.stream());
+        ring.recv(*self.comm_, next_v, self.prev(), kTags * step + 1, self.stream());
+        if (present(s)) {
+          ring.send(*self.comm_, s, self.next(), kTags * step + 2, self.stream());
+          ring.recv(*self.comm_, next_s, self.prev(), kTags * step + 2, self.stream());
+        }
       }
       return ring;
     }
     // After the step's transfers finished: the received keys and values are at hand.
     void settle(int32_t step) {
       if (cp->comm_type_ == ContextParallelComm::kP2p && step + 1 < cp->size_)
-        k = next_k, v = next_v;
+        k = next_k, v = next_v, s = next_s;
     }
     void release_all(IForwardContext& ctx) {
-      nn::release_all(ctx, {buf_k[0], buf_k[1], buf_v[0], buf_v[1], all_k, all_v});
+      nn::release_all(ctx, {buf_k[0], buf_k[1], buf_v[0], buf_v[1], buf_s[0], buf_s[1], all_k,
+                            all_v, all_s});
     }
   };
 
   KeyValues key_values(IForwardContext& ctx, const Extents& e, const TensorView& k_cm,
-                       const TensorView& v_cm) const {
+                       const TensorView& v_cm, const TensorView& seg_cm) const {
     KeyValues kv;
     kv.cp = this;
     kv.local_k = k_cm;
     kv.local_v = v_cm;
+    kv.local_s = seg_cm;
     if (comm_type_ == ContextParallelComm::kP2p) {
       for (int32_t i = 0; i < 2 && i + 1 < size_; ++i) {
         kv.buf_k[i] = allocate_like(ctx, k_cm);
         kv.buf_v[i] = allocate_like(ctx, v_cm);
+        if (present(seg_cm)) kv.buf_s[i] = allocate_like(ctx, seg_cm);
       }
     } else {
       kv.all_k = allocate(ctx, dtype_, {size_, 2, e.b, e.c, e.g, e.d}, device_);
@@ -383,6 +421,11 @@ class ContextParallelAttention {
                      "context-parallel attention: gathering the keys");
       throw_if_error(comm_->all_gather(&v_cm, &kv.all_v, stream()),
                      "context-parallel attention: gathering the values");
+      if (present(seg_cm)) {
+        kv.all_s = allocate(ctx, DType::kI32, {size_, 2, e.b, e.c}, device_);
+        throw_if_error(comm_->all_gather(&seg_cm, &kv.all_s, stream()),
+                       "context-parallel attention: gathering the segment ids");
+      }
     }
     return kv;
   }
@@ -410,10 +453,10 @@ class ContextParallelAttention {
       in_flight.finish("backward");  // the last receive, and the send of the other buffer
       self.add_({acc_k[in], dk}, {acc_k[in]}, self.stream());
       self.add_({acc_v[in], dv}, {acc_v[in]}, self.stream());
-      in_flight.send(*self.comm_, acc_k[in], self.next(), 4 * step + 2, self.stream());
-      in_flight.send(*self.comm_, acc_v[in], self.next(), 4 * step + 3, self.stream());
-      in_flight.recv(*self.comm_, acc_k[1 - in], self.prev(), 4 * step + 2, self.stream());
-      in_flight.recv(*self.comm_, acc_v[1 - in], self.prev(), 4 * step + 3, self.stream());
+      in_flight.send(*self.comm_, acc_k[in], self.next(), kTags * step + 3, self.stream());
+      in_flight.send(*self.comm_, acc_v[in], self.next(), kTags * step + 4, self.stream());
+      in_flight.recv(*self.comm_, acc_k[1 - in], self.prev(), kTags * step + 3, self.stream());
+      in_flight.recv(*self.comm_, acc_v[1 - in], self.prev(), kTags * step + 4, self.stream());
       last = 1 - in;
     }
     void finish(const ContextParallelAttention& self, TensorView& dk, TensorView& dv) {

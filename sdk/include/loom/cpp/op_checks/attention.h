@@ -19,13 +19,28 @@ namespace loom::op_checks {
 struct AttentionShape {
   int64_t b, t, s, h, g, d;  ///< batch, queries, keys, query heads, kv heads, head dim
   ops::AttentionAttrs attrs;
+  /// Index of the key segment ids among the call's inputs, or -1 when the call has none
+  /// (then keys take the query segment ids, T == S).
+  int key_segments = -1;
 };
+
+/// The segment id rows of batch entry b: the queries' (B, T) and the keys' ((B, S) when the
+/// call has key segment ids, else the queries'); both null without segment ids.
+struct SegmentRows {
+  const int32_t* q;
+  const int32_t* k;
+};
+inline SegmentRows segment_rows(const AttentionShape& s, const int32_t* seg,
+                                const int32_t* key_seg, int64_t b) {
+  if (seg == nullptr) return {nullptr, nullptr};
+  return {seg + b * s.t, key_seg != nullptr ? key_seg + b * s.s : seg + b * s.t};
+}
 
 namespace detail {
 
 // Q, K, V (inputs q, k, v), the optional segment ids (input seg) and the attributes.
 inline void check_attention_common(const OpArgs& a, AttentionShape& s, int q, int k, int v,
-                                   int seg) {
+                                   int seg, int kseg) {
   s.attrs = a.attrs<ops::AttentionAttrs>();
   const TensorView& Q = a.float_in(q);
   const TensorView& K = a.float_in(k);
@@ -41,11 +56,19 @@ inline void check_attention_common(const OpArgs& a, AttentionShape& s, int q, in
   if (s.g <= 0 || s.h % s.g != 0)
     a.fail("query heads H = " + std::to_string(s.h) +
            " must be a multiple of key/value heads G = " + std::to_string(s.g));
+  const bool keys = kseg >= 0 && a.opt_i32_in(kseg) != nullptr;
   if (a.opt_i32_in(seg)) {
     a.shape_in(seg, {s.b, s.t}, "(B, T)");
-    if (s.t != s.s)
+    if (keys) {
+      a.shape_in(kseg, {s.b, s.s}, "(B, S)");
+      s.key_segments = kseg;
+    } else if (s.t != s.s) {
       a.fail("segment ids need as many keys as queries (T = " + std::to_string(s.t) +
-             ", S = " + std::to_string(s.s) + ")");
+             ", S = " + std::to_string(s.s) + ") unless the keys' own ids come too (" +
+             a.in_label(kseg >= 0 ? kseg : seg) + ")");
+    }
+  } else if (keys) {
+    a.fail(a.in_label(kseg) + " are given without the queries' (" + a.in_label(seg) + ")");
   }
   if (!(s.attrs.dropout_p >= 0.0f && s.attrs.dropout_p < 1.0f))
     a.fail("dropout_p = " + std::to_string(s.attrs.dropout_p) + " must be in [0, 1)");
@@ -59,10 +82,13 @@ inline void check_attention_common(const OpArgs& a, AttentionShape& s, int q, in
 /// \param shapes_only  true inside `supports` (data pointers may be null)
 /// \param device       the device family of the kernel; tensors elsewhere are refused
 inline AttentionShape check_attention_fwd(const OpCall* call, bool shapes_only, DeviceType device) {
-  OpArgs a(call, ops::kAttentionFwd, {"Q", "K", "V", "segment_ids"}, {"O", "lse"}, shapes_only,
-           device);
+  const bool keys = call != nullptr && call->num_inputs == 5;  // key segment ids [4]
+  OpArgs a(call, ops::kAttentionFwd,
+           keys ? std::vector<std::string>{"Q", "K", "V", "segment_ids", "key_segment_ids"}
+                : std::vector<std::string>{"Q", "K", "V", "segment_ids"},
+           {"O", "lse"}, shapes_only, device);
   AttentionShape s{};
-  detail::check_attention_common(a, s, 0, 1, 2, 3);
+  detail::check_attention_common(a, s, 0, 1, 2, 3, keys ? 4 : -1);
   a.float_out(0);
   a.shape_out(0, {s.b, s.t, s.h, s.d}, "Q's shape (B, T, H, D)");
   a.f32_out(1);
@@ -72,10 +98,12 @@ inline AttentionShape check_attention_fwd(const OpCall* call, bool shapes_only, 
 
 /// Checks an attention_bwd call, as check_attention_fwd does.
 inline AttentionShape check_attention_bwd(const OpCall* call, bool shapes_only, DeviceType device) {
-  OpArgs a(call, ops::kAttentionBwd, {"dO", "Q", "K", "V", "O", "lse", "segment_ids"},
-           {"dQ", "dK", "dV"}, shapes_only, device);
+  const bool keys = call != nullptr && call->num_inputs == 8;  // key segment ids [7]
+  std::vector<std::string> inputs{"dO", "Q", "K", "V", "O", "lse", "segment_ids"};
+  if (keys) inputs.push_back("key_segment_ids");
+  OpArgs a(call, ops::kAttentionBwd, inputs, {"dQ", "dK", "dV"}, shapes_only, device);
   AttentionShape s{};
-  detail::check_attention_common(a, s, 1, 2, 3, 6);
+  detail::check_attention_common(a, s, 1, 2, 3, 6, keys ? 7 : -1);
   a.float_in(0);
   a.shape_in(0, {s.b, s.t, s.h, s.d}, "Q's shape (B, T, H, D)");
   a.float_in(4);
