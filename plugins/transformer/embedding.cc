@@ -13,6 +13,8 @@ constexpr uint64_t kDropoutStream = 1;
 Embedding::Embedding(IHost& host, const EmbeddingConfig& config)
     : config_(config), tp_(host, config.device, config.dtype, config.sequence_parallel) {
   int64_t v = config.vocab_size, c = config.hidden_size;
+  cp_rank_ = group(host, ParallelRole::kContext).rank();
+  cp_size_ = group(host, ParallelRole::kContext).size();
   vocab_start_ = tp_.rank() * tp_.split(v, "/vocab_size");
   word_ = add_param("word_embeddings.weight", config.dtype,
                     ParamSpec{{v, c},
@@ -83,7 +85,7 @@ void Embedding::run_forward(IForwardContext& ctx, const TensorView* inputs, int3
   if (ctx.training() && config_.dropout > 0.f) {
     ops::DropoutAttrs attrs{config_.dropout, 0, 0};
     ctx.rng(this, kDropoutStream, &attrs.key, &attrs.counter);
-    dropout_rows(dropout_fwd_, attrs, y, y, t, tp_.sequence_start(y.shape[1]));
+    dropout_sequence(dropout_fwd_, attrs, y, y, tp_, cp_rank_, cp_size_);
   }
   if (ctx.training()) {
     save(ctx, this, kTokens, tokens);
@@ -123,7 +125,7 @@ void Embedding::weight_grads(IForwardContext& ctx, const TensorView& grad_output
     ops::DropoutAttrs attrs{config_.dropout, 0, 0};
     ctx.rng(this, kDropoutStream, &attrs.key, &attrs.counter);
     TensorView dx = allocate_like(ctx, dy);
-    dropout_rows(dropout_bwd_, attrs, dy, dx, t, tp_.sequence_start(dy.shape[1]));
+    dropout_sequence(dropout_bwd_, attrs, dy, dx, tp_, cp_rank_, cp_size_);
     dy = dropped = dx;
   }
   dy = tp_.exit_backward(ctx, dy);  // (B, T, C)

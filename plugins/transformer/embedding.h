@@ -54,6 +54,7 @@ class Embedding final : public ModuleBase<IGenericModule> {
 
   EmbeddingConfig config_;
   TensorParallel tp_;
+  int32_t cp_rank_ = 0, cp_size_ = 1;  // the context-parallel group (dropout follows the chunks)
   int64_t vocab_start_ = 0;  // first vocabulary row of this rank's table
   int32_t word_, position_ = -1;
   Kernel embed_fwd_, embed_bwd_, add_, dropout_fwd_, dropout_bwd_;

@@ -60,6 +60,8 @@ TransformerLayer::TransformerLayer(const nlohmann::json& options, IBuildContext&
   float out_std = static_cast<float>(init_std / std::sqrt(2.0 * static_cast<double>(layers)));
 
   IHost& host = *ctx.host();
+  cp_rank_ = group(host, ParallelRole::kContext).rank();
+  cp_size_ = group(host, ParallelRole::kContext).size();
   if (inherited_or<std::string>(options, "position_embedding", "learned") == "rope") {
     nlohmann::json rotary = inherited_or(options, "rotary", nlohmann::json::object());
     rotary_dim_ = rotary_dim(rotary, head_dim_);
@@ -128,8 +130,7 @@ void TransformerLayer::dropout_forward(IForwardContext& ctx, const TensorView& x
   if (!ctx.training() || hidden_dropout_ == 0.f) return;
   ops::DropoutAttrs attrs{hidden_dropout_, 0, 0};
   ctx.rng(this, purpose, &attrs.key, &attrs.counter);
-  int64_t tl = x.shape[1];
-  dropout_rows(dropout_fwd_, attrs, x, x, tp_.full_length(tl), tp_.sequence_start(tl));
+  dropout_sequence(dropout_fwd_, attrs, x, x, tp_, cp_rank_, cp_size_);
 }
 
 TensorView TransformerLayer::dropout_backward(IForwardContext& ctx, const TensorView& dy,
@@ -138,8 +139,7 @@ TensorView TransformerLayer::dropout_backward(IForwardContext& ctx, const Tensor
   ops::DropoutAttrs attrs{hidden_dropout_, 0, 0};
   ctx.rng(this, purpose, &attrs.key, &attrs.counter);
   TensorView dx = allocate_like(ctx, dy);
-  int64_t tl = dy.shape[1];
-  dropout_rows(dropout_bwd_, attrs, dy, dx, tp_.full_length(tl), tp_.sequence_start(tl));
+  dropout_sequence(dropout_bwd_, attrs, dy, dx, tp_, cp_rank_, cp_size_);
   return dx;
 }
 

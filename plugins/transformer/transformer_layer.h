@@ -56,6 +56,7 @@ class TransformerLayer final : public ModuleBase<ILayer> {
 
   int64_t hidden_, heads_, groups_, head_dim_;
   TensorParallel tp_;
+  int32_t cp_rank_ = 0, cp_size_ = 1;  // the context-parallel group (dropout follows the chunks)
   int64_t local_heads_, local_groups_;  // this rank's share of heads_ and groups_
   bool qkv_bias_, proj_bias_;
   float hidden_dropout_;

@@ -503,7 +503,7 @@ TEST_F(PipelineTest, EverySchedulesMatchesOneRankToEachGradient) {
 // (all_gather); equal to one rank at every step and in every parameter's gradient after
 // step 1. Learned positions (gpt) with both attention cores, a ring of four, with tensor and
 // sequence parallelism, with a pipeline, with data parallelism and the distributed
-// optimizer; RoPE with grouped-query attention (a LLaMA shape).
+// optimizer; RoPE with grouped-query attention and dropout (a LLaMA shape); packed documents.
 TEST_F(PipelineTest, ContextParallelMatchesOneRankToEachGradient) {
   struct Layout {
     std::string name, args;
@@ -539,6 +539,10 @@ TEST_F(PipelineTest, ContextParallelMatchesOneRankToEachGradient) {
   llama["model"]["layer"]["norm"] = {{"impl", "rmsnorm"}};
   llama["model"]["final_norm"] = {{"impl", "rmsnorm"}};
   llama["model"]["layer"]["mlp"] = {{"impl", "mlp"}, {"activation", "swiglu"}};
+  // Dropout draws the one-rank masks: hidden dropout by global row, attention dropout by
+  // each block's place in the whole (T, T) matrix.
+  llama["model"]["hidden_dropout"] = 0.1;
+  llama["model"]["attention_dropout"] = 0.1;
   Curve llama_one = train("cp_llama_one", llama, "");
   Curve llama_cp = train("cp_llama_cp2", llama, "--nproc 2 --set parallel.cp=2");
   expect_same_curve(llama_one, llama_cp, "llama cp2");

@@ -52,6 +52,7 @@ AttentionParams make_params(const AttentionShape& s) {
   p.keep_scale = 1.0f / (1.0f - s.attrs.dropout_p);
   p.key = s.attrs.key;
   p.counter = s.attrs.counter;
+  p.q_offset = s.q_offset, p.k_offset = s.k_offset, p.q_total = s.q_total, p.k_total = s.k_total;
   return p;
 }
 

@@ -201,8 +201,7 @@ __global__ void __launch_bounds__(32 * kWarps) attention_bwd_tc_kernel(const Att
         const float pr = hidden ? 0.0f : exp2f(st[nt][e] * scale_log2 - lse2[col]);
         float z = 1.0f;
         if (p.dropout && pr != 0.0f)
-          z = dropout_mult(p.key, p.counter,
-                           static_cast<uint64_t>(((b * H_ + h) * T_ + t) * S_ + key), p.threshold,
+          z = dropout_mult(p.key, p.counter, dropout_index(p, b, h, t, key), p.threshold,
                            p.keep_scale);
         st[nt][e] = pr * z;
         dpt[nt][e] = p.scale * pr * (dpt[nt][e] * z - delta[col]);

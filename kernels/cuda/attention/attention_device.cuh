@@ -23,6 +23,7 @@
 #include <stdint.h>
 
 #include "kernels/cuda/attention/attention_mma.cuh"
+#include "kernels/cuda/attention/attention_params.cuh"
 #include "kernels/cuda/common/dtype.cuh"
 
 namespace loom::kernels::cuda::attn {
@@ -111,6 +112,14 @@ __device__ __forceinline__ uint32_t philox_word(const Philox4& r, uint32_t w) {
 }
 
 // The multiplier of element `index` of the (B, H, T, S) probabilities: keep / (1 - p).
+// The Philox element index of probability (b, h, t, s) (loom/ops.h; a block's place in its
+// whole with AttentionBlockAttrs).
+__device__ __forceinline__ uint64_t dropout_index(const AttentionParams& p, int64_t b, int64_t h,
+                                                  int64_t t, int64_t s) {
+  return static_cast<uint64_t>(((b * p.h + h) * p.q_total + p.q_offset + t) * p.k_total +
+                               p.k_offset + s);
+}
+
 __device__ __forceinline__ float dropout_mult(uint64_t key, uint64_t counter, uint64_t index,
                                               uint32_t threshold, float keep_scale) {
   Philox4 r = philox4x32_10(key, counter + index / 4);

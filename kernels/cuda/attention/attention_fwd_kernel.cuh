@@ -165,7 +165,7 @@ __global__ void __launch_bounds__(32 * kWarps) attention_fwd_tc_kernel(const Att
           if (s[nt][e] == 0.0f && s[nt][e + 1] == 0.0f) continue;  // hidden: nothing to drop
           const int64_t row = e < 2 ? t0 : t1;
           const int64_t key = n0 + nt * 8 + 2 * tig;
-          const uint64_t index = static_cast<uint64_t>(((b * H_ + h) * T_ + row) * S_ + key);
+          const uint64_t index = dropout_index(p, b, h, row, key);
           float k0, k1;
           dropout_mult2(p.key, p.counter, index, p.threshold, p.keep_scale, k0, k1);
           s[nt][e] *= k0;

@@ -55,8 +55,7 @@ __global__ void attention_fwd_generic_kernel(const AttentionParams p) {
     l = l * corr + warp_sum(pr);
     m = m_new;
     if (p.dropout && pr != 0.0f)
-      pr *= dropout_mult(p.key, p.counter,
-                         static_cast<uint64_t>(((b * p.h + h) * p.t + t) * p.s + key), p.threshold,
+      pr *= dropout_mult(p.key, p.counter, dropout_index(p, b, h, t, key), p.threshold,
                          p.keep_scale);
     sp[lane] = pr;
     __syncwarp();
@@ -82,8 +81,8 @@ __device__ __forceinline__ void recompute(const AttentionParams& p, float qk, fl
   pr = lse == -INFINITY ? 0.0f : exp2f(qk * p.scale * kLog2e - lse * kLog2e);
   z = 1.0f;
   if (p.dropout && pr != 0.0f)
-    z = dropout_mult(p.key, p.counter, static_cast<uint64_t>(((b * p.h + h) * p.t + t) * p.s + key),
-                     p.threshold, p.keep_scale);
+    z = dropout_mult(p.key, p.counter, dropout_index(p, b, h, t, key), p.threshold,
+                     p.keep_scale);
 }
 
 // Backward pass 1: warp per key row r = (b, s, g) of the (B, S, G, D) dK / dV. Shared per

@@ -41,6 +41,10 @@ struct AttentionParams {
   int64_t b, t, s, h, g, d;
   int64_t group;  // H / G: query heads per key/value head
 
+  // The dropout index's frame (AttentionBlockAttrs): element (b, h, t, s) draws number
+  // ((b H + h) q_total + q_offset + t) k_total + k_offset + s; 0, 0, T, S for a whole call.
+  int64_t q_offset, k_offset, q_total, k_total;
+
   float scale;
   int32_t causal;
   int32_t dropout;     // 1 when dropout_p > 0

@@ -5,6 +5,8 @@
 // (gemm, masked_softmax_fwd, dropout_fwd, gemm).
 #include <cmath>
 
+#include <loom/cpp/op_checks/attention.h>
+
 #include "tests/kernels/cpu/op_test_util.h"
 
 namespace loom::kernels::cpu::testing {
@@ -149,47 +151,67 @@ TEST(AttentionBlocks, MergedBlocksEqualTheWholeRowAndBackwardSharesAddUp) {
   const int64_t c = 37, h = 4, g = 2, d = 8;
   const AttnCase whole{1, c, 2 * c, h, g, d, true, false};
   const DType dt = DType::kF32;
-  for (const char* name : {"cpu.ref", "cpu.fast"}) {
-    std::mt19937 rng(7);
-    AttnInputs in = make_inputs(whole, dt, rng);
-    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-    ops::AttentionAttrs causal{scale, 1, 0.0f, 0, 0}, full{scale, 0, 0.0f, 0, 0};
-    std::vector<double> eo, else_;
-    naive_attention(whole, in, scale, eo, else_);
+  for (const char* name : {"cpu.ref", "cpu.fast"})
+    for (float p : {0.0f, 0.2f}) {
+      std::mt19937 rng(7);
+      AttnInputs in = make_inputs(whole, dt, rng);
+      const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+      // With dropout the blocks say where they sit in the whole (AttentionBlockAttrs), and
+      // draw the whole call's mask.
+      const ops::AttentionAttrs causal{scale, 1, p, 0x5eedull, 40}, full{scale, 0, p, 0x5eedull, 40};
+      const ops::AttentionBlockAttrs first{full, 0, 0, c, 2 * c}, second{causal, 0, c, c, 2 * c};
+      Tensor k0 = key_block(in.k, 0, c, g, d), k1 = key_block(in.k, c, 2 * c, g, d);
+      Tensor v0 = key_block(in.v, 0, c, g, d), v1 = key_block(in.v, c, 2 * c, g, d);
+      Tensor none;
+      Tensor o(dt, {1, c, h, d}), lse(DType::kF32, {1, h, c});
+      Tensor o1(dt, {1, c, h, d}), lse1(DType::kF32, {1, h, c});
+      run(ops::kAttentionFwd, name, dt, {&in.q, &k0, &v0, &none}, {&o, &lse}, &first);
+      run(ops::kAttentionFwd, name, dt, {&in.q, &k1, &v1, &none}, {&o1, &lse1}, &second);
+      run_ref(ops::kAttentionMerge, dt, {&o1, &lse1}, {&o, &lse});
+      std::string what = std::string(name) + " merged blocks, dropout " + std::to_string(p);
 
-    Tensor k0 = key_block(in.k, 0, c, g, d), k1 = key_block(in.k, c, 2 * c, g, d);
-    Tensor v0 = key_block(in.v, 0, c, g, d), v1 = key_block(in.v, c, 2 * c, g, d);
-    Tensor none;
-    Tensor o(dt, {1, c, h, d}), lse(DType::kF32, {1, h, c});
-    Tensor o1(dt, {1, c, h, d}), lse1(DType::kF32, {1, h, c});
-    run(ops::kAttentionFwd, name, dt, {&in.q, &k0, &v0, &none}, {&o, &lse}, &full);
-    run(ops::kAttentionFwd, name, dt, {&in.q, &k1, &v1, &none}, {&o1, &lse1}, &causal);
-    run_ref(ops::kAttentionMerge, dt, {&o1, &lse1}, {&o, &lse});
-    std::string what = std::string(name) + " merged blocks";
-    expect_close(o, eo, dt, what + " O");
-    expect_close(lse, else_, DType::kF32, what + " lse");
-
-    // The whole row's gradients, then each block's share.
-    Tensor dout = Tensor::random(dt, {1, c, h, d}, rng);
-    Tensor wo(dt, {1, c, h, d}), wlse(DType::kF32, {1, h, c});
-    run(ops::kAttentionFwd, name, dt, {&in.q, &in.k, &in.v, &none}, {&wo, &wlse}, &causal);
-    Tensor dq(dt, {1, c, h, d}), dk(dt, {1, 2 * c, g, d}), dv(dt, {1, 2 * c, g, d});
-    run(ops::kAttentionBwd, name, dt, {&dout, &in.q, &in.k, &in.v, &wo, &wlse, &none},
-        {&dq, &dk, &dv}, &causal);
-    Tensor dq0(dt, {1, c, h, d}), dk0(dt, {1, c, g, d}), dv0(dt, {1, c, g, d});
-    Tensor dq1(dt, {1, c, h, d}), dk1(dt, {1, c, g, d}), dv1(dt, {1, c, g, d});
-    run(ops::kAttentionBwd, name, dt, {&dout, &in.q, &k0, &v0, &o, &lse, &none}, {&dq0, &dk0, &dv0},
-        &full);
-    run(ops::kAttentionBwd, name, dt, {&dout, &in.q, &k1, &v1, &o, &lse, &none}, {&dq1, &dk1, &dv1},
-        &causal);
-    std::vector<double> dq_sum = dq0.values(), dk_all = dk0.values(), dv_all = dv0.values();
-    for (size_t i = 0; i < dq_sum.size(); ++i) dq_sum[i] += dq1.get(static_cast<int64_t>(i));
-    for (double x : dk1.values()) dk_all.push_back(x);
-    for (double x : dv1.values()) dv_all.push_back(x);
-    expect_close(dq_sum, dq.values(), tolerance(dt), what + " dQ (sum of the shares)");
-    expect_close(dk_all, dk.values(), tolerance(dt), what + " dK");
-    expect_close(dv_all, dv.values(), tolerance(dt), what + " dV");
+      // The whole row in one call: forward and gradients, then each block's share.
+      Tensor wo(dt, {1, c, h, d}), wlse(DType::kF32, {1, h, c});
+      run(ops::kAttentionFwd, name, dt, {&in.q, &in.k, &in.v, &none}, {&wo, &wlse}, &causal);
+      if (p == 0.0f) {  // and the f64 oracle
+        std::vector<double> eo, ref_lse;
+        naive_attention(whole, in, scale, eo, ref_lse);
+        expect_close(o, eo, dt, what + " O");
+        expect_close(lse, ref_lse, DType::kF32, what + " lse");
+      }
+      expect_close(o.values(), wo.values(), tolerance(dt), what + " O against one call");
+      expect_close(lse.values(), wlse.values(), tolerance(DType::kF32), what + " lse against one call");
+      Tensor dout = Tensor::random(dt, {1, c, h, d}, rng);
+      Tensor dq(dt, {1, c, h, d}), dk(dt, {1, 2 * c, g, d}), dv(dt, {1, 2 * c, g, d});
+      run(ops::kAttentionBwd, name, dt, {&dout, &in.q, &in.k, &in.v, &wo, &wlse, &none},
+          {&dq, &dk, &dv}, &causal);
+      Tensor dq0(dt, {1, c, h, d}), dk0(dt, {1, c, g, d}), dv0(dt, {1, c, g, d});
+      Tensor dq1(dt, {1, c, h, d}), dk1(dt, {1, c, g, d}), dv1(dt, {1, c, g, d});
+      run(ops::kAttentionBwd, name, dt, {&dout, &in.q, &k0, &v0, &o, &lse, &none},
+          {&dq0, &dk0, &dv0}, &first);
+      run(ops::kAttentionBwd, name, dt, {&dout, &in.q, &k1, &v1, &o, &lse, &none},
+          {&dq1, &dk1, &dv1}, &second);
+      std::vector<double> dq_sum = dq0.values(), dk_all = dk0.values(), dv_all = dv0.values();
+      for (size_t i = 0; i < dq_sum.size(); ++i) dq_sum[i] += dq1.get(static_cast<int64_t>(i));
+      for (double x : dk1.values()) dk_all.push_back(x);
+      for (double x : dv1.values()) dv_all.push_back(x);
+      expect_close(dq_sum, dq.values(), tolerance(dt), what + " dQ (sum of the shares)");
+      expect_close(dk_all, dk.values(), tolerance(dt), what + " dK");
+      expect_close(dv_all, dv.values(), tolerance(dt), what + " dV");
+    }
+  // A block that does not fit its whole is refused by name.
+  std::mt19937 rng(8);
+  AttnInputs in = make_inputs(whole, dt, rng);
+  Tensor none, o(dt, {1, c, h, d}), lse(DType::kF32, {1, h, c});
+  const ops::AttentionBlockAttrs outside{{1.0f, 1, 0.0f, 0, 0}, 1, 0, c, 2 * c};
+  CallHolder call({&in.q, &in.k, &in.v, &none}, {&o, &lse}, &outside);
+  std::string message;
+  try {
+    ::loom::op_checks::check_attention_fwd(&call.call, false, DeviceType::kCpu);
+  } catch (const Error& e) {
+    message = e.what();
   }
+  EXPECT_NE(message.find("must lie within the whole"), std::string::npos) << message;
 }
 
 // attention_merge's edge rows: a block with no visible key (lse_part = -inf) leaves the

@@ -68,4 +68,18 @@ struct AttentionAttrs {
   uint64_t counter;
 };
 
+/// The attributes of an attention_fwd / attention_bwd call over one block of a larger
+/// attention (context parallelism's (query chunk, key chunk) pairs); a call passes either
+/// this or AttentionAttrs, told apart by OpCall::attrs_size. The mask (causal, segments)
+/// is the block's own, as with AttentionAttrs; the block's place in the whole decides the
+/// dropout mask only: element (b, h, t, s) draws the number of element
+/// (b, h, q_offset + t, k_offset + s) of a (B, H, q_total, k_total) tensor, so the blocks
+/// of a split sequence draw exactly the whole sequence's mask.
+/// Rules: 0 <= q_offset, q_offset + T <= q_total, and the same for k with S.
+struct AttentionBlockAttrs {
+  AttentionAttrs base;
+  int64_t q_offset, k_offset;  ///< the block's first query and key in the whole
+  int64_t q_total, k_total;    ///< queries and keys of the whole
+};
+
 }  // namespace loom::ops

@@ -149,6 +149,9 @@ struct Case {
   float p;
   bool generic;
   DType dt_other = DType::kInvalid;  // generic: K, V, dO, dK in this dtype (mixed)
+  // A block of a larger attention (AttentionBlockAttrs): its first query and key in the
+  // whole; the whole has `more` queries and keys beyond the block's end.
+  int64_t q_offset = 0, k_offset = 0, more = 0;
 };
 
 struct Tol {
@@ -218,7 +221,8 @@ void run_case(const Case& c, std::mt19937& rng) {
   };
   auto zmult = [&](int64_t b, int64_t h, int64_t t, int64_t s) -> double {
     if (c.p == 0.f) return 1.0;
-    uint64_t idx = (uint64_t)(((b * H + h) * T + t) * S + s);
+    const int64_t qt = c.q_offset + T + c.more, kt = c.k_offset + S + c.more;
+    uint64_t idx = (uint64_t)(((b * H + h) * qt + c.q_offset + t) * kt + c.k_offset + s);
     return loom::philox_keep(key, counter, idx, thr) ? 1.0 / (1.0 - (double)c.p) : 0.0;
   };
   // ---- reference forward (f64)
@@ -291,6 +295,8 @@ void run_case(const Case& c, std::mt19937& rng) {
   p.b = B, p.t = T, p.s = S, p.h = H, p.g = G, p.d = D, p.group = grp;
   p.scale = scale;
   p.causal = c.causal;
+  p.q_offset = c.q_offset, p.k_offset = c.k_offset;
+  p.q_total = c.q_offset + T + c.more, p.k_total = c.k_offset + S + c.more;
   p.dropout = c.p > 0;
   p.threshold = keep_threshold(c.p);
   p.keep_scale = 1.0f / (1.0f - c.p);
@@ -453,6 +459,11 @@ int main(int argc, char** argv) {
       {"f32 D40 generic B1 T37 S50 H4 G2 causal dropout", DType::kF32, 1, 37, 50, 4, 2, 40, 1,
        false, 0.15f, true},
       {"f32 D64 generic seg", DType::kF32, 2, 45, 45, 2, 1, 64, 0, true, 0.f, true},
+      // Blocks of a larger attention: the dropout index of their place in the whole.
+      {"bf16 D64 B2 T64 S64 block dropout", DType::kBF16, 2, 64, 64, 2, 1, 64, 0, false, 0.2f,
+       false, DType::kInvalid, 128, 64, 17},
+      {"f32 D24 generic block dropout causal", DType::kF32, 1, 20, 20, 2, 1, 24, 1, false, 0.2f,
+       true, DType::kInvalid, 40, 0, 5},
       // Key segment ids (T != S): a block of a packed sequence's keys (context parallelism).
       {"bf16 D64 B2 T64 S96 H2 G1 key seg", DType::kBF16, 2, 64, 96, 2, 1, 64, 0, true, 0.f,
        false},

@@ -29,9 +29,9 @@
 // Internally every (B, 2c, ...) tensor is kept chunk-major, (2, B, c, ...), so that each
 // chunk of the whole micro-batch is one contiguous view.
 //
-// Attention dropout: each block draws its mask from the call's stream at its own counter
-// offset (by its global chunk pair), the same in forward and backward; the masks are not
-// those of a one-rank run (whose Philox index counts positions of the whole (T, T) matrix).
+// Attention dropout: each block says where it sits in the whole (T, T) attention
+// (ops::AttentionBlockAttrs), so it draws exactly the mask of a one-rank run, in forward and
+// backward.
 //
 //   ContextParallelAttention cp(host, device, dtype, context_parallel_comm(name));
 //   if (cp.active()) out = cp.forward(ctx, this, 0, q, k, v, segments, attrs);   // saves
@@ -44,6 +44,7 @@
 #include <loom/cpp/nn/views.h>
 #include <loom/ops.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <string>
@@ -65,6 +66,30 @@ inline ContextParallelComm context_parallel_comm(const std::string& name) {
   if (name == "p2p") return ContextParallelComm::kP2p;
   if (name == "all_gather") return ContextParallelComm::kAllGather;
   invalid("#/parallel/cp_comm_type: '" + name + "' is not one of p2p, all_gather");
+}
+
+/// Dropout of a (B, T_local, C) activation between the layers of a context-parallel rank
+/// (its two chunks, or with sequence parallelism its shard of them) drawing exactly what a
+/// one-rank run draws for those tokens (dropout_row_run per contiguous stretch of the whole
+/// sequence).
+/// \param kernel    the dropout_fwd or dropout_bwd kernel
+/// \param attrs     p and the stream's (key, counter) for the whole tensor
+/// \param in, out   (B, T_local, C), may alias
+/// \param tp        the tensor-parallel region (its sequence shard, with sequence parallelism)
+/// \param cp_rank, cp_size  this rank in the context-parallel group (IHost::group(kContext))
+inline void dropout_sequence(const Kernel& kernel, const ops::DropoutAttrs& attrs,
+                             const TensorView& in, const TensorView& out, const TensorParallel& tp,
+                             int32_t cp_rank, int32_t cp_size) {
+  const int64_t tl = in.shape[1];
+  const int64_t local = tp.full_length(tl), start = tp.sequence_start(tl);
+  if (cp_size == 1) return dropout_rows(kernel, attrs, in, out, local, start);
+  const int64_t c = local / 2, t = local * cp_size;
+  const auto chunks = context_parallel_chunks(cp_rank, cp_size);
+  for (int64_t half = 0; half < 2; ++half) {  // the shard's rows within each chunk
+    const int64_t lo = std::max(start, half * c), hi = std::min(start + tl, (half + 1) * c);
+    dropout_row_run(kernel, attrs, in, out, t, lo - start, chunks[half] * c + (lo - half * c),
+                    hi - lo);
+  }
 }
 
 class ContextParallelAttention {
@@ -125,7 +150,7 @@ class ContextParallelAttention {
       Ring ring = kv.advance(*this, step);
       for (const Block& blk : blocks(source, attrs.causal != 0)) {
         TensorView o_a = chunk(o_cm, blk.q_half), lse_a = chunk(lse_cm, blk.q_half);
-        ops::AttentionAttrs a = block_attrs(attrs, e, blk);
+        const ops::AttentionBlockAttrs a = block_attrs(attrs, e, blk);
         // The block's first result goes straight into the running one.
         TensorView o_out = started[blk.q_half] ? o_part : o_a;
         TensorView lse_out = started[blk.q_half] ? lse_part : lse_a;
@@ -179,7 +204,7 @@ class ContextParallelAttention {
       fill_zero(dk_step);
       fill_zero(dv_step);
       for (const Block& blk : blocks(source, attrs.causal != 0)) {
-        ops::AttentionAttrs a = block_attrs(attrs, e, blk);
+        const ops::AttentionBlockAttrs a = block_attrs(attrs, e, blk);
         const TensorView do_a = chunk(do_cm, blk.q_half), q_a = chunk(q_cm, blk.q_half);
         const TensorView k_e = chunk(kv.k, blk.kv_half), v_e = chunk(kv.v, blk.kv_half);
         const TensorView o_a = chunk(o_cm, blk.q_half), lse_a = chunk(lse_cm, blk.q_half);
@@ -215,11 +240,11 @@ class ContextParallelAttention {
     int64_t b, c, h, g, d;  // batch, chunk length, query heads, key/value heads, head dim
   };
   // One attention call: query half q_half (0: chunk rank, 1: chunk 2cp-1-rank) over key
-  // half kv_half of the source rank's chunks; pair is the global (query, key) chunk pair.
+  // half kv_half of the source rank's chunks, which are global chunks q_chunk and k_chunk.
   struct Block {
     int32_t q_half, kv_half;
     bool causal;
-    int64_t pair;
+    int64_t q_chunk, k_chunk;
   };
 
   void* stream() const { return host_->compute_stream(device_); }
@@ -252,19 +277,18 @@ class ContextParallelAttention {
     for (int32_t a = 0; a < 2; ++a)
       for (int32_t kv = 0; kv < 2; ++kv) {
         if (causal && theirs[kv] > mine[a]) continue;
-        out.push_back(
-            Block{a, kv, causal && theirs[kv] == mine[a], mine[a] * 2 * size_ + theirs[kv]});
+        out.push_back(Block{a, kv, causal && theirs[kv] == mine[a], mine[a], theirs[kv]});
       }
     return out;
   }
 
-  // The block's attributes: its own causal flag, and its own stretch of the dropout stream.
-  static ops::AttentionAttrs block_attrs(const ops::AttentionAttrs& attrs, const Extents& e,
-                                         const Block& blk) {
-    ops::AttentionAttrs a = attrs;
-    a.causal = blk.causal ? 1 : 0;
-    const uint64_t elements = static_cast<uint64_t>(e.b * e.h * e.c * e.c);
-    a.counter = attrs.counter + static_cast<uint64_t>(blk.pair) * ((elements + 3) / 4);
+  // The block's attributes: its own causal flag, and its place in the whole sequence's
+  // (T, T) attention for the dropout mask.
+  ops::AttentionBlockAttrs block_attrs(const ops::AttentionAttrs& attrs, const Extents& e,
+                                       const Block& blk) const {
+    ops::AttentionBlockAttrs a{attrs, blk.q_chunk * e.c, blk.k_chunk * e.c, 2 * size_ * e.c,
+                               2 * size_ * e.c};
+    a.base.causal = blk.causal ? 1 : 0;
     return a;
   }
 

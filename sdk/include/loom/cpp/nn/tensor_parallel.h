@@ -164,39 +164,52 @@ class TensorParallel {
   Kernel swap_;
 };
 
-/// Dropout of a (B, T_local, C) activation that is rows [start, start + T_local) of every
-/// sequence of the (B, T, C) tensor a single-rank run drops out: each element draws the
-/// random number it would draw there (one Philox counter per row block), so sequence
-/// shards reproduce the unsharded mask exactly. Needs (T * C) and (start * C) to be
-/// multiples of 4 (a hidden size that is a multiple of 4); throws kInvalidArgument else.
+/// Dropout of rows [local, local + n) of every sequence of a (B, T_local, C) activation,
+/// which are rows [global, global + n) of the (B, T, C) tensor a single-rank run drops out:
+/// each element draws the random number it would draw there (one Philox counter per row
+/// block), so shards of the sequence reproduce the whole's mask exactly. Needs (T * C) and
+/// (global * C) to be multiples of 4 (a hidden size that is a multiple of 4); throws
+/// kInvalidArgument else.
 /// \param kernel      the dropout_fwd or dropout_bwd kernel
 /// \param attrs       p and the stream's (key, counter) for the whole tensor
 /// \param in, out     (B, T_local, C), may alias
-/// \param t, start    the whole sequence length and the shard's first row
+/// \param t           the whole sequence length
+inline void dropout_row_run(const Kernel& kernel, ops::DropoutAttrs attrs, const TensorView& in,
+                            const TensorView& out, int64_t t, int64_t local, int64_t global,
+                            int64_t n) {
+  const int64_t b = in.shape[0], tl = in.shape[1], c = in.shape[2];
+  if (n <= 0) return;
+  if ((t * c) % 4 != 0 || (global * c) % 4 != 0)
+    fail(Code::kInvalidArgument,
+         detail::concat("dropout on a sequence shard: rows of ", c,
+                        " elements do not start on a 4-element block of the random stream; "
+                        "sequence or context parallelism with dropout needs hidden_size to be a "
+                        "multiple of 4 (or set the dropout to 0)"));
+  const size_t elem = dtype_size(in.dtype), out_elem = dtype_size(out.dtype);
+  const uint64_t base = attrs.counter;
+  for (int64_t i = 0; i < b; ++i) {
+    // Element (i, global + j, k) of the whole tensor is number (i T + global + j) C + k.
+    attrs.counter = base + static_cast<uint64_t>((i * t + global) * c / 4);
+    const int64_t first = (i * tl + local) * c;
+    TensorView xi = make_view(static_cast<char*>(in.data) + first * elem, in.dtype, {n, c},
+                              in.device);
+    TensorView yi = make_view(static_cast<char*>(out.data) + first * out_elem, out.dtype, {n, c},
+                              out.device);
+    kernel({xi}, {yi}, attrs);
+  }
+}
+
+/// Dropout of a (B, T_local, C) activation that is rows [start, start + T_local) of every
+/// sequence of the (B, T, C) tensor a single-rank run drops out (dropout_row_run over all of
+/// it; one call when it is the whole sequence).
 inline void dropout_rows(const Kernel& kernel, ops::DropoutAttrs attrs, const TensorView& in,
                          const TensorView& out, int64_t t, int64_t start) {
-  int64_t b = in.shape[0], tl = in.shape[1], c = in.shape[2];
+  const int64_t tl = in.shape[1];
   if (tl == t) {  // the whole sequence
     kernel({in}, {out}, attrs);
     return;
   }
-  size_t row_bytes = static_cast<size_t>(tl * c) * dtype_size(in.dtype);
-  uint64_t base = attrs.counter;
-  if ((t * c) % 4 != 0 || (start * c) % 4 != 0)
-    fail(Code::kInvalidArgument,
-         detail::concat("dropout on a sequence shard: rows of ", c,
-                        " elements do not start on a 4-element block of the random stream; "
-                        "sequence parallelism with dropout needs hidden_size to be a multiple "
-                        "of 4 (or set the dropout to 0)"));
-  for (int64_t i = 0; i < b; ++i) {
-    // Element (i, start + j, k) of the whole tensor is number (i T + start + j) C + k.
-    attrs.counter = base + static_cast<uint64_t>((i * t + start) * c / 4);
-    TensorView xi =
-        make_view(static_cast<char*>(in.data) + i * row_bytes, in.dtype, {tl, c}, in.device);
-    TensorView yi =
-        make_view(static_cast<char*>(out.data) + i * row_bytes, out.dtype, {tl, c}, out.device);
-    kernel({xi}, {yi}, attrs);
-  }
+  dropout_row_run(kernel, attrs, in, out, t, 0, start, tl);
 }
 
 }  // namespace loom::nn

@@ -22,6 +22,9 @@ struct AttentionShape {
   /// Index of the key segment ids among the call's inputs, or -1 when the call has none
   /// (then keys take the query segment ids, T == S).
   int key_segments = -1;
+  /// The block's place in the whole for the dropout index (AttentionBlockAttrs; the call
+  /// itself, 0, 0, T, S, with AttentionAttrs).
+  int64_t q_offset = 0, k_offset = 0, q_total = 0, k_total = 0;
 };
 
 /// The segment id rows of batch entry b: the queries' (B, T) and the keys' ((B, S) when the
@@ -39,9 +42,16 @@ inline SegmentRows segment_rows(const AttentionShape& s, const int32_t* seg,
 namespace detail {
 
 // Q, K, V (inputs q, k, v), the optional segment ids (input seg) and the attributes.
-inline void check_attention_common(const OpArgs& a, AttentionShape& s, int q, int k, int v,
-                                   int seg, int kseg) {
-  s.attrs = a.attrs<ops::AttentionAttrs>();
+inline void check_attention_common(const OpCall* call, const OpArgs& a, AttentionShape& s, int q,
+                                   int k, int v, int seg, int kseg) {
+  const bool block = call->attrs != nullptr && call->attrs_size == sizeof(ops::AttentionBlockAttrs);
+  if (block) {
+    const auto& b = *static_cast<const ops::AttentionBlockAttrs*>(call->attrs);
+    s.attrs = b.base;
+    s.q_offset = b.q_offset, s.k_offset = b.k_offset, s.q_total = b.q_total, s.k_total = b.k_total;
+  } else {
+    s.attrs = a.attrs<ops::AttentionAttrs>();
+  }
   const TensorView& Q = a.float_in(q);
   const TensorView& K = a.float_in(k);
   a.float_in(v);
@@ -72,6 +82,16 @@ inline void check_attention_common(const OpArgs& a, AttentionShape& s, int q, in
   }
   if (!(s.attrs.dropout_p >= 0.0f && s.attrs.dropout_p < 1.0f))
     a.fail("dropout_p = " + std::to_string(s.attrs.dropout_p) + " must be in [0, 1)");
+  if (!block) {
+    s.q_total = s.t, s.k_total = s.s;
+  } else if (s.q_offset < 0 || s.k_offset < 0 || s.q_offset + s.t > s.q_total ||
+             s.k_offset + s.s > s.k_total) {
+    a.fail("the block's queries [" + std::to_string(s.q_offset) + ", " +
+           std::to_string(s.q_offset + s.t) + ") and keys [" + std::to_string(s.k_offset) + ", " +
+           std::to_string(s.k_offset + s.s) + ") must lie within the whole's " +
+           std::to_string(s.q_total) + " queries and " + std::to_string(s.k_total) +
+           " keys (AttentionBlockAttrs)");
+  }
 }
 
 }  // namespace detail
@@ -88,7 +108,7 @@ inline AttentionShape check_attention_fwd(const OpCall* call, bool shapes_only, 
                 : std::vector<std::string>{"Q", "K", "V", "segment_ids"},
            {"O", "lse"}, shapes_only, device);
   AttentionShape s{};
-  detail::check_attention_common(a, s, 0, 1, 2, 3, keys ? 4 : -1);
+  detail::check_attention_common(call, a, s, 0, 1, 2, 3, keys ? 4 : -1);
   a.float_out(0);
   a.shape_out(0, {s.b, s.t, s.h, s.d}, "Q's shape (B, T, H, D)");
   a.f32_out(1);
@@ -103,7 +123,7 @@ inline AttentionShape check_attention_bwd(const OpCall* call, bool shapes_only, 
   if (keys) inputs.push_back("key_segment_ids");
   OpArgs a(call, ops::kAttentionBwd, inputs, {"dQ", "dK", "dV"}, shapes_only, device);
   AttentionShape s{};
-  detail::check_attention_common(a, s, 1, 2, 3, 6, keys ? 7 : -1);
+  detail::check_attention_common(call, a, s, 1, 2, 3, 6, keys ? 7 : -1);
   a.float_in(0);
   a.shape_in(0, {s.b, s.t, s.h, s.d}, "Q's shape (B, T, H, D)");
   a.float_in(4);
@@ -142,10 +162,12 @@ inline AttentionMergeShape check_attention_merge(const OpCall* call, bool shapes
 }
 
 /// Philox element index of probability (b, h, t, k) (loom/ops.h, attention_fwd): that of
-/// a (B, H, T, S) tensor.
+/// a (B, H, T, S) tensor, or for a block (AttentionBlockAttrs) that of its place in the
+/// (B, H, q_total, k_total) whole.
 inline uint64_t attention_dropout_index(const AttentionShape& s, int64_t b, int64_t h, int64_t t,
                                         int64_t k) {
-  return static_cast<uint64_t>(((b * s.h + h) * s.t + t) * s.s + k);
+  return static_cast<uint64_t>(((b * s.h + h) * s.q_total + s.q_offset + t) * s.k_total +
+                               s.k_offset + k);
 }
 
 /// Keys [0, limit) may be visible to query t (causal: k <= t + S - T); at most S, maybe <= 0.
