@@ -184,21 +184,30 @@ Trainer::Trainer(const nlohmann::json& spec, PluginManager& plugins,
 
   // Model FLOPs (what the model says it costs: each chunk its share, summed over the
   // pipeline stages) and the peak they are measured against.
-  CostQuery query{sizeof(CostQuery), train.micro_batch_size, train.seq_length, train.recompute,
-                  fp8_ != nullptr ? 1 : 0};
+  // FLOPs per token of the whole sequence; activations of this rank's share of it (with
+  // context parallelism, seq_length / cp tokens of each sequence).
   double flops_per_token = 0, activation_bytes = 0;
   bool known = true;
-  for (IModel* chunk : components_.chunks) {
-    ModelCost cost{};
-    cost.struct_size = sizeof(ModelCost);
-    cost.activation_bytes = -1;
-    if (chunk->interface_info().minor >= 1)
-      throw_if_error(chunk->cost(&query, &cost), "the model's cost (IModel::cost)");
-    known = known && cost.flops_per_token > 0;
-    flops_per_token += cost.flops_per_token;
-    activation_bytes = cost.activation_bytes >= 0 && activation_bytes >= 0
-                           ? activation_bytes + cost.activation_bytes
-                           : -1;
+  for (int64_t t : {train.seq_length, train.seq_length / par.cp}) {
+    const bool local = t != train.seq_length;
+    if (local) activation_bytes = 0;
+    CostQuery query{sizeof(CostQuery), train.micro_batch_size, t, train.recompute,
+                    fp8_ != nullptr ? 1 : 0};
+    for (IModel* chunk : components_.chunks) {
+      ModelCost cost{};
+      cost.struct_size = sizeof(ModelCost);
+      cost.activation_bytes = -1;
+      if (chunk->interface_info().minor >= 1)
+        throw_if_error(chunk->cost(&query, &cost), "the model's cost (IModel::cost)");
+      if (!local) {
+        known = known && cost.flops_per_token > 0;
+        flops_per_token += cost.flops_per_token;
+      }
+      activation_bytes = cost.activation_bytes >= 0 && activation_bytes >= 0
+                             ? activation_bytes + cost.activation_bytes
+                             : -1;
+    }
+    if (par.cp == 1) break;
   }
   if (par.pp > 1) flops_per_token = sum_over(ParallelRole::kPipeline, known ? flops_per_token : 0);
   if (par.pp > 1) known = sum_over(ParallelRole::kPipeline, known ? 0 : 1) == 0;
