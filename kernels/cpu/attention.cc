@@ -187,10 +187,7 @@ Status attention_merge_ref(const OpCall* call) {
           const int64_t r = (b * s.h + h) * s.t + t, row = ((b * s.t + t) * s.h + h) * s.d;
           const double lp = lse_part[r], lo = lse[r];
           if (lp == -INFINITY) continue;  // nothing visible in this block
-          const double m = std::max(lo, lp);
-          const double merged = m + std::log(std::exp(lo - m) + std::exp(lp - m));
-          const double wo = lo == -INFINITY ? 0.0 : std::exp(lo - merged);
-          const double wp = std::exp(lp - merged);
+          const auto [merged, wo, wp] = merge_weights(lo, lp);
           for (int64_t i = 0; i < s.d; ++i)
             store(O, row + i,
                   static_cast<float>((wo == 0.0 ? 0.0 : wo * load(O, row + i)) +

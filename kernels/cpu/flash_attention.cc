@@ -242,9 +242,7 @@ Status attention_merge_fast(const OpCall* call) {
       const int64_t r = (b * s.h + h) * s.t + t;
       const float lp = lse_part[r], lo = lse[r];
       if (lp == -INFINITY) continue;  // nothing visible in this block
-      const float m = std::max(lo, lp);
-      const float merged = m + std::log(std::exp(lo - m) + std::exp(lp - m));
-      const float wo = lo == -INFINITY ? 0.0f : std::exp(lo - merged), wp = std::exp(lp - merged);
+      const auto [merged, wo, wp] = merge_weights(lo, lp);
       std::vector<float> o(static_cast<size_t>(s.d)), p(o.size());
       load_row(O.data, O.dtype, row * s.d, s.d, o.data());
       load_row(part.data, part.dtype, row * s.d, s.d, p.data());
