@@ -349,15 +349,37 @@ class ContextParallelAttention {
   // Point-to-point transfers of one ring step, waited by finish().
   class Ring {
    public:
-    void send(ICommunicator& comm, const TensorView& t, int32_t peer, int32_t tag, void* stream) {
-      ICommWork* w = nullptr;
-      throw_if_error(comm.send_async(&t, peer, tag, stream, &w), "context-parallel ring send");
-      work_.emplace_back(w);
-    }
-    void recv(ICommunicator& comm, TensorView& t, int32_t peer, int32_t tag, void* stream) {
-      ICommWork* w = nullptr;
-      throw_if_error(comm.recv_async(&t, peer, tag, stream, &w), "context-parallel ring receive");
-      work_.emplace_back(w);
+    // Sends `out` to the next rank and receives `in` from the previous one, tensor i with
+    // tag first_tag + i. Even ranks send first and odd ranks receive first, so that a
+    // backend whose transfers run one after another in issue order (NCCL on its stream)
+    // pairs every send with its receive without a cycle; Gloo takes any order.
+    void exchange(const ContextParallelAttention& cp, std::initializer_list<TensorView> out,
+                  std::initializer_list<TensorView> in, int32_t first_tag) {
+      auto sends = [&] {
+        int32_t tag = first_tag;
+        for (const TensorView& t : out) {
+          ICommWork* w = nullptr;
+          throw_if_error(cp.comm_->send_async(&t, cp.next(), tag++, cp.stream(), &w),
+                         "context-parallel ring send");
+          work_.emplace_back(w);
+        }
+      };
+      auto receives = [&] {
+        int32_t tag = first_tag;
+        for (TensorView t : in) {
+          ICommWork* w = nullptr;
+          throw_if_error(cp.comm_->recv_async(&t, cp.prev(), tag++, cp.stream(), &w),
+                         "context-parallel ring receive");
+          work_.emplace_back(w);
+        }
+      };
+      if (cp.rank_ % 2 == 0) {
+        sends();
+        receives();
+      } else {
+        receives();
+        sends();
+      }
     }
     void finish(const char* pass) {
       for (CommWorkPtr& w : work_)
@@ -403,14 +425,10 @@ class ContextParallelAttention {
         next_k = buf_k[step % 2];
         next_v = buf_v[step % 2];
         next_s = buf_s[step % 2];
-        ring.send(*self.comm_, k, self.next(), kTags * step, self.stream());
-        ring.send(*self.comm_, v, self.next(), kTags * step + 1, self.stream());
-        ring.recv(*self.comm_, next_k, self.prev(), kTags * step, self.stream());
-        ring.recv(*self.comm_, next_v, self.prev(), kTags * step + 1, self.stream());
-        if (present(s)) {
-          ring.send(*self.comm_, s, self.next(), kTags * step + 2, self.stream());
-          ring.recv(*self.comm_, next_s, self.prev(), kTags * step + 2, self.stream());
-        }
+        if (present(s))
+          ring.exchange(self, {k, v, s}, {next_k, next_v, next_s}, kTags * step);
+        else
+          ring.exchange(self, {k, v}, {next_k, next_v}, kTags * step);
       }
       return ring;
     }
@@ -477,10 +495,8 @@ class ContextParallelAttention {
       in_flight.finish("backward");  // the last receive, and the send of the other buffer
       self.add_({acc_k[in], dk}, {acc_k[in]}, self.stream());
       self.add_({acc_v[in], dv}, {acc_v[in]}, self.stream());
-      in_flight.send(*self.comm_, acc_k[in], self.next(), kTags * step + 3, self.stream());
-      in_flight.send(*self.comm_, acc_v[in], self.next(), kTags * step + 4, self.stream());
-      in_flight.recv(*self.comm_, acc_k[1 - in], self.prev(), kTags * step + 3, self.stream());
-      in_flight.recv(*self.comm_, acc_v[1 - in], self.prev(), kTags * step + 4, self.stream());
+      in_flight.exchange(self, {acc_k[in], acc_v[in]}, {acc_k[1 - in], acc_v[1 - in]},
+                         kTags * step + 3);
       last = 1 - in;
     }
     void finish(const ContextParallelAttention& self, TensorView& dk, TensorView& dv) {
