@@ -648,6 +648,23 @@ TEST_F(ParallelTest, SurvivorStopsWhenAPeerDies) {
 // backward): the other stage, waiting for a gradient or sending an activation, stops with a
 // message naming the pipeline group and the dead rank, well within the timeout; its send
 // threads end with it.
+// A context-parallel rank killed mid-step: the other stops at its next ring transfer (or the
+// loss's reduction), naming the context-parallel group and the dead rank, well within the
+// timeout.
+TEST_F(ParallelTest, AContextParallelRankThatDiesStopsTheOther) {
+  nlohmann::json s = pipeline_spec();
+  s["train"]["steps"] = 50;
+  s["checkpoint"] = {{"save_at_end", false}};
+  TwoRanks r = two_ranks_with_a_fault("cp_die", s, "--set parallel.cp=2 --set parallel.timeout_s=60",
+                                      "kill:1:3");
+  std::printf("the surviving rank, after %.1f s: %s", r.seconds, r.err0.c_str());
+  EXPECT_EQ(r.code1, -SIGKILL);
+  EXPECT_EQ(r.code0, 6) << r.err0;  // training failed while running
+  EXPECT_THAT(r.err0, HasSubstr("group 'cp/0'")) << r.err0;
+  EXPECT_THAT(r.err0, HasSubstr("rank 1 closed the connection")) << r.err0;
+  EXPECT_LT(r.seconds, 60.0) << r.err0;
+}
+
 TEST_F(ParallelTest, APipelineStageThatDiesStopsTheOther) {
   nlohmann::json s = pipeline_spec();
   s["train"]["steps"] = 50;
