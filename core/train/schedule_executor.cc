@@ -326,11 +326,11 @@ std::pair<double, double> ScheduleExecutor::loss_of(IModel& model, const TensorV
   throw_if_error(step.context->all_reduce(&v, ReduceOp::kSum, nullptr),
                  "the loss's (sum, tokens) over the context-parallel group");
   if (!(totals[1] > 0)) return {0.0, 0.0};
-  // Times cp: the data-parallel reduction averages gradients over cp x dp ranks (the
-  // context-parallel ranks are part of the data group), where the cp shares must add up
-  // (Megatron scales its loss by the context-parallel size for the same reason).
-  const double cp = static_cast<double>(step.context->size());
-  return {totals[0] / totals[1], weight * cp * local_tokens / totals[1]};
+  // Each token's gradient is the one a single rank gives it (so FP8 and f16 see the same
+  // magnitudes); the data-parallel reduction then averages over cp x dp ranks where the cp
+  // shares must add up, which the trainer undoes when it unscales (Trainer::step; Megatron
+  // scales its loss by cp instead).
+  return {totals[0] / totals[1], weight * local_tokens / totals[1]};
 }
 
 void ScheduleExecutor::forward(InFlight& f, int32_t m, int32_t c, const StepPlanContext& step,

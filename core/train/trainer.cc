@@ -392,7 +392,11 @@ StepResult Trainer::step() {
              static_cast<double>(group(ParallelRole::kData).size());
 
   // Global gradient norm (over every parameter, each counted once), unscaled.
-  r.grad_norm = optim_->grad_norm(scaler_.scale());
+  // Context-parallel ranks hold shares of each sequence's gradient that the data-parallel
+  // reduction averaged over cp x dp ranks instead of adding over cp (ScheduleExecutor::
+  // loss_of): unscaling multiplies them back by cp.
+  const double cp = static_cast<double>(config_.parallel.cp);
+  r.grad_norm = optim_->grad_norm(scaler_.scale() / cp);
   bool finite = std::isfinite(r.grad_norm) && std::isfinite(r.loss);
   scaler_.update(!finite);
   r.lr = schedule_ != nullptr ? schedule_->lr(r.step) : components_.base_lr;
@@ -408,7 +412,7 @@ StepResult Trainer::step() {
                               r.step, nonfinite_in_a_row_, limit));
   } else {
     nonfinite_in_a_row_ = 0;
-    double grad_scale = 1.0 / r.loss_scale;
+    double grad_scale = cp / r.loss_scale;
     if (config_.train.grad_clip > 0) {
       double coeff = config_.train.grad_clip / (r.grad_norm + 1e-6);
       if (coeff < 1) grad_scale *= coeff;
