@@ -142,21 +142,7 @@ TEST_F(CheckpointTest, KilledAtARandomStepResumesBitIdentically) {
 // keeps them (fp8.amax_history, ...), so a resumed run quantises exactly as the
 // uninterrupted one. A checkpoint without them resumes with fresh histories and says so.
 TEST_F(CheckpointTest, Fp8RecipeStateResumesBitIdentically) {
-  // In the ASan build, LeakSanitizer's own exit-time scan crashes in these runs under the
-  // Bazel sandbox ("Tracer caught signal 11" while it walks the main thread's dynamic TLS;
-  // outside the sandbox the same binary and runs pass, and moving any allocation of the
-  // run changes whether it happens). The runs keep every other ASan and UBSan check; leaks
-  // are checked by the other single-process tests.
-  const char* asan = std::getenv("ASAN_OPTIONS");
-  const std::string before = asan != nullptr ? asan : "";
-  if (asan != nullptr) setenv("ASAN_OPTIONS", (before + ":detect_leaks=0").c_str(), 1);
-  struct Restore {
-    std::string options;
-    bool had;
-    ~Restore() {
-      if (had) setenv("ASAN_OPTIONS", options.c_str(), 1);
-    }
-  } restore{before, asan != nullptr};
+  testing::WithoutLeakCheck no_leak_scan;  // its runs crash LeakSanitizer's tracer (see there)
   nlohmann::json body = tiny_spec(8);
   body["lr_schedule"] = {{"impl", "constant"},
                          {"warmup_steps", 2}};  // the same LR for 4 or 8 steps

@@ -114,4 +114,16 @@ int wait_loom(const Background& process) {
   return -1000;
 }
 
+WithoutLeakCheck::WithoutLeakCheck() {
+  const char* asan = std::getenv("ASAN_OPTIONS");
+  had_ = asan != nullptr;
+  before_ = had_ ? asan : "";
+  if (had_ && before_.find("detect_leaks=0") == std::string::npos)
+    setenv("ASAN_OPTIONS", (before_ + (before_.empty() ? "" : ":") + "detect_leaks=0").c_str(), 1);
+}
+
+WithoutLeakCheck::~WithoutLeakCheck() {
+  if (had_) setenv("ASAN_OPTIONS", before_.c_str(), 1);
+}
+
 }  // namespace loom::testing
