@@ -133,6 +133,10 @@ class Trainer {
   /// Peak memory of the training device since start or the last reset_memory_peak: the CPU
   /// allocator's on the CPU, the device runtime's allocated peak on a device.
   uint64_t peak_memory() const;
+  /// Collective over every rank: writes the traced steps of a pipelined run (steps 2 to
+  /// 1 + /log/trace_steps) to dir/pipeline_trace.json (run() does at its end; `loom bench
+  /// --trace DIR` too).
+  void write_trace(const std::filesystem::path& dir);
   /// Starts a new peak-memory phase (e.g. after warm-up).
   void reset_memory_peak();
   /// The analytic estimate of this rank's peak (memory_estimate.h): weights, gradients,
@@ -157,8 +161,6 @@ class Trainer {
   // A pipelined step's timed actions: its measured bubble into the metrics, and its actions
   // into the trace when the step is traced (/log/trace_steps).
   void record_timeline(const std::vector<TimedAction>& timeline, int64_t step);
-  // Collective over every rank: writes the traced steps to run_dir/pipeline_trace.json.
-  void write_trace(const std::filesystem::path& run_dir);
   // Calls every module's step_end (module kinds 1.1) after step `r`.
   void end_step_of_modules(const StepResult& r);
   ICommunicator& group(ParallelRole role) const;

@@ -568,6 +568,25 @@ TEST_F(PipelineTest, ContextParallelMatchesOneRankToEachGradient) {
   expect_same_gradients("cp_packed_one", "cp_packed_cp2", packed_one.grad_norm[0]);
 }
 
+// `loom bench --trace DIR` writes the pipeline's traced steps as `loom train` does.
+TEST_F(PipelineTest, BenchWritesThePipelineTrace) {
+  auto r = run_loom("bench " + q(spec("bench.json", pipeline_spec())) +
+                    " --nproc 2 --set parallel.pp=2 --steps 2 --warmup 1 --trace " +
+                    q(dir_ / "bench_trace"));
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  nlohmann::json trace =
+      nlohmann::json::parse(read_file(dir_ / "bench_trace" / "pipeline_trace.json"))["traceEvents"];
+  std::map<int, int> forwards;
+  for (const nlohmann::json& e : trace)
+    if (e["ph"] == "X" && e["cat"] == "forward") ++forwards[e["pid"].get<int>()];
+  EXPECT_EQ(forwards[0], 2 * 4);  // steps 2 and 3 (warm-up 1, timed 2) x 4 micro-batches
+  EXPECT_EQ(forwards[1], 2 * 4);
+  r = run_loom("bench " + q(spec("bench1.json", pipeline_spec())) + " --trace " +
+               q(dir_ / "no_trace"));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr("this run has parallel.pp 1"));
+}
+
 // `loom schedule show`: the plan of every rank drawn, and its simulated bubble beside the
 // theory, without running anything; a shape the schedule cannot run is refused.
 TEST_F(PipelineTest, ScheduleShowDrawsThePlanAndItsBubble) {

@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <vector>
 
+#include <filesystem>
+
 #include "core/train/session.h"
 #include "core/train/trainer.h"
 #include "core/util/errors.h"
@@ -17,10 +19,11 @@ namespace loom::cli {
 int cmd_bench(const std::vector<std::string>& argv) {
   const std::string usage =
       "loom bench SPEC [--nproc N] [--steps N] [--warmup N] [--set PATH=VALUE]... [--plugin-path "
-      "DIR] [--json]";
+      "DIR] [--trace DIR] [--json]";
   Args args = parse_args(
       argv,
-      {{"--json"}, {"--set", "--steps", "--warmup", "--plugin-path", "--nproc"}, 1, 1, usage});
+      {{"--json"}, {"--set", "--steps", "--warmup", "--plugin-path", "--nproc", "--trace"}, 1, 1,
+       usage});
   if (!args.get("--nproc").empty())
     return relaunch_self(nproc_of(args), without_nproc("bench", argv));
   int64_t steps = args.integer("--steps", 10);
@@ -28,6 +31,10 @@ int cmd_bench(const std::vector<std::string>& argv) {
   if (steps < 1) throw core::UsageError("--steps must be at least 1 (" + usage + ")");
   const std::string spec_path = args.positionals.at(0);
   std::unique_ptr<core::RunSession> s = open_run_session(args);
+  const std::string trace_dir = args.get("--trace");
+  if (!trace_dir.empty() && s->config().parallel.pp == 1)
+    throw core::UsageError(
+        "--trace writes a pipeline's actions (pipeline_trace.json); this run has parallel.pp 1");
   // Benchmarks measure compute: synthetic tokens, no evaluation, no files.
   s->set_data({{"mock", true}, {"split", "949,50,1"}});
   bool json = args.flag("--json");
@@ -54,6 +61,12 @@ int cmd_bench(const std::vector<std::string>& argv) {
   double comm_share = comm / mean / static_cast<double>(times.size());
   mean /= static_cast<double>(times.size());
   double median = sorted[sorted.size() / 2];
+  // A pipeline's traced steps (2 to 1 + log.trace_steps: warm-up and timed alike), on
+  // request: every rank takes part, rank 0 writes.
+  if (!trace_dir.empty()) {
+    std::filesystem::create_directories(trace_dir);
+    trainer.write_trace(trace_dir);
+  }
   double tps = static_cast<double>(tokens) / mean;
   double mfu =
       trainer.peak_flops() > 0 ? trainer.flops_per_step() / mean / trainer.peak_flops() : 0;
