@@ -183,32 +183,32 @@ Trainer::Trainer(const nlohmann::json& spec, PluginManager& plugins,
         std::llround(sum_over(ParallelRole::kPipeline, static_cast<double>(local_numel))));
 
   // Model FLOPs (what the model says it costs: each chunk its share, summed over the
-  // pipeline stages) and the peak they are measured against.
-  // FLOPs per token of the whole sequence; activations of this rank's share of it (with
-  // context parallelism, seq_length / cp tokens of each sequence).
-  double flops_per_token = 0, activation_bytes = 0;
-  bool known = true;
-  for (int64_t t : {train.seq_length, train.seq_length / par.cp}) {
-    const bool local = t != train.seq_length;
-    if (local) activation_bytes = 0;
-    CostQuery query{sizeof(CostQuery), train.micro_batch_size, t, train.recompute,
+  // pipeline stages) and the peak they are measured against. FLOPs count tokens of whole
+  // sequences; activations are this rank's share of each (seq_length / cp tokens).
+  auto model_cost = [&](int64_t seq_length) {
+    CostQuery query{sizeof(CostQuery), train.micro_batch_size, seq_length, train.recompute,
                     fp8_ != nullptr ? 1 : 0};
+    ModelCost sum{};
+    bool known = true;  // every chunk counts its own FLOPs
     for (IModel* chunk : components_.chunks) {
       ModelCost cost{};
       cost.struct_size = sizeof(ModelCost);
       cost.activation_bytes = -1;
       if (chunk->interface_info().minor >= 1)
         throw_if_error(chunk->cost(&query, &cost), "the model's cost (IModel::cost)");
-      if (!local) {
-        known = known && cost.flops_per_token > 0;
-        flops_per_token += cost.flops_per_token;
-      }
-      activation_bytes = cost.activation_bytes >= 0 && activation_bytes >= 0
-                             ? activation_bytes + cost.activation_bytes
-                             : -1;
+      known = known && cost.flops_per_token > 0;
+      sum.flops_per_token += cost.flops_per_token;
+      sum.activation_bytes = cost.activation_bytes >= 0 && sum.activation_bytes >= 0
+                                 ? sum.activation_bytes + cost.activation_bytes
+                                 : -1;
     }
-    if (par.cp == 1) break;
-  }
+    return std::pair{sum, known};
+  };
+  auto [whole, known] = model_cost(train.seq_length);
+  double flops_per_token = whole.flops_per_token;
+  const double activation_bytes =
+      par.cp > 1 ? model_cost(train.seq_length / par.cp).first.activation_bytes
+                 : whole.activation_bytes;
   if (par.pp > 1) flops_per_token = sum_over(ParallelRole::kPipeline, known ? flops_per_token : 0);
   if (par.pp > 1) known = sum_over(ParallelRole::kPipeline, known ? 0 : 1) == 0;
   // A model 1.0's count (or one that does not know): 6 per parameter.

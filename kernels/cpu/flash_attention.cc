@@ -223,10 +223,6 @@ bool attention_bwd_fast_supports(const OpCall* call) {
   return cpu_has_avx2() && attention_bwd_supports(call);
 }
 
-}  // namespace
-
-namespace {
-
 // attention_merge in f32, rows in parallel (the reference works in f64).
 Status attention_merge_fast(const OpCall* call) {
   return guard([&] {

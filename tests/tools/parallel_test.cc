@@ -169,6 +169,24 @@ class ParallelTest : public ::testing::Test {
     out.err1 = read_file(ranks[1].err);
     return out;
   }
+  // Rank 1 of a two-rank run of `body` with `layout` killed in the middle of step 3 (after
+  // its first micro-batch's backward): rank 0 stops with a message naming `group` and the
+  // dead rank, well within the timeout. Returns rank 0's message.
+  std::string survivor_of_a_kill(const std::string& name, nlohmann::json body,
+                                 const std::string& layout, const std::string& group) {
+    body["train"]["steps"] = 50;
+    body["checkpoint"] = {{"save_at_end", false}};
+    TwoRanks r = two_ranks_with_a_fault(name, body, layout + " --set parallel.timeout_s=60",
+                                        "kill:1:3");
+    std::printf("%s: the surviving rank, after %.1f s: %s", name.c_str(), r.seconds,
+                r.err0.c_str());
+    EXPECT_EQ(r.code1, -SIGKILL) << name;
+    EXPECT_EQ(r.code0, 6) << r.err0;  // training failed while running
+    EXPECT_THAT(r.err0, HasSubstr("group '" + group + "'")) << r.err0;
+    EXPECT_THAT(r.err0, HasSubstr("rank 1 closed the connection")) << r.err0;
+    EXPECT_LT(r.seconds, 60.0) << r.err0;
+    return r.err0;
+  }
   // Trains `body` with `extra` arguments; returns the loss curve.
   Curve train(const std::string& name, const nlohmann::json& body, const std::string& extra) {
     fs::path run = dir_ / name;
@@ -659,40 +677,18 @@ TEST_F(ParallelTest, SurvivorStopsWhenAPeerDies) {
   EXPECT_LT(r.seconds, 60.0) << r.err0;  // the timeout (ASan builds start slowly)
 }
 
-// A pipeline stage that dies in the middle of a step (after its first micro-batch's
-// backward): the other stage, waiting for a gradient or sending an activation, stops with a
-// message naming the pipeline group and the dead rank, well within the timeout; its send
-// threads end with it.
-// A context-parallel rank killed mid-step: the other stops at its next ring transfer (or the
-// loss's reduction), naming the context-parallel group and the dead rank, well within the
-// timeout.
-TEST_F(ParallelTest, AContextParallelRankThatDiesStopsTheOther) {
-  nlohmann::json s = pipeline_spec();
-  s["train"]["steps"] = 50;
-  s["checkpoint"] = {{"save_at_end", false}};
-  TwoRanks r = two_ranks_with_a_fault("cp_die", s, "--set parallel.cp=2 --set parallel.timeout_s=60",
-                                      "kill:1:3");
-  std::printf("the surviving rank, after %.1f s: %s", r.seconds, r.err0.c_str());
-  EXPECT_EQ(r.code1, -SIGKILL);
-  EXPECT_EQ(r.code0, 6) << r.err0;  // training failed while running
-  EXPECT_THAT(r.err0, HasSubstr("group 'cp/0'")) << r.err0;
-  EXPECT_THAT(r.err0, HasSubstr("rank 1 closed the connection")) << r.err0;
-  EXPECT_LT(r.seconds, 60.0) << r.err0;
+// A pipeline stage that dies mid-step: the other stage, waiting for a gradient or sending an
+// activation, stops naming the pipeline group and the dead rank; its send threads end with it.
+TEST_F(ParallelTest, APipelineStageThatDiesStopsTheOther) {
+  EXPECT_THAT(survivor_of_a_kill("pp_die", pipeline_spec(), "--set parallel.pp=2", "pp/0"),
+              HasSubstr("pipeline schedule '1f1b'"));
 }
 
-TEST_F(ParallelTest, APipelineStageThatDiesStopsTheOther) {
-  nlohmann::json s = pipeline_spec();
-  s["train"]["steps"] = 50;
-  s["checkpoint"] = {{"save_at_end", false}};
-  TwoRanks r = two_ranks_with_a_fault("pp_die", s, "--set parallel.pp=2 --set parallel.timeout_s=60",
-                                      "kill:1:3");
-  std::printf("the surviving stage, after %.1f s: %s", r.seconds, r.err0.c_str());
-  EXPECT_EQ(r.code1, -SIGKILL);
-  EXPECT_EQ(r.code0, 6) << r.err0;  // training failed while running
-  EXPECT_THAT(r.err0, HasSubstr("pipeline schedule '1f1b'")) << r.err0;
-  EXPECT_THAT(r.err0, HasSubstr("group 'pp/0'")) << r.err0;
-  EXPECT_THAT(r.err0, HasSubstr("rank 1 closed the connection")) << r.err0;
-  EXPECT_LT(r.seconds, 60.0) << r.err0;
+// A context-parallel rank killed mid-step: the other stops at its next ring transfer (or the
+// loss's reduction), naming the context-parallel group and the dead rank.
+TEST_F(ParallelTest, AContextParallelRankThatDiesStopsTheOther) {
+  EXPECT_THAT(survivor_of_a_kill("cp_die", pipeline_spec(), "--set parallel.cp=2", "cp/0"),
+              HasSubstr("context-parallel attention"));
 }
 
 // A stage that fails with an error in the middle of a step (a receive of its own posted

@@ -165,7 +165,7 @@ class ContextParallelAttention {
         started[blk.q_half] = true;
       }
       ring.finish("forward");
-      kv.settle(step);
+      kv.settle(*this, step);
     }
     // Every query chunk sees at least its own chunk, so both halves were written.
     TensorView out = natural(ctx, o_cm);
@@ -223,7 +223,7 @@ class ContextParallelAttention {
       }
       grads.accumulate(*this, step, source, dk_step, dv_step);
       ring.finish("backward");
-      kv.settle(step);
+      kv.settle(*this, step);
     }
     TensorView dk_cm = allocate_like(ctx, k_cm), dv_cm = allocate_like(ctx, v_cm);
     grads.finish(*this, dk_cm, dv_cm);
@@ -402,7 +402,6 @@ class ContextParallelAttention {
   // The keys and values at hand in a ring step (p2p: this rank's, then those received;
   // all_gather: one source's chunks of the gathered whole).
   struct KeyValues {
-    const ContextParallelAttention* cp = nullptr;
     TensorView local_k{}, local_v{}, local_s{};    // (2, B, c, G, D); segment ids (2, B, c)
     TensorView k{}, v{}, s{};                      // at hand
     TensorView buf_k[2]{}, buf_v[2]{}, buf_s[2]{};  // p2p: receive buffers, alternating
@@ -433,8 +432,8 @@ class ContextParallelAttention {
       return ring;
     }
     // After the step's transfers finished: the received keys and values are at hand.
-    void settle(int32_t step) {
-      if (cp->comm_type_ == ContextParallelComm::kP2p && step + 1 < cp->size_)
+    void settle(const ContextParallelAttention& self, int32_t step) {
+      if (self.comm_type_ == ContextParallelComm::kP2p && step + 1 < self.size_)
         k = next_k, v = next_v, s = next_s;
     }
     void release_all(IForwardContext& ctx) {
@@ -446,7 +445,6 @@ class ContextParallelAttention {
   KeyValues key_values(IForwardContext& ctx, const Extents& e, const TensorView& k_cm,
                        const TensorView& v_cm, const TensorView& seg_cm) const {
     KeyValues kv;
-    kv.cp = this;
     kv.local_k = k_cm;
     kv.local_v = v_cm;
     kv.local_s = seg_cm;
