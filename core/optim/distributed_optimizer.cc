@@ -20,6 +20,7 @@ DistributedOptimizer::DistributedOptimizer(IHost& host, ParameterSet& params, IO
       setup_(setup),
       tensor_(groups(ParallelRole::kTensor)),
       grad_norm_group_(groups(ParallelRole::kGradNorm)),
+      world_(groups(ParallelRole::kWorld)),
       embedding_(groups(ParallelRole::kEmbedding)),
       grad_sync_(params, groups, setup.sharded, host),
       readiness_(params, embedding_.size() > 1) {
@@ -34,8 +35,13 @@ DistributedOptimizer::DistributedOptimizer(IHost& host, ParameterSet& params, IO
       st->param = &p;
       st->segment = seg;
       st->decay = (p.info.flags & kParamNoWeightDecay) == 0;
-      st->in_norm = (p.info.tp_split_dim >= 0 || setup_.tp_rank == 0) &&
-                    !(setup_.tied_replica && (p.info.flags & kParamTiedEmbedding) != 0);
+      st->expert = (p.info.flags & kParamExpert) != 0;
+      if (st->expert)  // the expert grid: split over etp, replicated (or sharded) over edp
+        st->in_norm = (p.info.tp_split_dim >= 0 || setup_.expert_tp_rank == 0) &&
+                      (setup_.sharded || setup_.expert_dp_rank == 0);
+      else
+        st->in_norm = (p.info.tp_split_dim >= 0 || setup_.tp_rank == 0) &&
+                      !(setup_.tied_replica && (p.info.flags & kParamTiedEmbedding) != 0);
       int64_t n = seg.length;
       auto alloc_f32 = [&]() {
         void* mem = nullptr;
@@ -149,21 +155,31 @@ void DistributedOptimizer::finish_reduction() {
 
 double DistributedOptimizer::grad_norm(double loss_scale) {
   // sumsq accumulates in f64 where the gradients live; one read back per step.
-  double sumsq = 0;
-  TensorView acc =
-      make_view(norm_acc_ != nullptr ? norm_acc_ : &sumsq, DType::kF64, {1}, setup_.device);
-  throw_if_error(host_.fill_zero(setup_.device, acc.data, 8));
-  for (auto& st : states_) {
-    if ((st->param->info.flags & kParamFrozen) || !st->in_norm) continue;
-    sumsq_({grad_sync_.grad_of(st->segment)}, {acc});
+  // The dense parameters' squares add up over the grad-norm group, the experts' (each piece
+  // counted on one rank, in_norm) over every rank.
+  double total = 0;
+  for (bool experts : {false, true}) {
+    if (experts && !setup_.experts) break;
+    double sumsq = 0;
+    TensorView acc =
+        make_view(norm_acc_ != nullptr ? norm_acc_ : &sumsq, DType::kF64, {1}, setup_.device);
+    throw_if_error(host_.fill_zero(setup_.device, acc.data, 8));
+    for (auto& st : states_) {
+      if ((st->param->info.flags & kParamFrozen) || !st->in_norm || st->expert != experts)
+        continue;
+      sumsq_({grad_sync_.grad_of(st->segment)}, {acc});
+    }
+    if (acc.data != &sumsq) copy_to_host(host_, acc, &sumsq);
+    ICommunicator& group = experts ? world_ : grad_norm_group_;
+    if (group.size() > 1) {
+      TensorView v = make_view(&sumsq, DType::kF64, {1});
+      throw_if_error(group.all_reduce(&v, ReduceOp::kSum, nullptr),
+                     experts ? "all-reduce of the experts' squared gradient norm over every rank"
+                             : "all-reduce of the squared gradient norm over the grad-norm group");
+    }
+    total += sumsq;
   }
-  if (acc.data != &sumsq) copy_to_host(host_, acc, &sumsq);
-  if (grad_norm_group_.size() > 1) {
-    TensorView v = make_view(&sumsq, DType::kF64, {1});
-    throw_if_error(grad_norm_group_.all_reduce(&v, ReduceOp::kSum, nullptr),
-                   "all-reduce of the squared gradient norm over the grad-norm group");
-  }
-  return std::sqrt(sumsq) / loss_scale;
+  return std::sqrt(total) / loss_scale;
 }
 
 void DistributedOptimizer::update(const OptimizerStep& hp) {

@@ -44,6 +44,13 @@ struct OptimizerSetup {
   /// of the first stage's: its gradient is summed with the first stage's over the embedding
   /// group like the first stage's, and counted once in the norm (there, not here).
   bool tied_replica = false;
+  /// This rank's coordinates on the experts' grid (etp, edp): an expert's parameter
+  /// replicated over etp (or over edp without sharding) counts in the norm once, there.
+  int expert_tp_rank = 0;
+  int expert_dp_rank = 0;
+  /// Some rank of the run holds experts' parameters: every rank then takes part in summing
+  /// their squared norm (a pipeline stage without experts too).
+  bool experts = false;
 };
 
 class DistributedOptimizer {
@@ -121,6 +128,7 @@ class DistributedOptimizer {
     std::vector<void*> owned;        // allocations to free
     bool decay = true;
     bool in_norm = true;  // counted in the grad norm on this rank (replicas count once)
+    bool expert = false;  // an expert's: its squares are summed over every rank
   };
   // The parameter's own memory of a shard: (segment.length) in the parameter's dtype.
   TensorView param_shard(const ParamState& st) const;
@@ -144,6 +152,7 @@ class DistributedOptimizer {
   OptimizerSetup setup_;
   ICommunicator& tensor_;
   ICommunicator& grad_norm_group_;
+  ICommunicator& world_;  // where the experts' squared norms add up
   ICommunicator& embedding_;
   GradSync grad_sync_;
   BucketReadiness readiness_;

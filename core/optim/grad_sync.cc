@@ -4,6 +4,7 @@
 
 #include "loom/cpp/error.h"
 #include "loom/cpp/tensor.h"
+#include "loom/ops.h"
 
 namespace loom::core {
 
@@ -17,6 +18,15 @@ GradSync::GradSync(ParameterSet& params, const GroupOf& groups, bool sharded, IH
                   "core's TimedCommunicator always has them)");
     comms_.push_back(&comm);
     sharded_ = sharded_ || (sharded && comm.size() > 1);
+    // An expert's gradient sums the tokens of every rank that routed to it; averaging over
+    // its edp replicas, then times edp / |data group|, gives the dense parameters' average
+    // over the data group (Megatron-Core pre-scales expert gradients by EDP / (DP x CP)).
+    double factor = 1.0;
+    if (b.group == ParallelRole::kExpertData)
+      factor = static_cast<double>(comm.size()) /
+               static_cast<double>(groups(ParallelRole::kData).size());
+    factors_.push_back(factor);
+    if (factor != 1.0 && !scale_) scale_ = Kernel(host, ops::kScale, device_, DType::kF32);
   }
   const std::vector<Parameter>& all = params_.all();
   started_.assign(params_.buckets().size(), false);
@@ -109,6 +119,16 @@ void GradSync::finish() {
     }
   }
   throw_if_error(first, first_what);
+  for (size_t b = 0; b < factors_.size(); ++b) {
+    if (factors_[b] == 1.0) continue;
+    const Bucket& bucket = params_.buckets()[b];
+    TensorView g =
+        sharded_ ? make_view(static_cast<float*>(grad_shard_.data) + shard_base_[b], DType::kF32,
+                             {bucket.size / comms_[b]->size()}, device_)
+                 : make_view(static_cast<float*>(params_.flat_grads().data) + bucket.offset,
+                             DType::kF32, {bucket.size}, device_);
+    scale_({g}, {g}, ops::ScaleAttrs{static_cast<float>(factors_[b])});
+  }
 }
 
 void GradSync::gather_values() {

@@ -27,6 +27,7 @@
 
 #include "core/runtime/parameters.h"
 #include "loom/cpp/comm_work.h"
+#include "loom/cpp/tensor.h"
 #include "loom/kinds/comm_backend.h"
 
 namespace loom::core {
@@ -97,6 +98,10 @@ class GradSync {
     const char* what;
   };
   std::vector<Pending> pending_;
+  // Per bucket: what its reduced gradient is multiplied by (experts' buckets: edp / |data|).
+  std::vector<double> factors_;
+  Kernel scale_;
 };
+
 
 }  // namespace loom::core

@@ -83,6 +83,9 @@ class ForwardContext final : public IForwardContext {
   /// Sends metric reports to `sink` (null: they are ignored, the default); only a training
   /// context records them.
   void set_metric_sink(MetricSink* sink) { metric_sink_ = sink; }
+  /// The weight of the micro-batch's own loss terms (aux_loss_weight; 0 by default, and
+  /// always 0 outside training): the trainer's per-micro-batch loss weight.
+  void set_aux_loss_weight(double weight) { aux_loss_weight_ = weight; }
 
   InterfaceInfo interface_info() const noexcept override;
   bool training() const noexcept override { return training_; }
@@ -99,6 +102,7 @@ class ForwardContext final : public IForwardContext {
   void drop_saved(const void* owner) noexcept override;
   bool defer_weight_grads() const noexcept override { return defer_weight_grads_; }
   Status metric(StringView name, const TensorView* value, MetricReduce reduce) noexcept override;
+  double aux_loss_weight() const noexcept override { return training_ ? aux_loss_weight_ : 0.0; }
 
  private:
   IHost& host_;
@@ -128,6 +132,7 @@ class ForwardContext final : public IForwardContext {
   void unref(const Saved& entry);
 
   Blocks blocks_;
+  double aux_loss_weight_ = 0.0;
   std::map<std::pair<const void*, int32_t>, Saved> saved_;
   uint64_t bytes_ = 0;
   IKvCache* kv_cache_ = nullptr;

@@ -42,12 +42,6 @@ void check(const RunConfig& c) {
                     "every rank saves its slices; use the sharded format (and `loom checkpoint "
                     "convert` for a {} copy)",
                     format, format));
-  if (par.ep != 1)
-    throw Error(Code::kUnimplemented,
-                fmt::format("spec /parallel/ep: {} is not available in this loom yet (data, "
-                            "tensor, sequence, context and pipeline parallelism and the "
-                            "distributed optimizer are); set it to 1",
-                            par.ep));
   if (par.pp > 1 && !c.precision.fp8.is_null())
     throw Error(Code::kUnimplemented,
                 "spec /precision/fp8: FP8 training with pipeline parallelism (parallel.pp > 1) "

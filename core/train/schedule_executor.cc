@@ -282,6 +282,7 @@ void ScheduleExecutor::open(InFlight& f, int32_t m, const StepPlanContext& step)
   f.ctx = std::make_unique<ForwardContext>(host_, true, step.recompute, in.rng_index, step.seed,
                                            step.step, step.module_ids);
   f.ctx->set_metric_sink(step.metrics);
+  f.ctx->set_aux_loss_weight(step.loss_weight);
 }
 
 void ScheduleExecutor::forward_inputs(ForwardContext& ctx, const Batch& batch,

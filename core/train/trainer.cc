@@ -159,6 +159,14 @@ Trainer::Trainer(const nlohmann::json& spec, PluginManager& plugins,
   // The last pipeline stage's tied table is a copy of the first stage's (Megatron's
   // shared embedding): summed with it over the embedding group, counted once in the norm.
   setup.tied_replica = par.pp > 1 && pp_rank_ != 0;
+  if (parallel_ != nullptr) {
+    setup.expert_tp_rank = group(ParallelRole::kExpertTensor).rank();
+    setup.expert_dp_rank = group(ParallelRole::kExpertData).rank();
+  }
+  bool local_experts = false;
+  for (const Parameter& p : params_->all())
+    local_experts = local_experts || (p.info.flags & kParamExpert) != 0;
+  setup.experts = sum_over(ParallelRole::kWorld, local_experts ? 1.0 : 0.0) > 0;
   // On a device the kernels that wrote a bucket's gradients may still be queued when it
   // is handed over: the device's communicator orders its collectives after the work
   // queued on the compute stream (comm_nccl), so the reduction reads them finished.
@@ -169,18 +177,25 @@ Trainer::Trainer(const nlohmann::json& spec, PluginManager& plugins,
   metrics_ = std::make_unique<StepMetrics>(plugins_.host(), device_);
 
   // Elements of the whole model: this rank's (slices counted whole, the last stage's copy
-  // of a tied table not at all), summed over the pipeline stages.
-  int64_t local_numel = 0;
+  // of a tied table not at all), summed over the pipeline stages; the experts' on the one
+  // rank of each expert's edp replicas that counts them, summed over every rank.
+  int64_t local_numel = 0, expert_numel = 0;
   for (const Parameter& p : params_->all()) {
     if (setup.tied_replica && (p.info.flags & kParamTiedEmbedding) != 0) continue;
     int64_t whole = 1;
     for (int32_t d = 0; d < p.info.ndim; ++d) whole *= p.info.global_shape[d];
-    local_numel += whole;
+    if ((p.info.flags & kParamExpert) == 0)
+      local_numel += whole;
+    else if (setup.expert_dp_rank == 0 && setup.expert_tp_rank == 0)
+      expert_numel += whole;
   }
   model_numel_ = local_numel;
   if (par.pp > 1)
     model_numel_ = static_cast<int64_t>(
         std::llround(sum_over(ParallelRole::kPipeline, static_cast<double>(local_numel))));
+  if (setup.experts)
+    model_numel_ += static_cast<int64_t>(
+        std::llround(sum_over(ParallelRole::kWorld, static_cast<double>(expert_numel))));
 
   // Model FLOPs (what the model says it costs: each chunk its share, summed over the
   // pipeline stages) and the peak they are measured against. FLOPs count tokens of whole

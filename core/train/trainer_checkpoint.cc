@@ -37,10 +37,17 @@ std::vector<SaveTensor> Trainer::checkpoint_tensors() {
   // The optimizer's tensors first (collective with the distributed optimizer).
   optim_->prepare_checkpoint();
   std::vector<SaveTensor> out;
-  if (data_rank_ != 0) return out;  // data-parallel replicas hold the same
+  // Data-parallel replicas hold the same; an expert's parameters are written by the first
+  // of its expert-data replicas (a rank of any data coordinate may own experts).
+  const int expert_dp_rank =
+      parallel_ != nullptr ? group(ParallelRole::kExpertData).rank() : 0;
+  const int expert_tp_rank =
+      parallel_ != nullptr ? group(ParallelRole::kExpertTensor).rank() : 0;
   for (Parameter& p : params_->all()) {
+    const bool expert = (p.info.flags & kParamExpert) != 0;
+    if ((expert ? expert_dp_rank : data_rank_) != 0) continue;
     // A replicated tensor is written once, by tensor-parallel rank 0.
-    if (p.info.tp_split_dim < 0 && tp_rank_ != 0) continue;
+    if (p.info.tp_split_dim < 0 && (expert ? expert_tp_rank : tp_rank_) != 0) continue;
     // The last pipeline stage's tied table is the first stage's copy: written there.
     if (config_.parallel.pp > 1 && pp_rank_ != 0 && (p.info.flags & kParamTiedEmbedding) != 0)
       continue;
@@ -49,7 +56,7 @@ std::vector<SaveTensor> Trainer::checkpoint_tensors() {
   }
   // The FP8 recipe's state (amax histories, scales): the same on every rank after a step
   // (the amaxes are reduced over tp and dp), so rank 0 writes it whole.
-  if (fp8_ != nullptr && tp_rank_ == 0)
+  if (fp8_ != nullptr && tp_rank_ == 0 && data_rank_ == 0)
     for (int32_t i = 0; i < fp8_->state_count(); ++i) {
       auto [name, view] = fp8_state(i);
       std::vector<int64_t> shape(view.shape, view.shape + view.ndim);

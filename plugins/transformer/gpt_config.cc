@@ -133,6 +133,23 @@ GptConfig GptConfig::from_options(const nlohmann::json& o) {
   check_probability(c.attention_dropout, "attention_dropout");
   if (c.seq_length < 1) invalid("#/train/seq_length: must be >= 1, got " + str(c.seq_length));
   read_pipeline_stage(o, c);
+  const nlohmann::json freq = o.value("moe_layer_freq", nlohmann::json(1));
+  c.moe_layers.assign(static_cast<size_t>(c.num_layers), true);
+  if (freq.is_array()) {
+    if (static_cast<int64_t>(freq.size()) != c.num_layers)
+      invalid("/moe_layer_freq: a pattern of " + str(static_cast<int64_t>(freq.size())) +
+              " entries for " + str(c.num_layers) + " layers; give one 0 or 1 per layer");
+    for (size_t i = 0; i < freq.size(); ++i) {
+      if (!freq[i].is_number_integer() || (freq[i] != 0 && freq[i] != 1))
+        invalid("/moe_layer_freq/" + str(static_cast<int64_t>(i)) + ": " + freq[i].dump() +
+                " is not 0 (dense_mlp) or 1 (mlp)");
+      c.moe_layers[i] = freq[i] == 1;
+    }
+  } else {
+    const int64_t n = freq.is_number_integer() ? freq.get<int64_t>() : 0;
+    if (n < 1) invalid("/moe_layer_freq: " + freq.dump() + " must be an integer >= 1 or a list");
+    for (int64_t i = 0; i < c.num_layers; ++i) c.moe_layers[i] = i % n == 0;
+  }
   return c;
 }
 
@@ -147,6 +164,7 @@ nlohmann::json GptConfig::layer_options(int64_t layer_number) const {
           {"init_std", init_std},
           {"num_layers", num_layers},
           {"layer_number", layer_number},
+          {"moe_layer", static_cast<bool>(moe_layers[static_cast<size_t>(layer_number - 1)])},
           {"fp8", layer_number > layers_at_start_in_bf16 &&
                       layer_number <= num_layers - layers_at_end_in_bf16},
           {"hidden_dropout", hidden_dropout},

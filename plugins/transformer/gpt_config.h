@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 namespace loom::transformer {
 
@@ -23,6 +24,10 @@ struct GptConfig {
   /// Layers kept out of FP8 at either end (Megatron's --num-layers-at-start-in-bf16 /
   /// --num-layers-at-end-in-bf16); only matter in a run with an FP8 recipe.
   int64_t layers_at_start_in_bf16 = 0, layers_at_end_in_bf16 = 0;
+  /// Which layers (0-based) take the layer node's "mlp" (a mixture of experts, say) and
+  /// which its "dense_mlp": Megatron's --moe-layer-freq, an int N (layer i iff i % N == 0)
+  /// or a 0/1 pattern of num_layers entries. Every layer by default.
+  std::vector<bool> moe_layers;
   bool sequence_parallel;    // from the core (parallel.sequence_parallel)
   std::string cp_comm_type;  // from the core (parallel.cp_comm_type)
   DType params_dtype;

@@ -108,11 +108,14 @@ TransformerLayer::TransformerLayer(const nlohmann::json& options, IBuildContext&
   mlp["init_std"] = init_std;
   mlp["num_layers"] = layers;
   mlp["fp8"] = inherited_or<bool>(options, "fp8", true);
+  mlp["layer_number"] = inherited_or<int64_t>(options, "layer_number", 1);
   add_child("input_layernorm", input_norm_ = build_child<INorm>(ctx, "norm", norm));
   add_child("self_attention.core_attention",
             core_ = build_child<IAttention>(ctx, "attention", core));
   add_child("pre_mlp_layernorm", pre_mlp_norm_ = build_child<INorm>(ctx, "norm", norm));
-  add_child("mlp", mlp_ = build_child<IMlp>(ctx, "mlp", mlp));
+  // The model's moe_layer_freq picks the node's "mlp" or its "dense_mlp" for this layer.
+  const bool moe_layer = inherited_or<bool>(options, "moe_layer", true);
+  add_child("mlp", mlp_ = build_child<IMlp>(ctx, moe_layer ? "mlp" : "dense_mlp", mlp));
 
   split_ = Kernel(host, ops::kSplitQkv, device_, dtype_);
   merge_ = Kernel(host, ops::kMergeQkv, device_, dtype_);

@@ -8,6 +8,9 @@ in PyTorch (float64) from loom's initial weights, and compares:
   - the gradient of every parameter,
   - the loss at each of the recorded AdamW steps (same batches, same learning rates),
   - the parameters after the last step.
+Mixture-of-experts models (model.layer.mlp.impl = "moe") are rebuilt with Megatron-Core's
+semantics (router top-k, capacity dropping, shared experts, load-balancing and z losses,
+expert-bias updates); see the section "Mixture of experts" below.
 Exit status 0 when every figure is within its tolerance; otherwise each failure is printed.
 
 usage: check_against_torch.py SPEC DUMP_DIR
@@ -70,9 +73,78 @@ class Config:
         self.norm = layer["norm"]["impl"]
         self.eps = layer["norm"].get("eps", 1e-5)
         self.final_eps = m["final_norm"].get("eps", 1e-5)
-        self.activation = layer["mlp"].get("activation", "gelu_tanh")
+        self.activation = layer["mlp"].get("activation", "gelu_tanh")  # of the dense MLPs
         self.bias = m.get("add_bias_linear", True)
         self.qkv_bias = m.get("add_qkv_bias", self.bias)
+        # Mixture of experts: self.moe holds the MoE block's options, self.moe_layers says
+        # which layers have it; the others use the dense MLP node layer.dense_mlp.
+        self.moe = None
+        self.moe_layers = [False] * self.L
+        if layer["mlp"].get("impl") == "moe":
+            ffn = m.get("ffn_hidden_size") or 4 * self.C
+            self.moe = MoeConfig(layer["mlp"], ffn)
+            dense = layer.get("dense_mlp") or {}
+            self.activation = _opt(dense, "activation", "gelu")  # the mlp node's default
+            self.dense_F = ffn
+            freq = _opt(m, "moe_layer_freq", 1)
+            if isinstance(freq, list):
+                if len(freq) != self.L or any(f not in (0, 1) for f in freq):
+                    raise ValueError(f"moe_layer_freq {freq}: need {self.L} entries of 0 or 1")
+                self.moe_layers = [f == 1 for f in freq]
+            else:
+                self.moe_layers = [i % freq == 0 for i in range(self.L)]
+
+
+def _opt(d, key, default):
+    """d[key], or default when the key is missing or null."""
+    v = d.get(key)
+    return default if v is None else v
+
+
+class MoeConfig:
+    """The options of an MoE block (model.layer.mlp with impl "moe"), defaults filled in."""
+
+    AUX_TYPES = ("aux_loss", "seq_aux_loss", "global_aux_loss")
+
+    def __init__(self, mlp, ffn_hidden_size):
+        self.E = mlp["num_experts"]
+        self.F = _opt(mlp, "moe_ffn_hidden_size", ffn_hidden_size)
+        self.activation = _opt(mlp, "activation", "gelu")
+        r = mlp.get("router") or {}
+        self.K = _opt(r, "topk", 2)
+        self.score = _opt(r, "score_function", "softmax")
+        if self.score not in ("softmax", "sigmoid"):
+            raise ValueError(f"router score_function {self.score!r}")
+        self.pre_softmax = _opt(r, "pre_softmax", False)
+        self.scaling = r.get("topk_scaling_factor")
+        self.num_groups = _opt(r, "num_groups", 1)
+        self.group_topk = r.get("group_topk")
+        if self.num_groups > 1:
+            if not self.group_topk or self.E % self.num_groups or self.K % self.group_topk:
+                raise ValueError("group-limited routing needs group_topk dividing topk and "
+                                 "num_groups dividing num_experts")
+        types = _opt(r, "load_balancing_type", "aux_loss")
+        types = [types] if isinstance(types, str) else list(types)
+        coeffs = _opt(r, "aux_loss_coeff", 0.0)
+        coeffs = list(coeffs) if isinstance(coeffs, list) else [coeffs] * len(types)
+        if len(coeffs) != len(types):
+            raise ValueError(f"load_balancing_type {types} and aux_loss_coeff {coeffs}: "
+                             "lengths differ")
+        for t in types:
+            if t != "none" and t not in self.AUX_TYPES:
+                raise ValueError(f"load_balancing_type {t!r}")
+        self.aux = [(t, float(c)) for t, c in zip(types, coeffs) if t != "none"]
+        self.z = r.get("z_loss_coeff")
+        self.expert_bias = _opt(r, "enable_expert_bias", False)
+        if self.expert_bias and self.score != "sigmoid":
+            raise ValueError("enable_expert_bias needs the sigmoid score function")
+        self.bias_rate = _opt(r, "bias_update_rate", 1e-3)
+        self.capacity_factor = mlp.get("expert_capacity_factor")
+        self.drop_policy = _opt(mlp, "token_drop_policy", "probs")
+        if self.drop_policy not in ("probs", "position"):
+            raise ValueError(f"token_drop_policy {self.drop_policy!r}")
+        self.shared = mlp.get("shared_expert_intermediate_size")
+        self.shared_gate = _opt(mlp, "shared_expert_gate", False)
 
 
 def inv_freq(cfg):
@@ -110,7 +182,267 @@ def norm(x, w, b, kind, eps):
     return torch.nn.functional.layer_norm(x, (x.shape[-1],), w, b, eps)
 
 
-def forward(p, cfg, tokens, labels, mask):
+# ---------------------------------------------------------------------------------------
+# Mixture of experts (Megatron-Core's MoELayer: TopKRouter, token dropping, experts, shared
+# experts). Everything in float64. Discrete choices (top-k, groups, capacity) are made on
+# detached numpy copies, with ties going to the lower expert (group, token) index; the
+# probabilities are then gathered from the differentiable tensors.
+# ---------------------------------------------------------------------------------------
+
+
+def trained(name):
+    """False for parameters the optimizer leaves alone (the router's expert bias)."""
+    return not name.endswith(".router.expert_bias")
+
+
+def activate(h, kind):
+    if kind == "swiglu":
+        gate, up = h.chunk(2, dim=-1)
+        return torch.nn.functional.silu(gate) * up
+    if kind == "gelu_tanh":
+        return torch.nn.functional.gelu(h, approximate="tanh")
+    return torch.nn.functional.gelu(h)
+
+
+def expert_ffn(x, w1, w2, kind):
+    """fc2(act(fc1 x)) without biases; a swiglu fc1 (2, F, C) is the (2F, C) [gate; up]."""
+    return activate(x @ w1.reshape(-1, x.shape[-1]).T, kind) @ w2.T
+
+
+def topk_rows(scores, k):
+    """(indices (N, k) of each row's k largest scores in descending order, smallest gap
+    between a row's k-th and (k+1)-th score). Ties go to the lower index (stable sort);
+    -inf marks ineligible entries."""
+    order = np.argsort(-scores, axis=1, kind="stable")
+    idx = order[:, :k]
+    gap = math.inf
+    if k < scores.shape[1]:
+        rows = np.arange(scores.shape[0])
+        kth, nxt = scores[rows, order[:, k - 1]], scores[rows, order[:, k]]
+        ok = np.isfinite(nxt)
+        if ok.any():
+            gap = float(np.min(kth[ok] - nxt[ok]))
+    return idx, gap
+
+
+class MoeRun:
+    """What one micro-batch's (or one step's) forward through the MoE layers leaves behind:
+    the aux terms of the objective, the routed (token, choice) counts per expert for the
+    expert-bias update, the counts global_aux_loss accumulates over the step's
+    micro-batches, and the smallest margin of any discrete routing decision."""
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.aux = torch.zeros(())
+        self.aux_terms = {}  # "layer i type" -> value, for printing
+        self.routed = {}  # layer -> (E) counts of the actual routing
+        self.global_counts = {}  # layer -> [(E) summed aux counts, micro-batches]
+        self.margin = math.inf
+
+    def note(self, gap):
+        self.margin = min(self.margin, gap)
+
+    def update_bias(self, p):
+        """Megatron's aux-loss-free balancing after an optimizer step: each expert's bias
+        moves by bias_update_rate towards the mean load, sign(mean(c) - c) (sign(0) = 0)."""
+        moe = self.cfg.moe
+        if not moe.expert_bias:
+            return
+        for i, c in self.routed.items():
+            name = f"decoder.layers.{i}.mlp.router.expert_bias"
+            p[name] = p[name] + moe.bias_rate * torch.tensor(np.sign(c.mean() - c))
+
+
+def route(logits, moe, bias, run):
+    """Megatron-Core's topk_routing_with_score_function: probs (N, K) (differentiable) and
+    experts (N, K) (numpy)."""
+    N, E = logits.shape
+    K = moe.K
+    if moe.score == "softmax":
+        s = logits.softmax(-1)
+        sel = s.detach().numpy() if moe.pre_softmax else logits.detach().numpy()
+    else:
+        s = torch.sigmoid(logits)
+        sel = s.detach().numpy()
+        if bias is not None:
+            sel = sel + bias  # the bias steers the selection, never the probabilities
+    if moe.num_groups > 1:
+        # Group-limited routing: G contiguous groups of E / G experts; a group's score is
+        # the sum of its K / group_topk best selection scores; only the group_topk best
+        # groups' experts stay eligible.
+        G, keep_groups = moe.num_groups, moe.group_topk
+        grouped = -np.sort(-sel.reshape(N, G, E // G), axis=2)[:, :, : K // keep_groups]
+        best, gap = topk_rows(grouped.sum(axis=2), keep_groups)
+        run.note(gap)
+        eligible = np.zeros((N, G), dtype=bool)
+        eligible[np.arange(N)[:, None], best] = True
+        sel = np.where(np.repeat(eligible, E // G, axis=1), sel, -np.inf)
+    idx, gap = topk_rows(sel, K)
+    run.note(gap)
+    it = torch.as_tensor(idx)
+    if moe.score == "softmax":
+        probs = s.gather(1, it) if moe.pre_softmax else logits.gather(1, it).softmax(-1)
+    else:
+        probs = s.gather(1, it)
+        if K > 1:
+            probs = probs / (probs.sum(-1, keepdim=True) + 1e-20)
+    if moe.scaling is not None:
+        probs = probs * moe.scaling
+    return probs, idx
+
+
+def capacity_keep(probs, idx, moe, run):
+    """Token dropping (Megatron's apply_router_token_dropping without padding): the (N, K)
+    mask of the (token, choice) pairs each expert keeps, at most
+    capacity = ceil(N * K / E * capacity_factor) per expert (N: the micro-batch's tokens on
+    this, the only, rank). Policy "probs" keeps the highest probabilities (ties: lower token),
+    "position" the first tokens."""
+    N, K = idx.shape
+    capacity = math.ceil(N * K / moe.E * moe.capacity_factor)
+    keep = np.ones((N, K), dtype=bool)
+    for e in range(moe.E):
+        t, k = np.nonzero(idx == e)  # in token order
+        if len(t) <= capacity:
+            continue
+        if moe.drop_policy == "probs":
+            pr = probs[t, k]
+            order = np.lexsort((t, -pr))
+            run.note(float(pr[order[capacity - 1]] - pr[order[capacity]]) if capacity else math.inf)
+        else:
+            order = np.argsort(t, kind="stable")
+        keep[t[order[capacity:]], k[order[capacity:]]] = False
+    return keep
+
+
+def aux_losses(logits, B, T, moe, layer, run):
+    """The load-balancing losses and the z-loss of one MoE layer (added to the objective,
+    not to the reported loss). Their scores are the softmax over all experts (softmax
+    router) or sigmoid(logits) normalised by its row sum (sigmoid router), whatever
+    pre_softmax, the expert bias, groups or capacity do to the routing; the counts come
+    from the top-K of those scores and carry no gradient."""
+    N, E = logits.shape
+    K = moe.K
+    total = torch.zeros(())
+    if moe.aux:
+        if moe.score == "softmax":
+            s = logits.softmax(-1)
+        else:
+            s = torch.sigmoid(logits)
+            s = s / (s.sum(-1, keepdim=True) + 1e-20)
+        top, gap = topk_rows(s.detach().numpy(), K)
+        run.note(gap)
+        routed = np.zeros((N, E))
+        routed[np.arange(N)[:, None], top] = 1.0
+        for kind, c in moe.aux:
+            if kind == "aux_loss":
+                counts = torch.tensor(routed.sum(0))
+                term = c * E / (K * N * N) * (counts * s.sum(0)).sum()
+            elif kind == "seq_aux_loss":
+                # Per sequence b of S = T tokens, then averaged over the B sequences.
+                counts = torch.tensor(routed.reshape(B, T, E).sum(1))
+                term = c * E / (K * T * T) * (counts * s.reshape(B, T, E).sum(1)).sum() / B
+            else:  # global_aux_loss
+                # The counts summed over the step's micro-batches so far, divided by their
+                # number (Megatron sums them over the data-parallel ranks too: one rank
+                # here). The replay below runs one micro-batch per step, so this equals
+                # aux_loss; the accumulator is kept for the semantics.
+                acc = run.global_counts.setdefault(layer, [np.zeros(E), 0])
+                acc[0] = acc[0] + routed.sum(0)
+                acc[1] += 1
+                counts = torch.tensor(acc[0] / acc[1])
+                term = c * E / (K * N * N) * (counts * s.sum(0)).sum()
+            run.aux_terms[f"layer {layer} {kind}"] = term.item()
+            total = total + term
+    if moe.z is not None:
+        term = moe.z * (torch.logsumexp(logits, -1) ** 2).mean()
+        run.aux_terms[f"layer {layer} z_loss"] = term.item()
+        total = total + term
+    return total
+
+
+def moe_mlp(h, g, cfg, layer, run):
+    """The MoE block of layer `layer` on the pre-MLP-normed h (B, T, C); adds its aux terms
+    to run.aux and its routed counts to run.routed."""
+    moe = cfg.moe
+    B, T, C = h.shape
+    x = h.reshape(B * T, C)  # tokens in (b, t) order
+    logits = x @ g("mlp.router.weight").T  # (N, E)
+    bias = g("mlp.router.expert_bias")
+    probs, idx = route(logits, moe, None if bias is None else bias.detach().numpy(), run)
+    keep = np.ones(idx.shape, dtype=bool)
+    if moe.capacity_factor is not None:
+        keep = capacity_keep(probs.detach().numpy(), idx, moe, run)
+        probs = probs * torch.tensor(keep, dtype=torch.float64)  # dropped: 0, no renormalising
+    out = torch.zeros(B * T, C)
+    for e in range(moe.E):
+        t, k = np.nonzero((idx == e) & keep)
+        if len(t) == 0:
+            continue
+        tt = torch.as_tensor(t)
+        y = expert_ffn(x[tt], g(f"mlp.experts.linear_fc1.weight{e}"),
+                       g(f"mlp.experts.linear_fc2.weight{e}"), moe.activation)
+        out = out.index_add(0, tt, y * probs[tt, torch.as_tensor(k)][:, None])
+    if moe.shared:
+        y = expert_ffn(x, g("mlp.shared_experts.linear_fc1.weight"),
+                       g("mlp.shared_experts.linear_fc2.weight"), moe.activation)
+        if moe.shared_gate:
+            y = y * torch.sigmoid(x @ g("mlp.shared_experts.gate_weight").T)
+        out = out + y
+    counts = np.bincount(idx[keep], minlength=moe.E).astype(np.float64)
+    run.routed[layer] = run.routed.get(layer, 0) + counts
+    run.aux = run.aux + aux_losses(logits, B, T, moe, layer, run)
+    return out.reshape(B, T, C)
+
+
+def expected_moe_shapes(cfg):
+    """Name -> shape of every MLP parameter of an MoE model, as loom must name them."""
+    moe, C = cfg.moe, cfg.C
+    want = {}
+
+    def fc1(F, act):
+        return (2, F, C) if act == "swiglu" else (F, C)
+
+    for i in range(cfg.L):
+        pre = f"decoder.layers.{i}.mlp."
+        if not cfg.moe_layers[i]:
+            F = cfg.dense_F
+            want[pre + "linear_fc1.weight"] = fc1(F, cfg.activation)
+            want[pre + "linear_fc2.weight"] = (C, F)
+            continue
+        want[pre + "router.weight"] = (moe.E, C)
+        if moe.expert_bias:
+            want[pre + "router.expert_bias"] = (moe.E,)
+        for e in range(moe.E):
+            F = moe.F
+            want[pre + f"experts.linear_fc1.weight{e}"] = fc1(F, moe.activation)
+            want[pre + f"experts.linear_fc2.weight{e}"] = (C, F)
+        if moe.shared:
+            F = moe.shared
+            want[pre + "shared_experts.linear_fc1.weight"] = fc1(F, moe.activation)
+            want[pre + "shared_experts.linear_fc2.weight"] = (C, F)
+            if moe.shared_gate:
+                want[pre + "shared_experts.gate_weight"] = (1, C)
+    return want
+
+
+def check_moe_names(weights, cfg):
+    """loom's MLP parameters of an MoE model: every expected name with its shape, and in the
+    MoE layers nothing else."""
+    want = expected_moe_shapes(cfg)
+    for name, shape in want.items():
+        if name not in weights:
+            failures.append(f"parameter {name} {shape}: missing from loom's weights")
+        elif tuple(weights[name].shape) != shape:
+            failures.append(f"parameter {name}: shape {tuple(weights[name].shape)}, "
+                            f"expected {shape}")
+    moe_prefixes = tuple(f"decoder.layers.{i}.mlp." for i in range(cfg.L) if cfg.moe_layers[i])
+    for name in weights:
+        if name.startswith(moe_prefixes) and name not in want:
+            failures.append(f"parameter {name}: not expected in an MoE layer")
+
+
+def forward(p, cfg, tokens, labels, mask, moe_run=None):
+    """(logits, mean CE). An MoE model's aux terms go to moe_run.aux (a MoeRun)."""
     B, T = tokens.shape
     x = p["embedding.word_embeddings.weight"][tokens]
     if cfg.pos == "learned":
@@ -140,6 +472,9 @@ def forward(p, cfg, tokens, labels, mask):
             a = a + g("self_attention.linear_proj.bias")
         x = x + a
         h = norm(x, g("pre_mlp_layernorm.weight"), g("pre_mlp_layernorm.bias"), cfg.norm, cfg.eps)
+        if cfg.moe_layers[i]:
+            x = x + moe_mlp(h, g, cfg, i, moe_run)
+            continue
         # swiglu's fc1 is (2, F, C) [gate; up]: as rows, the (2F, C) matrix.
         h = h @ g("mlp.linear_fc1.weight").reshape(-1, cfg.C).T
         if g("mlp.linear_fc1.bias") is not None:
@@ -166,6 +501,7 @@ def forward(p, cfg, tokens, labels, mask):
 
 
 failures = []
+worst = {}  # kind -> (max |loom - torch| / (atol + rtol * scale), what): printed for MoE models
 
 
 def compare(what, loom, ref, kind):
@@ -177,6 +513,9 @@ def compare(what, loom, ref, kind):
         return
     err = float(np.max(np.abs(loom - ref))) if loom.size else 0.0
     scale = float(np.max(np.abs(ref))) if ref.size else 0.0
+    ratio = err / (atol + rtol * scale)
+    if kind not in worst or not ratio <= worst[kind][0]:
+        worst[kind] = (ratio, what, err)
     if not err <= atol + rtol * scale:
         failures.append(f"{what}: max |loom - torch| = {err:.3g} > {atol:g} + {rtol:g} * {scale:.3g}")
 
@@ -188,18 +527,42 @@ def main():
     weights = read_safetensors(f"{dump}/weights.safetensors")
     fwd = read_safetensors(f"{dump}/forward.safetensors")
     params = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in weights.items()}
+    if cfg.moe:
+        check_moe_names(weights, cfg)
+        if failures:  # the model cannot be rebuilt from these weights
+            print("FAILED: loom's MoE parameters are not as the spec says")
+            for f in failures:
+                print("  " + f)
+            return 1
 
     tokens = torch.tensor(fwd["tokens"], dtype=torch.long)
     labels = torch.tensor(fwd["labels"], dtype=torch.long)
     mask = torch.tensor(fwd["loss_mask"], dtype=torch.float64)
-    logits, loss = forward(params, cfg, tokens, labels, mask)
-    loss.backward()
+    run = MoeRun(cfg) if cfg.moe else None
+    logits, loss = forward(params, cfg, tokens, labels, mask, run)
+    # The gradients are those of the objective: the CE plus an MoE model's aux terms; the
+    # loss compared is the CE alone.
+    (loss if run is None else loss + run.aux).backward()
     compare("logits", fwd["logits"], logits.detach().numpy(), "logits")
     compare("loss", fwd["loss"], loss.item(), "loss")
+    compared = 0
     for name, t in params.items():
-        compare(f"grad {name}", fwd[f"grad.{name}"], t.grad.numpy(), "grad")
+        key = f"grad.{name}"
+        if key not in fwd:
+            if not trained(name):
+                continue  # the expert bias: loom may keep no gradient for it
+            failures.append(f"grad {name}: missing from loom's dump")
+            continue
+        # An untrained parameter (the expert bias) gets no gradient here: loom's must be 0.
+        ref = t.grad.numpy() if t.grad is not None else np.zeros(tuple(t.shape))
+        compare(f"grad {name}", fwd[key], ref, "grad")
+        compared += 1
     print(f"batch 0: loss loom {float(fwd['loss']):.7f} torch {loss.item():.7f}; "
-          f"{len(params)} parameter gradients compared")
+          f"{compared} parameter gradients compared")
+    if run is not None:
+        terms = ", ".join(f"{k} {v:.6g}" for k, v in run.aux_terms.items())
+        print(f"batch 0: MoE aux terms (in the gradients, not the loss): {terms or 'none'}; "
+              f"smallest routing margin {run.margin:.3g}")
 
     # AdamW steps with loom's recorded learning rates (the schedule has its own tests).
     opt = spec["optimizer"]
@@ -215,23 +578,33 @@ def main():
         leaf = {k: x.clone().requires_grad_(True) for k, x in p.items()}
         tok = torch.tensor(rec["tokens"], dtype=torch.long).view(B, T)
         lab = torch.tensor(rec["labels"], dtype=torch.long).view(B, T)
-        _, l = forward(leaf, cfg, tok, lab, torch.ones(B, T))
-        l.backward()
+        run = MoeRun(cfg) if cfg.moe else None  # one micro-batch per step
+        _, l = forward(leaf, cfg, tok, lab, torch.ones(B, T), run)
+        (l if run is None else l + run.aux).backward()  # the step loss is the CE alone
         compare(f"step {t} loss", rec["loss"], l.item(), "step_loss")
-        norm_ = math.sqrt(sum(float((x.grad ** 2).sum()) for x in leaf.values()))
+        grads = [x.grad for x in leaf.values() if x.grad is not None]  # None: unused expert
+        norm_ = math.sqrt(sum(float((g ** 2).sum()) for g in grads))
         compare(f"step {t} grad norm", rec["grad_norm"], norm_, "step_loss")
         coeff = min(1.0, clip / (norm_ + 1e-6)) if clip > 0 else 1.0
         lr = rec["lr"]
         with torch.no_grad():
             for k in p:
-                g = leaf[k].grad * coeff
+                if not trained(k):
+                    continue  # the expert bias moves only by update_bias below
+                g = leaf[k].grad
+                if g is None:  # an expert no token reached: zero gradient, Adam still moves it
+                    g = torch.zeros_like(p[k])
+                g = g * coeff
                 m[k] = b1 * m[k] + (1 - b1) * g
                 v2[k] = b2 * v2[k] + (1 - b2) * g * g
                 mhat = m[k] / (1 - b1 ** t)
                 vhat = v2[k] / (1 - b2 ** t)
                 decay = wd if p[k].dim() >= 2 else 0.0  # no decay on norms and biases
                 p[k] = p[k] - lr * (mhat / (vhat.sqrt() + eps) + decay * p[k])
-        print(f"step {t}: loss loom {rec['loss']:.7f} torch {l.item():.7f} lr {lr:.3e}")
+            if run is not None:
+                run.update_bias(p)  # after the optimizer step, from this step's routing
+        print(f"step {t}: loss loom {rec['loss']:.7f} torch {l.item():.7f} lr {lr:.3e}"
+              + ("" if run is None else f" aux {run.aux.item():.6g} margin {run.margin:.3g}"))
     final = read_safetensors(f"{dump}/final.safetensors")
     for k in p:
         loom_final, ref_final = final[k], p[k].numpy()
@@ -245,6 +618,10 @@ def main():
             loom_final, ref_final = loom_final[keep.reshape(-1)], ref_final[keep.reshape(-1)]
         compare(f"final {k}", loom_final, ref_final, "final")
 
+    if cfg.moe:
+        for kind, (ratio, what, err) in worst.items():
+            print(f"worst {kind}: {what}, max |loom - torch| = {err:.3g}, "
+                  f"{ratio:.3g} of its tolerance")
     if failures:
         print(f"FAILED: {len(failures)} comparisons out of tolerance")
         for f in failures:

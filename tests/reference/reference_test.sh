@@ -10,5 +10,5 @@ if ! /usr/bin/python3 -c 'import torch, numpy' 2>/dev/null; then
 fi
 out="${TEST_TMPDIR:-/tmp}/$(basename "$spec" .json)"
 tests/reference/dump_reference "$spec" "$out" kernels/cpu plugins/transformer \
-  plugins/fused_attention plugins/optim
+  plugins/fused_attention plugins/optim plugins/moe
 OMP_NUM_THREADS=2 /usr/bin/python3 tests/reference/check_against_torch.py "$spec" "$out"

@@ -247,6 +247,7 @@ struct ForwardContext final : IForwardContext {
   Status metric(StringView, const TensorView*, MetricReduce) noexcept override {
     return ok_status();
   }
+  double aux_loss_weight() const noexcept override { return 0.0; }
 };
 
 TensorView cpu_f32(float* data, int64_t b, int64_t c) {  // (B, C) contiguous

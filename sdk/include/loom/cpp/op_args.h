@@ -136,6 +136,7 @@ class OpArgs {
   const TensorView& float_out(int i) const { return tensor(false, i, DType::kInvalid); }
   const TensorView& f32_out(int i) const { return tensor(false, i, DType::kF32); }
   const TensorView& f64_out(int i) const { return tensor(false, i, DType::kF64); }
+  const TensorView& i32_out(int i) const { return tensor(false, i, DType::kI32); }
   /// Required FP8 tensors (e4m3 or e5m2).
   const TensorView& fp8_in(int i) const { return tensor(true, i, kAnyFp8); }
   const TensorView& fp8_out(int i) const { return tensor(false, i, kAnyFp8); }

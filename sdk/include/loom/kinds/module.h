@@ -9,7 +9,7 @@
 //
 // Module kinds 1.1 (ABI 1.5) append to IModule backward_weight (the deferred weight-gradient
 // pass of zero-bubble schedules) and step_end (a per-step hook); forward_context 1.4
-// appends defer_weight_grads and metric. The core calls a 1.1 method only on an object
+// appends defer_weight_grads and metric, forward_context 1.5 (ABI 1.6) aux_loss_weight. The core calls a 1.1 method only on an object
 // whose interface_info() says 1.1 or later, and a module checks the context's minor before
 // calling a 1.4 method (loom/cpp/nn/views.h has the checks).
 #pragma once
@@ -185,6 +185,16 @@ class IForwardContext {
   /// \param value   an f32 tensor of one element on the context's device
   /// \param reduce  how the step combines the reports
   virtual Status metric(StringView name, const TensorView* value, MetricReduce reduce) noexcept = 0;
+
+  // ---- forward_context 1.5 (ABI 1.6): check interface_info().minor >= 5 first. ----
+
+  /// The weight of this micro-batch's own loss terms in what the step minimises: a module
+  /// that adds a term of its own to the objective (an MoE router's load-balancing or z-loss,
+  /// Megatron's MoEAuxLossAutoScaler) seeds that term's gradient with it, so the term counts
+  /// as much as the micro-batch's mean loss does: the run's loss scale over the step's
+  /// micro-batches. Each rank adds its own share of a term (its tokens' part); the core
+  /// averages the data-parallel replicas as it does for the loss. 0 outside training.
+  virtual double aux_loss_weight() const noexcept = 0;
 };
 
 /// Base of every trainable module. Inputs and outputs are positional; each kind's header

@@ -49,6 +49,7 @@ struct ParamSpec {
   float init_std = 0.f;
   int32_t tp_size = 1;  ///< ranks in the tensor-parallel group: the local shape divides
                         ///< shape[tp_split_dim] by it (the module checked divisibility)
+  int32_t expert_index = -1;  ///< the global expert id of a kParamExpert parameter
 };
 
 template <class I>
@@ -157,7 +158,7 @@ class ModuleBase : public Object<I> {
       local /= spec.tp_size;
     }
     p.info.tp_split_dim = spec.tp_split_dim;
-    p.info.expert_index = -1;
+    p.info.expert_index = spec.expert_index;
     p.info.flags = spec.flags;
     p.info.init = spec.init;
     p.info.init_std = spec.init_std;

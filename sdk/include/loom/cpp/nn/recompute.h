@@ -57,6 +57,9 @@ class ContextForwarder : public IForwardContext {
     if (!context_has(inner_, 4)) return ok_status();
     return inner_.metric(name, value, reduce);
   }
+  double aux_loss_weight() const noexcept override {
+    return context_has(const_cast<IForwardContext&>(inner_), 5) ? inner_.aux_loss_weight() : 0.0;
+  }
 
  protected:
   IForwardContext& inner_;

@@ -108,6 +108,19 @@ inline void report_metric(IForwardContext& ctx, const char* name, const TensorVi
                  std::string("reporting metric ") + name);
 }
 
+/// ctx.aux_loss_weight() (forward_context 1.5): the factor a module's own loss term's
+/// gradient is seeded with. Throws when training on an older core, which cannot say it (a
+/// term without its gradient would train silently wrong).
+/// \param what  the module that asks, for the message
+inline double aux_loss_weight_of(IForwardContext& ctx, const char* what) {
+  if (!ctx.training()) return 0.0;
+  if (!context_has(ctx, 5))
+    fail(Code::kFailedPrecondition,
+         std::string(what) + ": this loom core's forward context predates forward_context 1.5 "
+                             "(aux_loss_weight): use a loom built with SDK ABI 1.6 or later");
+  return ctx.aux_loss_weight();
+}
+
 /// Hands activations the caller is done with back to the context (loom::release: freed
 /// once nothing saved refers to them), each allocation once: views sharing a data pointer
 /// count once, and a view whose data is that of one of `keep` stays (a pass-through such

@@ -1,0 +1,169 @@
+#include "plugins/moe/grouped_mlp.h"
+
+#include <cmath>
+
+namespace loom::moe {
+namespace {
+
+enum Slot : int32_t { kInput, kFc1Out, kActOut, kCounts };
+
+TensorView row_slice(const TensorView& v, int64_t r, int64_t m) {
+  char* base = static_cast<char*>(v.data) +
+               r * v.shape[1] * static_cast<int64_t>(dtype_size(v.dtype));
+  return make_view(base, v.dtype, {m, v.shape[1]}, v.device);
+}
+
+}  // namespace
+
+GroupedMlp::GroupedMlp(const nlohmann::json& options, IHost& host)
+    : host_(host),
+      swiglu_(options.at("activation").get<std::string>() == "swiglu"),
+      gelu_tanh_(options.at("activation").get<std::string>() == "gelu_tanh"),
+      grouped_(options.value("grouped", true)),
+      hidden_(options.at("hidden_size").get<int64_t>()),
+      ffn_(options.at("ffn_hidden_size").get<int64_t>()),
+      dtype_(params_dtype(options)),
+      device_(device_of(options)) {
+  ICommunicator& ep = group(host_, ParallelRole::kExpert);
+  const int64_t experts = options.at("num_experts").get<int64_t>();
+  local_ = experts / ep.size();
+  first_ = ep.rank() * local_;
+  const float init_std = options.at("init_std").get<float>();
+  const int64_t layers = options.at("num_layers").get<int64_t>();
+  const float out_std = static_cast<float>(init_std / std::sqrt(2.0 * static_cast<double>(layers)));
+  std::vector<int64_t> fc1 = swiglu_ ? std::vector<int64_t>{2, ffn_, hidden_}
+                                     : std::vector<int64_t>{ffn_, hidden_};
+  for (int64_t i = 0; i < local_; ++i) {
+    const int32_t g = static_cast<int32_t>(first_ + i);
+    ParamSpec s1{fc1, -1, kParamExpert, ParamInit::kNormal, init_std};
+    s1.expert_index = g;
+    fc1_.push_back(add_param("linear_fc1.weight" + std::to_string(g), dtype_, s1));
+    ParamSpec s2{{hidden_, ffn_}, -1, kParamExpert, ParamInit::kScaledNormal, out_std};
+    s2.expert_index = g;
+    fc2_.push_back(add_param("linear_fc2.weight" + std::to_string(g), dtype_, s2));
+  }
+  if (grouped_) {
+    grouped_gemm_ = Kernel(host_, ops::kGroupedGemm, device_, dtype_);
+    grouped_wgrad_ = Kernel(host_, ops::kGroupedGemmWgrad, device_, dtype_);
+  }
+  gemm_ = Kernel(host_, ops::kGemm, device_, dtype_);
+  act_fwd_ = Kernel(host_, swiglu_ ? ops::kSwigluFwd : ops::kGeluFwd, device_, dtype_);
+  act_bwd_ = Kernel(host_, swiglu_ ? ops::kSwigluBwd : ops::kGeluBwd, device_, dtype_);
+}
+
+std::vector<int64_t> GroupedMlp::counts_of(const TensorView& t, int64_t rows) const {
+  if (t.dtype != DType::kI64 || t.device.type != DeviceType::kCpu || numel(t) != local_)
+    fail(Code::kInvalidArgument,
+         detail::concat("moe experts: rows per expert must be (", local_, ") i64 on the host, got ",
+                        dtype_name(t.dtype), shape_string(t)));
+  const int64_t* p = static_cast<const int64_t*>(t.data);
+  std::vector<int64_t> counts(p, p + local_);
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  if (total != rows)
+    fail(Code::kInvalidArgument,
+         detail::concat("moe experts: rows per expert sum to ", total, ", the input has ", rows));
+  return counts;
+}
+
+void GroupedMlp::gemm_rows(const TensorView& x, const std::vector<int32_t>& weights, bool trans_b,
+                           const std::vector<int64_t>& counts, const TensorView& y) const {
+  const int64_t cols = x.shape[1];
+  if (grouped_) {
+    std::vector<void*> ptrs;
+    for (int32_t w : weights) ptrs.push_back(value(w).data);
+    TensorView w0 = rows(value(weights[0]), trans_b ? cols : numel(value(weights[0])) / cols);
+    grouped_gemm_({x, w0}, {y},
+                  ops::GroupedGemmAttrs{static_cast<int32_t>(local_), counts.data(), ptrs.data(),
+                                        trans_b ? 1 : 0, 1.0f, 0.0f});
+    return;
+  }
+  int64_t r = 0;
+  for (int64_t g = 0; g < local_; ++g) {
+    if (counts[g] > 0) {
+      const TensorView& w = value(weights[g]);
+      TensorView w2 = rows(w, trans_b ? cols : numel(w) / cols);
+      gemm_({row_slice(x, r, counts[g]), w2}, {row_slice(y, r, counts[g])},
+            ops::GemmAttrs{0, trans_b ? 1 : 0, 1.0f, 0.0f});
+    }
+    r += counts[g];
+  }
+}
+
+void GroupedMlp::gemm_wgrad(const TensorView& dy, const TensorView& x,
+                            const std::vector<int32_t>& weights,
+                            const std::vector<int64_t>& counts) const {
+  const int64_t in = x.shape[1];
+  if (grouped_) {
+    std::vector<void*> ptrs;
+    for (int32_t w : weights) ptrs.push_back(grad(w).data);
+    grouped_wgrad_({dy, x}, {rows(grad(weights[0]), in)},
+                   ops::GroupedGemmAttrs{static_cast<int32_t>(local_), counts.data(), ptrs.data(), 0,
+                                         1.0f, 1.0f});
+    return;
+  }
+  int64_t r = 0;
+  for (int64_t g = 0; g < local_; ++g) {
+    if (counts[g] > 0)
+      gemm_({row_slice(dy, r, counts[g]), row_slice(x, r, counts[g])}, {rows(grad(weights[g]), in)},
+            ops::GemmAttrs{1, 0, 1.0f, 1.0f});
+    r += counts[g];
+  }
+}
+
+void GroupedMlp::run_forward(IForwardContext& ctx, const TensorView* inputs, int32_t num_inputs,
+                             TensorView* outputs, int32_t num_outputs) {
+  expect_count("moe experts forward inputs", num_inputs, 2);
+  expect_count("moe experts forward outputs", num_outputs, 1);
+  const TensorView& x = inputs[0];
+  expect(x, {-1, hidden_}, dtype_, "moe experts input");
+  const int64_t m = x.shape[0], f1 = swiglu_ ? 2 * ffn_ : ffn_;
+  std::vector<int64_t> counts = counts_of(inputs[1], m);
+  TensorView h1 = allocate(ctx, dtype_, {m, f1}, device_);  // (M, F | 2F)
+  gemm_rows(x, fc1_, true, counts, h1);
+  TensorView a = allocate(ctx, dtype_, {m, ffn_}, device_);  // (M, F)
+  if (swiglu_)
+    act_fwd_({h1}, {a});
+  else
+    act_fwd_({h1}, {a}, ops::GeluAttrs{gelu_tanh_ ? 1 : 0});
+  TensorView y = allocate(ctx, dtype_, {m, hidden_}, device_);  // (M, C)
+  gemm_rows(a, fc2_, true, counts, y);
+  if (ctx.training()) {
+    save(ctx, this, kInput, x);
+    save(ctx, this, kFc1Out, h1);
+    save(ctx, this, kActOut, a);
+    TensorView kept = allocate(ctx, DType::kI64, {local_}, kCpu);
+    std::memcpy(kept.data, counts.data(), counts.size() * sizeof(int64_t));
+    save(ctx, this, kCounts, kept);
+  }
+  release_all(ctx, {h1, a});
+  outputs[0] = y;
+}
+
+void GroupedMlp::run_backward(IForwardContext& ctx, const TensorView* grad_outputs,
+                              int32_t num_grad_outputs, TensorView* grad_inputs,
+                              int32_t num_grad_inputs) {
+  expect_count("moe experts backward grad outputs", num_grad_outputs, 1);
+  expect_count("moe experts backward grad inputs", num_grad_inputs, 1);
+  TensorView x = load(ctx, this, kInput), h1 = load(ctx, this, kFc1Out);
+  TensorView a = load(ctx, this, kActOut);
+  const int64_t m = x.shape[0];
+  std::vector<int64_t> counts = counts_of(load(ctx, this, kCounts), m);
+  const TensorView& dy = grad_outputs[0];
+  expect(dy, {m, hidden_}, dtype_, "moe experts grad output");
+  TensorView da = allocate(ctx, dtype_, {m, ffn_}, device_);  // dy @ W2: (M, F)
+  gemm_rows(dy, fc2_, false, counts, da);
+  gemm_wgrad(dy, a, fc2_, counts);
+  TensorView dh1 = allocate_like(ctx, h1);
+  if (swiglu_)
+    act_bwd_({da, h1}, {dh1});
+  else
+    act_bwd_({da, h1}, {dh1}, ops::GeluAttrs{gelu_tanh_ ? 1 : 0});
+  TensorView dx = allocate_like(ctx, x);  // dh1 @ W1: (M, C)
+  gemm_rows(dh1, fc1_, false, counts, dx);
+  gemm_wgrad(dh1, x, fc1_, counts);
+  release_all(ctx, {da, dh1});
+  grad_inputs[0] = dx;
+}
+
+}  // namespace loom::moe
