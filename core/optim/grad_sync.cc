@@ -82,9 +82,20 @@ TensorView GradSync::grad_of(const Segment& s) const {
 
 void GradSync::start(size_t b) {
   ICommunicator& comm = *comms_[b];
-  if (comm.size() == 1 || started_[b]) return;
+  if (started_[b]) return;
   started_[b] = true;
   const Bucket& bucket = params_.buckets()[b];
+  if (comm.size() == 1) {
+    // Nothing to reduce; with other buckets sharded (the experts' data group of one rank
+    // beside a larger dense one) its shard is the whole bucket, read from the shard buffer.
+    if (sharded_)
+      throw_if_error(host_.copy(device_, static_cast<float*>(grad_shard_.data) + shard_base_[b],
+                                device_,
+                                static_cast<float*>(params_.flat_grads().data) + bucket.offset,
+                                static_cast<uint64_t>(bucket.size) * 4),
+                     "copying a gradient bucket of a one-rank group into its shard");
+    return;
+  }
   TensorView in = make_view(static_cast<float*>(params_.flat_grads().data) + bucket.offset,
                             DType::kF32, {bucket.size}, device_);
   TensorView out{};

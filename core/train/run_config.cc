@@ -38,7 +38,7 @@ void check(const RunConfig& c) {
   if (par.saves_together() && format != "sharded")
     throw SpecError(
         "/checkpoint/format",
-        fmt::format("'{}' keeps whole tensors, but with tp > 1, pp > 1 or the distributed optimizer "
+        fmt::format("'{}' keeps whole tensors, but with tp > 1, pp > 1, ep > 1 or the distributed optimizer "
                     "every rank saves its slices; use the sharded format (and `loom checkpoint "
                     "convert` for a {} copy)",
                     format, format));
@@ -95,6 +95,8 @@ RunConfig RunConfig::from_spec(const nlohmann::json& spec) {
   par.tp = at(spec, "parallel", "tp").get<int>();
   par.cp = at(spec, "parallel", "cp").get<int>();
   par.ep = at(spec, "parallel", "ep").get<int>();
+  const nlohmann::json& etp = at(spec, "parallel", "etp");
+  par.etp = etp.is_null() ? 0 : etp.get<int>();
   par.dp = at(spec, "parallel", "dp").get<int>();
   par.pp = at(spec, "parallel", "pp").get<int>();
   par.vpp = at(spec, "parallel", "vpp").get<int>();

@@ -48,10 +48,12 @@ struct ParallelConfig {
   std::array<int, 5> grid_sizes() const { return {tp, cp, ep, dp, pp}; }
   /// Ranks that read different micro-batches (ep x dp; context-parallel ranks share theirs).
   int batch_replicas() const { return ep * dp; }
-  /// Tensor and pipeline parallelism and the distributed optimizer spread parameters or
+  /// Tensor, pipeline and expert parallelism and the distributed optimizer spread parameters or
   /// optimizer states over the ranks, which then save checkpoints together, each its
   /// slices; otherwise the first rank holds everything and saves alone.
-  bool saves_together() const { return tp > 1 || pp > 1 || (dp > 1 && distributed_optimizer); }
+  bool saves_together() const {
+    return tp > 1 || pp > 1 || ep > 1 || (dp > 1 && distributed_optimizer);
+  }
   /// "tp=2 cp=1 ep=1 dp=2 pp=1".
   std::string describe() const;
 };

@@ -518,12 +518,18 @@ double Trainer::evaluate() {
   int64_t steps = config_.train.eval_steps;
   Batch batch;
   double sum = 0, missing = 0;
-  for (int64_t i = data_rank_; i < steps; i += data_replicas_) {
-    if (!data_->valid_batch(i, batch)) {
+  // With expert parallelism every forward pass is collective over the expert group: a rank
+  // without a batch of its own in the last round runs the last one again and discards it.
+  const int64_t rounds = (steps + data_replicas_ - 1) / data_replicas_;
+  for (int64_t round = 0; round < rounds; ++round) {
+    const int64_t i = round * data_replicas_ + data_rank_;
+    if (i >= steps && config_.parallel.ep == 1) break;
+    if (!data_->valid_batch(std::min(i, steps - 1), batch)) {
       missing = 1;
       break;
     }
-    sum += forward_only(batch);
+    const double loss = forward_only(batch);
+    if (i < steps) sum += loss;
   }
   if (data_replicas_ > 1) {
     // Context-parallel ranks (in the data group too) share each batch and its loss.

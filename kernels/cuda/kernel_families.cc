@@ -6,6 +6,7 @@
 #include "kernels/cuda/elementwise/elementwise.h"
 #include "kernels/cuda/gemm/gemm.h"
 #include "kernels/cuda/loss/loss.h"
+#include "kernels/cuda/moe/moe.h"
 #include "kernels/cuda/optim/optim.h"
 #include "kernels/cuda/pointwise/pointwise.h"
 
@@ -19,10 +20,13 @@ void add_all_kernels(std::vector<KernelDesc>& out) {
   add_pointwise_kernels(out);
   add_attention_kernels(out);
   add_attention_merge_kernels(out);
+  add_moe_kernels(out);
 }
 
 std::string take_recorded_error() {
   std::string message = take_label_error();
+  if (!message.empty()) return message;
+  message = take_moe_index_error();
   if (!message.empty()) return message;
   Status ids = embedding_id_status();
   if (ids.code == Code::kOk) return "";

@@ -15,7 +15,8 @@ namespace loom::kernels::cuda {
 void add_all_kernels(std::vector<KernelDesc>& out);
 
 /// The message of an error a kernel recorded on the device and no call has reported yet
-/// (an out-of-range label), cleared; "" when there is none. Call after synchronising.
+/// (an out-of-range label, embedding id or moe index), cleared; "" when there is none. Call
+/// after synchronising.
 std::string take_recorded_error();
 
 }  // namespace loom::kernels::cuda

@@ -30,7 +30,7 @@ MoeLayer::MoeLayer(const nlohmann::json& options, IBuildContext& ctx)
   ICommunicator& ep = group(host_, ParallelRole::kExpert);
   if (experts_ % ep.size() != 0)
     invalid(detail::concat("/num_experts: ", experts_, " is not divisible by the expert-parallel "
-                           "size ", ep.size(), " (#/parallel/ep); choose an ep that divides it"));
+                           "size ", ep.size(), " (parallel.ep); choose an ep that divides it"));
   const nlohmann::json cf = options.value("expert_capacity_factor", nlohmann::json(nullptr));
   if (!cf.is_null()) {
     capacity_factor_ = cf.get<double>();

@@ -414,6 +414,7 @@ class PipelineTest : public ParallelTest {
   // The weights after step 1 of run `name` (its first checkpoint, converted to whole
   // tensors).
   std::map<std::string, std::vector<float>> step_one(const std::string& name) {
+    if (loom_names_) return step_one_by_loom_name(name);
     fs::path out = dir_ / (name + "_step1");
     if (fs::exists(out / "model.safetensors")) return read_tensors(out / "model.safetensors");
     auto r = run_loom("checkpoint convert " + q(dir_ / name / "checkpoints" / "iter_0000001") +
@@ -421,6 +422,31 @@ class PipelineTest : public ParallelTest {
     EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
     return read_tensors(out / "model.safetensors");
   }
+  // The same for a model Hugging Face has no counterpart of: its first checkpoint converted
+  // to one rank's sharded files (whole tensors), read by loom's parameter names.
+  std::map<std::string, std::vector<float>> step_one_by_loom_name(const std::string& name) {
+    fs::path out = dir_ / (name + "_step1_sharded");
+    if (!fs::exists(out)) {
+      auto r = run_loom("checkpoint convert " + q(dir_ / name / "checkpoints" / "iter_0000001") +
+                        " " + q(out) + " --to sharded --dtype f32");
+      EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+    }
+    fs::path shards = out / "iter_0000001" / "shards";
+    nlohmann::json index = nlohmann::json::parse(read_file(shards / "rank_00000.json"));
+    std::string bin = read_file(shards / "rank_00000.bin");
+    std::map<std::string, std::vector<float>> tensors;
+    for (const nlohmann::json& e : index["tensors"]) {
+      std::string n = e["name"];
+      if (n.rfind("model.", 0) != 0) continue;
+      EXPECT_EQ(e["dtype"], "f32") << n;
+      EXPECT_EQ(e["shape"], e["global_shape"]) << n << ": one rank holds whole tensors";
+      std::vector<float> v(e["nbytes"].get<size_t>() / 4);
+      std::memcpy(v.data(), bin.data() + e["byte_offset"].get<size_t>(), v.size() * 4);
+      tensors[n.substr(6)] = std::move(v);
+    }
+    return tensors;
+  }
+  bool loom_names_ = false;  // step_one reads loom's names (models HF cannot hold)
   // Per-parameter gradients of step 1: (reference - run) / lr elementwise, against the
   // grad norm of step 1 (the gradients' size).
   void expect_same_gradients(const std::string& reference, const std::string& run,
@@ -584,6 +610,126 @@ TEST_F(PipelineTest, ContextParallelMatchesOneRankToEachGradient) {
   Curve packed_cp = train("cp_packed_cp2", packed, "--nproc 2 --set parallel.cp=2");
   expect_same_curve(packed_one, packed_cp, "packed documents cp2");
   expect_same_gradients("cp_packed_one", "cp_packed_cp2", packed_one.grad_norm[0]);
+}
+
+// Mixture of experts: the experts split over ep ranks (the dense parameters' data replicas),
+// tokens moved by all-to-all or all-gather, equal to one rank at every step and in every
+// parameter's gradient after step 1. A Mixtral-like model (softmax top-2, aux and z losses)
+// at ep2 with both dispatchers, ep4 (one expert per rank), ep2 with tensor and sequence
+// parallelism (etp 1), ep2 with data parallelism and the distributed optimizer, ep2 with
+// context parallelism, ep2 with a capacity factor that drops tokens; a DeepSeek-like one
+// (sigmoid scores, group-limited routing, the aux-free expert bias, seq_aux_loss, a gated
+// shared expert, a dense first layer) at ep2 with the distributed optimizer. Checkpoints of
+// an ep2 run resume at ep1 and ep4 with the one-rank losses.
+nlohmann::json moe_spec() {
+  nlohmann::json s = pipeline_spec();
+  s["model"]["position_embedding"] = "rope";
+  s["model"]["add_bias_linear"] = false;
+  s["model"]["layer"]["norm"] = {{"impl", "rmsnorm"}};
+  s["model"]["final_norm"] = {{"impl", "rmsnorm"}};
+  s["model"]["layer"]["mlp"] = nlohmann::json::parse(R"({
+    "impl": "moe", "num_experts": 4, "moe_ffn_hidden_size": 32, "activation": "swiglu",
+    "router": {"impl": "topk", "topk": 2, "aux_loss_coeff": 0.01, "z_loss_coeff": 0.001},
+    "dispatcher": {"impl": "alltoall"}})");
+  return s;
+}
+
+TEST_F(PipelineTest, ExpertParallelMatchesOneRankToEachGradient) {
+  loom_names_ = true;
+  struct Layout {
+    std::string name, args;
+  };
+  nlohmann::json mixtral = moe_spec();
+  Curve one = train("moe_one", mixtral, "");
+  EXPECT_LT(one.loss.back(), one.loss.front() - 0.02);  // it learns: equality means something
+  EXPECT_THAT(read_file(dir_ / "moe_one" / "metrics.jsonl"), HasSubstr("moe/aux_loss/layer_1"));
+  const std::vector<Layout> layouts = {
+      {"ep2", "--nproc 2 --set parallel.ep=2"},
+      {"ep2gather", "--nproc 2 --set parallel.ep=2 --set "
+                    "'model.layer.mlp.dispatcher.impl=\"allgather\"'"},
+      {"ep4", "--nproc 4 --set parallel.ep=4"},
+      {"ep2tp2sp", "--nproc 4 --set parallel.ep=2 --set parallel.tp=2 --set "
+                   "parallel.sequence_parallel=true --set parallel.etp=1"},
+      {"ep2dp2zero", "--nproc 4 --set parallel.ep=2 --set parallel.dp=2 --set "
+                     "parallel.distributed_optimizer=true"},
+      {"ep2cp2", "--nproc 4 --set parallel.ep=2 --set parallel.cp=2"},
+  };
+  for (const Layout& layout : layouts) {
+    Curve c = train(layout.name, mixtral, layout.args);
+    expect_same_curve(one, c, layout.name);
+    expect_same_gradients("moe_one", layout.name, one.grad_norm[0]);
+  }
+  // Checkpoints written at ep2 (each rank its own experts) resume at ep1 and ep4.
+  fs::path ckpts = dir_ / "ep2" / "checkpoints";
+  ASSERT_TRUE(fs::exists(ckpts / "iter_0000003" / "shards" / "rank_00001.json"));
+  fs::remove_all(ckpts / "iter_0000004");
+  fs::remove_all(ckpts / "iter_0000005");
+  for (const Layout& layout : {Layout{"ep1", ""}, Layout{"ep4", "--nproc 4 --set parallel.ep=4"}})
+    expect_resumes_like(mixtral, ckpts, "moe_" + layout.name, layout.args, one);
+
+  // A capacity factor of 0.5 drops about half the choices, the same ones on every layout.
+  nlohmann::json dropping = mixtral;
+  dropping["model"]["layer"]["mlp"]["expert_capacity_factor"] = 0.5;
+  Curve drop_one = train("moe_drop_one", dropping, "");
+  Curve drop_ep2 = train("moe_drop_ep2", dropping, "--nproc 2 --set parallel.ep=2");
+  expect_same_curve(drop_one, drop_ep2, "capacity 0.5 at ep2");
+  expect_same_gradients("moe_drop_one", "moe_drop_ep2", drop_one.grad_norm[0]);
+  // The drops changed the gradients (the comparison above means something).
+  auto kept = step_one("moe_one"), dropped = step_one("moe_drop_one");
+  double change = 0;
+  for (const auto& [name, v] : kept)
+    for (size_t i = 0; i < v.size(); ++i)
+      change = std::max(change, std::abs(static_cast<double>(v[i]) - dropped.at(name)[i]) / 0.5);
+  EXPECT_GT(change, 1e-3 * one.grad_norm[0]);
+
+  nlohmann::json deepseek = moe_spec();
+  deepseek["model"]["moe_layer_freq"] = {0, 1, 1, 1};
+  deepseek["model"]["layer"]["dense_mlp"] = {{"impl", "mlp"}, {"activation", "swiglu"}};
+  deepseek["model"]["layer"]["mlp"] = nlohmann::json::parse(R"({
+    "impl": "moe", "num_experts": 8, "moe_ffn_hidden_size": 16, "activation": "swiglu",
+    "shared_expert_intermediate_size": 32, "shared_expert_gate": true,
+    "router": {"impl": "topk", "topk": 2, "score_function": "sigmoid", "num_groups": 4,
+               "group_topk": 2, "topk_scaling_factor": 2.5, "enable_expert_bias": true,
+               "bias_update_rate": 0.01, "load_balancing_type": ["seq_aux_loss"],
+               "aux_loss_coeff": [0.001]},
+    "dispatcher": {"impl": "allgather"}})");
+  Curve ds_one = train("moe_ds_one", deepseek, "");
+  Curve ds_ep2 = train("moe_ds_ep2zero", deepseek,
+                       "--nproc 2 --set parallel.ep=2 --set parallel.distributed_optimizer=true");
+  expect_same_curve(ds_one, ds_ep2, "deepseek-like ep2 with the distributed optimizer");
+  expect_same_gradients("moe_ds_one", "moe_ds_ep2zero", ds_one.grad_norm[0]);
+}
+
+// Options of a mixture of experts that cannot work are refused before training starts,
+// naming the place and the rule.
+TEST_F(ParallelTest, BadMixtureOfExpertsOptionsAreRefusedBeforeStart) {
+  fs::path sp = spec("moe.json", moe_spec());
+  struct Case {
+    std::string args, message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"--set model.layer.mlp.router.topk=5", "spec /model/layer/mlp/router/topk: 5 must be in [1, num_experts = 4]"},
+           {"--nproc 3 --set parallel.ep=3 --set train.global_batch_size=6",
+            "spec /model/layer/mlp/num_experts: 4 is not divisible by the expert-parallel size 3"},
+           {"--set model.layer.mlp.expert_capacity_factor=0",
+            "spec /model/layer/mlp/expert_capacity_factor: expected number > 0"},
+           {"--set 'model.moe_layer_freq=[1, 0]'",
+            "spec /model/moe_layer_freq: a pattern of 2 entries for 4 layers"},
+           {"--nproc 2 --set parallel.tp=2",
+            "spec /parallel/sequence_parallel: a mixture-of-experts layer with tp > 1 needs"},
+           {"--nproc 2 --set parallel.tp=2 --set parallel.sequence_parallel=true",
+            "spec /parallel/etp: expert tensor parallelism (etp > 1) is not available"},
+           {"--set model.layer.mlp.router.score_function=\\\"softmax\\\" --set "
+            "model.layer.mlp.router.enable_expert_bias=true",
+            "spec /model/layer/mlp/router/enable_expert_bias: the aux-loss-free expert bias needs "
+            "score_function sigmoid"},
+       }) {
+    auto r = run_loom("train " + q(sp) + " --run-dir " + q(dir_ / "refused") + " " + c.args);
+    EXPECT_EQ(r.exit_code, 3) << c.args << "\n" << r.out << r.err;
+    EXPECT_THAT(r.err, HasSubstr(c.message)) << c.args;
+    EXPECT_THAT(r.out + r.err, Not(HasSubstr("iter "))) << c.args;  // before any step
+    std::printf("%s: %s", c.args.c_str(), r.err.c_str());
+  }
 }
 
 // `loom bench --trace DIR` writes the pipeline's traced steps as `loom train` does.
