@@ -1,7 +1,9 @@
 // moe_permute / moe_unpermute / moe_unpermute_bwd: tokens to expert rows and back
 // (loom/ops/moe.h). Gathers only (each output row is written by one iteration, sums run in
-// k order), so the results do not depend on the thread count. One implementation, the
-// reference ("cpu.ref"): the work is memory-bound copies that are already parallel.
+// k order), so the results do not depend on the thread count.
+//   reference: element by element, f64 sums, one thread.
+//   fast: whole rows (memcpy, or converted to f32 with load_row / store_row), f32 sums,
+//         rows over OpenMP threads.
 #include <loom/cpp/op_checks/moe.h>
 
 #include <vector>
@@ -41,6 +43,17 @@ Status moe_permute_ref(const OpCall* call) {
     const TensorView &X = call->inputs[0], &Y = call->outputs[0];
     const int32_t* src = i32(call->inputs[1]);
     check_indices(ops::kMoePermute, "src", src, s.m, 0, s.n);
+    for (int64_t j = 0; j < s.m; ++j)
+      for (int64_t c = 0; c < s.c; ++c) store(Y, j * s.c + c, load(X, src[j] * s.c + c));
+  });
+}
+
+Status moe_permute_fast(const OpCall* call) {
+  return guard([&] {
+    MoePermuteShape s = check_permute(call, false);
+    const TensorView &X = call->inputs[0], &Y = call->outputs[0];
+    const int32_t* src = i32(call->inputs[1]);
+    check_indices(ops::kMoePermute, "src", src, s.m, 0, s.n);
     const size_t row = static_cast<size_t>(s.c) * dtype_size(X.dtype);
 #pragma omp parallel for schedule(static)
     for (int64_t j = 0; j < s.m; ++j)
@@ -50,6 +63,25 @@ Status moe_permute_ref(const OpCall* call) {
 }
 
 Status moe_unpermute_ref(const OpCall* call) {
+  return guard([&] {
+    MoePermuteShape s = check_unpermute(call, false);
+    const TensorView &Y = call->inputs[0], &X = call->outputs[0];
+    const int32_t* rows = i32(call->inputs[1]);
+    const float* w = present(call->inputs[2]) ? f32(call->inputs[2]) : nullptr;
+    check_indices(ops::kMoeUnpermute, "slot_rows", rows, s.n * s.k, -1, s.m);
+    for (int64_t t = 0; t < s.n; ++t)
+      for (int64_t c = 0; c < s.c; ++c) {
+        double acc = 0;
+        for (int64_t k = 0; k < s.k; ++k) {
+          const int32_t r = rows[t * s.k + k];
+          if (r >= 0) acc += (w != nullptr ? w[t * s.k + k] : 1.0) * load(Y, r * s.c + c);
+        }
+        store(X, t * s.c + c, static_cast<float>(acc));
+      }
+  });
+}
+
+Status moe_unpermute_fast(const OpCall* call) {
   return guard([&] {
     MoePermuteShape s = check_unpermute(call, false);
     const TensorView &Y = call->inputs[0], &X = call->outputs[0];
@@ -72,6 +104,36 @@ Status moe_unpermute_ref(const OpCall* call) {
 }
 
 Status moe_unpermute_bwd_ref(const OpCall* call) {
+  return guard([&] {
+    MoePermuteShape s = check_unpermute_bwd(call, false);
+    const TensorView &dX = call->inputs[0], &Y = call->inputs[1], &dY = call->outputs[0];
+    const int32_t* rows = i32(call->inputs[2]);
+    const float* w = present(call->inputs[3]) ? f32(call->inputs[3]) : nullptr;
+    const int32_t* slots = i32(call->inputs[4]);
+    float* dw = present(call->outputs[1]) ? f32_mut(call->outputs[1]) : nullptr;
+    check_indices(ops::kMoeUnpermuteBwd, "slot_rows", rows, s.n * s.k, -1, s.m);
+    check_indices(ops::kMoeUnpermuteBwd, "row_slots", slots, s.m, -1, s.n * s.k);
+    for (int64_t j = 0; j < s.m; ++j) {
+      const int32_t slot = slots[j];
+      for (int64_t c = 0; c < s.c; ++c)
+        store(dY, j * s.c + c,
+              slot < 0 ? 0.0f
+                       : static_cast<float>((w != nullptr ? w[slot] : 1.0) *
+                                            load(dX, (slot / s.k) * s.c + c)));
+    }
+    if (dw == nullptr) return;
+    for (int64_t t = 0; t < s.n; ++t)
+      for (int64_t k = 0; k < s.k; ++k) {
+        const int32_t r = rows[t * s.k + k];
+        double dot = 0;
+        for (int64_t c = 0; r >= 0 && c < s.c; ++c)
+          dot += static_cast<double>(load(dX, t * s.c + c)) * load(Y, r * s.c + c);
+        dw[t * s.k + k] = static_cast<float>(dot);
+      }
+  });
+}
+
+Status moe_unpermute_bwd_fast(const OpCall* call) {
   return guard([&] {
     MoePermuteShape s = check_unpermute_bwd(call, false);
     const TensorView &dX = call->inputs[0], &Y = call->inputs[1], &dY = call->outputs[0];
@@ -110,28 +172,16 @@ Status moe_unpermute_bwd_ref(const OpCall* call) {
   });
 }
 
-#define LOOM_MOE_PERMUTE_HOOKS(NAME, CHECK)                                           \
-  bool NAME##_supports(const OpCall* c) { return passes([&] { CHECK(c, true); }); } \
-  Status NAME##_cost(const OpCall* c, OpCost* out) {                                \
-    return guard([&] {                                                              \
-      CHECK(c, true);                                                               \
-      *out = io_cost(c, static_cast<double>(max_numel(c)));                         \
-    });                                                                             \
-  }
-LOOM_MOE_PERMUTE_HOOKS(moe_permute, check_permute)
-LOOM_MOE_PERMUTE_HOOKS(moe_unpermute, check_unpermute)
-LOOM_MOE_PERMUTE_HOOKS(moe_unpermute_bwd, check_unpermute_bwd)
-#undef LOOM_MOE_PERMUTE_HOOKS
+LOOM_CPU_HOOKS(moe_permute, check_permute, 0.0)
+LOOM_CPU_HOOKS(moe_unpermute, check_unpermute, 2.0)
+LOOM_CPU_HOOKS(moe_unpermute_bwd, check_unpermute_bwd, 2.0)
 
 }  // namespace
 
 void add_moe_permute_kernels(std::vector<KernelDesc>& out) {
-  add_kernels(out, ops::kMoePermute, kRefName, kRefPriority, moe_permute_ref,
-              moe_permute_supports, moe_permute_cost);
-  add_kernels(out, ops::kMoeUnpermute, kRefName, kRefPriority, moe_unpermute_ref,
-              moe_unpermute_supports, moe_unpermute_cost);
-  add_kernels(out, ops::kMoeUnpermuteBwd, kRefName, kRefPriority, moe_unpermute_bwd_ref,
-              moe_unpermute_bwd_supports, moe_unpermute_bwd_cost);
+  LOOM_CPU_REGISTER(out, ops::kMoePermute, moe_permute);
+  LOOM_CPU_REGISTER(out, ops::kMoeUnpermute, moe_unpermute);
+  LOOM_CPU_REGISTER(out, ops::kMoeUnpermuteBwd, moe_unpermute_bwd);
 }
 
 }  // namespace loom::kernels::cpu

@@ -1,6 +1,7 @@
 // moe_topk / moe_topk_bwd: a router's top-k choice of experts and its gradient
-// (loom/ops/moe.h). One implementation, the reference ("cpu.ref"): rows are independent and
-// E is small, so the work is a few passes over (N, E) in f64; rows run in parallel.
+// (loom/ops/moe.h). Rows are independent and E is small: the work is a few passes over
+// (N, E) in f64. The reference runs the rows in order, the fast kernel (the same row code)
+// over OpenMP threads.
 #include <loom/cpp/op_checks/moe.h>
 
 #include <algorithm>
@@ -81,7 +82,8 @@ void check_expert_id(int32_t id, int64_t e, int64_t row) {
                                        std::to_string(e) + ")");
 }
 
-Status moe_topk_ref(const OpCall* call) {
+template <bool kParallel>
+Status moe_topk_rows(const OpCall* call) {
   return guard([&] {
     MoeTopkShape s = check_topk(call, false);
     const MoeTopkAttrs& at = s.attrs;
@@ -91,7 +93,7 @@ Status moe_topk_ref(const OpCall* call) {
     int32_t* experts = static_cast<int32_t*>(call->outputs[1].data);
     float* lse = present(call->outputs[2]) ? f32_mut(call->outputs[2]) : nullptr;
     const int64_t e = s.e, k = at.k;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (kParallel)
     for (int64_t t = 0; t < s.n; ++t) {
       const float* l = logits + t * e;
       std::vector<double> score(static_cast<size_t>(e)), sel(static_cast<size_t>(e));
@@ -133,7 +135,8 @@ Status moe_topk_ref(const OpCall* call) {
   });
 }
 
-Status moe_topk_bwd_ref(const OpCall* call) {
+template <bool kParallel>
+Status moe_topk_bwd_rows(const OpCall* call) {
   return guard([&] {
     MoeTopkShape s = check_topk_bwd(call, false);
     const MoeTopkAttrs& at = s.attrs;
@@ -144,7 +147,7 @@ Status moe_topk_bwd_ref(const OpCall* call) {
     float* dlogits = f32_mut(call->outputs[0]);
     const int64_t e = s.e, k = at.k;
     for (int64_t i = 0; i < s.n * k; ++i) check_expert_id(experts[i], e, i / k);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (kParallel)
     for (int64_t t = 0; t < s.n; ++t) {
       const float* l = logits + t * e;
       const int32_t* ex = experts + t * k;
@@ -185,6 +188,11 @@ Status moe_topk_bwd_ref(const OpCall* call) {
   });
 }
 
+Status moe_topk_ref(const OpCall* call) { return moe_topk_rows<false>(call); }
+Status moe_topk_fast(const OpCall* call) { return moe_topk_rows<true>(call); }
+Status moe_topk_bwd_ref(const OpCall* call) { return moe_topk_bwd_rows<false>(call); }
+Status moe_topk_bwd_fast(const OpCall* call) { return moe_topk_bwd_rows<true>(call); }
+
 bool moe_topk_supports(const OpCall* c) {
   return passes([&] { check_topk(c, true); });
 }
@@ -209,7 +217,11 @@ Status moe_topk_bwd_cost(const OpCall* c, OpCost* out) {
 void add_moe_topk_kernels(std::vector<KernelDesc>& out) {
   add_kernels(out, ops::kMoeTopk, kRefName, kRefPriority, moe_topk_ref, moe_topk_supports,
               moe_topk_cost, {DType::kF32});
+  add_kernels(out, ops::kMoeTopk, kFastName, kFastPriority, moe_topk_fast, moe_topk_supports,
+              moe_topk_cost, {DType::kF32});
   add_kernels(out, ops::kMoeTopkBwd, kRefName, kRefPriority, moe_topk_bwd_ref,
+              moe_topk_bwd_supports, moe_topk_bwd_cost, {DType::kF32});
+  add_kernels(out, ops::kMoeTopkBwd, kFastName, kFastPriority, moe_topk_bwd_fast,
               moe_topk_bwd_supports, moe_topk_bwd_cost, {DType::kF32});
 }
 

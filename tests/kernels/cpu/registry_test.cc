@@ -55,13 +55,21 @@ const std::vector<const char*> kAllOps = {
     ops::kFp8Quantize,
     ops::kFp8Gemm,
     ops::kFp8ScaleUpdate,
+    ops::kMoeTopk,
+    ops::kMoeTopkBwd,
+    ops::kMoePermute,
+    ops::kMoeUnpermute,
+    ops::kMoeUnpermuteBwd,
+    ops::kGroupedGemm,
+    ops::kGroupedGemmWgrad,
 };
 
 // The dtypes an op is keyed on: every float dtype, f32 alone for an op keyed on an
 // always-f32 input whatever the model's dtype, the two FP8 formats for fp8_gemm.
 std::vector<DType> key_dtypes(const char* op) {
   std::string name = op;
-  if (name == ops::kCrossEntropyCombine || name == ops::kFp8ScaleUpdate || name == ops::kMaskedSum)
+  if (name == ops::kCrossEntropyCombine || name == ops::kFp8ScaleUpdate || name == ops::kMaskedSum ||
+      name == ops::kMoeTopk || name == ops::kMoeTopkBwd)
     return {DType::kF32};
   if (name == ops::kFp8Gemm) return {DType::kF8E4M3, DType::kF8E5M2};
   return float_dtypes();
