@@ -1,5 +1,6 @@
 #include "plugins/transformer/gpt_model.h"
 
+#include <set>
 #include <string>
 
 #include "plugins/transformer/toolkit.h"
@@ -98,16 +99,31 @@ Status GptModel::cost(const CostQuery* query, ModelCost* out) const noexcept {
     const GptConfig& c = config_;
     // Megatron's and llm.c's count: 6 FLOPs per parameter and token (forward 2, backward 4)
     // plus attention's 6 L T (H D) per token (QK^T and AV, causal), for this stage's share;
-    // tensor-parallel slices count whole.
+    // tensor-parallel slices count whole. A token passes through K of a mixture's experts
+    // (the layer node's mlp.router.topk): the experts' parameters count as the active ones,
+    // K experts' worth per layer (this rank holds some of them; each has the same size).
+    const nlohmann::json& mlp =
+        options_.value("layer", nlohmann::json::object()).value("mlp", nlohmann::json::object());
+    const double topk =
+        mlp.contains("router") && mlp["router"].is_object() ? mlp["router"].value("topk", 2) : 2;
     double params = 0;
     for (const auto& [name, module] : modules_of(*this)) {
       ParamInfo p{};
+      double expert_params = 0;
+      std::set<int32_t> experts;
       for (int32_t i = 0; i < module->param_count(); ++i) {
         throw_if_error(module->param_info(i, &p), "gpt cost: " + name);
         double n = 1;
         for (int32_t d = 0; d < p.ndim; ++d) n *= static_cast<double>(p.global_shape[d]);
-        params += n;
+        if ((p.flags & kParamExpert) != 0) {
+          expert_params += n;
+          experts.insert(p.expert_index);
+        } else {
+          params += n;
+        }
       }
+      if (!experts.empty())
+        params += expert_params / static_cast<double>(experts.size()) * topk;
     }
     double width = static_cast<double>(c.kv_channels * c.num_attention_heads);
     ModelCost m{};
