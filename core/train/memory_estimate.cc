@@ -13,10 +13,11 @@ std::string MemoryEstimate::describe() const {
   auto g = [&](uint64_t b) { return static_cast<double>(b) / kGiB; };
   return fmt::format(
       "{:.3g} GiB: weights {:.3g}, grads {:.3g}, master {:.3g}, optimizer {:.3g}, {}"
-      "activations {} GiB",
+      "activations {}",
       g(total()), g(weights), g(grads), g(master), g(optimizer),
       fp8 > 0 ? fmt::format("fp8 state {:.3g}, ", g(fp8)) : std::string(),
-      activations ? fmt::format("{:.3g}", g(*activations)) : std::string("not estimated"));
+      activations ? fmt::format("{:.3g} GiB", g(*activations))
+                  : std::string("not estimated (a module the model cannot size)"));
 }
 
 }  // namespace loom::core

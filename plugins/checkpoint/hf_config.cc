@@ -1,8 +1,7 @@
 // The import direction and config.json: HfModel <-> transformers' config.json, and the
 // loom spec node of an HfModel.
-#include <cmath>
-
 #include "plugins/checkpoint/hf_model.h"
+#include "plugins/checkpoint/hf_moe.h"
 #include "plugins/checkpoint/json_fields.h"
 
 namespace loom::checkpoint {
@@ -10,69 +9,58 @@ namespace {
 
 using json = nlohmann::json;
 
-struct ConfigReader {
-  const json& config;
-  std::string where;  // "DIR/config.json: "
-
-  int64_t integer(const char* key, int64_t fallback) const {
-    auto v = get_or<int64_t>(config, key, fallback, where);
-    if (v < 1)
-      fail(Code::kInvalidArgument, where + key + " must be >= 1, got " + std::to_string(v));
-    return v;
-  }
-  double number(const char* key, double fallback) const {
-    auto v = get_or<double>(config, key, fallback, where);
-    if (!std::isfinite(v) || v <= 0)
-      fail(Code::kInvalidArgument, where + key + " must be a positive number");
-    return v;
-  }
-  [[noreturn]] void refuse(const char* key, const std::string& why) const {
-    fail(Code::kUnimplemented, where + key + " = " + config[key].dump() + ": " + why);
-  }
+// What transformers fills in for the keys the rotary families share.
+struct RopeDefaults {
+  int64_t hidden, ffn, layers, heads, kv_heads /* 0: = heads */, positions, vocab;
+  double eps, theta;
+  bool tied;
 };
+constexpr RopeDefaults kLlamaDefaults{4096, 11008, 32, 32, 0, 2048, 32000, 1e-6, 10000.0, false};
+constexpr RopeDefaults kMixtralDefaults{4096, 14336, 32, 32, 8, 4096 * 32, 32000, 1e-5, 1e6, false};
+constexpr RopeDefaults kQwen2MoeDefaults{2048,  5632,   24,   16,      16,
+                                         32768, 151936, 1e-6, 10000.0, false};
 
-}  // namespace
+json gpt2_config(const HfModel& m, const char* torch_dtype, const json& bos, const json& eos) {
+  return {{"architectures", {"GPT2LMHeadModel"}},
+          {"model_type", "gpt2"},
+          {"vocab_size", m.vocab},
+          {"n_positions", m.positions},
+          {"n_embd", m.hidden},
+          {"n_layer", m.layers},
+          {"n_head", m.heads},
+          {"n_inner", m.ffn},
+          {"activation_function", m.activation == "gelu" ? "gelu" : "gelu_new"},
+          {"resid_pdrop", 0.0},
+          {"embd_pdrop", 0.0},
+          {"attn_pdrop", 0.0},
+          {"layer_norm_epsilon", m.eps},
+          {"initializer_range", m.init_std},
+          {"scale_attn_weights", true},
+          {"tie_word_embeddings", m.tied},
+          {"use_cache", true},
+          {"bos_token_id", bos},
+          {"eos_token_id", eos},
+          {"torch_dtype", torch_dtype}};
+}
 
-json hf_config(const HfModel& m, DType dtype) {
-  const char* torch_dtype = dtype == DType::kBF16  ? "bfloat16"
-                            : dtype == DType::kF16 ? "float16"
-                                                   : "float32";
-  json bos = m.bos ? json(*m.bos) : json(nullptr), eos = m.eos ? json(*m.eos) : json(nullptr);
-  if (m.family == HfFamily::kGpt2)
-    return {{"architectures", {"GPT2LMHeadModel"}},
-            {"model_type", "gpt2"},
-            {"vocab_size", m.vocab},
-            {"n_positions", m.positions},
-            {"n_embd", m.hidden},
-            {"n_layer", m.layers},
-            {"n_head", m.heads},
-            {"n_inner", m.ffn},
-            {"activation_function", m.activation == "gelu" ? "gelu" : "gelu_new"},
-            {"resid_pdrop", 0.0},
-            {"embd_pdrop", 0.0},
-            {"attn_pdrop", 0.0},
-            {"layer_norm_epsilon", m.eps},
-            {"initializer_range", m.init_std},
-            {"scale_attn_weights", true},
-            {"tie_word_embeddings", m.tied},
-            {"use_cache", true},
-            {"bos_token_id", bos},
-            {"eos_token_id", eos},
-            {"torch_dtype", torch_dtype}};
-  json scaling = nullptr;
+// LLaMA's rope_scaling (the MoE families' 4.40 models have none; export refuses it there).
+json rope_scaling_config(const HfModel& m) {
   std::string type = m.rope_scaling.value("type", "none");
-  if (type == "linear") {
-    scaling = {{"type", "linear"}, {"factor", m.rope_scaling.value("factor", 8.0)}};
-  } else if (type == "llama3") {  // transformers >= 4.43 reads this
-    scaling = {{"rope_type", "llama3"},
-               {"factor", m.rope_scaling.value("factor", 8.0)},
-               {"low_freq_factor", m.rope_scaling.value("low_freq_factor", 1.0)},
-               {"high_freq_factor", m.rope_scaling.value("high_freq_factor", 4.0)},
-               {"original_max_position_embeddings",
-                m.rope_scaling.value("original_max_position_embeddings", int64_t{8192})}};
-  }
-  return {{"architectures", {"LlamaForCausalLM"}},
-          {"model_type", "llama"},
+  if (type == "linear")
+    return {{"type", "linear"}, {"factor", m.rope_scaling.value("factor", 8.0)}};
+  if (type == "llama3")  // transformers >= 4.43 reads this
+    return {{"rope_type", "llama3"},
+            {"factor", m.rope_scaling.value("factor", 8.0)},
+            {"low_freq_factor", m.rope_scaling.value("low_freq_factor", 1.0)},
+            {"high_freq_factor", m.rope_scaling.value("high_freq_factor", 4.0)},
+            {"original_max_position_embeddings",
+             m.rope_scaling.value("original_max_position_embeddings", int64_t{8192})}};
+  return nullptr;
+}
+
+// The keys LLaMA, Mixtral and Qwen2-MoE share.
+json rope_config(const HfModel& m, const char* torch_dtype, const json& bos, const json& eos) {
+  return {{"architectures", {hf_architecture(m.family)}},
           {"vocab_size", m.vocab},
           {"hidden_size", m.hidden},
           {"intermediate_size", m.ffn},
@@ -84,11 +72,7 @@ json hf_config(const HfModel& m, DType dtype) {
           {"initializer_range", m.init_std},
           {"rms_norm_eps", m.eps},
           {"rope_theta", m.rope_base},
-          {"rope_scaling", scaling},
-          {"attention_bias", false},
           {"attention_dropout", 0.0},
-          {"mlp_bias", false},
-          {"pretraining_tp", 1},
           {"tie_word_embeddings", m.tied},
           {"use_cache", true},
           {"bos_token_id", bos},
@@ -96,62 +80,20 @@ json hf_config(const HfModel& m, DType dtype) {
           {"torch_dtype", torch_dtype}};
 }
 
-HfModel hf_model_from_config(const json& config, const std::filesystem::path& file) {
-  ConfigReader c{config, file.string() + ": "};
-  if (!config.is_object()) fail(Code::kInvalidArgument, file.string() + " is not a JSON object");
-  std::string type = get_or<std::string>(config, "model_type", "", c.where);
-  HfModel h;
-  auto token = [&](const char* key) -> std::optional<int64_t> {
-    if (config.contains(key) && config[key].is_number_integer()) return config[key].get<int64_t>();
-    return std::nullopt;
-  };
-  h.bos = token("bos_token_id");
-  h.eos = token("eos_token_id");
-  h.init_std = get_or<double>(config, "initializer_range", 0.02, c.where);
-  if (type == "gpt2") {
-    h.family = HfFamily::kGpt2;
-    h.hidden = c.integer("n_embd", 768);
-    h.layers = c.integer("n_layer", 12);
-    h.heads = c.integer("n_head", 12);
-    h.positions = c.integer("n_positions", 1024);
-    h.vocab = c.integer("vocab_size", 50257);
-    h.ffn = c.integer("n_inner", 4 * h.hidden);
-    h.eps = c.number("layer_norm_epsilon", 1e-5);
-    h.tied = get_or<bool>(config, "tie_word_embeddings", true, c.where);
-    std::string act = get_or<std::string>(config, "activation_function", "gelu_new", c.where);
-    if (act == "gelu_new" || act == "gelu_pytorch_tanh")
-      h.activation = "gelu_tanh";
-    else if (act == "gelu")
-      h.activation = "gelu";
-    else
-      c.refuse("activation_function", "loom has gelu_new (gelu_tanh) and gelu");
-    if (!get_or<bool>(config, "scale_attn_weights", true, c.where))
-      c.refuse("scale_attn_weights", "loom scales attention by 1 / sqrt(head dim)");
-    if (get_or<bool>(config, "scale_attn_by_inverse_layer_idx", false, c.where))
-      c.refuse("scale_attn_by_inverse_layer_idx", "loom has no per-layer attention scaling");
-    if (get_or<bool>(config, "add_cross_attention", false, c.where))
-      c.refuse("add_cross_attention", "loom models are decoder-only");
-    if (h.hidden % h.heads != 0)
-      fail(Code::kInvalidArgument, c.where + "n_head does not divide n_embd");
-    h.groups = h.heads;
-    h.head_dim = h.hidden / h.heads;
-    return h;
-  }
-  if (type != "llama")
-    fail(Code::kUnimplemented, c.where + "model_type '" + type +
-                                   "': loom reads gpt2 (GPT2LMHeadModel) and llama "
-                                   "(LlamaForCausalLM) models");
-  h.family = HfFamily::kLlama;
-  h.hidden = c.integer("hidden_size", 4096);
-  h.ffn = c.integer("intermediate_size", 11008);
-  h.layers = c.integer("num_hidden_layers", 32);
-  h.heads = c.integer("num_attention_heads", 32);
-  h.groups = c.integer("num_key_value_heads", h.heads);
-  h.positions = c.integer("max_position_embeddings", 2048);
-  h.vocab = c.integer("vocab_size", 32000);
-  h.eps = c.number("rms_norm_eps", 1e-6);
-  h.rope_base = c.number("rope_theta", 10000.0);
-  h.tied = get_or<bool>(config, "tie_word_embeddings", false, c.where);
+// Reads the keys of rope_config into `h` with the family's defaults.
+void read_rope_config(const ConfigReader& c, const RopeDefaults& d, HfModel& h) {
+  const json& config = c.config;
+  h.hidden = c.integer("hidden_size", d.hidden);
+  h.ffn = c.integer("intermediate_size", d.ffn);
+  h.layers = c.integer("num_hidden_layers", d.layers);
+  h.heads = c.integer("num_attention_heads", d.heads);
+  // null (or, for LLaMA, absent) means as many as the query heads
+  h.groups = c.integer("num_key_value_heads", d.kv_heads > 0 ? d.kv_heads : h.heads);
+  h.positions = c.integer("max_position_embeddings", d.positions);
+  h.vocab = c.integer("vocab_size", d.vocab);
+  h.eps = c.number("rms_norm_eps", d.eps);
+  h.rope_base = c.number("rope_theta", d.theta);
+  h.tied = get_or<bool>(config, "tie_word_embeddings", d.tied, c.where);
   h.activation = "swiglu";
   if (h.hidden % h.heads != 0 || h.heads % h.groups != 0)
     fail(Code::kInvalidArgument, c.where +
@@ -163,8 +105,6 @@ HfModel hf_model_from_config(const json& config, const std::filesystem::path& fi
     c.refuse("head_dim", "loom's import needs head_dim == hidden_size / num_attention_heads");
   if (get_or<std::string>(config, "hidden_act", "silu", c.where) != "silu")
     c.refuse("hidden_act", "loom's swiglu uses silu");
-  for (const char* key : {"attention_bias", "mlp_bias"})
-    if (get_or<bool>(config, key, false, c.where)) c.refuse(key, "loom's LLaMA has no biases");
   if (config.contains("rope_scaling") && !config["rope_scaling"].is_null()) {
     const json& s = config["rope_scaling"];
     std::string kind = s.is_object() ? s.value("rope_type", s.value("type", "")) : "";
@@ -182,6 +122,97 @@ HfModel hf_model_from_config(const json& config, const std::filesystem::path& fi
       c.refuse("rope_scaling", "loom has linear and llama3 rope scaling");
     }
   }
+}
+
+HfModel gpt2_from_config(const ConfigReader& c, HfModel h) {
+  const json& config = c.config;
+  h.family = HfFamily::kGpt2;
+  h.hidden = c.integer("n_embd", 768);
+  h.layers = c.integer("n_layer", 12);
+  h.heads = c.integer("n_head", 12);
+  h.positions = c.integer("n_positions", 1024);
+  h.vocab = c.integer("vocab_size", 50257);
+  h.ffn = c.integer("n_inner", 4 * h.hidden);
+  h.eps = c.number("layer_norm_epsilon", 1e-5);
+  h.tied = get_or<bool>(config, "tie_word_embeddings", true, c.where);
+  h.qkv_bias = true;
+  std::string act = get_or<std::string>(config, "activation_function", "gelu_new", c.where);
+  if (act == "gelu_new" || act == "gelu_pytorch_tanh")
+    h.activation = "gelu_tanh";
+  else if (act == "gelu")
+    h.activation = "gelu";
+  else
+    c.refuse("activation_function", "loom has gelu_new (gelu_tanh) and gelu");
+  if (!get_or<bool>(config, "scale_attn_weights", true, c.where))
+    c.refuse("scale_attn_weights", "loom scales attention by 1 / sqrt(head dim)");
+  if (get_or<bool>(config, "scale_attn_by_inverse_layer_idx", false, c.where))
+    c.refuse("scale_attn_by_inverse_layer_idx", "loom has no per-layer attention scaling");
+  if (get_or<bool>(config, "add_cross_attention", false, c.where))
+    c.refuse("add_cross_attention", "loom models are decoder-only");
+  if (h.hidden % h.heads != 0)
+    fail(Code::kInvalidArgument, c.where + "n_head does not divide n_embd");
+  h.groups = h.heads;
+  h.head_dim = h.hidden / h.heads;
+  return h;
+}
+
+}  // namespace
+
+json hf_config(const HfModel& m, DType dtype) {
+  const char* torch_dtype = dtype == DType::kBF16  ? "bfloat16"
+                            : dtype == DType::kF16 ? "float16"
+                                                   : "float32";
+  json bos = m.bos ? json(*m.bos) : json(nullptr), eos = m.eos ? json(*m.eos) : json(nullptr);
+  if (m.family == HfFamily::kGpt2) return gpt2_config(m, torch_dtype, bos, eos);
+  json config = rope_config(m, torch_dtype, bos, eos);
+  if (m.family == HfFamily::kLlama) {
+    config["model_type"] = "llama";
+    config["rope_scaling"] = rope_scaling_config(m);
+    config["attention_bias"] = false;
+    config["mlp_bias"] = false;
+    config["pretraining_tp"] = 1;
+  } else {
+    moe_config(m, config);
+  }
+  return config;
+}
+
+HfModel hf_model_from_config(const json& config, const std::filesystem::path& file) {
+  ConfigReader c{config, file.string() + ": "};
+  if (!config.is_object()) fail(Code::kInvalidArgument, file.string() + " is not a JSON object");
+  std::string type = get_or<std::string>(config, "model_type", "", c.where);
+  HfModel h;
+  auto token = [&](const char* key) -> std::optional<int64_t> {
+    if (config.contains(key) && config[key].is_number_integer()) return config[key].get<int64_t>();
+    return std::nullopt;
+  };
+  h.bos = token("bos_token_id");
+  h.eos = token("eos_token_id");
+  h.init_std = get_or<double>(config, "initializer_range", 0.02, c.where);
+  if (type == "gpt2") return gpt2_from_config(c, h);
+  if (type == "qwen3_moe")
+    c.refuse("model_type",
+             "Qwen3MoeForCausalLM normalises every head's queries and keys with an RMSNorm "
+             "(q_norm, k_norm), which loom's attention does not have yet; loom reads its "
+             "predecessor qwen2_moe (Qwen2MoeForCausalLM)");
+  const RopeDefaults* defaults = type == "llama"       ? &kLlamaDefaults
+                                 : type == "mixtral"   ? &kMixtralDefaults
+                                 : type == "qwen2_moe" ? &kQwen2MoeDefaults
+                                                       : nullptr;
+  if (defaults == nullptr)
+    fail(Code::kUnimplemented, c.where + "model_type '" + type +
+                                   "': loom reads gpt2 (GPT2LMHeadModel), llama "
+                                   "(LlamaForCausalLM), mixtral (MixtralForCausalLM) and "
+                                   "qwen2_moe (Qwen2MoeForCausalLM) models");
+  read_rope_config(c, *defaults, h);
+  if (type != "llama") {
+    h.family = type == "mixtral" ? HfFamily::kMixtral : HfFamily::kQwen2Moe;
+    moe_from_config(c, h);
+    return h;
+  }
+  h.family = HfFamily::kLlama;
+  for (const char* key : {"attention_bias", "mlp_bias"})
+    if (get_or<bool>(config, key, false, c.where)) c.refuse(key, "loom's LLaMA has no biases");
   return h;
 }
 
@@ -210,6 +241,7 @@ json loom_model_node(const HfModel& h) {
     json scaling = h.rope_scaling.empty() ? json{{"type", "none"}} : h.rope_scaling;
     node["rotary"] = {{"base", h.rope_base}, {"percent", 1.0}, {"scaling", scaling}};
   }
+  if (h.moe) moe_node(h, node);
   return node;
 }
 

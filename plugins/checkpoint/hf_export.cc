@@ -1,4 +1,6 @@
 // export_hf: loom weights to a Hugging Face model directory.
+#include <algorithm>
+#include <cstring>
 #include <map>
 #include <vector>
 
@@ -114,8 +116,20 @@ void export_hf(const fs::path& dir, const CheckpointTensor* tensors, int64_t cou
       sources[b.hf].second.push_back(&b);
     }
   }
+  // The dtype of config.json and of the tensors loom has no counterpart of.
+  DType main = dtype == DType::kInvalid ? DType::kF32 : dtype;
+  if (const TensorLayout* e = layout.find("embedding.word_embeddings.weight"))
+    main = dtype_from_name(listed["model." + e->loom]["dtype"].get<std::string>().c_str());
   std::vector<SafetensorsOutput> outputs;
   for (const auto& [hf, shape] : layout.hf_shapes) {
+    if (std::find(layout.zeros.begin(), layout.zeros.end(), hf) != layout.zeros.end()) {
+      int64_t n = 1;
+      for (int64_t e : shape) n *= e;
+      const size_t bytes = static_cast<size_t>(n) * dtype_size(main);
+      outputs.push_back(
+          {hf, main, shape, [bytes](unsigned char* out) { std::memset(out, 0, bytes); }});
+      continue;
+    }
     const TensorLayout* t = sources.at(hf).first;
     std::vector<const RowBlock*> blocks = sources.at(hf).second;
     const CheckpointTensor* c = given.at(t->loom);
@@ -127,9 +141,6 @@ void export_hf(const fs::path& dir, const CheckpointTensor* tensors, int64_t cou
   json kept = metadata;
   kept["tensors"] = listed;
   kept["format"] = {{"impl", "safetensors"}, {"architecture", arch}};
-  DType main = outputs.empty() ? DType::kF32 : outputs.front().dtype;
-  if (const TensorLayout* e = layout.find("embedding.word_embeddings.weight"))
-    main = dtype_from_name(listed["model." + e->loom]["dtype"].get<std::string>().c_str());
   write_safetensors(dir / kHfWeights, std::move(outputs),
                     {{"format", "pt"}, {"loom", kept.dump()}});
   write_file_durably(dir / kHfConfig, hf_config(model, main).dump(2) + "\n");

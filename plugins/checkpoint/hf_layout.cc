@@ -3,6 +3,7 @@
 #include <loom/sdk.h>
 
 #include <cstring>
+#include <string>
 
 namespace loom::checkpoint {
 namespace {
@@ -26,6 +27,11 @@ class Builder {
   }
   void add(const std::string& loom, std::vector<int64_t> shape, std::vector<RowBlock> blocks) {
     out_.tensors.push_back({loom, std::move(shape), std::move(blocks)});
+  }
+  // An HF tensor loom has no counterpart of, exported as zeros.
+  void zeros(const std::string& hf, std::vector<int64_t> shape) {
+    hf_tensor(hf, std::move(shape));
+    out_.zeros.push_back(hf);
   }
 
  private:
@@ -66,33 +72,91 @@ void gpt2(const HfModel& m, Builder& b) {
   b.same("decoder.final_layernorm.bias", "transformer.ln_f.bias", {c});
 }
 
-void llama(const HfModel& m, Builder& b) {
-  const int64_t c = m.hidden, f = m.ffn, d = m.head_dim, h = m.heads, g = m.groups;
+// loom's swiglu fc1 (2, F, C) = [gate; up] (a "row" of it is a whole (F, C) projection) and
+// fc2 (C, F), from three Hugging Face projections.
+void swiglu(Builder& b, const std::string& fc1, const std::string& fc2, const std::string& gate,
+            const std::string& up, const std::string& down, int64_t f, int64_t c) {
+  b.hf_tensor(gate, {f, c});
+  b.hf_tensor(up, {f, c});
+  b.add(fc1, {2, f, c}, {{gate, 0, 0, 1}, {up, 1, 0, 1}});
+  b.same(fc2, down, {c, f});
+}
+
+// linear_qkv.weight (or .bias) in loom's grouped layout from q_proj, k_proj and v_proj.
+void qkv(const HfModel& m, Builder& b, const std::string& loom, const std::string& hf,
+         const std::string& what) {
+  const int64_t c = m.hidden, d = m.head_dim, h = m.heads, g = m.groups;
   const int64_t per = h / g;  // query heads per group
+  std::vector<RowBlock> blocks;
+  for (int64_t group = 0; group < g; ++group) {
+    int64_t row = group * (per + 2) * d;
+    blocks.push_back({hf + "q_proj." + what, row, group * per * d, per * d});
+    blocks.push_back({hf + "k_proj." + what, row + per * d, group * d, d});
+    blocks.push_back({hf + "v_proj." + what, row + (per + 1) * d, group * d, d});
+  }
+  auto shape = [&](int64_t rows) {
+    return what == "weight" ? std::vector<int64_t>{rows, c} : std::vector<int64_t>{rows};
+  };
+  b.hf_tensor(hf + "q_proj." + what, shape(h * d));
+  b.hf_tensor(hf + "k_proj." + what, shape(g * d));
+  b.hf_tensor(hf + "v_proj." + what, shape(g * d));
+  b.add(loom + "linear_qkv." + what, shape(g * (per + 2) * d), std::move(blocks));
+}
+
+// A mixture-of-experts layer's mlp: `loom` "decoder.layers.i.mlp.", `hf` the HF block's.
+void moe_mlp(const HfModel& m, Builder& b, const std::string& loom, const std::string& hf) {
+  const HfMoe& e = *m.moe;
+  const int64_t c = m.hidden, f = e.ffn;
+  const bool mixtral = m.family == HfFamily::kMixtral;
+  b.same(loom + "router.weight", hf + "gate.weight", {e.experts, c});
+  for (int64_t g = 0; g < e.experts; ++g) {
+    std::string ex = hf + "experts." + std::to_string(g) + ".", n = std::to_string(g);
+    swiglu(b, loom + "experts.linear_fc1.weight" + n, loom + "experts.linear_fc2.weight" + n,
+           ex + (mixtral ? "w1" : "gate_proj") + ".weight",
+           ex + (mixtral ? "w3" : "up_proj") + ".weight",
+           ex + (mixtral ? "w2" : "down_proj") + ".weight", f, c);
+  }
+  if (mixtral) return;
+  const std::string shared = hf + "shared_expert.";
+  if (e.shared_ffn == 0) {  // Qwen2-MoE always has one: of width 0, and its gate
+    b.zeros(shared + "gate_proj.weight", {0, c});
+    b.zeros(shared + "up_proj.weight", {0, c});
+    b.zeros(shared + "down_proj.weight", {c, 0});
+    b.zeros(hf + "shared_expert_gate.weight", {1, c});
+    return;
+  }
+  swiglu(b, loom + "shared_experts.linear_fc1.weight", loom + "shared_experts.linear_fc2.weight",
+         shared + "gate_proj.weight", shared + "up_proj.weight", shared + "down_proj.weight",
+         e.shared_ffn, c);
+  b.same(loom + "shared_experts.gate_weight", hf + "shared_expert_gate.weight", {1, c});
+}
+
+// LLaMA, Mixtral and Qwen2-MoE.
+void rope_decoder(const HfModel& m, Builder& b) {
+  const int64_t c = m.hidden, f = m.ffn, d = m.head_dim, h = m.heads, g = m.groups;
   b.same("embedding.word_embeddings.weight", "model.embed_tokens.weight", {m.vocab, c});
   for (int64_t i = 0; i < m.layers; ++i) {
     std::string loom = "decoder.layers." + std::to_string(i) + ".";
     std::string hf = "model.layers." + std::to_string(i) + ".";
     b.same(loom + "input_layernorm.weight", hf + "input_layernorm.weight", {c});
     b.same(loom + "pre_mlp_layernorm.weight", hf + "post_attention_layernorm.weight", {c});
-    std::vector<RowBlock> qkv;
-    for (int64_t group = 0; group < g; ++group) {
-      int64_t row = group * (per + 2) * d;
-      qkv.push_back({hf + "self_attn.q_proj.weight", row, group * per * d, per * d});
-      qkv.push_back({hf + "self_attn.k_proj.weight", row + per * d, group * d, d});
-      qkv.push_back({hf + "self_attn.v_proj.weight", row + (per + 1) * d, group * d, d});
+    qkv(m, b, loom + "self_attention.", hf + "self_attn.", "weight");
+    if (m.qkv_bias) {
+      qkv(m, b, loom + "self_attention.", hf + "self_attn.", "bias");
+    } else if (m.family == HfFamily::kQwen2Moe) {  // it always has them
+      b.zeros(hf + "self_attn.q_proj.bias", {h * d});
+      b.zeros(hf + "self_attn.k_proj.bias", {g * d});
+      b.zeros(hf + "self_attn.v_proj.bias", {g * d});
     }
-    b.hf_tensor(hf + "self_attn.q_proj.weight", {h * d, c});
-    b.hf_tensor(hf + "self_attn.k_proj.weight", {g * d, c});
-    b.hf_tensor(hf + "self_attn.v_proj.weight", {g * d, c});
-    b.add(loom + "self_attention.linear_qkv.weight", {g * (per + 2) * d, c}, std::move(qkv));
     b.same(loom + "self_attention.linear_proj.weight", hf + "self_attn.o_proj.weight", {c, h * d});
-    b.hf_tensor(hf + "mlp.gate_proj.weight", {f, c});
-    b.hf_tensor(hf + "mlp.up_proj.weight", {f, c});
-    // (2, F, C): a "row" of it is a whole (F, C) projection.
-    b.add(loom + "mlp.linear_fc1.weight", {2, f, c},
-          {{hf + "mlp.gate_proj.weight", 0, 0, 1}, {hf + "mlp.up_proj.weight", 1, 0, 1}});
-    b.same(loom + "mlp.linear_fc2.weight", hf + "mlp.down_proj.weight", {c, f});
+    if (m.moe && m.moe->sparse[i]) {
+      moe_mlp(m, b, loom + "mlp.",
+              hf + (m.family == HfFamily::kMixtral ? "block_sparse_moe." : "mlp."));
+    } else {
+      swiglu(b, loom + "mlp.linear_fc1.weight", loom + "mlp.linear_fc2.weight",
+             hf + "mlp.gate_proj.weight", hf + "mlp.up_proj.weight", hf + "mlp.down_proj.weight", f,
+             c);
+    }
   }
   b.same("decoder.final_layernorm.weight", "model.norm.weight", {c});
 }
@@ -113,7 +177,7 @@ HfLayout hf_layout(const HfModel& model) {
     gpt2(model, b);
   } else {
     out.base_prefix = "model.";
-    llama(model, b);
+    rope_decoder(model, b);
   }
   if (!model.tied) b.same("output_layer.weight", "lm_head.weight", {model.vocab, model.hidden});
   return out;

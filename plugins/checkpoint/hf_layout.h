@@ -11,6 +11,15 @@
 //   LLaMA   linear_qkv (G*(H/G+2)*D, C), per group g: H/G query heads, k_g, v_g
 //           <- q_proj (H*D, C), k_proj (G*D, C), v_proj (G*D, C)
 //           linear_fc1 (2, F, C) = [gate; up] <- gate_proj (F, C), up_proj (F, C)
+//   Mixtral LLaMA's, with per layer block_sparse_moe.gate (E, C) -> mlp.router.weight and
+//           expert g's w1 (gate), w3 (up) -> experts.linear_fc1.weight{g} (2, F, C), w2 ->
+//           experts.linear_fc2.weight{g} (C, F)
+//   Qwen2-MoE  LLaMA's plus q/k/v_proj.bias -> linear_qkv.bias (grouped as the weight); a
+//           sparse layer's mlp.gate -> mlp.router.weight, mlp.experts.{g}.gate/up/down_proj ->
+//           experts.linear_fc1/fc2.weight{g}, mlp.shared_expert.* -> shared_experts.linear_fc1
+//           / fc2, mlp.shared_expert_gate.weight (1, C) -> shared_experts.gate_weight; a dense
+//           layer's mlp.gate/up/down_proj as LLaMA's. What loom lacks of it (q/k/v biases, a
+//           shared expert) is exported as zeros (HfLayout::zeros): the same function.
 #pragma once
 
 #include <cstdint>
@@ -44,6 +53,10 @@ struct HfLayout {
   /// The prefix transformers may leave out of names in a file ("transformer." for GPT-2
   /// checkpoints saved from GPT2Model, "model." for LLaMA).
   std::string base_prefix;
+  /// Hugging Face tensors (in hf_shapes) with no loom counterpart, written as zeros by the
+  /// export and not read by the import: Qwen2-MoE's q/k/v biases and its shared expert
+  /// (width 0) when loom's model has none.
+  std::vector<std::string> zeros;
   const TensorLayout* find(const std::string& loom_name) const;
 };
 

@@ -1,30 +1,33 @@
 // The export direction: the model node of a loom checkpoint's spec as an HfModel.
 #include "plugins/checkpoint/hf_model.h"
 
+#include <algorithm>
 #include <set>
 
+#include "plugins/checkpoint/hf_moe.h"
 #include "plugins/checkpoint/json_fields.h"
 
 namespace loom::checkpoint {
-namespace {
 
 using json = nlohmann::json;
 
-[[noreturn]] void refuse(const std::string& pointer, const json& value, const std::string& why) {
+void refuse_spec(const std::string& pointer, const json& value, const std::string& why) {
   fail(Code::kUnimplemented,
        "spec /model" + pointer + " = " + value.dump() + ": " + why +
            "; the safetensors export writes GPT2LMHeadModel (layernorm, learned positions, "
-           "gelu_tanh, biases) or LlamaForCausalLM (rmsnorm, rope, swiglu, no biases): save "
-           "this model with the sharded format instead");
+           "gelu_tanh, biases), LlamaForCausalLM (rmsnorm, rope, swiglu, no biases), "
+           "MixtralForCausalLM or Qwen2MoeForCausalLM (LLaMA with a mixture of swiglu "
+           "experts under a softmax top-k router): save this model with the sharded format "
+           "instead");
 }
 
-// Refuses keys of `node` (at `pointer`) that the export does not know: a setting it would
-// otherwise silently drop.
-void known_keys(const json& node, const std::string& pointer, std::set<std::string> known) {
+void known_spec_keys(const json& node, const std::string& pointer, std::set<std::string> known) {
   for (auto& [key, value] : node.items())
     if (!known.count(key) && !value.is_null())
-      refuse(pointer + "/" + key, value, "this setting has no Hugging Face counterpart here");
+      refuse_spec(pointer + "/" + key, value, "this setting has no Hugging Face counterpart here");
 }
+
+namespace {
 
 std::optional<int64_t> eod_id(const json& metadata) {
   const json& data = child(child(metadata, "spec"), "data");
@@ -38,7 +41,17 @@ std::optional<int64_t> eod_id(const json& metadata) {
 }  // namespace
 
 const char* hf_architecture(HfFamily family) {
-  return family == HfFamily::kGpt2 ? "GPT2LMHeadModel" : "LlamaForCausalLM";
+  switch (family) {
+    case HfFamily::kGpt2:
+      return "GPT2LMHeadModel";
+    case HfFamily::kLlama:
+      return "LlamaForCausalLM";
+    case HfFamily::kMixtral:
+      return "MixtralForCausalLM";
+    case HfFamily::kQwen2Moe:
+      return "Qwen2MoeForCausalLM";
+  }
+  return "?";
 }
 
 HfModel hf_model_from_metadata(const json& metadata) {
@@ -50,28 +63,31 @@ HfModel hf_model_from_metadata(const json& metadata) {
          "the resolved spec)");
   const std::string at = "spec /model/";
   if (get_or<std::string>(m, "impl", "", at) != "gpt")
-    refuse("/impl", m.value("impl", json()), "only the 'gpt' model maps to GPT-2 or LLaMA");
-  known_keys(m, "",
-             {"impl", "num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
-              "kv_channels", "ffn_hidden_size", "vocab_size", "max_position_embeddings",
-              "position_embedding", "rotary", "add_bias_linear", "add_qkv_bias", "tie_embeddings",
-              "init_std", "hidden_dropout", "attention_dropout", "layer", "final_norm",
-              // Which layers train in FP8: no effect on the weights.
-              "num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16"});
+    refuse_spec("/impl", m.value("impl", json()), "only the 'gpt' model maps to Hugging Face");
+  known_spec_keys(
+      m, "",
+      {"impl", "num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
+       "kv_channels", "ffn_hidden_size", "vocab_size", "max_position_embeddings",
+       "position_embedding", "rotary", "add_bias_linear", "add_qkv_bias", "tie_embeddings",
+       "init_std", "hidden_dropout", "attention_dropout", "layer", "final_norm", "moe_layer_freq",
+       // Which layers train in FP8: no effect on the weights.
+       "num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16"});
   const json& layer = child(m, "layer");
   const json& norm = child(layer, "norm");
   const json& attention = child(layer, "attention");
   const json& mlp = child(layer, "mlp");
   const json& final_norm = child(m, "final_norm");
   if (get_or<std::string>(layer, "impl", "", at) != "transformer_layer")
-    refuse("/layer/impl", layer.value("impl", json()), "only transformer_layer maps");
-  if (get_or<std::string>(mlp, "impl", "mlp", at) != "mlp")
-    refuse("/layer/mlp/impl", mlp["impl"], "only the dense mlp maps (no mixture of experts)");
-  known_keys(layer, "/layer", {"impl", "norm", "attention", "mlp"});
-  known_keys(attention, "/layer/attention", {"impl", "causal", "softmax_scale"});
-  known_keys(mlp, "/layer/mlp", {"impl", "activation"});
-  known_keys(norm, "/layer/norm", {"impl", "eps", "zero_centered_gamma"});
-  known_keys(final_norm, "/final_norm", {"impl", "eps", "zero_centered_gamma"});
+    refuse_spec("/layer/impl", layer.value("impl", json()), "only transformer_layer maps");
+  const std::string mlp_impl = get_or<std::string>(mlp, "impl", "mlp", at);
+  const bool moe = mlp_impl == "moe";  // the rest of the moe node: moe_from_spec
+  if (!moe && mlp_impl != "mlp")
+    refuse_spec("/layer/mlp/impl", mlp_impl, "the dense mlp and the moe layer map");
+  known_spec_keys(layer, "/layer", {"impl", "norm", "attention", "mlp", "dense_mlp"});
+  known_spec_keys(attention, "/layer/attention", {"impl", "causal", "softmax_scale"});
+  if (!moe) known_spec_keys(mlp, "/layer/mlp", {"impl", "activation"});
+  known_spec_keys(norm, "/layer/norm", {"impl", "eps", "zero_centered_gamma"});
+  known_spec_keys(final_norm, "/final_norm", {"impl", "eps", "zero_centered_gamma"});
 
   HfModel h;
   h.layers = get_or<int64_t>(m, "num_layers", 0, at);
@@ -85,9 +101,10 @@ HfModel hf_model_from_metadata(const json& metadata) {
   h.groups = get_or<int64_t>(m, "num_query_groups", h.heads, at);
   h.head_dim = get_or<int64_t>(m, "kv_channels", h.hidden / h.heads, at);
   if (h.head_dim != h.hidden / h.heads)
-    refuse("/kv_channels", m["kv_channels"],
-           "a head dimension other than hidden_size / num_attention_heads needs head_dim, which "
-           "transformers 4.40 does not read");
+    refuse_spec(
+        "/kv_channels", m["kv_channels"],
+        "a head dimension other than hidden_size / num_attention_heads needs head_dim, which "
+        "transformers 4.40 does not read");
   h.ffn = get_or<int64_t>(m, "ffn_hidden_size", 4 * h.hidden, at);
   int64_t seq = get_or<int64_t>(child(spec, "train"), "seq_length", 0, "spec /train/");
   h.positions = get_or<int64_t>(m, "max_position_embeddings", seq, at);
@@ -105,51 +122,67 @@ HfModel hf_model_from_metadata(const json& metadata) {
   std::string norm_impl = get_or<std::string>(norm, "impl", "layernorm", at + "layer/norm/");
 
   if (!get_or<bool>(attention, "causal", true, at))
-    refuse("/layer/attention/causal", attention["causal"], "Hugging Face decoders are causal");
+    refuse_spec("/layer/attention/causal", attention["causal"], "Hugging Face decoders are causal");
   if (attention.contains("softmax_scale") && !attention["softmax_scale"].is_null())
-    refuse("/layer/attention/softmax_scale", attention["softmax_scale"],
-           "both architectures scale by 1 / sqrt(head dim)");
+    refuse_spec("/layer/attention/softmax_scale", attention["softmax_scale"],
+                "both architectures scale by 1 / sqrt(head dim)");
   if (get_or<bool>(norm, "zero_centered_gamma", false, at))
-    refuse("/layer/norm/zero_centered_gamma", true, "norm weights are stored as gamma");
+    refuse_spec("/layer/norm/zero_centered_gamma", true, "norm weights are stored as gamma");
   if (get_or<std::string>(final_norm, "impl", norm_impl, at) != norm_impl)
-    refuse("/final_norm/impl", final_norm["impl"], "the final norm must be a " + norm_impl);
+    refuse_spec("/final_norm/impl", final_norm["impl"], "the final norm must be a " + norm_impl);
   if (get_or<double>(final_norm, "eps", 1e-5, at) != h.eps)
-    refuse("/final_norm/eps", final_norm.value("eps", json(1e-5)),
-           "config.json has one epsilon for every norm; make it equal /layer/norm/eps");
+    refuse_spec("/final_norm/eps", final_norm.value("eps", json(1e-5)),
+                "config.json has one epsilon for every norm; make it equal /layer/norm/eps");
   if (get_or<bool>(final_norm, "zero_centered_gamma", false, at))
-    refuse("/final_norm/zero_centered_gamma", true, "norm weights are stored as gamma");
+    refuse_spec("/final_norm/zero_centered_gamma", true, "norm weights are stored as gamma");
 
   std::string position = get_or<std::string>(m, "position_embedding", "learned", at);
+  h.qkv_bias = qkv_bias;
+  // The layers moe_layer_freq gives the dense_mlp (in a dense model: equal to mlp).
+  std::vector<bool> sparse = moe_layer_pattern(m, h.layers);
+  if (!moe && std::find(sparse.begin(), sparse.end(), false) != sparse.end()) {
+    const json& dense = child(layer, "dense_mlp");
+    known_spec_keys(dense, "/layer/dense_mlp", {"impl", "activation"});
+    if (get_or<std::string>(dense, "impl", "mlp", at) != "mlp" ||
+        get_or<std::string>(dense, "activation", "gelu", at) != h.activation)
+      refuse_spec("/layer/dense_mlp", dense,
+                  "the layers moe_layer_freq marks 0 would differ from the others");
+  }
   if (position == "learned") {  // GPT-2
     h.family = HfFamily::kGpt2;
-    if (norm_impl != "layernorm") refuse("/layer/norm/impl", norm_impl, "GPT-2 uses layernorm");
+    if (moe) refuse_spec("/layer/mlp/impl", mlp_impl, "GPT-2 has no mixture of experts");
+    if (norm_impl != "layernorm")
+      refuse_spec("/layer/norm/impl", norm_impl, "GPT-2 uses layernorm");
     if (h.activation != "gelu_tanh" && h.activation != "gelu")
-      refuse("/layer/mlp/activation", h.activation, "GPT-2 uses gelu_tanh (gelu_new) or gelu");
-    if (!bias) refuse("/add_bias_linear", false, "GPT-2 has biases on every linear");
-    if (!qkv_bias) refuse("/add_qkv_bias", false, "GPT-2 has a bias on the QKV projection");
+      refuse_spec("/layer/mlp/activation", h.activation, "GPT-2 uses gelu_tanh (gelu_new) or gelu");
+    if (!bias) refuse_spec("/add_bias_linear", false, "GPT-2 has biases on every linear");
+    if (!qkv_bias) refuse_spec("/add_qkv_bias", false, "GPT-2 has a bias on the QKV projection");
     if (h.groups != h.heads)
-      refuse("/num_query_groups", h.groups, "GPT-2 has multi-head attention only");
-  } else if (position == "rope") {  // LLaMA
+      refuse_spec("/num_query_groups", h.groups, "GPT-2 has multi-head attention only");
+  } else if (position == "rope") {  // LLaMA, or Mixtral / Qwen2-MoE (moe_from_spec decides)
     h.family = HfFamily::kLlama;
-    if (norm_impl != "rmsnorm") refuse("/layer/norm/impl", norm_impl, "LLaMA uses rmsnorm");
+    const std::string family = moe ? "Mixtral and Qwen2-MoE" : "LLaMA";
+    if (norm_impl != "rmsnorm") refuse_spec("/layer/norm/impl", norm_impl, family + " use rmsnorm");
     if (h.activation != "swiglu")
-      refuse("/layer/mlp/activation", h.activation, "LLaMA uses swiglu");
-    if (bias) refuse("/add_bias_linear", true, "LLaMA has no biases");
-    if (qkv_bias) refuse("/add_qkv_bias", true, "LLaMA has no biases");
+      refuse_spec("/layer/mlp/activation", h.activation, family + " use swiglu");
+    if (bias) refuse_spec("/add_bias_linear", true, family + " have no biases on the linears");
+    if (qkv_bias && !moe)
+      refuse_spec("/add_qkv_bias", true, "LLaMA has no biases (Qwen2-MoE has q/k/v biases)");
     if (h.groups < 1 || h.heads % h.groups != 0)
-      refuse("/num_query_groups", h.groups, "must divide num_attention_heads");
+      refuse_spec("/num_query_groups", h.groups, "must divide num_attention_heads");
     const json& rotary = child(m, "rotary");
-    known_keys(rotary, "/rotary", {"base", "percent", "scaling"});
+    known_spec_keys(rotary, "/rotary", {"base", "percent", "scaling"});
     h.rope_base = get_or<double>(rotary, "base", 10000.0, at + "rotary/");
     if (get_or<double>(rotary, "percent", 1.0, at + "rotary/") != 1.0)
-      refuse("/rotary/percent", rotary["percent"], "LLaMA rotates the whole head");
+      refuse_spec("/rotary/percent", rotary["percent"], "LLaMA rotates the whole head");
     const json& scaling = child(rotary, "scaling");
     std::string type = get_or<std::string>(scaling, "type", "none", at + "rotary/scaling/");
     if (type != "none" && type != "linear" && type != "llama3")
-      refuse("/rotary/scaling/type", type, "only linear and llama3 scaling map");
+      refuse_spec("/rotary/scaling/type", type, "only linear and llama3 scaling map");
     h.rope_scaling = scaling;
+    if (moe) moe_from_spec(m, sparse, h);
   } else {
-    refuse("/position_embedding", position, "GPT-2 needs learned, LLaMA rope positions");
+    refuse_spec("/position_embedding", position, "GPT-2 needs learned, LLaMA rope positions");
   }
   return h;
 }

@@ -5,6 +5,18 @@
 //                     everywhere, multi-head attention, tied or untied embeddings
 //   LlamaForCausalLM  rmsnorm, rotary (rotate-half layout, base, linear or llama3 scaling),
 //                     swiglu, no biases, grouped-query attention, tied or untied
+//   MixtralForCausalLM   LLaMA's attention and norms, every layer a mixture of experts:
+//                     softmax router, top-K renormalised (loom's pre_softmax false), swiglu
+//                     experts, no shared expert
+//   Qwen2MoeForCausalLM  LLaMA's with q/k/v biases, mixture-of-experts layers (top-K of the
+//                     softmax over all experts, renormalised or not: norm_topk_prob), a
+//                     shared expert gated by sigmoid(x . w), dense layers where
+//                     decoder_sparse_step / mlp_only_layers say so
+//
+// Export picks the family from the spec: a dense MLP -> LLaMA (or GPT-2 for learned
+// positions); a mixture of experts -> Mixtral when it has no shared experts, pre_softmax
+// false, no q/k/v bias and every layer MoE, else Qwen2-MoE (what Mixtral lacks it writes as
+// exact zeros: q/k/v biases of 0 and a shared expert of width 0 when loom has none).
 //
 // Anything else is refused with kUnimplemented naming the spec field (export) or the
 // config.json key (import) that rules it out.
@@ -17,10 +29,21 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace loom::checkpoint {
 
-enum class HfFamily { kGpt2, kLlama };
+enum class HfFamily { kGpt2, kLlama, kMixtral, kQwen2Moe };
+
+/// The mixture of experts of Mixtral and Qwen2-MoE (loom's moe mlp with a topk softmax
+/// router): E experts of width F, K per token.
+struct HfMoe {
+  int64_t experts = 0, topk = 0, ffn = 0;
+  int64_t shared_ffn = 0;    ///< Qwen2-MoE's gated shared expert; 0: none (width 0 in Qwen2-MoE)
+  bool renormalise = true;   ///< top-K probabilities summed to 1 (loom pre_softmax false)
+  double aux_loss_coef = 0;  ///< router_aux_loss_coef <-> router.aux_loss_coeff, as is
+  std::vector<bool> sparse;  ///< per layer: MoE, or the dense MLP of HfModel::ffn
+};
 
 /// One model in both vocabularies (C hidden, H heads, G query groups, D head dim, F ffn).
 struct HfModel {
@@ -34,15 +57,17 @@ struct HfModel {
   nlohmann::json rope_scaling = nlohmann::json::object();  ///< loom's rotary.scaling node
   double init_std = 0.02;
   std::optional<int64_t> bos, eos;  ///< token ids, when known
+  bool qkv_bias = false;     ///< loom's q/k/v biases (Qwen2-MoE files always have them: 0 if not)
+  std::optional<HfMoe> moe;  ///< Mixtral and Qwen2-MoE
 };
 
-/// "GPT2LMHeadModel" or "LlamaForCausalLM".
+/// "GPT2LMHeadModel", "LlamaForCausalLM", "MixtralForCausalLM" or "Qwen2MoeForCausalLM".
 const char* hf_architecture(HfFamily family);
 
 /// The model of a loom checkpoint's metadata (kinds/checkpoint_format.h): its spec's
 /// "model" node, spec.train.seq_length for a null max_position_embeddings, and the eod id
 /// (spec.data.eod_id, or metadata.trainer.tokenizer.eod / trainer.eod_id) as bos and eos.
-/// Refuses a model GPT-2 or LLaMA cannot express with kUnimplemented naming the field.
+/// Refuses a model none of the families can express with kUnimplemented naming the field.
 HfModel hf_model_from_metadata(const nlohmann::json& metadata);
 
 /// config.json for transformers (4.40 reads it); `dtype` gives "torch_dtype".

@@ -3,6 +3,7 @@
 
 #include <loom/sdk.h>
 
+#include <cmath>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -26,5 +27,30 @@ T get_or(const nlohmann::json& j, const char* key, T fallback, const std::string
     fail(Code::kInvalidArgument, where + key + ": unexpected value " + j[key].dump());
   }
 }
+
+/// Fields of a config.json (or a node of it) with messages "WHERE KEY ...".
+struct ConfigReader {
+  const nlohmann::json& config;
+  std::string where;  // "DIR/config.json: "
+
+  /// An integer >= `least` (kInvalidArgument otherwise), `fallback` when absent or null.
+  int64_t integer(const char* key, int64_t fallback, int64_t least = 1) const {
+    auto v = get_or<int64_t>(config, key, fallback, where);
+    if (v < least)
+      fail(Code::kInvalidArgument,
+           where + key + " must be >= " + std::to_string(least) + ", got " + std::to_string(v));
+    return v;
+  }
+  double number(const char* key, double fallback) const {
+    auto v = get_or<double>(config, key, fallback, where);
+    if (!std::isfinite(v) || v <= 0)
+      fail(Code::kInvalidArgument, where + key + " must be a positive number");
+    return v;
+  }
+  /// kUnimplemented "WHERE KEY = VALUE: WHY".
+  [[noreturn]] void refuse(const char* key, const std::string& why) const {
+    fail(Code::kUnimplemented, where + key + " = " + config[key].dump() + ": " + why);
+  }
+};
 
 }  // namespace loom::checkpoint

@@ -215,11 +215,6 @@ void TopkRouter::run_forward(IForwardContext& ctx, const TensorView* inputs, int
       report_metric(ctx, ("moe/z_loss/" + layer_).c_str(), m);
       release(ctx, m);
     }
-    if (expert_bias_) {
-      std::vector<int32_t> chosen;
-      to_host(host_, experts, chosen);
-      for (int32_t ex : chosen) step_counts_[static_cast<size_t>(ex)] += 1;
-    }
     save(ctx, this, kInput, x);
     save(ctx, this, kLogits, logits);
     save(ctx, this, kExperts, experts);
@@ -243,6 +238,13 @@ void TopkRouter::run_backward(IForwardContext& ctx, const TensorView* grad_outpu
   TensorView experts = load(ctx, this, kExperts);
   const int64_t n = logits.shape[0];
   expect(grad_outputs[0], {n, attrs_.k}, DType::kF32, "router grad probs");
+  if (expert_bias_) {
+    // The step's token counts for the expert bias, taken here because backward runs once per
+    // micro-batch (forward may run twice under full recomputation).
+    std::vector<int32_t> chosen;
+    to_host(host_, experts, chosen);
+    for (int32_t ex : chosen) step_counts_[static_cast<size_t>(ex)] += 1;
+  }
   TensorView dlse = z_coeff_ > 0 ? load(ctx, this, kDlse) : empty_view();
   TensorView dlogits = allocate(ctx, DType::kF32, {n, experts_}, device_);  // (N, E)
   topk_bwd_({grad_outputs[0], logits, experts, dlse}, {dlogits}, attrs_);

@@ -11,8 +11,10 @@
 // that ignores bias and groups, counts summed over the tensor x context group (the ranks
 // holding parts of the same sequences), and the z-loss on the logits' logsumexp.
 //   forward:  [0] x (N, C) -> [0] probs (N, K) f32, [1] experts (N, K) i32, [2] aux f32 ()
-//   backward: [0] dprobs (N, K) f32, [1] unused, [2] d aux: a scalar f32 on the host or the
-//             device, or empty for the context's aux_loss_weight -> [0] dx (N, C)
+//   backward: [0] dprobs (N, K) f32 -> [0] dx (N, C); the load-balancing and z terms add
+//             their gradient weighted by the context's aux_loss_weight (forward_context 1.5)
+// With enable_expert_bias the step's token counts (the biased choice, before any capacity
+// drop) are taken in backward, which runs once per micro-batch even under recomputation.
 #pragma once
 
 #include <nlohmann/json.hpp>
