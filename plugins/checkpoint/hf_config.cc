@@ -13,12 +13,10 @@ using json = nlohmann::json;
 struct RopeDefaults {
   int64_t hidden, ffn, layers, heads, kv_heads /* 0: = heads */, positions, vocab;
   double eps, theta;
-  bool tied;
 };
-constexpr RopeDefaults kLlamaDefaults{4096, 11008, 32, 32, 0, 2048, 32000, 1e-6, 10000.0, false};
-constexpr RopeDefaults kMixtralDefaults{4096, 14336, 32, 32, 8, 4096 * 32, 32000, 1e-5, 1e6, false};
-constexpr RopeDefaults kQwen2MoeDefaults{2048,  5632,   24,   16,      16,
-                                         32768, 151936, 1e-6, 10000.0, false};
+constexpr RopeDefaults kLlamaDefaults{4096, 11008, 32, 32, 0, 2048, 32000, 1e-6, 10000.0};
+constexpr RopeDefaults kMixtralDefaults{4096, 14336, 32, 32, 8, 4096 * 32, 32000, 1e-5, 1e6};
+constexpr RopeDefaults kQwen2MoeDefaults{2048, 5632, 24, 16, 16, 32768, 151936, 1e-6, 10000.0};
 
 json gpt2_config(const HfModel& m, const char* torch_dtype, const json& bos, const json& eos) {
   return {{"architectures", {"GPT2LMHeadModel"}},
@@ -87,13 +85,15 @@ void read_rope_config(const ConfigReader& c, const RopeDefaults& d, HfModel& h) 
   h.ffn = c.integer("intermediate_size", d.ffn);
   h.layers = c.integer("num_hidden_layers", d.layers);
   h.heads = c.integer("num_attention_heads", d.heads);
-  // null (or, for LLaMA, absent) means as many as the query heads
-  h.groups = c.integer("num_key_value_heads", d.kv_heads > 0 ? d.kv_heads : h.heads);
+  // null (and, for LLaMA, absent) means as many as the query heads
+  const bool kv_null =
+      config.contains("num_key_value_heads") && config["num_key_value_heads"].is_null();
+  h.groups = c.integer("num_key_value_heads", d.kv_heads > 0 && !kv_null ? d.kv_heads : h.heads);
   h.positions = c.integer("max_position_embeddings", d.positions);
   h.vocab = c.integer("vocab_size", d.vocab);
   h.eps = c.number("rms_norm_eps", d.eps);
   h.rope_base = c.number("rope_theta", d.theta);
-  h.tied = get_or<bool>(config, "tie_word_embeddings", d.tied, c.where);
+  h.tied = get_or<bool>(config, "tie_word_embeddings", false, c.where);
   h.activation = "swiglu";
   if (h.hidden % h.heads != 0 || h.heads % h.groups != 0)
     fail(Code::kInvalidArgument, c.where +

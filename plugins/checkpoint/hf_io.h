@@ -9,10 +9,10 @@
 
 namespace loom::checkpoint {
 
-/// Writes the "model.*" tensors as a GPT2LMHeadModel or LlamaForCausalLM directory (the
-/// architecture follows the metadata's spec.model, hf_model.h). Only rank 0 writes; it must
-/// hold every weight whole. `dtype` is the exported dtype, or kInvalid to keep each
-/// tensor's own. The metadata, with "tensors" reduced to the model weights, is kept in the
+/// Writes the "model.*" tensors as a GPT2LMHeadModel, LlamaForCausalLM, MixtralForCausalLM
+/// or Qwen2MoeForCausalLM directory (the architecture follows the metadata's spec.model,
+/// hf_model.h). Only rank 0 writes; it must hold every weight whole. `dtype` is the exported
+/// dtype, or kInvalid to keep each tensor's own. The metadata, with "tensors" reduced to the model weights, is kept in the
 /// safetensors header as "__metadata__" {"format": "pt", "loom": JSON text}.
 void export_hf(const std::filesystem::path& dir, const CheckpointTensor* tensors, int64_t count,
                const std::string& metadata_json, int32_t rank, DType dtype);

@@ -125,7 +125,7 @@ HfModel hf_model_from_metadata(const json& metadata) {
     refuse_spec("/layer/attention/causal", attention["causal"], "Hugging Face decoders are causal");
   if (attention.contains("softmax_scale") && !attention["softmax_scale"].is_null())
     refuse_spec("/layer/attention/softmax_scale", attention["softmax_scale"],
-                "both architectures scale by 1 / sqrt(head dim)");
+                "the Hugging Face decoders scale by 1 / sqrt(head dim)");
   if (get_or<bool>(norm, "zero_centered_gamma", false, at))
     refuse_spec("/layer/norm/zero_centered_gamma", true, "norm weights are stored as gamma");
   if (get_or<std::string>(final_norm, "impl", norm_impl, at) != norm_impl)

@@ -1,16 +1,17 @@
 // Mixtral and Qwen2-MoE <-> loom's moe layer (plugins/moe): which settings correspond.
 //
-//   loom (layer.mlp, impl moe)              Mixtral                  Qwen2-MoE
-//   num_experts                             num_local_experts        num_experts
-//   router.topk                             num_experts_per_tok      num_experts_per_tok
-//   moe_ffn_hidden_size                     intermediate_size        moe_intermediate_size
-//   router pre_softmax false / true         (renormalised) / -       norm_topk_prob true / false
-//   shared_expert_intermediate_size, gate   - shared_expert_intermediate_size model moe_layer_freq
-//   (0: dense_mlp)     every layer MoE          decoder_sparse_step,
-//                                                                    mlp_only_layers
-//   model ffn_hidden_size (dense layers)    = intermediate_size      intermediate_size
-//   model add_qkv_bias                      false                    true (always in 4.40)
-//   router.aux_loss_coeff                   router_aux_loss_coef     router_aux_loss_coef
+//   loom (layer.mlp: impl moe)       Mixtral               Qwen2-MoE
+//   num_experts                      num_local_experts     num_experts
+//   router.topk                      num_experts_per_tok   num_experts_per_tok
+//   moe_ffn_hidden_size              intermediate_size     moe_intermediate_size
+//   router.pre_softmax false / true  renormalised / -      norm_topk_prob true / false
+//   shared_expert_intermediate_size  -                     shared_expert_intermediate_size
+//     with shared_expert_gate true                         (0: none), shared_expert_gate
+//   model moe_layer_freq             every layer MoE       decoder_sparse_step,
+//     (0: layer.dense_mlp)                                 mlp_only_layers
+//   model ffn_hidden_size            = intermediate_size   intermediate_size (dense layers)
+//   model add_qkv_bias               false                 true (always, in 4.40)
+//   router.aux_loss_coeff            router_aux_loss_coef  router_aux_loss_coef
 //
 // Both score experts by a softmax over all E and keep the top K: Mixtral renormalises the K
 // probabilities, which equals loom's softmax over the K chosen logits (pre_softmax false);

@@ -1,6 +1,6 @@
 // The checkpoint plugin: the checkpoint formats "sharded" (loom's training checkpoints) and
-// "safetensors" (Hugging Face GPT-2 / LLaMA export and import). Names, descriptions and
-// option schemas are in manifest.json.
+// "safetensors" (Hugging Face GPT-2 / LLaMA / Mixtral / Qwen2-MoE export and import). Names,
+// descriptions and option schemas are in manifest.json.
 #include <loom/sdk.h>
 
 #include "plugins/checkpoint/safetensors_format.h"

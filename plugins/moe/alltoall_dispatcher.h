@@ -11,6 +11,8 @@
 //   combine:   rows (M, C), probs (N, K) -> hidden (N, C)
 #pragma once
 
+#include <string>
+
 #include "plugins/moe/dispatcher_base.h"
 
 namespace loom::moe {
@@ -57,6 +59,15 @@ class AllToAllDispatcher final : public DispatcherBase {
           }
         }
       const int64_t m = static_cast<int64_t>(by_expert.size());
+      if (ctx->training() && ctx->micro_batch() == 0) {
+        // One line per layer and step at log level debug: what this rank's experts got.
+        std::string rows = detail::concat("moe alltoall dispatcher: rank ", ep_->rank(),
+                                          " of the expert group received ", m, " rows (");
+        for (int64_t e = 0; e < local_; ++e) rows += (e ? " " : "") + std::to_string(counts[e]);
+        rows += " per local expert)";
+        host_.log(LogLevel::kDebug, make_string_view("moe"),
+                  StringView{rows.data(), rows.size()});
+      }
       TensorView to_expert = upload(*ctx, host_, DType::kI32, {m}, by_expert, device_);
       *dispatched = allocate(*ctx, hidden->dtype, {m, c}, device_);
       permute_({arrived, to_expert}, {*dispatched});

@@ -5,11 +5,12 @@ Run by the Python of the Hugging Face environment that tools/setup makes
 
   check-export DIR     DIR/model is a directory loom's safetensors format wrote and
                        DIR/loom.safetensors loom's logits for "tokens": load DIR/model with
-                       GPT2LMHeadModel / LlamaForCausalLM.from_pretrained (no missing,
+                       the from_pretrained of its config's architecture (GPT2LMHeadModel,
+                       LlamaForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM; no missing,
                        unexpected or mismatched weights) and compare the logits.
-  make DIR gpt2|llama  a random tiny model of that family, saved with
-                       save_pretrained(DIR, safe_serialization=True), and DIR/hf.safetensors
-                       with fixed "tokens" and its "logits".
+  make DIR FAMILY      a random tiny model of FAMILY (gpt2, llama, mixtral, qwen2_moe), saved
+                       with save_pretrained(DIR, safe_serialization=True), and
+                       DIR/hf.safetensors with fixed "tokens" and its "logits".
   check-import DIR     compare DIR/loom.safetensors (loom's logits after importing DIR)
                        with DIR/hf.safetensors.
 
@@ -42,9 +43,13 @@ def compare(what, loom, hf):
         sys.exit(f"check_hf: {what}: max |loom - transformers| = {err:.3g} > {ATOL} + {RTOL} * {scale:.3g}")
 
 
+ARCHITECTURES = ("GPT2LMHeadModel", "LlamaForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM")
+FAMILIES = ("gpt2", "llama", "mixtral", "qwen2_moe")
+
+
 def model_class(config):
     arch = config["architectures"][0]
-    if arch not in ("GPT2LMHeadModel", "LlamaForCausalLM"):
+    if arch not in ARCHITECTURES:
         sys.exit(f"check_hf: unexpected architecture {arch}")
     return getattr(transformers, arch)
 
@@ -64,20 +69,39 @@ def check_export(work):
 
 
 def make(work, family):
-    torch.manual_seed(1234 if family == "gpt2" else 4321)
+    torch.manual_seed({"gpt2": 1234, "llama": 4321, "mixtral": 5678, "qwen2_moe": 8765}[family])
     if family == "gpt2":
         config = transformers.GPT2Config(
             vocab_size=97, n_positions=32, n_embd=32, n_layer=2, n_head=4,
             activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
             layer_norm_epsilon=1e-5, tie_word_embeddings=True, bos_token_id=0, eos_token_id=0)
         model = transformers.GPT2LMHeadModel(config)
-    else:
+    elif family == "llama":
         config = transformers.LlamaConfig(
             vocab_size=101, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
             rms_norm_eps=1e-6, rope_theta=10000.0, rope_scaling={"type": "linear", "factor": 2.0},
             tie_word_embeddings=False, attention_bias=False, bos_token_id=1, eos_token_id=2)
         model = transformers.LlamaForCausalLM(config)
+    elif family == "mixtral":
+        config = transformers.MixtralConfig(
+            vocab_size=89, hidden_size=32, intermediate_size=24, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+            rms_norm_eps=1e-5, rope_theta=1e6, sliding_window=None, num_local_experts=4,
+            num_experts_per_tok=2, router_aux_loss_coef=0.02, router_jitter_noise=0.0,
+            tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
+        model = transformers.MixtralForCausalLM(config)
+    else:
+        # Layers 0 and 2 dense (decoder_sparse_step 2); softmax probabilities kept as they
+        # are (norm_topk_prob false); q/k/v biases; a gated shared expert; tied embeddings.
+        config = transformers.Qwen2MoeConfig(
+            vocab_size=83, hidden_size=32, intermediate_size=40, num_hidden_layers=3,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+            rms_norm_eps=1e-6, rope_theta=10000.0, use_sliding_window=False,
+            decoder_sparse_step=2, moe_intermediate_size=16, shared_expert_intermediate_size=24,
+            num_experts=4, num_experts_per_tok=2, norm_topk_prob=False,
+            tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
+        model = transformers.Qwen2MoeForCausalLM(config)
     # Weights far from their initialisation (norm weights and biases included), so that
     # every tensor's layout shows in the logits.
     with torch.no_grad():
@@ -107,7 +131,7 @@ def main():
     mode = sys.argv[1] if len(sys.argv) > 1 else ""
     if mode == "check-export" and len(sys.argv) == 3:
         check_export(sys.argv[2])
-    elif mode == "make" and len(sys.argv) == 4 and sys.argv[3] in ("gpt2", "llama"):
+    elif mode == "make" and len(sys.argv) == 4 and sys.argv[3] in FAMILIES:
         make(sys.argv[2], sys.argv[3])
     elif mode == "check-import" and len(sys.argv) == 3:
         check_import(sys.argv[2])

@@ -1,10 +1,11 @@
 // hf_reference: loom's side of the Hugging Face checks (tests/reference/hf_test.sh).
 //
 //   hf_reference export SPEC OUT_DIR PLUGIN_DIR...
-//       builds SPEC's model (a GPT-2 or LLaMA-style "gpt") with random weights, exports them
-//       through the safetensors checkpoint format into OUT_DIR/model (metadata: the
-//       resolved spec, the tensors, iteration 0) and writes OUT_DIR/loom.safetensors with
-//       fixed "tokens" (B, T) and loom's "logits" (B, T, V) for them.
+//       builds SPEC's model (a GPT-2, LLaMA, Mixtral or Qwen2-MoE-style "gpt") with random
+//       weights, exports them through the safetensors checkpoint format into OUT_DIR/model
+//       (metadata: the resolved spec, the tensors, iteration 0) and writes
+//       OUT_DIR/loom.safetensors with fixed "tokens" (B, T) and loom's "logits" (B, T, V)
+//       for them.
 //   hf_reference import HF_DIR PLUGIN_DIR...
 //       reads a directory transformers wrote through the safetensors format: its metadata
 //       (the spec synthesised from config.json) builds a loom model, its weights are loaded

@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # loom against Hugging Face transformers through the safetensors checkpoint format.
-#   export: tiny GPT-2 and LLaMA-style loom models exported, loaded by
-#           GPT2LMHeadModel / LlamaForCausalLM.from_pretrained, same logits;
-#   import: random tiny models saved by transformers' save_pretrained, read by loom (spec
-#           from config.json, weights by loom name), same logits.
+#   export: tiny GPT-2, LLaMA, Mixtral and Qwen2-MoE-style loom models exported, loaded by
+#           from_pretrained of GPT2LMHeadModel, LlamaForCausalLM, MixtralForCausalLM and
+#           Qwen2MoeForCausalLM, same logits (qwen2_moe_plain: a mixture of experts Mixtral
+#           cannot express, for its unnormalised top-K, written as a Qwen2-MoE with zero
+#           q/k/v biases and a shared expert of width 0);
+#   import: random tiny models of those four families saved by transformers'
+#           save_pretrained, read by loom (spec from config.json, weights by loom name),
+#           same logits.
 # Needs the Hugging Face environment of tools/setup at $LOOM_PYREF (tools/loom test passes
 # it; default ~/.cache/loom/pyref). usage: hf_test.sh export|import
 set -euo pipefail
@@ -17,17 +21,18 @@ if ! "$py" -c 'import torch, transformers, safetensors' 2>/dev/null; then
     "environment is missing; run tools/setup (or set LOOM_PYREF to it)" >&2
   exit 1
 fi
-plugins=(kernels/cpu plugins/transformer plugins/fused_attention plugins/optim plugins/checkpoint)
+plugins=(kernels/cpu plugins/transformer plugins/fused_attention plugins/moe plugins/optim
+  plugins/checkpoint)
 work="${TEST_TMPDIR:-$(mktemp -d)}/hf_$direction"
 rm -rf "$work" && mkdir -p "$work"
 export OMP_NUM_THREADS=2
 if [[ "$direction" == export ]]; then
-  for spec in gpt2_tiny llama_tiny; do
+  for spec in gpt2_tiny llama_tiny mixtral_hf_tiny qwen2_moe_hf_tiny qwen2_moe_plain_hf_tiny; do
     tests/reference/hf_reference export "tests/reference/$spec.json" "$work/$spec" "${plugins[@]}"
     "$py" tests/reference/check_hf.py check-export "$work/$spec"
   done
 else
-  for family in gpt2 llama; do
+  for family in gpt2 llama mixtral qwen2_moe; do
     "$py" tests/reference/check_hf.py make "$work/$family" "$family"
     tests/reference/hf_reference import "$work/$family" "${plugins[@]}"
     "$py" tests/reference/check_hf.py check-import "$work/$family"

@@ -674,6 +674,11 @@ TEST_F(PipelineTest, ExpertParallelMatchesOneRankToEachGradient) {
   Curve drop_ep2 = train("moe_drop_ep2", dropping, "--nproc 2 --set parallel.ep=2");
   expect_same_curve(drop_one, drop_ep2, "capacity 0.5 at ep2");
   expect_same_gradients("moe_drop_one", "moe_drop_ep2", drop_one.grad_norm[0]);
+  Curve drop_gather = train("moe_drop_ep2gather", dropping,
+                            "--nproc 2 --set parallel.ep=2 --set "
+                            "'model.layer.mlp.dispatcher.impl=\"allgather\"'");
+  expect_same_curve(drop_one, drop_gather, "capacity 0.5 at ep2, allgather");
+  expect_same_gradients("moe_drop_one", "moe_drop_ep2gather", drop_one.grad_norm[0]);
   // The drops changed the gradients (the comparison above means something).
   auto kept = step_one("moe_one"), dropped = step_one("moe_drop_one");
   double change = 0;
@@ -681,6 +686,24 @@ TEST_F(PipelineTest, ExpertParallelMatchesOneRankToEachGradient) {
     for (size_t i = 0; i < v.size(); ++i)
       change = std::max(change, std::abs(static_cast<double>(v[i]) - dropped.at(name)[i]) / 0.5);
   EXPECT_GT(change, 1e-3 * one.grad_norm[0]);
+
+  // Ranks whose experts receive no token: after step 1 the aux-free bias (rate 10) puts every
+  // token on the experts that were under-loaded, so the others get none in step 2.
+  nlohmann::json starving = mixtral;
+  starving["model"]["layer"]["mlp"]["router"] = nlohmann::json::parse(R"({
+    "impl": "topk", "topk": 1, "score_function": "sigmoid", "enable_expert_bias": true,
+    "bias_update_rate": 10.0})");
+  starving["train"]["steps"] = 5;
+  Curve starve_one = train("moe_starve_one", starving, "");
+  Curve starve_ep4 = train("moe_starve_ep4", starving, "--nproc 4 --set parallel.ep=4 --set 'log.level=\"debug\"'");
+  expect_same_curve(starve_one, starve_ep4, "ep4 with ranks that receive no token");
+  expect_same_gradients("moe_starve_one", "moe_starve_ep4", starve_one.grad_norm[0]);
+  EXPECT_THAT(last_out_ + last_err_,
+              ::testing::ContainsRegex("rank [0-3] of the expert group received 0 rows"));
+  Curve starve_gather = train("moe_starve_ep4gather", starving,
+                              "--nproc 4 --set parallel.ep=4 --set "
+                              "'model.layer.mlp.dispatcher.impl=\"allgather\"'");
+  expect_same_curve(starve_one, starve_gather, "ep4 allgather with ranks that receive no token");
 
   nlohmann::json deepseek = moe_spec();
   deepseek["model"]["moe_layer_freq"] = {0, 1, 1, 1};

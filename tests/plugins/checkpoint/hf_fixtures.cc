@@ -33,6 +33,38 @@ nlohmann::json tiny_spec(const Tiny& m) {
         {"attention", {{"impl", "dot_product"}, {"causal", true}, {"softmax_scale", nullptr}}},
         {"mlp", {{"impl", "mlp"}, {"activation", m.llama ? "swiglu" : "gelu_tanh"}}}}},
       {"final_norm", {{"impl", norm}, {"eps", 1e-5}, {"zero_centered_gamma", false}}}};
+  if (m.experts > 0) {
+    model["add_qkv_bias"] = m.qkv_bias;
+    nlohmann::json router = {{"impl", "topk"},
+                             {"topk", m.k},
+                             {"score_function", "softmax"},
+                             {"pre_softmax", m.pre_softmax},
+                             {"topk_scaling_factor", nullptr},
+                             {"num_groups", nullptr},
+                             {"group_topk", nullptr},
+                             {"load_balancing_type", "aux_loss"},
+                             {"aux_loss_coeff", 0.02},
+                             {"z_loss_coeff", nullptr},
+                             {"enable_expert_bias", false},
+                             {"bias_update_rate", 0.001},
+                             {"dtype", "fp32"}};
+    model["layer"]["mlp"] = {
+        {"impl", "moe"},
+        {"num_experts", m.experts},
+        {"moe_ffn_hidden_size", m.moe_f},
+        {"activation", "swiglu"},
+        {"router", router},
+        {"dispatcher", {{"impl", "alltoall"}}},
+        {"expert_capacity_factor", nullptr},
+        {"token_drop_policy", "probs"},
+        {"pad_to_capacity", false},
+        {"shared_expert_intermediate_size",
+         m.shared_f > 0 ? nlohmann::json(m.shared_f) : nlohmann::json(nullptr)},
+        {"shared_expert_gate", m.shared_f > 0},
+        {"grouped_gemm", true}};
+    model["layer"]["dense_mlp"] = {{"impl", "mlp"}, {"activation", "swiglu"}};
+    model["moe_layer_freq"] = m.freq.empty() ? nlohmann::json(1) : nlohmann::json(m.freq);
+  }
   return {{"model", model}, {"train", {{"seq_length", m.p}}}, {"optimizer", {{"impl", "adamw"}}}};
 }
 
@@ -50,6 +82,20 @@ std::vector<OwnedTensor> tiny_weights(const Tiny& m, DType dtype, std::mt19937& 
     add(p + "self_attention.linear_qkv.weight", {m.g * (m.h / m.g + 2) * d, c});
     add(p + "self_attention.linear_proj.weight", {c, m.h * d});
     add(p + "pre_mlp_layernorm.weight", {c});
+    if (m.qkv_bias) add(p + "self_attention.linear_qkv.bias", {m.g * (m.h / m.g + 2) * d});
+    if (m.sparse(i)) {
+      add(p + "mlp.router.weight", {m.experts, c});
+      for (int64_t e = 0; e < m.experts; ++e) {
+        add(p + "mlp.experts.linear_fc1.weight" + std::to_string(e), {2, m.moe_f, c});
+        add(p + "mlp.experts.linear_fc2.weight" + std::to_string(e), {c, m.moe_f});
+      }
+      if (m.shared_f > 0) {
+        add(p + "mlp.shared_experts.linear_fc1.weight", {2, m.shared_f, c});
+        add(p + "mlp.shared_experts.linear_fc2.weight", {c, m.shared_f});
+        add(p + "mlp.shared_experts.gate_weight", {1, c});
+      }
+      continue;
+    }
     if (m.llama)
       add(p + "mlp.linear_fc1.weight", {2, m.f, c});  // swiglu: [gate; up]
     else

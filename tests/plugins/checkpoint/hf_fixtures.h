@@ -1,6 +1,6 @@
-// Tiny GPT-2 and LLaMA models for the safetensors tests: their loom spec and the loom
-// weights (names and shapes written out here independently of the plugin's own layout
-// code), and a writer of Hugging Face directories.
+// Tiny GPT-2, LLaMA and mixture-of-experts models for the safetensors tests: their loom
+// spec and the loom weights (names and shapes written out here independently of the
+// plugin's own layout code), and a writer of Hugging Face directories.
 #pragma once
 
 #include <filesystem>
@@ -19,10 +19,18 @@ struct Tiny {
   int64_t c = 8, h = 2, g = 2, f = 32, v = 11, p = 6, l = 2;
   bool tied = true;
   bool llama = false;
+  /// With experts > 0 (and llama): layer.mlp is a moe of `experts` swiglu experts of width
+  /// moe_f under a softmax top-k router, a gated shared expert of width shared_f (0: none);
+  /// the layers `freq` marks 0 (empty: none) take the dense mlp of width f.
+  int64_t experts = 0, k = 2, moe_f = 4, shared_f = 0;
+  bool pre_softmax = false, qkv_bias = false;
+  std::vector<int> freq;
   int64_t d() const { return c / h; }
+  bool sparse(int64_t layer) const { return experts > 0 && (freq.empty() || freq[layer] == 1); }
 };
 
-/// The resolved-looking spec of `m` (GPT-2 style, or LLaMA style when m.llama).
+/// The resolved-looking spec of `m` (GPT-2 style, or LLaMA style when m.llama, with a
+/// mixture of experts when m.experts > 0).
 nlohmann::json tiny_spec(const Tiny& m);
 
 /// Random loom weights of `m` ("model." names) in `dtype`.
