@@ -36,6 +36,7 @@ DistributedOptimizer::DistributedOptimizer(IHost& host, ParameterSet& params, IO
       st->segment = seg;
       st->decay = (p.info.flags & kParamNoWeightDecay) == 0;
       st->expert = (p.info.flags & kParamExpert) != 0;
+      local_experts_ = local_experts_ || st->expert;
       if (st->expert)  // the expert grid: split over etp, replicated (or sharded) over edp
         st->in_norm = (p.info.tp_split_dim >= 0 || setup_.expert_tp_rank == 0) &&
                       (setup_.sharded || setup_.expert_dp_rank == 0);
@@ -159,7 +160,7 @@ double DistributedOptimizer::grad_norm(double loss_scale) {
   // counted on one rank, in_norm) over every rank.
   double total = 0;
   for (bool experts : {false, true}) {
-    if (experts && !setup_.experts) break;
+    if (experts && !setup_.experts && !local_experts_) break;
     double sumsq = 0;
     TensorView acc =
         make_view(norm_acc_ != nullptr ? norm_acc_ : &sumsq, DType::kF64, {1}, setup_.device);

@@ -49,7 +49,8 @@ struct OptimizerSetup {
   int expert_tp_rank = 0;
   int expert_dp_rank = 0;
   /// Some rank of the run holds experts' parameters: every rank then takes part in summing
-  /// their squared norm (a pipeline stage without experts too).
+  /// their squared norm over every rank (a pipeline stage without experts too). A rank that
+  /// holds experts sums theirs either way.
   bool experts = false;
 };
 
@@ -153,6 +154,7 @@ class DistributedOptimizer {
   ICommunicator& tensor_;
   ICommunicator& grad_norm_group_;
   ICommunicator& world_;  // where the experts' squared norms add up
+  bool local_experts_ = false;  // this rank holds experts' parameters
   ICommunicator& embedding_;
   GradSync grad_sync_;
   BucketReadiness readiness_;

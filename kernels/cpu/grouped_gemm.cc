@@ -96,24 +96,10 @@ bool grouped_gemm_wgrad_fast_supports(const OpCall* c) {
   return cpu_has_avx2() && grouped_gemm_wgrad_supports(c);
 }
 Status grouped_gemm_cost(const OpCall* c, OpCost* out) {
-  return guard([&] {
-    GroupedGemmShape s = check_grouped(c, true);
-    *out = io_cost(c, 2.0 * static_cast<double>(s.m) * static_cast<double>(s.n * s.k));
-    // Every group's weight is read, not only input [1].
-    out->bytes_read += static_cast<double>(s.attrs.groups - 1) * static_cast<double>(s.n * s.k) *
-                       static_cast<double>(dtype_size(c->inputs[1].dtype));
-  });
+  return guard([&] { *out = op_checks::grouped_gemm_cost(c, check_grouped(c, true)); });
 }
 Status grouped_gemm_wgrad_cost(const OpCall* c, OpCost* out) {
-  return guard([&] {
-    GroupedGemmShape s = check_wgrad(c, true);
-    *out = io_cost(c, 2.0 * static_cast<double>(s.m) * static_cast<double>(s.n * s.k));
-    double w = static_cast<double>(s.attrs.groups - 1) * static_cast<double>(s.n * s.k) *
-               static_cast<double>(dtype_size(c->outputs[0].dtype));
-    out->bytes_written += w;
-    if (s.attrs.beta != 0.0f) out->bytes_read += w + static_cast<double>(s.n * s.k) *
-                                                     dtype_size(c->outputs[0].dtype);
-  });
+  return guard([&] { *out = op_checks::grouped_gemm_wgrad_cost(c, check_wgrad(c, true)); });
 }
 
 }  // namespace

@@ -207,15 +207,9 @@ bool grouped_gemm_supports(const OpCall* call) {
   return check_passes([&] { check_fwd(call, true); });
 }
 
-// The CPU kernels' cost (kernels/cpu/grouped_gemm.cc): every tensor once, and every group's
-// weight read, not only input [1].
+// The cost every kernel library reports (loom/cpp/op_checks/moe.h).
 Status grouped_gemm_cost(const OpCall* call, OpCost* out) {
-  return guard([&] {
-    GroupedGemmShape s = check_fwd(call, true);
-    *out = io_cost(call, 2.0 * static_cast<double>(s.m) * static_cast<double>(s.n * s.k));
-    out->bytes_read += static_cast<double>(s.attrs.groups - 1) * static_cast<double>(s.n * s.k) *
-                       static_cast<double>(dtype_size(call->inputs[1].dtype));
-  });
+  return guard([&] { *out = op_checks::grouped_gemm_cost(call, check_fwd(call, true)); });
 }
 
 // ---- grouped_gemm_wgrad -------------------------------------------------------------------
@@ -266,17 +260,9 @@ bool grouped_gemm_wgrad_supports(const OpCall* call) {
   return check_passes([&] { check_wgrad(call, true); });
 }
 
-// The CPU kernels' cost (kernels/cpu/grouped_gemm.cc): every dW_g written, and read too when
-// beta != 0.
+// The cost every kernel library reports (loom/cpp/op_checks/moe.h).
 Status grouped_gemm_wgrad_cost(const OpCall* call, OpCost* out) {
-  return guard([&] {
-    GroupedGemmShape s = check_wgrad(call, true);
-    *out = io_cost(call, 2.0 * static_cast<double>(s.m) * static_cast<double>(s.n * s.k));
-    const double dw =
-        static_cast<double>(s.n * s.k) * static_cast<double>(dtype_size(call->outputs[0].dtype));
-    out->bytes_written += static_cast<double>(s.attrs.groups - 1) * dw;
-    if (s.attrs.beta != 0.0f) out->bytes_read += static_cast<double>(s.attrs.groups) * dw;
-  });
+  return guard([&] { *out = op_checks::grouped_gemm_wgrad_cost(call, check_wgrad(call, true)); });
 }
 
 }  // namespace

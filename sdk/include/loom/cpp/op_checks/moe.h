@@ -7,6 +7,7 @@
 
 #include <string>
 
+#include "loom/cpp/kernel_descs.h"
 #include "loom/cpp/op_args.h"
 #include "loom/ops.h"
 
@@ -219,6 +220,25 @@ inline GroupedGemmShape check_grouped_gemm_wgrad(const OpCall* call, bool shapes
   if (!shapes_only && call->outputs[0].data != s.attrs.weights[0])
     a.fail(a.out_label(0) + " must be the first group's gradient (weights[0])");
   return s;
+}
+
+/// What a grouped_gemm call costs, the same for every kernel library: 2 M Nd Kd FLOPs, every
+/// tensor of the call once and every other group's weight.
+inline OpCost grouped_gemm_cost(const OpCall* call, const GroupedGemmShape& s) {
+  OpCost out = io_cost(call, 2.0 * static_cast<double>(s.m) * static_cast<double>(s.n * s.k));
+  out.bytes_read += static_cast<double>(s.attrs.groups - 1) * static_cast<double>(s.n * s.k) *
+                    static_cast<double>(dtype_size(call->inputs[1].dtype));
+  return out;
+}
+
+/// What a grouped_gemm_wgrad call costs: every dW_g written, and read too when beta != 0.
+inline OpCost grouped_gemm_wgrad_cost(const OpCall* call, const GroupedGemmShape& s) {
+  OpCost out = io_cost(call, 2.0 * static_cast<double>(s.m) * static_cast<double>(s.n * s.k));
+  const double dw =
+      static_cast<double>(s.n * s.k) * static_cast<double>(dtype_size(call->outputs[0].dtype));
+  out.bytes_written += static_cast<double>(s.attrs.groups - 1) * dw;
+  if (s.attrs.beta != 0.0f) out.bytes_read += static_cast<double>(s.attrs.groups) * dw;
+  return out;
 }
 
 }  // namespace loom::op_checks
