@@ -11,7 +11,6 @@ MoeLayer::MoeLayer(const nlohmann::json& options, IBuildContext& ctx)
     : host_(*ctx.host()),
       hidden_(inherited<int64_t>(options, "hidden_size", "moe layer")),
       experts_(options.at("num_experts").get<int64_t>()),
-      topk_(0),
       dtype_(params_dtype(options)),
       device_(device_of(options)) {
   if (experts_ < 1) invalid("/num_experts: must be >= 1, got " + std::to_string(experts_));
@@ -70,8 +69,6 @@ MoeLayer::MoeLayer(const nlohmann::json& options, IBuildContext& ctx)
   expert_options["grouped"] = options.value("grouped_gemm", true);
 
   add_child("router", router_ = build_child<IRouter>(ctx, "router", common));
-  // The router checked topk against num_experts; its option is read again for the shapes.
-  topk_ = options.contains("router") ? options["router"].value("topk", 2) : 2;
   dispatcher_ = build_child<IMoeDispatcher>(ctx, "dispatcher", common);
   add_child("experts", experts_module_ = new GroupedMlp(expert_options, host_));
   const nlohmann::json shared = options.value("shared_expert_intermediate_size",
@@ -101,17 +98,24 @@ void MoeLayer::run_forward(IForwardContext& ctx, const TensorView* inputs, int32
       shared_ != nullptr ? call_forward(*shared_, ctx, {x}, 1, "shared_experts")[0] : empty_view();
   std::vector<TensorView> routed = call_forward(*router_, ctx, {x}, 3, "router");
   TensorView probs = routed[0], experts = routed[1];
+  // K as the router chose it (any router: its output's shape), checked against N.
+  if (probs.ndim != 2 || probs.shape[0] != n || experts.ndim != 2 || experts.shape[0] != n ||
+      experts.shape[1] != probs.shape[1])
+    fail(Code::kInvalidArgument,
+         detail::concat("moe: the router returned probs ", shape_string(probs), " and experts ",
+                        shape_string(experts), " for ", n, " tokens; expected (N, K) both"));
+  const int64_t topk = probs.shape[1];
   std::vector<int32_t> ids;
   to_host(host_, experts, ids);
   if (capacity_factor_ > 0) {
     // Megatron-Core's capacity from this rank's tokens before dispatch.
     const int64_t capacity = static_cast<int64_t>(std::ceil(
-        static_cast<double>(n * topk_) / static_cast<double>(experts_) * capacity_factor_));
+        static_cast<double>(n * topk) / static_cast<double>(experts_) * capacity_factor_));
     std::vector<float> p;
     to_host(host_, probs, p);
-    drop_over_capacity(ids, p, topk_, experts_, capacity, drop_by_probs_);
-    probs = upload(ctx, host_, DType::kF32, {n, topk_}, p, device_);
-    experts = upload(ctx, host_, DType::kI32, {n, topk_}, ids, device_);
+    drop_over_capacity(ids, p, experts_, capacity, drop_by_probs_);
+    probs = upload(ctx, host_, DType::kF32, {n, topk}, p, device_);
+    experts = upload(ctx, host_, DType::kI32, {n, topk}, ids, device_);
   }
   if (ctx.training()) {
     // Load imbalance of this rank's routing: max over mean tokens per expert.

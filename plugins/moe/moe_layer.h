@@ -33,7 +33,7 @@ class MoeLayer final : public ModuleBase<IMlp> {
                     TensorView* grad_inputs, int32_t num_grad_inputs) override;
 
   IHost& host_;
-  int64_t hidden_, experts_, topk_;
+  int64_t hidden_, experts_;
   double capacity_factor_ = 0;  // 0: dropless
   bool drop_by_probs_ = true;
   DType dtype_;

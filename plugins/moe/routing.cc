@@ -28,7 +28,7 @@ RowPlan plan_rows(const std::vector<int32_t>& experts, int64_t k, int32_t first,
   return p;
 }
 
-void drop_over_capacity(std::vector<int32_t>& experts, std::vector<float>& probs, int64_t k,
+void drop_over_capacity(std::vector<int32_t>& experts, std::vector<float>& probs,
                         int64_t num_experts, int64_t capacity, bool by_probs) {
   std::vector<std::vector<int64_t>> chose(static_cast<size_t>(num_experts));
   for (int64_t s = 0; s < static_cast<int64_t>(experts.size()); ++s)
@@ -43,7 +43,6 @@ void drop_over_capacity(std::vector<int32_t>& experts, std::vector<float>& probs
       probs[slots[i]] = 0.0f;
     }
   }
-  (void)k;
 }
 
 }  // namespace loom::moe

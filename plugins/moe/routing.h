@@ -24,7 +24,7 @@ RowPlan plan_rows(const std::vector<int32_t>& experts, int64_t k, int32_t first,
 /// most `capacity` of the (token, choice) pairs that chose it, the highest probs (policy
 /// "probs", ties to the lower token) or the lowest tokens ("position"); dropped pairs get
 /// expert -1 and prob 0 (the others are not renormalised).
-void drop_over_capacity(std::vector<int32_t>& experts, std::vector<float>& probs, int64_t k,
+void drop_over_capacity(std::vector<int32_t>& experts, std::vector<float>& probs,
                         int64_t num_experts, int64_t capacity, bool by_probs);
 
 }  // namespace loom::moe

@@ -1,13 +1,18 @@
 #!/usr/bin/python3
-"""PyTorch CPU baseline for `loom bench`: the same model, batch and thread count.
+"""PyTorch baseline for `loom bench`: the same model, batch and thread count.
 
-Runs with Debian's /usr/bin/python3 (python3-torch 1.13, an OpenBLAS-OpenMP build). Builds
-the model a loom spec describes (GPT-2 or LLaMA style: the spec's model node), then times
+Runs with Debian's /usr/bin/python3 (python3-torch 1.13, an OpenBLAS-OpenMP build) on the
+CPU, or with a GPU machine's PyTorch on `--device cuda`. Builds the model a loom spec
+describes (GPT-2 or LLaMA style, or Mixtral style when the layer's mlp is a mixture of
+experts: a softmax top-K router renormalised over the K chosen, eager per-expert SwiGLU
+MLPs over the tokens that chose them, as Hugging Face's eager Mixtral runs), then times
 full training steps (forward, backward, AdamW) on random tokens, after warm-up, and
 prints one JSON object: tokens/s, ms/step, model FLOPs (6N + 6LTC per token, as loom
-counts them).
+counts them, N the active parameters: K experts per MoE layer). With the spec's
+precision.params bf16 the forward runs under bf16 autocast (f32 weights and AdamW).
 
 usage: torch_gpt.py SPEC [--batch B] [--seq T] [--steps N] [--warmup N] [--threads N]
+                    [--device cpu|cuda]
 """
 import argparse
 import json
@@ -35,8 +40,34 @@ class Block(nn.Module):
         self.ln1, self.ln2 = Norm(C), Norm(C)
         self.qkv = nn.Linear(C, (H + 2 * G) * D, bias=m.get("add_qkv_bias", bias))
         self.proj = nn.Linear(H * D, C, bias=bias)
-        self.fc1 = nn.Linear(C, 2 * Fh if self.swiglu else Fh, bias=bias)
-        self.fc2 = nn.Linear(Fh, C, bias=bias)
+        mlp = m["layer"]["mlp"]
+        self.moe = mlp.get("impl") == "moe"
+        if self.moe:
+            E, Fe = mlp["num_experts"], mlp.get("moe_ffn_hidden_size") or Fh
+            self.topk = mlp.get("router", {}).get("topk", 2)
+            self.router = nn.Linear(C, E, bias=False)
+            self.experts = nn.ModuleList(
+                nn.ModuleDict({"fc1": nn.Linear(C, 2 * Fe, bias=False),
+                               "fc2": nn.Linear(Fe, C, bias=False)}) for _ in range(E))
+        else:
+            self.fc1 = nn.Linear(C, 2 * Fh if self.swiglu else Fh, bias=bias)
+            self.fc2 = nn.Linear(Fh, C, bias=bias)
+
+    def moe_mlp(self, x):
+        B, T, C = x.shape
+        h = x.reshape(B * T, C)
+        logits = self.router(h).float()
+        top, chosen = logits.topk(self.topk, dim=-1)  # softmax over the K chosen logits
+        probs = top.softmax(-1).to(h.dtype)
+        out = torch.zeros_like(h)
+        for e, expert in enumerate(self.experts):
+            rows, slot = (chosen == e).nonzero(as_tuple=True)
+            if rows.numel() == 0:
+                continue
+            a, b = expert["fc1"](h[rows]).chunk(2, dim=-1)
+            y = expert["fc2"](F.silu(a) * b) * probs[rows, slot, None]
+            out = out.index_add(0, rows, y)
+        return out.reshape(B, T, C)
 
     def forward(self, x, cos, sin):
         B, T, C = x.shape
@@ -51,10 +82,12 @@ class Block(nn.Module):
             k = k.repeat_interleave(self.H // self.G, dim=1)
             v = v.repeat_interleave(self.H // self.G, dim=1)
         att = (q @ k.transpose(-2, -1)) / math.sqrt(self.D)
-        mask = torch.ones(T, T, dtype=torch.bool).tril()
+        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
         att = att.masked_fill(~mask, float("-inf")).softmax(-1)
         y = (att @ v).transpose(1, 2).reshape(B, T, self.H * self.D)
         x = x + self.proj(y)
+        if self.moe:
+            return x + self.moe_mlp(self.ln2(x))
         h = self.fc1(self.ln2(x))
         if self.swiglu:
             a, b = h.chunk(2, dim=-1)
@@ -101,9 +134,10 @@ class GPT(nn.Module):
         B, T = idx.shape
         x = self.wte(idx)
         if self.learned:
-            x = x + self.wpe(torch.arange(T))
+            x = x + self.wpe(torch.arange(T, device=idx.device))
+        cos, sin = self.cos[:T].to(idx.device), self.sin[:T].to(idx.device)
         for b in self.blocks:
-            x = b(x, self.cos[:T], self.sin[:T])
+            x = b(x, cos, sin)
         x = self.ln_f(x)
         logits = x @ (self.wte.weight if self.tied else self.head.weight).T
         return F.cross_entropy(logits.view(B * T, -1), targets.view(-1))
@@ -117,6 +151,7 @@ def main():
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu")
     a = ap.parse_args()
     spec = json.load(open(a.spec))
     m = spec["model"]
@@ -124,27 +159,38 @@ def main():
     T = a.seq or spec["train"].get("seq_length", 1024)
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
-    model = GPT(m, T)
+    dev = torch.device(a.device)
+    model = GPT(m, T).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
+    bf16 = spec.get("precision", {}).get("params") == "bf16"
     V = m["vocab_size"]
     times = []
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     for i in range(a.warmup + a.steps):
-        idx = torch.randint(0, V, (B, T))
-        tgt = torch.randint(0, V, (B, T))
+        idx = torch.randint(0, V, (B, T), device=dev)
+        tgt = torch.randint(0, V, (B, T), device=dev)
+        sync()
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss = model(idx, tgt)
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16):
+            loss = model(idx, tgt)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        sync()
         if i >= a.warmup:
             times.append(time.perf_counter() - t0)
     n = sum(p.numel() for p in model.parameters())
+    for blk in model.blocks:  # a token passes through K experts of each MoE layer
+        if blk.moe:
+            per = sum(p.numel() for p in blk.experts[0].parameters())
+            n -= per * (len(blk.experts) - blk.topk)
     L, C = m["num_layers"], m.get("kv_channels", m["hidden_size"] // m["num_attention_heads"]) * m["num_attention_heads"]
     flops = (6 * n + 6 * L * T * C) * B * T
     mean = sum(times) / len(times)
-    print(json.dumps({"torch": torch.__version__, "threads": a.threads, "batch": B, "seq": T,
-                      "params": n, "ms_per_step_mean": 1e3 * mean,
+    print(json.dumps({"torch": torch.__version__, "device": a.device, "threads": a.threads,
+                      "batch": B, "seq": T,
+                      "active_params": n, "ms_per_step_mean": 1e3 * mean,
                       "ms_per_step_median": 1e3 * sorted(times)[len(times) // 2],
                       "tokens_per_s": B * T / mean, "model_gflops_per_s": flops / mean / 1e9}))
 
