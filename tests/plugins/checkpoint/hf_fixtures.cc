@@ -129,7 +129,7 @@ void write_hf_weights(const std::filesystem::path& file, const std::vector<Owned
   std::vector<checkpoint::SafetensorsOutput> out;
   for (const OwnedTensor& t : tensors)
     out.push_back({t.name, t.dtype, t.global_shape, [&t](unsigned char* bytes) {
-                     std::memcpy(bytes, t.bytes.data(), t.bytes.size());
+                     if (!t.bytes.empty()) std::memcpy(bytes, t.bytes.data(), t.bytes.size());
                    }});
   checkpoint::write_safetensors(file, std::move(out), {{"format", "pt"}});
 }

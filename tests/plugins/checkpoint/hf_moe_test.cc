@@ -31,7 +31,8 @@ std::vector<float> hf_floats(const SafetensorsReader& file, const std::string& n
   if (t == nullptr) throw std::runtime_error("no HF tensor " + name);
   OwnedTensor o =
       request(name, t->dtype, t->shape, std::vector<int64_t>(t->shape.size(), 0), t->shape);
-  std::memcpy(o.bytes.data(), file.bytes(*t), o.bytes.size());
+  if (!o.bytes.empty())  // a zero-width tensor has no bytes (and maybe no data pointer)
+    std::memcpy(o.bytes.data(), file.bytes(*t), o.bytes.size());
   return o.floats();
 }
 
