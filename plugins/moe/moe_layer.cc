@@ -70,6 +70,7 @@ MoeLayer::MoeLayer(const nlohmann::json& options, IBuildContext& ctx)
 
   add_child("router", router_ = build_child<IRouter>(ctx, "router", common));
   dispatcher_ = build_child<IMoeDispatcher>(ctx, "dispatcher", common);
+  add_ = Kernel(host_, ops::kAdd, device_, dtype_);
   add_child("experts", experts_module_ = new GroupedMlp(expert_options, host_));
   const nlohmann::json shared = options.value("shared_expert_intermediate_size",
                                               nlohmann::json(nullptr));
@@ -143,7 +144,7 @@ void MoeLayer::run_forward(IForwardContext& ctx, const TensorView* inputs, int32
   TensorView yr{};
   throw_if_error(dispatcher_->combine(&ctx, &expert_out, &probs, &yr), "moe combine");
   TensorView y = make_view(yr.data, yr.dtype, x.shape, x.ndim, x.device);
-  if (shared_ != nullptr) Kernel(host_, ops::kAdd, device_, dtype_)({y, shared_out}, {y});
+  if (shared_ != nullptr) add_({y, shared_out}, {y});
   std::vector<TensorView> done{dispatched, tokens_per_expert, expert_out, routed[0], routed[1],
                                routed[2], shared_out};
   if (capacity_factor_ > 0) {
@@ -174,9 +175,8 @@ void MoeLayer::run_backward(IForwardContext& ctx, const TensorView* grad_outputs
   throw_if_error(dispatcher_->dispatch_backward(&ctx, &ddispatched, &dxr), "moe dispatch backward");
   TensorView dx_router = call_backward(*router_, ctx, {dprobs}, 1, "router")[0];
   TensorView dx = make_view(dxr.data, dxr.dtype, dy.shape, dy.ndim, dy.device);
-  Kernel add(host_, ops::kAdd, device_, dtype_);
-  add({dx, dx_router}, {dx});
-  if (shared_ != nullptr) add({dx, dshared}, {dx});
+  add_({dx, dx_router}, {dx});
+  if (shared_ != nullptr) add_({dx, dshared}, {dx});
   for (const TensorView& t : {dexpert_out, dprobs, ddispatched, dx_router, dshared})
     if (present(t)) release(ctx, t);
   grad_inputs[0] = dx;

@@ -42,6 +42,7 @@ class MoeLayer final : public ModuleBase<IMlp> {
   GroupedMlp* experts_module_ = nullptr;
   SharedExperts* shared_ = nullptr;
   IMoeDispatcher* dispatcher_ = nullptr;  // owned here
+  Kernel add_;
   std::string layer_;                     // "layer_3", for metric names
 };
 

@@ -50,6 +50,8 @@ SharedExperts::SharedExperts(const nlohmann::json& options, IHost& host)
     sigmoid_bwd_ = Kernel(host_, ops::kMoeTopkBwd, device_, DType::kF32);
     scale_rows_ = Kernel(host_, ops::kMoeUnpermute, device_, dtype_);
     scale_rows_bwd_ = Kernel(host_, ops::kMoeUnpermuteBwd, device_, dtype_);
+    add_ = Kernel(host_, ops::kAdd, device_, dtype_);
+    if (dtype_ != DType::kF32) cast_ = Kernel(host_, ops::kCast, device_, DType::kF32);
   }
 }
 
@@ -127,7 +129,7 @@ void SharedExperts::run_backward(IForwardContext& ctx, const TensorView* grad_ou
     TensorView dl = dlogits;
     if (dtype_ != DType::kF32) {
       dl = allocate(ctx, dtype_, {t, 1}, device_);
-      Kernel(host_, ops::kCast, device_, DType::kF32)({dlogits}, {dl});
+      cast_({dlogits}, {dl});
     }
     gemm_({dl, rows(x_own, hidden_)}, {grad(gate_)}, ops::GemmAttrs{1, 0, 1.0f, 1.0f});
     dx_gate = allocate_like(ctx, x_own);
@@ -152,7 +154,7 @@ void SharedExperts::run_backward(IForwardContext& ctx, const TensorView* grad_ou
   TensorView dx = tp_.enter_backward(ctx, dx_partial);
   release_all(ctx, {dy, da, dh1, dx_partial}, {dy_in, dx});
   if (gated_) {
-    Kernel(host_, ops::kAdd, device_, dtype_)({dx, dx_gate}, {dx});
+    add_({dx, dx_gate}, {dx});
     release_all(ctx, {dgated, dx_gate}, {dx});
   }
   grad_inputs[0] = dx;

@@ -33,7 +33,8 @@ class SharedExperts final : public ModuleBase<IGenericModule> {
   TensorParallel tp_;
   Linear linear_;
   int32_t fc1_, fc2_, gate_ = -1;
-  Kernel act_fwd_, act_bwd_, gemm_, sigmoid_, sigmoid_bwd_, scale_rows_, scale_rows_bwd_;
+  Kernel act_fwd_, act_bwd_, gemm_, sigmoid_, sigmoid_bwd_, scale_rows_, scale_rows_bwd_, add_,
+      cast_;
 };
 
 }  // namespace loom::moe

@@ -104,6 +104,8 @@ TopkRouter::TopkRouter(const nlohmann::json& options, IBuildContext& ctx)
   gemm_ = Kernel(host_, ops::kGemm, device_, dtype_);
   topk_ = Kernel(host_, ops::kMoeTopk, device_, DType::kF32);
   topk_bwd_ = Kernel(host_, ops::kMoeTopkBwd, device_, DType::kF32);
+  if (!balance_.empty()) add_ = Kernel(host_, ops::kAdd, device_, DType::kF32);
+  if (dtype_ != DType::kF32) cast_ = Kernel(host_, ops::kCast, device_, DType::kF32);
   ICommunicator* comm = nullptr;
   throw_if_error(host_.communicator(make_string_view("tp,cp"), &comm), "router: the tp x cp group");
   sequence_group_ = comm;
@@ -254,13 +256,13 @@ void TopkRouter::run_backward(IForwardContext& ctx, const TensorView* grad_outpu
     TensorView daux = allocate(ctx, DType::kF32, {n, experts_}, device_);
     topk_bwd_({load(ctx, this, kAuxScores), logits, load(ctx, this, kAuxOrder), empty_view()},
               {daux}, all);
-    Kernel(host_, ops::kAdd, device_, DType::kF32)({dlogits, daux}, {dlogits});
+    add_({dlogits, daux}, {dlogits});
     release(ctx, daux);
   }
   TensorView dl = dlogits;  // the GEMMs take operands of one dtype
   if (dtype_ != DType::kF32) {
     dl = allocate(ctx, dtype_, {n, experts_}, device_);
-    Kernel(host_, ops::kCast, device_, DType::kF32)({dlogits}, {dl});
+    cast_({dlogits}, {dl});
   }
   TensorView xr = rows(x, hidden_);
   gemm_({dl, xr}, {grad(weight_)}, ops::GemmAttrs{1, 0, 1.0f, 1.0f});  // dW += dl^T x

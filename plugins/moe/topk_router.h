@@ -57,7 +57,7 @@ class TopkRouter final : public ModuleBase<IRouter> {
   DType dtype_;
   Device device_;
   int32_t weight_, bias_ = -1;
-  Kernel gemm_, topk_, topk_bwd_;
+  Kernel gemm_, topk_, topk_bwd_, add_, cast_;
   ICommunicator* sequence_group_ = nullptr;  // tp x cp: the ranks holding one sequence
   ICommunicator* count_group_ = nullptr;     // tp x cp x ep x dp: the expert bias's counts
   std::vector<double> step_counts_;          // tokens routed to each expert in this step
