@@ -225,7 +225,7 @@ void CheckpointReader::read(const std::string& name, const TensorView& out) {
   read(one);
 }
 
-void CheckpointReader::load_model(ParameterSet& params, int64_t tp_rank) {
+void CheckpointReader::load_model(ParameterSet& params, const SplitRanks& ranks) {
   std::vector<std::string> names;
   names.reserve(params.all().size());
   for (Parameter& p : params.all()) names.push_back("model." + p.name);
@@ -238,7 +238,7 @@ void CheckpointReader::load_model(ParameterSet& params, int64_t tp_rank) {
     t.ndim = p.info.ndim;
     for (int32_t d = 0; d < p.info.ndim; ++d) {
       t.global_shape[d] = p.info.global_shape[d];
-      t.offset[d] = p.slice_start(d, tp_rank);
+      t.offset[d] = p.slice_start(d, ranks);
     }
     t.data = p.value;
     requests.push_back(t);

@@ -85,7 +85,7 @@ class CheckpointReader {
   void read(std::vector<CheckpointTensor>& requests);
   /// Loads every parameter of `params` from "model.<name>", checking shapes first: a
   /// parameter the checkpoint lacks or holds with another shape is an error naming both.
-  void load_model(ParameterSet& params, int64_t tp_rank = 0);
+  void load_model(ParameterSet& params, const SplitRanks& ranks = {});
 
   /// The directory of tokenizer files saved with the checkpoint, if there is one (a
   /// Hugging Face directory with tokenizer.json or vocab.json + merges.txt counts).

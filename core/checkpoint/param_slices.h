@@ -1,6 +1,6 @@
 // A parameter's slice of the whole tensor, as checkpoints name it: what one rank writes
 // (SaveTensor) and what it asks a checkpoint for (CheckpointTensor), in the whole tensor's
-// coordinates (the slice `tp_rank` along the tensor-parallel split dimension), so that a
+// coordinates (this rank's slice along the split dimension, SplitRanks), so that a
 // checkpoint loads into another layout.
 #pragma once
 
@@ -14,21 +14,21 @@
 
 namespace loom::core {
 
-/// Tensor `name` holding `p`'s slice on `tp_rank`, from host memory `data` of `dtype`.
-inline SaveTensor save_tensor_of(std::string name, const Parameter& p, int64_t tp_rank,
+/// Tensor `name` holding `p`'s slice on this rank (`ranks`), from host memory `data` of `dtype`.
+inline SaveTensor save_tensor_of(std::string name, const Parameter& p, const SplitRanks& ranks,
                                  const void* data, DType dtype) {
   SaveTensor t{std::move(name), dtype, {}, data, {}, {}};
   for (int32_t d = 0; d < p.info.ndim; ++d) {
     t.shape.push_back(p.info.global_shape[d]);
     t.local.push_back(p.info.shape[d]);
-    t.offset.push_back(p.slice_start(d, tp_rank));
+    t.offset.push_back(p.slice_start(d, ranks));
   }
   return t;
 }
 
-/// A request for `p`'s slice on `tp_rank` of tensor `name` (kept alive by the caller), read
+/// A request for `p`'s slice on this rank (`ranks`) of tensor `name` (kept alive by the caller), read
 /// as f32 into `into` on `device`.
-inline CheckpointTensor request_of(const std::string& name, const Parameter& p, int64_t tp_rank,
+inline CheckpointTensor request_of(const std::string& name, const Parameter& p, const SplitRanks& ranks,
                                    void* into, Device device) {
   CheckpointTensor t{};
   t.struct_size = sizeof(CheckpointTensor);
@@ -36,7 +36,7 @@ inline CheckpointTensor request_of(const std::string& name, const Parameter& p, 
   t.ndim = p.info.ndim;
   for (int32_t d = 0; d < p.info.ndim; ++d) {
     t.global_shape[d] = p.info.global_shape[d];
-    t.offset[d] = p.slice_start(d, tp_rank);
+    t.offset[d] = p.slice_start(d, ranks);
   }
   t.data = make_view(into, DType::kF32, p.info.shape, t.ndim, device);
   return t;

@@ -52,6 +52,8 @@ struct OptimizerSetup {
   /// their squared norm over every rank (a pipeline stage without experts too). A rank that
   /// holds experts sums theirs either way.
   bool experts = false;
+  /// Where this rank's slices start: tp_rank, or expert_tp_rank for an expert's parameter.
+  SplitRanks split_ranks() const { return {tp_rank, expert_tp_rank}; }
 };
 
 class DistributedOptimizer {

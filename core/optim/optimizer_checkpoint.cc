@@ -67,10 +67,10 @@ void DistributedOptimizer::append_checkpoint_tensors(const Parameter& p,
   const size_t kinds = static_cast<size_t>(optimizer_.state_count()) + 1;
   const size_t i = static_cast<size_t>(&p - params_.all().data());
   if (setup_.params_dtype != DType::kF32)
-    out.push_back(save_tensor_of(master_name(p), p, setup_.tp_rank, checkpoint_data_[i * kinds],
+    out.push_back(save_tensor_of(master_name(p), p, setup_.split_ranks(), checkpoint_data_[i * kinds],
                                  DType::kF32));
   for (int32_t s = 0; s < optimizer_.state_count(); ++s)
-    out.push_back(save_tensor_of(state_name(optimizer_, s, p), p, setup_.tp_rank,
+    out.push_back(save_tensor_of(state_name(optimizer_, s, p), p, setup_.split_ranks(),
                                  checkpoint_data_[i * kinds + 1 + static_cast<size_t>(s)],
                                  DType::kF32));
 }
@@ -100,7 +100,7 @@ void DistributedOptimizer::restore(CheckpointReader& reader, const std::string& 
     names.push_back(std::move(name));
     // The flat buffers of the distributed optimizer are host memory.
     requests.push_back(
-        request_of(names.back(), p, setup_.tp_rank, into, sharded ? kCpu : setup_.device));
+        request_of(names.back(), p, setup_.split_ranks(), into, sharded ? kCpu : setup_.device));
   };
   if (sharded) {
     for (Parameter& p : params_.all()) {

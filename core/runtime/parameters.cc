@@ -285,7 +285,7 @@ void ParameterSet::walk(IModule& module, const std::string& path) {
   }
 }
 
-void ParameterSet::initialize(uint64_t seed, int tp_rank) {
+void ParameterSet::initialize(uint64_t seed, const SplitRanks& ranks) {
   std::vector<float> values, local;
   for (Parameter& p : params_) {
     // The whole tensor is drawn and this rank keeps its slice, so that values do not
@@ -328,7 +328,7 @@ void ParameterSet::initialize(uint64_t seed, int tp_rank) {
     int64_t g = p.info.global_shape[dim], l = p.info.shape[dim];
     local.resize(static_cast<size_t>(p.numel()));
     for (int64_t o = 0; o < outer; ++o)
-      std::memcpy(local.data() + o * l * inner, values.data() + (o * g + tp_rank * l) * inner,
+      std::memcpy(local.data() + o * l * inner, values.data() + (o * g + ranks.of(p.info) * l) * inner,
                   static_cast<size_t>(l * inner) * sizeof(float));
     store_floats(host_, local.data(), p.value);
   }

@@ -17,6 +17,16 @@
 
 namespace loom::core {
 
+/// This rank's coordinate along the split dimension (ParamInfo::tp_split_dim) of each
+/// parameter: its tensor-parallel rank, or for an expert's parameter (kParamExpert) its
+/// expert-tensor-parallel rank (experts are split over etp, Megatron's parallel folding).
+struct SplitRanks {
+  int64_t tp = 0;   ///< coordinate in the tensor-parallel group
+  int64_t etp = 0;  ///< coordinate in the expert-tensor-parallel group
+  /// The coordinate that slices a parameter declared as `info`.
+  int64_t of(const ParamInfo& info) const { return (info.flags & kParamExpert) != 0 ? etp : tp; }
+};
+
 /// One parameter of the tree.
 struct Parameter {
   std::string name;       ///< path within the model
@@ -28,9 +38,9 @@ struct Parameter {
   int64_t offset = 0;     ///< where value and grad start in the flat buffers (elements)
   int64_t numel() const;  ///< elements on this rank
   /// Where this rank's part starts in the whole tensor along dimension `d`: slice
-  /// `tp_rank` along the tensor-parallel split dimension, 0 elsewhere.
-  int64_t slice_start(int32_t d, int64_t tp_rank) const {
-    return d == info.tp_split_dim ? tp_rank * info.shape[d] : 0;
+  /// `ranks.of(info)` along the split dimension, 0 elsewhere.
+  int64_t slice_start(int32_t d, const SplitRanks& ranks) const {
+    return d == info.tp_split_dim ? ranks.of(info) * info.shape[d] : 0;
   }
   /// The group whose replicas of this parameter average its gradient: the experts' data
   /// group for an expert's parameter (kParamExpert), else the dense one.
@@ -78,9 +88,10 @@ class ParameterSet {
   ParameterSet& operator=(const ParameterSet&) = delete;
 
   /// Initialises every parameter from its ParamInit rule and `seed`. A parameter split
-  /// over tensor-parallel ranks gets the slice `tp_rank` of the values the whole tensor
-  /// would have: the model starts the same in every layout.
-  void initialize(uint64_t seed, int tp_rank = 0);
+  /// over tensor-parallel (or, an expert's, expert-tensor-parallel) ranks gets this rank's
+  /// slice (`ranks`) of the values the whole tensor would have: the model starts the same
+  /// in every layout.
+  void initialize(uint64_t seed, const SplitRanks& ranks = {});
   /// Sets every gradient to zero.
   void zero_grads();
 

@@ -16,7 +16,8 @@ std::string MemoryEstimate::describe() const {
       "activations {}",
       g(total()), g(weights), g(grads), g(master), g(optimizer),
       fp8 > 0 ? fmt::format("fp8 state {:.3g}, ", g(fp8)) : std::string(),
-      activations ? fmt::format("{:.3g} GiB", g(*activations))
+      activations ? fmt::format("{:.3g} GiB{}", g(*activations),
+                                routed ? " (MoE rows as if balanced, or at capacity)" : "")
                   : std::string("not estimated (a module the model cannot size)"));
 }
 

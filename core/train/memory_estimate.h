@@ -19,11 +19,16 @@ struct MemoryEstimate {
   uint64_t optimizer = 0;
   uint64_t fp8 = 0;  ///< the FP8 recipe's state (amax histories, scales)
   std::optional<uint64_t> activations;
+  /// The activations include a mixture of experts' layers, whose rows per expert the model
+  /// sizes for balanced routing (or at the capacity's bound): a run routed unevenly may
+  /// hold more.
+  bool routed = false;
 
   /// The sum (activations counted as 0 when unknown).
   uint64_t total() const;
   /// "2.31 GiB: weights 0.46, grads 0.46, master 0, optimizer 0.93, activations 0.46 GiB"
-  /// (", fp8 state 0.01" before the activations when there is one).
+  /// (", fp8 state 0.01" before the activations when there is one; " (MoE rows as if
+  /// balanced, or at capacity)" after them when routed).
   std::string describe() const;
 };
 

@@ -38,7 +38,7 @@ void check(const RunConfig& c) {
   if (par.saves_together() && format != "sharded")
     throw SpecError(
         "/checkpoint/format",
-        fmt::format("'{}' keeps whole tensors, but with tp > 1, pp > 1, ep > 1 or the distributed optimizer "
+        fmt::format("'{}' keeps whole tensors, but with tp > 1, pp > 1, ep > 1, etp > 1 or the distributed optimizer "
                     "every rank saves its slices; use the sharded format (and `loom checkpoint "
                     "convert` for a {} copy)",
                     format, format));

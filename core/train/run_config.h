@@ -52,7 +52,7 @@ struct ParallelConfig {
   /// optimizer states over the ranks, which then save checkpoints together, each its
   /// slices; otherwise the first rank holds everything and saves alone.
   bool saves_together() const {
-    return tp > 1 || pp > 1 || ep > 1 || (dp > 1 && distributed_optimizer);
+    return tp > 1 || pp > 1 || ep > 1 || etp > 1 || (dp > 1 && distributed_optimizer);
   }
   /// "tp=2 cp=1 ep=1 dp=2 pp=1".
   std::string describe() const;

@@ -152,7 +152,6 @@ Trainer::Trainer(const nlohmann::json& spec, PluginManager& plugins,
                         group(ParallelRole::kExpertData).size()};
   std::vector<IModule*> roots(components_.chunks.begin(), components_.chunks.end());
   params_ = std::make_unique<ParameterSet>(plugins_.host(), roots, device_, buckets);
-  params_->initialize(train.seed, tp_rank_);
 
   OptimizerSetup setup{device_, config_.precision.params, par.distributed_optimizer,
                        par.overlap_grad_reduce && parallel_ != nullptr, tp_rank_};
@@ -163,6 +162,8 @@ Trainer::Trainer(const nlohmann::json& spec, PluginManager& plugins,
     setup.expert_tp_rank = group(ParallelRole::kExpertTensor).rank();
     setup.expert_dp_rank = group(ParallelRole::kExpertData).rank();
   }
+  split_ranks_ = setup.split_ranks();
+  params_->initialize(train.seed, split_ranks_);
   bool local_experts = false;
   for (const Parameter& p : params_->all())
     local_experts = local_experts || (p.info.flags & kParamExpert) != 0;
@@ -276,6 +277,9 @@ MemoryEstimate Trainer::memory_estimate() const {
   if (fp8_ != nullptr)
     for (int32_t i = 0; i < fp8_->state_count(); ++i) e.fp8 += nbytes(fp8_state(i).second);
   if (activation_bytes_ >= 0) e.activations = static_cast<uint64_t>(activation_bytes_);
+  // Experts on this rank: the model sized their rows for balanced routing (or the capacity).
+  for (const Parameter& p : params_->all())
+    e.routed = e.routed || (p.info.flags & kParamExpert) != 0;
   return e;
 }
 
@@ -518,12 +522,16 @@ double Trainer::evaluate() {
   int64_t steps = config_.train.eval_steps;
   Batch batch;
   double sum = 0, missing = 0;
-  // With expert parallelism every forward pass is collective over the expert group: a rank
-  // without a batch of its own in the last round runs the last one again and discards it.
+  // With expert parallelism every forward pass is collective over the expert group (and
+  // with experts split over more ranks than tp, over the expert-tensor group), which spans
+  // data ranks: a rank without a batch of its own in the last round runs the last one again
+  // and discards it.
   const int64_t rounds = (steps + data_replicas_ - 1) / data_replicas_;
+  const int etp = config_.parallel.etp > 0 ? config_.parallel.etp : config_.parallel.tp;
+  const bool experts_span_data = config_.parallel.ep > 1 || config_.parallel.tp % etp != 0;
   for (int64_t round = 0; round < rounds; ++round) {
     const int64_t i = round * data_replicas_ + data_rank_;
-    if (i >= steps && config_.parallel.ep == 1) break;
+    if (i >= steps && !experts_span_data) break;
     if (!data_->valid_batch(std::min(i, steps - 1), batch)) {
       missing = 1;
       break;

@@ -170,6 +170,7 @@ class Trainer {
   PluginManager& plugins_;
   ParallelState* parallel_ = nullptr;
   int data_replicas_ = 1, data_rank_ = 0, tp_rank_ = 0, pp_rank_ = 0;
+  SplitRanks split_ranks_;  ///< where this rank's parameter slices start (tp, etp)
   // Elements of the whole model (tensor-parallel slices counted whole, every stage's).
   int64_t model_numel_ = 0;
   std::chrono::steady_clock::time_point trace_origin_ = std::chrono::steady_clock::now();

@@ -51,7 +51,7 @@ std::vector<SaveTensor> Trainer::checkpoint_tensors() {
     // The last pipeline stage's tied table is the first stage's copy: written there.
     if (config_.parallel.pp > 1 && pp_rank_ != 0 && (p.info.flags & kParamTiedEmbedding) != 0)
       continue;
-    out.push_back(save_tensor_of("model." + p.name, p, tp_rank_, p.value.data, p.info.dtype));
+    out.push_back(save_tensor_of("model." + p.name, p, split_ranks_, p.value.data, p.info.dtype));
     optim_->append_checkpoint_tensors(p, out);
   }
   // The FP8 recipe's state (amax histories, scales): the same on every rank after a step
@@ -151,7 +151,7 @@ void Trainer::restore_fp8(CheckpointReader& reader) {
 }
 
 void Trainer::load_weights(CheckpointReader& reader) {
-  reader.load_model(*params_, tp_rank_);
+  reader.load_model(*params_, split_ranks_);
   optim_->refresh_masters();
 }
 
@@ -181,7 +181,7 @@ void Trainer::restore(CheckpointReader& reader) {
                               where, key, join(diff)));
   }
 
-  reader.load_model(*params_, tp_rank_);
+  reader.load_model(*params_, split_ranks_);
   optim_->restore(reader, meta["trainer"].value("optimizer", "?"),
                   spec_["optimizer"].value("impl", "?"));
   restore_fp8(reader);

@@ -35,9 +35,9 @@ class AllGatherDispatcher final : public DispatcherBase {
       TensorView src = upload(*ctx, host_, DType::kI32, {m}, plan.src, device_);
       *dispatched = allocate(*ctx, hidden->dtype, {m, c}, device_);
       permute_({all_hidden, src}, {*dispatched});
-      save(*ctx, this, kSlotRows,
+      stash(*ctx, kSlotRows,
            upload(*ctx, host_, DType::kI32, {all_experts.shape[0], k}, plan.slot_rows, device_));
-      save(*ctx, this, kRowSlots, upload(*ctx, host_, DType::kI32, {m}, plan.row_slots, device_));
+      stash(*ctx, kRowSlots, upload(*ctx, host_, DType::kI32, {m}, plan.row_slots, device_));
       *tokens_per_expert = counts_tensor(*ctx, plan.counts);
       release_all(*ctx, {all_hidden, all_experts, src}, {*hidden, *experts});
     });
@@ -46,7 +46,7 @@ class AllGatherDispatcher final : public DispatcherBase {
   Status combine(IForwardContext* ctx, const TensorView* expert_out, const TensorView* probs,
                  TensorView* hidden) noexcept override {
     return run([&] {
-      TensorView slot_rows = load(*ctx, this, kSlotRows);
+      TensorView slot_rows = fetch(*ctx, kSlotRows);
       TensorView all_probs = gather(*ctx, *probs, "the probs");  // (P N, K)
       TensorView all_out = allocate(*ctx, expert_out->dtype,
                                     {slot_rows.shape[0], expert_out->shape[1]}, device_);
@@ -57,14 +57,15 @@ class AllGatherDispatcher final : public DispatcherBase {
         save(*ctx, this, kProbs, all_probs);
       }
       release_all(*ctx, {all_probs, all_out}, {*probs, *hidden});
+      end_pass(*ctx);
     });
   }
 
   Status combine_backward(IForwardContext* ctx, const TensorView* grad_hidden,
                           TensorView* grad_expert_out, TensorView* grad_probs) noexcept override {
     return run([&] {
-      TensorView slot_rows = load(*ctx, this, kSlotRows), row_slots = load(*ctx, this, kRowSlots);
-      TensorView rows = load(*ctx, this, kRows), all_probs = load(*ctx, this, kProbs);
+      TensorView slot_rows = fetch(*ctx, kSlotRows), row_slots = fetch(*ctx, kRowSlots);
+      TensorView rows = fetch(*ctx, kRows), all_probs = fetch(*ctx, kProbs);
       TensorView all_dy = gather(*ctx, *grad_hidden, "the output gradient");  // (P N, C)
       *grad_expert_out = allocate_like(*ctx, rows);
       TensorView all_dprobs = allocate(*ctx, DType::kF32, {all_probs.shape[0], all_probs.shape[1]},
@@ -80,7 +81,7 @@ class AllGatherDispatcher final : public DispatcherBase {
   Status dispatch_backward(IForwardContext* ctx, const TensorView* grad_dispatched,
                            TensorView* grad_hidden) noexcept override {
     return run([&] {
-      TensorView slot_rows = load(*ctx, this, kSlotRows);
+      TensorView slot_rows = fetch(*ctx, kSlotRows);
       TensorView all_dx = allocate(*ctx, grad_dispatched->dtype,
                                    {slot_rows.shape[0], grad_dispatched->shape[1]}, device_);
       unpermute_({*grad_dispatched, slot_rows, empty_view()}, {all_dx});

@@ -73,10 +73,10 @@ class AllToAllDispatcher final : public DispatcherBase {
       permute_({arrived, to_expert}, {*dispatched});
       release(*ctx, arrived);
       const int64_t n = experts->shape[0];
-      save(*ctx, this, kSlotRows, upload(*ctx, host_, DType::kI32, {n, k}, plan.slot_rows, device_));
-      save(*ctx, this, kRowSlots, upload(*ctx, host_, DType::kI32, {sent}, plan.row_slots, device_));
-      save(*ctx, this, kToExpert, to_expert);
-      save(*ctx, this, kToSource, upload(*ctx, host_, DType::kI32, {m}, by_source, device_));
+      stash(*ctx, kSlotRows, upload(*ctx, host_, DType::kI32, {n, k}, plan.slot_rows, device_));
+      stash(*ctx, kRowSlots, upload(*ctx, host_, DType::kI32, {sent}, plan.row_slots, device_));
+      stash(*ctx, kToExpert, to_expert);
+      stash(*ctx, kToSource, upload(*ctx, host_, DType::kI32, {m}, by_source, device_));
       keep(*ctx, kSendRows, DType::kI64, send_rows);
       keep(*ctx, kRecvRows, DType::kI64, recv_rows);
       *tokens_per_expert = counts_tensor(*ctx, counts);
@@ -87,7 +87,7 @@ class AllToAllDispatcher final : public DispatcherBase {
                  TensorView* hidden) noexcept override {
     return run([&] {
       TensorView back = to_owners(*ctx, *expert_out, "the expert outputs");  // (Ms, C)
-      TensorView slot_rows = load(*ctx, this, kSlotRows);
+      TensorView slot_rows = fetch(*ctx, kSlotRows);
       *hidden = allocate(*ctx, expert_out->dtype, {slot_rows.shape[0], expert_out->shape[1]},
                          device_);
       unpermute_({back, slot_rows, *probs}, {*hidden});
@@ -96,14 +96,15 @@ class AllToAllDispatcher final : public DispatcherBase {
         save(*ctx, this, kProbs, *probs);
       }
       release(*ctx, back);
+      end_pass(*ctx);
     });
   }
 
   Status combine_backward(IForwardContext* ctx, const TensorView* grad_hidden,
                           TensorView* grad_expert_out, TensorView* grad_probs) noexcept override {
     return run([&] {
-      TensorView back = load(*ctx, this, kReturned), probs = load(*ctx, this, kProbs);
-      TensorView slot_rows = load(*ctx, this, kSlotRows), row_slots = load(*ctx, this, kRowSlots);
+      TensorView back = fetch(*ctx, kReturned), probs = fetch(*ctx, kProbs);
+      TensorView slot_rows = fetch(*ctx, kSlotRows), row_slots = fetch(*ctx, kRowSlots);
       TensorView dback = allocate_like(*ctx, back);
       *grad_probs = allocate(*ctx, DType::kF32, {probs.shape[0], probs.shape[1]}, device_);
       unpermute_bwd_({*grad_hidden, back, slot_rows, probs, row_slots}, {dback, *grad_probs});
@@ -116,7 +117,7 @@ class AllToAllDispatcher final : public DispatcherBase {
                            TensorView* grad_hidden) noexcept override {
     return run([&] {
       TensorView dsent = to_owners(*ctx, *grad_dispatched, "the token gradient");  // (Ms, C)
-      TensorView slot_rows = load(*ctx, this, kSlotRows);
+      TensorView slot_rows = fetch(*ctx, kSlotRows);
       *grad_hidden = allocate(*ctx, grad_dispatched->dtype,
                               {slot_rows.shape[0], grad_dispatched->shape[1]}, device_);
       unpermute_({dsent, slot_rows, empty_view()}, {*grad_hidden});
@@ -181,7 +182,7 @@ class AllToAllDispatcher final : public DispatcherBase {
   // Rows in expert order (M, C) back to the ranks that sent them: (Ms, C) in their plan's
   // order.
   TensorView to_owners(IForwardContext& ctx, const TensorView& rows, const char* what) {
-    TensorView to_source = load(ctx, this, kToSource);
+    TensorView to_source = fetch(ctx, kToSource);
     TensorView by_source = allocate_like(ctx, rows);
     permute_({rows, to_source}, {by_source});
     TensorView out =
@@ -195,7 +196,7 @@ class AllToAllDispatcher final : public DispatcherBase {
   TensorView to_experts(IForwardContext& ctx, const TensorView& rows, const char* what) {
     TensorView arrived =
         move_rows(ctx, rows, kept<int64_t>(ctx, kSendRows), kept<int64_t>(ctx, kRecvRows), what);
-    TensorView to_expert = load(ctx, this, kToExpert);
+    TensorView to_expert = fetch(ctx, kToExpert);
     TensorView out = allocate(ctx, rows.dtype, {to_expert.shape[0], rows.shape[1]}, device_);
     permute_({arrived, to_expert}, {out});
     if (arrived.data != rows.data) release(ctx, arrived);

@@ -3,6 +3,7 @@
 // state of its own: several micro-batches may be in flight).
 #pragma once
 
+#include <map>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -34,16 +35,33 @@ class DispatcherBase : public Object<IMoeDispatcher> {
   Status run(F&& body) noexcept {
     return guard(static_cast<F&&>(body));
   }
+  // What dispatch hands on to combine and to backward, under `slot`: saved in ctx for
+  // backward, and kept here for this forward pass's combine, because a forward-only context
+  // (full recomputation's first pass) drops saves while combine still needs them. Combine
+  // ends the pass (end_pass); fetch reads the pass's value, else the saved one.
+  void stash(IForwardContext& ctx, int32_t slot, const TensorView& v) {
+    save(ctx, this, slot, v);
+    pass_[&ctx][slot] = v;
+  }
+  TensorView fetch(IForwardContext& ctx, int32_t slot) {
+    auto pass = pass_.find(&ctx);
+    if (pass != pass_.end()) {
+      auto it = pass->second.find(slot);
+      if (it != pass->second.end()) return it->second;
+    }
+    return load(ctx, this, slot);
+  }
+  void end_pass(IForwardContext& ctx) { pass_.erase(&ctx); }
   // Host values kept in ctx for the rest of the micro-batch (a host tensor under `slot`).
   template <class T>
   void keep(IForwardContext& ctx, int32_t slot, DType dtype, const std::vector<T>& values) {
     TensorView v = allocate_shape(ctx, dtype, {static_cast<int64_t>(values.size())}, kCpu);
     if (!values.empty()) std::memcpy(v.data, values.data(), values.size() * sizeof(T));
-    save(ctx, this, slot, v);
+    stash(ctx, slot, v);
   }
   template <class T>
   std::vector<T> kept(IForwardContext& ctx, int32_t slot) {
-    TensorView v = load(ctx, this, slot);
+    TensorView v = fetch(ctx, slot);
     const T* p = static_cast<const T*>(v.data);
     return std::vector<T>(p, p + numel(v));
   }
@@ -78,6 +96,11 @@ class DispatcherBase : public Object<IMoeDispatcher> {
   Device device_;
   ICommunicator* ep_;
   Kernel permute_, unpermute_, unpermute_bwd_;
+
+ private:
+  // The forward passes between dispatch and combine, by context (one at a time per rank in
+  // practice; keyed so that nothing leaks from one pass into another).
+  std::map<const IForwardContext*, std::map<int32_t, TensorView>> pass_;
 };
 
 }  // namespace loom::moe

@@ -23,9 +23,6 @@ MoeLayer::MoeLayer(const nlohmann::json& options, IBuildContext& ctx)
     invalid("#/parallel/sequence_parallel: a mixture-of-experts layer with tp > 1 needs sequence "
             "parallelism (each tensor-parallel rank routes its own tokens, as in Megatron-Core); "
             "set it true");
-  if (group(host_, ParallelRole::kExpertTensor).size() > 1)
-    invalid("#/parallel/etp: expert tensor parallelism (etp > 1) is not available in this loom "
-            "yet; set parallel.etp to 1 (experts whole on each rank; tp still splits attention)");
   ICommunicator& ep = group(host_, ParallelRole::kExpert);
   if (experts_ % ep.size() != 0)
     invalid(detail::concat("/num_experts: ", experts_, " is not divisible by the expert-parallel "

@@ -28,7 +28,18 @@
 // counts its own layers, and the final norm and the logits only on the last stage. Not
 // counted: kernel workspaces, the batch's ids, the RoPE table and the allocator's rounding,
 // which is why the estimate is meant to be within 10%, not exact.
+//
+// A mixture-of-experts layer (mlp impl "moe", plugins/moe; the layers moe_layer_freq marks
+// 0 take dense_mlp and count as above) keeps its attention half as above; its MLP half is
+// moe_layer_bytes below, from what the router, the dispatcher, the grouped experts and the
+// shared experts save. How many rows reach this rank's experts depends on the routing:
+// dropless, the estimate assumes balanced routing (each expert-parallel rank receives N K
+// of the N K ep rows of its expert group; at ep 1 that is exact whatever the routing); with
+// expert_capacity_factor it takes the capacity's bound (E ceil(N K / E x factor) rows, at
+// most N K ep), which a run can only stay under.
 #include <algorithm>
+#include <cmath>
+#include <optional>
 #include <string>
 
 #include "plugins/transformer/gpt_model.h"
@@ -42,6 +53,139 @@ std::string impl_of(const nlohmann::json& node) {
   return node["impl"].get<std::string>();
 }
 
+// A number option of `node`, or `otherwise` when absent or null.
+double number_of(const nlohmann::json& node, const char* key, double otherwise) {
+  if (!node.is_object() || !node.contains(key) || !node[key].is_number()) return otherwise;
+  return node[key].get<double>();
+}
+
+// One layer's bytes: what it keeps from its forward until its backward (in the parameter
+// dtype, and with FP8 GEMMs), and the largest extra its MLP's backward holds beside all of
+// that, the MLP's output gradient included.
+struct LayerBytes {
+  double kept = 0, kept_fp8 = 0, top_mlp = 0;
+};
+
+// The shapes a mixture-of-experts layer's estimate needs (the model's, on this rank).
+struct MoeShapes {
+  double n;        // tokens of whole sequences (the shared experts' with sequence parallelism)
+  double nm;       // the layer's own tokens: n, or its sequence shard n / tp
+  double p;        // tensor-parallel ranks (they split the shared experts' width)
+  bool sp;         // sequence parallelism (the shared experts gather the sequence)
+  double ep;       // expert-parallel ranks
+  double etp;      // expert-tensor-parallel ranks (they split F and share their rows)
+  double c, s;     // hidden size, parameter dtype's size
+  double ffn;      // the model's ffn_hidden_size (moe_ffn_hidden_size's default)
+  double dropout;  // bytes of the hidden dropout's gradient copy (0 without dropout)
+};
+
+// The MLP half of a mixture-of-experts layer (plugins/moe, recompute "none"): kept = what
+// the router, the dispatcher and the experts save, top_mlp = its backward's largest extra.
+// Unset when a child is not one whose memory is known here. With N = nm tokens, K choices,
+// E experts, M rows reaching this rank's experts and Ms rows it sends (the routing
+// assumption of the file comment), F the expert width (fc1: F, or 2 F for swiglu):
+//   router (topk):    its input N C s, the logits 4 N E, the chosen experts 4 N K; with a
+//                     load-balancing term the scores' gradient and order 8 N E, with the
+//                     z-loss the logsumexp's gradient 4 N
+//   alltoall:         slot -> row and row -> slot maps 4 (N K + Ms), the regrouping maps
+//                     8 M, the probs 4 N K, the rows returned from the experts Ms C s
+//   allgather:        the maps and the probs of the group's ep N tokens 8 ep N K, the row
+//                     -> slot map 4 M, the experts' output M C s
+//   experts:          their input, fc1 output, activation output M (C + fc1 + F) s; with
+//                     etp > 1 the input of every etp rank's rows, etp M C s, and F / etp
+//   shared experts:   fc1 output and activation output n (fc1 + F) / tp s, the gathered
+//                     input n C s with sequence parallelism; the gate keeps its output N C s
+//                     and 16 N bytes of gate values
+// Backward runs the shared experts first (their saves go, their dx N C stays), then the
+// combine's backward, the experts' (the largest as a rule: d(out), da, d(fc1 out), dx of
+// M rows beside the probs' gradient), the dispatch's and the router's.
+std::optional<LayerBytes> moe_layer_bytes(const nlohmann::json& moe, const MoeShapes& m) {
+  const nlohmann::json router = moe.value("router", nlohmann::json::object());
+  const nlohmann::json dispatcher = moe.value("dispatcher", nlohmann::json::object());
+  const std::string router_impl = impl_of(router), dispatcher_impl = impl_of(dispatcher);
+  if (!router_impl.empty() && router_impl != "topk") return std::nullopt;
+  if (!dispatcher_impl.empty() && dispatcher_impl != "alltoall" && dispatcher_impl != "allgather")
+    return std::nullopt;
+  const bool allgather = dispatcher_impl == "allgather";
+  const double e = number_of(moe, "num_experts", 0), k = number_of(router, "topk", 2);
+  if (e < 1 || k < 1) return std::nullopt;
+  const double c = m.c, s = m.s, nm = m.nm, ep = m.ep;
+  const double f = number_of(moe, "moe_ffn_hidden_size", m.ffn);
+  const bool swiglu = moe.value("activation", std::string("gelu")) == "swiglu";
+  const double fc1 = swiglu ? 2 * f : f;
+  // The router's load-balancing terms (any type but "none" with a coefficient > 0).
+  nlohmann::json types = router.value("load_balancing_type", nlohmann::json("aux_loss"));
+  nlohmann::json coeffs = router.value("aux_loss_coeff", nlohmann::json(0.0));
+  if (!types.is_array()) types = nlohmann::json::array({types});
+  if (!coeffs.is_array()) coeffs = nlohmann::json::array({coeffs});
+  bool balance = false;
+  for (size_t i = 0; i < types.size() && i < coeffs.size(); ++i)
+    balance = balance || (types[i] != "none" && coeffs[i].is_number() && coeffs[i] > 0);
+  const bool z_loss = number_of(router, "z_loss_coeff", 0) > 0;
+
+  // Rows: this rank's N K choices; dropless, balanced routing brings each rank N K rows;
+  // the capacity (the moe layer's, from this rank's tokens) bounds each expert at ep x
+  // capacity rows and this rank's sends at E x capacity.
+  const double choices = nm * k;
+  double sent = choices, rows = choices;
+  const double factor = number_of(moe, "expert_capacity_factor", 0);
+  if (factor > 0) {
+    const double capacity = std::ceil(choices / e * factor);
+    sent = std::min(choices, e * capacity);
+    rows = std::min(ep * choices, e * capacity);
+  }
+  const double slots = allgather ? ep * choices : choices;  // (token, choice) slots indexed
+
+  const double router_kept =
+      nm * c * s + 4 * nm * e + 4 * choices + (balance ? 8 * nm * e : 0) + (z_loss ? 4 * nm : 0);
+  const double dispatcher_kept = allgather ? 8 * slots + 4 * rows + rows * c * s
+                                           : 8 * choices + 4 * sent + 8 * rows + sent * c * s;
+  const double etp = m.etp;
+  const double experts_kept = etp * rows * c * s + rows * (fc1 + f) * s;
+  const double shared = number_of(moe, "shared_expert_intermediate_size", 0);
+  const bool gate = shared > 0 && moe.value("shared_expert_gate", false);
+  const double sf = shared / m.p, sfc1 = swiglu ? 2 * sf : sf;  // this rank's shared width
+  double shared_kept = shared > 0 ? (m.sp ? m.n * c * s : 0) + m.n * (sfc1 + sf) * s : 0;
+  if (gate) shared_kept += nm * c * s + 16 * nm;
+
+  LayerBytes out;
+  out.kept = router_kept + dispatcher_kept + experts_kept + shared_kept;
+  // Backward, phase by phase, beyond every save of the layer and its output gradient.
+  const double dprobs = 4 * choices;
+  // Shared experts: the gathered dy, da, d(fc1 out), dx (partial, and its shard), the
+  // gate's dy and dx.
+  const double shared_bwd = shared > 0 ? (m.sp ? m.n * c * s + nm * c * s : 0) +
+                                             m.n * (sf + sfc1 + c) * s + (gate ? 2 * nm * c * s : 0)
+                                       : 0;
+  const double after_shared = shared > 0 ? nm * c * s - shared_kept : 0;
+  // Combine's backward: the returned rows' gradient, the probs' gradient and the rows in
+  // expert order (alltoall: and those arrived, ep > 1); allgather: the gathered dy, the
+  // experts' output gradient, the group's probs gradient and this rank's share.
+  const double combine_bwd =
+      after_shared + (allgather ? (ep > 1 ? ep * nm * c * s + dprobs : 0) + rows * c * s + 4 * slots
+                                : sent * c * s + dprobs + (ep > 1 ? 2 : 1) * rows * c * s);
+  // Experts' backward: their output gradient, da, d(fc1 out), dx, the probs' gradient;
+  // with etp > 1 the gathered output gradient and dx of etp M rows, then dx's etp parts and
+  // its sum for this rank's rows in place of da and d(fc1 out).
+  const double experts_bwd =
+      after_shared + dprobs + rows * c * s +
+      (etp > 1 ? 2 * etp * rows * c * s + std::max(rows * (f + fc1), (etp + 1) * rows * c) * s
+               : rows * (f + fc1 + c) * s);
+  // Dispatch's backward (the experts' saves gone; their output gradient and dx kept until
+  // the layer's end): the rows back in this rank's order and its token gradient.
+  const double dispatch_bwd =
+      after_shared + dprobs + 2 * rows * c * s - experts_kept + nm * c * s +
+      (allgather ? (ep > 1 ? ep * nm * c * s : 0) : rows * c * s + (ep > 1 ? sent * c * s : 0));
+  // Router's backward (the dispatcher's saves gone too): d logits, the balance terms', their
+  // cast to the parameter dtype, dx.
+  const double router_bwd = after_shared + dprobs + 2 * rows * c * s - experts_kept -
+                            dispatcher_kept + nm * c * s + 4 * nm * e * (balance ? 2 : 1) +
+                            (s < 4 ? nm * e * s : 0) + nm * c * s;
+  out.top_mlp = nm * c * s + m.dropout +
+                std::max({shared_bwd, combine_bwd, experts_bwd, dispatch_bwd, router_bwd});
+  return out;
+}
+
 }  // namespace
 
 double GptModel::activation_bytes(const CostQuery& query) const {
@@ -50,10 +194,13 @@ double GptModel::activation_bytes(const CostQuery& query) const {
   const std::string norm = impl_of(layer.value("norm", nlohmann::json::object()));
   const std::string final_norm = impl_of(options_.value("final_norm", nlohmann::json::object()));
   const std::string attention = impl_of(layer.value("attention", nlohmann::json::object()));
+  // The layers moe_layer_freq marks take "mlp", the others "dense_mlp".
   const nlohmann::json& mlp = layer.value("mlp", nlohmann::json::object());
+  const nlohmann::json& dense_mlp =
+      layer.value("dense_mlp", nlohmann::json{{"impl", std::string("mlp")}});
   auto known_norm = [](const std::string& n) { return n == "layernorm" || n == "rmsnorm"; };
   if (impl_of(layer) != "transformer_layer" || !known_norm(norm) || !known_norm(final_norm) ||
-      (attention != "fused" && attention != "dot_product") || impl_of(mlp) != "mlp")
+      (attention != "fused" && attention != "dot_product"))
     return -1;  // a child from elsewhere: its memory is not known here
 
   const double p = static_cast<double>(tp_.size());
@@ -69,45 +216,68 @@ double GptModel::activation_bytes(const CostQuery& query) const {
   const double v = static_cast<double>(c.vocab_size);
   const double layers = static_cast<double>(c.layer_end - c.layer_begin);
   const double hl = h / p, gl = std::max(1.0, g / p), fl = f / p, vl = v / p;
-  const bool swiglu = mlp.value("activation", std::string("gelu")) == "swiglu";
-  const double fc1 = swiglu ? 2 * fl : fl;
   // Layer-boundary tensors are sequence shards with sequence parallelism.
   const double edge = tp_.sequence_parallel() ? n * cc * s / p : n * cc * s;
   auto stats = [&](const std::string& impl) { return (impl == "layernorm" ? 8.0 : 4.0) * n; };
+  const double dropout = c.hidden_dropout > 0 ? n * cc * s : 0;
 
-  // What one layer keeps from its forward until its backward without recomputation.
-  double kept = 0;
-  kept += 2 * edge;                   // input, residual (the norms' inputs)
-  kept += 2 * n * cc * s;             // normalised input, MLP input (whole sequence)
-  kept += n * hl * d * s;             // attention output
-  kept += n * (hl + 2 * gl) * d * s;  // q, k, v (head-major copies: dot_product)
-  kept += 2 * stats(norm);            // both norms' statistics
-  kept += n * (fc1 + fl) * s;         // fc1 output, activation output
+  // What the attention half of a layer keeps from its forward until its backward without
+  // recomputation: input, residual (the norms' inputs), normalised input (whole sequence),
+  // attention output, q, k, v (head-major copies: dot_product), both norms' statistics.
+  double kept_attention =
+      2 * edge + n * cc * s + n * hl * d * s + n * (hl + 2 * gl) * d * s + 2 * stats(norm);
   if (attention == "fused")
-    kept += 4 * n * hl;  // log-sum-exp
+    kept_attention += 4 * n * hl;  // log-sum-exp
   else if (query.recompute != RecomputePolicy::kSelective)
-    kept += b * hl * t * t * s;  // probabilities
-  // An FP8 layer keeps x^T and W^T of qkv, proj, fc1, fc2 in one-byte FP8 instead of those x.
-  const double kept_fp8 = kept + n * (2 * cc + hl * d + fl) +
-                          cc * ((hl + 2 * gl) * d + hl * d + fc1 + fl) -
-                          n * (2 * cc + fl + (attention == "fused" ? 0 : hl * d)) * s;
-  // This stage's layers that run in FP8 (the model's num_layers_at_{start,end}_in_bf16 stay
-  // in the parameter dtype), and whether its top layer is one of them.
-  double fp8_layers = 0;
-  bool top_fp8 = false;
-  if (query.fp8 != 0)
-    for (int64_t i = c.layer_begin; i < c.layer_end; ++i) {
-      bool fp8 = i >= c.layers_at_start_in_bf16 && i < c.num_layers - c.layers_at_end_in_bf16;
-      fp8_layers += fp8 ? 1 : 0;
-      top_fp8 = fp8;
+    kept_attention += b * hl * t * t * s;  // probabilities
+  // An FP8 layer keeps x^T and W^T of qkv and proj in one-byte FP8 instead of the
+  // normalised input (and the attention output, unless the attention core keeps it).
+  const double fp8_attention = n * (cc + hl * d) + cc * ((hl + 2 * gl) * d + hl * d) -
+                               n * (cc + (attention == "fused" ? 0 : hl * d)) * s;
+  // A layer with `node` as its MLP, or unset when its memory is not known here.
+  auto layer_bytes = [&](const nlohmann::json& node) -> std::optional<LayerBytes> {
+    const std::string impl = impl_of(node);
+    if (impl == "moe") {
+      const bool sp = tp_.sequence_parallel();
+      std::optional<LayerBytes> l =
+          moe_layer_bytes(node, MoeShapes{n, sp ? n / p : n, p, sp, static_cast<double>(ep_size_),
+                                          static_cast<double>(etp_size_), cc, s, f,
+                                          c.hidden_dropout > 0 ? edge : 0});
+      if (!l) return l;
+      l->kept += kept_attention;  // the experts have no FP8 GEMMs: only attention's change
+      l->kept_fp8 = l->kept + fp8_attention;
+      return l;
     }
+    if (impl != "mlp") return std::nullopt;
+    const bool swiglu = node.value("activation", std::string("gelu")) == "swiglu";
+    const double fc1 = swiglu ? 2 * fl : fl;
+    LayerBytes l;
+    // The MLP input (whole sequence), fc1 output, activation output; with FP8 the fc1 and fc2
+    // sites' transposes instead of the MLP input and the activation output.
+    l.kept = kept_attention + n * cc * s + n * (fc1 + fl) * s;
+    l.kept_fp8 = l.kept + fp8_attention + n * (cc + fl) + cc * (fc1 + fl) - n * (cc + fl) * s;
+    // Backward's extra inside the MLP: dy, da, d(fc1 out), dx (and dropout's copy of dy).
+    l.top_mlp = n * (2 * cc + fl + fc1) * s + dropout;
+    return l;
+  };
+  // This stage's layers (num_layers_at_{start,end}_in_bf16 stay in the parameter dtype in an
+  // FP8 run), and its top layer's bytes.
+  std::optional<LayerBytes> sparse, dense;
   const bool full = query.recompute == RecomputePolicy::kFull;
-  double saved = full ? layers * edge : (layers - fp8_layers) * kept + fp8_layers * kept_fp8;
+  double saved = 0, top_kept = 0, top_mlp = 0;
+  for (int64_t i = c.layer_begin; i < c.layer_end; ++i) {
+    const bool moe_node = c.moe_layers[static_cast<size_t>(i)];
+    std::optional<LayerBytes>& l = moe_node ? sparse : dense;
+    if (!l) l = layer_bytes(moe_node ? mlp : dense_mlp);
+    if (!l) return -1;  // a child from elsewhere
+    const bool fp8 = query.fp8 != 0 && i >= c.layers_at_start_in_bf16 &&
+                     i < c.num_layers - c.layers_at_end_in_bf16;
+    top_kept = fp8 ? l->kept_fp8 : l->kept;
+    top_mlp = l->top_mlp;
+    saved += full ? edge : top_kept;
+  }
   // Backward's extra inside the top layer's MLP, beside everything saved (and under full
   // recomputation that layer's forward rerun).
-  const double dropout = c.hidden_dropout > 0 ? n * cc * s : 0;
-  const double top_mlp = n * (2 * cc + fl + fc1) * s + dropout;
-  const double top_kept = top_fp8 ? kept_fp8 : kept;
   const double top_layer = layers > 0 ? (full ? top_kept : 0) + top_mlp : 0;
   if (!c.last_stage()) {
     // The stage's output (kept until its gradient comes back) beside the saves; backward

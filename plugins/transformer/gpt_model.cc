@@ -19,6 +19,13 @@ GptModel::GptModel(const nlohmann::json& options, IBuildContext& ctx)
   IHost& host = *ctx.host();
   const GptConfig& c = config_;
   cp_size_ = group(host, ParallelRole::kContext).size();
+  const nlohmann::json layer = options.value("layer", nlohmann::json::object());
+  for (const char* slot : {"mlp", "dense_mlp"})
+    if (layer.is_object() && layer.contains(slot) && layer[slot].is_object() &&
+        layer[slot].value("impl", std::string()) == "moe") {
+      ep_size_ = group(host, ParallelRole::kExpert).size();
+      etp_size_ = group(host, ParallelRole::kExpertTensor).size();
+    }
   // What tensor parallelism splits, checked here so that the message names the model's keys.
   tp_.split(c.num_attention_heads, "/num_attention_heads");
   tp_.split(c.num_query_groups, "/num_query_groups");

@@ -57,7 +57,9 @@ class GptModel final : public ModuleBase<IModel> {
   GptConfig config_;
   nlohmann::json options_;  // the node as built (the children's impls, for cost)
   TensorParallel tp_;
-  int32_t cp_size_ = 1;  // context-parallel ranks: each holds seq_length / cp_size_ tokens
+  int32_t cp_size_ = 1;   // context-parallel ranks: each holds seq_length / cp_size_ tokens
+  int32_t ep_size_ = 1;   // expert-parallel ranks (a mixture of experts' routed rows, for cost)
+  int32_t etp_size_ = 1;  // expert-tensor-parallel ranks (the experts' split, for cost)
   Embedding* embedding_ = nullptr;
   std::vector<IModule*> layers_;
   IModule* final_norm_ = nullptr;

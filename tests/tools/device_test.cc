@@ -114,6 +114,32 @@ TEST_F(DeviceTest, SameLossesOnTheFakeDeviceAsOnTheCpu) {
   }
 }
 
+// A mixture of experts on a device: the routing goes to the host and back, the grouped GEMM
+// gets its weights as an array of device pointers, and under full recomputation the
+// dispatcher carries its indices from dispatch to combine through a forward-only context.
+// The CPU's losses to the bit, with either dispatcher.
+TEST_F(DeviceTest, MixtureOfExpertsGivesTheCpuLossesOnTheDevice) {
+  for (const char* dispatcher : {"alltoall", "allgather"}) {
+    SCOPED_TRACE(dispatcher);
+    nlohmann::json body = tiny_spec(4);
+    body["model"]["add_bias_linear"] = false;
+    body["model"]["layer"]["mlp"] = nlohmann::json::parse(R"({
+      "impl": "moe", "num_experts": 4, "moe_ffn_hidden_size": 16, "activation": "swiglu",
+      "router": {"impl": "topk", "topk": 2, "aux_loss_coeff": 0.01, "z_loss_coeff": 0.001}})");
+    body["model"]["layer"]["mlp"]["dispatcher"] = {{"impl", dispatcher}};
+    body["train"]["recompute"] = "full";
+    const std::string name = std::string("moe_") + dispatcher;
+    auto cpu = train(name + "_cpu", body, "cpu");
+    ASSERT_EQ(cpu.exit_code, 0) << cpu.out << cpu.err;
+    auto dev = train(name + "_dev", body, "cuda");
+    ASSERT_EQ(dev.exit_code, 0) << dev.out << dev.err;
+    EXPECT_THAT(dev.out, HasSubstr("grouped_gemm:f32=cpu."));
+    Curve a = curve(name + "_cpu"), b = curve(name + "_dev");
+    ASSERT_EQ(a.steps.size(), 4u);
+    expect_same(a, b, dispatcher);
+  }
+}
+
 // FP8 on a device: the recipe keeps its amax history and scales in device memory and
 // touches them only through kernels and IHost; the same losses as on the CPU, to the bit.
 TEST_F(DeviceTest, Fp8RecipesGiveTheCpuLossesOnTheDevice) {

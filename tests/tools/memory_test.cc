@@ -4,10 +4,14 @@
 // recomputation policy), on the CPU and on the fake CUDA device (whose figures come from
 // loom's CUDA caching allocator). The sizes make activations the larger part of the peak,
 // so a module that keeps a tensor it should hand back (ForwardContext::release) shows here.
+// Mixture-of-experts layers too, in cases whose routed rows the estimate knows exactly: one
+// rank without a capacity (every choice reaches a local expert whatever the routing) and a
+// capacity every expert overflows (each keeps exactly its capacity).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -48,6 +52,18 @@ nlohmann::json llama_spec() {
   return s;
 }
 
+// llama_spec with Mixtral-like experts: 4 experts of width 128, top-2, both load-balancing
+// terms. The experts' rows (N K = 1024 a layer) make the MoE layers most of the activations.
+nlohmann::json mixtral_spec() {
+  nlohmann::json s = llama_spec();
+  s["model"]["layer"]["mlp"] = nlohmann::json::parse(R"({
+    "impl": "moe", "num_experts": 4, "moe_ffn_hidden_size": 128, "activation": "swiglu",
+    "router": {"impl": "topk", "topk": 2, "load_balancing_type": "aux_loss",
+               "aux_loss_coeff": 0.01, "z_loss_coeff": 0.001},
+    "dispatcher": {"impl": "alltoall"}})");
+  return s;
+}
+
 class MemoryTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -70,6 +86,8 @@ class MemoryTest : public ::testing::Test {
     double estimate = j.at("estimated_mem_bytes").get<double>();
     std::string what = j.at("estimated_mem").get<std::string>();
     EXPECT_THAT(what, ::testing::Not(::testing::HasSubstr("not estimated"))) << name;
+    std::printf("%s: peak %.0f bytes, estimate %.0f, peak / estimate %.4f\n", name.c_str(), peak,
+                estimate, peak / estimate);
     EXPECT_LT(std::abs(peak / estimate - 1), 0.10)
         << name << ": peak " << peak << " bytes, estimate " << estimate << " (" << what << ")";
     return j;
@@ -138,6 +156,42 @@ TEST_F(MemoryTest, Fp8LayersKeepTheirOperandsTransposes) {
   s["model"]["num_layers_at_start_in_bf16"] = 1;  // a bf16 layer among FP8 ones
   s["model"]["layer"]["attention"] = {{"impl", "dot_product"}};
   expect_within_10_percent("llama_fp8_first_bf16", s);
+}
+
+// Dropless at one rank: all N K choices reach this rank's experts however the router
+// balances them, so the estimate's rows are exact. What the experts add over the dense
+// model's MLP is what the estimate adds.
+TEST_F(MemoryTest, MixtureOfExpertsDroplessAtOneRank) {
+  nlohmann::json dense = expect_within_10_percent("llama_dense", llama_spec());
+  nlohmann::json s = mixtral_spec();
+  nlohmann::json moe = expect_within_10_percent("mixtral", s);
+  if (dense.contains("peak_mem_bytes") && moe.contains("peak_mem_bytes")) {
+    double measured = moe["peak_mem_bytes"].get<double>() - dense["peak_mem_bytes"].get<double>();
+    double estimated =
+        moe["estimated_mem_bytes"].get<double>() - dense["estimated_mem_bytes"].get<double>();
+    EXPECT_GT(measured, 0.2 * dense["peak_mem_bytes"].get<double>()) << "the experts' share";
+    EXPECT_NEAR(estimated, measured, 0.1 * measured) << "the MoE layers in the estimate";
+  }
+  s["model"]["layer"]["mlp"]["dispatcher"] = {{"impl", "allgather"}};
+  s["model"]["layer"]["mlp"]["activation"] = "gelu";
+  s["precision"] = {{"params", "bf16"}};
+  expect_within_10_percent("mixtral_allgather_gelu_bf16", s);
+}
+
+// A capacity factor of 0.5: each expert keeps ceil(N K / E x 0.5) = 128 of the ~256 choices
+// it gets (an expert would need fewer than half its balanced share to stay under), so the
+// bound the estimate takes is what the run holds. With a gated shared expert and a dense
+// first layer (moe_layer_freq).
+TEST_F(MemoryTest, MixtureOfExpertsAtTheCapacityBound) {
+  nlohmann::json s = mixtral_spec();
+  s["model"]["layer"]["mlp"]["expert_capacity_factor"] = 0.5;
+  expect_within_10_percent("mixtral_capacity", s);
+  s["model"]["moe_layer_freq"] = {0, 1, 1};
+  s["model"]["layer"]["dense_mlp"] = {{"impl", "mlp"}, {"activation", "swiglu"}};
+  s["model"]["layer"]["mlp"]["shared_expert_intermediate_size"] = 128;
+  s["model"]["layer"]["mlp"]["shared_expert_gate"] = true;
+  s["model"]["layer"]["mlp"]["dispatcher"] = {{"impl", "allgather"}};
+  expect_within_10_percent("mixtral_capacity_shared_dense_first", s);
 }
 
 TEST_F(MemoryTest, OnTheFakeCudaDeviceThroughTheCachingAllocator) {

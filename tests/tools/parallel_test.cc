@@ -653,6 +653,17 @@ TEST_F(PipelineTest, ExpertParallelMatchesOneRankToEachGradient) {
       {"ep2dp2zero", "--nproc 4 --set parallel.ep=2 --set parallel.dp=2 --set "
                      "parallel.distributed_optimizer=true"},
       {"ep2cp2", "--nproc 4 --set parallel.ep=2 --set parallel.cp=2"},
+      // Expert tensor parallelism: etp != tp (each expert's F over the two data ranks), etp
+      // = tp (the default) under sequence parallelism, and with ep and the allgather
+      // dispatcher.
+      {"etp2dp2", "--nproc 2 --set parallel.dp=2 --set parallel.etp=2"},
+      // Full recomputation reruns routing, dispatch and the etp exchanges in backward.
+      {"ep2etp2full", "--nproc 4 --set parallel.ep=2 --set parallel.dp=2 --set parallel.etp=2 "
+                      "--set 'train.recompute=\"full\"'"},
+      {"ep2tp2etp2", "--nproc 4 --set parallel.ep=2 --set parallel.tp=2 --set "
+                     "parallel.sequence_parallel=true"},
+      {"ep2etp2gather", "--nproc 4 --set parallel.ep=2 --set parallel.dp=2 --set parallel.etp=2 "
+                        "--set 'model.layer.mlp.dispatcher.impl=\"allgather\"'"},
   };
   for (const Layout& layout : layouts) {
     Curve c = train(layout.name, mixtral, layout.args);
@@ -666,6 +677,11 @@ TEST_F(PipelineTest, ExpertParallelMatchesOneRankToEachGradient) {
   fs::remove_all(ckpts / "iter_0000005");
   for (const Layout& layout : {Layout{"ep1", ""}, Layout{"ep4", "--nproc 4 --set parallel.ep=4"}})
     expect_resumes_like(mixtral, ckpts, "moe_" + layout.name, layout.args, one);
+  // Checkpoints written at etp2 (each rank its slice of every expert) resume on one rank.
+  fs::path etp_ckpts = dir_ / "etp2dp2" / "checkpoints";
+  fs::remove_all(etp_ckpts / "iter_0000004");
+  fs::remove_all(etp_ckpts / "iter_0000005");
+  expect_resumes_like(mixtral, etp_ckpts, "moe_etp_ep1", "", one);
 
   // A capacity factor of 0.5 drops about half the choices, the same ones on every layout.
   nlohmann::json dropping = mixtral;
@@ -740,8 +756,10 @@ TEST_F(ParallelTest, BadMixtureOfExpertsOptionsAreRefusedBeforeStart) {
             "spec /model/moe_layer_freq: a pattern of 2 entries for 4 layers"},
            {"--nproc 2 --set parallel.tp=2",
             "spec /parallel/sequence_parallel: a mixture-of-experts layer with tp > 1 needs"},
-           {"--nproc 2 --set parallel.tp=2 --set parallel.sequence_parallel=true",
-            "spec /parallel/etp: expert tensor parallelism (etp > 1) is not available"},
+           {"--nproc 2 --set parallel.dp=2 --set parallel.etp=2 --set "
+            "model.layer.mlp.moe_ffn_hidden_size=33",
+            "spec /model/layer/mlp/moe_ffn_hidden_size: 33 is not divisible by the expert "
+            "tensor-parallel size 2"},
            {"--set model.layer.mlp.router.score_function=\\\"softmax\\\" --set "
             "model.layer.mlp.router.enable_expert_bias=true",
             "spec /model/layer/mlp/router/enable_expert_bias: the aux-loss-free expert bias needs "

@@ -5,6 +5,7 @@
 // Tagging: a device pointer is the host address with bit 62 set. x86-64 user addresses are
 // below 2^47, so a tagged pointer is not canonical and any load or store through it faults;
 // offsets into a block keep the tag, so views into device memory work as on a GPU.
+#include <loom/ops/moe.h>
 #include <loom/sdk.h>
 
 #include <array>
@@ -203,9 +204,36 @@ struct HostCall {
   }
 };
 
+// Ops whose attrs carry device pointers (grouped_gemm's host array of weight pointers): the
+// CPU kernel gets them untagged, each checked to be device memory as a view's is.
+bool untag_attr_pointers(const char* op, HostCall& h, loom::ops::GroupedGemmAttrs& attrs,
+                         std::vector<void*>& pointers) {
+  const std::string name = op;
+  if (name != loom::ops::kGroupedGemm && name != loom::ops::kGroupedGemmWgrad) return true;
+  if (h.call.attrs == nullptr || h.call.attrs_size != sizeof(attrs)) return true;  // kernel names it
+  attrs = *static_cast<const loom::ops::GroupedGemmAttrs*>(h.call.attrs);
+  if (attrs.weights == nullptr || attrs.groups < 0) return true;
+  pointers.assign(attrs.weights, attrs.weights + attrs.groups);
+  for (void*& p : pointers) {
+    if (p == nullptr) continue;
+    if (!tagged(p)) {
+      h.ok = false;
+      h.error = std::string("fake device: ") + op + " weight pointer is not device memory";
+      return false;
+    }
+    p = untag(p);
+  }
+  attrs.weights = pointers.data();
+  h.call.attrs = &attrs;
+  return true;
+}
+
 template <size_t I>
 Status run(const OpCall* c) {
   HostCall h(c);
+  loom::ops::GroupedGemmAttrs attrs{};
+  std::vector<void*> pointers;
+  if (h.ok) untag_attr_pointers(g_cpu[I].op, h, attrs, pointers);
   if (!h.ok) return loom::make_status(Code::kInvalidArgument, h.error.c_str());
   return g_cpu[I].fn(&h.call);
 }

@@ -53,7 +53,9 @@ struct ParamInfo {
   int32_t ndim;                    ///< rank of the shapes below
   int64_t shape[kMaxDims];         ///< shape on this rank
   int64_t global_shape[kMaxDims];  ///< shape of the whole tensor across ranks
-  int32_t tp_split_dim;            ///< dimension split over the TP group, -1 if none
+  int32_t tp_split_dim;            ///< dimension split over the TP group (over the expert
+                                   ///< tensor-parallel group, etp, for a kParamExpert
+                                   ///< parameter), -1 if none
   int32_t expert_index;            ///< global expert id when kParamExpert, else -1
   uint32_t flags;                  ///< ParamFlags
   ParamInit init;                  ///< initialisation rule

@@ -43,11 +43,12 @@ struct ParamSlot {
 /// How a parameter is laid out over ranks and how it starts out.
 struct ParamSpec {
   std::vector<int64_t> shape;  ///< of the whole tensor (global)
-  int32_t tp_split_dim = -1;   ///< split over the tensor-parallel group, -1: replicated
+  int32_t tp_split_dim = -1;   ///< split over the tensor-parallel group (the expert
+                               ///< tensor-parallel group for kParamExpert), -1: replicated
   uint32_t flags = kParamNone;
   ParamInit init = ParamInit::kZeros;
   float init_std = 0.f;
-  int32_t tp_size = 1;  ///< ranks in the tensor-parallel group: the local shape divides
+  int32_t tp_size = 1;  ///< ranks in that group (tp, or etp): the local shape divides
                         ///< shape[tp_split_dim] by it (the module checked divisibility)
   int32_t expert_index = -1;  ///< the global expert id of a kParamExpert parameter
 };
