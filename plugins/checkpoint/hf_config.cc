@@ -17,6 +17,7 @@ struct RopeDefaults {
 constexpr RopeDefaults kLlamaDefaults{4096, 11008, 32, 32, 0, 2048, 32000, 1e-6, 10000.0};
 constexpr RopeDefaults kMixtralDefaults{4096, 14336, 32, 32, 8, 4096 * 32, 32000, 1e-5, 1e6};
 constexpr RopeDefaults kQwen2MoeDefaults{2048, 5632, 24, 16, 16, 32768, 151936, 1e-6, 10000.0};
+constexpr RopeDefaults kQwen3MoeDefaults{2048, 6144, 24, 32, 4, 32768, 151936, 1e-6, 10000.0};
 
 json gpt2_config(const HfModel& m, const char* torch_dtype, const json& bos, const json& eos) {
   return {{"architectures", {"GPT2LMHeadModel"}},
@@ -78,8 +79,10 @@ json rope_config(const HfModel& m, const char* torch_dtype, const json& bos, con
           {"torch_dtype", torch_dtype}};
 }
 
-// Reads the keys of rope_config into `h` with the family's defaults.
-void read_rope_config(const ConfigReader& c, const RopeDefaults& d, HfModel& h) {
+// Reads the keys of rope_config into `h` with the family's defaults. `head_dim_key`: the
+// family reads head_dim (Qwen3-MoE), which may differ from hidden_size / heads.
+void read_rope_config(const ConfigReader& c, const RopeDefaults& d, HfModel& h,
+                      bool head_dim_key = false) {
   const json& config = c.config;
   h.hidden = c.integer("hidden_size", d.hidden);
   h.ffn = c.integer("intermediate_size", d.ffn);
@@ -93,14 +96,24 @@ void read_rope_config(const ConfigReader& c, const RopeDefaults& d, HfModel& h) 
   h.vocab = c.integer("vocab_size", d.vocab);
   h.eps = c.number("rms_norm_eps", d.eps);
   h.rope_base = c.number("rope_theta", d.theta);
+  // Newer transformers write rope_parameters {"rope_type", "rope_theta"} instead.
+  if (!config.contains("rope_theta") && config.contains("rope_parameters") &&
+      config["rope_parameters"].is_object()) {
+    ConfigReader r{config["rope_parameters"], c.where + "rope_parameters."};
+    h.rope_base = r.number("rope_theta", d.theta);
+    if (get_or<std::string>(r.config, "rope_type", "default", r.where) != "default")
+      r.refuse("rope_type", "loom maps this family with plain rope (rope_type default)");
+  }
   h.tied = get_or<bool>(config, "tie_word_embeddings", false, c.where);
   h.activation = "swiglu";
-  if (h.hidden % h.heads != 0 || h.heads % h.groups != 0)
+  const bool own_head_dim =
+      head_dim_key && config.contains("head_dim") && !config["head_dim"].is_null();
+  if ((!own_head_dim && h.hidden % h.heads != 0) || h.heads % h.groups != 0)
     fail(Code::kInvalidArgument, c.where +
-                                     "num_attention_heads must divide hidden_size and be "
-                                     "a multiple of num_key_value_heads");
-  h.head_dim = h.hidden / h.heads;
-  if (config.contains("head_dim") && !config["head_dim"].is_null() &&
+                                     "num_attention_heads must divide hidden_size (or head_dim "
+                                     "be given) and be a multiple of num_key_value_heads");
+  h.head_dim = own_head_dim ? c.integer("head_dim", 0) : h.hidden / h.heads;
+  if (!head_dim_key && config.contains("head_dim") && !config["head_dim"].is_null() &&
       config["head_dim"] != json(h.head_dim))
     c.refuse("head_dim", "loom's import needs head_dim == hidden_size / num_attention_heads");
   if (get_or<std::string>(config, "hidden_act", "silu", c.where) != "silu")
@@ -190,23 +203,22 @@ HfModel hf_model_from_config(const json& config, const std::filesystem::path& fi
   h.eos = token("eos_token_id");
   h.init_std = get_or<double>(config, "initializer_range", 0.02, c.where);
   if (type == "gpt2") return gpt2_from_config(c, h);
-  if (type == "qwen3_moe")
-    c.refuse("model_type",
-             "Qwen3MoeForCausalLM normalises every head's queries and keys with an RMSNorm "
-             "(q_norm, k_norm), which loom's attention does not have yet; loom reads its "
-             "predecessor qwen2_moe (Qwen2MoeForCausalLM)");
   const RopeDefaults* defaults = type == "llama"       ? &kLlamaDefaults
                                  : type == "mixtral"   ? &kMixtralDefaults
                                  : type == "qwen2_moe" ? &kQwen2MoeDefaults
+                                 : type == "qwen3_moe" ? &kQwen3MoeDefaults
                                                        : nullptr;
   if (defaults == nullptr)
     fail(Code::kUnimplemented, c.where + "model_type '" + type +
                                    "': loom reads gpt2 (GPT2LMHeadModel), llama "
-                                   "(LlamaForCausalLM), mixtral (MixtralForCausalLM) and "
-                                   "qwen2_moe (Qwen2MoeForCausalLM) models");
-  read_rope_config(c, *defaults, h);
+                                   "(LlamaForCausalLM), mixtral (MixtralForCausalLM), "
+                                   "qwen2_moe (Qwen2MoeForCausalLM) and qwen3_moe "
+                                   "(Qwen3MoeForCausalLM) models");
+  read_rope_config(c, *defaults, h, type == "qwen3_moe");
   if (type != "llama") {
-    h.family = type == "mixtral" ? HfFamily::kMixtral : HfFamily::kQwen2Moe;
+    h.family = type == "mixtral"     ? HfFamily::kMixtral
+               : type == "qwen2_moe" ? HfFamily::kQwen2Moe
+                                     : HfFamily::kQwen3Moe;
     moe_from_config(c, h);
     return h;
   }

@@ -116,7 +116,7 @@ void moe_mlp(const HfModel& m, Builder& b, const std::string& loom, const std::s
            ex + (mixtral ? "w3" : "up_proj") + ".weight",
            ex + (mixtral ? "w2" : "down_proj") + ".weight", f, c);
   }
-  if (mixtral) return;
+  if (m.family != HfFamily::kQwen2Moe) return;  // Mixtral and Qwen3-MoE: no shared expert
   const std::string shared = hf + "shared_expert.";
   if (e.shared_ffn == 0) {  // Qwen2-MoE always has one: of width 0, and its gate
     b.zeros(shared + "gate_proj.weight", {0, c});
@@ -131,7 +131,7 @@ void moe_mlp(const HfModel& m, Builder& b, const std::string& loom, const std::s
   b.same(loom + "shared_experts.gate_weight", hf + "shared_expert_gate.weight", {1, c});
 }
 
-// LLaMA, Mixtral and Qwen2-MoE.
+// LLaMA, Mixtral, Qwen2-MoE and Qwen3-MoE.
 void rope_decoder(const HfModel& m, Builder& b) {
   const int64_t c = m.hidden, f = m.ffn, d = m.head_dim, h = m.heads, g = m.groups;
   b.same("embedding.word_embeddings.weight", "model.embed_tokens.weight", {m.vocab, c});
@@ -141,6 +141,10 @@ void rope_decoder(const HfModel& m, Builder& b) {
     b.same(loom + "input_layernorm.weight", hf + "input_layernorm.weight", {c});
     b.same(loom + "pre_mlp_layernorm.weight", hf + "post_attention_layernorm.weight", {c});
     qkv(m, b, loom + "self_attention.", hf + "self_attn.", "weight");
+    if (m.qk_norm) {  // Qwen3-MoE: one (D) weight per layer for all heads, each of q and k
+      b.same(loom + "self_attention.q_layernorm.weight", hf + "self_attn.q_norm.weight", {d});
+      b.same(loom + "self_attention.k_layernorm.weight", hf + "self_attn.k_norm.weight", {d});
+    }
     if (m.qkv_bias) {
       qkv(m, b, loom + "self_attention.", hf + "self_attn.", "bias");
     } else if (m.family == HfFamily::kQwen2Moe) {  // it always has them

@@ -20,6 +20,8 @@
 //           / fc2, mlp.shared_expert_gate.weight (1, C) -> shared_experts.gate_weight; a dense
 //           layer's mlp.gate/up/down_proj as LLaMA's. What loom lacks of it (q/k/v biases, a
 //           shared expert) is exported as zeros (HfLayout::zeros): the same function.
+//   Qwen3-MoE  Qwen2-MoE's without biases and shared expert, plus self_attn.q_norm.weight /
+//           k_norm.weight (D) -> self_attention.q_layernorm.weight / k_layernorm.weight
 #pragma once
 
 #include <cstdint>

@@ -16,8 +16,9 @@ void refuse_spec(const std::string& pointer, const json& value, const std::strin
        "spec /model" + pointer + " = " + value.dump() + ": " + why +
            "; the safetensors export writes GPT2LMHeadModel (layernorm, learned positions, "
            "gelu_tanh, biases), LlamaForCausalLM (rmsnorm, rope, swiglu, no biases), "
-           "MixtralForCausalLM or Qwen2MoeForCausalLM (LLaMA with a mixture of swiglu "
-           "experts under a softmax top-k router): save this model with the sharded format "
+           "MixtralForCausalLM, Qwen2MoeForCausalLM or Qwen3MoeForCausalLM (LLaMA with a "
+           "mixture of swiglu experts under a softmax top-k router; Qwen3-MoE with "
+           "qk_layernorm): save this model with the sharded format "
            "instead");
 }
 
@@ -50,6 +51,8 @@ const char* hf_architecture(HfFamily family) {
       return "MixtralForCausalLM";
     case HfFamily::kQwen2Moe:
       return "Qwen2MoeForCausalLM";
+    case HfFamily::kQwen3Moe:
+      return "Qwen3MoeForCausalLM";
   }
   return "?";
 }
@@ -68,7 +71,8 @@ HfModel hf_model_from_metadata(const json& metadata) {
       m, "",
       {"impl", "num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
        "kv_channels", "ffn_hidden_size", "vocab_size", "max_position_embeddings",
-       "position_embedding", "rotary", "add_bias_linear", "add_qkv_bias", "tie_embeddings",
+       "position_embedding", "rotary", "add_bias_linear", "add_qkv_bias", "qk_layernorm",
+       "tie_embeddings",
        "init_std", "hidden_dropout", "attention_dropout", "layer", "final_norm", "moe_layer_freq",
        // Which layers train in FP8: no effect on the weights.
        "num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16"});
@@ -94,17 +98,23 @@ HfModel hf_model_from_metadata(const json& metadata) {
   h.hidden = get_or<int64_t>(m, "hidden_size", 0, at);
   h.heads = get_or<int64_t>(m, "num_attention_heads", 0, at);
   h.vocab = get_or<int64_t>(m, "vocab_size", 0, at);
-  if (h.layers < 1 || h.hidden < 1 || h.heads < 1 || h.vocab < 1 || h.hidden % h.heads != 0)
+  h.qk_norm = get_or<bool>(m, "qk_layernorm", false, at);
+  const bool own_head_dim = m.contains("kv_channels") && !m["kv_channels"].is_null();
+  if (h.layers < 1 || h.hidden < 1 || h.heads < 1 || h.vocab < 1 ||
+      (!own_head_dim && h.hidden % h.heads != 0))
     fail(Code::kInvalidArgument,
          "spec /model: num_layers, hidden_size, num_attention_heads and "
-         "vocab_size must be set, with heads dividing hidden_size");
+         "vocab_size must be set, with heads dividing hidden_size (or kv_channels set)");
   h.groups = get_or<int64_t>(m, "num_query_groups", h.heads, at);
   h.head_dim = get_or<int64_t>(m, "kv_channels", h.hidden / h.heads, at);
-  if (h.head_dim != h.hidden / h.heads)
+  if (h.head_dim < 1) fail(Code::kInvalidArgument, "spec /model/kv_channels: must be >= 1");
+  // Qwen3-MoE (qk_layernorm) writes head_dim; the 4.40 families do not read it.
+  if (h.head_dim * h.heads != h.hidden && !h.qk_norm)
     refuse_spec(
         "/kv_channels", m["kv_channels"],
         "a head dimension other than hidden_size / num_attention_heads needs head_dim, which "
-        "transformers 4.40 does not read");
+        "transformers 4.40's GPT-2, LLaMA, Mixtral and Qwen2-MoE do not read (Qwen3-MoE, "
+        "a mixture of experts with qk_layernorm, does)");
   h.ffn = get_or<int64_t>(m, "ffn_hidden_size", 4 * h.hidden, at);
   int64_t seq = get_or<int64_t>(child(spec, "train"), "seq_length", 0, "spec /train/");
   h.positions = get_or<int64_t>(m, "max_position_embeddings", seq, at);
@@ -159,6 +169,7 @@ HfModel hf_model_from_metadata(const json& metadata) {
     if (!qkv_bias) refuse_spec("/add_qkv_bias", false, "GPT-2 has a bias on the QKV projection");
     if (h.groups != h.heads)
       refuse_spec("/num_query_groups", h.groups, "GPT-2 has multi-head attention only");
+    if (h.qk_norm) refuse_spec("/qk_layernorm", true, "GPT-2 does not normalise q and k");
   } else if (position == "rope") {  // LLaMA, or Mixtral / Qwen2-MoE (moe_from_spec decides)
     h.family = HfFamily::kLlama;
     const std::string family = moe ? "Mixtral and Qwen2-MoE" : "LLaMA";
@@ -168,6 +179,10 @@ HfModel hf_model_from_metadata(const json& metadata) {
     if (bias) refuse_spec("/add_bias_linear", true, family + " have no biases on the linears");
     if (qkv_bias && !moe)
       refuse_spec("/add_qkv_bias", true, "LLaMA has no biases (Qwen2-MoE has q/k/v biases)");
+    if (h.qk_norm && !moe)
+      refuse_spec("/qk_layernorm", true,
+                  "LLaMA does not normalise q and k (dense Qwen3 is not mapped yet; a mixture "
+                  "of experts with qk_layernorm is exported as Qwen3-MoE)");
     if (h.groups < 1 || h.heads % h.groups != 0)
       refuse_spec("/num_query_groups", h.groups, "must divide num_attention_heads");
     const json& rotary = child(m, "rotary");

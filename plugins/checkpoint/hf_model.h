@@ -12,11 +12,15 @@
 //                     softmax over all experts, renormalised or not: norm_topk_prob), a
 //                     shared expert gated by sigmoid(x . w), dense layers where
 //                     decoder_sparse_step / mlp_only_layers say so
+//   Qwen3MoeForCausalLM  LLaMA's attention with an explicit head_dim and q_norm / k_norm
+//                     (RMSNorm per head over head_dim before rope: loom's qk_layernorm), no
+//                     q/k/v biases, Qwen2-MoE's routing without a shared expert
 //
 // Export picks the family from the spec: a dense MLP -> LLaMA (or GPT-2 for learned
 // positions); a mixture of experts -> Mixtral when it has no shared experts, pre_softmax
 // false, no q/k/v bias and every layer MoE, else Qwen2-MoE (what Mixtral lacks it writes as
-// exact zeros: q/k/v biases of 0 and a shared expert of width 0 when loom has none).
+// exact zeros: q/k/v biases of 0 and a shared expert of width 0 when loom has none); a
+// mixture of experts with qk_layernorm -> Qwen3-MoE (no shared expert, no q/k/v bias).
 //
 // Anything else is refused with kUnimplemented naming the spec field (export) or the
 // config.json key (import) that rules it out.
@@ -33,7 +37,7 @@
 
 namespace loom::checkpoint {
 
-enum class HfFamily { kGpt2, kLlama, kMixtral, kQwen2Moe };
+enum class HfFamily { kGpt2, kLlama, kMixtral, kQwen2Moe, kQwen3Moe };
 
 /// The mixture of experts of Mixtral and Qwen2-MoE (loom's moe mlp with a topk softmax
 /// router): E experts of width F, K per token.
@@ -58,10 +62,12 @@ struct HfModel {
   double init_std = 0.02;
   std::optional<int64_t> bos, eos;  ///< token ids, when known
   bool qkv_bias = false;     ///< loom's q/k/v biases (Qwen2-MoE files always have them: 0 if not)
-  std::optional<HfMoe> moe;  ///< Mixtral and Qwen2-MoE
+  std::optional<HfMoe> moe;  ///< Mixtral, Qwen2-MoE and Qwen3-MoE
+  bool qk_norm = false;      ///< Qwen3-MoE's q_norm / k_norm (D) <-> loom's qk_layernorm
 };
 
-/// "GPT2LMHeadModel", "LlamaForCausalLM", "MixtralForCausalLM" or "Qwen2MoeForCausalLM".
+/// "GPT2LMHeadModel", "LlamaForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM" or
+/// "Qwen3MoeForCausalLM".
 const char* hf_architecture(HfFamily family);
 
 /// The model of a loom checkpoint's metadata (kinds/checkpoint_format.h): its spec's

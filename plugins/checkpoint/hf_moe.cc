@@ -1,16 +1,19 @@
-// Mixtral and Qwen2-MoE <-> loom's moe layer (plugins/moe): which settings correspond.
+// Mixtral, Qwen2-MoE and Qwen3-MoE <-> loom's moe layer (plugins/moe): which settings
+// correspond (Qwen3-MoE: as Qwen2-MoE where the column has nothing else).
 //
-//   loom (layer.mlp: impl moe)       Mixtral               Qwen2-MoE
+//   loom (layer.mlp: impl moe)       Mixtral               Qwen2-MoE          Qwen3-MoE
 //   num_experts                      num_local_experts     num_experts
 //   router.topk                      num_experts_per_tok   num_experts_per_tok
 //   moe_ffn_hidden_size              intermediate_size     moe_intermediate_size
 //   router.pre_softmax false / true  renormalised / -      norm_topk_prob true / false
-//   shared_expert_intermediate_size  -                     shared_expert_intermediate_size
+//   shared_expert_intermediate_size  -                     shared_expert_intermediate_size  -
 //     with shared_expert_gate true                         (0: none), shared_expert_gate
 //   model moe_layer_freq             every layer MoE       decoder_sparse_step,
 //     (0: layer.dense_mlp)                                 mlp_only_layers
 //   model ffn_hidden_size            = intermediate_size   intermediate_size (dense layers)
-//   model add_qkv_bias               false                 true (always, in 4.40)
+//   model add_qkv_bias               false                 true (always, in 4.40)  false
+//   model qk_layernorm               false                 false              true (q/k_norm)
+//   model kv_channels                hidden / heads        hidden / heads     head_dim
 //   router.aux_loss_coeff            router_aux_loss_coef  router_aux_loss_coef
 //
 // Both score experts by a softmax over all E and keep the top K: Mixtral renormalises the K
@@ -136,24 +139,35 @@ void moe_from_spec(const json& m, const std::vector<bool>& sparse, HfModel& h) {
   e.aux_loss_coef = aux_loss_coeff(router);
   e.sparse = sparse;
 
-  // Mixtral when it says it all, else Qwen2-MoE (the rule of hf_model.h).
+  // Qwen3-MoE with qk_layernorm; else Mixtral when it says it all, else Qwen2-MoE (the rule
+  // of hf_model.h).
   const bool dense_layers = !all_sparse(sparse);
-  h.family = e.shared_ffn == 0 && e.renormalise && !h.qkv_bias && !dense_layers
-                 ? HfFamily::kMixtral
-                 : HfFamily::kQwen2Moe;
+  if (h.qk_norm) {
+    h.family = HfFamily::kQwen3Moe;
+    if (e.shared_ffn > 0)
+      refuse_spec("/layer/mlp/shared_expert_intermediate_size", e.shared_ffn,
+                  "Qwen3-MoE (the family of qk_layernorm) has no shared expert");
+    if (h.qkv_bias)
+      refuse_spec("/add_qkv_bias", true,
+                  "Qwen3-MoE (the family of qk_layernorm) has no q/k/v biases");
+  } else {
+    h.family = e.shared_ffn == 0 && e.renormalise && !h.qkv_bias && !dense_layers
+                   ? HfFamily::kMixtral
+                   : HfFamily::kQwen2Moe;
+  }
   if (dense_layers) {
     const json& dense = child(layer, "dense_mlp");
     known_spec_keys(dense, "/layer/dense_mlp", {"impl", "activation"});
     if (get_or<std::string>(dense, "impl", "mlp", at) != "mlp")
-      refuse_spec("/layer/dense_mlp/impl", dense["impl"], "Qwen2-MoE's dense layers are an mlp");
+      refuse_spec("/layer/dense_mlp/impl", dense["impl"], "Qwen-MoE's dense layers are an mlp");
     std::string act = get_or<std::string>(dense, "activation", "gelu", at);
     if (act != "swiglu")
-      refuse_spec("/layer/dense_mlp/activation", act, "Qwen2-MoE's dense layers use swiglu");
+      refuse_spec("/layer/dense_mlp/activation", act, "Qwen-MoE's dense layers use swiglu");
   }
   std::string scaling = h.rope_scaling.value("type", "none");
   if (scaling != "none")
     refuse_spec("/rotary/scaling/type", scaling,
-                "transformers 4.40's Mixtral and Qwen2-MoE have no rope scaling");
+                "loom maps Mixtral, Qwen2-MoE and Qwen3-MoE without rope scaling");
   h.moe = e;
 }
 
@@ -170,16 +184,24 @@ void moe_config(const HfModel& h, json& config) {
     config["router_jitter_noise"] = 0.0;
     return;
   }
-  config["model_type"] = "qwen2_moe";
   config["num_experts"] = e.experts;
   config["moe_intermediate_size"] = e.ffn;
-  config["shared_expert_intermediate_size"] = e.shared_ffn;  // 0: none (zero-width tensors)
   config["norm_topk_prob"] = e.renormalise;
+  if (h.family == HfFamily::kQwen3Moe) {
+    config["model_type"] = "qwen3_moe";
+    config["head_dim"] = h.head_dim;  // independent of hidden_size / heads
+    config["attention_bias"] = false;
+    config["rope_scaling"] = nullptr;
+  } else {
+    config["model_type"] = "qwen2_moe";
+    config["shared_expert_intermediate_size"] = e.shared_ffn;  // 0: none (zero-width tensors)
+  }
   config["use_sliding_window"] = false;
   config["max_window_layers"] = h.layers;
   // Layer i is sparse iff (i + 1) % decoder_sparse_step == 0 and i is not in
   // mlp_only_layers. A pattern no step makes goes into mlp_only_layers, which transformers
-  // reads from 4.41 on (4.40 ignores it and would build those layers sparse).
+  // reads from 4.41 on (4.40's Qwen2-MoE ignores it and would build those layers sparse;
+  // Qwen3-MoE always reads it).
   const int64_t layers = h.layers;
   for (int64_t step = 1; step <= layers + 1; ++step) {
     bool fits = true;
@@ -219,14 +241,19 @@ void moe_from_config(const ConfigReader& c, HfModel& h) {
                "loom's attention has no sliding window; null, or a window of at least "
                "max_position_embeddings, is plain causal attention");
   } else {
-    e.experts = c.integer("num_experts", 60, 0);
+    const bool qwen3 = h.family == HfFamily::kQwen3Moe;
+    const char* experts_key =  // newer transformers name Qwen3-MoE's count num_local_experts
+        qwen3 && !config.contains("num_experts") && config.contains("num_local_experts")
+            ? "num_local_experts"
+            : "num_experts";
+    e.experts = c.integer(experts_key, qwen3 ? 128 : 60, 0);
     if (e.experts == 0)
-      c.refuse("num_experts",
-               "a Qwen2-MoE without experts is a dense model; loom reads "
-               "Qwen2-MoE with experts");
-    e.topk = c.integer(topk_key, 4);
-    e.ffn = c.integer("moe_intermediate_size", 1408);
-    e.shared_ffn = c.integer("shared_expert_intermediate_size", 5632, 0);
+      c.refuse(experts_key, std::string("a Qwen-MoE without experts is a dense model; loom "
+                                        "reads ") +
+                                (qwen3 ? "Qwen3-MoE" : "Qwen2-MoE") + " with experts");
+    e.topk = c.integer(topk_key, qwen3 ? 8 : 4);
+    e.ffn = c.integer("moe_intermediate_size", qwen3 ? 768 : 1408);
+    e.shared_ffn = qwen3 ? 0 : c.integer("shared_expert_intermediate_size", 5632, 0);
     e.renormalise = get_or<bool>(config, "norm_topk_prob", false, c.where);
     const int64_t step = c.integer("decoder_sparse_step", 1);
     const auto dense = get_or<std::vector<int64_t>>(config, "mlp_only_layers", {}, c.where);
@@ -237,7 +264,13 @@ void moe_from_config(const ConfigReader& c, HfModel& h) {
     for (int64_t i = 0; i < h.layers; ++i)
       e.sparse.push_back((i + 1) % step == 0 &&
                          std::find(dense.begin(), dense.end(), i) == dense.end());
-    h.qkv_bias = true;  // q/k/v projections always have biases
+    h.qkv_bias = !qwen3;  // Qwen2-MoE's q/k/v projections always have biases
+    if (qwen3) {
+      h.qk_norm = true;  // q_norm / k_norm over head_dim in every layer
+      if (get_or<bool>(config, "attention_bias", false, c.where))
+        c.refuse("attention_bias",
+                 "loom's Qwen3-MoE has no biases on q/k/v_proj and o_proj; set it to false");
+    }
     if (get_or<bool>(config, "use_sliding_window", false, c.where) && windowed(config, h.positions))
       c.refuse("use_sliding_window",
                "loom's attention has no sliding window; set it to false, or sliding_window to "
@@ -256,6 +289,10 @@ void moe_from_config(const ConfigReader& c, HfModel& h) {
 void moe_node(const HfModel& h, json& node) {
   const HfMoe& e = *h.moe;
   node["add_qkv_bias"] = h.qkv_bias;
+  if (h.qk_norm) {  // Qwen3-MoE
+    node["qk_layernorm"] = true;
+    node["kv_channels"] = h.head_dim;
+  }
   json router = {{"impl", "topk"},
                  {"topk", e.topk},
                  {"score_function", "softmax"},

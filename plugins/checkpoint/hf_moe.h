@@ -1,5 +1,5 @@
 // The mixture-of-experts families of the Hugging Face mapping (MixtralForCausalLM,
-// Qwen2MoeForCausalLM; hf_model.h): their part of the spec reading (export), of
+// Qwen2MoeForCausalLM, Qwen3MoeForCausalLM; hf_model.h): their part of the spec reading (export), of
 // config.json (both ways) and of the loom model node (import), for hf_model.cc and
 // hf_config.cc.
 #pragma once
@@ -30,14 +30,14 @@ std::vector<bool> moe_layer_pattern(const nlohmann::json& m, int64_t layers);
 
 /// Export: the moe node (layer.mlp, impl "moe") of the rope "gpt" node `m` whose layers
 /// `sparse` marks, into h.moe, and the family (h.family) that expresses it, from h.qkv_bias
-/// too; refuses what neither family expresses.
+/// and h.qk_norm too (qk_layernorm: Qwen3-MoE); refuses what no family expresses.
 void moe_from_spec(const nlohmann::json& m, const std::vector<bool>& sparse, HfModel& h);
 
 /// The family's keys added to (or replacing those of) the rope families' shared `config`.
 void moe_config(const HfModel& h, nlohmann::json& config);
 
-/// Import: h.moe and h.qkv_bias from the Mixtral or Qwen2-MoE config.json `c` (h.family and
-/// the shared keys already read).
+/// Import: h.moe, h.qkv_bias and h.qk_norm from the Mixtral, Qwen2-MoE or Qwen3-MoE
+/// config.json `c` (h.family and the shared keys, head_dim included, already read).
 void moe_from_config(const ConfigReader& c, HfModel& h);
 
 /// The mixture of experts of `h` in the loom model node `node` (LLaMA's so far).

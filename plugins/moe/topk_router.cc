@@ -1,6 +1,10 @@
 #include "plugins/moe/topk_router.h"
 
+#include <loom/cpp/half.h>
+
+#include <algorithm>
 #include <cmath>
+#include <numeric>
 
 namespace loom::moe {
 namespace {
@@ -14,6 +18,151 @@ std::vector<double> as_list(const nlohmann::json& v) {
 }
 
 double sign(double v) { return v > 0 ? 1.0 : v < 0 ? -1.0 : 0.0; }
+
+// A tensor of f32, bf16, f16 or f64 read into host doubles.
+std::vector<double> to_host_f64(IHost& host, const TensorView& v) {
+  std::vector<double> out;
+  if (v.dtype == DType::kF64) {
+    to_host(host, v, out);
+  } else if (v.dtype == DType::kF32) {
+    std::vector<float> f;
+    to_host(host, v, f);
+    out.assign(f.begin(), f.end());
+  } else {
+    std::vector<uint16_t> h;
+    to_host(host, v, h);
+    out.resize(h.size());
+    for (size_t i = 0; i < h.size(); ++i)
+      out[i] = v.dtype == DType::kBF16 ? bf16_to_f32(h[i]) : f16_to_f32(h[i]);
+  }
+  return out;
+}
+
+// Host doubles written into a tensor of f32, bf16 or f16 (rounded to nearest even).
+void from_host_f64(IHost& host, const std::vector<double>& in, const TensorView& v) {
+  if (v.dtype == DType::kF32) {
+    from_host(host, std::vector<float>(in.begin(), in.end()), v);
+    return;
+  }
+  std::vector<uint16_t> h(in.size());
+  for (size_t i = 0; i < in.size(); ++i) {
+    const float f = static_cast<float>(in[i]);
+    h[i] = v.dtype == DType::kBF16 ? f32_to_bf16(f) : f32_to_f16(f);
+  }
+  from_host(host, h, v);
+}
+
+// ---- The f64 router (dtype fp64): the moe_topk / moe_topk_bwd ops (loom/ops/moe.h, as
+// kernels/cpu/moe_topk.cc computes them) on f64 logits, one row at a time. ----
+
+double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+
+// softmax of l (E) into out (E).
+void softmax_row(const double* l, int64_t e, double* out) {
+  double mx = -INFINITY, sum = 0;
+  for (int64_t i = 0; i < e; ++i) mx = std::max(mx, l[i]);
+  for (int64_t i = 0; i < e; ++i) sum += out[i] = std::exp(l[i] - mx);
+  for (int64_t i = 0; i < e; ++i) out[i] /= sum;
+}
+
+double logsumexp_row(const double* l, int64_t e) {
+  double mx = -INFINITY, sum = 0;
+  for (int64_t i = 0; i < e; ++i) mx = std::max(mx, l[i]);
+  for (int64_t i = 0; i < e; ++i) sum += std::exp(l[i] - mx);
+  return mx + std::log(sum);
+}
+
+// "a ranks before b": the higher score, or the lower index on a tie.
+bool before(double sa, int64_t a, double sb, int64_t b) { return sa > sb || (sa == sb && a < b); }
+
+// One row of moe_topk: the K experts (best first) of logits l (E) and their probs (K).
+// bias: (E) added to the sigmoid scores for the choice only, or null.
+void topk_row(const double* l, const float* bias, const ops::MoeTopkAttrs& at, int64_t e,
+              double* probs, int32_t* experts) {
+  std::vector<double> score(static_cast<size_t>(e)), sel(static_cast<size_t>(e));
+  if (at.score == 1) {
+    for (int64_t i = 0; i < e; ++i) {
+      score[i] = sigmoid(l[i]);
+      sel[i] = score[i] + (bias != nullptr ? bias[i] : 0.0);
+    }
+  } else if (at.pre_softmax) {
+    softmax_row(l, e, score.data());
+    sel = score;
+  } else {
+    sel.assign(l, l + e);
+  }
+  std::vector<char> allowed(static_cast<size_t>(e), 1);
+  if (at.num_groups > 1) {  // a group scores the sum of its best K / group_topk
+    const int64_t per = e / at.num_groups, take = at.k / at.group_topk;
+    std::vector<double> group_score(static_cast<size_t>(at.num_groups));
+    std::vector<int64_t> idx(static_cast<size_t>(per));
+    auto by_sel = [&](int64_t a, int64_t b) { return before(sel[a], a, sel[b], b); };
+    for (int32_t g = 0; g < at.num_groups; ++g) {
+      std::iota(idx.begin(), idx.end(), g * per);
+      std::partial_sort(idx.begin(), idx.begin() + take, idx.end(), by_sel);
+      group_score[g] = 0;
+      for (int64_t i = 0; i < take; ++i) group_score[g] += sel[idx[i]];
+    }
+    std::vector<int64_t> groups(static_cast<size_t>(at.num_groups));
+    std::iota(groups.begin(), groups.end(), 0);
+    std::partial_sort(
+        groups.begin(), groups.begin() + at.group_topk, groups.end(),
+        [&](int64_t a, int64_t b) { return before(group_score[a], a, group_score[b], b); });
+    std::fill(allowed.begin(), allowed.end(), 0);
+    for (int32_t i = 0; i < at.group_topk; ++i)
+      std::fill(allowed.begin() + groups[i] * per, allowed.begin() + (groups[i] + 1) * per, 1);
+  }
+  std::vector<int64_t> idx;
+  for (int64_t i = 0; i < e; ++i)
+    if (allowed[i]) idx.push_back(i);
+  std::partial_sort(idx.begin(), idx.begin() + at.k, idx.end(),
+                    [&](int64_t a, int64_t b) { return before(sel[a], a, sel[b], b); });
+  const double scale = at.scaling_factor != 0 ? at.scaling_factor : 1.0;
+  for (int32_t j = 0; j < at.k; ++j) experts[j] = static_cast<int32_t>(idx[j]);
+  if (at.score == 0 && !at.pre_softmax) {  // softmax over the chosen logits
+    double mx = l[experts[0]], sum = 0;
+    for (int32_t j = 0; j < at.k; ++j) sum += probs[j] = std::exp(l[experts[j]] - mx);
+    for (int32_t j = 0; j < at.k; ++j) probs[j] = probs[j] / sum * scale;
+  } else {
+    double z = 1.0;
+    if (at.score == 1 && at.k > 1) {
+      z = 1e-20;
+      for (int32_t j = 0; j < at.k; ++j) z += score[experts[j]];
+    }
+    for (int32_t j = 0; j < at.k; ++j) probs[j] = score[experts[j]] / z * scale;
+  }
+}
+
+// One row of moe_topk_bwd: adds to d (E) the gradient through topk_row of dprobs (K).
+void topk_row_bwd(const double* l, const int32_t* ex, const double* dprobs,
+                  const ops::MoeTopkAttrs& at, int64_t e, double* d) {
+  const int64_t k = at.k;
+  const double scale = at.scaling_factor != 0 ? at.scaling_factor : 1.0;
+  std::vector<double> g(static_cast<size_t>(k));
+  for (int64_t j = 0; j < k; ++j) g[j] = dprobs[j] * scale;
+  if (at.score == 0 && !at.pre_softmax) {  // p = softmax of the chosen: p_j (g_j - sum p g)
+    double mx = l[ex[0]], sum = 0, dot = 0;
+    std::vector<double> p(static_cast<size_t>(k));
+    for (int64_t j = 0; j < k; ++j) mx = std::max(mx, l[ex[j]]);
+    for (int64_t j = 0; j < k; ++j) sum += p[j] = std::exp(l[ex[j]] - mx);
+    for (int64_t j = 0; j < k; ++j) dot += (p[j] /= sum) * g[j];
+    for (int64_t j = 0; j < k; ++j) d[ex[j]] += p[j] * (g[j] - dot);
+  } else if (at.score == 0) {  // p = s[chosen], s = softmax over all E: s (g - sum s g)
+    std::vector<double> sm(static_cast<size_t>(e)), ge(static_cast<size_t>(e), 0.0);
+    softmax_row(l, e, sm.data());
+    double dot = 0;
+    for (int64_t j = 0; j < k; ++j) ge[ex[j]] += g[j];
+    for (int64_t i = 0; i < e; ++i) dot += sm[i] * ge[i];
+    for (int64_t i = 0; i < e; ++i) d[i] += sm[i] * (ge[i] - dot);
+  } else {  // p_j = s_j / Z (K > 1, Z = sum of the chosen s + 1e-20) or s_j (K = 1)
+    std::vector<double> sg(static_cast<size_t>(k));
+    double z = 1e-20, dot = 0;
+    for (int64_t j = 0; j < k; ++j) z += sg[j] = sigmoid(l[ex[j]]);
+    for (int64_t j = 0; j < k; ++j) dot += g[j] * sg[j];
+    for (int64_t j = 0; j < k; ++j)
+      d[ex[j]] += (k > 1 ? g[j] / z - dot / (z * z) : g[j]) * sg[j] * (1.0 - sg[j]);
+  }
+}
 
 }  // namespace
 
@@ -30,17 +179,17 @@ TopkRouter::TopkRouter(const nlohmann::json& options, IBuildContext& ctx)
   attrs_.score = score == "sigmoid" ? 1 : 0;
   attrs_.pre_softmax = options.value("pre_softmax", false) ? 1 : 0;
   if (attrs_.k < 1 || attrs_.k > experts_)
-    invalid("/topk: " + std::to_string(attrs_.k) + " must be in [1, num_experts = " +
-            std::to_string(experts_) + "]");
+    invalid("/topk: " + std::to_string(attrs_.k) +
+            " must be in [1, num_experts = " + std::to_string(experts_) + "]");
   if (attrs_.score == 0 && attrs_.k == 1 && !attrs_.pre_softmax)
-    invalid("/topk: a softmax over one chosen logit is constant (zero gradient); with topk 1 set "
-            "pre_softmax true, or use the sigmoid score");
+    invalid(
+        "/topk: a softmax over one chosen logit is constant (zero gradient); with topk 1 set "
+        "pre_softmax true, or use the sigmoid score");
   const nlohmann::json& scaling = options.contains("topk_scaling_factor")
                                       ? options["topk_scaling_factor"]
                                       : nlohmann::json(nullptr);
   attrs_.scaling_factor = scaling.is_null() ? 1.0f : scaling.get<float>();
-  if (!(attrs_.scaling_factor > 0))
-    invalid("/topk_scaling_factor: must be > 0 (or null for none)");
+  if (!(attrs_.scaling_factor > 0)) invalid("/topk_scaling_factor: must be > 0 (or null for none)");
   const nlohmann::json groups = options.value("num_groups", nlohmann::json(nullptr));
   const nlohmann::json group_topk = options.value("group_topk", nlohmann::json(nullptr));
   attrs_.num_groups = groups.is_null() ? 1 : groups.get<int32_t>();
@@ -65,15 +214,17 @@ TopkRouter::TopkRouter(const nlohmann::json& options, IBuildContext& ctx)
   for (size_t i = 0; i < types.size(); ++i) {
     std::string t = types[i].get<std::string>();
     if (t == "none") continue;
-    if (t == "global_aux_loss")
-      invalid("/load_balancing_type: global_aux_loss is not available in this loom yet; use "
-              "aux_loss or seq_aux_loss");
-    if (t != "aux_loss" && t != "seq_aux_loss")
+    if (t != "aux_loss" && t != "seq_aux_loss" && t != "global_aux_loss")
       invalid("/load_balancing_type: '" + t +
               "' is not one of aux_loss, seq_aux_loss, global_aux_loss, none");
     if (coeffs[i] < 0) invalid("/aux_loss_coeff: must be >= 0");
-    if (coeffs[i] > 0)
-      balance_.push_back({t == "aux_loss" ? Balance::kAux : Balance::kSeqAux, coeffs[i]});
+    const Balance type = t == "aux_loss"       ? Balance::kAux
+                         : t == "seq_aux_loss" ? Balance::kSeqAux
+                                               : Balance::kGlobalAux;
+    for (const BalanceTerm& b : balance_)
+      if (b.type == type)
+        invalid("/load_balancing_type: '" + t + "' is listed twice; give each type once");
+    if (coeffs[i] > 0) balance_.push_back({type, coeffs[i]});
   }
   const nlohmann::json z = options.value("z_loss_coeff", nlohmann::json(nullptr));
   z_coeff_ = z.is_null() ? 0.0 : z.get<double>();
@@ -83,9 +234,14 @@ TopkRouter::TopkRouter(const nlohmann::json& options, IBuildContext& ctx)
   if (expert_bias_ && attrs_.score != 1)
     invalid("/enable_expert_bias: the aux-loss-free expert bias needs score_function sigmoid");
   std::string router_dtype = options.value("dtype", "fp32");
-  if (router_dtype != "fp32")
-    invalid("/dtype: '" + router_dtype + "': the router computes in fp32 in this loom (fp64 is "
-            "not available yet)");
+  if (router_dtype != "fp32" && router_dtype != "fp64")
+    invalid("/dtype: '" + router_dtype + "' is not one of fp32, fp64");
+  f64_ = router_dtype == "fp64";
+  if (f64_ && device_.type != DeviceType::kCpu)
+    invalid(
+        "/dtype: fp64 is available on the cpu device only (the router's f64 math runs on "
+        "the host; the CUDA kernel library has no f64 gemm or moe_topk): use dtype fp32 "
+        "on this device, or train on the cpu device");
   layer_ = "layer_" + std::to_string(inherited_or<int64_t>(options, "layer_number", 0));
 
   // Replicated over tensor-parallel ranks; with sequence parallelism each holds other
@@ -101,11 +257,13 @@ TopkRouter::TopkRouter(const nlohmann::json& options, IBuildContext& ctx)
   if (expert_bias_)
     bias_ = add_param("expert_bias", DType::kF32,
                       ParamSpec{{experts_}, -1, kParamFrozen, ParamInit::kZeros, 0.f});
-  gemm_ = Kernel(host_, ops::kGemm, device_, dtype_);
-  topk_ = Kernel(host_, ops::kMoeTopk, device_, DType::kF32);
-  topk_bwd_ = Kernel(host_, ops::kMoeTopkBwd, device_, DType::kF32);
-  if (!balance_.empty()) add_ = Kernel(host_, ops::kAdd, device_, DType::kF32);
-  if (dtype_ != DType::kF32) cast_ = Kernel(host_, ops::kCast, device_, DType::kF32);
+  if (!f64_) {  // the f64 router computes on the host
+    gemm_ = Kernel(host_, ops::kGemm, device_, dtype_);
+    topk_ = Kernel(host_, ops::kMoeTopk, device_, DType::kF32);
+    topk_bwd_ = Kernel(host_, ops::kMoeTopkBwd, device_, DType::kF32);
+    if (!balance_.empty()) add_ = Kernel(host_, ops::kAdd, device_, DType::kF32);
+    if (dtype_ != DType::kF32) cast_ = Kernel(host_, ops::kCast, device_, DType::kF32);
+  }
   ICommunicator* comm = nullptr;
   throw_if_error(host_.communicator(make_string_view("tp,cp"), &comm), "router: the tp x cp group");
   sequence_group_ = comm;
@@ -113,56 +271,97 @@ TopkRouter::TopkRouter(const nlohmann::json& options, IBuildContext& ctx)
                  "router: the tp x cp x ep x dp group");
   count_group_ = comm;
   step_counts_.assign(static_cast<size_t>(experts_), 0.0);
+  global_sum_.assign(static_cast<size_t>(experts_), 0.0);
 }
 
-double TopkRouter::balance_terms(IForwardContext& ctx, const TensorView& logits, int64_t batch,
-                                 std::vector<float>* dscores, std::vector<int32_t>* order) {
-  const int64_t n = logits.shape[0], e = experts_, k = attrs_.k;
-  // Scores over all E, sorted, and the order: the first K of each row are the plain top-K.
-  ops::MoeTopkAttrs all{static_cast<int32_t>(e), attrs_.score, 1, 1, 1, 1.0f};
-  TensorView scores = allocate(ctx, DType::kF32, {n, e}, device_);
-  TensorView ids = allocate(ctx, DType::kI32, {n, e}, device_);
-  topk_({logits, empty_view()}, {scores, ids, empty_view()}, all);
-  std::vector<float> s;
-  to_host(host_, scores, s);
-  to_host(host_, ids, *order);
-  release_all(ctx, {scores, ids});
+std::vector<double> TopkRouter::global_average(IForwardContext& ctx, std::vector<double> counts) {
+  if (count_group_->size() > 1) {
+    TensorView v = make_view(counts.data(), DType::kF64, {experts_});
+    throw_if_error(count_group_->all_reduce(&v, ReduceOp::kSum, nullptr),
+                   "router: global_aux_loss's counts over the tensor x context x expert x data "
+                   "group");
+  }
+  // Under full recomputation a micro-batch's forward runs twice (the rerun in backward): the
+  // rerun, same input and weights, finds the same counts recorded for its micro-batch and
+  // reuses that running average (added once, as Megatron adds once: its first pass runs
+  // without grad). A micro-batch index seen with other counts means a new step began without
+  // step_end (a forward_backward outside a training step): the running state restarts. The
+  // counts are the group's sums, the same on every rank, so every rank decides alike.
+  const int32_t mb = ctx.micro_batch();
+  auto seen = global_seen_.find(mb);
+  if (seen != global_seen_.end() && seen->second.counts == counts) return seen->second.average;
+  if (seen != global_seen_.end()) {
+    std::fill(global_sum_.begin(), global_sum_.end(), 0.0);
+    global_micro_batches_ = 0;
+    global_seen_.clear();
+  }
+  ++global_micro_batches_;
+  std::vector<double> average(counts.size());
+  for (size_t i = 0; i < counts.size(); ++i) {
+    global_sum_[i] += counts[i];
+    average[i] = global_sum_[i] / static_cast<double>(global_micro_batches_);
+  }
+  global_seen_[mb] = {std::move(counts), average};
+  return average;
+}
+
+double TopkRouter::balance_terms(IForwardContext& ctx, const std::vector<double>& scores,
+                                 const std::vector<int32_t>& order, int64_t batch,
+                                 std::vector<double>* dscores) {
+  const int64_t e = experts_, k = attrs_.k;
+  const int64_t n = static_cast<int64_t>(order.size()) / e;
   const double g = static_cast<double>(sequence_group_->size());
   const int64_t seq = n / batch;
-  dscores->assign(static_cast<size_t>(n * e), 0.0f);
+  dscores->assign(static_cast<size_t>(n * e), 0.0);
   double value = 0;
   for (const BalanceTerm& term : balance_) {
-    const int64_t rows = term.type == Balance::kSeqAux ? batch : 1;  // counted separately
+    const bool per_seq = term.type == Balance::kSeqAux, global = term.type == Balance::kGlobalAux;
+    const int64_t rows = per_seq ? batch : 1;  // counted separately
     std::vector<double> counts(static_cast<size_t>(rows * e), 0.0), sums(counts.size(), 0.0);
     for (int64_t t = 0; t < n; ++t) {
-      const int64_t r = term.type == Balance::kSeqAux ? t / seq : 0;
+      const int64_t r = per_seq ? t / seq : 0;
       for (int64_t j = 0; j < e; ++j) {
-        const int32_t ex = (*order)[t * e + j];
+        const int32_t ex = order[t * e + j];
         if (j < k) counts[r * e + ex] += 1;
-        sums[r * e + ex] += s[t * e + j];
+        sums[r * e + ex] += scores[t * e + j];
       }
     }
-    if (sequence_group_->size() > 1) {
+    // The ranks whose tokens the counts cover, and T, those ranks' tokens: a sequence's
+    // (seq_aux_loss), the micro-batch's (aux_loss) or the micro-batch's over every data rank
+    // (global_aux_loss, whose counts are the running average over the step's micro-batches,
+    // while T stays one micro-batch's: Megatron's _apply_global_aux_loss).
+    double ranks = g;
+    if (global) {
+      ranks = static_cast<double>(count_group_->size());
+      counts = global_average(ctx, std::move(counts));
+    } else if (sequence_group_->size() > 1) {
       TensorView v = make_view(counts.data(), DType::kF64, {rows * e});
       throw_if_error(sequence_group_->all_reduce(&v, ReduceOp::kSum, nullptr),
                      "router: the load-balancing counts over the tensor x context group");
     }
-    // coeff * E / (K T^2) * sum_e c_e * sum_t s_te per counted domain (T its tokens over the
-    // group); seq_aux_loss averages its B sequences.
-    const double tokens = static_cast<double>(term.type == Balance::kSeqAux ? seq : n) * g;
+    // Megatron's switch_load_balancing_loss_func per counted domain:
+    //   coeff * E / (K T^2) * sum_e c_e * sum_{t on this rank} s_te
+    // with c_e constants (no gradient flows through the counts); seq_aux_loss averages its B
+    // sequences.
+    const double tokens = static_cast<double>(per_seq ? seq : n) * ranks;
     const double per = term.coeff * static_cast<double>(e) /
                        (static_cast<double>(k) * tokens * tokens * static_cast<double>(rows));
     double term_value = 0;
     for (int64_t i = 0; i < rows * e; ++i) term_value += per * counts[i] * sums[i];
     for (int64_t t = 0; t < n; ++t) {
-      const int64_t r = term.type == Balance::kSeqAux ? t / seq : 0;
+      const int64_t r = per_seq ? t / seq : 0;
       for (int64_t j = 0; j < e; ++j)
-        (*dscores)[t * e + j] += static_cast<float>(per * counts[r * e + (*order)[t * e + j]]);
+        (*dscores)[t * e + j] += per * counts[r * e + order[t * e + j]];
     }
     value += term_value;
-    std::vector<float> shown{static_cast<float>(term_value * g / term.coeff)};
+    // Logged as Megatron does: divided by the coefficient, summed over the counted ranks
+    // (the metric's mean over ranks of ranks x this share).
+    std::vector<float> shown{static_cast<float>(term_value * ranks / term.coeff)};
     TensorView m = upload(ctx, host_, DType::kF32, {}, shown, device_);
-    report_metric(ctx, (std::string(term.type == Balance::kAux ? "moe/aux_loss/" : "moe/seq_aux_loss/") + layer_).c_str(), m);
+    const char* name = per_seq  ? "moe/seq_aux_loss/"
+                       : global ? "moe/global_aux_loss/"
+                                : "moe/aux_loss/";
+    report_metric(ctx, (name + layer_).c_str(), m);
     release(ctx, m);
   }
   return value;
@@ -178,39 +377,94 @@ void TopkRouter::run_forward(IForwardContext& ctx, const TensorView* inputs, int
          detail::concat("router input: expected contiguous ", dtype_name(dtype_), " (B, T, ",
                         hidden_, ") or (N, ", hidden_, "), got ", dtype_name(x.dtype),
                         shape_string(x)));
-  const int64_t n = numel(x) / hidden_, k = attrs_.k;
+  const int64_t n = numel(x) / hidden_, k = attrs_.k, e = experts_, c = hidden_;
   const int64_t batch = x.ndim >= 3 ? x.shape[0] : 1;
-  TensorView xr = rows(x, hidden_);
-  TensorView logits = allocate(ctx, DType::kF32, {n, experts_}, device_);  // (N, E) f32
-  gemm_({xr, value(weight_)}, {logits}, ops::GemmAttrs{0, 1, 1.0f, 0.0f});
-  TensorView probs = allocate(ctx, DType::kF32, {n, k}, device_);
-  TensorView experts = allocate(ctx, DType::kI32, {n, k}, device_);
   const bool training = ctx.training();
-  TensorView lse = training && z_coeff_ > 0 ? allocate(ctx, DType::kF32, {n}, device_)
-                                            : empty_view();
-  topk_({logits, expert_bias_ ? value(bias_) : empty_view()}, {probs, experts, lse}, attrs_);
+  TensorView logits = empty_view(), probs, experts, lse = empty_view();
+  std::vector<double> l64;  // fp64: the logits (N, E) on the host
+  if (f64_) {
+    // Megatron's router_gating_linear at fp64: x and W cast to f64, logits = x W^T in f64.
+    std::vector<double> xs = to_host_f64(host_, x), ws = to_host_f64(host_, value(weight_));
+    l64.assign(static_cast<size_t>(n * e), 0.0);
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t i = 0; i < e; ++i) {
+        double acc = 0;
+        for (int64_t j = 0; j < c; ++j) acc += xs[t * c + j] * ws[i * c + j];
+        l64[t * e + i] = acc;
+      }
+    std::vector<float> bias;
+    if (expert_bias_) to_host(host_, value(bias_), bias);
+    std::vector<double> p(static_cast<size_t>(n * k));
+    std::vector<int32_t> ids(static_cast<size_t>(n * k));
+    for (int64_t t = 0; t < n; ++t)
+      topk_row(&l64[t * e], expert_bias_ ? bias.data() : nullptr, attrs_, e, &p[t * k],
+               &ids[t * k]);
+    // The MoE layer takes f32 probs (Megatron casts the f64 probs where they meet the
+    // experts' activations).
+    probs =
+        upload(ctx, host_, DType::kF32, {n, k}, std::vector<float>(p.begin(), p.end()), device_);
+    experts = upload(ctx, host_, DType::kI32, {n, k}, ids, device_);
+    if (training) logits = upload(ctx, host_, DType::kF64, {n, e}, l64, device_);
+    lse = empty_view();
+  } else {
+    logits = allocate(ctx, DType::kF32, {n, e}, device_);  // (N, E) f32
+    gemm_({rows(x, hidden_), value(weight_)}, {logits}, ops::GemmAttrs{0, 1, 1.0f, 0.0f});
+    probs = allocate(ctx, DType::kF32, {n, k}, device_);
+    experts = allocate(ctx, DType::kI32, {n, k}, device_);
+    lse = training && z_coeff_ > 0 ? allocate(ctx, DType::kF32, {n}, device_) : empty_view();
+    topk_({logits, expert_bias_ ? value(bias_) : empty_view()}, {probs, experts, lse}, attrs_);
+  }
   double aux = 0;
   if (training) {
     const double w = aux_loss_weight_of(ctx, "router");
     const double g = static_cast<double>(sequence_group_->size());
     if (!balance_.empty()) {
-      std::vector<float> dscores;
-      std::vector<int32_t> order;
-      aux += balance_terms(ctx, logits, batch, &dscores, &order);
-      for (float& v : dscores) v = static_cast<float>(v * w);
-      save(ctx, this, kAuxScores, upload(ctx, host_, DType::kF32, {n, experts_}, dscores, device_));
-      save(ctx, this, kAuxOrder, upload(ctx, host_, DType::kI32, {n, experts_}, order, device_));
+      // Scores over all E, sorted, and the order: the first K of each row are the plain top-K.
+      ops::MoeTopkAttrs all{static_cast<int32_t>(e), attrs_.score, 1, 1, 1, 1.0f};
+      std::vector<double> scores(static_cast<size_t>(n * e));
+      std::vector<int32_t> order(static_cast<size_t>(n * e));
+      if (f64_) {
+        for (int64_t t = 0; t < n; ++t)
+          topk_row(&l64[t * e], nullptr, all, e, &scores[t * e], &order[t * e]);
+      } else {
+        TensorView sv = allocate(ctx, DType::kF32, {n, e}, device_);
+        TensorView ids = allocate(ctx, DType::kI32, {n, e}, device_);
+        topk_({logits, empty_view()}, {sv, ids, empty_view()}, all);
+        std::vector<float> sf;
+        to_host(host_, sv, sf);
+        to_host(host_, ids, order);
+        release_all(ctx, {sv, ids});
+        scores.assign(sf.begin(), sf.end());
+      }
+      std::vector<double> dscores;
+      aux += balance_terms(ctx, scores, order, batch, &dscores);
+      for (double& v : dscores) v *= w;
+      save(ctx, this, kAuxScores,
+           f64_ ? upload(ctx, host_, DType::kF64, {n, e}, dscores, device_)
+                : upload(ctx, host_, DType::kF32, {n, e},
+                         std::vector<float>(dscores.begin(), dscores.end()), device_));
+      save(ctx, this, kAuxOrder, upload(ctx, host_, DType::kI32, {n, e}, order, device_));
     }
     if (z_coeff_ > 0) {
       // z = coeff / |tp x cp| * mean over this rank's tokens of lse^2 (Megatron's share).
-      std::vector<float> l;
-      to_host(host_, lse, l);
+      std::vector<double> l(static_cast<size_t>(n));
+      if (f64_) {
+        for (int64_t t = 0; t < n; ++t) l[t] = logsumexp_row(&l64[t * e], e);
+      } else {
+        std::vector<float> lf;
+        to_host(host_, lse, lf);
+        l.assign(lf.begin(), lf.end());
+      }
       double z = 0;
       const double scale = z_coeff_ / (g * static_cast<double>(n));
-      for (float v : l) z += scale * static_cast<double>(v) * v;
-      for (float& v : l) v = static_cast<float>(2.0 * scale * v * w);
-      from_host(host_, l, lse);  // now d lse
-      save(ctx, this, kDlse, lse);
+      for (double v : l) z += scale * v * v;
+      for (double& v : l) v = 2.0 * scale * v * w;  // now d lse
+      if (f64_) {
+        save(ctx, this, kDlse, upload(ctx, host_, DType::kF64, {n}, l, device_));
+      } else {
+        from_host(host_, std::vector<float>(l.begin(), l.end()), lse);
+        save(ctx, this, kDlse, lse);
+      }
       aux += z;
       std::vector<float> shown{static_cast<float>(z * g / z_coeff_)};
       TensorView m = upload(ctx, host_, DType::kF32, {}, shown, device_);
@@ -231,14 +485,58 @@ void TopkRouter::run_forward(IForwardContext& ctx, const TensorView* inputs, int
   }
 }
 
+TensorView TopkRouter::backward_f64(IForwardContext& ctx, const TensorView& dprobs) {
+  TensorView x = load(ctx, this, kInput);
+  const int64_t e = experts_, k = attrs_.k, c = hidden_;
+  std::vector<double> l = to_host_f64(host_, load(ctx, this, kLogits));  // (N, E)
+  const int64_t n = static_cast<int64_t>(l.size()) / e;
+  std::vector<int32_t> ids, order;
+  to_host(host_, load(ctx, this, kExperts), ids);
+  std::vector<double> dp = to_host_f64(host_, dprobs), ds, dlse;
+  if (!balance_.empty()) {
+    ds = to_host_f64(host_, load(ctx, this, kAuxScores));
+    to_host(host_, load(ctx, this, kAuxOrder), order);
+  }
+  if (z_coeff_ > 0) dlse = to_host_f64(host_, load(ctx, this, kDlse));
+  // dlogits (N, E): the probs' gradient, the load-balancing terms' through the scores over
+  // all E, the z-loss's through the logsumexp.
+  ops::MoeTopkAttrs all{static_cast<int32_t>(e), attrs_.score, 1, 1, 1, 1.0f};
+  std::vector<double> dl(static_cast<size_t>(n * e), 0.0), sm(static_cast<size_t>(e));
+  for (int64_t t = 0; t < n; ++t) {
+    double* d = &dl[t * e];
+    topk_row_bwd(&l[t * e], &ids[t * k], &dp[t * k], attrs_, e, d);
+    if (!ds.empty()) topk_row_bwd(&l[t * e], &order[t * e], &ds[t * e], all, e, d);
+    if (!dlse.empty()) {
+      softmax_row(&l[t * e], e, sm.data());
+      for (int64_t i = 0; i < e; ++i) d[i] += dlse[t] * sm[i];
+    }
+  }
+  // dW += dl^T x and dx = dl W in f64, rounded once to the parameter's and input's dtype.
+  std::vector<double> xs = to_host_f64(host_, x), ws = to_host_f64(host_, value(weight_));
+  std::vector<double> dw = to_host_f64(host_, grad(weight_));
+  std::vector<double> dxs(static_cast<size_t>(n * c), 0.0);
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t i = 0; i < e; ++i) {
+      const double v = dl[t * e + i];
+      if (v == 0) continue;
+      for (int64_t j = 0; j < c; ++j) {
+        dw[i * c + j] += v * xs[t * c + j];
+        dxs[t * c + j] += v * ws[i * c + j];
+      }
+    }
+  from_host_f64(host_, dw, grad(weight_));
+  TensorView dx = allocate_like(ctx, x);
+  from_host_f64(host_, dxs, dx);
+  return dx;
+}
+
 void TopkRouter::run_backward(IForwardContext& ctx, const TensorView* grad_outputs,
                               int32_t num_grad_outputs, TensorView* grad_inputs,
                               int32_t num_grad_inputs) {
   expect_count("router backward grad outputs", num_grad_outputs, 1);
   expect_count("router backward grad inputs", num_grad_inputs, 1);
-  TensorView x = load(ctx, this, kInput), logits = load(ctx, this, kLogits);
   TensorView experts = load(ctx, this, kExperts);
-  const int64_t n = logits.shape[0];
+  const int64_t n = experts.shape[0];
   expect(grad_outputs[0], {n, attrs_.k}, DType::kF32, "router grad probs");
   if (expert_bias_) {
     // The step's token counts for the expert bias, taken here because backward runs once per
@@ -247,6 +545,11 @@ void TopkRouter::run_backward(IForwardContext& ctx, const TensorView* grad_outpu
     to_host(host_, experts, chosen);
     for (int32_t ex : chosen) step_counts_[static_cast<size_t>(ex)] += 1;
   }
+  if (f64_) {
+    grad_inputs[0] = backward_f64(ctx, grad_outputs[0]);
+    return;
+  }
+  TensorView x = load(ctx, this, kInput), logits = load(ctx, this, kLogits);
   TensorView dlse = z_coeff_ > 0 ? load(ctx, this, kDlse) : empty_view();
   TensorView dlogits = allocate(ctx, DType::kF32, {n, experts_}, device_);  // (N, E)
   topk_bwd_({grad_outputs[0], logits, experts, dlse}, {dlogits}, attrs_);
@@ -273,6 +576,11 @@ void TopkRouter::run_backward(IForwardContext& ctx, const TensorView* grad_outpu
 }
 
 void TopkRouter::on_step_end(const StepEvent&) {
+  // global_aux_loss's running counts start again with the next step (Megatron resets them
+  // in finalize_model_grads, once per optimizer step).
+  std::fill(global_sum_.begin(), global_sum_.end(), 0.0);
+  global_micro_batches_ = 0;
+  global_seen_.clear();
   if (!expert_bias_) return;
   // Aux-loss-free balancing: b += rate * sign(mean(c) - c) from the step's counts over the
   // tensor x context x data ranks (Megatron-Core's _update_router_expert_bias).

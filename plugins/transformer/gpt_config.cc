@@ -60,6 +60,7 @@ GptConfig GptConfig::from_options(const nlohmann::json& o) {
   c.add_bias_linear = o.at("add_bias_linear").get<bool>();
   c.add_qkv_bias = inherited_or<bool>(o, "add_qkv_bias", c.add_bias_linear);
   c.tie_embeddings = o.at("tie_embeddings").get<bool>();
+  c.qk_layernorm = inherited_or<bool>(o, "qk_layernorm", false);
   c.init_std = o.at("init_std").get<double>();
   c.hidden_dropout = o.at("hidden_dropout").get<double>();
   c.attention_dropout = o.at("attention_dropout").get<double>();
@@ -161,6 +162,7 @@ nlohmann::json GptConfig::layer_options(int64_t layer_number) const {
           {"ffn_hidden_size", ffn_hidden_size},
           {"add_bias_linear", add_bias_linear},
           {"add_qkv_bias", add_qkv_bias},
+          {"qk_layernorm", qk_layernorm},
           {"init_std", init_std},
           {"num_layers", num_layers},
           {"layer_number", layer_number},

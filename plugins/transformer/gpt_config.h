@@ -19,6 +19,9 @@ struct GptConfig {
   std::string position_embedding;  // "learned", "rope" or "none"
   nlohmann::json rotary;           // {"base", "percent", "scaling": {...}}
   bool add_bias_linear, add_qkv_bias, tie_embeddings, return_logits;
+  /// RMSNorm (the layer's norm kind) per head over kv_channels on q and k before rope
+  /// (Megatron's --qk-layernorm, Qwen3's q_norm / k_norm).
+  bool qk_layernorm = false;
   double init_std, hidden_dropout, attention_dropout;
   int64_t seq_length, micro_batch_size;
   /// Layers kept out of FP8 at either end (Megatron's --num-layers-at-start-in-bf16 /

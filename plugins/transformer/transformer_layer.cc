@@ -34,6 +34,7 @@ TransformerLayer::TransformerLayer(const nlohmann::json& options, IBuildContext&
           inherited_or<bool>(options, "add_qkv_bias",
                              inherited<bool>(options, "add_bias_linear", "transformer_layer"))),
       proj_bias_(inherited<bool>(options, "add_bias_linear", "transformer_layer")),
+      qk_layernorm_(inherited_or<bool>(options, "qk_layernorm", false)),
       hidden_dropout_(inherited_or<float>(options, "hidden_dropout", 0.f)),
       dtype_(params_dtype(options)),
       device_(device_of(options)),
@@ -112,6 +113,16 @@ TransformerLayer::TransformerLayer(const nlohmann::json& options, IBuildContext&
   add_child("input_layernorm", input_norm_ = build_child<INorm>(ctx, "norm", norm));
   add_child("self_attention.core_attention",
             core_ = build_child<IAttention>(ctx, "attention", core));
+  if (qk_layernorm_) {
+    // Rows of D: one norm per head, one weight for all heads. Each tp rank sees only its
+    // heads, so the weight's gradient is partial there: the sequence-parallel flag makes the
+    // core sum it over the tp group (as it does a norm's on sequence shards).
+    nlohmann::json head_norm = norm;
+    head_norm["hidden_size"] = head_dim_;
+    head_norm["sequence_parallel"] = true;
+    add_child("self_attention.q_layernorm", q_norm_ = build_child<INorm>(ctx, "norm", head_norm));
+    add_child("self_attention.k_layernorm", k_norm_ = build_child<INorm>(ctx, "norm", head_norm));
+  }
   add_child("pre_mlp_layernorm", pre_mlp_norm_ = build_child<INorm>(ctx, "norm", norm));
   // The model's moe_layer_freq picks the node's "mlp" or its "dense_mlp" for this layer.
   const bool moe_layer = inherited_or<bool>(options, "moe_layer", true);
@@ -184,6 +195,13 @@ TensorView TransformerLayer::forward_impl(IForwardContext& ctx, const TensorView
   TensorView v = allocate(ctx, dtype_, {b, t, g, d}, device_);
   split_({qkv}, {q, k, v});
   release(ctx, qkv);
+  if (qk_layernorm_) {  // per head over D, before rope (the norms save their inputs)
+    TensorView qn = call_forward(*q_norm_, ctx, {q}, 1, "q_layernorm")[0];
+    TensorView kn = call_forward(*k_norm_, ctx, {k}, 1, "k_layernorm")[0];
+    release_all(ctx, {q, k});
+    q = qn;
+    k = kn;
+  }
   if (inv_freq_) {
     ops::RopeAttrs attrs{rotary_dim_};
     rope_fwd_({q, positions, inv_freq_->view()}, {q}, attrs);
@@ -284,6 +302,13 @@ void TransformerLayer::run_backward(IForwardContext& ctx, const TensorView* grad
     ops::RopeAttrs attrs{rotary_dim_};
     rope_bwd_({dqkv3[0], positions, inv_freq_->view()}, {dqkv3[0]}, attrs);
     rope_bwd_({dqkv3[1], positions, inv_freq_->view()}, {dqkv3[1]}, attrs);
+  }
+  if (qk_layernorm_) {
+    TensorView dq = call_backward(*q_norm_, ctx, {dqkv3[0]}, 1, "q_layernorm")[0];
+    TensorView dk = call_backward(*k_norm_, ctx, {dqkv3[1]}, 1, "k_layernorm")[0];
+    release_all(ctx, {dqkv3[0], dqkv3[1]});
+    dqkv3[0] = dq;
+    dqkv3[1] = dk;
   }
   TensorView dqkv = allocate(ctx, dtype_, {b, t, g, (h / g + 2) * d}, device_);
   merge_({dqkv3[0], dqkv3[1], dqkv3[2]}, {dqkv});

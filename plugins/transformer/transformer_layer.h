@@ -1,13 +1,20 @@
 // TransformerLayer (kinds::kLayer "transformer_layer"): Megatron's pre-norm decoder layer,
-//   h = x + dropout(proj(core(rope(split(qkv(norm1(x)))))))
+//   h = x + dropout(proj(core(rope(qk_norm(split(qkv(norm1(x))))))))
 //   y = h + dropout(mlp(norm2(h)))
-// Children (spec slots): "norm" (built twice: input_layernorm, pre_mlp_layernorm),
-// "attention" (the core, self_attention.core_attention) and "mlp". The projections are the
-// layer's own parameters, with Megatron-Core names:
+// Children (spec slots): "norm" (built twice: input_layernorm, pre_mlp_layernorm; twice more
+// with qk_layernorm), "attention" (the core, self_attention.core_attention) and "mlp". The
+// projections are the layer's own parameters, with Megatron-Core names:
 //   self_attention.linear_qkv.weight ((H + 2G) * D, C), grouped [G, (H/G + 2) * D, C]
 //   self_attention.linear_qkv.bias   ((H + 2G) * D)          when add_qkv_bias
 //   self_attention.linear_proj.weight (C, H * D)
 //   self_attention.linear_proj.bias   (C)                    when add_bias_linear
+// qk_layernorm (Megatron's --qk-layernorm, Qwen3's q_norm / k_norm): the "norm" node built
+// over the head dimension, self_attention.q_layernorm and .k_layernorm (weight (D), shared
+// by all heads), normalises every head of q (B, T, H, D) and k (B, T, G, D) after the split
+// and before rope, so the kv cache holds normed, rotated keys. With tensor parallelism each
+// rank normalises its own heads only, so its gradient of the replicated weight is partial:
+// the weight carries kParamSequenceParallel (gradient all-reduced over the tp group) whether
+// or not the run is sequence parallel. Context parallelism needs nothing (per token).
 //   forward:  [0] hidden (B, T, C), [1] position ids (B, T) i32 or empty,
 //             [2] segment ids (B, T) i32 or empty -> [0] (B, T, C)
 // With a kv cache in the context (incremental decoding, IForwardContext::kv_cache) k (after
@@ -58,7 +65,7 @@ class TransformerLayer final : public ModuleBase<ILayer> {
   TensorParallel tp_;
   int32_t cp_rank_ = 0, cp_size_ = 1;  // the context-parallel group (dropout follows the chunks)
   int64_t local_heads_, local_groups_;  // this rank's share of heads_ and groups_
-  bool qkv_bias_, proj_bias_;
+  bool qkv_bias_, proj_bias_, qk_layernorm_;
   float hidden_dropout_;
   DType dtype_;
   Device device_;
@@ -66,6 +73,7 @@ class TransformerLayer final : public ModuleBase<ILayer> {
   std::unique_ptr<RotaryTable> inv_freq_;  // null without rope
   int32_t qkv_weight_, qkv_bias_index_ = -1, proj_weight_, proj_bias_index_ = -1;
   IModule *input_norm_, *core_, *pre_mlp_norm_, *mlp_;
+  IModule *q_norm_ = nullptr, *k_norm_ = nullptr;  // with qk_layernorm
   Linear linear_;
   Kernel split_, merge_, rope_fwd_, rope_bwd_, add_, dropout_fwd_, dropout_bwd_;
 };

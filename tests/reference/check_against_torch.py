@@ -76,6 +76,7 @@ class Config:
         self.activation = layer["mlp"].get("activation", "gelu_tanh")  # of the dense MLPs
         self.bias = m.get("add_bias_linear", True)
         self.qkv_bias = m.get("add_qkv_bias", self.bias)
+        self.qk_layernorm = m.get("qk_layernorm", False)  # per head over D, before rope
         # Mixture of experts: self.moe holds the MoE block's options, self.moe_layers says
         # which layers have it; the others use the dense MLP node layer.dense_mlp.
         self.moe = None
@@ -133,7 +134,12 @@ class MoeConfig:
         for t in types:
             if t != "none" and t not in self.AUX_TYPES:
                 raise ValueError(f"load_balancing_type {t!r}")
-        self.aux = [(t, float(c)) for t, c in zip(types, coeffs) if t != "none"]
+        self.aux = [(t, float(c)) for t, c in zip(types, coeffs) if t != "none" and c > 0]
+        # The router dtype (Megatron's moe_router_dtype): the reference is f64 throughout, so
+        # fp32 and fp64 rebuild alike; loom's fp64 path must then agree at least as well.
+        self.router_dtype = _opt(r, "dtype", "fp32")
+        if self.router_dtype not in ("fp32", "fp64"):
+            raise ValueError(f"router dtype {self.router_dtype!r}")
         self.z = r.get("z_loss_coeff")
         self.expert_bias = _opt(r, "enable_expert_bias", False)
         if self.expert_bias and self.score != "sigmoid":
@@ -342,10 +348,13 @@ def aux_losses(logits, B, T, moe, layer, run):
                 counts = torch.tensor(routed.reshape(B, T, E).sum(1))
                 term = c * E / (K * T * T) * (counts * s.reshape(B, T, E).sum(1)).sum() / B
             else:  # global_aux_loss
-                # The counts summed over the step's micro-batches so far, divided by their
-                # number (Megatron sums them over the data-parallel ranks too: one rank
-                # here). The replay below runs one micro-batch per step, so this equals
-                # aux_loss; the accumulator is kept for the semantics.
+                # Megatron's _apply_global_aux_loss (router.py) with
+                # switch_load_balancing_loss_func (moe_utils.py): the counts summed over the
+                # data-parallel ranks (one rank here) are added to a buffer that lives for the
+                # optimizer step; each micro-batch uses the buffer divided by the micro-batches
+                # added so far (this one included), while T stays this micro-batch's tokens
+                # (times the data-parallel ranks):
+                #   coeff * E / (K T^2) * sum_e (sum_{i<=m} c_ie / m) * sum_t s_te
                 acc = run.global_counts.setdefault(layer, [np.zeros(E), 0])
                 acc[0] = acc[0] + routed.sum(0)
                 acc[1] += 1
@@ -460,6 +469,14 @@ def forward(p, cfg, tokens, labels, mask, moe_run=None):
         q = qkv[..., : per * cfg.D].reshape(B, T, cfg.H, cfg.D)
         k = qkv[..., per * cfg.D : (per + 1) * cfg.D]
         v = qkv[..., (per + 1) * cfg.D :]
+        if cfg.qk_layernorm:  # Megatron's q_layernorm / k_layernorm: weights (D), all heads
+            for n in ("q_layernorm", "k_layernorm"):
+                if g(f"self_attention.{n}.weight") is None:
+                    raise ValueError(f"qk_layernorm: loom has no {pre}self_attention.{n}.weight")
+            q = norm(q, g("self_attention.q_layernorm.weight"), g("self_attention.q_layernorm.bias"),
+                     cfg.norm, cfg.eps)
+            k = norm(k, g("self_attention.k_layernorm.weight"), g("self_attention.k_layernorm.bias"),
+                     cfg.norm, cfg.eps)
         if cfg.pos == "rope":
             q, k = rope(q, cfg), rope(k, cfg)
         k = k.repeat_interleave(per, dim=2)
@@ -498,6 +515,45 @@ def forward(p, cfg, tokens, labels, mask, moe_run=None):
                                            reduction="none")
     m = mask.reshape(-1)
     return logits, (ce * m).sum() / m.sum().clamp(min=1)
+
+
+# ---------------------------------------------------------------------------------------
+# loom's mock data (core/data/mock_data.cc), regenerated so that a step of several
+# micro-batches can be replayed: dump_reference records only each step's first micro-batch.
+# ---------------------------------------------------------------------------------------
+
+_M64 = (1 << 64) - 1
+
+
+def mix64(x):
+    x = (x + 0x9E3779B97F4A7C15) & _M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
+
+
+class MockTokens:
+    """Sample stream i (one row of T tokens and labels) of MockData(vocab, seed)."""
+
+    def __init__(self, vocab, seed, branching=4):
+        self.vocab, self.seed, self.branching = vocab, seed, branching
+        x = mix64(seed ^ 0x6D6F636B)  # "mock"
+        self.succ = []
+        for _ in range(vocab * branching):
+            x = mix64(x)
+            self.succ.append(x % vocab)
+
+    def rows(self, first, B, T):
+        tokens, labels = np.zeros((B, T), dtype=np.int64), np.zeros((B, T), dtype=np.int64)
+        for b in range(B):
+            x = mix64(self.seed ^ mix64(first + b))
+            token = x % self.vocab
+            for t in range(T):
+                x = mix64(x)
+                nxt = self.succ[token * self.branching + x % self.branching]
+                tokens[b, t], labels[b, t] = token, nxt
+                token = nxt
+        return torch.tensor(tokens), torch.tensor(labels)
 
 
 failures = []
@@ -573,14 +629,38 @@ def main():
     v2 = {k: torch.zeros_like(v) for k, v in p.items()}
     steps = json.load(open(f"{dump}/train.json"))
     B, T = tokens.shape
+    # Gradient accumulation: M micro-batches per step (one data-parallel rank). Their
+    # losses and gradients are averaged; an MoE model's aux terms are weighted 1/M too
+    # (loom's aux_loss_weight, Megatron's grad_scale / M), and global_aux_loss's counts
+    # accumulate over the step's micro-batches (one MoeRun per step).
+    M = spec["train"].get("global_batch_size", B) // B
+    mock = None
+    if M > 1:
+        if not spec.get("data", {}).get("mock"):
+            print("FAILED: a reference spec with several micro-batches per step needs mock data "
+                  "(the later micro-batches are regenerated here)")
+            return 1
+        mock = MockTokens(spec["data"].get("vocab_size") or cfg.V, spec["train"]["seed"])
     for rec in steps:
         t = rec["step"]
         leaf = {k: x.clone().requires_grad_(True) for k, x in p.items()}
         tok = torch.tensor(rec["tokens"], dtype=torch.long).view(B, T)
         lab = torch.tensor(rec["labels"], dtype=torch.long).view(B, T)
-        run = MoeRun(cfg) if cfg.moe else None  # one micro-batch per step
-        _, l = forward(leaf, cfg, tok, lab, torch.ones(B, T), run)
-        (l if run is None else l + run.aux).backward()  # the step loss is the CE alone
+        batches = [(tok, lab)]
+        for j in range(1, M):
+            batches.append(mock.rows(((t - 1) * M + j) * B, B, T))
+        if M > 1 and not torch.equal(mock.rows((t - 1) * M * B, B, T)[0], tok):
+            print(f"FAILED: step {t}: the regenerated mock tokens differ from loom's first "
+                  "micro-batch (core/data/mock_data.cc changed?)")
+            return 1
+        run = MoeRun(cfg) if cfg.moe else None
+        l = torch.zeros(())
+        for tok_j, lab_j in batches:
+            if run is not None:
+                run.aux = torch.zeros(())
+            _, l_j = forward(leaf, cfg, tok_j, lab_j, torch.ones(B, T), run)
+            ((l_j if run is None else l_j + run.aux) / M).backward()  # the loss is the CE alone
+            l = l + l_j.detach() / M
         compare(f"step {t} loss", rec["loss"], l.item(), "step_loss")
         grads = [x.grad for x in leaf.values() if x.grad is not None]  # None: unused expert
         norm_ = math.sqrt(sum(float((g ** 2).sum()) for g in grads))

@@ -8,8 +8,11 @@ Run by the Python of the Hugging Face environment that tools/setup makes
                        the from_pretrained of its config's architecture (GPT2LMHeadModel,
                        LlamaForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM; no missing,
                        unexpected or mismatched weights) and compare the logits.
-  make DIR FAMILY      a random tiny model of FAMILY (gpt2, llama, mixtral, qwen2_moe), saved
-                       with save_pretrained(DIR, safe_serialization=True), and
+                       Qwen3MoeForCausalLM, which transformers 4.40 lacks, is loaded (as
+                       strictly) by the re-implementation in qwen3_moe_ref.py instead.
+  make DIR FAMILY      a random tiny model of FAMILY (gpt2, llama, mixtral, qwen2_moe,
+                       qwen3_moe), saved with save_pretrained(DIR, safe_serialization=True)
+                       (qwen3_moe: written by qwen3_moe_ref.make as transformers lays it out), and
                        DIR/hf.safetensors with fixed "tokens" and its "logits".
   check-import DIR     compare DIR/loom.safetensors (loom's logits after importing DIR)
                        with DIR/hf.safetensors.
@@ -23,6 +26,8 @@ try:
     import torch
     import transformers
     from safetensors.torch import load_file, save_file
+
+    import qwen3_moe_ref  # beside this file
 except ImportError as e:
     sys.exit(f"check_hf: {e}: the Hugging Face environment is missing or incomplete; run tools/setup")
 
@@ -44,7 +49,17 @@ def compare(what, loom, hf):
 
 
 ARCHITECTURES = ("GPT2LMHeadModel", "LlamaForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM")
-FAMILIES = ("gpt2", "llama", "mixtral", "qwen2_moe")
+FAMILIES = ("gpt2", "llama", "mixtral", "qwen2_moe", "qwen3_moe")
+
+# Layer 1 dense (mlp_only_layers), renormalised top-2 of 4 experts, head_dim 12 where
+# hidden / heads is 8, untied: every Qwen3-MoE specific shows in the logits.
+QWEN3_MOE_TINY = dict(
+    vocab_size=79, hidden_size=32, intermediate_size=40, num_hidden_layers=3,
+    num_attention_heads=4, num_key_value_heads=2, head_dim=12, max_position_embeddings=64,
+    rms_norm_eps=1e-6, rope_theta=1e6, rope_scaling=None, use_sliding_window=False,
+    sliding_window=None, decoder_sparse_step=1, mlp_only_layers=[1], moe_intermediate_size=16,
+    num_experts=4, num_experts_per_tok=2, norm_topk_prob=True, router_aux_loss_coef=0.001,
+    tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
 
 
 def model_class(config):
@@ -56,6 +71,17 @@ def model_class(config):
 
 def check_export(work):
     config = json.load(open(f"{work}/model/config.json"))
+    if config["architectures"][0] == qwen3_moe_ref.ARCHITECTURE:
+        try:
+            cfg, w = qwen3_moe_ref.load(f"{work}/model")
+        except ValueError as e:
+            sys.exit(f"check_hf: {qwen3_moe_ref.ARCHITECTURE} (re-implementation): {e}")
+        loom = load_file(f"{work}/loom.safetensors")
+        with torch.no_grad():
+            logits = qwen3_moe_ref.forward(cfg, w, loom["tokens"].long())
+        compare(f"export {qwen3_moe_ref.ARCHITECTURE} re-implementation ({work})",
+                loom["logits"], logits)
+        return
     cls = model_class(config)
     model, info = cls.from_pretrained(f"{work}/model", output_loading_info=True,
                                       torch_dtype=torch.float32, attn_implementation="eager")
@@ -68,7 +94,36 @@ def check_export(work):
     compare(f"export {cls.__name__} ({work})", loom["logits"], logits)
 
 
+def check_qwen3_moe_ref(work):
+    """The re-implementation without q_norm / k_norm against transformers' Qwen2-MoE with
+    zero q/k/v biases and no shared expert (head_dim = hidden / heads, as 4.40 has it): the
+    rest of its code (rope, grouped attention, routing, experts, dense layers) is checked
+    against transformers' before it stands in for Qwen3-MoE."""
+    # decoder_sparse_step instead of mlp_only_layers, which 4.40's Qwen2-MoE does not read.
+    c = dict(QWEN3_MOE_TINY, head_dim=None, decoder_sparse_step=2, mlp_only_layers=[])
+    cfg, w = qwen3_moe_ref.make(f"{work}/self_check", c, seed=4242)
+    hf = transformers.Qwen2MoeConfig(**{k: v for k, v in c.items() if k != "head_dim"},
+                                     shared_expert_intermediate_size=0)
+    model = transformers.Qwen2MoeForCausalLM(hf).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(w[name] if name in w else torch.zeros_like(p))  # biases, shared expert: 0
+        tokens = torch.randint(0, cfg.V, (2, 16), generator=torch.Generator().manual_seed(3))
+        compare("qwen3_moe_ref.py without q/k norms against transformers' Qwen2MoeForCausalLM",
+                qwen3_moe_ref.forward(cfg, w, tokens, qk_norm=False), model(tokens).logits)
+
+
 def make(work, family):
+    if family == "qwen3_moe":
+        check_qwen3_moe_ref(work)
+        cfg, w = qwen3_moe_ref.make(work, QWEN3_MOE_TINY, seed=9876)
+        tokens = torch.randint(0, cfg.V, (2, 16), generator=torch.Generator().manual_seed(7))
+        with torch.no_grad():
+            logits = qwen3_moe_ref.forward(cfg, w, tokens)
+        save_file({"tokens": tokens.to(torch.int32), "logits": logits.float().contiguous()},
+                  f"{work}/hf.safetensors")
+        print(f"make: {qwen3_moe_ref.ARCHITECTURE} (re-implementation) in {work}")
+        return
     torch.manual_seed({"gpt2": 1234, "llama": 4321, "mixtral": 5678, "qwen2_moe": 8765}[family])
     if family == "gpt2":
         config = transformers.GPT2Config(

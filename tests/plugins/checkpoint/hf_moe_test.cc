@@ -1,5 +1,5 @@
-// The safetensors format and the mixture-of-experts families, MixtralForCausalLM and
-// Qwen2MoeForCausalLM, both ways: which family the export picks, config.json, the names and
+// The safetensors format and the mixture-of-experts families, MixtralForCausalLM,
+// Qwen2MoeForCausalLM and Qwen3MoeForCausalLM (q_norm / k_norm, head_dim), both ways: which family the export picks, config.json, the names and
 // layouts of routers, experts, shared experts, dense layers and q/k/v biases (element by
 // element against the transformers conventions, written out here), zeros for what Qwen2-MoE
 // has and loom's model lacks, loom -> HF -> loom being the identity, the spec the import
@@ -236,6 +236,81 @@ TEST_F(HfMoe, Qwen2MoeZerosForWhatLoomLacks) {
   expect_identity(dir, w);
 }
 
+// Qwen3-MoE: a mixture of experts with qk_layernorm. q_norm / k_norm (D) per layer, no
+// biases, no shared expert, head_dim written; loom -> HF -> loom is the identity.
+TEST_F(HfMoe, Qwen3MoeQkNormsAndHeadDim) {
+  Tiny m = moe_model();
+  m.l = 3;
+  m.freq = {1, 0, 1};  // no step makes it: mlp_only_layers [1]
+  json spec = tiny_spec(m);
+  spec["model"]["qk_layernorm"] = true;
+  std::vector<OwnedTensor> w = tiny_weights(m, DType::kF32, rng);
+  for (int i = 0; i < 3; ++i)
+    for (const char* n : {"q_layernorm", "k_layernorm"})
+      w.push_back(random_tensor("model.decoder.layers." + std::to_string(i) +
+                                    ".self_attention." + n + ".weight",
+                                DType::kF32, {4}, rng));
+  fs::path dir = fresh_dir("hf_qwen3_moe");
+  Outcome o = export_to(dir, w, spec);
+  ASSERT_EQ(o.code, Code::kOk) << o.message;
+
+  json config = read_json(dir / "config.json");
+  EXPECT_EQ(config["architectures"], json({"Qwen3MoeForCausalLM"}));
+  EXPECT_EQ(config["model_type"], "qwen3_moe");
+  EXPECT_EQ(config["head_dim"], 4);
+  EXPECT_EQ(config["num_experts"], 4);
+  EXPECT_EQ(config["moe_intermediate_size"], 4);
+  EXPECT_EQ(config["norm_topk_prob"], true);
+  EXPECT_EQ(config["attention_bias"], false);
+  EXPECT_EQ(config["decoder_sparse_step"], 1);
+  EXPECT_EQ(config["mlp_only_layers"], json({1}));
+  EXPECT_FALSE(config.contains("shared_expert_intermediate_size"));
+
+  SafetensorsReader file(dir / "model.safetensors");
+  std::set<std::string> got = names(file);
+  for (const char* n : {"model.layers.0.self_attn.q_norm.weight",
+                        "model.layers.2.self_attn.k_norm.weight", "model.layers.1.mlp.up_proj.weight",
+                        "model.layers.2.mlp.experts.3.down_proj.weight"})
+    EXPECT_TRUE(got.count(n)) << n;
+  for (const char* n : {"model.layers.0.self_attn.q_proj.bias",
+                        "model.layers.0.mlp.shared_expert_gate.weight",
+                        "model.layers.0.mlp.shared_expert.up_proj.weight"})
+    EXPECT_FALSE(got.count(n)) << n;
+  EXPECT_EQ(hf_floats(file, "model.layers.2.self_attn.k_norm.weight"),
+            by_name(w, "model.decoder.layers.2.self_attention.k_layernorm.weight").floats());
+  EXPECT_EQ(hf_floats(file, "model.layers.1.self_attn.q_norm.weight"),
+            by_name(w, "model.decoder.layers.1.self_attention.q_layernorm.weight").floats());
+  expect_identity(dir, w);
+
+  // What Qwen3-MoE lacks is refused, naming the spec field.
+  const std::pair<std::function<void(json&)>, const char*> refused[] = {
+      {[](json& s) { s["model"]["add_qkv_bias"] = true; }, "/add_qkv_bias"},
+      {[](json& s) {
+         s["model"]["layer"]["mlp"]["shared_expert_intermediate_size"] = 6;
+         s["model"]["layer"]["mlp"]["shared_expert_gate"] = true;
+       },
+       "/layer/mlp/shared_expert_intermediate_size"},
+  };
+  for (const auto& [change, field] : refused) {
+    json bad = spec;
+    change(bad);
+    Outcome r = export_to(fresh_dir("hf_qwen3_moe_refused"), w, bad);
+    EXPECT_EQ(r.code, Code::kUnimplemented) << field << ": " << r.message;
+    EXPECT_NE(r.message.find(std::string("spec /model") + field), std::string::npos) << r.message;
+    EXPECT_NE(r.message.find("Qwen3-MoE"), std::string::npos) << r.message;
+  }
+  // A dense model with qk_layernorm (Qwen3) has no family yet.
+  Tiny dense = m;
+  dense.experts = 0;
+  dense.freq.clear();
+  json dense_spec = tiny_spec(dense);
+  dense_spec["model"]["qk_layernorm"] = true;
+  Outcome r = export_to(fresh_dir("hf_qwen3_dense_refused"), tiny_weights(dense, DType::kF32, rng),
+                        dense_spec);
+  EXPECT_EQ(r.code, Code::kUnimplemented) << r.message;
+  EXPECT_NE(r.message.find("spec /model/qk_layernorm"), std::string::npos) << r.message;
+}
+
 TEST_F(HfMoe, RefusesWhatNeitherFamilyExpresses) {
   const Tiny moe = moe_model();
   Tiny shared = moe;
@@ -295,6 +370,31 @@ json mixtral_config() {
           {"router_aux_loss_coef", 0.01},
           {"router_jitter_noise", 0.0},
           {"sliding_window", nullptr},
+          {"vocab_size", 11}};
+}
+
+// head_dim 6 where hidden / heads is 4; layer 1 dense; Qwen3's rope_theta and defaults.
+json qwen3_moe_config() {
+  return {{"architectures", {"Qwen3MoeForCausalLM"}},
+          {"model_type", "qwen3_moe"},
+          {"hidden_size", 8},
+          {"intermediate_size", 12},
+          {"moe_intermediate_size", 4},
+          {"num_hidden_layers", 2},
+          {"num_attention_heads", 2},
+          {"num_key_value_heads", 1},
+          {"head_dim", 6},
+          {"max_position_embeddings", 16},
+          {"num_experts", 3},
+          {"num_experts_per_tok", 2},
+          {"decoder_sparse_step", 1},
+          {"mlp_only_layers", {1}},
+          {"norm_topk_prob", true},
+          {"rope_theta", 1e6},
+          {"use_sliding_window", false},
+          {"sliding_window", nullptr},
+          {"attention_bias", false},
+          {"tie_word_embeddings", false},
           {"vocab_size", 11}};
 }
 
@@ -384,6 +484,41 @@ class HfMoeImport : public HfMoe {
       add(p + "shared_expert_gate.weight", {1, 8});
     }
     add("model.norm.weight", {8});
+    write_hf_weights(dir / "model.safetensors", hf);
+    return dir;
+  }
+  // Layer 0 sparse, layer 1 dense (mlp_only_layers); D 6, 2 query heads, 1 key/value head.
+  fs::path qwen3_moe_dir(const std::string& name) {
+    fs::path dir = fresh_dir(name);
+    write_json(dir / "config.json", qwen3_moe_config());
+    hf.clear();
+    add("model.embed_tokens.weight", {11, 8});
+    for (int i = 0; i < 2; ++i) {
+      std::string p = "model.layers." + std::to_string(i) + ".";
+      add(p + "input_layernorm.weight", {8});
+      add(p + "post_attention_layernorm.weight", {8});
+      add(p + "self_attn.q_proj.weight", {12, 8});
+      add(p + "self_attn.k_proj.weight", {6, 8});
+      add(p + "self_attn.v_proj.weight", {6, 8});
+      add(p + "self_attn.o_proj.weight", {8, 12});
+      add(p + "self_attn.q_norm.weight", {6});
+      add(p + "self_attn.k_norm.weight", {6});
+      p += "mlp.";
+      if (i == 1) {
+        add(p + "gate_proj.weight", {12, 8});
+        add(p + "up_proj.weight", {12, 8});
+        add(p + "down_proj.weight", {8, 12});
+        continue;
+      }
+      add(p + "gate.weight", {3, 8});
+      for (int e = 0; e < 3; ++e)
+        for (const char* n : {"gate_proj", "up_proj", "down_proj"})
+          add(p + "experts." + std::to_string(e) + "." + n + ".weight",
+              std::string(n) == "down_proj" ? std::vector<int64_t>{8, 4}
+                                            : std::vector<int64_t>{4, 8});
+    }
+    add("model.norm.weight", {8});
+    add("lm_head.weight", {11, 8});
     write_hf_weights(dir / "model.safetensors", hf);
     return dir;
   }
@@ -490,6 +625,53 @@ TEST_F(HfMoeImport, Qwen2MoeSpecFromConfigAndWeights) {
   EXPECT_EQ(meta["spec"]["model"]["layer"]["mlp"]["shared_expert_gate"], true);
 }
 
+TEST_F(HfMoeImport, Qwen3MoeSpecFromConfigAndWeights) {
+  fs::path dir = qwen3_moe_dir("hf_in_qwen3_moe");
+  json meta;
+  Outcome o = metadata(format, dir, &meta);
+  ASSERT_EQ(o.code, Code::kOk) << o.message;
+  const json& m = meta["spec"]["model"];
+  EXPECT_EQ(meta["format"]["architecture"], "Qwen3MoeForCausalLM");
+  EXPECT_EQ(m["qk_layernorm"], true);
+  EXPECT_EQ(m["kv_channels"], 6);
+  EXPECT_EQ(m["add_qkv_bias"], false);
+  EXPECT_EQ(m["num_query_groups"], 1);
+  EXPECT_EQ(m["rotary"]["base"], 1e6);
+  EXPECT_EQ(m["moe_layer_freq"], json({1, 0}));
+  EXPECT_EQ(m["tie_embeddings"], false);
+  const json& mlp = m["layer"]["mlp"];
+  EXPECT_EQ(mlp["num_experts"], 3);
+  EXPECT_EQ(mlp["router"]["pre_softmax"], false);  // norm_topk_prob
+  EXPECT_EQ(mlp["shared_expert_intermediate_size"], nullptr);
+  EXPECT_EQ(meta["tensors"]["model.decoder.layers.1.self_attention.k_layernorm.weight"]["shape"],
+            json({6}));
+  EXPECT_EQ(meta["tensors"]["model.decoder.layers.0.self_attention.linear_qkv.weight"]["shape"],
+            json({24, 8}));  // one group: 2 query heads, k, v of D 6
+  load_all(dir, meta);
+  OwnedTensor q_norm =
+      load_whole(dir, "model.decoder.layers.0.self_attention.q_layernorm.weight", {6});
+  EXPECT_EQ(q_norm.floats(), by_name(hf, "model.layers.0.self_attn.q_norm.weight").floats());
+
+  // head_dim disagreeing with the weights: the tensor, the file and config.json are named.
+  json config = qwen3_moe_config();
+  config["head_dim"] = 4;
+  write_json(dir / "config.json", config);
+  ASSERT_EQ(metadata(format, dir, &meta).code, Code::kOk);
+  std::vector<OwnedTensor> one = {request("model.decoder.layers.0.self_attention.q_layernorm.weight",
+                                          DType::kF32, {4}, {0}, {4})};
+  Outcome bad = load(format, dir, one);
+  EXPECT_EQ(bad.code, Code::kInvalidArgument) << bad.message;
+  EXPECT_NE(bad.message.find("self_attn.q_norm.weight"), std::string::npos) << bad.message;
+  EXPECT_NE(bad.message.find("config.json"), std::string::npos) << bad.message;
+  // Biases on the attention are refused, naming the key.
+  config = qwen3_moe_config();
+  config["attention_bias"] = true;
+  write_json(dir / "config.json", config);
+  o = metadata(format, dir, &meta);
+  EXPECT_EQ(o.code, Code::kUnimplemented) << o.message;
+  EXPECT_NE(o.message.find("config.json: attention_bias"), std::string::npos) << o.message;
+}
+
 TEST_F(HfMoeImport, RefusesConfigsLoomCannotRepresent) {
   struct Case {
     bool qwen;
@@ -507,7 +689,7 @@ TEST_F(HfMoeImport, RefusesConfigsLoomCannotRepresent) {
          c["num_experts_per_tok"] = 1;  // renormalised: weight 1
        },
        "norm_topk_prob"},
-      {true, [](json& c) { c["model_type"] = "qwen3_moe"; }, "model_type"},
+      {true, [](json& c) { c["model_type"] = "qwen4_moe"; }, "model_type"},
   };
   for (const Case& c : cases) {
     fs::path dir = c.qwen ? qwen2_moe_dir("hf_in_moe_refused") : mixtral_dir("hf_in_moe_refused");
@@ -519,7 +701,8 @@ TEST_F(HfMoeImport, RefusesConfigsLoomCannotRepresent) {
     EXPECT_EQ(o.code, Code::kUnimplemented) << c.key << ": " << o.message;
     EXPECT_NE(o.message.find(std::string("config.json: ") + c.key), std::string::npos) << o.message;
     if (std::string(c.key) == "model_type") {
-      EXPECT_NE(o.message.find("q_norm"), std::string::npos) << o.message;
+      EXPECT_NE(o.message.find("qwen3_moe (Qwen3MoeForCausalLM)"), std::string::npos)
+          << o.message;
     }
   }
   // Malformed values are kInvalidArgument naming the key.
