@@ -6,6 +6,11 @@
 #include "plugins/moe/routing.h"
 
 namespace loom::moe {
+namespace {
+
+enum Slot : int32_t { kKeptIds };
+
+}  // namespace
 
 MoeLayer::MoeLayer(const nlohmann::json& options, IBuildContext& ctx)
     : host_(*ctx.host()),
@@ -38,9 +43,10 @@ MoeLayer::MoeLayer(const nlohmann::json& options, IBuildContext& ctx)
   if (policy != "probs" && policy != "position")
     invalid("/token_drop_policy: '" + policy + "' is not one of probs, position");
   drop_by_probs_ = policy == "probs";
-  if (options.value("pad_to_capacity", false))
-    invalid("/pad_to_capacity: padding every expert to its capacity is not available in this "
-            "loom yet; set it false");
+  pad_ = options.value("pad_to_capacity", false);
+  if (pad_ && capacity_factor_ <= 0)
+    invalid("/pad_to_capacity: padding every expert to its capacity needs a capacity; set "
+            "expert_capacity_factor (or pad_to_capacity false)");
   const int64_t layer = inherited_or<int64_t>(options, "layer_number", 0);
   layer_ = "layer_" + std::to_string(layer);
 
@@ -112,8 +118,21 @@ void MoeLayer::run_forward(IForwardContext& ctx, const TensorView* inputs, int32
     std::vector<float> p;
     to_host(host_, probs, p);
     drop_over_capacity(ids, p, experts_, capacity, drop_by_probs_);
-    probs = upload(ctx, host_, DType::kF32, {n, topk}, p, device_);
-    experts = upload(ctx, host_, DType::kI32, {n, topk}, ids, device_);
+    if (pad_) {
+      // Every (token, expert) a slot: the kept choices with their probs, fillers with 0.
+      std::vector<int32_t> padded;
+      std::vector<float> padded_probs;
+      pad_to_capacity(ids, p, topk, experts_, capacity, padded, padded_probs);
+      probs = upload(ctx, host_, DType::kF32, {n, experts_}, padded_probs, device_);
+      experts = upload(ctx, host_, DType::kI32, {n, experts_}, padded, device_);
+      // Backward maps the (N, E) probs' gradient back to the router's (N, K) choices.
+      TensorView kept = allocate(ctx, DType::kI32, {n, topk}, kCpu);
+      std::memcpy(kept.data, ids.data(), ids.size() * sizeof(int32_t));
+      save(ctx, this, kKeptIds, kept);
+    } else {
+      probs = upload(ctx, host_, DType::kF32, {n, topk}, p, device_);
+      experts = upload(ctx, host_, DType::kI32, {n, topk}, ids, device_);
+    }
   }
   if (ctx.training()) {
     // Load imbalance of this rank's routing: max over mean tokens per expert.
@@ -167,6 +186,17 @@ void MoeLayer::run_backward(IForwardContext& ctx, const TensorView* grad_outputs
   TensorView dexpert_out{}, dprobs{};
   throw_if_error(dispatcher_->combine_backward(&ctx, &dyr, &dexpert_out, &dprobs),
                  "moe combine backward");
+  if (pad_) {  // (N, E) -> the router's (N, K)
+    TensorView kept = load(ctx, this, kKeptIds);
+    const int32_t* k = static_cast<const int32_t*>(kept.data);
+    std::vector<int32_t> ids(k, k + numel(kept));
+    std::vector<float> padded_grad;
+    to_host(host_, dprobs, padded_grad);
+    release(ctx, dprobs);
+    dprobs = upload(ctx, host_, DType::kF32, {kept.shape[0], kept.shape[1]},
+                    unpad_probs_grad(ids, padded_grad, kept.shape[1], experts_), device_);
+    drop_saved(ctx, this);
+  }
   TensorView ddispatched = call_backward(*experts_module_, ctx, {dexpert_out}, 1, "experts")[0];
   TensorView dxr{};
   throw_if_error(dispatcher_->dispatch_backward(&ctx, &ddispatched, &dxr), "moe dispatch backward");

@@ -7,7 +7,9 @@
 // "shared_experts", when shared_expert_intermediate_size is set) add a dense MLP of the
 // token. With expert_capacity_factor each expert keeps at most
 // ceil(N K / E * factor) of this rank's (token, choice) pairs (token_drop_policy probs or
-// position); dropless by default. The router's load-balancing terms enter the objective
+// position); dropless by default; pad_to_capacity then fills every expert up to exactly
+// its capacity with tokens of prob 0 (fixed row counts, as Megatron-Core's
+// moe_pad_expert_input_to_capacity; the result is the unpadded one). The router's load-balancing terms enter the objective
 // through the router's backward (their weight is the context's aux_loss_weight).
 //   forward:  [0] x (B, T, C) -> [0] y (B, T, C) (sequence shards with sequence parallelism)
 //   backward: dy -> dx; parameter gradients accumulated
@@ -36,6 +38,7 @@ class MoeLayer final : public ModuleBase<IMlp> {
   int64_t hidden_, experts_;
   double capacity_factor_ = 0;  // 0: dropless
   bool drop_by_probs_ = true;
+  bool pad_ = false;  // pad_to_capacity
   DType dtype_;
   Device device_;
   IRouter* router_ = nullptr;           // children (owned through add_child)

@@ -45,4 +45,39 @@ void drop_over_capacity(std::vector<int32_t>& experts, std::vector<float>& probs
   }
 }
 
+void pad_to_capacity(const std::vector<int32_t>& experts, const std::vector<float>& probs,
+                     int64_t k, int64_t num_experts, int64_t capacity,
+                     std::vector<int32_t>& padded, std::vector<float>& padded_probs) {
+  const int64_t n = static_cast<int64_t>(experts.size()) / k, e = num_experts;
+  padded.assign(static_cast<size_t>(n * e), -1);
+  padded_probs.assign(static_cast<size_t>(n * e), 0.0f);
+  std::vector<int64_t> rows(static_cast<size_t>(e), 0);
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t x = experts[t * k + j];
+      if (x < 0) continue;
+      padded[t * e + x] = x;
+      padded_probs[t * e + x] = probs[t * k + j];
+      ++rows[x];
+    }
+  const int64_t want = std::min(capacity, n);
+  for (int64_t x = 0; x < e; ++x)
+    for (int64_t t = 0; t < n && rows[x] < want; ++t)
+      if (padded[t * e + x] < 0) {
+        padded[t * e + x] = static_cast<int32_t>(x);
+        ++rows[x];
+      }
+}
+
+std::vector<float> unpad_probs_grad(const std::vector<int32_t>& experts,
+                                    const std::vector<float>& padded_grad, int64_t k,
+                                    int64_t num_experts) {
+  std::vector<float> out(experts.size(), 0.0f);
+  for (size_t s = 0; s < experts.size(); ++s)
+    if (experts[s] >= 0)
+      out[s] = padded_grad[(s / static_cast<size_t>(k)) * static_cast<size_t>(num_experts) +
+                           static_cast<size_t>(experts[s])];
+  return out;
+}
+
 }  // namespace loom::moe

@@ -27,4 +27,23 @@ RowPlan plan_rows(const std::vector<int32_t>& experts, int64_t k, int32_t first,
 void drop_over_capacity(std::vector<int32_t>& experts, std::vector<float>& probs,
                         int64_t num_experts, int64_t capacity, bool by_probs);
 
+/// Pad-to-capacity (Megatron-Core's moe_pad_expert_input_to_capacity), after
+/// drop_over_capacity: every expert gets exactly min(capacity, N) rows, its kept (token,
+/// choice) pairs and then, as fillers, the lowest tokens that did not choose it (prob 0: they
+/// run through the expert and add nothing). The routing comes out over all E experts, one
+/// slot per (token, expert):
+/// \param experts        (N, K) kept choices, -1 for dropped
+/// \param probs          (N, K) their probs
+/// \param[out] padded    (N, E): e when token t is one of expert e's rows, else -1
+/// \param[out] padded_probs (N, E): the kept probs, 0 for fillers and elsewhere
+void pad_to_capacity(const std::vector<int32_t>& experts, const std::vector<float>& probs,
+                     int64_t k, int64_t num_experts, int64_t capacity,
+                     std::vector<int32_t>& padded, std::vector<float>& padded_probs);
+
+/// The gradient of the (N, K) probs from that of the padded (N, E) ones: slot (t, j) takes
+/// (t, experts[t, j]); a dropped choice (-1) gets 0.
+std::vector<float> unpad_probs_grad(const std::vector<int32_t>& experts,
+                                    const std::vector<float>& padded_grad, int64_t k,
+                                    int64_t num_experts);
+
 }  // namespace loom::moe

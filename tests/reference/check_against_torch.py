@@ -149,6 +149,11 @@ class MoeConfig:
         self.drop_policy = _opt(mlp, "token_drop_policy", "probs")
         if self.drop_policy not in ("probs", "position"):
             raise ValueError(f"token_drop_policy {self.drop_policy!r}")
+        # pad_to_capacity runs filler rows of prob 0 through the experts (Megatron's
+        # moe_pad_expert_input_to_capacity): the result is the unpadded one, which this
+        # reference computes.
+        if _opt(mlp, "pad_to_capacity", False) and self.capacity_factor is None:
+            raise ValueError("pad_to_capacity needs expert_capacity_factor")
         self.shared = mlp.get("shared_expert_intermediate_size")
         self.shared_gate = _opt(mlp, "shared_expert_gate", False)
 

@@ -695,6 +695,27 @@ TEST_F(PipelineTest, ExpertParallelMatchesOneRankToEachGradient) {
                             "'model.layer.mlp.dispatcher.impl=\"allgather\"'");
   expect_same_curve(drop_one, drop_gather, "capacity 0.5 at ep2, allgather");
   expect_same_gradients("moe_drop_one", "moe_drop_ep2gather", drop_one.grad_norm[0]);
+  // Padded to capacity (factor 1: some experts drop, the others get filler rows of prob 0):
+  // every expert receives the same rows, and the result is the unpadded one.
+  nlohmann::json capacity1 = mixtral;
+  capacity1["model"]["layer"]["mlp"]["expert_capacity_factor"] = 1.0;
+  Curve cap_one = train("moe_cap1_one", capacity1, "");
+  nlohmann::json padded = capacity1;
+  padded["model"]["layer"]["mlp"]["pad_to_capacity"] = true;
+  Curve pad_ep2 = train("moe_pad_ep2", padded,
+                        "--nproc 2 --set parallel.ep=2 --set 'log.level=\"debug\"'");
+  expect_same_curve(cap_one, pad_ep2, "padded to capacity at ep2");
+  expect_same_gradients("moe_cap1_one", "moe_pad_ep2", cap_one.grad_norm[0]);
+  {
+    std::string log = last_out_ + last_err_;
+    const std::regex line(R"(received (\d+) rows \((\d+) (\d+) per local expert\))");
+    int lines = 0;
+    for (auto it = std::sregex_iterator(log.begin(), log.end(), line);
+         it != std::sregex_iterator(); ++it, ++lines) {
+      EXPECT_EQ((*it)[2], (*it)[3]) << "padded experts receive equal rows: " << (*it)[0];
+    }
+    EXPECT_GT(lines, 0) << "the dispatcher's debug lines";
+  }
   // The drops changed the gradients (the comparison above means something).
   auto kept = step_one("moe_one"), dropped = step_one("moe_drop_one");
   double change = 0;
