@@ -773,6 +773,9 @@ TEST_F(ParallelTest, BadMixtureOfExpertsOptionsAreRefusedBeforeStart) {
             "spec /model/layer/mlp/num_experts: 4 is not divisible by the expert-parallel size 3"},
            {"--set model.layer.mlp.expert_capacity_factor=0",
             "spec /model/layer/mlp/expert_capacity_factor: expected number > 0"},
+           {"--set model.layer.mlp.pad_to_capacity=true",
+            "spec /model/layer/mlp/pad_to_capacity: padding every expert to its capacity needs "
+            "a capacity"},
            {"--set 'model.moe_layer_freq=[1, 0]'",
             "spec /model/moe_layer_freq: a pattern of 2 entries for 4 layers"},
            {"--nproc 2 --set parallel.tp=2",

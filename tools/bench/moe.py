@@ -7,7 +7,8 @@ Runs with Debian's /usr/bin/python3 (standard library only). Trains configs/llam
 same active MLP parameters per token, 4x the MLP parameters) for a few steps on one rank,
 then mixtral_tiny over 2 ranks as data replicas (dp2: every rank all 8 experts) and with
 expert parallelism (ep2: 4 experts per rank) through the alltoall and the allgather
-dispatchers, one OpenMP and one OpenBLAS thread per rank. Reads rank 0's metrics.jsonl:
+dispatchers, with expert tensor parallelism (etp2 over the two data ranks: every rank half
+of every expert's F) and padded to a capacity, one OpenMP and one OpenBLAS thread per rank. Reads rank 0's metrics.jsonl:
 ms per step and tokens/s (the mean of the steps after the first), MFU (active parameters),
 the host allocator's peak. Prints a Markdown table.
 
@@ -67,6 +68,11 @@ def main():
         ("MoE, dp2 (all experts on each rank)", moe, ["--set", "parallel.dp=2"], 2),
         ("MoE, ep2 alltoall", moe, ["--set", "parallel.ep=2"], 2),
         ("MoE, ep2 allgather", moe, ["--set", "parallel.ep=2"] + gather, 2),
+        ("MoE, etp2 over dp2 (each expert's F split)", moe,
+         ["--set", "parallel.dp=2", "--set", "parallel.etp=2"], 2),
+        ("MoE, ep2 alltoall, capacity 1.25 padded", moe,
+         ["--set", "parallel.ep=2", "--set", "model.layer.mlp.expert_capacity_factor=1.25",
+          "--set", "model.layer.mlp.pad_to_capacity=true"], 2),
     ]
     print("| run | parameters | ms/step | tokens/s (all ranks) | MFU | peak memory per rank |")
     print("|---|---|---|---|---|---|")
