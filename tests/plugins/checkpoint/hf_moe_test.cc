@@ -457,6 +457,21 @@ class HfMoeImport : public HfMoe {
     write_hf_weights(dir / "model.safetensors", hf);
     return dir;
   }
+  // A dense SwiGLU MLP of width 12 under prefix `p` ("model.layers.N.mlp.").
+  void dense_mlp(const std::string& p) {
+    add(p + "gate_proj.weight", {12, 8});
+    add(p + "up_proj.weight", {12, 8});
+    add(p + "down_proj.weight", {8, 12});
+  }
+  // The router and 3 experts of width 4 under prefix `p`.
+  void routed_experts(const std::string& p) {
+    add(p + "gate.weight", {3, 8});
+    for (int e = 0; e < 3; ++e)
+      for (const char* n : {"gate_proj", "up_proj", "down_proj"})
+        add(p + "experts." + std::to_string(e) + "." + n + ".weight",
+            std::string(n) == "down_proj" ? std::vector<int64_t>{8, 4}
+                                          : std::vector<int64_t>{4, 8});
+  }
   // Layers 0 and 1 sparse with a shared expert of width 0; layer 2 dense (mlp_only_layers).
   fs::path qwen2_moe_dir(const std::string& name) {
     fs::path dir = fresh_dir(name);
@@ -467,17 +482,10 @@ class HfMoeImport : public HfMoe {
       attention(i, 2, true);
       std::string p = "model.layers." + std::to_string(i) + ".mlp.";
       if (i == 2) {
-        add(p + "gate_proj.weight", {12, 8});
-        add(p + "up_proj.weight", {12, 8});
-        add(p + "down_proj.weight", {8, 12});
+        dense_mlp(p);
         continue;
       }
-      add(p + "gate.weight", {3, 8});
-      for (int e = 0; e < 3; ++e)
-        for (const char* n : {"gate_proj", "up_proj", "down_proj"})
-          add(p + "experts." + std::to_string(e) + "." + n + ".weight",
-              std::string(n) == "down_proj" ? std::vector<int64_t>{8, 4}
-                                            : std::vector<int64_t>{4, 8});
+      routed_experts(p);
       add(p + "shared_expert.gate_proj.weight", {0, 8});
       add(p + "shared_expert.up_proj.weight", {0, 8});
       add(p + "shared_expert.down_proj.weight", {8, 0});
@@ -505,17 +513,10 @@ class HfMoeImport : public HfMoe {
       add(p + "self_attn.k_norm.weight", {6});
       p += "mlp.";
       if (i == 1) {
-        add(p + "gate_proj.weight", {12, 8});
-        add(p + "up_proj.weight", {12, 8});
-        add(p + "down_proj.weight", {8, 12});
+        dense_mlp(p);
         continue;
       }
-      add(p + "gate.weight", {3, 8});
-      for (int e = 0; e < 3; ++e)
-        for (const char* n : {"gate_proj", "up_proj", "down_proj"})
-          add(p + "experts." + std::to_string(e) + "." + n + ".weight",
-              std::string(n) == "down_proj" ? std::vector<int64_t>{8, 4}
-                                            : std::vector<int64_t>{4, 8});
+      routed_experts(p);
     }
     add("model.norm.weight", {8});
     add("lm_head.weight", {11, 8});
