@@ -1,6 +1,9 @@
 // add, bias_add, bias_grad, cast, scale, sumsq, amax (loom/ops.h, "Elementwise").
 //   reference: one element at a time.
 //   fast: OpenMP over chunks, each chunk converted to f32, computed with AVX2, stored back.
+// add and cast also take f64 (loom/ops/elementwise.h): add with A, B, Y all f64 adds in f64;
+// cast to f64 is exact, from f64 rounds to f32 (then to bf16 / f16). Both kernels do it one
+// element at a time (the fast one over OpenMP threads); they are registered under f64 too.
 #include <immintrin.h>
 #include <loom/cpp/op_checks/elementwise.h>
 
@@ -21,10 +24,20 @@ int64_t check_add(const OpCall* call, bool shapes_only) {
   return op_checks::check_add(call, shapes_only, DeviceType::kCpu);
 }
 
+// Y = A + B, all f64 (the checks admit f64 only for all three).
+template <bool kParallel>
+void add_f64(const TensorView& A, const TensorView& B, const TensorView& Y, int64_t n) {
+  const double *a = static_cast<const double*>(A.data), *b = static_cast<const double*>(B.data);
+  double* y = static_cast<double*>(Y.data);
+#pragma omp parallel for schedule(static) if (kParallel)
+  for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
+}
+
 Status add_ref(const OpCall* call) {
   return guard([&] {
     int64_t n = check_add(call, false);
     const TensorView &A = call->inputs[0], &B = call->inputs[1], &Y = call->outputs[0];
+    if (A.dtype == DType::kF64) return add_f64<false>(A, B, Y, n);
     for (int64_t i = 0; i < n; ++i) store(Y, i, load(A, i) + load(B, i));
   });
 }
@@ -70,9 +83,28 @@ int64_t check_cast(const OpCall* call, bool shapes_only) {
   return op_checks::check_cast(call, shapes_only, DeviceType::kCpu);
 }
 
+// A cast with f64 on either side: element i of X as f64 (exact), stored in Y's dtype
+// (f64 -> f32 rounds once, -> bf16 / f16 through f32).
+template <bool kParallel>
+void cast_f64(const TensorView& X, const TensorView& Y, int64_t n) {
+  const bool x64 = X.dtype == DType::kF64, y64 = Y.dtype == DType::kF64;
+  const double* xd = static_cast<const double*>(X.data);
+  double* yd = static_cast<double*>(Y.data);
+#pragma omp parallel for schedule(static) if (kParallel)
+  for (int64_t i = 0; i < n; ++i) {
+    const double v = x64 ? xd[i] : static_cast<double>(load(X, i));
+    if (y64)
+      yd[i] = v;
+    else
+      store(Y, i, static_cast<float>(v));
+  }
+}
+
 Status cast_ref(const OpCall* call) {
   return guard([&] {
     int64_t n = check_cast(call, false);
+    if (call->inputs[0].dtype == DType::kF64 || call->outputs[0].dtype == DType::kF64)
+      return cast_f64<false>(call->inputs[0], call->outputs[0], n);
     for (int64_t i = 0; i < n; ++i) store(call->outputs[0], i, load(call->inputs[0], i));
   });
 }
@@ -136,6 +168,7 @@ Status add_fast(const OpCall* call) {
   return guard([&] {
     int64_t n = check_add(call, false);
     const TensorView &A = call->inputs[0], &B = call->inputs[1], &Y = call->outputs[0];
+    if (A.dtype == DType::kF64) return add_f64<true>(A, B, Y, n);
 #pragma omp parallel for schedule(static)
     for (int64_t c = 0; c < n; c += kChunk) {
       float a[kChunk], b[kChunk];
@@ -194,6 +227,7 @@ Status cast_fast(const OpCall* call) {
   return guard([&] {
     int64_t n = check_cast(call, false);
     const TensorView &X = call->inputs[0], &Y = call->outputs[0];
+    if (X.dtype == DType::kF64 || Y.dtype == DType::kF64) return cast_f64<true>(X, Y, n);
 #pragma omp parallel for schedule(static)
     for (int64_t c = 0; c < n; c += kChunk) {
       float x[kChunk];
@@ -305,6 +339,15 @@ void add_elementwise_kernels(std::vector<KernelDesc>& out) {
   LOOM_CPU_REGISTER(out, ops::kBiasAdd, bias_add);
   LOOM_CPU_REGISTER(out, ops::kBiasGrad, bias_grad);
   LOOM_CPU_REGISTER(out, ops::kCast, cast);
+  // f64 keys of add and cast (the fp64 router's; the kernels above serve f64 calls).
+  add_kernels(out, ops::kAdd, kRefName, kRefPriority, add_ref, add_supports, add_cost,
+              {DType::kF64});
+  add_kernels(out, ops::kAdd, kFastName, kFastPriority, add_fast, add_fast_supports, add_cost,
+              {DType::kF64});
+  add_kernels(out, ops::kCast, kRefName, kRefPriority, cast_ref, cast_supports, cast_cost,
+              {DType::kF64});
+  add_kernels(out, ops::kCast, kFastName, kFastPriority, cast_fast, cast_fast_supports, cast_cost,
+              {DType::kF64});
   LOOM_CPU_REGISTER(out, ops::kScale, scale);
   LOOM_CPU_REGISTER(out, ops::kSumSq, sumsq);
   LOOM_CPU_REGISTER(out, ops::kAmax, amax);

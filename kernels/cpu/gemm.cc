@@ -2,6 +2,8 @@
 //   reference: triple loop, f64 accumulation.
 //   fast: OpenBLAS cblas_sgemm per batch (one call when B is shared and A not transposed);
 //         bf16 / f16 operands are converted to f32 scratch first.
+// f64 (A, B and Y all f64, keyed on f64): the reference is the same triple loop in f64 with
+// alpha and beta as f64, the fast kernel cblas_dgemm with the same batch folding.
 #include <cblas.h>
 #include <loom/cpp/op_checks/gemm.h>
 
@@ -35,10 +37,32 @@ Status gemm_cost(const OpCall* call, OpCost* out) {
   });
 }
 
+// The f64 reference: the loop below with f64 operands, no rounding but the products' own.
+void gemm_ref_f64(const GemmShape& s, const TensorView& A, const TensorView& B,
+                  const TensorView& Y) {
+  const GemmAttrs& at = s.attrs;
+  const double *a = static_cast<const double*>(A.data), *bm = static_cast<const double*>(B.data);
+  double* y = static_cast<double*>(Y.data);
+  for (int64_t b = 0; b < s.batch; ++b) {
+    int64_t a0 = b * s.m * s.k, b0 = s.shared_b ? 0 : b * s.k * s.n, y0 = b * s.m * s.n;
+    for (int64_t i = 0; i < s.m; ++i)
+      for (int64_t j = 0; j < s.n; ++j) {
+        double acc = 0.0;
+        for (int64_t p = 0; p < s.k; ++p)
+          acc += a[a0 + (at.trans_a ? p * s.m + i : i * s.k + p)] *
+                 bm[b0 + (at.trans_b ? j * s.k + p : p * s.n + j)];
+        double v = static_cast<double>(at.alpha) * acc;
+        if (at.beta != 0.0f) v += static_cast<double>(at.beta) * y[y0 + i * s.n + j];
+        y[y0 + i * s.n + j] = v;
+      }
+  }
+}
+
 Status gemm_ref(const OpCall* call) {
   return guard([&] {
     GemmShape s = check_gemm(call, false);
     const TensorView &A = call->inputs[0], &B = call->inputs[1], &Y = call->outputs[0];
+    if (A.dtype == DType::kF64) return gemm_ref_f64(s, A, B, Y);
     const GemmAttrs& at = s.attrs;
     for (int64_t b = 0; b < s.batch; ++b) {
       int64_t a0 = b * s.m * s.k, b0 = s.shared_b ? 0 : b * s.k * s.n, y0 = b * s.m * s.n;
@@ -67,10 +91,40 @@ float* scratch(int slot, int64_t n) {
   return v.data();
 }
 
+// The f64 fast path: cblas_dgemm per batch, one call when the batches stack along M.
+void gemm_fast_f64(const GemmShape& s, const TensorView& A, const TensorView& B,
+                   const TensorView& Y) {
+  const GemmAttrs& at = s.attrs;
+  if (s.m * s.n == 0 || s.batch == 0) return;
+  int64_t calls = s.batch, m = s.m;
+  if (s.shared_b && !at.trans_a) {
+    m = s.batch * s.m;
+    calls = 1;
+  }
+  const int64_t a_size = m * s.k, b_size = s.k * s.n, c_size = m * s.n;
+  for (int64_t b = 0; b < calls; ++b) {
+    const double* pa = static_cast<const double*>(A.data) + b * a_size;
+    const double* pb = static_cast<const double*>(B.data) + (s.shared_b ? 0 : b * b_size);
+    double* pc = static_cast<double*>(Y.data) + b * c_size;
+    // beta == 0 must not read Y (it may hold NaN).
+    if (at.beta == 0.0f) std::memset(pc, 0, static_cast<size_t>(c_size) * sizeof(double));
+    if (s.k == 0) {
+      if (at.beta != 0.0f && at.beta != 1.0f)
+        for (int64_t i = 0; i < c_size; ++i) pc[i] *= at.beta;
+      continue;
+    }
+    cblas_dgemm(CblasRowMajor, at.trans_a ? CblasTrans : CblasNoTrans,
+                at.trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(m), static_cast<int>(s.n),
+                static_cast<int>(s.k), at.alpha, pa, static_cast<int>(at.trans_a ? m : s.k), pb,
+                static_cast<int>(at.trans_b ? s.k : s.n), at.beta, pc, static_cast<int>(s.n));
+  }
+}
+
 Status gemm_fast(const OpCall* call) {
   return guard([&] {
     GemmShape s = check_gemm(call, false);
     const TensorView &A = call->inputs[0], &B = call->inputs[1], &Y = call->outputs[0];
+    if (A.dtype == DType::kF64) return gemm_fast_f64(s, A, B, Y);
     const GemmAttrs& at = s.attrs;
     int64_t y_size = s.m * s.n;
     if (y_size == 0 || s.batch == 0) return;
@@ -130,8 +184,11 @@ bool gemm_fast_supports(const OpCall* call) {
 }  // namespace
 
 void add_gemm_kernels(std::vector<KernelDesc>& out) {
-  add_kernels(out, ops::kGemm, kRefName, kRefPriority, gemm_ref, gemm_supports, gemm_cost);
-  add_kernels(out, ops::kGemm, kFastName, kFastPriority, gemm_fast, gemm_fast_supports, gemm_cost);
+  // f64 too: the fp64 router's GEMMs (loom/ops/gemm.h).
+  add_kernels(out, ops::kGemm, kRefName, kRefPriority, gemm_ref, gemm_supports, gemm_cost,
+              {DType::kF32, DType::kBF16, DType::kF16, DType::kF64});
+  add_kernels(out, ops::kGemm, kFastName, kFastPriority, gemm_fast, gemm_fast_supports, gemm_cost,
+              {DType::kF32, DType::kBF16, DType::kF16, DType::kF64});
 }
 
 }  // namespace loom::kernels::cpu

@@ -1,7 +1,5 @@
 #include "plugins/moe/topk_router.h"
 
-#include <loom/cpp/half.h>
-
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -19,149 +17,25 @@ std::vector<double> as_list(const nlohmann::json& v) {
 
 double sign(double v) { return v > 0 ? 1.0 : v < 0 ? -1.0 : 0.0; }
 
-// A tensor of f32, bf16, f16 or f64 read into host doubles.
-std::vector<double> to_host_f64(IHost& host, const TensorView& v) {
+// An f32 or f64 tensor (the router dtype's scores, lse) read into host doubles.
+std::vector<double> to_host_doubles(IHost& host, const TensorView& v) {
   std::vector<double> out;
   if (v.dtype == DType::kF64) {
     to_host(host, v, out);
-  } else if (v.dtype == DType::kF32) {
+  } else {
     std::vector<float> f;
     to_host(host, v, f);
     out.assign(f.begin(), f.end());
-  } else {
-    std::vector<uint16_t> h;
-    to_host(host, v, h);
-    out.resize(h.size());
-    for (size_t i = 0; i < h.size(); ++i)
-      out[i] = v.dtype == DType::kBF16 ? bf16_to_f32(h[i]) : f16_to_f32(h[i]);
   }
   return out;
 }
 
-// Host doubles written into a tensor of f32, bf16 or f16 (rounded to nearest even).
-void from_host_f64(IHost& host, const std::vector<double>& in, const TensorView& v) {
-  if (v.dtype == DType::kF32) {
+// Host doubles written into an f32 or f64 tensor.
+void from_host_doubles(IHost& host, const std::vector<double>& in, const TensorView& v) {
+  if (v.dtype == DType::kF64)
+    from_host(host, in, v);
+  else
     from_host(host, std::vector<float>(in.begin(), in.end()), v);
-    return;
-  }
-  std::vector<uint16_t> h(in.size());
-  for (size_t i = 0; i < in.size(); ++i) {
-    const float f = static_cast<float>(in[i]);
-    h[i] = v.dtype == DType::kBF16 ? f32_to_bf16(f) : f32_to_f16(f);
-  }
-  from_host(host, h, v);
-}
-
-// ---- The f64 router (dtype fp64): the moe_topk / moe_topk_bwd ops (loom/ops/moe.h, as
-// kernels/cpu/moe_topk.cc computes them) on f64 logits, one row at a time. ----
-
-double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
-
-// softmax of l (E) into out (E).
-void softmax_row(const double* l, int64_t e, double* out) {
-  double mx = -INFINITY, sum = 0;
-  for (int64_t i = 0; i < e; ++i) mx = std::max(mx, l[i]);
-  for (int64_t i = 0; i < e; ++i) sum += out[i] = std::exp(l[i] - mx);
-  for (int64_t i = 0; i < e; ++i) out[i] /= sum;
-}
-
-double logsumexp_row(const double* l, int64_t e) {
-  double mx = -INFINITY, sum = 0;
-  for (int64_t i = 0; i < e; ++i) mx = std::max(mx, l[i]);
-  for (int64_t i = 0; i < e; ++i) sum += std::exp(l[i] - mx);
-  return mx + std::log(sum);
-}
-
-// "a ranks before b": the higher score, or the lower index on a tie.
-bool before(double sa, int64_t a, double sb, int64_t b) { return sa > sb || (sa == sb && a < b); }
-
-// One row of moe_topk: the K experts (best first) of logits l (E) and their probs (K).
-// bias: (E) added to the sigmoid scores for the choice only, or null.
-void topk_row(const double* l, const float* bias, const ops::MoeTopkAttrs& at, int64_t e,
-              double* probs, int32_t* experts) {
-  std::vector<double> score(static_cast<size_t>(e)), sel(static_cast<size_t>(e));
-  if (at.score == 1) {
-    for (int64_t i = 0; i < e; ++i) {
-      score[i] = sigmoid(l[i]);
-      sel[i] = score[i] + (bias != nullptr ? bias[i] : 0.0);
-    }
-  } else if (at.pre_softmax) {
-    softmax_row(l, e, score.data());
-    sel = score;
-  } else {
-    sel.assign(l, l + e);
-  }
-  std::vector<char> allowed(static_cast<size_t>(e), 1);
-  if (at.num_groups > 1) {  // a group scores the sum of its best K / group_topk
-    const int64_t per = e / at.num_groups, take = at.k / at.group_topk;
-    std::vector<double> group_score(static_cast<size_t>(at.num_groups));
-    std::vector<int64_t> idx(static_cast<size_t>(per));
-    auto by_sel = [&](int64_t a, int64_t b) { return before(sel[a], a, sel[b], b); };
-    for (int32_t g = 0; g < at.num_groups; ++g) {
-      std::iota(idx.begin(), idx.end(), g * per);
-      std::partial_sort(idx.begin(), idx.begin() + take, idx.end(), by_sel);
-      group_score[g] = 0;
-      for (int64_t i = 0; i < take; ++i) group_score[g] += sel[idx[i]];
-    }
-    std::vector<int64_t> groups(static_cast<size_t>(at.num_groups));
-    std::iota(groups.begin(), groups.end(), 0);
-    std::partial_sort(
-        groups.begin(), groups.begin() + at.group_topk, groups.end(),
-        [&](int64_t a, int64_t b) { return before(group_score[a], a, group_score[b], b); });
-    std::fill(allowed.begin(), allowed.end(), 0);
-    for (int32_t i = 0; i < at.group_topk; ++i)
-      std::fill(allowed.begin() + groups[i] * per, allowed.begin() + (groups[i] + 1) * per, 1);
-  }
-  std::vector<int64_t> idx;
-  for (int64_t i = 0; i < e; ++i)
-    if (allowed[i]) idx.push_back(i);
-  std::partial_sort(idx.begin(), idx.begin() + at.k, idx.end(),
-                    [&](int64_t a, int64_t b) { return before(sel[a], a, sel[b], b); });
-  const double scale = at.scaling_factor != 0 ? at.scaling_factor : 1.0;
-  for (int32_t j = 0; j < at.k; ++j) experts[j] = static_cast<int32_t>(idx[j]);
-  if (at.score == 0 && !at.pre_softmax) {  // softmax over the chosen logits
-    double mx = l[experts[0]], sum = 0;
-    for (int32_t j = 0; j < at.k; ++j) sum += probs[j] = std::exp(l[experts[j]] - mx);
-    for (int32_t j = 0; j < at.k; ++j) probs[j] = probs[j] / sum * scale;
-  } else {
-    double z = 1.0;
-    if (at.score == 1 && at.k > 1) {
-      z = 1e-20;
-      for (int32_t j = 0; j < at.k; ++j) z += score[experts[j]];
-    }
-    for (int32_t j = 0; j < at.k; ++j) probs[j] = score[experts[j]] / z * scale;
-  }
-}
-
-// One row of moe_topk_bwd: adds to d (E) the gradient through topk_row of dprobs (K).
-void topk_row_bwd(const double* l, const int32_t* ex, const double* dprobs,
-                  const ops::MoeTopkAttrs& at, int64_t e, double* d) {
-  const int64_t k = at.k;
-  const double scale = at.scaling_factor != 0 ? at.scaling_factor : 1.0;
-  std::vector<double> g(static_cast<size_t>(k));
-  for (int64_t j = 0; j < k; ++j) g[j] = dprobs[j] * scale;
-  if (at.score == 0 && !at.pre_softmax) {  // p = softmax of the chosen: p_j (g_j - sum p g)
-    double mx = l[ex[0]], sum = 0, dot = 0;
-    std::vector<double> p(static_cast<size_t>(k));
-    for (int64_t j = 0; j < k; ++j) mx = std::max(mx, l[ex[j]]);
-    for (int64_t j = 0; j < k; ++j) sum += p[j] = std::exp(l[ex[j]] - mx);
-    for (int64_t j = 0; j < k; ++j) dot += (p[j] /= sum) * g[j];
-    for (int64_t j = 0; j < k; ++j) d[ex[j]] += p[j] * (g[j] - dot);
-  } else if (at.score == 0) {  // p = s[chosen], s = softmax over all E: s (g - sum s g)
-    std::vector<double> sm(static_cast<size_t>(e)), ge(static_cast<size_t>(e), 0.0);
-    softmax_row(l, e, sm.data());
-    double dot = 0;
-    for (int64_t j = 0; j < k; ++j) ge[ex[j]] += g[j];
-    for (int64_t i = 0; i < e; ++i) dot += sm[i] * ge[i];
-    for (int64_t i = 0; i < e; ++i) d[i] += sm[i] * (ge[i] - dot);
-  } else {  // p_j = s_j / Z (K > 1, Z = sum of the chosen s + 1e-20) or s_j (K = 1)
-    std::vector<double> sg(static_cast<size_t>(k));
-    double z = 1e-20, dot = 0;
-    for (int64_t j = 0; j < k; ++j) z += sg[j] = sigmoid(l[ex[j]]);
-    for (int64_t j = 0; j < k; ++j) dot += g[j] * sg[j];
-    for (int64_t j = 0; j < k; ++j)
-      d[ex[j]] += (k > 1 ? g[j] / z - dot / (z * z) : g[j]) * sg[j] * (1.0 - sg[j]);
-  }
 }
 
 }  // namespace
@@ -237,11 +111,7 @@ TopkRouter::TopkRouter(const nlohmann::json& options, IBuildContext& ctx)
   if (router_dtype != "fp32" && router_dtype != "fp64")
     invalid("/dtype: '" + router_dtype + "' is not one of fp32, fp64");
   f64_ = router_dtype == "fp64";
-  if (f64_ && device_.type != DeviceType::kCpu)
-    invalid(
-        "/dtype: fp64 is available on the cpu device only (the router's f64 math runs on "
-        "the host; the CUDA kernel library has no f64 gemm or moe_topk): use dtype fp32 "
-        "on this device, or train on the cpu device");
+  router_dtype_ = f64_ ? DType::kF64 : DType::kF32;
   layer_ = "layer_" + std::to_string(inherited_or<int64_t>(options, "layer_number", 0));
 
   // Replicated over tensor-parallel ranks; with sequence parallelism each holds other
@@ -257,13 +127,14 @@ TopkRouter::TopkRouter(const nlohmann::json& options, IBuildContext& ctx)
   if (expert_bias_)
     bias_ = add_param("expert_bias", DType::kF32,
                       ParamSpec{{experts_}, -1, kParamFrozen, ParamInit::kZeros, 0.f});
-  if (!f64_) {  // the f64 router computes on the host
-    gemm_ = Kernel(host_, ops::kGemm, device_, dtype_);
-    topk_ = Kernel(host_, ops::kMoeTopk, device_, DType::kF32);
-    topk_bwd_ = Kernel(host_, ops::kMoeTopkBwd, device_, DType::kF32);
-    if (!balance_.empty()) add_ = Kernel(host_, ops::kAdd, device_, DType::kF32);
-    if (dtype_ != DType::kF32) cast_ = Kernel(host_, ops::kCast, device_, DType::kF32);
-  }
+  // fp32: the gating GEMM on the parameters' dtype writing f32 logits; fp64: x and W cast to
+  // f64 and an f64 GEMM. The top-K ops, and the add of the load-balancing gradient, run in
+  // the router dtype.
+  gemm_ = Kernel(host_, ops::kGemm, device_, f64_ ? DType::kF64 : dtype_);
+  topk_ = Kernel(host_, ops::kMoeTopk, device_, router_dtype_);
+  topk_bwd_ = Kernel(host_, ops::kMoeTopkBwd, device_, router_dtype_);
+  if (!balance_.empty()) add_ = Kernel(host_, ops::kAdd, device_, router_dtype_);
+  if (f64_ || dtype_ != DType::kF32) cast_ = Kernel(host_, ops::kCast, device_, router_dtype_);
   ICommunicator* comm = nullptr;
   throw_if_error(host_.communicator(make_string_view("tp,cp"), &comm), "router: the tp x cp group");
   sequence_group_ = comm;
@@ -380,39 +251,30 @@ void TopkRouter::run_forward(IForwardContext& ctx, const TensorView* inputs, int
   const int64_t n = numel(x) / hidden_, k = attrs_.k, e = experts_, c = hidden_;
   const int64_t batch = x.ndim >= 3 ? x.shape[0] : 1;
   const bool training = ctx.training();
-  TensorView logits = empty_view(), probs, experts, lse = empty_view();
-  std::vector<double> l64;  // fp64: the logits (N, E) on the host
+  const DType rt = router_dtype_;
+  TensorView logits = allocate(ctx, rt, {n, e}, device_);  // (N, E)
   if (f64_) {
     // Megatron's router_gating_linear at fp64: x and W cast to f64, logits = x W^T in f64.
-    std::vector<double> xs = to_host_f64(host_, x), ws = to_host_f64(host_, value(weight_));
-    l64.assign(static_cast<size_t>(n * e), 0.0);
-    for (int64_t t = 0; t < n; ++t)
-      for (int64_t i = 0; i < e; ++i) {
-        double acc = 0;
-        for (int64_t j = 0; j < c; ++j) acc += xs[t * c + j] * ws[i * c + j];
-        l64[t * e + i] = acc;
-      }
-    std::vector<float> bias;
-    if (expert_bias_) to_host(host_, value(bias_), bias);
-    std::vector<double> p(static_cast<size_t>(n * k));
-    std::vector<int32_t> ids(static_cast<size_t>(n * k));
-    for (int64_t t = 0; t < n; ++t)
-      topk_row(&l64[t * e], expert_bias_ ? bias.data() : nullptr, attrs_, e, &p[t * k],
-               &ids[t * k]);
+    TensorView x64 = allocate(ctx, DType::kF64, {n, c}, device_);
+    TensorView w64 = allocate(ctx, DType::kF64, {e, c}, device_);
+    cast_({rows(x, hidden_)}, {x64});
+    cast_({value(weight_)}, {w64});
+    gemm_({x64, w64}, {logits}, ops::GemmAttrs{0, 1, 1.0f, 0.0f});
+    release_all(ctx, {x64, w64});
+  } else {
+    gemm_({rows(x, hidden_), value(weight_)}, {logits}, ops::GemmAttrs{0, 1, 1.0f, 0.0f});
+  }
+  TensorView probs = allocate(ctx, rt, {n, k}, device_);  // (N, K) in the router dtype
+  TensorView experts = allocate(ctx, DType::kI32, {n, k}, device_);
+  TensorView lse = training && z_coeff_ > 0 ? allocate(ctx, rt, {n}, device_) : empty_view();
+  topk_({logits, expert_bias_ ? value(bias_) : empty_view()}, {probs, experts, lse}, attrs_);
+  if (f64_) {
     // The MoE layer takes f32 probs (Megatron casts the f64 probs where they meet the
     // experts' activations).
-    probs =
-        upload(ctx, host_, DType::kF32, {n, k}, std::vector<float>(p.begin(), p.end()), device_);
-    experts = upload(ctx, host_, DType::kI32, {n, k}, ids, device_);
-    if (training) logits = upload(ctx, host_, DType::kF64, {n, e}, l64, device_);
-    lse = empty_view();
-  } else {
-    logits = allocate(ctx, DType::kF32, {n, e}, device_);  // (N, E) f32
-    gemm_({rows(x, hidden_), value(weight_)}, {logits}, ops::GemmAttrs{0, 1, 1.0f, 0.0f});
-    probs = allocate(ctx, DType::kF32, {n, k}, device_);
-    experts = allocate(ctx, DType::kI32, {n, k}, device_);
-    lse = training && z_coeff_ > 0 ? allocate(ctx, DType::kF32, {n}, device_) : empty_view();
-    topk_({logits, expert_bias_ ? value(bias_) : empty_view()}, {probs, experts, lse}, attrs_);
+    TensorView p32 = allocate(ctx, DType::kF32, {n, k}, device_);
+    cast_({probs}, {p32});
+    release(ctx, probs);
+    probs = p32;
   }
   double aux = 0;
   if (training) {
@@ -421,50 +283,30 @@ void TopkRouter::run_forward(IForwardContext& ctx, const TensorView* inputs, int
     if (!balance_.empty()) {
       // Scores over all E, sorted, and the order: the first K of each row are the plain top-K.
       ops::MoeTopkAttrs all{static_cast<int32_t>(e), attrs_.score, 1, 1, 1, 1.0f};
-      std::vector<double> scores(static_cast<size_t>(n * e));
-      std::vector<int32_t> order(static_cast<size_t>(n * e));
-      if (f64_) {
-        for (int64_t t = 0; t < n; ++t)
-          topk_row(&l64[t * e], nullptr, all, e, &scores[t * e], &order[t * e]);
-      } else {
-        TensorView sv = allocate(ctx, DType::kF32, {n, e}, device_);
-        TensorView ids = allocate(ctx, DType::kI32, {n, e}, device_);
-        topk_({logits, empty_view()}, {sv, ids, empty_view()}, all);
-        std::vector<float> sf;
-        to_host(host_, sv, sf);
-        to_host(host_, ids, order);
-        release_all(ctx, {sv, ids});
-        scores.assign(sf.begin(), sf.end());
-      }
+      std::vector<int32_t> order;
+      TensorView sv = allocate(ctx, rt, {n, e}, device_);
+      TensorView ids = allocate(ctx, DType::kI32, {n, e}, device_);
+      topk_({logits, empty_view()}, {sv, ids, empty_view()}, all);
+      std::vector<double> scores = to_host_doubles(host_, sv);
+      to_host(host_, ids, order);
+      release_all(ctx, {sv, ids});
       std::vector<double> dscores;
       aux += balance_terms(ctx, scores, order, batch, &dscores);
       for (double& v : dscores) v *= w;
-      save(ctx, this, kAuxScores,
-           f64_ ? upload(ctx, host_, DType::kF64, {n, e}, dscores, device_)
-                : upload(ctx, host_, DType::kF32, {n, e},
-                         std::vector<float>(dscores.begin(), dscores.end()), device_));
+      TensorView ds = allocate(ctx, rt, {n, e}, device_);  // d(aux) / d(scores), router dtype
+      from_host_doubles(host_, dscores, ds);
+      save(ctx, this, kAuxScores, ds);
       save(ctx, this, kAuxOrder, upload(ctx, host_, DType::kI32, {n, e}, order, device_));
     }
     if (z_coeff_ > 0) {
       // z = coeff / |tp x cp| * mean over this rank's tokens of lse^2 (Megatron's share).
-      std::vector<double> l(static_cast<size_t>(n));
-      if (f64_) {
-        for (int64_t t = 0; t < n; ++t) l[t] = logsumexp_row(&l64[t * e], e);
-      } else {
-        std::vector<float> lf;
-        to_host(host_, lse, lf);
-        l.assign(lf.begin(), lf.end());
-      }
+      std::vector<double> l = to_host_doubles(host_, lse);
       double z = 0;
       const double scale = z_coeff_ / (g * static_cast<double>(n));
       for (double v : l) z += scale * v * v;
       for (double& v : l) v = 2.0 * scale * v * w;  // now d lse
-      if (f64_) {
-        save(ctx, this, kDlse, upload(ctx, host_, DType::kF64, {n}, l, device_));
-      } else {
-        from_host(host_, std::vector<float>(l.begin(), l.end()), lse);
-        save(ctx, this, kDlse, lse);
-      }
+      from_host_doubles(host_, l, lse);
+      save(ctx, this, kDlse, lse);
       aux += z;
       std::vector<float> shown{static_cast<float>(z * g / z_coeff_)};
       TensorView m = upload(ctx, host_, DType::kF32, {}, shown, device_);
@@ -485,48 +327,25 @@ void TopkRouter::run_forward(IForwardContext& ctx, const TensorView* inputs, int
   }
 }
 
-TensorView TopkRouter::backward_f64(IForwardContext& ctx, const TensorView& dprobs) {
-  TensorView x = load(ctx, this, kInput);
-  const int64_t e = experts_, k = attrs_.k, c = hidden_;
-  std::vector<double> l = to_host_f64(host_, load(ctx, this, kLogits));  // (N, E)
-  const int64_t n = static_cast<int64_t>(l.size()) / e;
-  std::vector<int32_t> ids, order;
-  to_host(host_, load(ctx, this, kExperts), ids);
-  std::vector<double> dp = to_host_f64(host_, dprobs), ds, dlse;
-  if (!balance_.empty()) {
-    ds = to_host_f64(host_, load(ctx, this, kAuxScores));
-    to_host(host_, load(ctx, this, kAuxOrder), order);
-  }
-  if (z_coeff_ > 0) dlse = to_host_f64(host_, load(ctx, this, kDlse));
-  // dlogits (N, E): the probs' gradient, the load-balancing terms' through the scores over
-  // all E, the z-loss's through the logsumexp.
-  ops::MoeTopkAttrs all{static_cast<int32_t>(e), attrs_.score, 1, 1, 1, 1.0f};
-  std::vector<double> dl(static_cast<size_t>(n * e), 0.0), sm(static_cast<size_t>(e));
-  for (int64_t t = 0; t < n; ++t) {
-    double* d = &dl[t * e];
-    topk_row_bwd(&l[t * e], &ids[t * k], &dp[t * k], attrs_, e, d);
-    if (!ds.empty()) topk_row_bwd(&l[t * e], &order[t * e], &ds[t * e], all, e, d);
-    if (!dlse.empty()) {
-      softmax_row(&l[t * e], e, sm.data());
-      for (int64_t i = 0; i < e; ++i) d[i] += dlse[t] * sm[i];
-    }
-  }
-  // dW += dl^T x and dx = dl W in f64, rounded once to the parameter's and input's dtype.
-  std::vector<double> xs = to_host_f64(host_, x), ws = to_host_f64(host_, value(weight_));
-  std::vector<double> dw = to_host_f64(host_, grad(weight_));
-  std::vector<double> dxs(static_cast<size_t>(n * c), 0.0);
-  for (int64_t t = 0; t < n; ++t)
-    for (int64_t i = 0; i < e; ++i) {
-      const double v = dl[t * e + i];
-      if (v == 0) continue;
-      for (int64_t j = 0; j < c; ++j) {
-        dw[i * c + j] += v * xs[t * c + j];
-        dxs[t * c + j] += v * ws[i * c + j];
-      }
-    }
-  from_host_f64(host_, dw, grad(weight_));
+TensorView TopkRouter::backward_gemms_f64(IForwardContext& ctx, const TensorView& x,
+                                          const TensorView& dlogits) {
+  const int64_t n = dlogits.shape[0], e = experts_, c = hidden_;
+  // x and W cast to f64 again (cheaper to keep than the f64 copies), then in f64:
+  // dW += dl^T x (the gradient cast to f64 and back: one rounding of the sum) and dx = dl W.
+  TensorView x64 = allocate(ctx, DType::kF64, {n, c}, device_);
+  TensorView w64 = allocate(ctx, DType::kF64, {e, c}, device_);
+  TensorView dw64 = allocate(ctx, DType::kF64, {e, c}, device_);
+  cast_({rows(x, hidden_)}, {x64});
+  cast_({value(weight_)}, {w64});
+  cast_({grad(weight_)}, {dw64});
+  gemm_({dlogits, x64}, {dw64}, ops::GemmAttrs{1, 0, 1.0f, 1.0f});
+  cast_({dw64}, {grad(weight_)});
+  release(ctx, dw64);
+  TensorView dx64 = allocate(ctx, DType::kF64, {n, c}, device_);
+  gemm_({dlogits, w64}, {dx64}, ops::GemmAttrs{0, 0, 1.0f, 0.0f});
   TensorView dx = allocate_like(ctx, x);
-  from_host_f64(host_, dxs, dx);
+  cast_({dx64}, {rows(dx, hidden_)});
+  release_all(ctx, {x64, w64, dx64});
   return dx;
 }
 
@@ -545,22 +364,30 @@ void TopkRouter::run_backward(IForwardContext& ctx, const TensorView* grad_outpu
     to_host(host_, experts, chosen);
     for (int32_t ex : chosen) step_counts_[static_cast<size_t>(ex)] += 1;
   }
-  if (f64_) {
-    grad_inputs[0] = backward_f64(ctx, grad_outputs[0]);
-    return;
-  }
+  const DType rt = router_dtype_;
   TensorView x = load(ctx, this, kInput), logits = load(ctx, this, kLogits);
   TensorView dlse = z_coeff_ > 0 ? load(ctx, this, kDlse) : empty_view();
-  TensorView dlogits = allocate(ctx, DType::kF32, {n, experts_}, device_);  // (N, E)
-  topk_bwd_({grad_outputs[0], logits, experts, dlse}, {dlogits}, attrs_);
+  TensorView dprobs = grad_outputs[0];
+  if (f64_) {  // the probs were cast from f64 to f32: their gradient comes back to f64
+    dprobs = allocate(ctx, DType::kF64, {n, attrs_.k}, device_);
+    cast_({grad_outputs[0]}, {dprobs});
+  }
+  TensorView dlogits = allocate(ctx, rt, {n, experts_}, device_);  // (N, E)
+  topk_bwd_({dprobs, logits, experts, dlse}, {dlogits}, attrs_);
+  if (f64_) release(ctx, dprobs);
   if (!balance_.empty()) {
     // The load-balancing terms' gradient through the scores over all E.
     ops::MoeTopkAttrs all{static_cast<int32_t>(experts_), attrs_.score, 1, 1, 1, 1.0f};
-    TensorView daux = allocate(ctx, DType::kF32, {n, experts_}, device_);
+    TensorView daux = allocate(ctx, rt, {n, experts_}, device_);
     topk_bwd_({load(ctx, this, kAuxScores), logits, load(ctx, this, kAuxOrder), empty_view()},
               {daux}, all);
     add_({dlogits, daux}, {dlogits});
     release(ctx, daux);
+  }
+  if (f64_) {
+    grad_inputs[0] = backward_gemms_f64(ctx, x, dlogits);
+    release(ctx, dlogits);
+    return;
   }
   TensorView dl = dlogits;  // the GEMMs take operands of one dtype
   if (dtype_ != DType::kF32) {

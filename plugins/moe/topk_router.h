@@ -7,10 +7,11 @@
 //   (expert_bias (E) f32, added to the sigmoid scores for the selection only, updated at each
 //   step's end).
 // Router dtype (Megatron's --moe-router-dtype): "fp32" (default) computes the logits in f32
-// through the gemm and moe_topk kernels; "fp64" computes the logits, the top-K scoring, the
-// aux losses and the whole backward in f64 on the host (the kernel libraries have no f64
-// gemm or moe_topk), so it is refused on a device other than the CPU. Either way the probs
-// handed to the MoE layer are f32 and dx has the input's dtype.
+// through the gemm and moe_topk kernels; "fp64" runs the same kernels on f64 tensors: x and W
+// cast to f64, an f64 gemm, moe_topk / moe_topk_bwd on f64 logits, and the backward's GEMMs
+// in f64 (dW accumulated into the parameter's gradient with one rounding), on any device whose
+// kernel library has the f64 gemm, cast, add and router ops (cpu, cuda). Either way the probs
+// handed to the MoE layer are f32 (cast from f64 under fp64) and dx has the input's dtype.
 // Load balancing (each a term of the objective whose gradient backward adds; its value is
 // forward output [2], not part of the reported loss): aux_loss, seq_aux_loss and
 // global_aux_loss (a list may combine them, each with its coefficient) on scores recomputed
@@ -63,8 +64,10 @@ class TopkRouter final : public ModuleBase<IRouter> {
   // count group, added once per micro-batch to the step's running sum, divided by the number
   // of micro-batches counted so far in the step (Megatron's global_tokens_per_expert / ga_steps).
   std::vector<double> global_average(IForwardContext& ctx, std::vector<double> counts);
-  // The f64 router's backward (dtype fp64): dx and router.weight's gradient from dprobs.
-  TensorView backward_f64(IForwardContext& ctx, const TensorView& dprobs);
+  // The f64 router's backward GEMMs (dtype fp64): router.weight's gradient += dlogits^T x and
+  // the returned dx = dlogits W, both in f64, from dlogits (N, E) f64 and the input x (N, C).
+  TensorView backward_gemms_f64(IForwardContext& ctx, const TensorView& x,
+                                const TensorView& dlogits);
 
   IHost& host_;
   int64_t hidden_, experts_;
@@ -76,7 +79,8 @@ class TopkRouter final : public ModuleBase<IRouter> {
   int64_t seq_length_ = 0;  // tokens of one sequence on this rank (B = N / seq_length_)
   DType dtype_;
   Device device_;
-  bool f64_ = false;  // dtype fp64: the host f64 path
+  bool f64_ = false;                  // dtype fp64
+  DType router_dtype_ = DType::kF32;  // the logits' dtype: f32, or f64 under fp64
   int32_t weight_, bias_ = -1;
   Kernel gemm_, topk_, topk_bwd_, add_, cast_;
   ICommunicator* sequence_group_ = nullptr;  // tp x cp: the ranks holding one sequence

@@ -40,6 +40,26 @@ __device__ __forceinline__ __half from_f32<__half>(float x) {
   return __float2half_rn(x);
 }
 
+// f64 (the ops that take it: gemm's Y, add, cast, the router ops): to_f64 is exact for every
+// float dtype; from_f64 rounds to f32 once, and to bf16 / f16 through f32 (the CPU's cast, and
+// PyTorch's double -> bfloat16 / half).
+template <class T>
+__device__ __forceinline__ double to_f64(T x) {
+  return static_cast<double>(to_f32<T>(x));
+}
+template <>
+__device__ __forceinline__ double to_f64<double>(double x) {
+  return x;
+}
+template <class T>
+__device__ __forceinline__ T from_f64(double x) {
+  return from_f32<T>(static_cast<float>(x));
+}
+template <>
+__device__ __forceinline__ double from_f64<double>(double x) {
+  return x;
+}
+
 }  // namespace loom::kernels::cuda
 
 // Runs the statement list that follows with `T` bound to the storage type of DType `dt`
@@ -65,4 +85,15 @@ __device__ __forceinline__ __half from_f32<__half>(float x) {
                             std::string(op) + ": dtype " + ::loom::dtype_name(dt) +        \
                                 " is not a float dtype (f32, bf16, f16)");                 \
     }                                                                                      \
+  } while (0)
+
+// LOOM_CUDA_FLOAT_SWITCH with f64 too (T = double), for the ops that take f64.
+#define LOOM_CUDA_FLOAT_OR_F64_SWITCH(dt, T, op, ...) \
+  do {                                                \
+    if ((dt) == ::loom::DType::kF64) {                \
+      using T = double;                               \
+      __VA_ARGS__;                                    \
+    } else {                                          \
+      LOOM_CUDA_FLOAT_SWITCH(dt, T, op, __VA_ARGS__); \
+    }                                                 \
   } while (0)

@@ -5,6 +5,10 @@
 // coalesced); at most 4096 blocks of 256 threads, 64-bit indices. Y may alias an input
 // (add, scale): each element is read and written by the same thread, in that order, so
 // no pointer is __restrict__. A cast between equal dtypes is a device-to-device copy.
+// f64 (loom/ops/elementwise.h; the fp64 router): add with A, B and Y all f64 adds in f64; a
+// cast with f64 on either side converts through f64 (exact to f64; from f64 rounded to f32,
+// then to bf16 / f16, as the CPU's cast), one element per thread and step. Both are also
+// registered under the f64 key.
 #include <loom/cpp/error.h>
 #include <loom/cpp/op_checks/elementwise.h>
 
@@ -56,6 +60,19 @@ __global__ void scale_kernel(const TX* x, TY* y, int64_t n, float alpha) {
                          [alpha](float v, float) { return alpha * v; });
 }
 
+__global__ void add_f64_kernel(const double* a, const double* b, double* y, int64_t n) {
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    y[i] = a[i] + b[i];
+}
+
+template <class TX, class TY>
+__global__ void cast_f64_kernel(const TX* x, TY* y, int64_t n) {
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    y[i] = from_f64<TY>(to_f64<TX>(x[i]));
+}
+
 Status add(const OpCall* call) {
   return guard([&] {
     const int64_t n = op_checks::check_add(call, false, DeviceType::kCuda);
@@ -63,6 +80,13 @@ Status add(const OpCall* call) {
     current_device(ops::kAdd, Y);
     if (n == 0) return;
     cudaStream_t stream = stream_of(call);
+    if (A.dtype == DType::kF64) {  // the checks admit f64 only for A, B and Y together
+      add_f64_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(
+          static_cast<const double*>(A.data), static_cast<const double*>(B.data),
+          static_cast<double*>(Y.data), n);
+      launch_check(ops::kAdd);
+      return;
+    }
     LOOM_CUDA_FLOAT_SWITCH(A.dtype, Ta, ops::kAdd, {
       LOOM_CUDA_FLOAT_SWITCH(B.dtype, Tb, ops::kAdd, {
         LOOM_CUDA_FLOAT_SWITCH(Y.dtype, Ty, ops::kAdd, {
@@ -97,6 +121,16 @@ Status cast(const OpCall* call) {
         cuda_check(cudaMemcpyAsync(Y.data, X.data, static_cast<size_t>(n) * dtype_size(X.dtype),
                                    cudaMemcpyDeviceToDevice, stream),
                    "cast: cudaMemcpyAsync");
+      return;
+    }
+    if (X.dtype == DType::kF64 || Y.dtype == DType::kF64) {
+      LOOM_CUDA_FLOAT_OR_F64_SWITCH(X.dtype, Tx, ops::kCast, {
+        LOOM_CUDA_FLOAT_OR_F64_SWITCH(Y.dtype, Ty, ops::kCast, {
+          cast_f64_kernel<Tx, Ty><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
+              static_cast<const Tx*>(X.data), static_cast<Ty*>(Y.data), n);
+        });
+      });
+      launch_check(ops::kCast);
       return;
     }
     LOOM_CUDA_FLOAT_SWITCH(X.dtype, Tx, ops::kCast, {
@@ -148,6 +182,8 @@ void add_map_kernels(std::vector<KernelDesc>& out) {
   using namespace op_checks;
   add_cuda_kernels(out, ops::kAdd, add, supports<check_add>, cost<check_add, 1>);
   add_cuda_kernels(out, ops::kCast, cast, supports<check_cast>, cost<check_cast, 0>);
+  add_cuda_kernels(out, ops::kAdd, add, supports<check_add>, cost<check_add, 1>, {DType::kF64});
+  add_cuda_kernels(out, ops::kCast, cast, supports<check_cast>, cost<check_cast, 0>, {DType::kF64});
   add_cuda_kernels(out, ops::kScale, scale, supports<check_scale>, cost<check_scale, 1>);
 }
 

@@ -1,6 +1,7 @@
 // The elementwise family of the CUDA kernel library: add, cast and scale, bias_add and
 // bias_grad, and the whole-tensor reductions sumsq and amax (loom/ops.h, "Elementwise"), on
-// CUDA tensors in f32, bf16 and f16.
+// CUDA tensors in f32, bf16 and f16; add (all three tensors f64) and cast (f64 on either side)
+// also in f64, and keyed on f64 too (the fp64 router).
 //
 // Plain C++ (no CUDA types): the kernels_cuda plugin and the tests include it without nvcc.
 #pragma once

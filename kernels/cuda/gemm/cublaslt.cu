@@ -66,11 +66,23 @@ __global__ void scale_y_kernel(T* __restrict__ y, int64_t n, float beta) {
     y[i] = from_f32<T>(beta == 0.0f ? 0.0f : beta * to_f32<T>(y[i]));
 }
 
+__global__ void scale_y_f64_kernel(double* __restrict__ y, int64_t n, double beta) {
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    y[i] = beta == 0.0 ? 0.0 : beta * y[i];
+}
+
 }  // namespace
 
 void scale_y(const char* op, const TensorView& Y, float beta, cudaStream_t stream) {
   if (beta == 1.0f) return;
   const int64_t n = numel(Y);
+  if (Y.dtype == DType::kF64) {
+    scale_y_f64_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(
+        static_cast<double*>(Y.data), n, static_cast<double>(beta));
+    launch_check(op);
+    return;
+  }
   LOOM_CUDA_FLOAT_SWITCH(Y.dtype, T, op, {
     scale_y_kernel<T>
         <<<grid_for(n, kThreads), kThreads, 0, stream>>>(static_cast<T*>(Y.data), n, beta);

@@ -121,6 +121,8 @@ inline cudaDataType_t cuda_data_type(DType t) {
       return CUDA_R_16BF;
     case DType::kF16:
       return CUDA_R_16F;
+    case DType::kF64:
+      return CUDA_R_64F;
     case DType::kF8E4M3:
       return CUDA_R_8F_E4M3;
     case DType::kF8E5M2:

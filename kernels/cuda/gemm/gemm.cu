@@ -17,12 +17,14 @@
 // with batch dimensions runs as one strided-batched matmul (strides M*K, K*N, M*N), and the
 // rare shared B with a transposed A runs one matmul per batch index.
 //
-// Precision. Kernel "cuda" computes with CUBLAS_COMPUTE_32F for every dtype: f32 operands in
-// full f32 (no TF32, the op's contract), bf16 / f16 operands on tensor cores with f32
-// accumulation; Y is written in the operands' dtype or in f32 (weight gradients
-// accumulated with beta = 1). Kernel "cuda.tf32" (f32 only, priority 15, so only a spec that
-// pins it gets it) uses CUBLAS_COMPUTE_32F_FAST_TF32. cuBLASLt has no A and B of different
-// dtypes, and no Y in another 16-bit dtype: `supports` declines those calls.
+// Precision. Kernel "cuda" computes with CUBLAS_COMPUTE_32F for the 32- and 16-bit dtypes:
+// f32 operands in full f32 (no TF32, the op's contract), bf16 / f16 operands on tensor cores
+// with f32 accumulation; Y is written in the operands' dtype or in f32 (weight gradients
+// accumulated with beta = 1). f64 operands (A, B and Y all f64: the fp64 router; keyed on
+// f64) run with CUBLAS_COMPUTE_64F and f64 alpha / beta (cuBLASLt's DGEMM). Kernel
+// "cuda.tf32" (f32 only, priority 15, so only a spec that pins it gets it) uses
+// CUBLAS_COMPUTE_32F_FAST_TF32. cuBLASLt has no A and B of different dtypes, and no Y in
+// another 16-bit dtype: `supports` declines those calls.
 //
 // State. One cublasLt handle per device (created on first use, under a mutex); the
 // workspace is the 32 MiB scratch of the (device, stream) pair (common/resources.cuh); a plan
@@ -64,6 +66,10 @@ void check_cuda_dtypes(const OpCall* call, bool tf32) {
                                             dtype_name(a) +
                                             " operands: the CUDA gemm writes Y in the operands' "
                                             "dtype or in f32");
+  if ((a == DType::kF64) != (y == DType::kF64))
+    throw Error(Code::kInvalidArgument, std::string("gemm: Y is ") + dtype_name(y) + " with " +
+                                            dtype_name(a) +
+                                            " operands: an f64 gemm takes f64 A, B and Y");
   if (tf32 && (a != DType::kF32 || y != DType::kF32))
     throw Error(Code::kInvalidArgument,
                 "gemm: cuda.tf32 takes f32 operands and an f32 Y (bf16 and f16 run on tensor "
@@ -93,9 +99,10 @@ std::string describe(const Problem& p) {
 
 void make_plan(cublasLtHandle_t h, const Problem& p, Plan* out) {
   Plan& plan = *out;
-  lt_check(
-      cublasLtMatmulDescCreate(&plan.desc, static_cast<cublasComputeType_t>(p.compute), CUDA_R_32F),
-      kOp, "cublasLtMatmulDescCreate");
+  // alpha and beta: f64 with CUBLAS_COMPUTE_64F, f32 otherwise.
+  const cudaDataType_t scale = p.compute == CUBLAS_COMPUTE_64F ? CUDA_R_64F : CUDA_R_32F;
+  lt_check(cublasLtMatmulDescCreate(&plan.desc, static_cast<cublasComputeType_t>(p.compute), scale),
+           kOp, "cublasLtMatmulDescCreate");
   auto op_a = static_cast<cublasOperation_t>(p.op_a), op_b = static_cast<cublasOperation_t>(p.op_b);
   set_desc(kOp, plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, op_a);
   set_desc(kOp, plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, op_b);
@@ -160,7 +167,8 @@ void gemm_run(const OpCall* call, bool tf32) {
 
   Problem p{};
   p.device = device;
-  p.compute = tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  const bool f64 = A.dtype == DType::kF64;
+  p.compute = f64 ? CUBLAS_COMPUTE_64F : tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   p.ab_type = cuda_data_type(A.dtype);
   p.y_type = cuda_data_type(Y.dtype);
   p.op_a = at.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -183,12 +191,15 @@ void gemm_run(const OpCall* call, bool tf32) {
   Plan plan = plan_for(h, p, &owner);
   Scratch ws = stream_scratch(device, stream);
   const float alpha = at.alpha, beta = at.beta;
+  const double alpha64 = at.alpha, beta64 = at.beta;  // CUBLAS_COMPUTE_64F's scale type
+  const void* alpha_ptr = f64 ? static_cast<const void*>(&alpha64) : &alpha;
+  const void* beta_ptr = f64 ? static_cast<const void*>(&beta64) : &beta;
   const int64_t calls = loop ? s.batch : 1;
   for (int64_t b = 0; b < calls; ++b) {
     const char* a_ptr = static_cast<const char*>(A.data) + b * a_size * ab;
     char* y_ptr = static_cast<char*>(Y.data) + b * y_size * yb;
     // cuBLAS's A is loom's B, its B loom's A; C and D are both Y (in place, beta reads it).
-    lt_check(cublasLtMatmul(h, plan.desc, &alpha, B.data, plan.a, a_ptr, plan.b, &beta, y_ptr,
+    lt_check(cublasLtMatmul(h, plan.desc, alpha_ptr, B.data, plan.a, a_ptr, plan.b, beta_ptr, y_ptr,
                             plan.c, y_ptr, plan.c, &plan.algo, ws.data, plan.workspace, stream),
              kOp, "cublasLtMatmul");
   }
@@ -220,6 +231,7 @@ bool gemm_tf32_supports(const OpCall* call) { return supports(call, true); }
 
 void add_gemm_op_kernels(std::vector<KernelDesc>& out) {
   add_cuda_kernels(out, ops::kGemm, gemm_f32_accumulate, gemm_supports, gemm_cost);
+  add_cuda_kernels(out, ops::kGemm, gemm_f64, gemm_supports, gemm_cost, {DType::kF64});
   add_cuda_kernels(out, ops::kGemm, gemm_tf32, gemm_tf32_supports, gemm_cost, {DType::kF32},
                    "cuda.tf32", kCudaPriority - 5);
 }
@@ -232,6 +244,10 @@ Status gemm_f32_accumulate(const OpCall* call) {
 
 Status gemm_tf32(const OpCall* call) {
   return guard([&] { gemm::gemm_run(call, true); });
+}
+
+Status gemm_f64(const OpCall* call) {
+  return guard([&] { gemm::gemm_run(call, false); });
 }
 
 }  // namespace loom::kernels::cuda

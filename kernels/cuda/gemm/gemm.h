@@ -1,5 +1,5 @@
 // The gemm family of the CUDA kernel library: gemm (loom/ops.h) through cuBLASLt on f32,
-// bf16 and f16, and fp8_gemm through cuBLASLt (A and B in fp8_e4m3 / fp8_e5m2; compute
+// bf16, f16 and f64, and fp8_gemm through cuBLASLt (A and B in fp8_e4m3 / fp8_e5m2; compute
 // capability 8.9+).
 //
 // Plain C++ (no CUDA types): the kernels_cuda plugin, the tests and the lab's gemm_bench
@@ -31,6 +31,13 @@ void add_gemm_kernels(std::vector<KernelDesc>& out);
 /// \param call  a gemm call (loom/ops.h) on CUDA tensors of the current device
 /// \return      kOk, or the error of a bad call or of cuBLASLt
 Status gemm_f32_accumulate(const OpCall* call);
+
+/// The KernelFn of gemm's "cuda" kernel keyed on f64: A, B and Y all f64, CUBLAS_COMPUTE_64F
+/// (cuBLASLt's DGEMM; the fp64 router's GEMMs). The same code as gemm_f32_accumulate, which
+/// would run an f64 call alike; registered apart so that its name says what it computes.
+/// \param call  a gemm call on f64 CUDA tensors of the current device
+/// \return      kOk, or the error of a bad call or of cuBLASLt
+Status gemm_f64(const OpCall* call);
 
 /// The KernelFn of gemm's "cuda.tf32" kernel: CUBLAS_COMPUTE_32F_FAST_TF32, f32 only. Exposed
 /// for the lab's gemm_bench, as gemm_f32_accumulate.

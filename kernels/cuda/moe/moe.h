@@ -1,7 +1,7 @@
 // The mixture-of-experts family of the CUDA kernel library (loom/ops/moe.h): moe_topk and
-// moe_topk_bwd (f32 tensors, f64 arithmetic as the CPU reference), moe_permute, moe_unpermute
-// and moe_unpermute_bwd (f32, bf16, f16 storage, f32 arithmetic; dweights summed in f64),
-// grouped_gemm and grouped_gemm_wgrad (cuBLAS, f32 compute).
+// moe_topk_bwd (f32 or f64 tensors, f64 arithmetic as the CPU reference), moe_permute,
+// moe_unpermute and moe_unpermute_bwd (f32, bf16, f16 storage, f32 arithmetic; dweights summed
+// in f64), grouped_gemm and grouped_gemm_wgrad (cuBLAS, f32 compute).
 //
 // Plain C++ (no CUDA types): the kernels_cuda plugin and the tests include it without nvcc.
 #pragma once
@@ -14,8 +14,8 @@
 namespace loom::kernels::cuda {
 
 /// Appends a KernelDesc for every op and dtype of the family: name "cuda", priority 20
-/// (kernels/cuda/common/registration.h). moe_topk and moe_topk_bwd are keyed on f32 only,
-/// the others on f32, bf16 and f16. Each has `supports` (the shared checks of
+/// (kernels/cuda/common/registration.h). moe_topk and moe_topk_bwd are keyed on f32 and f64
+/// (the logits' dtype: the fp32 and fp64 router), the others on f32, bf16 and f16. Each has `supports` (the shared checks of
 /// loom/cpp/op_checks/moe.h for CUDA tensors, shapes only, never throws; moe_topk's also
 /// declines more than 1024 expert groups, the grouped GEMMs what cuBLAS cannot run: operands
 /// of two dtypes, an output in the other 16-bit dtype, extents past int32) and `cost` (the

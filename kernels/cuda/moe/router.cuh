@@ -1,6 +1,7 @@
 // Device helpers of the router kernels (moe_topk, moe_topk_bwd): one warp per row of E
 // logits, the lanes striding over the experts (lane, lane + 32, ...), in f64 as the CPU
-// reference (kernels/cpu/moe_topk.cc) computes, so that both rank the same scores.
+// reference (kernels/cpu/moe_topk.cc) computes, so that both rank the same scores. The
+// logits are f32 or f64 (the router dtype): the helpers take either, and compute in f64.
 //
 // Sums. A sum over the row (softmax's denominator, the backward's dot products) is taken in
 // index order, as the CPU's loop adds: each lane computes its element of a 32-wide slice and
@@ -87,13 +88,14 @@ __device__ __forceinline__ void keep_best(RankKey& best, const RankKey& k, const
 
 __device__ __forceinline__ double sigmoid_f64(double x) { return 1.0 / (1.0 + exp(-x)); }
 
-// The row's maximum logit (as f64), every lane alike.
-__device__ __forceinline__ double row_max(const float* __restrict__ l, int64_t e, int lane) {
-  float m = -INFINITY;
-  for (int64_t i = lane; i < e; i += 32) m = fmaxf(m, l[i]);
+// The row's maximum logit (as f64: exact for f32 logits), every lane alike.
+template <class T>
+__device__ __forceinline__ double row_max(const T* __restrict__ l, int64_t e, int lane) {
+  double m = -INFINITY;
+  for (int64_t i = lane; i < e; i += 32) m = fmax(m, static_cast<double>(l[i]));
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(kFullMask, m, o));
-  return static_cast<double>(m);
+  for (int o = 16; o > 0; o >>= 1) m = fmax(m, __shfl_xor_sync(kFullMask, m, o));
+  return m;
 }
 
 // sum over i in [0, e), in index order, of f(i); every lane of the warp gets the same bits.
@@ -111,13 +113,14 @@ __device__ __forceinline__ double ordered_row_sum(int64_t e, int lane, F&& f) {
 // softmax(l)_i = exp(l_i - max) / sum, the CPU's softmax.
 struct RowSoftmax {
   double max, sum;
-  __device__ __forceinline__ double at(const float* l, int64_t i) const {
+  template <class T>
+  __device__ __forceinline__ double at(const T* l, int64_t i) const {
     return exp(static_cast<double>(l[i]) - max) / sum;
   }
 };
 
-__device__ __forceinline__ RowSoftmax row_softmax(const float* __restrict__ l, int64_t e,
-                                                  int lane) {
+template <class T>
+__device__ __forceinline__ RowSoftmax row_softmax(const T* __restrict__ l, int64_t e, int lane) {
   RowSoftmax s{row_max(l, e, lane), 1.0};
   const double m = s.max;
   s.sum = ordered_row_sum(e, lane, [&](int64_t i) { return exp(static_cast<double>(l[i]) - m); });

@@ -1,12 +1,13 @@
-// moe_topk (loom/ops/moe.h): a router's K experts per token from its logits (N, E), f32 in
-// and out, computed in f64 as the CPU reference does (kernels/cpu/moe_topk.cc):
+// moe_topk (loom/ops/moe.h): a router's K experts per token from its logits (N, E), f32 or
+// f64 in and out (probs and lse of the logits' dtype; the bias f32), computed in f64 as the
+// CPU reference does (kernels/cpu/moe_topk.cc):
 //   selection score    softmax, pre_softmax 0: the logit
 //                      softmax, pre_softmax 1: s = softmax over the E logits
 //                      sigmoid:                s = sigmoid(logit), + bias (E) when given
 //   probs (N, K)       pre_softmax 0: softmax over the K selected logits
 //                      pre_softmax 1: s of the selected experts
 //                      sigmoid:       s / (1e-20 + sum of the K selected s), s when K = 1
-//                      then * scaling_factor, rounded to f32 last
+//                      then * scaling_factor, rounded to the logits' dtype last
 //   experts (N, K) i32 descending selection score, ties to the lower id
 //   lse (N)            max + log(sum exp(l - max)) of the row, when asked for
 // With G = num_groups > 1 a group's score is the sum of its K / group_topk best selection
@@ -38,20 +39,23 @@
 namespace loom::kernels::cuda::moe {
 namespace {
 
+// T: the logits' storage type, float or double (the router dtype).
+template <class T>
 struct TopkArgs {
-  const float* logits;  // (N, E)
-  const float* bias;    // (E) or null
-  float* probs;         // (N, K)
-  int32_t* experts;     // (N, K)
-  float* lse;           // (N) or null
+  const T* logits;    // (N, E)
+  const float* bias;  // (E) or null
+  T* probs;           // (N, K)
+  int32_t* experts;   // (N, K)
+  T* lse;             // (N) or null
   int64_t n, e;
   int32_t k, score, pre, groups, group_topk;
   float scale;
 };
 
 // What a row's scores need besides its logits.
+template <class T>
 struct RowRouter {
-  const float* l;     // the row's logits
+  const T* l;         // the row's logits
   const float* bias;  // sigmoid only, or null
   bool sigmoid, pre;
   RowSoftmax sm;  // pre_softmax only
@@ -68,18 +72,19 @@ struct RowRouter {
   }
 };
 
-__global__ void __launch_bounds__(kRowThreads) moe_topk_kernel(TopkArgs a) {
+template <class T>
+__global__ void __launch_bounds__(kRowThreads) moe_topk_kernel(TopkArgs<T> a) {
   __shared__ double group_scores[kRowWarps][kMaxGroups];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   double* gs = group_scores[warp];
   const int64_t gsize = a.e / a.groups;  // experts per group
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * kRowWarps + warp; row < a.n;
        row += static_cast<int64_t>(gridDim.x) * kRowWarps) {
-    RowRouter r{a.logits + row * a.e, a.bias, a.score == 1, a.score == 0 && a.pre != 0,
-                RowSoftmax{0.0, 1.0}};
+    RowRouter<T> r{a.logits + row * a.e, a.bias, a.score == 1, a.score == 0 && a.pre != 0,
+                   RowSoftmax{0.0, 1.0}};
     if (r.pre || a.lse != nullptr) {
       r.sm = row_softmax(r.l, a.e, lane);
-      if (a.lse != nullptr && lane == 0) a.lse[row] = static_cast<float>(r.sm.max + log(r.sm.sum));
+      if (a.lse != nullptr && lane == 0) a.lse[row] = static_cast<T>(r.sm.max + log(r.sm.sum));
     }
 
     // Group-limited routing: the group_topk-th best group key; the groups at or above it are
@@ -126,16 +131,15 @@ __global__ void __launch_bounds__(kRowThreads) moe_topk_kernel(TopkArgs a) {
     }
 
     if (lane == 0) {  // lane 0 reads back only the ids it wrote itself
-      float* probs = a.probs + row * a.k;
+      T* probs = a.probs + row * a.k;
       const double scale = a.scale;
       if (!r.sigmoid && !r.pre) {  // softmax over the selected logits
         const double m = experts[0] >= 0 ? r.score(experts[0]) : 0.0;
         double sum = 0.0;
         for (int k = 0; k < a.k; ++k) sum += experts[k] >= 0 ? exp(r.score(experts[k]) - m) : 0.0;
         for (int k = 0; k < a.k; ++k)
-          probs[k] = experts[k] >= 0
-                         ? static_cast<float>(exp(r.score(experts[k]) - m) / sum * scale)
-                         : 0.0f;
+          probs[k] =
+              experts[k] >= 0 ? static_cast<T>(exp(r.score(experts[k]) - m) / sum * scale) : T(0);
       } else {
         double z = 1.0;
         if (r.sigmoid && a.k > 1) {
@@ -143,7 +147,7 @@ __global__ void __launch_bounds__(kRowThreads) moe_topk_kernel(TopkArgs a) {
           for (int k = 0; k < a.k; ++k) z += experts[k] >= 0 ? r.score(experts[k]) : 0.0;
         }
         for (int k = 0; k < a.k; ++k)
-          probs[k] = experts[k] >= 0 ? static_cast<float>(r.score(experts[k]) / z * scale) : 0.0f;
+          probs[k] = experts[k] >= 0 ? static_cast<T>(r.score(experts[k]) / z * scale) : T(0);
       }
     }
     __syncwarp();  // the next row rewrites gs
@@ -169,20 +173,27 @@ Status moe_topk(const OpCall* call) {
     if (s.n == 0) return;
     current_device(ops::kMoeTopk, call->inputs[0]);
     const TensorView &bias = call->inputs[1], &lse = call->outputs[2];
-    TopkArgs a{static_cast<const float*>(call->inputs[0].data),
-               static_cast<const float*>(bias.data),  // null when absent
-               static_cast<float*>(call->outputs[0].data),
-               static_cast<int32_t*>(call->outputs[1].data),
-               static_cast<float*>(lse.data),  // null when absent (N > 0 here)
-               s.n,
-               s.e,
-               s.attrs.k,
-               s.attrs.score,
-               s.attrs.pre_softmax != 0 ? 1 : 0,
-               s.attrs.num_groups,
-               s.attrs.group_topk,
-               s.attrs.scaling_factor};
-    moe_topk_kernel<<<router_blocks(s.n), kRowThreads, 0, stream_of(call)>>>(a);
+    auto launch = [&](auto zero) {
+      using T = decltype(zero);
+      TopkArgs<T> a{static_cast<const T*>(call->inputs[0].data),
+                    static_cast<const float*>(bias.data),  // null when absent
+                    static_cast<T*>(call->outputs[0].data),
+                    static_cast<int32_t*>(call->outputs[1].data),
+                    static_cast<T*>(lse.data),  // null when absent (N > 0 here)
+                    s.n,
+                    s.e,
+                    s.attrs.k,
+                    s.attrs.score,
+                    s.attrs.pre_softmax != 0 ? 1 : 0,
+                    s.attrs.num_groups,
+                    s.attrs.group_topk,
+                    s.attrs.scaling_factor};
+      moe_topk_kernel<T><<<router_blocks(s.n), kRowThreads, 0, stream_of(call)>>>(a);
+    };
+    if (call->inputs[0].dtype == DType::kF64)
+      launch(0.0);
+    else
+      launch(0.0f);
     launch_check(ops::kMoeTopk);
   });
 }
@@ -202,7 +213,8 @@ Status moe_topk_cost(const OpCall* call, OpCost* out) {
 }  // namespace
 
 void add_topk_kernels(std::vector<KernelDesc>& out) {
-  add_cuda_kernels(out, ops::kMoeTopk, moe_topk, moe_topk_supports, moe_topk_cost, {DType::kF32});
+  add_cuda_kernels(out, ops::kMoeTopk, moe_topk, moe_topk_supports, moe_topk_cost,
+                   {DType::kF32, DType::kF64});
 }
 
 }  // namespace loom::kernels::cuda::moe

@@ -1,7 +1,7 @@
 // moe_topk_bwd (loom/ops/moe.h): dlogits (N, E) from dprobs (N, K), the logits (N, E), the
-// forward's experts (N, K) and dlse (N) or none; f32 in and out, computed in f64 in the
-// CPU reference's order (kernels/cpu/moe_topk.cc). With g_j = dprobs_j * scaling_factor for
-// the expert e_j picked j-th:
+// forward's experts (N, K) and dlse (N) or none; f32 or f64 in and out (every float tensor of
+// the logits' dtype), computed in f64 in the CPU reference's order (kernels/cpu/moe_topk.cc). With
+// g_j = dprobs_j * scaling_factor for the expert e_j picked j-th:
 //   softmax, pre_softmax 0: p = softmax over the K selected logits,
 //                           dlogit[e_j] += p_j * (g_j - sum_i p_i g_i), 0 elsewhere
 //   softmax, pre_softmax 1: s = softmax over all E, G[e_j] += g_j,
@@ -36,26 +36,29 @@
 namespace loom::kernels::cuda::moe {
 namespace {
 
+// T: the logits' storage type, float or double (the router dtype).
+template <class T>
 struct TopkBwdArgs {
-  const float* dprobs;     // (N, K)
-  const float* logits;     // (N, E)
+  const T* dprobs;         // (N, K)
+  const T* logits;         // (N, E)
   const int32_t* experts;  // (N, K)
-  const float* dlse;       // (N) or null
-  float* dlogits;          // (N, E)
+  const T* dlse;           // (N) or null
+  T* dlogits;              // (N, E)
   int64_t n, e;
   int32_t k, score, pre;
   float scale;
 };
 
+template <class T>
 __global__ void __launch_bounds__(kRowThreads)
-    moe_topk_bwd_kernel(TopkBwdArgs a, IndexErrorSink sink) {
+    moe_topk_bwd_kernel(TopkBwdArgs<T> a, IndexErrorSink sink) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const bool sigmoid = a.score == 1, pre = a.score == 0 && a.pre != 0;
   const double scale = a.scale;
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * kRowWarps + warp; row < a.n;
        row += static_cast<int64_t>(gridDim.x) * kRowWarps) {
-    const float* l = a.logits + row * a.e;
-    const float* dp = a.dprobs + row * a.k;
+    const T* l = a.logits + row * a.e;
+    const T* dp = a.dprobs + row * a.k;
     const int32_t* ex = a.experts + row * a.k;
     auto valid = [&](int j) { return ex[j] >= 0 && ex[j] < a.e; };
     auto g = [&](int j) { return static_cast<double>(dp[j]) * scale; };
@@ -99,7 +102,7 @@ __global__ void __launch_bounds__(kRowThreads)
     }
 
     const double dlse = a.dlse != nullptr ? static_cast<double>(a.dlse[row]) : 0.0;
-    float* dl = a.dlogits + row * a.e;
+    T* dl = a.dlogits + row * a.e;
     for (int64_t e = lane; e < a.e; e += 32) {
       const double x = l[e];
       double d = 0.0;
@@ -123,7 +126,7 @@ __global__ void __launch_bounds__(kRowThreads)
         }
       }
       if (a.dlse != nullptr) d += dlse * sm.at(l, e);
-      dl[e] = static_cast<float>(d);
+      dl[e] = static_cast<T>(d);
     }
   }
 }
@@ -139,18 +142,25 @@ Status moe_topk_bwd(const OpCall* call) {
     cudaStream_t stream = stream_of(call);
     IndexErrorSink sink = index_error_sink(device, stream);  // fails for an earlier error
     if (s.n == 0) return;
-    TopkBwdArgs a{static_cast<const float*>(call->inputs[0].data),
-                  static_cast<const float*>(call->inputs[1].data),
-                  static_cast<const int32_t*>(call->inputs[2].data),
-                  static_cast<const float*>(call->inputs[3].data),  // null when absent (N > 0)
-                  static_cast<float*>(call->outputs[0].data),
-                  s.n,
-                  s.e,
-                  s.attrs.k,
-                  s.attrs.score,
-                  s.attrs.pre_softmax != 0 ? 1 : 0,
-                  s.attrs.scaling_factor};
-    moe_topk_bwd_kernel<<<router_blocks(s.n), kRowThreads, 0, stream>>>(a, sink);
+    auto launch = [&](auto zero) {
+      using T = decltype(zero);
+      TopkBwdArgs<T> a{static_cast<const T*>(call->inputs[0].data),
+                       static_cast<const T*>(call->inputs[1].data),
+                       static_cast<const int32_t*>(call->inputs[2].data),
+                       static_cast<const T*>(call->inputs[3].data),  // null when absent (N > 0)
+                       static_cast<T*>(call->outputs[0].data),
+                       s.n,
+                       s.e,
+                       s.attrs.k,
+                       s.attrs.score,
+                       s.attrs.pre_softmax != 0 ? 1 : 0,
+                       s.attrs.scaling_factor};
+      moe_topk_bwd_kernel<T><<<router_blocks(s.n), kRowThreads, 0, stream>>>(a, sink);
+    };
+    if (call->inputs[1].dtype == DType::kF64)
+      launch(0.0);
+    else
+      launch(0.0f);
     launch_check(ops::kMoeTopkBwd);
   });
 }
@@ -171,7 +181,7 @@ Status moe_topk_bwd_cost(const OpCall* call, OpCost* out) {
 
 void add_topk_bwd_kernels(std::vector<KernelDesc>& out) {
   add_cuda_kernels(out, ops::kMoeTopkBwd, moe_topk_bwd, moe_topk_bwd_supports, moe_topk_bwd_cost,
-                   {DType::kF32});
+                   {DType::kF32, DType::kF64});
 }
 
 }  // namespace loom::kernels::cuda::moe

@@ -9,6 +9,7 @@ namespace loom::kernels::cpu::testing {
 namespace {
 
 const std::vector<int64_t> kSizes = {1, 7, 33, 65, 127, 5000};
+constexpr NoAttrs kNoAttrs{};
 
 class ElementwiseTest : public ::testing::TestWithParam<DType> {};
 
@@ -79,6 +80,68 @@ TEST_P(ElementwiseTest, CastScaleSumsq) {
     run_ref(ops::kSumSq, GetParam(), {&x}, {&out});
     EXPECT_NEAR(out.get(0), expected, 1e-9 * expected);
   }
+}
+
+// f64 (the fp64 router's casts and its aux-gradient add): to f64 exactly, from f64 rounded
+// once to f32 (and through f32 to bf16 / f16, as the harness's own set() rounds), on cpu.ref,
+// cpu.fast and every device, keyed on f64 and on the pair's float dtype alike.
+TEST(ElementwiseF64, CastToAndFromF64) {
+  std::mt19937 rng(10);
+  const std::vector<DType> all = {DType::kF32, DType::kBF16, DType::kF16, DType::kF64};
+  for (int64_t n : kSizes)
+    for (DType from : all)
+      for (DType to : all) {
+        if (from != DType::kF64 && to != DType::kF64) continue;
+        Tensor x = Tensor::random(from, {n}, rng, -3.0, 3.0);
+        std::vector<double> expected(static_cast<size_t>(n));
+        for (int64_t i = 0; i < n; ++i) {
+          Tensor one(to, {1});
+          one.set(0, x.get(i));
+          expected[i] = one.get(0);
+        }
+        const std::string what =
+            std::string(dtype_name(from)) + " -> " + dtype_name(to) + " n " + std::to_string(n);
+        for (DType key : {DType::kF64, from == DType::kF64 ? to : from})
+          for (const char* name : {"cpu.ref", "cpu.fast"}) {
+            if (std::string(name) == "cpu.fast" && !__builtin_cpu_supports("avx2")) continue;
+            Tensor y(to, {n});
+            run(ops::kCast, name, key, {&x}, {&y});
+            const std::vector<double> got = y.values();
+            for (int64_t i = 0; i < n; ++i)
+              ASSERT_EQ(got[i], expected[i]) << name << " " << what << " element " << i;
+          }
+        expect_fast_matches_ref(ops::kCast, DType::kF64, {x}, {Tensor(to, {n})}, &kNoAttrs, what);
+      }
+}
+
+TEST(ElementwiseF64, AddInF64AndMixedF64Refused) {
+  std::mt19937 rng(11);
+  for (int64_t n : kSizes) {
+    Tensor a = Tensor::random(DType::kF64, {n}, rng), b = Tensor::random(DType::kF64, {n}, rng);
+    std::vector<double> expected(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) expected[i] = a.get(i) + b.get(i);  // one f64 rounding
+    for (const char* name : {"cpu.ref", "cpu.fast"}) {
+      if (std::string(name) == "cpu.fast" && !__builtin_cpu_supports("avx2")) continue;
+      Tensor y(DType::kF64, {n}), a2 = a;
+      run(ops::kAdd, name, DType::kF64, {&a, &b}, {&y});
+      run(ops::kAdd, name, DType::kF64, {&a2, &b}, {&a2});  // in place
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_EQ(y.get(i), expected[i]) << name << " n " << n << " element " << i;
+        ASSERT_EQ(a2.get(i), expected[i]) << name << " in place, n " << n << " element " << i;
+      }
+    }
+    expect_fast_matches_ref(ops::kAdd, DType::kF64, {a, b}, {Tensor(DType::kF64, {n})});
+  }
+  Tensor a(DType::kF64, {4}), b(DType::kF32, {4}), y(DType::kF64, {4});
+  Status s = call_kernel<NoAttrs>(ops::kAdd, "cpu.ref", DType::kF64, {&a, &b}, {&y});
+  EXPECT_EQ(s.code, Code::kUnimplemented);  // supports declines it
+  status_release(&s);
+  const KernelDesc& k = kernel(ops::kAdd, DType::kF64, "cpu.ref");
+  CallHolder h({&a, &b}, {&y}, static_cast<const NoAttrs*>(nullptr));
+  s = k.fn(&h.call);
+  EXPECT_EQ(s.code, Code::kInvalidArgument);
+  const std::string msg = take_message(&s);
+  EXPECT_NE(msg.find("an f64 add takes f64 A, B and Y"), std::string::npos) << msg;
 }
 
 TEST(ElementwiseSumsq, NonFiniteGivesNonFinite) {

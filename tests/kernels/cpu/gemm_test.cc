@@ -1,5 +1,6 @@
-// gemm: the reference against an f64 computation written here, the fast (OpenBLAS) kernel
-// against the reference, over dtypes, odd shapes, transposes, batching and beta.
+// gemm: the reference against a long double computation written here, the fast (OpenBLAS)
+// kernel against the reference, over dtypes (f32, bf16, f16, and f64 with A, B and Y all f64),
+// odd shapes, transposes, batching and beta.
 #include <cmath>
 
 #include "tests/kernels/cpu/op_test_util.h"
@@ -49,15 +50,17 @@ std::vector<double> naive(const GemmCase& c, const Operands& o) {
   for (int64_t b = 0; b < batch; ++b)
     for (int64_t i = 0; i < c.m; ++i)
       for (int64_t j = 0; j < c.n; ++j) {
-        double acc = 0.0;
+        long double acc = 0.0;  // 64-bit mantissa: an oracle for the f64 kernels too
         for (int64_t p = 0; p < c.k; ++p) {
-          double av = o.a.get(b * c.m * c.k + (c.ta ? p * c.m + i : i * c.k + p));
+          long double av = o.a.get(b * c.m * c.k + (c.ta ? p * c.m + i : i * c.k + p));
           int64_t b0 = c.shared_b ? 0 : b * c.k * c.n;
-          double bv = o.b.get(b0 + (c.tb ? j * c.k + p : p * c.n + j));
+          long double bv = o.b.get(b0 + (c.tb ? j * c.k + p : p * c.n + j));
           acc += av * bv;
         }
         int64_t yi = (b * c.m + i) * c.n + j;
-        y[yi] = c.alpha * acc + (c.beta != 0.0f ? c.beta * o.y.get(yi) : 0.0);
+        y[yi] = static_cast<double>(
+            c.alpha * acc +
+            (c.beta != 0.0f ? c.beta * static_cast<long double>(o.y.get(yi)) : 0.0L));
       }
   return y;
 }
@@ -77,6 +80,7 @@ TEST_P(GemmTest, ReferenceMatchesF64) {
     std::vector<double> expected = naive(c, o);
     ops::GemmAttrs at{c.ta, c.tb, c.alpha, c.beta};
     run_ref(ops::kGemm, GetParam(), {&o.a, &o.b}, {&o.y}, &at);
+    if (GetParam() == DType::kF64) report_error(o.y.values(), expected, "ref f64 " + describe(c));
     expect_close(o.y, expected, GetParam(), describe(c));
   }
 }
@@ -85,6 +89,7 @@ TEST_P(GemmTest, FastMatchesReference) {
   std::mt19937 rng(2);
   for (const GemmCase& c : cases())
     for (DType y_dt : {GetParam(), DType::kF32}) {  // weight gradients accumulate into f32
+      if (GetParam() == DType::kF64 && y_dt != DType::kF64) continue;  // f64: all three f64
       Operands o = make(c, GetParam(), y_dt, rng);
       ops::GemmAttrs at{c.ta, c.tb, c.alpha, c.beta};
       expect_fast_matches_ref(ops::kGemm, GetParam(), {o.a, o.b}, {o.y}, &at, describe(c));
@@ -105,6 +110,32 @@ TEST_P(GemmTest, BetaZeroNeverReadsY) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, GemmTest, ::testing::ValuesIn(float_dtypes()), dtype_param_name);
+INSTANTIATE_TEST_SUITE_P(F64, GemmTest, ::testing::Values(DType::kF64), dtype_param_name);
+
+TEST(GemmF64, FastMatchesLongDoubleAndMixedDtypesAreRefused) {
+  std::mt19937 rng(4);
+  for (const GemmCase& c : cases()) {
+    Operands o = make(c, DType::kF64, DType::kF64, rng);
+    std::vector<double> expected = naive(c, o);
+    ops::GemmAttrs at{c.ta, c.tb, c.alpha, c.beta};
+    if (!__builtin_cpu_supports("avx2")) GTEST_SKIP() << "cpu.fast needs AVX2";
+    run(ops::kGemm, "cpu.fast", DType::kF64, {&o.a, &o.b}, {&o.y}, &at);
+    report_error(o.y.values(), expected, "fast f64 " + describe(c));
+    expect_close(o.y, expected, DType::kF64, "fast f64 " + describe(c));
+  }
+  // f64 with another dtype: refused with a message (the caller casts first).
+  Tensor a(DType::kF64, {3, 4}), b(DType::kF32, {4, 2}), y(DType::kF64, {3, 2});
+  ops::GemmAttrs at{0, 0, 1.0f, 0.0f};
+  CallHolder h({&a, &b}, {&y}, &at);
+  for (const char* name : {"cpu.ref", "cpu.fast"}) {
+    const KernelDesc& k = kernel(ops::kGemm, DType::kF64, name);
+    EXPECT_FALSE(k.supports(&h.call)) << name;
+    Status s = k.fn(&h.call);
+    EXPECT_EQ(s.code, Code::kInvalidArgument);
+    std::string msg = take_message(&s);
+    EXPECT_NE(msg.find("an f64 gemm takes f64 A, B and Y"), std::string::npos) << msg;
+  }
+}
 
 TEST(GemmErrors, WrongInnerDimensionNamesOpAndInput) {
   Tensor a(DType::kF32, {3, 4}), b(DType::kF32, {5, 2}), y(DType::kF32, {3, 2});

@@ -1,9 +1,10 @@
 // The mixture-of-experts ops (loom/ops/moe.h): grouped_gemm and grouped_gemm_wgrad (reference
 // against per-group f64 GEMMs written here, fast against reference, zero-row groups),
 // moe_topk (against a selection written here by sorting, over every score option, ties and
-// group limits) and moe_topk_bwd (against finite differences), moe_permute / moe_unpermute /
-// moe_unpermute_bwd (against loops written here), and bad indices refused. The ops without
-// pointer arrays also run on every device backend linked in (the CUDA kernels on a GPU).
+// group limits) and moe_topk_bwd (against finite differences), on f32 and f64 logits,
+// moe_permute / moe_unpermute / moe_unpermute_bwd (against loops written here), and bad
+// indices refused. The ops without pointer arrays also run on every device backend linked in
+// (the CUDA kernels on a GPU).
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -284,6 +285,126 @@ TEST(MoeTopk, BackwardMatchesFiniteDifferences) {
       expect_device_matches(*b, ops::kMoeTopkBwd, DType::kF32, in, out, {dlogits}, &c.attrs,
                             describe(c.attrs, c.bias));
   }
+}
+
+// ---- moe_topk / moe_topk_bwd on f64 logits (the fp64 router) -----------------------------
+
+// Random f64 logits (N, E) with full 53-bit mantissas; `ties`: integers (ties often); row 0
+// then holds logits closer together than f32 can tell apart (0.5 + i * 1e-12, E - 1 - i in
+// the odd columns), which f64 ranks by value.
+Tensor f64_logits(int64_t n, int64_t e, bool ties, std::mt19937& rng) {
+  Tensor l = Tensor::random(DType::kF64, {n, e}, rng, -3, 3);
+  if (ties)
+    for (int64_t i = 0; i < l.numel(); ++i) l.set(i, std::round(l.get(i)));
+  else
+    for (int64_t i = 0; i < e; ++i)
+      l.set(i, 0.5 + static_cast<double>(i % 2 ? e - 1 - i : i) * 1e-12);
+  return l;
+}
+
+TEST(MoeTopkF64, MatchesASortedChoiceInF64) {
+  std::mt19937 rng(16);
+  const int64_t n = 9, e = 8;
+  for (const TopkCase& c : topk_cases())
+    for (bool ties : {false, true}) {
+      Tensor logits = f64_logits(n, e, ties, rng);
+      Tensor bias = c.bias ? Tensor::random(DType::kF32, {e}, rng, -0.3, 0.3) : Tensor();
+      Tensor probs(DType::kF64, {n, c.attrs.k}), ids(DType::kI32, {n, c.attrs.k});
+      Tensor lse(DType::kF64, {n});
+      run_ref(ops::kMoeTopk, DType::kF64, {&logits, &bias}, {&probs, &ids, &lse}, &c.attrs);
+      std::vector<double> all_probs, el;
+      std::vector<int32_t> all_ids;
+      for (int64_t t = 0; t < n; ++t) {
+        std::vector<double> row(e), b;
+        for (int64_t i = 0; i < e; ++i) row[i] = logits.get(t * e + i);
+        if (c.bias)
+          for (int64_t i = 0; i < e; ++i) b.push_back(bias.get(i));
+        std::vector<double> p;
+        std::vector<int32_t> id;
+        expected_topk(row, b, c.attrs, &p, &id);
+        all_probs.insert(all_probs.end(), p.begin(), p.end());
+        all_ids.insert(all_ids.end(), id.begin(), id.end());
+        double mx = *std::max_element(row.begin(), row.end()), z = 0;
+        for (double v : row) z += std::exp(v - mx);
+        el.push_back(mx + std::log(z));
+      }
+      const std::string what = "f64 " + describe(c.attrs, c.bias) + (ties ? " with ties" : "");
+      std::vector<double> got_ids = ids.values();
+      for (size_t i = 0; i < all_ids.size(); ++i)
+        ASSERT_EQ(static_cast<int32_t>(got_ids[i]), all_ids[i]) << what << ": choice " << i;
+      report_error(probs.values(), all_probs, what + " probs");
+      report_error(lse.values(), el, what + " lse");
+      expect_close(probs, all_probs, DType::kF64, what + " probs");
+      expect_close(lse, el, DType::kF64, what + " lse");
+      // cpu.fast (the same rows over threads) gives the same bits; every device, at f64's
+      // tolerance.
+      std::vector<Tensor> in = {logits, bias}, out = {Tensor(DType::kF64, {n, c.attrs.k}),
+                                                      Tensor(DType::kI32, {n, c.attrs.k}),
+                                                      Tensor(DType::kF64, {n})};
+      expect_fast_matches_ref(ops::kMoeTopk, DType::kF64, in, out, &c.attrs, what);
+    }
+}
+
+TEST(MoeTopkF64, BackwardMatchesFiniteDifferences) {
+  std::mt19937 rng(17);
+  const int64_t n = 5, e = 8;
+  for (const TopkCase& c : topk_cases()) {
+    // Well-separated logits, as in the f32 test: a finite step must not change the choice.
+    Tensor logits(DType::kF64, {n, e});
+    for (int64_t t = 0; t < n; ++t) {
+      std::vector<int64_t> perm(e);
+      std::iota(perm.begin(), perm.end(), 0);
+      std::shuffle(perm.begin(), perm.end(), rng);
+      for (int64_t i = 0; i < e; ++i) {
+        const double r = static_cast<double>(perm[i]);
+        logits.set(t * e + i, 0.35 * r + 0.013 * r * r - 1.5);
+      }
+    }
+    Tensor bias = c.bias ? Tensor::filled(DType::kF32, {e}, 0.0) : Tensor();
+    const int64_t k = c.attrs.k;
+    Tensor probs(DType::kF64, {n, k}), ids(DType::kI32, {n, k}), lse(DType::kF64, {n});
+    auto forward = [&] {
+      run_ref(ops::kMoeTopk, DType::kF64, {&logits, &bias}, {&probs, &ids, &lse}, &c.attrs);
+      std::vector<double> v = probs.values(), l = lse.values();
+      v.insert(v.end(), l.begin(), l.end());
+      return v;
+    };
+    std::vector<double> w = random_weights(static_cast<size_t>(n * k + n), rng);
+    // f64 central differences: step 1e-5, truncation ~1e-10, rounding ~1e-16 / 1e-5 = 1e-11.
+    std::vector<double> numeric = numeric_grad(logits, w, forward, 1e-5);
+    forward();
+    Tensor dprobs(DType::kF64, {n, k}), dlse(DType::kF64, {n}), dlogits(DType::kF64, {n, e});
+    for (int64_t i = 0; i < n * k; ++i) dprobs.set(i, w[i]);
+    for (int64_t i = 0; i < n; ++i) dlse.set(i, w[n * k + i]);
+    run_ref(ops::kMoeTopkBwd, DType::kF64, {&dprobs, &logits, &ids, &dlse}, {&dlogits}, &c.attrs);
+    const std::string what = "f64 " + describe(c.attrs, c.bias) + " dlogits";
+    report_error(dlogits.values(), numeric, what + " vs finite differences");
+    expect_close(dlogits.values(), numeric, Tolerance{1e-7, 1e-8}, what);
+    std::vector<Tensor> in = {dprobs, logits, ids, dlse}, out = {Tensor(DType::kF64, {n, e})};
+    expect_fast_matches_ref(ops::kMoeTopkBwd, DType::kF64, in, out, &c.attrs, what);
+  }
+}
+
+TEST(MoeTopkF64, TensorsOfAnotherDtypeAreRefused) {
+  Tensor logits(DType::kF64, {2, 4}), none, probs(DType::kF32, {2, 2}), ids(DType::kI32, {2, 2});
+  ops::MoeTopkAttrs at{2, 0, 0, 1, 1, 0.0f};
+  Status s = call_kernel(ops::kMoeTopk, "cpu.ref", DType::kF64, {&logits, &none},
+                         {&probs, &ids, &none}, &at);
+  EXPECT_EQ(s.code, Code::kUnimplemented);  // supports declines it
+  status_release(&s);
+  const KernelDesc& k = kernel(ops::kMoeTopk, DType::kF64, "cpu.ref");
+  CallHolder h({&logits, &none}, {&probs, &ids, &none}, &at);
+  s = k.fn(&h.call);
+  EXPECT_EQ(s.code, Code::kInvalidArgument);
+  EXPECT_THAT(take_message(&s),
+              ::testing::HasSubstr("moe_topk: output 0 (probs) has dtype f32, expected f64"));
+  Tensor dprobs(DType::kF32, {2, 2}), dlogits(DType::kF64, {2, 4});
+  const KernelDesc& kb = kernel(ops::kMoeTopkBwd, DType::kF64, "cpu.ref");
+  CallHolder hb({&dprobs, &logits, &ids, &none}, {&dlogits}, &at);
+  s = kb.fn(&hb.call);
+  EXPECT_EQ(s.code, Code::kInvalidArgument);
+  EXPECT_THAT(take_message(&s),
+              ::testing::HasSubstr("moe_topk_bwd: input 0 (dprobs) has dtype f32, expected f64"));
 }
 
 // ---- permute / unpermute ----------------------------------------------------------------

@@ -11,7 +11,9 @@
 #include <loom/kernel.h>
 #include <loom/ops.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <random>
@@ -37,6 +39,10 @@ inline Tolerance tolerance(DType t) {
       return {1.6e-2, 1e-2};
     case DType::kF16:  // 11 bits: 2^-11 = 0.05%
       return {2e-3, 1e-3};
+    // f64, 53 bits (2^-53 = 1.1e-16): sums of ~100 terms in another order (BLAS, a device, a
+    // long double oracle) differ by a few ulps of the terms' magnitude.
+    case DType::kF64:
+      return {1e-12, 1e-13};
     case DType::kF8E4M3:  // fp8 ops: quantised values must match exactly (one FP8 step is
     case DType::kF8E5M2:  // 6-25%), f32 GEMM sums to f32 rounding of their order
       return {1e-4, 1e-5};
@@ -245,6 +251,23 @@ inline void expect_close(const std::vector<double>& actual, const std::vector<do
   EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << actual.size() << " elements differ";
 }
 
+// The largest absolute and relative (to max(|expected|, 1e-300)) differences, printed as
+// "[error] what: max abs A, max rel R" so that a test's log shows the precision achieved.
+struct MaxError {
+  double abs = 0, rel = 0;
+};
+inline MaxError report_error(const std::vector<double>& actual, const std::vector<double>& expected,
+                             const std::string& what) {
+  MaxError m;
+  for (size_t i = 0; i < actual.size() && i < expected.size(); ++i) {
+    const double d = std::fabs(actual[i] - expected[i]);
+    m.abs = std::max(m.abs, d);
+    m.rel = std::max(m.rel, d / std::max(std::fabs(expected[i]), 1e-300));
+  }
+  std::printf("[error] %s: max abs %.3g, max rel %.3g\n", what.c_str(), m.abs, m.rel);
+  return m;
+}
+
 inline void expect_close(const Tensor& actual, const std::vector<double>& expected, DType tol_dtype,
                          const std::string& what) {
   expect_close(actual.values(), expected, tolerance(tol_dtype), what);
@@ -304,9 +327,13 @@ void expect_device_matches(::loom::kernels::testing::DeviceBackend& backend, con
         backend.download(result[i].raw(), out[i].data,
                          static_cast<size_t>(result[i].numel()) * dtype_size(result[i].dtype()));
     for (size_t i = 0; i < result.size(); ++i)
-      if (!result[i].empty())
+      if (!result[i].empty()) {
+        if (key == DType::kF64)  // the f64 ops' achieved precision, in the GPU session's log
+          report_error(result[i].values(), expected[i].values(),
+                       label + " output " + std::to_string(i) + " " + what);
         expect_close(result[i], expected[i].values(), key,
                      label + " output " + std::to_string(i) + " " + what);
+      }
   }
   for (void* p : owned) backend.release(p);
 }

@@ -1,5 +1,6 @@
 // The kernel list: every op of loom/ops.h has a reference and a fast kernel for f32, bf16
-// and f16 (f32 alone for an op keyed on an always-f32 input, FP8 for fp8_gemm), descriptors are
+// and f16 (f32 alone for an op keyed on an always-f32 input, FP8 for fp8_gemm; f64 too for
+// the fp64 router's ops: gemm, add, cast, moe_topk, moe_topk_bwd), descriptors are
 // well formed and unambiguous, the plugin manifest lists exactly these kernels, and the ops that
 // MFU counts have a cost model.
 #include <algorithm>
@@ -65,19 +66,22 @@ const std::vector<const char*> kAllOps = {
 };
 
 // The dtypes an op is keyed on: every float dtype, f32 alone for an op keyed on an
-// always-f32 input whatever the model's dtype, the two FP8 formats for fp8_gemm.
+// always-f32 input whatever the model's dtype, the two FP8 formats for fp8_gemm, and f64 for
+// the ops of the fp64 router (f32 and f64 for its top-k).
 std::vector<DType> key_dtypes(const char* op) {
   std::string name = op;
-  if (name == ops::kCrossEntropyCombine || name == ops::kFp8ScaleUpdate || name == ops::kMaskedSum ||
-      name == ops::kMoeTopk || name == ops::kMoeTopkBwd)
+  if (name == ops::kMoeTopk || name == ops::kMoeTopkBwd) return {DType::kF32, DType::kF64};
+  if (name == ops::kGemm || name == ops::kAdd || name == ops::kCast)
+    return {DType::kF32, DType::kBF16, DType::kF16, DType::kF64};
+  if (name == ops::kCrossEntropyCombine || name == ops::kFp8ScaleUpdate || name == ops::kMaskedSum)
     return {DType::kF32};
   if (name == ops::kFp8Gemm) return {DType::kF8E4M3, DType::kF8E5M2};
   return float_dtypes();
 }
 
 TEST(Registry, EveryOpHasReferenceAndFastForEachKeyDtype) {
-  const std::vector<DType> all = {DType::kF32, DType::kBF16, DType::kF16, DType::kF8E4M3,
-                                  DType::kF8E5M2};
+  const std::vector<DType> all = {DType::kF32, DType::kBF16,   DType::kF16,
+                                  DType::kF64, DType::kF8E4M3, DType::kF8E5M2};
   for (const char* op : kAllOps)
     for (DType dt : all) {
       std::vector<DType> keys = key_dtypes(op);

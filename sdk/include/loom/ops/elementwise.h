@@ -11,7 +11,8 @@ namespace loom::ops {
 // Elementwise
 // ---------------------------------------------------------------------------------------
 
-/// "add": Y = A + B (same shape, any float dtypes). Y may alias A or B.
+/// "add": Y = A + B (same shape, any float dtypes; or A, B and Y all f64, added in f64).
+/// Y may alias A or B.
 ///   inputs: [0] A, [1] B   outputs: [0] Y
 inline constexpr const char* kAdd = "add";
 
@@ -24,7 +25,10 @@ inline constexpr const char* kBiasAdd = "bias_add";
 ///   inputs: [0] dY float (N, C)   outputs: [0] dbias f32 (C) +=
 inline constexpr const char* kBiasGrad = "bias_grad";
 
-/// "cast": Y = X converted to Y's dtype (float dtypes, round to nearest even).
+/// "cast": Y = X converted to Y's dtype (float dtypes, round to nearest even). X and Y may
+/// also be f64 (either or both): to f64 exactly; from f64 to f32 round to nearest even, to
+/// bf16 / f16 through f32 (two roundings, as PyTorch's double -> bfloat16 / half).
+/// The kernel of any dtype key serves every pair (keyed on f64 too).
 ///   inputs: [0] X   outputs: [0] Y (same shape)
 inline constexpr const char* kCast = "cast";
 

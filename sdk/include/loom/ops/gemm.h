@@ -16,6 +16,8 @@ namespace loom::ops {
 ///                have no batch dimensions (2-D), and is then shared by every batch
 ///   outputs: [0] Y float (batch..., M, N); read only when beta != 0
 /// Y's dtype may differ from A's and B's (weight gradients accumulate into f32).
+/// f64: A, B and Y all f64 (the fp64 router's gating GEMMs), computed and accumulated in
+/// f64; keyed on f64. No mix of f64 with another dtype (cast first).
 inline constexpr const char* kGemm = "gemm";
 struct GemmAttrs {
   int32_t trans_a;  ///< 1: A is stored transposed

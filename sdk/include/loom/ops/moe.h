@@ -15,11 +15,16 @@ namespace loom::ops {
 // ---------------------------------------------------------------------------------------
 
 /// "moe_topk": a router's choice of K experts per token from its logits (Megatron-Core's
-/// topk_routing_with_score_function), in f32.
-///   inputs:  [0] logits f32 (N, E), [1] expert bias f32 (E) or empty (sigmoid only: added
-///            to the scores for the selection, never to the probabilities)
-///   outputs: [0] probs f32 (N, K), [1] experts i32 (N, K), [2] lse f32 (N) or empty: the
-///            logsumexp of each row of logits (for the z-loss)
+/// topk_routing_with_score_function), in f32 or f64 (the router dtype, Megatron's
+/// --moe-router-dtype): every kernel computes in f64 and rounds the outputs to the logits'
+/// dtype last.
+///   inputs:  [0] logits f32 | f64 (N, E), [1] expert bias f32 (E) or empty (sigmoid only:
+///            added to the scores for the selection, never to the probabilities; f32 whatever
+///            the logits' dtype, as Megatron keeps its expert_bias buffer)
+///   outputs: [0] probs (N, K) of the logits' dtype, [1] experts i32 (N, K), [2] lse (N) of
+///            the logits' dtype or empty: the logsumexp of each row of logits (for the z-loss)
+///            (an f64 router hands the MoE layer f32 probs through a cast after this op, as
+///            Megatron casts the f64 probs where they meet the experts' activations)
 /// Selection score and probabilities by `score`:
 ///   softmax, pre_softmax 0: select on the logits; probs = softmax over the K selected logits
 ///   softmax, pre_softmax 1: s = softmax over all E; select on s; probs = s (not renormalised)
@@ -31,10 +36,11 @@ namespace loom::ops {
 /// Each row's experts are in descending order of selection score; ties go to the lower
 /// expert id (and to the lower group id), on every device.
 /// "moe_topk_bwd": the gradient of the logits from that of probs (and of lse).
-///   inputs:  [0] dprobs f32 (N, K), [1] logits f32 (N, E), [2] experts i32 (N, K) (forward's
-///            output [1]), [3] dlse f32 (N) or empty
-///   outputs: [0] dlogits f32 (N, E) (overwritten)
-/// Both take MoeTopkAttrs; the dtype they are keyed on is f32.
+///   inputs:  [0] dprobs (N, K), [1] logits f32 | f64 (N, E), [2] experts i32 (N, K)
+///            (forward's output [1]), [3] dlse (N) or empty
+///   outputs: [0] dlogits (N, E) (overwritten)
+///   every float tensor of the call has the logits' dtype (f32 or f64).
+/// Both take MoeTopkAttrs; they are keyed on the logits' dtype, f32 or f64.
 inline constexpr const char* kMoeTopk = "moe_topk";
 inline constexpr const char* kMoeTopkBwd = "moe_topk_bwd";
 struct MoeTopkAttrs {

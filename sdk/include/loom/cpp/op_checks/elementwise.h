@@ -9,16 +9,22 @@
 #pragma once
 
 #include "loom/cpp/op_args.h"
+#include "loom/cpp/op_checks/f64.h"
 #include "loom/ops.h"
 
 namespace loom::op_checks {
 
-/// add: A, B, Y float with the same number of elements; returns that number.
+/// add: A, B, Y float (any mix of f32, bf16, f16) or all three f64, with the same number of
+/// elements; returns that number.
 inline int64_t check_add(const OpCall* call, bool shapes_only, DeviceType device) {
   OpArgs a(call, ops::kAdd, {"A", "B"}, {"Y"}, shapes_only, device);
-  const TensorView& A = a.float_in(0);
-  a.float_in(1);
-  a.float_out(0);
+  const TensorView& A = float_or_f64_in(a, 0);
+  const TensorView& B = float_or_f64_in(a, 1);
+  const TensorView& Y = float_or_f64_out(a, 0);
+  const int f64s = (A.dtype == DType::kF64) + (B.dtype == DType::kF64) + (Y.dtype == DType::kF64);
+  if (f64s != 0 && f64s != 3)
+    a.fail(std::string("A, B and Y are ") + dtype_name(A.dtype) + ", " + dtype_name(B.dtype) +
+           " and " + dtype_name(Y.dtype) + ": an f64 add takes f64 A, B and Y (cast first)");
   a.numel_in(1, numel(A), "A's shape");
   a.numel_out(0, numel(A), "A's shape");
   return numel(A);
@@ -42,11 +48,12 @@ inline void check_bias_grad(const OpCall* call, bool shapes_only, DeviceType dev
   a.shape_out(0, {last_dim(dY)}, "(C)");
 }
 
-/// cast: X, Y float with the same number of elements; returns that number.
+/// cast: X, Y of f32, bf16, f16 or f64 (any pair) with the same number of elements; returns
+/// that number.
 inline int64_t check_cast(const OpCall* call, bool shapes_only, DeviceType device) {
   OpArgs a(call, ops::kCast, {"X"}, {"Y"}, shapes_only, device);
-  const TensorView& X = a.float_in(0);
-  a.float_out(0);
+  const TensorView& X = float_or_f64_in(a, 0);
+  float_or_f64_out(a, 0);
   a.numel_out(0, numel(X), "X's shape");
   return numel(X);
 }

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "loom/cpp/op_args.h"
+#include "loom/cpp/op_checks/f64.h"
 #include "loom/ops.h"
 
 namespace loom::op_checks {
@@ -18,7 +19,8 @@ struct GemmShape {
 };
 
 /// Checks a gemm call (A (batch..., M, K) or (batch..., K, M), B (K, N) / (N, K) with A's
-/// batch dimensions or none, Y (batch..., M, N)) for kernels on `device`; throws
+/// batch dimensions or none, Y (batch..., M, N)) for kernels on `device`: A, B and Y of float
+/// dtypes (f32, bf16, f16, mixed as a kernel allows), or all three f64; throws
 /// loom::Error(kInvalidArgument) naming the tensor and the expected shape.
 /// \param call         the call
 /// \param shapes_only  true inside `supports` (data may be null)
@@ -27,9 +29,13 @@ inline GemmShape check_gemm(const OpCall* call, bool shapes_only, DeviceType dev
   OpArgs a(call, ops::kGemm, {"A", "B"}, {"Y"}, shapes_only, device);
   GemmShape s{};
   s.attrs = a.attrs<ops::GemmAttrs>();
-  const TensorView& A = a.float_in(0);
-  const TensorView& B = a.float_in(1);
-  const TensorView& Y = a.float_out(0);
+  const TensorView& A = float_or_f64_in(a, 0);
+  const TensorView& B = float_or_f64_in(a, 1);
+  const TensorView& Y = float_or_f64_out(a, 0);
+  if ((A.dtype == DType::kF64 || B.dtype == DType::kF64 || Y.dtype == DType::kF64) &&
+      (A.dtype != DType::kF64 || B.dtype != DType::kF64 || Y.dtype != DType::kF64))
+    a.fail(std::string("A, B and Y are ") + dtype_name(A.dtype) + ", " + dtype_name(B.dtype) +
+           " and " + dtype_name(Y.dtype) + ": an f64 gemm takes f64 A, B and Y (cast first)");
   a.rank_in(0, 2, s.attrs.trans_a ? "(batch..., K, M)" : "(batch..., M, K)");
   a.rank_in(1, 2, s.attrs.trans_b ? "(N, K) or (batch..., N, K)" : "(K, N) or (batch..., K, N)");
   int32_t nd = A.ndim;

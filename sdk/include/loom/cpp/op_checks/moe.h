@@ -9,6 +9,7 @@
 
 #include "loom/cpp/kernel_descs.h"
 #include "loom/cpp/op_args.h"
+#include "loom/cpp/op_checks/f64.h"
 #include "loom/ops.h"
 
 namespace loom::op_checks {
@@ -44,12 +45,21 @@ inline ops::MoeTopkAttrs check_moe_topk_attrs(const OpArgs& a, int64_t e) {
   return at;
 }
 
-/// moe_topk: logits (N, E) f32, bias (E) f32 or empty -> probs (N, K) f32, experts (N, K)
-/// i32, lse (N) f32 or empty.
+/// The dtype of a router op's logits: f32 or f64 (loom/ops/moe.h); throws otherwise.
+inline DType check_router_dtype(const OpArgs& a, int i) {
+  const TensorView& L = float_or_f64_in(a, i);
+  if (L.dtype != DType::kF32 && L.dtype != DType::kF64)
+    a.fail(a.in_label(i) + " has dtype " + dtype_name(L.dtype) + ", expected f32 or f64");
+  return L.dtype;
+}
+
+/// moe_topk: logits (N, E) f32 or f64, bias (E) f32 or empty -> probs (N, K) and lse (N) or
+/// empty of the logits' dtype, experts (N, K) i32.
 inline MoeTopkShape check_moe_topk(const OpCall* call, bool shapes_only, DeviceType device) {
   OpArgs a(call, ops::kMoeTopk, {"logits", "bias"}, {"probs", "experts", "lse"}, shapes_only,
            device);
-  const TensorView& L = a.f32_in(0);
+  const DType dt = check_router_dtype(a, 0);
+  const TensorView& L = a.in(0);
   if (L.ndim != 2) a.fail(a.in_label(0) + " has shape " + view_shape_str(L) + ", expected (N, E)");
   MoeTopkShape s{L.shape[0], L.shape[1], {}};
   s.attrs = check_moe_topk_attrs(a, s.e);
@@ -57,29 +67,30 @@ inline MoeTopkShape check_moe_topk(const OpCall* call, bool shapes_only, DeviceT
     if (s.attrs.score != 1) a.fail("an expert bias needs the sigmoid score (score = 1)");
     a.shape_in(1, {s.e}, "(E)");
   }
-  a.f32_out(0);
+  dtype_out(a, 0, dt);
   a.shape_out(0, {s.n, s.attrs.k}, "(N, K)");
   a.i32_out(1);
   a.shape_out(1, {s.n, s.attrs.k}, "(N, K)");
-  if (a.opt_f32_out(2) != nullptr) a.shape_out(2, {s.n}, "(N)");
+  if (opt_dtype_out(a, 2, dt) != nullptr) a.shape_out(2, {s.n}, "(N)");
   return s;
 }
 
 /// moe_topk_bwd: dprobs (N, K), logits (N, E), experts (N, K) i32, dlse (N) or empty ->
-/// dlogits (N, E), all f32 but the experts.
+/// dlogits (N, E); all but the experts of the logits' dtype (f32 or f64).
 inline MoeTopkShape check_moe_topk_bwd(const OpCall* call, bool shapes_only, DeviceType device) {
   OpArgs a(call, ops::kMoeTopkBwd, {"dprobs", "logits", "experts", "dlse"}, {"dlogits"},
            shapes_only, device);
-  const TensorView& L = a.f32_in(1);
+  const DType dt = check_router_dtype(a, 1);
+  const TensorView& L = a.in(1);
   if (L.ndim != 2) a.fail(a.in_label(1) + " has shape " + view_shape_str(L) + ", expected (N, E)");
   MoeTopkShape s{L.shape[0], L.shape[1], {}};
   s.attrs = check_moe_topk_attrs(a, s.e);
-  a.f32_in(0);
+  dtype_in(a, 0, dt);
   a.shape_in(0, {s.n, s.attrs.k}, "(N, K)");
   a.i32_in(2);
   a.shape_in(2, {s.n, s.attrs.k}, "(N, K)");
-  if (a.opt_f32_in(3) != nullptr) a.shape_in(3, {s.n}, "(N)");
-  a.f32_out(0);
+  if (opt_dtype_in(a, 3, dt) != nullptr) a.shape_in(3, {s.n}, "(N)");
+  dtype_out(a, 0, dt);
   a.shape_out(0, {s.n, s.e}, "(N, E)");
   return s;
 }
