@@ -627,6 +627,9 @@ nlohmann::json moe_spec() {
   s["model"]["add_bias_linear"] = false;
   s["model"]["layer"]["norm"] = {{"impl", "rmsnorm"}};
   s["model"]["final_norm"] = {{"impl", "rmsnorm"}};
+  // Qwen3-MoE's per-head q/k norms: their weights' gradients are summed over tp (checked by
+  // the tp and cp layouts below, to each gradient).
+  s["model"]["qk_layernorm"] = true;
   s["model"]["layer"]["mlp"] = nlohmann::json::parse(R"({
     "impl": "moe", "num_experts": 4, "moe_ffn_hidden_size": 32, "activation": "swiglu",
     "router": {"impl": "topk", "topk": 2, "aux_loss_coeff": 0.01, "z_loss_coeff": 0.001},
