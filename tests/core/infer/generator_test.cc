@@ -65,8 +65,9 @@ struct Case {
   nlohmann::json kernels = nlohmann::json::object();  // GeneratorOptions::kernels
 };
 
-// Both models with both attention cores on the default (fastest) kernels, and the LLaMA
-// model once more with the attention ops pinned to the plain reference kernels.
+// Both models with both attention cores on the default (fastest) kernels, the LLaMA
+// model once more with the attention ops pinned to the plain reference kernels, and once
+// with Qwen3's per-head q/k norms (normed before rope, and before the keys are cached).
 std::vector<Case> cases() {
   std::vector<Case> out;
   for (const char* attention : {"dot_product", "fused"}) {
@@ -78,6 +79,9 @@ std::vector<Case> cases() {
                      {{"attention_fwd", "cpu.ref"},
                       {"masked_softmax_fwd", "cpu.ref"},
                       {"rope_fwd", "cpu.ref"}}}}});
+    nlohmann::json qk = llama_model(attention);
+    qk["qk_layernorm"] = true;
+    out.push_back({std::string("llama/") + attention + "/qk_layernorm", qk});
   }
   return out;
 }
