@@ -15,6 +15,9 @@ struct RopeDefaults {
   double eps, theta;
 };
 constexpr RopeDefaults kLlamaDefaults{4096, 11008, 32, 32, 0, 2048, 32000, 1e-6, 10000.0};
+// Qwen2Config and Qwen3Config (Qwen3's head_dim defaults to 128: kQwen3HeadDim).
+constexpr RopeDefaults kQwenDefaults{4096, 22016, 32, 32, 32, 32768, 151936, 1e-6, 10000.0};
+constexpr int64_t kQwen3HeadDim = 128;
 constexpr RopeDefaults kMixtralDefaults{4096, 14336, 32, 32, 8, 4096 * 32, 32000, 1e-5, 1e6};
 constexpr RopeDefaults kQwen2MoeDefaults{2048, 5632, 24, 16, 16, 32768, 151936, 1e-6, 10000.0};
 constexpr RopeDefaults kQwen3MoeDefaults{2048, 6144, 24, 32, 4, 32768, 151936, 1e-6, 10000.0};
@@ -80,9 +83,10 @@ json rope_config(const HfModel& m, const char* torch_dtype, const json& bos, con
 }
 
 // Reads the keys of rope_config into `h` with the family's defaults. `head_dim_key`: the
-// family reads head_dim (Qwen3-MoE), which may differ from hidden_size / heads.
+// family reads head_dim (Qwen3, Qwen3-MoE), which may differ from hidden_size / heads;
+// `absent_head_dim`: its value when config.json has no head_dim key (0: hidden / heads).
 void read_rope_config(const ConfigReader& c, const RopeDefaults& d, HfModel& h,
-                      bool head_dim_key = false) {
+                      bool head_dim_key = false, int64_t absent_head_dim = 0) {
   const json& config = c.config;
   h.hidden = c.integer("hidden_size", d.hidden);
   h.ffn = c.integer("intermediate_size", d.ffn);
@@ -108,11 +112,14 @@ void read_rope_config(const ConfigReader& c, const RopeDefaults& d, HfModel& h,
   h.activation = "swiglu";
   const bool own_head_dim =
       head_dim_key && config.contains("head_dim") && !config["head_dim"].is_null();
-  if ((!own_head_dim && h.hidden % h.heads != 0) || h.heads % h.groups != 0)
+  const bool default_head_dim = head_dim_key && absent_head_dim > 0 && !config.contains("head_dim");
+  if ((!own_head_dim && !default_head_dim && h.hidden % h.heads != 0) || h.heads % h.groups != 0)
     fail(Code::kInvalidArgument, c.where +
                                      "num_attention_heads must divide hidden_size (or head_dim "
                                      "be given) and be a multiple of num_key_value_heads");
-  h.head_dim = own_head_dim ? c.integer("head_dim", 0) : h.hidden / h.heads;
+  h.head_dim = own_head_dim       ? c.integer("head_dim", 0)
+               : default_head_dim ? absent_head_dim
+                                  : h.hidden / h.heads;
   if (!head_dim_key && config.contains("head_dim") && !config["head_dim"].is_null() &&
       config["head_dim"] != json(h.head_dim))
     c.refuse("head_dim", "loom's import needs head_dim == hidden_size / num_attention_heads");
@@ -135,6 +142,45 @@ void read_rope_config(const ConfigReader& c, const RopeDefaults& d, HfModel& h,
       c.refuse("rope_scaling", "loom has linear and llama3 rope scaling");
     }
   }
+}
+
+// Qwen2 (q/k/v biases, implied by the family) and Qwen3 (head_dim, q_norm / k_norm, no
+// biases): the keys beyond rope_config, with plain rope and no sliding window.
+void qwen_config(const HfModel& m, json& config) {
+  const bool qwen3 = m.family == HfFamily::kQwen3;
+  config["model_type"] = qwen3 ? "qwen3" : "qwen2";
+  if (qwen3) {
+    config["head_dim"] = m.head_dim;  // independent of hidden_size / heads
+    config["attention_bias"] = false;
+  }
+  config["rope_scaling"] = nullptr;
+  config["use_sliding_window"] = false;
+  config["sliding_window"] = nullptr;  // loom's attention has none
+  config["max_window_layers"] = m.layers;
+}
+
+// The import side of qwen_config (`h`: the keys of rope_config read).
+void qwen_from_config(const ConfigReader& c, HfModel& h) {
+  const json& config = c.config;
+  const bool qwen3 = h.family == HfFamily::kQwen3;
+  h.qkv_bias = !qwen3;  // Qwen2's q/k/v projections always have biases, o_proj none
+  h.qk_norm = qwen3;    // q_norm / k_norm over head_dim in every layer
+  if (qwen3 && get_or<bool>(config, "attention_bias", false, c.where))
+    c.refuse("attention_bias",
+             "it puts biases on q/k/v_proj and o_proj; loom's Qwen3 has none (loom has no "
+             "o_proj bias without MLP biases)");
+  if (!h.rope_scaling.empty())
+    c.refuse("rope_scaling", std::string("loom maps ") + (qwen3 ? "Qwen3" : "Qwen2") +
+                                 " with plain rope (rope_theta); set it to null");
+  // Newer transformers keep sliding_window only with use_sliding_window, and for the layers
+  // from max_window_layers on; a window of at least the positions is plain causal attention.
+  const json w = config.value("sliding_window", json(nullptr));
+  if (get_or<bool>(config, "use_sliding_window", false, c.where) && w.is_number() &&
+      w.get<double>() < static_cast<double>(h.positions) &&
+      c.integer("max_window_layers", 28, 0) < h.layers)
+    c.refuse("use_sliding_window",
+             "loom's attention has no sliding window; set it to false, or sliding_window to "
+             "at least max_position_embeddings");
 }
 
 HfModel gpt2_from_config(const ConfigReader& c, HfModel h) {
@@ -184,6 +230,8 @@ json hf_config(const HfModel& m, DType dtype) {
     config["attention_bias"] = false;
     config["mlp_bias"] = false;
     config["pretraining_tp"] = 1;
+  } else if (m.family == HfFamily::kQwen2 || m.family == HfFamily::kQwen3) {
+    qwen_config(m, config);
   } else {
     moe_config(m, config);
   }
@@ -203,18 +251,26 @@ HfModel hf_model_from_config(const json& config, const std::filesystem::path& fi
   h.eos = token("eos_token_id");
   h.init_std = get_or<double>(config, "initializer_range", 0.02, c.where);
   if (type == "gpt2") return gpt2_from_config(c, h);
-  const RopeDefaults* defaults = type == "llama"       ? &kLlamaDefaults
-                                 : type == "mixtral"   ? &kMixtralDefaults
-                                 : type == "qwen2_moe" ? &kQwen2MoeDefaults
-                                 : type == "qwen3_moe" ? &kQwen3MoeDefaults
-                                                       : nullptr;
+  const RopeDefaults* defaults = type == "llama"                      ? &kLlamaDefaults
+                                 : type == "qwen2" || type == "qwen3" ? &kQwenDefaults
+                                 : type == "mixtral"                  ? &kMixtralDefaults
+                                 : type == "qwen2_moe"                ? &kQwen2MoeDefaults
+                                 : type == "qwen3_moe"                ? &kQwen3MoeDefaults
+                                                                      : nullptr;
   if (defaults == nullptr)
     fail(Code::kUnimplemented, c.where + "model_type '" + type +
                                    "': loom reads gpt2 (GPT2LMHeadModel), llama "
-                                   "(LlamaForCausalLM), mixtral (MixtralForCausalLM), "
+                                   "(LlamaForCausalLM), qwen2 (Qwen2ForCausalLM), qwen3 "
+                                   "(Qwen3ForCausalLM), mixtral (MixtralForCausalLM), "
                                    "qwen2_moe (Qwen2MoeForCausalLM) and qwen3_moe "
                                    "(Qwen3MoeForCausalLM) models");
-  read_rope_config(c, *defaults, h, type == "qwen3_moe");
+  read_rope_config(c, *defaults, h, type == "qwen3_moe" || type == "qwen3",
+                   type == "qwen3" ? kQwen3HeadDim : 0);
+  if (type == "qwen2" || type == "qwen3") {
+    h.family = type == "qwen2" ? HfFamily::kQwen2 : HfFamily::kQwen3;
+    qwen_from_config(c, h);
+    return h;
+  }
   if (type != "llama") {
     h.family = type == "mixtral"     ? HfFamily::kMixtral
                : type == "qwen2_moe" ? HfFamily::kQwen2Moe
@@ -249,6 +305,11 @@ json loom_model_node(const HfModel& h) {
                  {"attention", {{"impl", "fused"}}},
                  {"mlp", {{"impl", "mlp"}, {"activation", h.activation}}}}},
                {"final_norm", norm}};
+  if (h.qkv_bias && !gpt2) node["add_qkv_bias"] = true;  // Qwen2 (and Qwen2-MoE)
+  if (h.qk_norm) {                                       // Qwen3 (and Qwen3-MoE)
+    node["qk_layernorm"] = true;
+    node["kv_channels"] = h.head_dim;
+  }
   if (!gpt2) {
     json scaling = h.rope_scaling.empty() ? json{{"type", "none"}} : h.rope_scaling;
     node["rotary"] = {{"base", h.rope_base}, {"percent", 1.0}, {"scaling", scaling}};

@@ -16,7 +16,9 @@ void refuse_spec(const std::string& pointer, const json& value, const std::strin
        "spec /model" + pointer + " = " + value.dump() + ": " + why +
            "; the safetensors export writes GPT2LMHeadModel (layernorm, learned positions, "
            "gelu_tanh, biases), LlamaForCausalLM (rmsnorm, rope, swiglu, no biases), "
-           "MixtralForCausalLM, Qwen2MoeForCausalLM or Qwen3MoeForCausalLM (LLaMA with a "
+           "Qwen2ForCausalLM (LLaMA with q/k/v biases), Qwen3ForCausalLM (LLaMA with "
+           "qk_layernorm and kv_channels), MixtralForCausalLM, Qwen2MoeForCausalLM or "
+           "Qwen3MoeForCausalLM (LLaMA with a "
            "mixture of swiglu experts under a softmax top-k router; Qwen3-MoE with "
            "qk_layernorm): save this model with the sharded format "
            "instead");
@@ -47,6 +49,10 @@ const char* hf_architecture(HfFamily family) {
       return "GPT2LMHeadModel";
     case HfFamily::kLlama:
       return "LlamaForCausalLM";
+    case HfFamily::kQwen2:
+      return "Qwen2ForCausalLM";
+    case HfFamily::kQwen3:
+      return "Qwen3ForCausalLM";
     case HfFamily::kMixtral:
       return "MixtralForCausalLM";
     case HfFamily::kQwen2Moe:
@@ -67,15 +73,14 @@ HfModel hf_model_from_metadata(const json& metadata) {
   const std::string at = "spec /model/";
   if (get_or<std::string>(m, "impl", "", at) != "gpt")
     refuse_spec("/impl", m.value("impl", json()), "only the 'gpt' model maps to Hugging Face");
-  known_spec_keys(
-      m, "",
-      {"impl", "num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
-       "kv_channels", "ffn_hidden_size", "vocab_size", "max_position_embeddings",
-       "position_embedding", "rotary", "add_bias_linear", "add_qkv_bias", "qk_layernorm",
-       "tie_embeddings",
-       "init_std", "hidden_dropout", "attention_dropout", "layer", "final_norm", "moe_layer_freq",
-       // Which layers train in FP8: no effect on the weights.
-       "num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16"});
+  known_spec_keys(m, "",
+                  {"impl", "num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
+                   "kv_channels", "ffn_hidden_size", "vocab_size", "max_position_embeddings",
+                   "position_embedding", "rotary", "add_bias_linear", "add_qkv_bias",
+                   "qk_layernorm", "tie_embeddings", "init_std", "hidden_dropout",
+                   "attention_dropout", "layer", "final_norm", "moe_layer_freq",
+                   // Which layers train in FP8: no effect on the weights.
+                   "num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16"});
   const json& layer = child(m, "layer");
   const json& norm = child(layer, "norm");
   const json& attention = child(layer, "attention");
@@ -108,13 +113,13 @@ HfModel hf_model_from_metadata(const json& metadata) {
   h.groups = get_or<int64_t>(m, "num_query_groups", h.heads, at);
   h.head_dim = get_or<int64_t>(m, "kv_channels", h.hidden / h.heads, at);
   if (h.head_dim < 1) fail(Code::kInvalidArgument, "spec /model/kv_channels: must be >= 1");
-  // Qwen3-MoE (qk_layernorm) writes head_dim; the 4.40 families do not read it.
+  // Qwen3 and Qwen3-MoE (qk_layernorm) write head_dim; the 4.40 families do not read it.
   if (h.head_dim * h.heads != h.hidden && !h.qk_norm)
     refuse_spec(
         "/kv_channels", m["kv_channels"],
         "a head dimension other than hidden_size / num_attention_heads needs head_dim, which "
-        "transformers 4.40's GPT-2, LLaMA, Mixtral and Qwen2-MoE do not read (Qwen3-MoE, "
-        "a mixture of experts with qk_layernorm, does)");
+        "transformers 4.40's GPT-2, LLaMA, Qwen2, Mixtral and Qwen2-MoE do not read (Qwen3 "
+        "and Qwen3-MoE, the families of qk_layernorm, do)");
   h.ffn = get_or<int64_t>(m, "ffn_hidden_size", 4 * h.hidden, at);
   int64_t seq = get_or<int64_t>(child(spec, "train"), "seq_length", 0, "spec /train/");
   h.positions = get_or<int64_t>(m, "max_position_embeddings", seq, at);
@@ -170,19 +175,29 @@ HfModel hf_model_from_metadata(const json& metadata) {
     if (h.groups != h.heads)
       refuse_spec("/num_query_groups", h.groups, "GPT-2 has multi-head attention only");
     if (h.qk_norm) refuse_spec("/qk_layernorm", true, "GPT-2 does not normalise q and k");
-  } else if (position == "rope") {  // LLaMA, or Mixtral / Qwen2-MoE (moe_from_spec decides)
-    h.family = HfFamily::kLlama;
-    const std::string family = moe ? "Mixtral and Qwen2-MoE" : "LLaMA";
+  } else if (position == "rope") {
+    // Dense: Qwen3 (qk_layernorm), else Qwen2 (q/k/v biases), else LLaMA; a mixture of
+    // experts: Mixtral, Qwen2-MoE or Qwen3-MoE (moe_from_spec decides).
+    h.family = moe         ? HfFamily::kLlama
+               : h.qk_norm ? HfFamily::kQwen3
+               : qkv_bias  ? HfFamily::kQwen2
+                           : HfFamily::kLlama;
+    const std::string family = moe                            ? "Mixtral and Qwen-MoE"
+                               : h.family == HfFamily::kLlama ? "LLaMA"
+                               : h.family == HfFamily::kQwen2 ? "Qwen2"
+                                                              : "Qwen3";
     if (norm_impl != "rmsnorm") refuse_spec("/layer/norm/impl", norm_impl, family + " use rmsnorm");
     if (h.activation != "swiglu")
       refuse_spec("/layer/mlp/activation", h.activation, family + " use swiglu");
-    if (bias) refuse_spec("/add_bias_linear", true, family + " have no biases on the linears");
-    if (qkv_bias && !moe)
-      refuse_spec("/add_qkv_bias", true, "LLaMA has no biases (Qwen2-MoE has q/k/v biases)");
-    if (h.qk_norm && !moe)
-      refuse_spec("/qk_layernorm", true,
-                  "LLaMA does not normalise q and k (dense Qwen3 is not mapped yet; a mixture "
-                  "of experts with qk_layernorm is exported as Qwen3-MoE)");
+    if (bias)
+      refuse_spec("/add_bias_linear", true,
+                  family +
+                      " have no biases on the output projection and the MLP (Qwen2 has "
+                      "q/k/v biases only: add_qkv_bias)");
+    if (h.family == HfFamily::kQwen3 && qkv_bias)
+      refuse_spec("/add_qkv_bias", true,
+                  "Qwen3 (the dense family of qk_layernorm) has no q/k/v biases (its "
+                  "attention_bias would put one on o_proj too, which loom has not)");
     if (h.groups < 1 || h.heads % h.groups != 0)
       refuse_spec("/num_query_groups", h.groups, "must divide num_attention_heads");
     const json& rotary = child(m, "rotary");
@@ -195,6 +210,9 @@ HfModel hf_model_from_metadata(const json& metadata) {
     if (type != "none" && type != "linear" && type != "llama3")
       refuse_spec("/rotary/scaling/type", type, "only linear and llama3 scaling map");
     h.rope_scaling = scaling;
+    if (type != "none" && (h.family == HfFamily::kQwen2 || h.family == HfFamily::kQwen3))
+      refuse_spec("/rotary/scaling/type", type,
+                  "loom maps " + family + " with plain rope (rope_theta, no rope_scaling)");
     if (moe) moe_from_spec(m, sparse, h);
   } else {
     refuse_spec("/position_embedding", position, "GPT-2 needs learned, LLaMA rope positions");

@@ -5,6 +5,10 @@
 //                     everywhere, multi-head attention, tied or untied embeddings
 //   LlamaForCausalLM  rmsnorm, rotary (rotate-half layout, base, linear or llama3 scaling),
 //                     swiglu, no biases, grouped-query attention, tied or untied
+//   Qwen2ForCausalLM  (Qwen2 / Qwen2.5) LLaMA's with biases on q/k/v_proj (none on o_proj
+//                     or the MLP), plain rope (rope_theta; no scaling), no sliding window
+//   Qwen3ForCausalLM  LLaMA's with an explicit head_dim and q_norm / k_norm (loom's
+//                     qk_layernorm), no biases (attention_bias false), plain rope
 //   MixtralForCausalLM   LLaMA's attention and norms, every layer a mixture of experts:
 //                     softmax router, top-K renormalised (loom's pre_softmax false), swiglu
 //                     experts, no shared expert
@@ -16,11 +20,14 @@
 //                     (RMSNorm per head over head_dim before rope: loom's qk_layernorm), no
 //                     q/k/v biases, Qwen2-MoE's routing without a shared expert
 //
-// Export picks the family from the spec: a dense MLP -> LLaMA (or GPT-2 for learned
-// positions); a mixture of experts -> Mixtral when it has no shared experts, pre_softmax
-// false, no q/k/v bias and every layer MoE, else Qwen2-MoE (what Mixtral lacks it writes as
-// exact zeros: q/k/v biases of 0 and a shared expert of width 0 when loom has none); a
-// mixture of experts with qk_layernorm -> Qwen3-MoE (no shared expert, no q/k/v bias).
+// Export picks the family from the spec: a dense MLP -> GPT-2 for learned positions, else
+// (rope) Qwen3 with qk_layernorm (q/k/v biases refused: Qwen3's attention_bias would put
+// one on o_proj too, which loom lacks), else Qwen2 with add_qkv_bias (what an HF user
+// expects of a LLaMA with q/k/v biases only), else LLaMA; a mixture of experts -> Mixtral when it
+// has no shared experts, pre_softmax false, no q/k/v bias and every layer MoE, else Qwen2-MoE (what
+// Mixtral lacks it writes as exact zeros: q/k/v biases of 0 and a shared expert of width 0 when
+// loom has none); a mixture of experts with qk_layernorm -> Qwen3-MoE (no shared expert, no q/k/v
+// bias).
 //
 // Anything else is refused with kUnimplemented naming the spec field (export) or the
 // config.json key (import) that rules it out.
@@ -37,7 +44,7 @@
 
 namespace loom::checkpoint {
 
-enum class HfFamily { kGpt2, kLlama, kMixtral, kQwen2Moe, kQwen3Moe };
+enum class HfFamily { kGpt2, kLlama, kQwen2, kQwen3, kMixtral, kQwen2Moe, kQwen3Moe };
 
 /// The mixture of experts of Mixtral and Qwen2-MoE (loom's moe mlp with a topk softmax
 /// router): E experts of width F, K per token.
@@ -61,13 +68,14 @@ struct HfModel {
   nlohmann::json rope_scaling = nlohmann::json::object();  ///< loom's rotary.scaling node
   double init_std = 0.02;
   std::optional<int64_t> bos, eos;  ///< token ids, when known
-  bool qkv_bias = false;     ///< loom's q/k/v biases (Qwen2-MoE files always have them: 0 if not)
+  bool qkv_bias = false;     ///< loom's q/k/v biases (Qwen2 and Qwen2-MoE; the latter's files
+                             ///< always have them: 0 if not)
   std::optional<HfMoe> moe;  ///< Mixtral, Qwen2-MoE and Qwen3-MoE
-  bool qk_norm = false;      ///< Qwen3-MoE's q_norm / k_norm (D) <-> loom's qk_layernorm
+  bool qk_norm = false;      ///< Qwen3's and Qwen3-MoE's q_norm / k_norm (D) <-> qk_layernorm
 };
 
-/// "GPT2LMHeadModel", "LlamaForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM" or
-/// "Qwen3MoeForCausalLM".
+/// "GPT2LMHeadModel", "LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+/// "MixtralForCausalLM", "Qwen2MoeForCausalLM" or "Qwen3MoeForCausalLM".
 const char* hf_architecture(HfFamily family);
 
 /// The model of a loom checkpoint's metadata (kinds/checkpoint_format.h): its spec's

@@ -119,7 +119,9 @@ GptConfig GptConfig::from_options(const nlohmann::json& o) {
               " (learned position embeddings have one row per position): lower seq_length or "
               "raise /model/max_position_embeddings");
   } else if (c.position_embedding == "rope") {
-    rotary_inv_freq(c.rotary, rotary_dim(c.rotary, c.kv_channels));  // validates "/rotary/..."
+    const int32_t dim = rotary_dim(c.rotary, c.kv_channels);  // validates "/rotary/..."
+    rotary_inv_freq(c.rotary, dim);
+    rotary_attention_factor(c.rotary, dim, c.kv_channels);
   } else if (c.position_embedding != "none") {
     invalid("/position_embedding: '" + c.position_embedding +
             "' is not one of learned, rope, none");

@@ -1,6 +1,7 @@
 // Rotary position embedding settings: the inverse frequencies of RoPE, computed once when a
-// layer is built (base, rotary dimension, and the "linear" or Llama 3 scaling of HF's
-// `_compute_llama3_parameters`), and kept in device memory for the rope_fwd / rope_bwd ops.
+// layer is built (base, rotary dimension, and the "linear", Llama 3 (HF's
+// `_compute_llama3_parameters`) or YaRN (HF's `_compute_yarn_parameters`, Megatron-Core's
+// YarnRotaryEmbedding) scaling), and kept in device memory for the rope_fwd / rope_bwd ops.
 #pragma once
 
 #include <loom/cpp/tensor.h>
@@ -14,8 +15,17 @@ namespace loom::transformer {
 /// (`percent` of the head, even). Throws with "/rotary/..." pointers when invalid.
 int32_t rotary_dim(const nlohmann::json& rotary, int64_t head_dim);
 
-/// inv_freq[i] = 1 / base^(2i / rotary_dim), i < rotary_dim / 2, then scaled.
+/// inv_freq[i] = 1 / base^(2i / rotary_dim), i < rotary_dim / 2, then scaled. Validates the
+/// "scaling" node; throws with "/rotary/scaling/..." pointers.
 std::vector<float> rotary_inv_freq(const nlohmann::json& rotary, int32_t rotary_dim);
+
+/// The factor that multiplies cos and sin (YaRN's attention temperature, "mscale"): for
+/// scaling type yarn, attention_factor if given, else mscale(s, mscale) /
+/// mscale(s, mscale_all_dim) when both are non-zero (DeepSeek), else 0.1 ln(s) + 1, with
+/// s = factor and mscale(s, m) = 0.1 m ln(s) + 1 (1 for s <= 1); 1 for every other type.
+/// loom multiplies all of q and k by it after rope, so a factor != 1 needs
+/// rotary_dim == head_dim (refused with "/rotary/percent" otherwise).
+double rotary_attention_factor(const nlohmann::json& rotary, int32_t rotary_dim, int64_t head_dim);
 
 /// The inverse frequencies in device memory (from the host's allocator), freed with it.
 class RotaryTable {

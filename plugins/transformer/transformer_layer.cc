@@ -69,6 +69,8 @@ TransformerLayer::TransformerLayer(const nlohmann::json& options, IBuildContext&
     inv_freq_ = std::make_unique<RotaryTable>(host, device_, rotary_inv_freq(rotary, rotary_dim_));
     rope_fwd_ = Kernel(host, ops::kRopeFwd, device_, dtype_);
     rope_bwd_ = Kernel(host, ops::kRopeBwd, device_, dtype_);
+    rope_mscale_ = static_cast<float>(rotary_attention_factor(rotary, rotary_dim_, head_dim_));
+    if (rope_mscale_ != 1.0f) rope_scale_ = Kernel(host, ops::kScale, device_, dtype_);
   }
 
   int64_t qkv_out = (heads_ + 2 * groups_) * head_dim_;
@@ -206,6 +208,10 @@ TensorView TransformerLayer::forward_impl(IForwardContext& ctx, const TensorView
     ops::RopeAttrs attrs{rotary_dim_};
     rope_fwd_({q, positions, inv_freq_->view()}, {q}, attrs);
     rope_fwd_({k, positions, inv_freq_->view()}, {k}, attrs);
+    if (rope_mscale_ != 1.0f) {  // m * cos, m * sin on every channel (rotary_dim == D)
+      rope_scale_({q}, {q}, ops::ScaleAttrs{rope_mscale_});
+      rope_scale_({k}, {k}, ops::ScaleAttrs{rope_mscale_});
+    }
   }
   // Incremental decoding: attend over the cached positions plus these T (B, S, G, D).
   TensorView k_all = k, v_all = v;
@@ -300,6 +306,10 @@ void TransformerLayer::run_backward(IForwardContext& ctx, const TensorView* grad
   release(ctx, dcore_out);
   if (inv_freq_) {
     ops::RopeAttrs attrs{rotary_dim_};
+    if (rope_mscale_ != 1.0f) {  // the transpose of m * R is R^T * m
+      rope_scale_({dqkv3[0]}, {dqkv3[0]}, ops::ScaleAttrs{rope_mscale_});
+      rope_scale_({dqkv3[1]}, {dqkv3[1]}, ops::ScaleAttrs{rope_mscale_});
+    }
     rope_bwd_({dqkv3[0], positions, inv_freq_->view()}, {dqkv3[0]}, attrs);
     rope_bwd_({dqkv3[1], positions, inv_freq_->view()}, {dqkv3[1]}, attrs);
   }

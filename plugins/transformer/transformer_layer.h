@@ -63,7 +63,7 @@ class TransformerLayer final : public ModuleBase<ILayer> {
 
   int64_t hidden_, heads_, groups_, head_dim_;
   TensorParallel tp_;
-  int32_t cp_rank_ = 0, cp_size_ = 1;  // the context-parallel group (dropout follows the chunks)
+  int32_t cp_rank_ = 0, cp_size_ = 1;   // the context-parallel group (dropout follows the chunks)
   int64_t local_heads_, local_groups_;  // this rank's share of heads_ and groups_
   bool qkv_bias_, proj_bias_, qk_layernorm_;
   float hidden_dropout_;
@@ -71,11 +71,12 @@ class TransformerLayer final : public ModuleBase<ILayer> {
   Device device_;
   int32_t rotary_dim_ = 0;
   std::unique_ptr<RotaryTable> inv_freq_;  // null without rope
+  float rope_mscale_ = 1.0f;  // YaRN's attention factor on cos and sin: q, k scaled after rope
   int32_t qkv_weight_, qkv_bias_index_ = -1, proj_weight_, proj_bias_index_ = -1;
   IModule *input_norm_, *core_, *pre_mlp_norm_, *mlp_;
   IModule *q_norm_ = nullptr, *k_norm_ = nullptr;  // with qk_layernorm
   Linear linear_;
-  Kernel split_, merge_, rope_fwd_, rope_bwd_, add_, dropout_fwd_, dropout_bwd_;
+  Kernel split_, merge_, rope_fwd_, rope_bwd_, rope_scale_, add_, dropout_fwd_, dropout_bwd_;
 };
 
 }  // namespace loom::transformer

@@ -174,7 +174,38 @@ def inv_freq(cfg):
         mid = (1 - smooth) * scaled / factor + smooth * scaled
         is_mid = (wl >= high_wl) & (wl <= low_wl)
         f = torch.where(is_mid, mid, scaled)
+    elif s.get("type") == "yarn":  # YaRN (Peng et al. 2023), as HF's _compute_yarn_parameters
+        factor, old = s["factor"], s["original_max_position_embeddings"]
+        # c(r): the (fractional) pair index whose wavelength fits r times into `old`.
+        def c(r):
+            return rot_dim * math.log(old / (2 * math.pi * r)) / (2 * math.log(cfg.rope_base))
+
+        low, high = c(s.get("beta_fast", 32)), c(s.get("beta_slow", 1))
+        if s.get("truncate", True):
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, rot_dim - 1)
+        if low == high:
+            high += 0.001
+        ramp = ((torch.arange(rot_dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+        f = (1 - ramp) * f + ramp * f / factor  # extrapolate below low, interpolate above high
     return f, rot_dim
+
+
+def rope_attention_factor(cfg):
+    # YaRN's factor on cos and sin: attention_factor, else DeepSeek's mscale ratio when
+    # mscale and mscale_all_dim are both non-zero, else 0.1 ln(factor) + 1.
+    s = cfg.rope_scaling
+    if s.get("type") != "yarn":
+        return 1.0
+    if s.get("attention_factor"):
+        return s["attention_factor"]
+
+    def mscale(scale, m):
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    if s.get("mscale") and s.get("mscale_all_dim"):
+        return mscale(s["factor"], s["mscale"]) / mscale(s["factor"], s["mscale_all_dim"])
+    return mscale(s["factor"], 1.0)
 
 
 def rope(x, cfg):
@@ -182,7 +213,8 @@ def rope(x, cfg):
     f, r = inv_freq(cfg)
     T = x.shape[1]
     ang = torch.arange(T, dtype=torch.float64)[:, None] * f[None, :]  # (T, r/2)
-    cos, sin = ang.cos()[None, :, None, :], ang.sin()[None, :, None, :]
+    m = rope_attention_factor(cfg)
+    cos, sin = m * ang.cos()[None, :, None, :], m * ang.sin()[None, :, None, :]
     x1, x2, rest = x[..., : r // 2], x[..., r // 2 : r], x[..., r:]
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin, rest], dim=-1)
 
@@ -703,7 +735,7 @@ def main():
             loom_final, ref_final = loom_final[keep.reshape(-1)], ref_final[keep.reshape(-1)]
         compare(f"final {k}", loom_final, ref_final, "final")
 
-    if cfg.moe:
+    if cfg.moe or cfg.rope_scaling.get("type") == "yarn":
         for kind, (ratio, what, err) in worst.items():
             print(f"worst {kind}: {what}, max |loom - torch| = {err:.3g}, "
                   f"{ratio:.3g} of its tolerance")

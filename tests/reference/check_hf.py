@@ -6,13 +6,15 @@ Run by the Python of the Hugging Face environment that tools/setup makes
   check-export DIR     DIR/model is a directory loom's safetensors format wrote and
                        DIR/loom.safetensors loom's logits for "tokens": load DIR/model with
                        the from_pretrained of its config's architecture (GPT2LMHeadModel,
-                       LlamaForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM; no missing,
-                       unexpected or mismatched weights) and compare the logits.
-                       Qwen3MoeForCausalLM, which transformers 4.40 lacks, is loaded (as
-                       strictly) by the re-implementation in qwen3_moe_ref.py instead.
-  make DIR FAMILY      a random tiny model of FAMILY (gpt2, llama, mixtral, qwen2_moe,
-                       qwen3_moe), saved with save_pretrained(DIR, safe_serialization=True)
-                       (qwen3_moe: written by qwen3_moe_ref.make as transformers lays it out), and
+                       LlamaForCausalLM, Qwen2ForCausalLM, MixtralForCausalLM,
+                       Qwen2MoeForCausalLM; no missing, unexpected or mismatched weights) and
+                       compare the logits. Qwen3ForCausalLM and Qwen3MoeForCausalLM, which
+                       transformers 4.40 lacks, are loaded (as strictly) by the
+                       re-implementation in qwen3_moe_ref.py instead.
+  make DIR FAMILY      a random tiny model of FAMILY (gpt2, llama, qwen2, qwen3, mixtral,
+                       qwen2_moe, qwen3_moe), saved with save_pretrained(DIR,
+                       safe_serialization=True) (qwen3, qwen3_moe: written by
+                       qwen3_moe_ref.make as transformers lays it out), and
                        DIR/hf.safetensors with fixed "tokens" and its "logits".
   check-import DIR     compare DIR/loom.safetensors (loom's logits after importing DIR)
                        with DIR/hf.safetensors.
@@ -48,8 +50,9 @@ def compare(what, loom, hf):
         sys.exit(f"check_hf: {what}: max |loom - transformers| = {err:.3g} > {ATOL} + {RTOL} * {scale:.3g}")
 
 
-ARCHITECTURES = ("GPT2LMHeadModel", "LlamaForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM")
-FAMILIES = ("gpt2", "llama", "mixtral", "qwen2_moe", "qwen3_moe")
+ARCHITECTURES = ("GPT2LMHeadModel", "LlamaForCausalLM", "Qwen2ForCausalLM", "MixtralForCausalLM",
+                 "Qwen2MoeForCausalLM")
+FAMILIES = ("gpt2", "llama", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe")
 
 # Layer 1 dense (mlp_only_layers), renormalised top-2 of 4 experts, head_dim 12 where
 # hidden / heads is 8, untied: every Qwen3-MoE specific shows in the logits.
@@ -62,6 +65,15 @@ QWEN3_MOE_TINY = dict(
     tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
 
 
+# Dense Qwen3: head_dim 12 where hidden / heads is 8, grouped-query attention, untied.
+QWEN3_TINY = dict(
+    vocab_size=71, hidden_size=32, intermediate_size=40, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, head_dim=12, max_position_embeddings=64,
+    rms_norm_eps=1e-6, rope_theta=1e6, rope_scaling=None, use_sliding_window=False,
+    sliding_window=None, max_window_layers=2, tie_word_embeddings=False, bos_token_id=1,
+    eos_token_id=2)
+
+
 def model_class(config):
     arch = config["architectures"][0]
     if arch not in ARCHITECTURES:
@@ -71,16 +83,16 @@ def model_class(config):
 
 def check_export(work):
     config = json.load(open(f"{work}/model/config.json"))
-    if config["architectures"][0] == qwen3_moe_ref.ARCHITECTURE:
+    arch = config["architectures"][0]
+    if arch in qwen3_moe_ref.ARCHITECTURES.values():
         try:
             cfg, w = qwen3_moe_ref.load(f"{work}/model")
         except ValueError as e:
-            sys.exit(f"check_hf: {qwen3_moe_ref.ARCHITECTURE} (re-implementation): {e}")
+            sys.exit(f"check_hf: {arch} (re-implementation): {e}")
         loom = load_file(f"{work}/loom.safetensors")
         with torch.no_grad():
             logits = qwen3_moe_ref.forward(cfg, w, loom["tokens"].long())
-        compare(f"export {qwen3_moe_ref.ARCHITECTURE} re-implementation ({work})",
-                loom["logits"], logits)
+        compare(f"export {arch} re-implementation ({work})", loom["logits"], logits)
         return
     cls = model_class(config)
     model, info = cls.from_pretrained(f"{work}/model", output_loading_info=True,
@@ -113,18 +125,40 @@ def check_qwen3_moe_ref(work):
                 qwen3_moe_ref.forward(cfg, w, tokens, qk_norm=False), model(tokens).logits)
 
 
+def check_qwen3_ref(work):
+    """Dense: the re-implementation without q_norm / k_norm against transformers' Qwen2 with
+    zero q/k/v biases (head_dim = hidden / heads, which 4.40's Qwen2 has): all but the q/k
+    norms (checked, in the same code, by the Qwen3-MoE run) and head_dim."""
+    c = dict(QWEN3_TINY, head_dim=None)
+    cfg, w = qwen3_moe_ref.make(f"{work}/self_check", c, seed=2468, model_type="qwen3")
+    hf = transformers.Qwen2Config(**{k: v for k, v in c.items() if k != "head_dim"})
+    model = transformers.Qwen2ForCausalLM(hf).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(w[name] if name in w else torch.zeros_like(p))  # q/k/v biases: 0
+        tokens = torch.randint(0, cfg.V, (2, 16), generator=torch.Generator().manual_seed(3))
+        compare("qwen3_moe_ref.py (dense Qwen3) without q/k norms against transformers' "
+                "Qwen2ForCausalLM", qwen3_moe_ref.forward(cfg, w, tokens, qk_norm=False),
+                model(tokens).logits)
+
+
 def make(work, family):
-    if family == "qwen3_moe":
-        check_qwen3_moe_ref(work)
-        cfg, w = qwen3_moe_ref.make(work, QWEN3_MOE_TINY, seed=9876)
+    if family in ("qwen3", "qwen3_moe"):
+        if family == "qwen3":
+            check_qwen3_ref(work)
+            cfg, w = qwen3_moe_ref.make(work, QWEN3_TINY, seed=1357, model_type="qwen3")
+        else:
+            check_qwen3_moe_ref(work)
+            cfg, w = qwen3_moe_ref.make(work, QWEN3_MOE_TINY, seed=9876)
         tokens = torch.randint(0, cfg.V, (2, 16), generator=torch.Generator().manual_seed(7))
         with torch.no_grad():
             logits = qwen3_moe_ref.forward(cfg, w, tokens)
         save_file({"tokens": tokens.to(torch.int32), "logits": logits.float().contiguous()},
                   f"{work}/hf.safetensors")
-        print(f"make: {qwen3_moe_ref.ARCHITECTURE} (re-implementation) in {work}")
+        print(f"make: {qwen3_moe_ref.ARCHITECTURES[family]} (re-implementation) in {work}")
         return
-    torch.manual_seed({"gpt2": 1234, "llama": 4321, "mixtral": 5678, "qwen2_moe": 8765}[family])
+    torch.manual_seed({"gpt2": 1234, "llama": 4321, "qwen2": 2143, "mixtral": 5678,
+                       "qwen2_moe": 8765}[family])
     if family == "gpt2":
         config = transformers.GPT2Config(
             vocab_size=97, n_positions=32, n_embd=32, n_layer=2, n_head=4,
@@ -138,6 +172,15 @@ def make(work, family):
             rms_norm_eps=1e-6, rope_theta=10000.0, rope_scaling={"type": "linear", "factor": 2.0},
             tie_word_embeddings=False, attention_bias=False, bos_token_id=1, eos_token_id=2)
         model = transformers.LlamaForCausalLM(config)
+    elif family == "qwen2":
+        # Qwen2.5-shaped: q/k/v biases (none on o_proj), rope_theta 1e6, grouped-query
+        # attention, tied embeddings (as the small sizes have).
+        config = transformers.Qwen2Config(
+            vocab_size=73, hidden_size=32, intermediate_size=40, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+            rms_norm_eps=1e-6, rope_theta=1e6, use_sliding_window=False, sliding_window=None,
+            max_window_layers=2, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
+        model = transformers.Qwen2ForCausalLM(config)
     elif family == "mixtral":
         config = transformers.MixtralConfig(
             vocab_size=89, hidden_size=32, intermediate_size=24, num_hidden_layers=2,

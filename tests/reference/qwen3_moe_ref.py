@@ -1,8 +1,10 @@
-"""Qwen3MoeForCausalLM rebuilt in plain PyTorch, for check_hf.py.
+"""Qwen3MoeForCausalLM and Qwen3ForCausalLM rebuilt in plain PyTorch, for check_hf.py.
 
-transformers 4.40 (the pinned version, over Debian's torch 1.13) has no Qwen3-MoE, so loom's
-Qwen3-MoE export and import are checked against this model instead. It was written from the
-description of transformers' models/qwen3_moe (configuration and modeling), not copied:
+transformers 4.40 (the pinned version, over Debian's torch 1.13) has neither Qwen3 nor
+Qwen3-MoE, so loom's export and import of both are checked against this model instead. It
+was written from the description of transformers' models/qwen3_moe and models/qwen3
+(configuration and modeling), not copied. Dense Qwen3 (model_type qwen3) is the model below
+with every layer dense (no experts, no mlp.gate) and head_dim defaulting to 128:
 
   x = embed_tokens[ids]
   per layer i:
@@ -35,6 +37,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 ARCHITECTURE = "Qwen3MoeForCausalLM"
+# model_type -> architecture of the families rebuilt here.
+ARCHITECTURES = {"qwen3_moe": ARCHITECTURE, "qwen3": "Qwen3ForCausalLM"}
 
 
 def rms_norm(x, w, eps):
@@ -49,29 +53,40 @@ def rotate_half(x):
 
 class Config:
     def __init__(self, c):
-        if c.get("model_type") != "qwen3_moe":
-            raise ValueError(f"not a qwen3_moe config: {c.get('model_type')}")
+        self.model_type = c.get("model_type")
+        if self.model_type not in ARCHITECTURES:
+            raise ValueError(f"not a qwen3 or qwen3_moe config: {self.model_type}")
+        dense = self.model_type == "qwen3"
         self.V = c["vocab_size"]
         self.C = c["hidden_size"]
         self.F = c["intermediate_size"]
         self.L = c["num_hidden_layers"]
         self.H = c["num_attention_heads"]
         self.G = c.get("num_key_value_heads") or self.H
-        self.D = c.get("head_dim") or self.C // self.H
+        # Qwen3Config's head_dim defaults to 128 when the key is absent; null: hidden / heads
+        self.D = c.get("head_dim", 128 if dense else None) or self.C // self.H
         self.eps = c.get("rms_norm_eps", 1e-6)
         self.theta = c.get("rope_theta", 10000.0)
         self.tied = c.get("tie_word_embeddings", False)
-        self.E = c.get("num_experts", c.get("num_local_experts"))
-        self.K = c["num_experts_per_tok"]
-        self.moe_F = c["moe_intermediate_size"]
-        self.norm_topk = c.get("norm_topk_prob", False)
-        step = c.get("decoder_sparse_step", 1)
-        dense = c.get("mlp_only_layers") or []
-        self.sparse = [i not in dense and self.E > 0 and (i + 1) % step == 0 for i in range(self.L)]
+        if dense:
+            self.E = self.K = self.moe_F = 0
+            self.norm_topk = False
+            self.sparse = [False] * self.L
+        else:
+            self.E = c.get("num_experts", c.get("num_local_experts"))
+            self.K = c["num_experts_per_tok"]
+            self.moe_F = c["moe_intermediate_size"]
+            self.norm_topk = c.get("norm_topk_prob", False)
+            step = c.get("decoder_sparse_step", 1)
+            only = c.get("mlp_only_layers") or []
+            self.sparse = [i not in only and self.E > 0 and (i + 1) % step == 0
+                           for i in range(self.L)]
         if c.get("attention_bias", False):
             raise ValueError("attention_bias is not rebuilt here")
         if c.get("rope_scaling"):
             raise ValueError("rope_scaling is not rebuilt here")
+        if c.get("use_sliding_window", False):
+            raise ValueError("use_sliding_window is not rebuilt here")
         if c.get("hidden_act", "silu") != "silu":
             raise ValueError("hidden_act must be silu")
 
@@ -114,7 +129,8 @@ def swiglu(x, w, prefix):
 
 def forward(cfg, w, ids, qk_norm=True):
     """Logits (B, T, V) for token ids (B, T). qk_norm=False skips q_norm / k_norm: the
-    Qwen2-MoE without biases and shared expert that check_hf.py checks this code against."""
+    Qwen2-MoE without biases and shared expert (or, dense, the Qwen2 with zero biases) that
+    check_hf.py checks this code against."""
     B, T = ids.shape
     H, G, D = cfg.H, cfg.G, cfg.D
     x = w["model.embed_tokens.weight"][ids]
@@ -162,7 +178,7 @@ def forward(cfg, w, ids, qk_norm=True):
 
 
 def load(directory):
-    """(Config, weights) of a Qwen3-MoE directory: config.json and model.safetensors (or the
+    """(Config, weights) of a Qwen3-MoE or Qwen3 directory: config.json and model.safetensors (or the
     shards of model.safetensors.index.json). Every expected tensor with its shape, nothing
     else (a tied lm_head.weight aside), or ValueError listing what is wrong."""
     config = json.load(open(os.path.join(directory, "config.json")))
@@ -185,10 +201,10 @@ def load(directory):
     return cfg, {n: t.float() for n, t in w.items()}
 
 
-def make(directory, config, seed):
-    """A random Qwen3-MoE (weights normal(0, 0.2), norm weights around 1) saved as a
-    transformers directory would be; returns (Config, weights)."""
-    config = dict(config, architectures=[ARCHITECTURE], model_type="qwen3_moe",
+def make(directory, config, seed, model_type="qwen3_moe"):
+    """A random Qwen3-MoE (or Qwen3: model_type "qwen3") with weights normal(0, 0.2), norm
+    weights around 1, saved as a transformers directory would be; returns (Config, weights)."""
+    config = dict(config, architectures=[ARCHITECTURES[model_type]], model_type=model_type,
                   torch_dtype="float32", hidden_act="silu", attention_bias=False)
     cfg = Config(config)
     g = torch.Generator().manual_seed(seed)

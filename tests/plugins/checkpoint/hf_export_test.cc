@@ -303,7 +303,12 @@ TEST_F(HfExport, RefusesWhatNeitherArchitectureExpresses) {
       {gpt, [](auto& s) { s["kv_channels"] = 8; }, "/kv_channels"},
       {gpt, [](auto& s) { s["position_embedding"] = "none"; }, "/position_embedding"},
       {gpt, [](auto& s) { s["num_query_groups"] = 1; }, "/num_query_groups"},
-      {llama, [](auto& s) { s["add_qkv_bias"] = true; }, "/add_qkv_bias"},
+      {llama,  // q/k/v biases alone are Qwen2; with qk_layernorm (Qwen3) they are refused
+       [](auto& s) {
+         s["add_qkv_bias"] = true;
+         s["qk_layernorm"] = true;
+       },
+       "/add_qkv_bias"},
       {gpt, [](auto& s) { s["layer"]["norm"]["zero_centered_gamma"] = true; },
        "/layer/norm/zero_centered_gamma"},
       {gpt, [](auto& s) { s["final_norm"]["eps"] = 1e-6; }, "/final_norm/eps"},

@@ -299,16 +299,7 @@ TEST_F(HfMoe, Qwen3MoeQkNormsAndHeadDim) {
     EXPECT_NE(r.message.find(std::string("spec /model") + field), std::string::npos) << r.message;
     EXPECT_NE(r.message.find("Qwen3-MoE"), std::string::npos) << r.message;
   }
-  // A dense model with qk_layernorm (Qwen3) has no family yet.
-  Tiny dense = m;
-  dense.experts = 0;
-  dense.freq.clear();
-  json dense_spec = tiny_spec(dense);
-  dense_spec["model"]["qk_layernorm"] = true;
-  Outcome r = export_to(fresh_dir("hf_qwen3_dense_refused"), tiny_weights(dense, DType::kF32, rng),
-                        dense_spec);
-  EXPECT_EQ(r.code, Code::kUnimplemented) << r.message;
-  EXPECT_NE(r.message.find("spec /model/qk_layernorm"), std::string::npos) << r.message;
+  // A dense model with qk_layernorm is Qwen3: hf_qwen_test.cc.
 }
 
 TEST_F(HfMoe, RefusesWhatNeitherFamilyExpresses) {
