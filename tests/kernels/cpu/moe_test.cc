@@ -247,13 +247,16 @@ TEST(MoeTopk, MatchesASortedChoiceWithTiesToTheLowerExpert) {
     }
 }
 
-TEST(MoeTopk, BackwardMatchesFiniteDifferences) {
-  std::mt19937 rng(7);
+// moe_topk_bwd on logits of `dtype` against central differences (step `step`) of moe_topk's
+// probs and lse weighted by random w, over well-separated logits (sums of two apart too, for
+// group scores): a finite step must not change the choice. Then the other kernels: every
+// device's at f32, cpu.fast's and every device's at f64.
+void expect_topk_bwd_matches_finite_differences(DType dtype, uint64_t seed, double step,
+                                                const Tolerance& tolerance) {
+  std::mt19937 rng(static_cast<std::mt19937::result_type>(seed));
   const int64_t n = 5, e = 8;
   for (const TopkCase& c : topk_cases()) {
-    // Well-separated logits, and sums of two apart too (group scores): a finite step must
-    // not change the choice.
-    Tensor logits(DType::kF32, {n, e});
+    Tensor logits(dtype, {n, e});
     for (int64_t t = 0; t < n; ++t) {
       std::vector<int64_t> perm(e);
       std::iota(perm.begin(), perm.end(), 0);
@@ -265,26 +268,35 @@ TEST(MoeTopk, BackwardMatchesFiniteDifferences) {
     }
     Tensor bias = c.bias ? Tensor::filled(DType::kF32, {e}, 0.0) : Tensor();
     const int64_t k = c.attrs.k;
-    Tensor probs(DType::kF32, {n, k}), ids(DType::kI32, {n, k}), lse(DType::kF32, {n});
+    Tensor probs(dtype, {n, k}), ids(DType::kI32, {n, k}), lse(dtype, {n});
     auto forward = [&] {
-      run_ref(ops::kMoeTopk, DType::kF32, {&logits, &bias}, {&probs, &ids, &lse}, &c.attrs);
+      run_ref(ops::kMoeTopk, dtype, {&logits, &bias}, {&probs, &ids, &lse}, &c.attrs);
       std::vector<double> v = probs.values(), l = lse.values();
       v.insert(v.end(), l.begin(), l.end());
       return v;
     };
     std::vector<double> w = random_weights(static_cast<size_t>(n * k + n), rng);
-    std::vector<double> numeric = numeric_grad(logits, w, forward, 1e-3);
+    std::vector<double> numeric = numeric_grad(logits, w, forward, step);
     forward();
-    Tensor dprobs(DType::kF32, {n, k}), dlse(DType::kF32, {n}), dlogits(DType::kF32, {n, e});
+    Tensor dprobs(dtype, {n, k}), dlse(dtype, {n}), dlogits(dtype, {n, e});
     for (int64_t i = 0; i < n * k; ++i) dprobs.set(i, w[i]);
     for (int64_t i = 0; i < n; ++i) dlse.set(i, w[n * k + i]);
-    run_ref(ops::kMoeTopkBwd, DType::kF32, {&dprobs, &logits, &ids, &dlse}, {&dlogits}, &c.attrs);
-    expect_close(dlogits.values(), numeric, fd_tolerance(), describe(c.attrs, c.bias) + " dlogits");
-    std::vector<Tensor> in = {dprobs, logits, ids, dlse}, out = {Tensor(DType::kF32, {n, e})};
+    run_ref(ops::kMoeTopkBwd, dtype, {&dprobs, &logits, &ids, &dlse}, {&dlogits}, &c.attrs);
+    const std::string what = std::string(dtype_name(dtype)) + " " + describe(c.attrs, c.bias);
+    report_error(dlogits.values(), numeric, what + " dlogits vs finite differences");
+    expect_close(dlogits.values(), numeric, tolerance, what + " dlogits");
+    std::vector<Tensor> in = {dprobs, logits, ids, dlse}, out = {Tensor(dtype, {n, e})};
+    if (dtype == DType::kF64) {
+      expect_fast_matches_ref(ops::kMoeTopkBwd, dtype, in, out, &c.attrs, what);
+      continue;
+    }
     for (auto* b : ::loom::kernels::testing::device_backends())
-      expect_device_matches(*b, ops::kMoeTopkBwd, DType::kF32, in, out, {dlogits}, &c.attrs,
-                            describe(c.attrs, c.bias));
+      expect_device_matches(*b, ops::kMoeTopkBwd, dtype, in, out, {dlogits}, &c.attrs, what);
   }
+}
+
+TEST(MoeTopk, BackwardMatchesFiniteDifferences) {
+  expect_topk_bwd_matches_finite_differences(DType::kF32, 7, 1e-3, fd_tolerance());
 }
 
 // ---- moe_topk / moe_topk_bwd on f64 logits (the fp64 router) -----------------------------
@@ -346,43 +358,8 @@ TEST(MoeTopkF64, MatchesASortedChoiceInF64) {
 }
 
 TEST(MoeTopkF64, BackwardMatchesFiniteDifferences) {
-  std::mt19937 rng(17);
-  const int64_t n = 5, e = 8;
-  for (const TopkCase& c : topk_cases()) {
-    // Well-separated logits, as in the f32 test: a finite step must not change the choice.
-    Tensor logits(DType::kF64, {n, e});
-    for (int64_t t = 0; t < n; ++t) {
-      std::vector<int64_t> perm(e);
-      std::iota(perm.begin(), perm.end(), 0);
-      std::shuffle(perm.begin(), perm.end(), rng);
-      for (int64_t i = 0; i < e; ++i) {
-        const double r = static_cast<double>(perm[i]);
-        logits.set(t * e + i, 0.35 * r + 0.013 * r * r - 1.5);
-      }
-    }
-    Tensor bias = c.bias ? Tensor::filled(DType::kF32, {e}, 0.0) : Tensor();
-    const int64_t k = c.attrs.k;
-    Tensor probs(DType::kF64, {n, k}), ids(DType::kI32, {n, k}), lse(DType::kF64, {n});
-    auto forward = [&] {
-      run_ref(ops::kMoeTopk, DType::kF64, {&logits, &bias}, {&probs, &ids, &lse}, &c.attrs);
-      std::vector<double> v = probs.values(), l = lse.values();
-      v.insert(v.end(), l.begin(), l.end());
-      return v;
-    };
-    std::vector<double> w = random_weights(static_cast<size_t>(n * k + n), rng);
-    // f64 central differences: step 1e-5, truncation ~1e-10, rounding ~1e-16 / 1e-5 = 1e-11.
-    std::vector<double> numeric = numeric_grad(logits, w, forward, 1e-5);
-    forward();
-    Tensor dprobs(DType::kF64, {n, k}), dlse(DType::kF64, {n}), dlogits(DType::kF64, {n, e});
-    for (int64_t i = 0; i < n * k; ++i) dprobs.set(i, w[i]);
-    for (int64_t i = 0; i < n; ++i) dlse.set(i, w[n * k + i]);
-    run_ref(ops::kMoeTopkBwd, DType::kF64, {&dprobs, &logits, &ids, &dlse}, {&dlogits}, &c.attrs);
-    const std::string what = "f64 " + describe(c.attrs, c.bias) + " dlogits";
-    report_error(dlogits.values(), numeric, what + " vs finite differences");
-    expect_close(dlogits.values(), numeric, Tolerance{1e-7, 1e-8}, what);
-    std::vector<Tensor> in = {dprobs, logits, ids, dlse}, out = {Tensor(DType::kF64, {n, e})};
-    expect_fast_matches_ref(ops::kMoeTopkBwd, DType::kF64, in, out, &c.attrs, what);
-  }
+  // f64 central differences: step 1e-5, truncation ~1e-10, rounding ~1e-16 / 1e-5 = 1e-11.
+  expect_topk_bwd_matches_finite_differences(DType::kF64, 17, 1e-5, Tolerance{1e-7, 1e-8});
 }
 
 TEST(MoeTopkF64, TensorsOfAnotherDtypeAreRefused) {

@@ -17,19 +17,6 @@ namespace {
 namespace fs = std::filesystem;
 using checkpoint::SafetensorsReader;
 
-nlohmann::json read_json(const fs::path& path) {
-  return nlohmann::json::parse(std::ifstream(path));
-}
-
-// The floats of HF tensor `name` in `file`.
-std::vector<float> hf_floats(const SafetensorsReader& file, const std::string& name) {
-  const checkpoint::SafetensorsTensor* t = file.find(name);
-  if (t == nullptr) throw std::runtime_error("no HF tensor " + name);
-  OwnedTensor o =
-      request(name, t->dtype, t->shape, std::vector<int64_t>(t->shape.size(), 0), t->shape);
-  std::memcpy(o.bytes.data(), file.bytes(*t), o.bytes.size());
-  return o.floats();
-}
 
 class HfExport : public ::testing::Test {
  protected:

@@ -1,6 +1,7 @@
 #include "tests/plugins/checkpoint/hf_fixtures.h"
 
 #include <cstring>
+#include <fstream>
 #include <stdexcept>
 
 #include "plugins/checkpoint/safetensors_file.h"
@@ -132,6 +133,29 @@ void write_hf_weights(const std::filesystem::path& file, const std::vector<Owned
                      if (!t.bytes.empty()) std::memcpy(bytes, t.bytes.data(), t.bytes.size());
                    }});
   checkpoint::write_safetensors(file, std::move(out), {{"format", "pt"}});
+}
+
+nlohmann::json read_json(const std::filesystem::path& path) {
+  return nlohmann::json::parse(std::ifstream(path));
+}
+
+void write_json(const std::filesystem::path& path, const nlohmann::json& j) {
+  std::ofstream(path) << j.dump(2);
+}
+
+std::vector<float> hf_floats(const checkpoint::SafetensorsReader& file, const std::string& name) {
+  const checkpoint::SafetensorsTensor* t = file.find(name);
+  if (t == nullptr) throw std::runtime_error("no HF tensor " + name);
+  OwnedTensor o =
+      request(name, t->dtype, t->shape, std::vector<int64_t>(t->shape.size(), 0), t->shape);
+  if (!o.bytes.empty())  // a zero-width tensor has no bytes (and maybe no data pointer)
+    std::memcpy(o.bytes.data(), file.bytes(*t), o.bytes.size());
+  return o.floats();
+}
+
+std::vector<float> part(const std::vector<float>& v, size_t begin, size_t n) {
+  return std::vector<float>(v.begin() + static_cast<std::ptrdiff_t>(begin),
+                            v.begin() + static_cast<std::ptrdiff_t>(begin + n));
 }
 
 }  // namespace loom::testing

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "plugins/checkpoint/safetensors_file.h"
 #include "tests/plugins/checkpoint/checkpoint_env.h"
 
 namespace loom::testing {
@@ -41,6 +42,17 @@ const OwnedTensor& by_name(const std::vector<OwnedTensor>& tensors, const std::s
 
 /// Element [i][j] of a row-major 2-D f32 tensor with `cols` columns.
 float at(const OwnedTensor& t, int64_t i, int64_t j, int64_t cols);
+
+/// A JSON file read whole, and `j` written to `path` (indented).
+nlohmann::json read_json(const std::filesystem::path& path);
+void write_json(const std::filesystem::path& path, const nlohmann::json& j);
+
+/// The floats of Hugging Face tensor `name` in `file` (any dtype; a zero-width tensor gives
+/// none). Throws when the file has no such tensor.
+std::vector<float> hf_floats(const checkpoint::SafetensorsReader& file, const std::string& name);
+
+/// v[begin, begin + n).
+std::vector<float> part(const std::vector<float>& v, size_t begin, size_t n);
 
 /// Writes `tensors` (Hugging Face names) to dir/file as safetensors (no loom metadata).
 void write_hf_weights(const std::filesystem::path& file, const std::vector<OwnedTensor>& tensors);

@@ -15,7 +15,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-void write_json(const fs::path& path, const nlohmann::json& j) { std::ofstream(path) << j.dump(2); }
 
 nlohmann::json llama_config() {
   return {{"architectures", {"LlamaForCausalLM"}},

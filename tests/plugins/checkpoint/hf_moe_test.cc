@@ -13,7 +13,7 @@
 #include <set>
 
 #include "plugins/checkpoint/safetensors_file.h"
-#include "tests/plugins/checkpoint/hf_fixtures.h"
+#include "tests/plugins/checkpoint/hf_family_fixture.h"
 
 namespace loom::testing {
 namespace {
@@ -22,24 +22,6 @@ namespace fs = std::filesystem;
 using checkpoint::SafetensorsReader;
 using json = nlohmann::json;
 
-json read_json(const fs::path& path) { return json::parse(std::ifstream(path)); }
-void write_json(const fs::path& path, const json& j) { std::ofstream(path) << j.dump(2); }
-
-// The floats of HF tensor `name` in `file`.
-std::vector<float> hf_floats(const SafetensorsReader& file, const std::string& name) {
-  const checkpoint::SafetensorsTensor* t = file.find(name);
-  if (t == nullptr) throw std::runtime_error("no HF tensor " + name);
-  OwnedTensor o =
-      request(name, t->dtype, t->shape, std::vector<int64_t>(t->shape.size(), 0), t->shape);
-  if (!o.bytes.empty())  // a zero-width tensor has no bytes (and maybe no data pointer)
-    std::memcpy(o.bytes.data(), file.bytes(*t), o.bytes.size());
-  return o.floats();
-}
-
-std::vector<float> part(const std::vector<float>& v, size_t begin, size_t n) {
-  return std::vector<float>(v.begin() + static_cast<std::ptrdiff_t>(begin),
-                            v.begin() + static_cast<std::ptrdiff_t>(begin + n));
-}
 
 // A tiny LLaMA-style mixture of experts: C 8, H 2, G 2, V 11, P 6, 4 experts of width 4,
 // top 2.
@@ -51,27 +33,8 @@ Tiny moe_model() {
   return m;
 }
 
-class HfMoe : public ::testing::Test {
+class HfMoe : public HfFamilyTest {
  protected:
-  // Saves `weights` with `spec`.
-  Outcome export_to(const fs::path& dir, std::vector<OwnedTensor> weights, const json& spec) {
-    return save(format, dir, weights, metadata_for(weights, spec));
-  }
-  // Loads every weight back by its loom name and compares the bytes.
-  void expect_identity(const fs::path& dir, const std::vector<OwnedTensor>& weights) {
-    std::vector<OwnedTensor> back;
-    for (const OwnedTensor& t : weights)
-      back.push_back(request(t.name, t.dtype, t.global_shape, t.offset, t.shape));
-    Outcome o = load(format, dir, back);
-    ASSERT_EQ(o.code, Code::kOk) << o.message;
-    for (size_t i = 0; i < weights.size(); ++i)
-      EXPECT_EQ(back[i].bytes, weights[i].bytes) << weights[i].name;
-  }
-  std::set<std::string> names(const SafetensorsReader& file) {
-    std::set<std::string> out;
-    for (const auto& [name, t] : file.tensors()) out.insert(name);
-    return out;
-  }
   // Loads loom weight `name` of `shape` whole from `dir`.
   OwnedTensor load_whole(const fs::path& dir, const std::string& name, std::vector<int64_t> shape) {
     std::vector<OwnedTensor> r = {
@@ -80,10 +43,6 @@ class HfMoe : public ::testing::Test {
     EXPECT_EQ(o.code, Code::kOk) << o.message;
     return r[0];
   }
-
-  CheckpointEnv env;
-  Format format = env.format({{"impl", "safetensors"}});
-  std::mt19937 rng{11};
 };
 
 TEST_F(HfMoe, MixtralNamesLayoutConfigAndRoundTrip) {

@@ -13,7 +13,7 @@
 #include <set>
 
 #include "plugins/checkpoint/safetensors_file.h"
-#include "tests/plugins/checkpoint/hf_fixtures.h"
+#include "tests/plugins/checkpoint/hf_family_fixture.h"
 
 namespace loom::testing {
 namespace {
@@ -22,23 +22,6 @@ namespace fs = std::filesystem;
 using checkpoint::SafetensorsReader;
 using json = nlohmann::json;
 
-json read_json(const fs::path& path) { return json::parse(std::ifstream(path)); }
-void write_json(const fs::path& path, const json& j) { std::ofstream(path) << j.dump(2); }
-
-// The floats of HF tensor `name` in `file`.
-std::vector<float> hf_floats(const SafetensorsReader& file, const std::string& name) {
-  const checkpoint::SafetensorsTensor* t = file.find(name);
-  if (t == nullptr) throw std::runtime_error("no HF tensor " + name);
-  OwnedTensor o =
-      request(name, t->dtype, t->shape, std::vector<int64_t>(t->shape.size(), 0), t->shape);
-  std::memcpy(o.bytes.data(), file.bytes(*t), o.bytes.size());
-  return o.floats();
-}
-
-std::vector<float> part(const std::vector<float>& v, size_t begin, size_t n) {
-  return std::vector<float>(v.begin() + static_cast<std::ptrdiff_t>(begin),
-                            v.begin() + static_cast<std::ptrdiff_t>(begin + n));
-}
 
 // A tiny LLaMA-shaped dense model: C 8, H 2, G 1 (grouped-query), D 4, V 11, P 6, L 2.
 Tiny dense_model() {
@@ -48,25 +31,9 @@ Tiny dense_model() {
   return m;
 }
 
-class HfQwen : public ::testing::Test {
+class HfQwen : public HfFamilyTest {
  protected:
-  Outcome export_to(const fs::path& dir, std::vector<OwnedTensor> weights, const json& spec) {
-    return save(format, dir, weights, metadata_for(weights, spec));
-  }
-  void expect_identity(const fs::path& dir, const std::vector<OwnedTensor>& weights) {
-    std::vector<OwnedTensor> back;
-    for (const OwnedTensor& t : weights)
-      back.push_back(request(t.name, t.dtype, t.global_shape, t.offset, t.shape));
-    Outcome o = load(format, dir, back);
-    ASSERT_EQ(o.code, Code::kOk) << o.message;
-    for (size_t i = 0; i < weights.size(); ++i)
-      EXPECT_EQ(back[i].bytes, weights[i].bytes) << weights[i].name;
-  }
-  std::set<std::string> names(const SafetensorsReader& file) {
-    std::set<std::string> out;
-    for (const auto& [name, t] : file.tensors()) out.insert(name);
-    return out;
-  }
+  HfQwen() { rng.seed(21); }
   // Qwen2: the tiny model with q/k/v biases and rope base 1e6.
   json qwen2_spec(const Tiny& m) {
     json spec = tiny_spec(m);
@@ -86,10 +53,6 @@ class HfQwen : public ::testing::Test {
             DType::kF32, {m.d()}, rng));
     return spec;
   }
-
-  CheckpointEnv env;
-  Format format = env.format({{"impl", "safetensors"}});
-  std::mt19937 rng{21};
 };
 
 // add_qkv_bias without qk_layernorm: Qwen2ForCausalLM, biases on q/k/v_proj only, split out
