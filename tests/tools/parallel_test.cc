@@ -588,6 +588,25 @@ TEST_F(PipelineTest, ContextParallelMatchesOneRankToEachGradient) {
   expect_same_curve(llama_one, llama_cp, "llama cp2");
   expect_same_gradients("cp_llama_one", "cp_llama_cp2", llama_one.grad_norm[0]);
 
+  // Qwen-style attention: q/k/v biases, per-head q/k norms (their weights' gradients summed
+  // over tp) and YaRN scaling (its attention factor on q and k), over context and tensor
+  // ranks with sequence parallelism. Without attention dropout: under tp each rank draws its
+  // own stream (Megatron's model-parallel RNG, README), not the one-rank masks.
+  // Gradients read by loom's names (no Hugging Face family has both biases and q/k norms).
+  loom_names_ = true;
+  nlohmann::json qwen = llama;
+  qwen["model"]["attention_dropout"] = 0.0;
+  qwen["model"]["add_qkv_bias"] = true;
+  qwen["model"]["qk_layernorm"] = true;
+  qwen["model"]["rotary"] = nlohmann::json::parse(R"({"base": 1000000, "percent": 1.0,
+    "scaling": {"type": "yarn", "factor": 4, "original_max_position_embeddings": 64}})");
+  Curve qwen_one = train("cp_qwen_one", qwen, "");
+  Curve qwen_cp_tp = train(
+      "cp_qwen_cp2tp2sp", qwen,
+      "--nproc 4 --set parallel.cp=2 --set parallel.tp=2 --set parallel.sequence_parallel=true");
+  expect_same_curve(qwen_one, qwen_cp_tp, "qwen-style cp2 x tp2 + sp");
+  expect_same_gradients("cp_qwen_one", "cp_qwen_cp2tp2sp", qwen_one.grad_norm[0]);
+
   // Packed documents (a corpus of short texts, Megatron's reset_attention_mask and
   // reset_position_ids): segment ids and positions follow the chunks, and attention stays
   // within each document across ranks.
