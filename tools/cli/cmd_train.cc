@@ -110,6 +110,13 @@ void install_stop_handlers() {
   sigemptyset(&action.sa_mask);
   sigaction(SIGINT, &action, nullptr);
   sigaction(SIGTERM, &action, nullptr);
+  // A peer rank that died closes its sockets: a write to one must fail with an error that
+  // the communicator reports (naming the group and the rank), not kill this rank with
+  // SIGPIPE (the survivor of a killed data-parallel peer died so, now and then).
+  struct sigaction ignore {};
+  ignore.sa_handler = SIG_IGN;
+  sigemptyset(&ignore.sa_mask);
+  sigaction(SIGPIPE, &ignore, nullptr);
 }
 
 // The short sample a run prints at its end (/log/sample): the trained weights, decoded
