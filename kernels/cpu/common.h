@@ -186,5 +186,8 @@ void add_fp8_kernels(std::vector<KernelDesc>& out);
 void add_moe_topk_kernels(std::vector<KernelDesc>& out);
 void add_moe_permute_kernels(std::vector<KernelDesc>& out);
 void add_grouped_gemm_kernels(std::vector<KernelDesc>& out);
+void add_causal_conv1d_kernels(std::vector<KernelDesc>& out);
+void add_ssd_scan_kernels(std::vector<KernelDesc>& out);
+void add_rmsnorm_gated_kernels(std::vector<KernelDesc>& out);
 
 }  // namespace loom::kernels::cpu

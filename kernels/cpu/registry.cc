@@ -28,6 +28,9 @@ const std::vector<KernelDesc>& all_kernels() {
     add_moe_topk_kernels(k);
     add_moe_permute_kernels(k);
     add_grouped_gemm_kernels(k);
+    add_causal_conv1d_kernels(k);
+    add_ssd_scan_kernels(k);
+    add_rmsnorm_gated_kernels(k);
     return k;
   }();
   return kernels;

@@ -26,6 +26,7 @@
 #include "loom/ops/fp8.h"
 #include "loom/ops/gemm.h"
 #include "loom/ops/loss.h"
+#include "loom/ops/mamba.h"
 #include "loom/ops/moe.h"
 #include "loom/ops/optim.h"
 #include "loom/ops/transformer.h"

@@ -63,6 +63,12 @@ const std::vector<const char*> kAllOps = {
     ops::kMoeUnpermuteBwd,
     ops::kGroupedGemm,
     ops::kGroupedGemmWgrad,
+    ops::kCausalConv1d,
+    ops::kCausalConv1dBwd,
+    ops::kSsdScan,
+    ops::kSsdScanBwd,
+    ops::kRmsNormGated,
+    ops::kRmsNormGatedBwd,
 };
 
 // The dtypes an op is keyed on: every float dtype, f32 alone for an op keyed on an
