@@ -2,6 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <string>
+#include <vector>
+
 #include "loom/cpp/error.h"
 #include "loom/cpp/op_args.h"
 
@@ -26,6 +30,57 @@ KvCache::KvCache(IHost& host, int64_t batch, int64_t capacity, Device device)
 KvCache::~KvCache() {
   for (auto& [owner, slot] : slots_)
     for (void* p : {slot.k, slot.v, slot.k_scratch, slot.v_scratch}) host_.deallocate(device_, p);
+  for (auto& [key, state] : states_) host_.deallocate(device_, state.data);
+}
+
+Status KvCache::state(const void* owner, int32_t slot, DType dtype, int32_t ndim,
+                      const int64_t* shape, TensorView* out) noexcept {
+  return guard([&] {
+    std::vector<int64_t> dims(shape, shape + std::max(ndim, 0));
+    auto text = [](const std::vector<int64_t>& d) {
+      std::string s = "(";
+      for (size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
+      return s + ")";
+    };
+    bool positive = true;
+    for (int64_t d : dims) positive = positive && d >= 1;
+    if (ndim < 1 || ndim > kMaxDims || dims[0] != batch_ || !positive || dtype_size(dtype) == 0)
+      fail(Code::kInvalidArgument,
+           fmt::format("kv cache state: slot {} asks for {} {}; a state is (B, ...) with B = {} "
+                       "(the cache's batch), at most {} positive dimensions",
+                       slot, dtype_name(dtype), text(dims), batch_, kMaxDims));
+    auto key = std::make_pair(owner, slot);
+    auto it = states_.find(key);
+    if (it == states_.end()) {
+      State s;
+      s.dtype = dtype;
+      s.shape = dims;
+      uint64_t bytes = dtype_size(dtype);
+      for (int64_t d : dims) bytes *= static_cast<uint64_t>(d);
+      s.data = allocate(bytes);
+      throw_if_error(host_.fill_zero(device_, s.data, bytes), "kv cache state");
+      bytes_ += bytes;
+      it = states_.emplace(key, std::move(s)).first;
+    } else if (it->second.dtype != dtype || it->second.shape != dims) {
+      fail(Code::kInvalidArgument,
+           fmt::format("kv cache state: slot {} of this layer was {} {} and is now asked as {} "
+                       "{}; one cache serves one model",
+                       slot, dtype_name(it->second.dtype), text(it->second.shape),
+                       dtype_name(dtype), text(dims)));
+    }
+    TensorView v{};
+    v.data = it->second.data;
+    v.dtype = dtype;
+    v.device = device_;
+    v.ndim = ndim;
+    int64_t stride = 1;
+    for (int32_t i = ndim - 1; i >= 0; --i) {
+      v.shape[i] = dims[static_cast<size_t>(i)];
+      v.strides[i] = stride;
+      stride *= dims[static_cast<size_t>(i)];
+    }
+    *out = v;
+  });
 }
 
 void KvCache::copy(void* to, const void* from, size_t bytes) {

@@ -10,11 +10,15 @@
 // sequence's capacity rows together, so its prefix is not contiguous across sequences).
 // After each whole forward pass of the model the owner of the cache calls `advance(T)`.
 //
-// Host memory only (the copies are memcpy): a device cache needs a copy op in the SDK.
+// Layers that are not attention (a Mamba mixer) keep a fixed-shape state per (owner, slot)
+// instead (`state`), which they read and overwrite themselves.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "loom/host.h"
 #include "loom/kinds/module.h"
@@ -41,6 +45,10 @@ class KvCache final : public IKvCache {
   /// when an owner changes its dtype, G or D between calls.
   Status append(const void* owner, const TensorView* k, const TensorView* v, TensorView* k_all,
                 TensorView* v_all) noexcept override;
+  /// See IKvCache::state: allocated from the host on first use (counted in bytes()),
+  /// zero-filled then; kept (with its contents) until the cache is destroyed.
+  Status state(const void* owner, int32_t slot, DType dtype, int32_t ndim, const int64_t* shape,
+               TensorView* out) noexcept override;
 
   /// Marks `t` more positions as cached: call once after each whole forward pass of the
   /// model that appended `t` new tokens per sequence. Throws Error(kOutOfRange) when past +
@@ -73,6 +81,12 @@ class KvCache final : public IKvCache {
   Device device_;
   int64_t past_ = 0;
   std::unordered_map<const void*, Slot> slots_;
+  struct State {
+    DType dtype = DType::kF32;
+    std::vector<int64_t> shape;
+    void* data = nullptr;
+  };
+  std::map<std::pair<const void*, int32_t>, State> states_;
   uint64_t bytes_ = 0;
 };
 

@@ -14,10 +14,44 @@ void check_probability(double p, const char* key) {
             " is not a probability in [0, 1): use 0 to turn dropout off");
 }
 
+// The hybrid_layer_pattern: one symbol per layer (c.layer_kinds) and the layers of each
+// pipeline stage its | cut out (one entry without a cut).
+std::vector<int64_t> read_hybrid_pattern(const nlohmann::json& o, GptConfig& c) {
+  std::vector<int64_t> stages{0};
+  auto it = o.find("hybrid_layer_pattern");
+  if (it == o.end() || it->is_null()) {
+    c.layer_kinds.assign(static_cast<size_t>(c.num_layers), 'T');
+    stages[0] = c.num_layers;
+    return stages;
+  }
+  c.hybrid_layer_pattern = it->get<std::string>();
+  for (size_t i = 0; i < c.hybrid_layer_pattern.size(); ++i) {
+    const char ch = c.hybrid_layer_pattern[i];
+    if (ch == '|') {
+      stages.push_back(0);
+      continue;
+    }
+    if (ch != 'M' && ch != '*' && ch != '-' && ch != 'E')
+      invalid("/hybrid_layer_pattern: '" + std::string(1, ch) + "' at position " +
+              str(static_cast<int64_t>(i)) + " of \"" + c.hybrid_layer_pattern +
+              "\" is not a layer symbol: use M (Mamba), * (attention), - (MLP), E (mixture of "
+              "experts) or | (a pipeline stage boundary)");
+    c.layer_kinds += ch;
+    ++stages.back();
+  }
+  if (static_cast<int64_t>(c.layer_kinds.size()) != c.num_layers)
+    invalid("/num_layers: " + str(c.num_layers) + ", but /hybrid_layer_pattern \"" +
+            c.hybrid_layer_pattern + "\" has " + str(static_cast<int64_t>(c.layer_kinds.size())) +
+            " layers; make them equal");
+  return stages;
+}
+
 // The core's inherited "pipeline" {"rank", "size", "chunk", "chunks", and the run's uneven
 // split}: which virtual stage this model is, and so which layers it owns
-// (loom/cpp/nn/pipeline_stage.h).
-void read_pipeline_stage(const nlohmann::json& o, GptConfig& c) {
+// (loom/cpp/nn/pipeline_stage.h). `pattern_stages`: the layers per stage that a hybrid
+// pattern's | give (one entry: no cut).
+void read_pipeline_stage(const nlohmann::json& o, GptConfig& c,
+                         const std::vector<int64_t>& pattern_stages) {
   c.layer_end = c.num_layers;
   auto it = o.find("pipeline");
   if (it == o.end() || it->is_null()) return;
@@ -39,7 +73,22 @@ void read_pipeline_stage(const nlohmann::json& o, GptConfig& c) {
             str(c.chunk) + " of " + str(c.chunks) + " is not a pipeline stage");
   // The layers of every virtual stage (an even split, or the run's uneven layout), and this
   // one's: virtual stage chunk * size + rank.
-  std::vector<int64_t> counts = nn::pipeline_stage_layers(p, c.num_layers);
+  std::vector<int64_t> counts;
+  if (pattern_stages.size() > 1 && c.pp_size * c.chunks > 1) {
+    for (const char* key : {"layout", "first_stage_layers", "last_stage_layers"})
+      if (p.contains(key) && !p[key].is_null())
+        invalid("/hybrid_layer_pattern: its | cut the pipeline stages, and so does the run's "
+                "parallel." + std::string(key == std::string("layout") ? "pipeline_layout" : key) +
+                "; give the stages in one place");
+    if (static_cast<int64_t>(pattern_stages.size()) != int64_t{c.pp_size} * c.chunks)
+      invalid("/hybrid_layer_pattern: \"" + c.hybrid_layer_pattern + "\" cuts " +
+              str(static_cast<int64_t>(pattern_stages.size())) + " pipeline stages with |, but "
+              "the run has " + str(int64_t{c.pp_size} * c.chunks) +
+              " (parallel.pp x vpp); cut as many");
+    counts = pattern_stages;
+  } else {
+    counts = nn::pipeline_stage_layers(p, c.num_layers);
+  }
   const size_t mine = static_cast<size_t>(c.chunk) * static_cast<size_t>(c.pp_size) +
                       static_cast<size_t>(c.pp_rank);
   c.layer_begin = 0;
@@ -135,7 +184,7 @@ GptConfig GptConfig::from_options(const nlohmann::json& o) {
               " is outside [0, num_layers = " + str(c.num_layers) + "]");
   check_probability(c.attention_dropout, "attention_dropout");
   if (c.seq_length < 1) invalid("#/train/seq_length: must be >= 1, got " + str(c.seq_length));
-  read_pipeline_stage(o, c);
+  read_pipeline_stage(o, c, read_hybrid_pattern(o, c));
   const nlohmann::json freq = o.value("moe_layer_freq", nlohmann::json(1));
   c.moe_layers.assign(static_cast<size_t>(c.num_layers), true);
   if (freq.is_array()) {
@@ -153,6 +202,8 @@ GptConfig GptConfig::from_options(const nlohmann::json& o) {
     if (n < 1) invalid("/moe_layer_freq: " + freq.dump() + " must be an integer >= 1 or a list");
     for (int64_t i = 0; i < c.num_layers; ++i) c.moe_layers[i] = i % n == 0;
   }
+  if (!c.hybrid_layer_pattern.empty())  // the pattern says which MLP layers are experts
+    for (int64_t i = 0; i < c.num_layers; ++i) c.moe_layers[i] = c.layer_kinds[i] == 'E';
   return c;
 }
 
@@ -169,6 +220,9 @@ nlohmann::json GptConfig::layer_options(int64_t layer_number) const {
           {"num_layers", num_layers},
           {"layer_number", layer_number},
           {"moe_layer", static_cast<bool>(moe_layers[static_cast<size_t>(layer_number - 1)])},
+          {"has_attention", layer_kinds[static_cast<size_t>(layer_number - 1)] == 'T' ||
+                                layer_kinds[static_cast<size_t>(layer_number - 1)] == '*'},
+          {"has_mlp", layer_kinds[static_cast<size_t>(layer_number - 1)] != '*'},
           {"fp8", layer_number > layers_at_start_in_bf16 &&
                       layer_number <= num_layers - layers_at_end_in_bf16},
           {"hidden_dropout", hidden_dropout},

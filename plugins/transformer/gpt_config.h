@@ -31,6 +31,14 @@ struct GptConfig {
   /// which its "dense_mlp": Megatron's --moe-layer-freq, an int N (layer i iff i % N == 0)
   /// or a 0/1 pattern of num_layers entries. Every layer by default.
   std::vector<bool> moe_layers;
+  /// Megatron's --hybrid-layer-pattern (Mamba hybrids): one symbol per layer, M a Mamba
+  /// layer (the model's "mamba_layer" node), * an attention-only layer, - an MLP-only layer
+  /// (the layer node's dense_mlp), E a mixture-of-experts-only layer (its mlp, which must be
+  /// a moe), and | a cut between pipeline stages (virtual stages in order; ignored on a run
+  /// without pipeline parallelism). Empty: every layer is the layer node whole.
+  std::string hybrid_layer_pattern;
+  /// Per layer: the pattern's symbol, or 'T' (a whole transformer layer) without a pattern.
+  std::string layer_kinds;
   bool sequence_parallel;    // from the core (parallel.sequence_parallel)
   std::string cp_comm_type;  // from the core (parallel.cp_comm_type)
   DType params_dtype;

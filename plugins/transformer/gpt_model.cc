@@ -54,8 +54,20 @@ GptModel::GptModel(const nlohmann::json& options, IBuildContext& ctx)
     embedding_ = new Embedding(host, table);
     add_child("embedding", embedding_);
   }
+  if (c.layer_kinds.find('M') != std::string::npos &&
+      !(options.contains("mamba_layer") && options["mamba_layer"].is_object()))
+    invalid("/mamba_layer: /hybrid_layer_pattern has Mamba layers (M) but the model names no "
+            "mamba_layer node; add \"mamba_layer\": {\"impl\": \"mamba_layer\"} (plugin mamba)");
+  const size_t expert_layer = c.layer_kinds.find('E');
+  if (expert_layer != std::string::npos &&
+      !(layer.is_object() && layer.contains("mlp") && layer["mlp"].is_object() &&
+        layer["mlp"].value("impl", std::string()) == "moe"))
+    invalid("/hybrid_layer_pattern: layer " + std::to_string(expert_layer) +
+            " is a mixture of experts (E) but /layer/mlp is not {\"impl\": \"moe\"}; make it "
+            "one (the dense layers, -, take /layer/dense_mlp)");
   for (int64_t i = c.layer_begin; i < c.layer_end; ++i) {
-    IModule* layer = build_child<ILayer>(ctx, "layer", c.layer_options(i + 1));
+    const char* node = c.layer_kinds[static_cast<size_t>(i)] == 'M' ? "mamba_layer" : "layer";
+    IModule* layer = build_child<ILayer>(ctx, node, c.layer_options(i + 1));
     add_child("decoder.layers." + std::to_string(i), layer);
     layers_.push_back(layer);
   }
@@ -133,10 +145,30 @@ Status GptModel::cost(const CostQuery* query, ModelCost* out) const noexcept {
         params += expert_params / static_cast<double>(experts.size()) * topk;
     }
     double width = static_cast<double>(c.kv_channels * c.num_attention_heads);
+    // Attention's term for the layers that attend; a Mamba layer's scan adds 12 H P N per
+    // token (the recurrence's state update and readout, 2 H P N FLOPs each, forward and
+    // backward), its projections being parameters.
+    double attending = 0, mamba = 0;
+    for (int64_t i = c.layer_begin; i < c.layer_end; ++i) {
+      const char kind = c.layer_kinds[static_cast<size_t>(i)];
+      attending += kind == 'T' || kind == '*' ? 1 : 0;
+      mamba += kind == 'M' ? 1 : 0;
+    }
+    double scan = 0;
+    if (mamba > 0) {
+      const nlohmann::json mixer = options_.value("mamba_layer", nlohmann::json::object())
+                                       .value("mixer", nlohmann::json::object());
+      const double p = mixer.value("head_dim", 64.0), n = mixer.value("state_dim", 128.0);
+      const nlohmann::json heads = mixer.value("num_heads", nlohmann::json());
+      const double inner = heads.is_number()
+                               ? heads.get<double>() * p
+                               : mixer.value("expand", 2.0) * static_cast<double>(c.hidden_size);
+      scan = 12.0 * inner * n * mamba;
+    }
     ModelCost m{};
     m.struct_size = sizeof(ModelCost);
-    m.flops_per_token = 6.0 * params + 6.0 * static_cast<double>(c.layer_end - c.layer_begin) *
-                                           static_cast<double>(query->seq_length) * width;
+    m.flops_per_token = 6.0 * params +
+                        6.0 * attending * static_cast<double>(query->seq_length) * width + scan;
     m.activation_bytes = activation_bytes(*query);
     copy_struct(m, out);
   });

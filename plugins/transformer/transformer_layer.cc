@@ -35,6 +35,8 @@ TransformerLayer::TransformerLayer(const nlohmann::json& options, IBuildContext&
                              inherited<bool>(options, "add_bias_linear", "transformer_layer"))),
       proj_bias_(inherited<bool>(options, "add_bias_linear", "transformer_layer")),
       qk_layernorm_(inherited_or<bool>(options, "qk_layernorm", false)),
+      has_attention_(inherited_or<bool>(options, "has_attention", true)),
+      has_mlp_(inherited_or<bool>(options, "has_mlp", true)),
       hidden_dropout_(inherited_or<float>(options, "hidden_dropout", 0.f)),
       dtype_(params_dtype(options)),
       device_(device_of(options)),
@@ -52,6 +54,8 @@ TransformerLayer::TransformerLayer(const nlohmann::json& options, IBuildContext&
         "when not set)");
   if (!(hidden_dropout_ >= 0.f && hidden_dropout_ < 1.f))
     invalid("/hidden_dropout: must be in [0, 1)");
+  if (!has_attention_ && !has_mlp_)
+    invalid("/has_attention: a transformer layer needs its attention, its MLP or both");
   // Each tensor-parallel rank holds whole query groups (with their heads).
   local_groups_ = tp_.split(groups_, "/num_query_groups");
   local_heads_ = tp_.split(heads_, "/num_attention_heads");
@@ -76,6 +80,7 @@ TransformerLayer::TransformerLayer(const nlohmann::json& options, IBuildContext&
   int64_t qkv_out = (heads_ + 2 * groups_) * head_dim_;
   int32_t p = tp_.size();
   uint32_t sp_flag = tp_.sequence_parallel() ? kParamSequenceParallel : kParamNone;
+  if (has_attention_) {
   qkv_weight_ = add_param(
       "self_attention.linear_qkv.weight", dtype_,
       ParamSpec{
@@ -92,6 +97,7 @@ TransformerLayer::TransformerLayer(const nlohmann::json& options, IBuildContext&
     proj_bias_index_ =
         add_param("self_attention.linear_proj.bias", dtype_,
                   ParamSpec{{hidden_}, -1, kParamNoWeightDecay | sp_flag, ParamInit::kZeros, 0.f});
+  }
 
   // What each child needs of the model's configuration.
   nlohmann::json common = {{"params_dtype", dtype_name(dtype_)}, {"device", device_name(device_)}};
@@ -112,10 +118,12 @@ TransformerLayer::TransformerLayer(const nlohmann::json& options, IBuildContext&
   mlp["num_layers"] = layers;
   mlp["fp8"] = inherited_or<bool>(options, "fp8", true);
   mlp["layer_number"] = inherited_or<int64_t>(options, "layer_number", 1);
+  if (has_attention_) {
   add_child("input_layernorm", input_norm_ = build_child<INorm>(ctx, "norm", norm));
   add_child("self_attention.core_attention",
             core_ = build_child<IAttention>(ctx, "attention", core));
-  if (qk_layernorm_) {
+  }
+  if (has_attention_ && qk_layernorm_) {
     // Rows of D: one norm per head, one weight for all heads. Each tp rank sees only its
     // heads, so the weight's gradient is partial there: the sequence-parallel flag makes the
     // core sum it over the tp group (as it does a norm's on sequence shards).
@@ -125,10 +133,12 @@ TransformerLayer::TransformerLayer(const nlohmann::json& options, IBuildContext&
     add_child("self_attention.q_layernorm", q_norm_ = build_child<INorm>(ctx, "norm", head_norm));
     add_child("self_attention.k_layernorm", k_norm_ = build_child<INorm>(ctx, "norm", head_norm));
   }
-  add_child("pre_mlp_layernorm", pre_mlp_norm_ = build_child<INorm>(ctx, "norm", norm));
-  // The model's moe_layer_freq picks the node's "mlp" or its "dense_mlp" for this layer.
-  const bool moe_layer = inherited_or<bool>(options, "moe_layer", true);
-  add_child("mlp", mlp_ = build_child<IMlp>(ctx, moe_layer ? "mlp" : "dense_mlp", mlp));
+  if (has_mlp_) {
+    add_child("pre_mlp_layernorm", pre_mlp_norm_ = build_child<INorm>(ctx, "norm", norm));
+    // The model's moe_layer_freq picks the node's "mlp" or its "dense_mlp" for this layer.
+    const bool moe_layer = inherited_or<bool>(options, "moe_layer", true);
+    add_child("mlp", mlp_ = build_child<IMlp>(ctx, moe_layer ? "mlp" : "dense_mlp", mlp));
+  }
 
   split_ = Kernel(host, ops::kSplitQkv, device_, dtype_);
   merge_ = Kernel(host, ops::kMergeQkv, device_, dtype_);
@@ -185,6 +195,21 @@ void TransformerLayer::run_forward(IForwardContext& ctx, const TensorView* input
 
 TensorView TransformerLayer::forward_impl(IForwardContext& ctx, const TensorView& x,
                                           const TensorView& positions, const TensorView& segments) {
+  TensorView residual = has_attention_ ? attention_forward(ctx, x, positions, segments) : x;
+  if (!has_mlp_) return residual;  // an attention-only layer of a hybrid pattern (*)
+  TensorView normed2 = call_forward(*pre_mlp_norm_, ctx, {residual}, 1, "pre_mlp_layernorm")[0];
+  TensorView mlp_out = call_forward(*mlp_, ctx, {normed2}, 1, "mlp")[0];
+  release(ctx, normed2);
+  dropout_forward(ctx, mlp_out, kMlpOutDropout);
+  TensorView y = allocate_like(ctx, x);
+  add_({residual, mlp_out}, {y});
+  release_all(ctx, {residual, mlp_out}, {x});
+  return y;
+}
+
+TensorView TransformerLayer::attention_forward(IForwardContext& ctx, const TensorView& x,
+                                               const TensorView& positions,
+                                               const TensorView& segments) {
   int64_t b = x.shape[0], t = tp_.full_length(x.shape[1]);
   int64_t h = local_heads_, g = local_groups_, d = head_dim_;
   TensorView normed_shard = call_forward(*input_norm_, ctx, {x}, 1, "input_layernorm")[0];
@@ -242,12 +267,6 @@ TensorView TransformerLayer::forward_impl(IForwardContext& ctx, const TensorView
   TensorView residual = allocate_like(ctx, x);  // (B, T, C)
   add_({x, attn}, {residual});
   release(ctx, attn);
-  TensorView normed2 = call_forward(*pre_mlp_norm_, ctx, {residual}, 1, "pre_mlp_layernorm")[0];
-  TensorView mlp_out = call_forward(*mlp_, ctx, {normed2}, 1, "mlp")[0];
-  release(ctx, normed2);
-  dropout_forward(ctx, mlp_out, kMlpOutDropout);
-  TensorView y = allocate_like(ctx, x);
-  add_({residual, mlp_out}, {y});
   if (ctx.training()) {
     save(ctx, this, kPositions, positions);
     // An FP8 projection keeps its input's FP8 transpose instead (Linear).
@@ -256,8 +275,8 @@ TensorView TransformerLayer::forward_impl(IForwardContext& ctx, const TensorView
   }
   // The saves (this layer's and its children's) keep what backward needs: normed, q, k, v,
   // core_out (in bf16 or as FP8 transposes), residual.
-  release_all(ctx, {normed_shard, normed, q, k, v, core_out, residual, mlp_out}, {x});
-  return y;
+  release_all(ctx, {normed_shard, normed, q, k, v, core_out}, {x});
+  return residual;
 }
 
 void TransformerLayer::run_backward(IForwardContext& ctx, const TensorView* grad_outputs,
@@ -270,30 +289,40 @@ void TransformerLayer::run_backward(IForwardContext& ctx, const TensorView* grad
     release(ctx, forward_impl(rerun, load(ctx, this, kInput), load(ctx, this, kPositions),
                               load(ctx, this, kSegments)));
   }
+  const TensorView& dy = grad_outputs[0];
+  expect(dy, {-1, -1, hidden_}, dtype_, "transformer_layer grad output");
+  // y = residual + dropout(mlp(norm2(residual)))   (y = residual without the MLP)
+  TensorView dresidual = dy;
+  if (has_mlp_) {
+    TensorView dmlp_out = dropout_backward(ctx, dy, kMlpOutDropout);
+    TensorView dnormed2 = call_backward(*mlp_, ctx, {dmlp_out}, 1, "mlp")[0];
+    TensorView dres_norm =
+        call_backward(*pre_mlp_norm_, ctx, {dnormed2}, 1, "pre_mlp_layernorm")[0];
+    dresidual = allocate_like(ctx, dy);
+    add_({dy, dres_norm}, {dresidual});
+    release_all(ctx, {dmlp_out, dnormed2, dres_norm}, {dy});
+  }
+  // residual = x + dropout(proj(core(q, k, v)))   (residual = x without attention)
+  grad_inputs[0] = has_attention_ ? attention_backward(ctx, dresidual) : dresidual;
+  if (dresidual.data != dy.data && grad_inputs[0].data != dresidual.data) release(ctx, dresidual);
+  for (int32_t i = 1; i < num_grad_inputs; ++i) grad_inputs[i] = empty_view();
+}
+
+TensorView TransformerLayer::attention_backward(IForwardContext& ctx,
+                                                const TensorView& dresidual) {
   // Zero-bubble schedules: the projections' weight gradients wait for backward_weight.
   const void* deferred = weight_grads_deferred(ctx) ? deferred_owner() : nullptr;
   TensorView positions = load(ctx, this, kPositions);
   const bool qkv_fp8 = linear_.fp8({this, kQkvFp8}), proj_fp8 = linear_.fp8({this, kProjFp8});
   TensorView normed = qkv_fp8 ? empty_view() : load(ctx, this, kNormed);
   TensorView core_out = proj_fp8 ? empty_view() : load(ctx, this, kCoreOut);
-  const TensorView& dy = grad_outputs[0];
-  expect(dy, {-1, -1, hidden_}, dtype_, "transformer_layer grad output");
+  const TensorView& dy = dresidual;
   int64_t b = dy.shape[0], t = tp_.full_length(dy.shape[1]);
   int64_t h = local_heads_, g = local_groups_, d = head_dim_;
   if (present(normed)) {
     int64_t t_local = tp_.sequence_parallel() ? normed.shape[1] / tp_.size() : normed.shape[1];
     expect(dy, {normed.shape[0], t_local, hidden_}, dtype_, "transformer_layer grad output");
   }
-
-  // y = residual + dropout(mlp(norm2(residual)))
-  TensorView dmlp_out = dropout_backward(ctx, dy, kMlpOutDropout);
-  TensorView dnormed2 = call_backward(*mlp_, ctx, {dmlp_out}, 1, "mlp")[0];
-  TensorView dres_norm = call_backward(*pre_mlp_norm_, ctx, {dnormed2}, 1, "pre_mlp_layernorm")[0];
-  TensorView dresidual = allocate_like(ctx, dy);
-  add_({dy, dres_norm}, {dresidual});
-  release_all(ctx, {dmlp_out, dnormed2, dres_norm}, {dy});
-
-  // residual = x + dropout(proj(core(q, k, v)))
   TensorView dattn = dropout_backward(ctx, dresidual, kAttentionOutDropout);
   if (proj_bias_) linear_.bias_grad(rows(dattn, hidden_), grad(proj_bias_index_));
   TensorView dattn_full = tp_.exit_backward(ctx, dattn);  // (B, T, C)
@@ -333,13 +362,13 @@ void TransformerLayer::run_backward(IForwardContext& ctx, const TensorView* grad
   TensorView dx_norm = call_backward(*input_norm_, ctx, {dnormed}, 1, "input_layernorm")[0];
   TensorView dx = allocate_like(ctx, dy);
   add_({dresidual, dx_norm}, {dx});
-  release_all(ctx, {dqkv, dnormed_partial, dnormed, dx_norm, dresidual});
-  grad_inputs[0] = dx;
-  for (int32_t i = 1; i < num_grad_inputs; ++i) grad_inputs[i] = empty_view();
+  release_all(ctx, {dqkv, dnormed_partial, dnormed, dx_norm});  // the caller's dresidual stays
+  return dx;
 }
 
 void TransformerLayer::run_backward_weight(IForwardContext& ctx) {
   ModuleBase::run_backward_weight(ctx);  // the children's (the MLP's GEMMs)
+  if (!has_attention_) return;
   linear_.backward_weight(ctx, {this, kProjFp8}, deferred_owner(), grad(proj_weight_),
                           empty_view());
   linear_.backward_weight(ctx, {this, kQkvFp8}, deferred_owner(), grad(qkv_weight_),

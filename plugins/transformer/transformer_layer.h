@@ -22,6 +22,10 @@
 // past + T positions; position ids are then required past position 0 and segment ids are
 // refused.
 //   backward: dy -> dx (and an empty gradient for the position ids)
+// Hybrid layer patterns (the model's hybrid_layer_pattern, Megatron's MambaStack): with
+// has_attention false the layer is y = x + dropout(mlp(norm2(x))) ("-" and "E": no
+// input_layernorm, no self_attention.*), with has_mlp false y = x + dropout(proj(core(...)))
+// ("*": no pre_mlp_layernorm, no mlp.*); both default to true.
 // Recompute kFull: only the input is saved; backward reruns forward, then goes back.
 // Split backward (IForwardContext::defer_weight_grads): the projections' weight gradients
 // wait for backward_weight.
@@ -56,6 +60,11 @@ class TransformerLayer final : public ModuleBase<ILayer> {
   // The forward proper; saves through `ctx` what backward needs.
   TensorView forward_impl(IForwardContext& ctx, const TensorView& x, const TensorView& positions,
                           const TensorView& segments);
+  // The attention half: residual = x + dropout(proj(core(...))) (a new tensor), and its
+  // backward from the residual's gradient to dx (a new tensor; dresidual is the caller's).
+  TensorView attention_forward(IForwardContext& ctx, const TensorView& x,
+                               const TensorView& positions, const TensorView& segments);
+  TensorView attention_backward(IForwardContext& ctx, const TensorView& dresidual);
   // Hidden dropout of `x` in place (forward) and its gradient (backward, a new tensor), with
   // the random stream `purpose`; identity outside training or when the probability is 0.
   void dropout_forward(IForwardContext& ctx, const TensorView& x, uint64_t purpose) const;
@@ -66,14 +75,15 @@ class TransformerLayer final : public ModuleBase<ILayer> {
   int32_t cp_rank_ = 0, cp_size_ = 1;   // the context-parallel group (dropout follows the chunks)
   int64_t local_heads_, local_groups_;  // this rank's share of heads_ and groups_
   bool qkv_bias_, proj_bias_, qk_layernorm_;
+  bool has_attention_, has_mlp_;  // a hybrid pattern's * and - layers have one half each
   float hidden_dropout_;
   DType dtype_;
   Device device_;
   int32_t rotary_dim_ = 0;
   std::unique_ptr<RotaryTable> inv_freq_;  // null without rope
   float rope_mscale_ = 1.0f;  // YaRN's attention factor on cos and sin: q, k scaled after rope
-  int32_t qkv_weight_, qkv_bias_index_ = -1, proj_weight_, proj_bias_index_ = -1;
-  IModule *input_norm_, *core_, *pre_mlp_norm_, *mlp_;
+  int32_t qkv_weight_ = -1, qkv_bias_index_ = -1, proj_weight_ = -1, proj_bias_index_ = -1;
+  IModule *input_norm_ = nullptr, *core_ = nullptr, *pre_mlp_norm_ = nullptr, *mlp_ = nullptr;
   IModule *q_norm_ = nullptr, *k_norm_ = nullptr;  // with qk_layernorm
   Linear linear_;
   Kernel split_, merge_, rope_fwd_, rope_bwd_, rope_scale_, add_, dropout_fwd_, dropout_bwd_;

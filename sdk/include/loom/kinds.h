@@ -42,8 +42,8 @@ inline constexpr InterfaceInfo kRegistry{"registry", 1, 1};
 /// 1.1: fp8_recipe.
 inline constexpr InterfaceInfo kBuildContext{"build_context", 1, 1};
 /// 1.1: kv_cache; 1.2: grads_ready; 1.3: release, drop_saved; 1.4: defer_weight_grads,
-/// metric.
-inline constexpr InterfaceInfo kForwardContext{"forward_context", 1, 5};
+/// metric; 1.5: aux_loss_weight; 1.6: its kv_cache() has IKvCache::state.
+inline constexpr InterfaceInfo kForwardContext{"forward_context", 1, 6};
 /// 1.1: asynchronous collectives returning ICommWork (check the minor before calling them).
 inline constexpr InterfaceInfo kCommunicator{"communicator", 1, 1};
 inline constexpr InterfaceInfo kKernel{"kernel", 1, 0};       ///< op kernels, loom/kernel.h

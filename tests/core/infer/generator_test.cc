@@ -5,7 +5,8 @@
 // both attention cores, prefills of 1 and several tokens, chunks of several tokens after
 // the prefill, and a batch of 2 through the cache. Greedy generation equals the arg max of
 // recomputed logits, token after token; generation stops at the end-of-document token and
-// at the model's maximum length.
+// at the model's maximum length. A Mamba-2 hybrid decodes through the cache's per-layer
+// states (its convolution window and SSM state) to the same logits.
 #include "core/infer/generator.h"
 
 #include <gtest/gtest.h>
@@ -59,6 +60,26 @@ nlohmann::json llama_model(const std::string& attention) {
   return m;
 }
 
+// A Mamba-2 hybrid (Nemotron-H style, no positions): Mamba, attention-only, Mamba and
+// MLP-only layers. Its mixers carry their convolution window and SSM state through the
+// cache; the scan's chunks (4 steps) do not divide the prefills or the sequence.
+nlohmann::json hybrid_model(const std::string& attention) {
+  nlohmann::json m = nlohmann::json::parse(R"({
+    "impl": "gpt", "num_layers": 4, "hybrid_layer_pattern": "M*M-", "hidden_size": 32,
+    "num_attention_heads": 4, "num_query_groups": 2, "ffn_hidden_size": 48, "vocab_size": 64,
+    "max_position_embeddings": 24, "position_embedding": "none", "add_bias_linear": false,
+    "tie_embeddings": false, "init_std": 0.2,
+    "layer": {"impl": "transformer_layer", "norm": {"impl": "rmsnorm", "eps": 1e-6},
+              "mlp": {"impl": "mlp", "activation": "swiglu"}},
+    "mamba_layer": {"impl": "mamba_layer", "norm": {"impl": "rmsnorm", "eps": 1e-6},
+                    "mixer": {"impl": "mamba2", "state_dim": 8, "head_dim": 8, "num_groups": 2,
+                              "expand": 2, "d_conv": 4, "chunk_size": 4}},
+    "final_norm": {"impl": "rmsnorm", "eps": 1e-6}
+  })");
+  m["layer"]["attention"] = {{"impl", attention}};
+  return m;
+}
+
 struct Case {
   std::string name;
   nlohmann::json model;
@@ -82,13 +103,18 @@ std::vector<Case> cases() {
     nlohmann::json qk = llama_model(attention);
     qk["qk_layernorm"] = true;
     out.push_back({std::string("llama/") + attention + "/qk_layernorm", qk});
+    out.push_back({std::string("hybrid/") + attention, hybrid_model(attention)});
+    out.push_back({std::string("hybrid/") + attention + "/reference kernels",
+                   hybrid_model(attention),
+                   {{"pin", {{"ssd_scan", "cpu.ref"}, {"causal_conv1d", "cpu.ref"}}}}});
   }
   return out;
 }
 
 std::unique_ptr<core::PluginManager> make_plugins() {
   std::vector<core::SearchRoot> roots;
-  for (const char* dir : {"kernels/cpu", "plugins/transformer", "plugins/fused_attention"})
+  for (const char* dir :
+       {"kernels/cpu", "plugins/transformer", "plugins/fused_attention", "plugins/mamba"})
     roots.push_back({fs::absolute(dir), "test"});
   return std::make_unique<core::PluginManager>(core::Catalog(roots), nlohmann::json::object(), 1);
 }

@@ -111,5 +111,42 @@ TEST(KvCache, FullCacheNamesItsCapacity) {
   EXPECT_NE(message.find("on the cache's device (cuda)"), std::string::npos) << message;
 }
 
+// A layer's fixed-shape decoding state (IKvCache::state): zeros when made, the same memory
+// and contents on every later call (whatever past_length is), one tensor per (owner, slot),
+// counted in bytes(); a shape without the cache's batch first, or an owner that changes its
+// state's shape or dtype, is refused naming the slot.
+TEST(KvCache, StatesPersistPerOwnerAndSlot) {
+  core::Host host(nullptr, 0);
+  core::KvCache cache(host, 2, 8);
+  int a = 0, b = 0;
+  TensorView s0{}, s1{}, again{}, other{};
+  const int64_t shape[3] = {2, 3, 4};
+  throw_if_error(cache.state(&a, 0, DType::kF32, 3, shape, &s0));
+  throw_if_error(cache.state(&a, 1, DType::kF32, 3, shape, &s1));
+  throw_if_error(cache.state(&b, 0, DType::kF32, 3, shape, &other));
+  EXPECT_NE(s0.data, s1.data);
+  EXPECT_NE(s0.data, other.data);
+  EXPECT_TRUE(is_contiguous(s0));
+  EXPECT_EQ(s0.shape[0], 2);
+  EXPECT_EQ(s0.shape[2], 4);
+  auto* f = static_cast<float*>(s0.data);
+  for (int i = 0; i < 24; ++i) ASSERT_EQ(f[i], 0.f) << i;
+  for (int i = 0; i < 24; ++i) f[i] = static_cast<float>(i);
+  cache.advance(5);
+  throw_if_error(cache.state(&a, 0, DType::kF32, 3, shape, &again));
+  EXPECT_EQ(again.data, s0.data);
+  EXPECT_EQ(static_cast<float*>(again.data)[23], 23.f);
+  EXPECT_EQ(cache.bytes(), 3u * 24u * sizeof(float));
+  const int64_t wrong_batch[2] = {1, 4};
+  Status st = cache.state(&a, 2, DType::kF32, 2, wrong_batch, &again);
+  ASSERT_EQ(st.code, Code::kInvalidArgument);
+  std::string message = take_message(&st);
+  EXPECT_NE(message.find("B = 2"), std::string::npos) << message;
+  st = cache.state(&a, 0, DType::kBF16, 3, shape, &again);
+  ASSERT_EQ(st.code, Code::kInvalidArgument);
+  message = take_message(&st);
+  EXPECT_NE(message.find("slot 0"), std::string::npos) << message;
+}
+
 }  // namespace
 }  // namespace loom

@@ -9,7 +9,8 @@
 //
 // Module kinds 1.1 (ABI 1.5) append to IModule backward_weight (the deferred weight-gradient
 // pass of zero-bubble schedules) and step_end (a per-step hook); forward_context 1.4
-// appends defer_weight_grads and metric, forward_context 1.5 (ABI 1.6) aux_loss_weight. The core calls a 1.1 method only on an object
+// appends defer_weight_grads and metric, forward_context 1.5 (ABI 1.6) aux_loss_weight, forward_context 1.6 (ABI 1.7) IKvCache::state
+// (the decoding state of layers other than attention). The core calls a 1.1 method only on an object
 // whose interface_info() says 1.1 or later, and a module checks the context's minor before
 // calling a 1.4 method (loom/cpp/nn/views.h has the checks).
 #pragma once
@@ -104,6 +105,25 @@ class IKvCache {
   /// exceeded.
   virtual Status append(const void* owner, const TensorView* k, const TensorView* v,
                         TensorView* k_all, TensorView* v_all) noexcept = 0;
+
+  // ---- Reached through a forward_context 1.6 (ABI 1.7) or later: a context of an older
+  // ---- core hands out a cache without this method (loom::nn::kv_state_of checks). ----
+
+  /// A decoding state of fixed shape that a layer carries from one forward pass to the next
+  /// (a Mamba mixer's convolution window and SSM state): one tensor per (owner, slot), made
+  /// on first use and kept, with its contents, until the cache is destroyed. Its contents
+  /// are the layer's: it reads them when past_length() > 0 and writes them in every pass; at
+  /// past_length() == 0 (a new sequence, or after the owner of the cache reset it) they are
+  /// stale and must not be read.
+  /// \param owner        the layer (its `this`)
+  /// \param slot         which of the owner's states (0, 1, ...)
+  /// \param dtype, ndim, shape  the state's dtype and shape (B, ...): B is the cache's batch;
+  ///                     the same every call for an (owner, slot)
+  /// \param[out] state   the contiguous tensor, on the cache's device
+  /// Fails with kInvalidArgument when the shape's leading dimension is not the cache's batch
+  /// or when an (owner, slot) asks for another dtype or shape than before.
+  virtual Status state(const void* owner, int32_t slot, DType dtype, int32_t ndim,
+                       const int64_t* shape, TensorView* state) noexcept = 0;
 
  protected:
   ~IKvCache() = default;

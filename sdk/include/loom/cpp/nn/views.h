@@ -85,6 +85,23 @@ inline IKvCache* kv_cache_of(IForwardContext& ctx) {
   return context_has(ctx, 1) ? ctx.kv_cache() : nullptr;
 }
 
+/// The decoding state (owner, slot) of `cache`, the kv cache of `ctx` (IKvCache::state: made
+/// on first use, kept between passes; stale when the cache's past_length() is 0). Throws
+/// kFailedPrecondition when the context is older than forward_context 1.6 (its cache has no
+/// such method: the core is too old for this layer to decode).
+inline TensorView kv_state_of(IForwardContext& ctx, IKvCache& cache, const void* owner,
+                              int32_t slot, DType dtype, const std::vector<int64_t>& shape) {
+  if (!context_has(ctx, 6))
+    fail(Code::kFailedPrecondition,
+         "this layer keeps a decoding state in the kv cache (forward_context 1.6, ABI 1.7); "
+         "the core running it is older: decode with a newer loom");
+  TensorView out{};
+  throw_if_error(cache.state(owner, slot, dtype, static_cast<int32_t>(shape.size()),
+                             shape.data(), &out),
+                 "kv cache state");
+  return out;
+}
+
 /// ctx.grads_ready(owner) when the context has it (forward_context 1.2), else nothing: an
 /// older core reduces every gradient after backward anyway.
 inline void signal_grads_ready(IForwardContext& ctx, const void* owner) {
