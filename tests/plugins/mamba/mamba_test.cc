@@ -320,6 +320,23 @@ TEST(HybridPattern, BuildsEachLayerFromItsSymbol) {
     EXPECT_FALSE(names.count(absent)) << absent;
 }
 
+TEST(HybridPattern, ExpertLayersTakeTheMoeAndMlpLayersTheDenseMlp) {
+  std::vector<std::string> plugins = mamba_plugins();
+  plugins.push_back("plugins/moe");
+  ModuleHarness h(plugins);
+  json m = hybrid_model("ME*-", 4);
+  m["layer"]["mlp"] = json::parse(R"({"impl": "moe", "num_experts": 2, "activation": "swiglu",
+                                      "router": {"impl": "topk", "topk": 2}})");
+  m["layer"]["dense_mlp"] = {{"impl", "mlp"}, {"activation", "swiglu"}};
+  ASSERT_EQ(build_model(h, m), "built");
+  std::set<std::string> names;
+  for (core::Parameter& p : h.params().all()) names.insert(p.name);
+  EXPECT_TRUE(names.count("decoder.layers.1.mlp.router.weight"));
+  EXPECT_FALSE(names.count("decoder.layers.1.input_layernorm.weight"));
+  EXPECT_TRUE(names.count("decoder.layers.3.mlp.linear_fc1.weight"));
+  EXPECT_FALSE(names.count("decoder.layers.3.mlp.router.weight"));
+}
+
 TEST(HybridPattern, BadPatternsAreRefusedWithTheirPosition) {
   ModuleHarness h(mamba_plugins());
   std::string e = build_model(h, hybrid_model("M*X-", 4));
