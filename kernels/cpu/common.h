@@ -189,5 +189,6 @@ void add_grouped_gemm_kernels(std::vector<KernelDesc>& out);
 void add_causal_conv1d_kernels(std::vector<KernelDesc>& out);
 void add_ssd_scan_kernels(std::vector<KernelDesc>& out);
 void add_rmsnorm_gated_kernels(std::vector<KernelDesc>& out);
+void add_mla_kernels(std::vector<KernelDesc>& out);
 
 }  // namespace loom::kernels::cpu

@@ -31,6 +31,7 @@ const std::vector<KernelDesc>& all_kernels() {
     add_causal_conv1d_kernels(k);
     add_ssd_scan_kernels(k);
     add_rmsnorm_gated_kernels(k);
+    add_mla_kernels(k);
     return k;
   }();
   return kernels;

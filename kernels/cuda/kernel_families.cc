@@ -7,6 +7,7 @@
 #include "kernels/cuda/gemm/gemm.h"
 #include "kernels/cuda/loss/loss.h"
 #include "kernels/cuda/mamba/mamba.h"
+#include "kernels/cuda/mla/mla.h"
 #include "kernels/cuda/moe/moe.h"
 #include "kernels/cuda/optim/optim.h"
 #include "kernels/cuda/pointwise/pointwise.h"
@@ -23,6 +24,7 @@ void add_all_kernels(std::vector<KernelDesc>& out) {
   add_attention_merge_kernels(out);
   add_moe_kernels(out);
   add_mamba_kernels(out);
+  add_mla_kernels(out);
 }
 
 std::string take_recorded_error() {

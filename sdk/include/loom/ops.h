@@ -27,6 +27,7 @@
 #include "loom/ops/gemm.h"
 #include "loom/ops/loss.h"
 #include "loom/ops/mamba.h"
+#include "loom/ops/mla.h"
 #include "loom/ops/moe.h"
 #include "loom/ops/optim.h"
 #include "loom/ops/transformer.h"

@@ -69,6 +69,10 @@ const std::vector<const char*> kAllOps = {
     ops::kSsdScanBwd,
     ops::kRmsNormGated,
     ops::kRmsNormGatedBwd,
+    ops::kMlaQkv,
+    ops::kMlaQkvBwd,
+    ops::kMlaOut,
+    ops::kMlaOutBwd,
 };
 
 // The dtypes an op is keyed on: every float dtype, f32 alone for an op keyed on an
