@@ -1,5 +1,8 @@
 #include "plugins/transformer/gpt_config.h"
 
+#include <algorithm>
+
+#include "plugins/transformer/mla_attention.h"
 #include "plugins/transformer/rotary.h"
 #include "plugins/transformer/toolkit.h"
 
@@ -77,14 +80,17 @@ void read_pipeline_stage(const nlohmann::json& o, GptConfig& c,
   if (pattern_stages.size() > 1 && c.pp_size * c.chunks > 1) {
     for (const char* key : {"layout", "first_stage_layers", "last_stage_layers"})
       if (p.contains(key) && !p[key].is_null())
-        invalid("/hybrid_layer_pattern: its | cut the pipeline stages, and so does the run's "
-                "parallel." + std::string(key == std::string("layout") ? "pipeline_layout" : key) +
-                "; give the stages in one place");
+        invalid(
+            "/hybrid_layer_pattern: its | cut the pipeline stages, and so does the run's "
+            "parallel." +
+            std::string(key == std::string("layout") ? "pipeline_layout" : key) +
+            "; give the stages in one place");
     if (static_cast<int64_t>(pattern_stages.size()) != int64_t{c.pp_size} * c.chunks)
       invalid("/hybrid_layer_pattern: \"" + c.hybrid_layer_pattern + "\" cuts " +
-              str(static_cast<int64_t>(pattern_stages.size())) + " pipeline stages with |, but "
-              "the run has " + str(int64_t{c.pp_size} * c.chunks) +
-              " (parallel.pp x vpp); cut as many");
+              str(static_cast<int64_t>(pattern_stages.size())) +
+              " pipeline stages with |, but "
+              "the run has " +
+              str(int64_t{c.pp_size} * c.chunks) + " (parallel.pp x vpp); cut as many");
     counts = pattern_stages;
   } else {
     counts = nn::pipeline_stage_layers(p, c.num_layers);
@@ -94,6 +100,37 @@ void read_pipeline_stage(const nlohmann::json& o, GptConfig& c,
   c.layer_begin = 0;
   for (size_t s = 0; s < mine; ++s) c.layer_begin += counts[s];
   c.layer_end = c.layer_begin + counts[mine];
+}
+
+// Multi-token prediction (mtp.h; next-capabilities.md section 7): D depths and their loss
+// weight, and what they do not support yet (checked after the pipeline stage and the
+// hybrid pattern are read).
+void read_multi_token_prediction(const nlohmann::json& o, GptConfig& c) {
+  const nlohmann::json d = o.value("mtp_num_layers", nlohmann::json(0));
+  if (!d.is_number_integer() || d.get<int64_t>() < 0)
+    invalid("/mtp_num_layers: " + d.dump() +
+            " is not an integer >= 0 (0 turns multi-token "
+            "prediction off)");
+  c.mtp_num_layers = d.get<int64_t>();
+  c.mtp_loss_scaling_factor = o.value("mtp_loss_scaling_factor", 0.1);
+  if (!(c.mtp_loss_scaling_factor >= 0.0))
+    invalid("/mtp_loss_scaling_factor: must be >= 0, got " +
+            std::to_string(c.mtp_loss_scaling_factor));
+  if (c.mtp_num_layers == 0) return;
+  if (c.pp_size > 1 || c.chunks > 1)
+    invalid(
+        "/mtp_num_layers: multi-token prediction with parallel.pp > 1 is not supported "
+        "yet (nor virtual pipeline stages); run with parallel.pp 1 or set mtp_num_layers "
+        "to 0");
+  if (c.position_embedding == "learned")
+    invalid(
+        "/mtp_num_layers: multi-token prediction does not support learned absolute "
+        "position embeddings (as in Megatron); set /position_embedding to rope or none, or "
+        "mtp_num_layers to 0");
+  if (!c.hybrid_layer_pattern.empty())
+    invalid(
+        "/mtp_num_layers: multi-token prediction with a hybrid_layer_pattern is not "
+        "supported yet; drop the pattern or set mtp_num_layers to 0");
 }
 
 }  // namespace
@@ -110,6 +147,18 @@ GptConfig GptConfig::from_options(const nlohmann::json& o) {
   c.add_qkv_bias = inherited_or<bool>(o, "add_qkv_bias", c.add_bias_linear);
   c.tie_embeddings = o.at("tie_embeddings").get<bool>();
   c.qk_layernorm = inherited_or<bool>(o, "qk_layernorm", false);
+  c.multi_latent_attention = o.value("multi_latent_attention", nlohmann::json());
+  if (c.multi_latent_attention.is_object()) {
+    const MlaDims mla = MlaDims::from_json(c.multi_latent_attention);  // validates
+    if (o.at("position_embedding").get<std::string>() != "rope")
+      invalid(
+          "/multi_latent_attention: needs position_embedding rope (its decoupled rotary "
+          "query and key parts); set /position_embedding to rope");
+    // The rotary settings apply to the qk_pos_emb_head_dim channels, YaRN's factor to all of
+    // q and k (the head dim qk_head_dim + qk_pos_emb_head_dim).
+    nlohmann::json rotary = o.at("rotary");
+    rotary_inv_freq(rotary, static_cast<int32_t>(mla.rope_dim));
+  }
   c.init_std = o.at("init_std").get<double>();
   c.hidden_dropout = o.at("hidden_dropout").get<double>();
   c.attention_dropout = o.at("attention_dropout").get<double>();
@@ -204,10 +253,14 @@ GptConfig GptConfig::from_options(const nlohmann::json& o) {
   }
   if (!c.hybrid_layer_pattern.empty())  // the pattern says which MLP layers are experts
     for (int64_t i = 0; i < c.num_layers; ++i) c.moe_layers[i] = c.layer_kinds[i] == 'E';
+  read_multi_token_prediction(o, c);
   return c;
 }
 
 nlohmann::json GptConfig::layer_options(int64_t layer_number) const {
+  // A multi-token prediction depth's layer (past num_layers) is built like the last one.
+  const size_t i = static_cast<size_t>(std::min(layer_number, num_layers) - 1);
+  const bool mtp = layer_number > num_layers;
   return {{"hidden_size", hidden_size},
           {"num_attention_heads", num_attention_heads},
           {"num_query_groups", num_query_groups},
@@ -216,13 +269,13 @@ nlohmann::json GptConfig::layer_options(int64_t layer_number) const {
           {"add_bias_linear", add_bias_linear},
           {"add_qkv_bias", add_qkv_bias},
           {"qk_layernorm", qk_layernorm},
+          {"multi_latent_attention", multi_latent_attention},
           {"init_std", init_std},
           {"num_layers", num_layers},
           {"layer_number", layer_number},
-          {"moe_layer", static_cast<bool>(moe_layers[static_cast<size_t>(layer_number - 1)])},
-          {"has_attention", layer_kinds[static_cast<size_t>(layer_number - 1)] == 'T' ||
-                                layer_kinds[static_cast<size_t>(layer_number - 1)] == '*'},
-          {"has_mlp", layer_kinds[static_cast<size_t>(layer_number - 1)] != '*'},
+          {"moe_layer", static_cast<bool>(moe_layers[i])},
+          {"has_attention", mtp || layer_kinds[i] == 'T' || layer_kinds[i] == '*'},
+          {"has_mlp", mtp || layer_kinds[i] != '*'},
           {"fp8", layer_number > layers_at_start_in_bf16 &&
                       layer_number <= num_layers - layers_at_end_in_bf16},
           {"hidden_dropout", hidden_dropout},

@@ -22,6 +22,9 @@ struct GptConfig {
   /// RMSNorm (the layer's norm kind) per head over kv_channels on q and k before rope
   /// (Megatron's --qk-layernorm, Qwen3's q_norm / k_norm).
   bool qk_layernorm = false;
+  /// Multi-latent attention (DeepSeek-V2/V3, Megatron's --multi-latent-attention): the node
+  /// {q_lora_rank, kv_lora_rank, qk_head_dim, qk_pos_emb_head_dim, v_head_dim}, or null.
+  nlohmann::json multi_latent_attention;
   double init_std, hidden_dropout, attention_dropout;
   int64_t seq_length, micro_batch_size;
   /// Layers kept out of FP8 at either end (Megatron's --num-layers-at-start-in-bf16 /
@@ -39,6 +42,11 @@ struct GptConfig {
   std::string hybrid_layer_pattern;
   /// Per layer: the pattern's symbol, or 'T' (a whole transformer layer) without a pattern.
   std::string layer_kinds;
+  /// Multi-token prediction (DeepSeek-V3, Megatron's --mtp-num-layers /
+  /// --mtp-loss-scaling-factor; mtp.h): D extra depths after the final norm (0: off), and
+  /// lambda, the weight of their mean loss.
+  int64_t mtp_num_layers = 0;
+  double mtp_loss_scaling_factor = 0.1;
   bool sequence_parallel;    // from the core (parallel.sequence_parallel)
   std::string cp_comm_type;  // from the core (parallel.cp_comm_type)
   DType params_dtype;
@@ -53,7 +61,9 @@ struct GptConfig {
 
   /// Reads and validates `options` (the merged options handed to the factory).
   static GptConfig from_options(const nlohmann::json& options);
-  /// What the layer numbered `layer_number` (1-based, as in Megatron) inherits.
+  /// What the layer numbered `layer_number` (1-based, as in Megatron) inherits; numbers past
+  /// num_layers are the multi-token prediction depths' layers (a whole layer with the last
+  /// decoder layer's mlp kind, not FP8).
   nlohmann::json layer_options(int64_t layer_number) const;
 };
 

@@ -202,8 +202,11 @@ double GptModel::activation_bytes(const CostQuery& query) const {
   if (impl_of(layer) != "transformer_layer" || !known_norm(norm) || !known_norm(final_norm) ||
       (attention != "fused" && attention != "dot_product"))
     return -1;  // a child from elsewhere: its memory is not known here
+  if (c.mtp_num_layers > 0) return -1;  // multi-token prediction's depths: not modelled here
   if (!c.hybrid_layer_pattern.empty())
     return -1;  // a hybrid's layers differ (Mamba, attention-only, MLP-only): not modelled here
+  if (c.multi_latent_attention.is_object())
+    return -1;  // multi-latent attention's latents and head dims: not modelled here
 
   const double p = static_cast<double>(tp_.size());
   const double b = static_cast<double>(query.micro_batch);

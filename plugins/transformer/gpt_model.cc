@@ -3,6 +3,7 @@
 #include <set>
 #include <string>
 
+#include "plugins/transformer/mla_attention.h"
 #include "plugins/transformer/toolkit.h"
 
 namespace loom::transformer {
@@ -19,6 +20,11 @@ GptModel::GptModel(const nlohmann::json& options, IBuildContext& ctx)
   IHost& host = *ctx.host();
   const GptConfig& c = config_;
   cp_size_ = group(host, ParallelRole::kContext).size();
+  if (c.mtp_num_layers > 0 && cp_size_ > 1)
+    invalid(
+        "/mtp_num_layers: multi-token prediction with parallel.cp > 1 is not supported yet "
+        "(its rolls would cross the context-parallel chunks); run with parallel.cp 1 or set "
+        "mtp_num_layers to 0");
   const nlohmann::json layer = options.value("layer", nlohmann::json::object());
   for (const char* slot : {"mlp", "dense_mlp"})
     if (layer.is_object() && layer.contains(slot) && layer[slot].is_object() &&
@@ -56,8 +62,9 @@ GptModel::GptModel(const nlohmann::json& options, IBuildContext& ctx)
   }
   if (c.layer_kinds.find('M') != std::string::npos &&
       !(options.contains("mamba_layer") && options["mamba_layer"].is_object()))
-    invalid("/mamba_layer: /hybrid_layer_pattern has Mamba layers (M) but the model names no "
-            "mamba_layer node; add \"mamba_layer\": {\"impl\": \"mamba_layer\"} (plugin mamba)");
+    invalid(
+        "/mamba_layer: /hybrid_layer_pattern has Mamba layers (M) but the model names no "
+        "mamba_layer node; add \"mamba_layer\": {\"impl\": \"mamba_layer\"} (plugin mamba)");
   const size_t expert_layer = c.layer_kinds.find('E');
   if (expert_layer != std::string::npos &&
       !(layer.is_object() && layer.contains("mlp") && layer["mlp"].is_object() &&
@@ -79,6 +86,10 @@ GptModel::GptModel(const nlohmann::json& options, IBuildContext& ctx)
   add_child("decoder.final_layernorm", final_norm_ = build_child<INorm>(ctx, "final_norm", norm));
   output_layer_ = new OutputLayer(host, embedding, c.tie_embeddings ? embedding_ : nullptr);
   add_child("output_layer", output_layer_);
+  if (c.mtp_num_layers > 0) {
+    mtp_ = new MultiTokenPrediction(ctx, c, *embedding_, *output_layer_);
+    add_child("mtp", mtp_);
+  }
   loss_fwd_ = Kernel(host, ops::kCrossEntropyFwd, c.device, c.params_dtype);
   loss_bwd_ = Kernel(host, ops::kCrossEntropyBwd, c.device, c.params_dtype);
   add_ = Kernel(host, ops::kAdd, c.device, c.params_dtype);
@@ -141,10 +152,13 @@ Status GptModel::cost(const CostQuery* query, ModelCost* out) const noexcept {
           params += n;
         }
       }
-      if (!experts.empty())
-        params += expert_params / static_cast<double>(experts.size()) * topk;
+      if (!experts.empty()) params += expert_params / static_cast<double>(experts.size()) * topk;
     }
     double width = static_cast<double>(c.kv_channels * c.num_attention_heads);
+    if (c.multi_latent_attention.is_object()) {  // QK^T over dn + dr, AV over dv
+      const MlaDims mla = MlaDims::from_json(c.multi_latent_attention);
+      width = 0.5 * static_cast<double>(c.num_attention_heads * (mla.qk_dim() + mla.v_dim));
+    }
     // Attention's term for the layers that attend; a Mamba layer's scan adds 12 H P N per
     // token (the recurrence's state update and readout, 2 H P N FLOPs each, forward and
     // backward), its projections being parameters.
@@ -153,6 +167,14 @@ Status GptModel::cost(const CostQuery* query, ModelCost* out) const noexcept {
       const char kind = c.layer_kinds[static_cast<size_t>(i)];
       attending += kind == 'T' || kind == '*' ? 1 : 0;
       mamba += kind == 'M' ? 1 : 0;
+    }
+    // Multi-token prediction (its parameters counted above): each depth's layer attends,
+    // and its logits are one more pass through the shared output weight (V C).
+    double mtp_head = 0;
+    if (c.mtp_num_layers > 0 && c.last_stage()) {
+      attending += static_cast<double>(c.mtp_num_layers);
+      mtp_head = 6.0 * static_cast<double>(c.mtp_num_layers) *
+                 static_cast<double>(c.vocab_size * c.hidden_size);
     }
     double scan = 0;
     if (mamba > 0) {
@@ -167,7 +189,7 @@ Status GptModel::cost(const CostQuery* query, ModelCost* out) const noexcept {
     }
     ModelCost m{};
     m.struct_size = sizeof(ModelCost);
-    m.flops_per_token = 6.0 * params +
+    m.flops_per_token = 6.0 * params + mtp_head +
                         6.0 * attending * static_cast<double>(query->seq_length) * width + scan;
     m.activation_bytes = activation_bytes(*query);
     copy_struct(m, out);
@@ -219,6 +241,11 @@ void GptModel::run_forward(IForwardContext& ctx, const TensorView* inputs, int32
   TensorView normed = call_forward(*final_norm_, ctx, {hidden}, 1, "final_layernorm")[0];
   if (c.first_stage() || !layers_.empty()) release(ctx, hidden);
   TensorView logits = call_forward(*output_layer_, ctx, {normed}, 1, "output_layer")[0];
+  if (mtp_ != nullptr && ctx.training()) {  // its loss reported, its gradient its own
+    TensorView mtp_loss =
+        call_forward(*mtp_, ctx, {tokens, labels, mask, positions, segments, normed}, 1, "mtp")[0];
+    release(ctx, mtp_loss);
+  }
   release(ctx, normed);
 
   int64_t n = b * t, v = c.vocab_size / tp_.size();  // this rank's logits
@@ -311,8 +338,16 @@ TensorView GptModel::loss_backward(IForwardContext& ctx, const TensorView* grad_
   }
   // The logits (B, T, V), often the largest activation, are not needed any more.
   drop_saved(ctx, this);
+  // Multi-token prediction accumulates into the output weight's and the word table's
+  // gradients: before the output layer's backward (whose grads_ready follows it).
+  TensorView dmtp =
+      mtp_ != nullptr && ctx.training() ? call_backward(*mtp_, ctx, {}, 1, "mtp")[0] : empty_view();
   TensorView dhidden = call_backward(*output_layer_, ctx, {dlogits}, 1, "output_layer")[0];
   release(ctx, dlogits);
+  if (present(dmtp)) {  // d h^0: the final norm's output feeds the first depth too
+    add_({dhidden, dmtp}, {dhidden});
+    release(ctx, dmtp);
+  }
   TensorView below = call_backward(*final_norm_, ctx, {dhidden}, 1, "final_layernorm")[0];
   release(ctx, dhidden);
   return below;

@@ -4,7 +4,10 @@
 // GPT-2 (learned positions, LayerNorm, GELU) and LLaMA (RoPE, RMSNorm, SwiGLU, GQA, no
 // biases, untied) are both configurations of it.
 // Children: "embedding", "decoder.layers.<i>" (i from 0), "decoder.final_layernorm",
-// "output_layer"; so parameters are named as in Megatron-Core's state dict.
+// "output_layer", and with mtp_num_layers > 0 "mtp" (multi-token prediction, mtp.h: its
+// loss reported as the metric "mtp_loss" and added to what backward differentiates, the
+// model's loss output staying the main loss; computed in training only); so parameters are
+// named as in Megatron-Core's state dict.
 //   forward/backward: kinds/model.h (tokens, labels, loss mask, position ids -> loss, logits).
 //   backward also accepts grad_outputs[1], a gradient of the logits (B, T, V), added to the
 //   loss's (for objectives beyond the loss; tests).
@@ -29,6 +32,7 @@
 
 #include "plugins/transformer/embedding.h"
 #include "plugins/transformer/gpt_config.h"
+#include "plugins/transformer/mtp.h"
 #include "plugins/transformer/output_layer.h"
 #include "plugins/transformer/toolkit.h"
 
@@ -64,6 +68,7 @@ class GptModel final : public ModuleBase<IModel> {
   std::vector<IModule*> layers_;
   IModule* final_norm_ = nullptr;
   OutputLayer* output_layer_ = nullptr;
+  MultiTokenPrediction* mtp_ = nullptr;  // child "mtp", with mtp_num_layers > 0
   Kernel loss_fwd_, loss_bwd_, add_, masked_sum_, shard_stats_, combine_;
 };
 

@@ -18,6 +18,10 @@ class OutputLayer final : public ModuleBase<IGenericModule> {
  public:
   /// \param tied_to  the embedding whose word table is shared, or null for an own weight
   OutputLayer(IHost& host, const EmbeddingConfig& config, const Embedding* tied_to);
+  /// The output weight (V/P, C) and its gradient: the own parameter's, or the tied word
+  /// table's (multi-token prediction shares them).
+  const TensorView& weight() const;
+  const TensorView& weight_grad() const;
 
  private:
   void run_forward(IForwardContext& ctx, const TensorView* inputs, int32_t num_inputs,
@@ -28,8 +32,6 @@ class OutputLayer final : public ModuleBase<IGenericModule> {
   // backward_weight.
   bool defers_weight_grads() const override { return true; }
   void run_backward_weight(IForwardContext& ctx) override;
-  const TensorView& weight() const;
-  const TensorView& weight_grad() const;
 
   EmbeddingConfig config_;
   const Embedding* tied_to_;

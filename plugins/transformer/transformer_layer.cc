@@ -56,6 +56,17 @@ TransformerLayer::TransformerLayer(const nlohmann::json& options, IBuildContext&
     invalid("/hidden_dropout: must be in [0, 1)");
   if (!has_attention_ && !has_mlp_)
     invalid("/has_attention: a transformer layer needs its attention, its MLP or both");
+  const nlohmann::json mla = inherited_or(options, "multi_latent_attention", nlohmann::json());
+  const bool use_mla = has_attention_ && mla.is_object();
+  if (use_mla) {
+    if (qk_layernorm_)
+      invalid("/qk_layernorm: multi-latent attention normalises its latents instead; turn it off");
+    if (qkv_bias_)
+      invalid("/add_qkv_bias: multi-latent attention has no q/k/v biases; set it false");
+    if (groups_ != heads_)
+      invalid("/num_query_groups: multi-latent attention has one key and value per head; "
+              "leave num_query_groups unset (it cannot be combined with grouped-query attention)");
+  }
   // Each tensor-parallel rank holds whole query groups (with their heads).
   local_groups_ = tp_.split(groups_, "/num_query_groups");
   local_heads_ = tp_.split(heads_, "/num_attention_heads");
@@ -67,7 +78,7 @@ TransformerLayer::TransformerLayer(const nlohmann::json& options, IBuildContext&
   IHost& host = *ctx.host();
   cp_rank_ = group(host, ParallelRole::kContext).rank();
   cp_size_ = group(host, ParallelRole::kContext).size();
-  if (inherited_or<std::string>(options, "position_embedding", "learned") == "rope") {
+  if (!use_mla && inherited_or<std::string>(options, "position_embedding", "learned") == "rope") {
     nlohmann::json rotary = inherited_or(options, "rotary", nlohmann::json::object());
     rotary_dim_ = rotary_dim(rotary, head_dim_);
     inv_freq_ = std::make_unique<RotaryTable>(host, device_, rotary_inv_freq(rotary, rotary_dim_));
@@ -80,7 +91,12 @@ TransformerLayer::TransformerLayer(const nlohmann::json& options, IBuildContext&
   int64_t qkv_out = (heads_ + 2 * groups_) * head_dim_;
   int32_t p = tp_.size();
   uint32_t sp_flag = tp_.sequence_parallel() ? kParamSequenceParallel : kParamNone;
-  if (has_attention_) {
+  if (has_attention_ && use_mla) {
+    if (proj_bias_)
+      proj_bias_index_ = add_param(
+          "self_attention.linear_proj.bias", dtype_,
+          ParamSpec{{hidden_}, -1, kParamNoWeightDecay | sp_flag, ParamInit::kZeros, 0.f});
+  } else if (has_attention_) {
   qkv_weight_ = add_param(
       "self_attention.linear_qkv.weight", dtype_,
       ParamSpec{
@@ -119,11 +135,16 @@ TransformerLayer::TransformerLayer(const nlohmann::json& options, IBuildContext&
   mlp["fp8"] = inherited_or<bool>(options, "fp8", true);
   mlp["layer_number"] = inherited_or<int64_t>(options, "layer_number", 1);
   if (has_attention_) {
-  add_child("input_layernorm", input_norm_ = build_child<INorm>(ctx, "norm", norm));
-  add_child("self_attention.core_attention",
-            core_ = build_child<IAttention>(ctx, "attention", core));
+    add_child("input_layernorm", input_norm_ = build_child<INorm>(ctx, "norm", norm));
+    if (use_mla) {
+      mla_ = new MlaSelfAttention(options, ctx, tp_);
+      add_child("self_attention", mla_);
+    } else {
+      add_child("self_attention.core_attention",
+                core_ = build_child<IAttention>(ctx, "attention", core));
+    }
   }
-  if (has_attention_ && qk_layernorm_) {
+  if (has_attention_ && !use_mla && qk_layernorm_) {
     // Rows of D: one norm per head, one weight for all heads. Each tp rank sees only its
     // heads, so the weight's gradient is partial there: the sequence-parallel flag makes the
     // core sum it over the tp group (as it does a norm's on sequence shards).
@@ -207,9 +228,29 @@ TensorView TransformerLayer::forward_impl(IForwardContext& ctx, const TensorView
   return y;
 }
 
+TensorView TransformerLayer::attention_residual(IForwardContext& ctx, const TensorView& x,
+                                                const TensorView& attn_partial) {
+  TensorView attn = tp_.exit(ctx, attn_partial);  // summed over the group: like x
+  release_all(ctx, {attn_partial}, {attn});
+  if (proj_bias_) linear_.add_bias(value(proj_bias_index_), rows(attn, hidden_));
+  dropout_forward(ctx, attn, kAttentionOutDropout);
+  TensorView residual = allocate_like(ctx, x);  // (B, T, C)
+  add_({x, attn}, {residual});
+  release(ctx, attn);
+  return residual;
+}
+
 TensorView TransformerLayer::attention_forward(IForwardContext& ctx, const TensorView& x,
                                                const TensorView& positions,
                                                const TensorView& segments) {
+  if (mla_ != nullptr) {  // multi-latent attention: the child holds q, k, v and the projection
+    TensorView normed_shard = call_forward(*input_norm_, ctx, {x}, 1, "input_layernorm")[0];
+    TensorView normed = tp_.enter(ctx, normed_shard);  // (B, T, C) on every rank
+    TensorView attn_partial =
+        call_forward(*mla_, ctx, {normed, positions, segments}, 1, "self_attention")[0];
+    release_all(ctx, {normed_shard, normed}, {x});
+    return attention_residual(ctx, x, attn_partial);
+  }
   int64_t b = x.shape[0], t = tp_.full_length(x.shape[1]);
   int64_t h = local_heads_, g = local_groups_, d = head_dim_;
   TensorView normed_shard = call_forward(*input_norm_, ctx, {x}, 1, "input_layernorm")[0];
@@ -260,13 +301,7 @@ TensorView TransformerLayer::attention_forward(IForwardContext& ctx, const Tenso
   TensorView attn_partial = allocate(ctx, dtype_, {b, t, hidden_}, device_);
   linear_.forward(ctx, {this, kProjFp8}, rows(core_out, h * d), value(proj_weight_), empty_view(),
                   rows(attn_partial, hidden_));
-  TensorView attn = tp_.exit(ctx, attn_partial);  // summed over the group: like x
-  release_all(ctx, {attn_partial}, {attn});
-  if (proj_bias_) linear_.add_bias(value(proj_bias_index_), rows(attn, hidden_));
-  dropout_forward(ctx, attn, kAttentionOutDropout);
-  TensorView residual = allocate_like(ctx, x);  // (B, T, C)
-  add_({x, attn}, {residual});
-  release(ctx, attn);
+  TensorView residual = attention_residual(ctx, x, attn_partial);
   if (ctx.training()) {
     save(ctx, this, kPositions, positions);
     // An FP8 projection keeps its input's FP8 transpose instead (Linear).
@@ -310,6 +345,19 @@ void TransformerLayer::run_backward(IForwardContext& ctx, const TensorView* grad
 
 TensorView TransformerLayer::attention_backward(IForwardContext& ctx,
                                                 const TensorView& dresidual) {
+  if (mla_ != nullptr) {
+    TensorView dattn = dropout_backward(ctx, dresidual, kAttentionOutDropout);
+    if (proj_bias_) linear_.bias_grad(rows(dattn, hidden_), grad(proj_bias_index_));
+    TensorView dattn_full = tp_.exit_backward(ctx, dattn);  // (B, T, C)
+    TensorView dnormed_partial = call_backward(*mla_, ctx, {dattn_full}, 1, "self_attention")[0];
+    release_all(ctx, {dattn, dattn_full}, {dresidual});
+    TensorView dnormed = tp_.enter_backward(ctx, dnormed_partial);  // like dy
+    TensorView dx_norm = call_backward(*input_norm_, ctx, {dnormed}, 1, "input_layernorm")[0];
+    TensorView dx = allocate_like(ctx, dresidual);
+    add_({dresidual, dx_norm}, {dx});
+    release_all(ctx, {dnormed_partial, dnormed, dx_norm});
+    return dx;
+  }
   // Zero-bubble schedules: the projections' weight gradients wait for backward_weight.
   const void* deferred = weight_grads_deferred(ctx) ? deferred_owner() : nullptr;
   TensorView positions = load(ctx, this, kPositions);
@@ -368,7 +416,7 @@ TensorView TransformerLayer::attention_backward(IForwardContext& ctx,
 
 void TransformerLayer::run_backward_weight(IForwardContext& ctx) {
   ModuleBase::run_backward_weight(ctx);  // the children's (the MLP's GEMMs)
-  if (!has_attention_) return;
+  if (!has_attention_ || mla_ != nullptr) return;  // MLA computes its weight gradients in backward
   linear_.backward_weight(ctx, {this, kProjFp8}, deferred_owner(), grad(proj_weight_),
                           empty_view());
   linear_.backward_weight(ctx, {this, kQkvFp8}, deferred_owner(), grad(qkv_weight_),

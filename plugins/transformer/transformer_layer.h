@@ -26,6 +26,9 @@
 // has_attention false the layer is y = x + dropout(mlp(norm2(x))) ("-" and "E": no
 // input_layernorm, no self_attention.*), with has_mlp false y = x + dropout(proj(core(...)))
 // ("*": no pre_mlp_layernorm, no mlp.*); both default to true.
+// Multi-latent attention (the model's multi_latent_attention, DeepSeek-V2/V3): the attention
+// half is the "self_attention" child MlaSelfAttention (mla_attention.h) between the input norm
+// and the tensor-parallel sum; linear_proj's bias stays the layer's.
 // Recompute kFull: only the input is saved; backward reruns forward, then goes back.
 // Split backward (IForwardContext::defer_weight_grads): the projections' weight gradients
 // wait for backward_weight.
@@ -39,6 +42,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include "plugins/transformer/mla_attention.h"
 #include "plugins/transformer/rotary.h"
 #include "plugins/transformer/toolkit.h"
 
@@ -65,6 +69,9 @@ class TransformerLayer final : public ModuleBase<ILayer> {
   TensorView attention_forward(IForwardContext& ctx, const TensorView& x,
                                const TensorView& positions, const TensorView& segments);
   TensorView attention_backward(IForwardContext& ctx, const TensorView& dresidual);
+  // residual = x + dropout(sum over tp of attn_partial + bias): the attention half's tail.
+  TensorView attention_residual(IForwardContext& ctx, const TensorView& x,
+                                const TensorView& attn_partial);
   // Hidden dropout of `x` in place (forward) and its gradient (backward, a new tensor), with
   // the random stream `purpose`; identity outside training or when the probability is 0.
   void dropout_forward(IForwardContext& ctx, const TensorView& x, uint64_t purpose) const;
@@ -85,6 +92,7 @@ class TransformerLayer final : public ModuleBase<ILayer> {
   int32_t qkv_weight_ = -1, qkv_bias_index_ = -1, proj_weight_ = -1, proj_bias_index_ = -1;
   IModule *input_norm_ = nullptr, *core_ = nullptr, *pre_mlp_norm_ = nullptr, *mlp_ = nullptr;
   IModule *q_norm_ = nullptr, *k_norm_ = nullptr;  // with qk_layernorm
+  MlaSelfAttention* mla_ = nullptr;  // multi-latent attention (child "self_attention")
   Linear linear_;
   Kernel split_, merge_, rope_fwd_, rope_bwd_, rope_scale_, add_, dropout_fwd_, dropout_bwd_;
 };

@@ -77,6 +77,9 @@ class Config:
         self.bias = m.get("add_bias_linear", True)
         self.qkv_bias = m.get("add_qkv_bias", self.bias)
         self.qk_layernorm = m.get("qk_layernorm", False)  # per head over D, before rope
+        # Multi-latent attention (DeepSeek-V2/V3): {q_lora_rank, kv_lora_rank, qk_head_dim,
+        # qk_pos_emb_head_dim, v_head_dim} or None.
+        self.mla = m.get("multi_latent_attention")
         # Mixture of experts: self.moe holds the MoE block's options, self.moe_layers says
         # which layers have it; the others use the dense MLP node layer.dense_mlp.
         self.moe = None
@@ -217,6 +220,49 @@ def rope(x, cfg):
     cos, sin = m * ang.cos()[None, :, None, :], m * ang.sin()[None, :, None, :]
     x1, x2, rest = x[..., : r // 2], x[..., r // 2 : r], x[..., r:]
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin, rest], dim=-1)
+
+
+def mla_attention(h, g, cfg):
+    """Multi-latent attention from the normed hidden h (B, T, C) to the heads' outputs
+    (B, T, H * v_head_dim), written from DeepSeek-V3's modeling code (inference/model.py,
+    class MLA): q through the optional latent, [c_kv ; k_pe] = h W_dkv, the rotary part of q
+    (per head) and k_pe (one key for all heads) rotated, scores over [nope ; pe] / sqrt(dn +
+    dr), times YaRN's attention factor squared (loom scales all of q and k by it)."""
+    a = cfg.mla
+    B, T, _ = h.shape
+    H, dn, dr, dv, kvl = cfg.H, a["qk_head_dim"], a["qk_pos_emb_head_dim"], a["v_head_dim"], \
+        a["kv_lora_rank"]
+    if a.get("q_lora_rank"):
+        cq = norm(h @ g("self_attention.linear_q_down_proj.weight").T,
+                  g("self_attention.q_layernorm.weight"), None, cfg.norm, cfg.eps)
+        q = cq @ g("self_attention.linear_q_up_proj.weight").T
+    else:
+        q = h @ g("self_attention.linear_q_proj.weight").T
+    q = q.view(B, T, H, dn + dr)
+    down = h @ g("self_attention.linear_kv_down_proj.weight").T
+    ckv, kpe = down[..., :kvl], down[..., kvl:]
+    kv = norm(ckv, g("self_attention.kv_layernorm.weight"), None, cfg.norm, cfg.eps)
+    kv = (kv @ g("self_attention.linear_kv_up_proj.weight").T).view(B, T, H, dn + dv)
+    k_nope, v = kv[..., :dn], kv[..., dn:]
+
+    class Rot:  # the rotary settings over the dr channels
+        D, rope_percent, rope_base, rope_scaling = dr, 1.0, cfg.rope_base, {"type": "none"}
+    Rot.rope_scaling = cfg.rope_scaling
+    f, _ = inv_freq(Rot)
+    ang = torch.arange(T, dtype=torch.float64)[:, None] * f[None, :]
+    cos, sin = ang.cos()[None, :, None, :], ang.sin()[None, :, None, :]
+
+    def rot(x):
+        x1, x2 = x[..., : dr // 2], x[..., dr // 2:]
+        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+    m = rope_attention_factor(cfg)
+    q_pe, k_pe = rot(q[..., dn:]), rot(kpe.view(B, T, 1, dr))
+    s = (torch.einsum("bthd,bshd->bhts", q[..., :dn], k_nope) +
+         torch.einsum("bthd,bsd->bhts", q_pe, k_pe[:, :, 0])) * (m * m) / math.sqrt(dn + dr)
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    s = s.masked_fill(~causal, float("-inf"))
+    return torch.einsum("bhts,bshd->bthd", s.softmax(-1), v).reshape(B, T, H * dv)
 
 
 def norm(x, w, b, kind, eps):
@@ -487,6 +533,27 @@ def check_moe_names(weights, cfg):
             failures.append(f"parameter {name}: not expected in an MoE layer")
 
 
+def mlp_block(h, g, cfg, i, moe_run):
+    """Layer i's MLP (its MoE block, or the dense MLP) of the normed h."""
+    if cfg.moe_layers[i]:
+        return moe_mlp(h, g, cfg, i, moe_run)
+    # swiglu's fc1 is (2, F, C) [gate; up]: as rows, the (2F, C) matrix.
+    h = h @ g("mlp.linear_fc1.weight").reshape(-1, cfg.C).T
+    if g("mlp.linear_fc1.bias") is not None:
+        h = h + g("mlp.linear_fc1.bias").reshape(-1)
+    if cfg.activation == "swiglu":
+        gate, up = h.chunk(2, dim=-1)
+        h = torch.nn.functional.silu(gate) * up
+    elif cfg.activation == "gelu_tanh":
+        h = torch.nn.functional.gelu(h, approximate="tanh")
+    else:
+        h = torch.nn.functional.gelu(h)
+    h = h @ g("mlp.linear_fc2.weight").T
+    if g("mlp.linear_fc2.bias") is not None:
+        h = h + g("mlp.linear_fc2.bias")
+    return h
+
+
 def forward(p, cfg, tokens, labels, mask, moe_run=None):
     """(logits, mean CE). An MoE model's aux terms go to moe_run.aux (a MoeRun)."""
     B, T = tokens.shape
@@ -499,6 +566,15 @@ def forward(p, cfg, tokens, labels, mask, moe_run=None):
         pre = f"decoder.layers.{i}."
         g = lambda n: p.get(pre + n)
         h = norm(x, g("input_layernorm.weight"), g("input_layernorm.bias"), cfg.norm, cfg.eps)
+        if cfg.mla:
+            a = mla_attention(h, g, cfg) @ g("self_attention.linear_proj.weight").T
+            if g("self_attention.linear_proj.bias") is not None:
+                a = a + g("self_attention.linear_proj.bias")
+            x = x + a
+            h = norm(x, g("pre_mlp_layernorm.weight"), g("pre_mlp_layernorm.bias"), cfg.norm,
+                     cfg.eps)
+            x = x + mlp_block(h, g, cfg, i, moe_run)
+            continue
         qkv = h @ g("self_attention.linear_qkv.weight").T
         if g("self_attention.linear_qkv.bias") is not None:
             qkv = qkv + g("self_attention.linear_qkv.bias")
@@ -526,24 +602,7 @@ def forward(p, cfg, tokens, labels, mask, moe_run=None):
             a = a + g("self_attention.linear_proj.bias")
         x = x + a
         h = norm(x, g("pre_mlp_layernorm.weight"), g("pre_mlp_layernorm.bias"), cfg.norm, cfg.eps)
-        if cfg.moe_layers[i]:
-            x = x + moe_mlp(h, g, cfg, i, moe_run)
-            continue
-        # swiglu's fc1 is (2, F, C) [gate; up]: as rows, the (2F, C) matrix.
-        h = h @ g("mlp.linear_fc1.weight").reshape(-1, cfg.C).T
-        if g("mlp.linear_fc1.bias") is not None:
-            h = h + g("mlp.linear_fc1.bias").reshape(-1)
-        if cfg.activation == "swiglu":
-            gate, up = h.chunk(2, dim=-1)
-            h = torch.nn.functional.silu(gate) * up
-        elif cfg.activation == "gelu_tanh":
-            h = torch.nn.functional.gelu(h, approximate="tanh")
-        else:
-            h = torch.nn.functional.gelu(h)
-        h = h @ g("mlp.linear_fc2.weight").T
-        if g("mlp.linear_fc2.bias") is not None:
-            h = h + g("mlp.linear_fc2.bias")
-        x = x + h
+        x = x + mlp_block(h, g, cfg, i, moe_run)
     x = norm(x, p["decoder.final_layernorm.weight"], p.get("decoder.final_layernorm.bias"),
              cfg.norm, cfg.final_eps)
     w_out = p["embedding.word_embeddings.weight"] if cfg.tied else p["output_layer.weight"]

@@ -668,6 +668,89 @@ TEST_F(PipelineTest, MambaHybridMatchesOneRankToEachGradient) {
   }
 }
 
+// Multi-latent attention (DeepSeek-V3 style: query and key/value latents, the shared rotary
+// key, YaRN's attention factor): tensor parallel with sequence parallelism (the latent path
+// replicated, its gradients summed over tp), data parallel with the distributed optimizer,
+// context parallel and two pipeline stages, equal to one rank at every step and in every
+// parameter's gradient after step 1 (by loom's names).
+TEST_F(PipelineTest, MultiLatentAttentionMatchesOneRankToEachGradient) {
+  loom_names_ = true;
+  nlohmann::json s = pipeline_spec();
+  nlohmann::json& m = s["model"];
+  m["position_embedding"] = "rope";
+  m["rotary"] = nlohmann::json::parse(R"({"base": 10000, "percent": 1.0,
+    "scaling": {"type": "yarn", "factor": 4, "original_max_position_embeddings": 8}})");
+  m["multi_latent_attention"] = nlohmann::json::parse(R"({"q_lora_rank": 12,
+    "kv_lora_rank": 10, "qk_head_dim": 6, "qk_pos_emb_head_dim": 4, "v_head_dim": 8})");
+  m["add_bias_linear"] = false;
+  m["tie_embeddings"] = false;
+  m["layer"]["norm"] = {{"impl", "rmsnorm"}};
+  m["final_norm"] = {{"impl", "rmsnorm"}};
+  m["layer"]["mlp"] = {{"impl", "mlp"}, {"activation", "swiglu"}};
+  Curve one = train("mla_one", s, "");
+  EXPECT_LT(one.loss.back(), one.loss.front() - 0.02);  // it learns: equality means something
+  struct Layout {
+    std::string name, args;
+  };
+  const std::vector<Layout> layouts = {
+      {"mla_tp2sp", "--nproc 2 --set parallel.tp=2 --set parallel.sequence_parallel=true"},
+      {"mla_dp2zero", "--nproc 2 --set parallel.dp=2 --set parallel.distributed_optimizer=true"},
+      {"mla_cp2", "--nproc 2 --set parallel.cp=2"},
+      {"mla_pp2", "--nproc 2 --set parallel.pp=2"},
+  };
+  for (const Layout& layout : layouts) {
+    Curve c = train(layout.name, s, layout.args);
+    expect_same_curve(one, c, layout.name);
+    expect_same_gradients("mla_one", layout.name, one.grad_norm[0]);
+  }
+}
+
+// Multi-token prediction (DeepSeek-V3 style, two depths sharing the tied word table and
+// output weight): tensor parallel with sequence parallelism (vocab-parallel lookups and
+// loss, eh_proj and the norms replicated with their gradients summed over tp) and data
+// parallel, equal to one rank at every step and in every parameter's gradient after step 1;
+// the MTP loss is reported on its own; pipeline and context parallelism are refused.
+TEST_F(PipelineTest, MultiTokenPredictionMatchesOneRankToEachGradient) {
+  loom_names_ = true;
+  nlohmann::json s = pipeline_spec();
+  nlohmann::json& m = s["model"];
+  m["num_layers"] = 2;
+  m["position_embedding"] = "rope";
+  m["add_bias_linear"] = false;
+  m["layer"]["norm"] = {{"impl", "rmsnorm"}};
+  m["final_norm"] = {{"impl", "rmsnorm"}};
+  m["mtp_num_layers"] = 2;
+  m["mtp_loss_scaling_factor"] = 0.3;
+  s["train"]["steps"] = 5;
+  Curve one = train("mtp_one", s, "");
+  EXPECT_LT(one.loss.back(), one.loss.front() - 0.02);  // it learns: equality means something
+  const std::string metrics = read_file(dir_ / "mtp_one" / "metrics.jsonl");
+  EXPECT_THAT(metrics, HasSubstr("\"mtp_loss\""));
+  EXPECT_THAT(metrics, HasSubstr("mtp/loss/depth_2"));
+  struct Layout {
+    std::string name, args;
+  };
+  const std::vector<Layout> layouts = {
+      {"mtp_tp2sp", "--nproc 2 --set parallel.tp=2 --set parallel.sequence_parallel=true"},
+      {"mtp_dp2", "--nproc 2 --set parallel.dp=2"},
+  };
+  for (const Layout& layout : layouts) {
+    Curve c = train(layout.name, s, layout.args);
+    expect_same_curve(one, c, layout.name);
+    expect_same_gradients("mtp_one", layout.name, one.grad_norm[0]);
+  }
+  for (auto [args, rule] : std::vector<std::pair<std::string, std::string>>{
+           {"--nproc 2 --set parallel.pp=2",
+            "multi-token prediction with parallel.pp > 1 is not supported yet"},
+           {"--nproc 2 --set parallel.cp=2",
+            "multi-token prediction with parallel.cp > 1 is not supported yet"}}) {
+    auto r = run_loom("train " + q(spec("mtp_refused.json", s)) + " --run-dir " +
+                      q(dir_ / "mtp_refused") + " " + args);
+    EXPECT_NE(r.exit_code, 0) << args << "\n" << r.out << r.err;
+    EXPECT_THAT(r.err, HasSubstr(rule)) << args;
+  }
+}
+
 // Mixture of experts: the experts split over ep ranks (the dense parameters' data replicas),
 // tokens moved by all-to-all or all-gather, equal to one rank at every step and in every
 // parameter's gradient after step 1. A Mixtral-like model (softmax top-2, aux and z losses)

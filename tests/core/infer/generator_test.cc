@@ -6,7 +6,8 @@
 // the prefill, and a batch of 2 through the cache. Greedy generation equals the arg max of
 // recomputed logits, token after token; generation stops at the end-of-document token and
 // at the model's maximum length. A Mamba-2 hybrid decodes through the cache's per-layer
-// states (its convolution window and SSM state) to the same logits.
+// states (its convolution window and SSM state) to the same logits, and a multi-latent
+// attention model through the cache as well.
 #include "core/infer/generator.h"
 
 #include <gtest/gtest.h>
@@ -80,6 +81,18 @@ nlohmann::json hybrid_model(const std::string& attention) {
   return m;
 }
 
+// DeepSeek-style multi-latent attention: the cache holds the assembled keys and values
+// (after the shared rotary key is rotated); YaRN's attention factor on q and k.
+nlohmann::json mla_model(const std::string& attention) {
+  nlohmann::json m = llama_model(attention);
+  m.erase("num_query_groups");
+  m["multi_latent_attention"] = {{"q_lora_rank", 12}, {"kv_lora_rank", 10}, {"qk_head_dim", 6},
+                                 {"qk_pos_emb_head_dim", 4}, {"v_head_dim", 8}};
+  m["rotary"]["scaling"] = {{"type", "yarn"}, {"factor", 4},
+                            {"original_max_position_embeddings", 8}};
+  return m;
+}
+
 struct Case {
   std::string name;
   nlohmann::json model;
@@ -104,6 +117,7 @@ std::vector<Case> cases() {
     qk["qk_layernorm"] = true;
     out.push_back({std::string("llama/") + attention + "/qk_layernorm", qk});
     out.push_back({std::string("hybrid/") + attention, hybrid_model(attention)});
+    out.push_back({std::string("mla/") + attention, mla_model(attention)});
     out.push_back({std::string("hybrid/") + attention + "/reference kernels",
                    hybrid_model(attention),
                    {{"pin", {{"ssd_scan", "cpu.ref"}, {"causal_conv1d", "cpu.ref"}}}}});
