@@ -93,35 +93,40 @@ void* KvCache::allocate(uint64_t bytes) {
   return p;
 }
 
-KvCache::Slot& KvCache::slot_for(const void* owner, const TensorView& k) {
-  int64_t g = k.shape[2], d = k.shape[3];
+KvCache::Slot& KvCache::slot_for(const void* owner, const TensorView& k, const TensorView& v) {
+  int64_t g = k.shape[2], d = k.shape[3], dv = v.shape[3];
   auto it = slots_.find(owner);
   if (it != slots_.end()) {
     const Slot& s = it->second;
-    if (s.dtype != k.dtype || s.groups != g || s.head_dim != d)
+    if (s.dtype != k.dtype || s.groups != g || s.head_dim != d || s.v_dim != dv)
       fail(Code::kInvalidArgument,
-           fmt::format("kv cache append: this layer cached {} keys with G = {}, D = {} before and "
-                       "now appends {} with G = {}, D = {}; one cache serves one model",
-                       dtype_name(s.dtype), s.groups, s.head_dim, dtype_name(k.dtype), g, d));
+           fmt::format("kv cache append: this layer cached {} keys with G = {}, D = {} (values "
+                       "{}) before and now appends {} with G = {}, D = {} (values {}); one cache "
+                       "serves one model",
+                       dtype_name(s.dtype), s.groups, s.head_dim, s.v_dim, dtype_name(k.dtype), g,
+                       d, dv));
     return it->second;
   }
   Slot s;
   s.dtype = k.dtype;
   s.groups = g;
   s.head_dim = d;
-  uint64_t bytes = static_cast<uint64_t>(batch_ * capacity_ * g * d) * dtype_size(k.dtype);
+  s.v_dim = dv;
+  const uint64_t positions = static_cast<uint64_t>(batch_ * capacity_ * g);
+  const uint64_t k_bytes = positions * static_cast<uint64_t>(d) * dtype_size(k.dtype);
+  const uint64_t v_bytes = positions * static_cast<uint64_t>(dv) * dtype_size(k.dtype);
   try {
-    s.k = allocate(bytes);
-    s.v = allocate(bytes);
+    s.k = allocate(k_bytes);
+    s.v = allocate(v_bytes);
     if (batch_ > 1) {
-      s.k_scratch = allocate(bytes);
-      s.v_scratch = allocate(bytes);
+      s.k_scratch = allocate(k_bytes);
+      s.v_scratch = allocate(v_bytes);
     }
   } catch (...) {  // no half-made slot stays behind
     for (void* p : {s.k, s.v, s.k_scratch}) host_.deallocate(device_, p);
     throw;
   }
-  bytes_ += (batch_ > 1 ? 4 : 2) * bytes;
+  bytes_ += (batch_ > 1 ? 2 : 1) * (k_bytes + v_bytes);
   return slots_.emplace(owner, s).first->second;
 }
 
@@ -139,30 +144,32 @@ Status KvCache::append(const void* owner, const TensorView* k, const TensorView*
     };
     check(*k, "k");
     check(*v, "v");
-    for (int32_t i = 0; i < 4; ++i)
+    for (int32_t i = 0; i < 3; ++i)  // the last dimension (D of k, of v) may differ
       if (k->shape[i] != v->shape[i] || k->dtype != v->dtype)
         fail(Code::kInvalidArgument,
-             fmt::format("kv cache append: k {} and v {} differ in shape or dtype", shape_text(*k),
-                         shape_text(*v)));
-    int64_t t = k->shape[1], g = k->shape[2], d = k->shape[3], total = past_ + t;
+             fmt::format("kv cache append: k {} and v {} differ in (B, T, G) or dtype",
+                         shape_text(*k), shape_text(*v)));
+    int64_t t = k->shape[1], g = k->shape[2], d = k->shape[3], dv = v->shape[3];
+    int64_t total = past_ + t;
     if (total > capacity_)
       fail(Code::kOutOfRange,
            fmt::format("kv cache full: {} cached + {} new positions exceed its capacity of {} "
                        "positions (the longest sequence it was made for); stop at {} tokens or "
                        "make the cache longer",
                        past_, t, capacity_, capacity_));
-    Slot& slot = slot_for(owner, *k);
-    size_t row = static_cast<size_t>(g * d) * dtype_size(k->dtype);  // one position
+    Slot& slot = slot_for(owner, *k, *v);
+    size_t row = static_cast<size_t>(g * d) * dtype_size(k->dtype);  // one position of k
+    size_t v_row = static_cast<size_t>(g * dv) * dtype_size(k->dtype);
     auto* kb = static_cast<char*>(slot.k);
     auto* vb = static_cast<char*>(slot.v);
     const auto* kn = static_cast<const char*>(k->data);
     const auto* vn = static_cast<const char*>(v->data);
     for (int64_t b = 0; b < batch_; ++b) {  // sequence b occupies rows b * capacity ...
-      size_t to = static_cast<size_t>(b * capacity_ + past_) * row;
-      size_t from = static_cast<size_t>(b * t) * row;
+      const size_t to = static_cast<size_t>(b * capacity_ + past_);
+      const size_t from = static_cast<size_t>(b * t);
       if (t > 0) {
-        copy(kb + to, kn + from, static_cast<size_t>(t) * row);
-        copy(vb + to, vn + from, static_cast<size_t>(t) * row);
+        copy(kb + to * row, kn + from * row, static_cast<size_t>(t) * row);
+        copy(vb + to * v_row, vn + from * v_row, static_cast<size_t>(t) * v_row);
       }
     }
     void* k_out = slot.k;
@@ -170,22 +177,22 @@ Status KvCache::append(const void* owner, const TensorView* k, const TensorView*
     if (batch_ > 1) {  // gather each sequence's prefix into (B, total, G, D)
       auto* ks = static_cast<char*>(slot.k_scratch);
       auto* vs = static_cast<char*>(slot.v_scratch);
-      size_t n = static_cast<size_t>(total) * row;
+      const size_t n = static_cast<size_t>(total) * row, nv = static_cast<size_t>(total) * v_row;
       for (int64_t b = 0; b < batch_; ++b) {
-        size_t from = static_cast<size_t>(b * capacity_) * row;
-        copy(ks + static_cast<size_t>(b) * n, kb + from, n);
-        copy(vs + static_cast<size_t>(b) * n, vb + from, n);
+        const size_t from = static_cast<size_t>(b * capacity_);
+        copy(ks + static_cast<size_t>(b) * n, kb + from * row, n);
+        copy(vs + static_cast<size_t>(b) * nv, vb + from * v_row, nv);
       }
       k_out = ks;
       v_out = vs;
     }
-    auto view = [&](void* data) {
+    auto view = [&](void* data, int64_t last) {
       TensorView out{};
       out.data = data;
       out.dtype = k->dtype;
       out.device = device_;
       out.ndim = 4;
-      const int64_t shape[4] = {batch_, total, g, d};
+      const int64_t shape[4] = {batch_, total, g, last};
       int64_t stride = 1;
       for (int32_t i = 3; i >= 0; --i) {
         out.shape[i] = shape[i];
@@ -194,8 +201,8 @@ Status KvCache::append(const void* owner, const TensorView* k, const TensorView*
       }
       return out;
     };
-    *k_all = view(k_out);
-    *v_all = view(v_out);
+    *k_all = view(k_out, d);
+    *v_all = view(v_out, dv);
   });
 }
 

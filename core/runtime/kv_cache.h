@@ -41,8 +41,9 @@ class KvCache final : public IKvCache {
 
   int64_t past_length() const noexcept override { return past_; }
   /// See IKvCache::append. Besides a full cache (kOutOfRange), fails with kInvalidArgument
-  /// when k or v is not a contiguous (B, T, G, D) tensor of this cache's B and device, or
-  /// when an owner changes its dtype, G or D between calls.
+  /// when k or v is not a contiguous (B, T, G, D) tensor of this cache's B and device, when
+  /// they differ in B, T, G or dtype (v's D may differ from k's), or when an owner changes
+  /// its dtype, G or either D between calls.
   Status append(const void* owner, const TensorView* k, const TensorView* v, TensorView* k_all,
                 TensorView* v_all) noexcept override;
   /// See IKvCache::state: allocated from the host on first use (counted in bytes()),
@@ -65,7 +66,7 @@ class KvCache final : public IKvCache {
  private:
   struct Slot {
     DType dtype = DType::kF32;
-    int64_t groups = 0, head_dim = 0;
+    int64_t groups = 0, head_dim = 0, v_dim = 0;
     void* k = nullptr;  // (B, capacity, G, D)
     void* v = nullptr;
     void* k_scratch = nullptr;  // (B, capacity, G, D) when B > 1: contiguous (B, S, G, D)
@@ -74,7 +75,7 @@ class KvCache final : public IKvCache {
   void* allocate(uint64_t bytes);
   /// Copies `bytes` within the cache's device.
   void copy(void* to, const void* from, size_t bytes);
-  Slot& slot_for(const void* owner, const TensorView& k);
+  Slot& slot_for(const void* owner, const TensorView& k, const TensorView& v);
 
   IHost& host_;
   int64_t batch_, capacity_;

@@ -47,7 +47,8 @@ MlaDims MlaDims::from_json(const nlohmann::json& node) {
 
 MlaSelfAttention::MlaSelfAttention(const nlohmann::json& options, IBuildContext& ctx,
                                    const TensorParallel& tp)
-    : dims_(MlaDims::from_json(options.at("multi_latent_attention"))),
+    : host_(ctx.host()),
+      dims_(MlaDims::from_json(options.at("multi_latent_attention"))),
       hidden_(inherited<int64_t>(options, "hidden_size", "mla")),
       heads_(inherited<int64_t>(options, "num_attention_heads", "mla")),
       local_heads_(tp.split(heads_, "/num_attention_heads")),
@@ -171,22 +172,19 @@ void MlaSelfAttention::run_forward(IForwardContext& ctx, const TensorView* input
   linear_.forward(kv_latent, value(kv_up_), empty_view(), rows(kv, h * (d.nope_dim + d.v_dim)));
 
   const int64_t dq = d.qk_dim();
+  const ops::RopeAttrs rope{static_cast<int32_t>(d.rope_dim)};
+  const TensorView kpe4 = reshape(kpe, {b, t, 1, d.rope_dim});  // one rotary key per token
+  rope_fwd_({kpe4, positions, inv_freq_->view()}, {kpe4}, rope);
   TensorView qh = allocate(ctx, dtype_, {b, t, h, dq}, device_);
   TensorView kh = allocate(ctx, dtype_, {b, t, h, dq}, device_);
   TensorView vh = allocate(ctx, dtype_, {b, t, h, dq}, device_);
   qkv_({q, kv, kpe}, {qh, kh, vh}, attrs());
-  release_all(ctx, {q, kv, kpe});
-  if (inv_freq_) {
-    ops::RopeAttrs rope{static_cast<int32_t>(d.rope_dim)};
-    rope_fwd_({qh, positions, inv_freq_->view()}, {qh}, rope);
-    rope_fwd_({kh, positions, inv_freq_->view()}, {kh}, rope);
-    if (rope_mscale_ != 1.0f) {
-      scale_({qh}, {qh}, ops::ScaleAttrs{rope_mscale_});
-      scale_({kh}, {kh}, ops::ScaleAttrs{rope_mscale_});
-    }
-  }
+  release_all(ctx, {q, kv});
+  rope_fwd_({qh, positions, inv_freq_->view()}, {qh}, rope);  // the rotary part comes first
   TensorView k_all = kh, v_all = vh;
   if (IKvCache* cache = kv_cache_of(ctx)) {
+    // Decoding caches the two latents of each position (kv_lora_rank + qk_pos_emb_head_dim
+    // values, shared by the heads) and expands every cached position's keys and values again.
     if (ctx.training())
       fail(Code::kFailedPrecondition, "mla: a kv cache is for inference; this pass is training");
     if (present(segments))
@@ -195,7 +193,26 @@ void MlaSelfAttention::run_forward(IForwardContext& ctx, const TensorView* input
     if (!present(positions) && cache->past_length() > 0)
       fail(Code::kInvalidArgument,
            "mla: decoding after cached positions needs position ids for the new tokens");
-    throw_if_error(cache->append(this, &kh, &vh, &k_all, &v_all), "mla kv cache");
+    TensorView latent_all{}, kpe_all{};
+    const TensorView latent4 = reshape(kv_latent, {b, t, 1, d.kv_lora_rank});
+    throw_if_error(cache->append(this, &latent4, &kpe4, &latent_all, &kpe_all), "mla kv cache");
+    const int64_t s_len = latent_all.shape[1];
+    TensorView kv_all = allocate(ctx, dtype_, {b, s_len, h, d.nope_dim + d.v_dim}, device_);
+    linear_.forward(rows(latent_all, d.kv_lora_rank), value(kv_up_), empty_view(),
+                    rows(kv_all, h * (d.nope_dim + d.v_dim)));
+    TensorView q_unused = allocate(ctx, dtype_, {b, s_len, h, dq}, device_);
+    throw_if_error(host_->fill_zero(device_, q_unused.data, nbytes(q_unused)), "mla");
+    TensorView q_out = allocate(ctx, dtype_, {b, s_len, h, dq}, device_);
+    k_all = allocate(ctx, dtype_, {b, s_len, h, dq}, device_);
+    v_all = allocate(ctx, dtype_, {b, s_len, h, dq}, device_);
+    qkv_({q_unused, kv_all, reshape(kpe_all, {b, s_len, d.rope_dim})}, {q_out, k_all, v_all},
+         attrs());
+    release_all(ctx, {kv_all, q_unused, q_out});
+  }
+  release(ctx, kpe);
+  if (rope_mscale_ != 1.0f) {  // YaRN's factor on all of q and k
+    scale_({qh}, {qh}, ops::ScaleAttrs{rope_mscale_});
+    scale_({k_all}, {k_all}, ops::ScaleAttrs{rope_mscale_});
   }
   TensorView core_out =
       call_forward(*core_, ctx, {qh, k_all, v_all, segments, empty_view()}, 1, "attention")[0];
@@ -211,7 +228,7 @@ void MlaSelfAttention::run_forward(IForwardContext& ctx, const TensorView* input
     save(ctx, this, kKvLatent, kv_latent);
     save(ctx, this, kCoreOut, ov);
   }
-  release_all(ctx, {q_latent, kv_latent, qh, kh, vh, ov}, {x});
+  release_all(ctx, {q_latent, kv_latent, qh, kh, vh, k_all, v_all, ov}, {x});
   outputs[0] = y;
 }
 
@@ -238,19 +255,18 @@ void MlaSelfAttention::run_backward(IForwardContext& ctx, const TensorView* grad
   release(ctx, dov);
   std::vector<TensorView> dqkv = call_backward(*core_, ctx, {dcore}, 3, "attention");
   release(ctx, dcore);
-  if (inv_freq_) {
-    ops::RopeAttrs rope{static_cast<int32_t>(d.rope_dim)};
-    if (rope_mscale_ != 1.0f) {
-      scale_({dqkv[0]}, {dqkv[0]}, ops::ScaleAttrs{rope_mscale_});
-      scale_({dqkv[1]}, {dqkv[1]}, ops::ScaleAttrs{rope_mscale_});
-    }
-    rope_bwd_({dqkv[0], positions, inv_freq_->view()}, {dqkv[0]}, rope);
-    rope_bwd_({dqkv[1], positions, inv_freq_->view()}, {dqkv[1]}, rope);
+  const ops::RopeAttrs rope{static_cast<int32_t>(d.rope_dim)};
+  if (rope_mscale_ != 1.0f) {
+    scale_({dqkv[0]}, {dqkv[0]}, ops::ScaleAttrs{rope_mscale_});
+    scale_({dqkv[1]}, {dqkv[1]}, ops::ScaleAttrs{rope_mscale_});
   }
+  rope_bwd_({dqkv[0], positions, inv_freq_->view()}, {dqkv[0]}, rope);
   TensorView dq_t = allocate(ctx, dtype_, {b, t, h, dq}, device_);
   TensorView dkv = allocate(ctx, dtype_, {b, t, h, d.nope_dim + d.v_dim}, device_);
   TensorView dkpe = allocate(ctx, dtype_, {b, t, d.rope_dim}, device_);
   qkv_bwd_({dqkv[0], dqkv[1], dqkv[2]}, {dq_t, dkv, dkpe}, attrs());
+  const TensorView dkpe4 = reshape(dkpe, {b, t, 1, d.rope_dim});  // before the rotation
+  rope_bwd_({dkpe4, positions, inv_freq_->view()}, {dkpe4}, rope);
   release_all(ctx, {dqkv[0], dqkv[1], dqkv[2]});
 
   // kv = RMSNorm_kv(c_kv) Wukv^T; [c_kv ; k_pe] = x Wdkv^T

@@ -6,7 +6,8 @@
 //   [c_kv ; k_pe] = x Wdkv^T;  kv = RMSNorm_kv(c_kv) Wukv^T                       (B, T, H, dn + dv)
 //   Q, K, V = mla_qkv(q, kv, k_pe): rotary part first, k_pe shared by the heads, V padded to
 //   D = dr + dn; rope (rotary_dim dr) on Q and K (and YaRN's attention factor on all of Q
-//   and K: DeepSeek's mscale^2 on the softmax scale); O = core(Q, K, V) with the softmax
+//   and K: DeepSeek's mscale^2 on the softmax scale; k_pe is rotated before it is spread over
+//   the heads); O = core(Q, K, V) with the softmax
 //   scale 1/sqrt(D); out = mla_out(O) Wo^T.
 // Children: "core_attention" (the layer node's attention), "q_layernorm" (with q_lora_rank)
 // and "kv_layernorm" (the layer node's norm kind over q_lora_rank / kv_lora_rank).
@@ -25,8 +26,10 @@
 // rank) and linear_proj row-parallel; the down-projections and the latent norms are
 // replicated, and since each rank's latent gradients come from its heads only, their weights
 // carry kParamSequenceParallel (gradients summed over the tp group), as Megatron's duplicated
-// down-projections. Incremental decoding appends the assembled K and V (after rope) to the
-// kv cache: a multi-head cache, not the compressed latents.
+// down-projections. Incremental decoding caches the compressed latents of every position,
+// RMSNorm_kv(c_kv) and the rotated k_pe (kv_lora_rank + qk_pos_emb_head_dim values shared by
+// the heads, as DeepSeek's and Megatron's latent cache), and expands the cached positions'
+// keys and values through linear_kv_up_proj in each pass.
 #pragma once
 
 #include <memory>
@@ -63,6 +66,7 @@ class MlaSelfAttention final : public ModuleBase<IGenericModule> {
                     TensorView* grad_inputs, int32_t num_grad_inputs) override;
   ops::MlaAttrs attrs() const;
 
+  IHost* host_;
   MlaDims dims_;
   int64_t hidden_, heads_, local_heads_;
   DType dtype_;

@@ -111,6 +111,40 @@ TEST(KvCache, FullCacheNamesItsCapacity) {
   EXPECT_NE(message.find("on the cache's device (cuda)"), std::string::npos) << message;
 }
 
+// Values may be narrower or wider than keys (a multi-latent attention layer caches its two
+// latents as k and v): both come back in order, each with its own width; a v whose B, T or
+// G differs from k's is refused.
+TEST(KvCache, ValuesMayHaveTheirOwnWidth) {
+  core::Host host(nullptr, 0);
+  core::KvCache cache(host, 2, 6);
+  int owner = 0;
+  std::vector<float> k(2 * 3 * 1 * 4), v(2 * 3 * 1 * 2);
+  for (size_t i = 0; i < k.size(); ++i) k[i] = static_cast<float>(i);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = 1000.f + static_cast<float>(i);
+  TensorView kv = make_view(k.data(), DType::kF32, {2, 3, 1, 4});
+  TensorView vv = make_view(v.data(), DType::kF32, {2, 3, 1, 2});
+  TensorView k_all{}, v_all{};
+  throw_if_error(cache.append(&owner, &kv, &vv, &k_all, &v_all));
+  cache.advance(3);
+  throw_if_error(cache.append(&owner, &kv, &vv, &k_all, &v_all));  // 3 more positions
+  ASSERT_EQ(k_all.shape[1], 6);
+  EXPECT_EQ(k_all.shape[3], 4);
+  EXPECT_EQ(v_all.shape[3], 2);
+  const auto* ka = static_cast<const float*>(k_all.data);
+  const auto* va = static_cast<const float*>(v_all.data);
+  for (int64_t b = 0; b < 2; ++b)
+    for (int64_t s = 0; s < 6; ++s) {
+      for (int64_t d = 0; d < 4; ++d)
+        ASSERT_EQ(ka[(b * 6 + s) * 4 + d], k[(b * 3 + s % 3) * 4 + d]) << b << " " << s;
+      for (int64_t d = 0; d < 2; ++d)
+        ASSERT_EQ(va[(b * 6 + s) * 2 + d], v[(b * 3 + s % 3) * 2 + d]) << b << " " << s;
+    }
+  TensorView short_v = make_view(v.data(), DType::kF32, {2, 1, 1, 2});
+  Status st = cache.append(&owner, &kv, &short_v, &k_all, &v_all);
+  EXPECT_EQ(st.code, Code::kInvalidArgument);
+  status_release(&st);
+}
+
 // A layer's fixed-shape decoding state (IKvCache::state): zeros when made, the same memory
 // and contents on every later call (whatever past_length is), one tensor per (owner, slot),
 // counted in bytes(); a shape without the cache's batch first, or an owner that changes its

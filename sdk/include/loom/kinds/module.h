@@ -97,9 +97,11 @@ class IKvCache {
   /// Appends one layer's keys and values of the new tokens and returns views of every
   /// cached position, old and new.
   /// \param owner       the layer (its `this`): each layer has its own slot
-  /// \param k, v        (B, T, G, D) keys (after rotary embedding) and values of the new tokens
+  /// \param k, v        (B, T, G, D) keys (after rotary embedding) and (B, T, G, Dv) values of
+  ///                    the new tokens; Dv may differ from D from forward_context 1.6 on (a
+  ///                    multi-latent attention layer caches its two latents this way)
   /// \param[out] k_all  (B, past_length() + T, G, D), contiguous, same dtype and device
-  /// \param[out] v_all  (B, past_length() + T, G, D)
+  /// \param[out] v_all  (B, past_length() + T, G, Dv)
   /// The views stay valid until the next `append` for the same owner. Fails with
   /// kOutOfRange when the cache's capacity (the longest sequence it was made for) would be
   /// exceeded.
