@@ -9,13 +9,16 @@
 //   ddt_t = x_t^T dS_t B_t + A da_t,  da_t = exp(a_t) <dS_t, S_{t-1}>,  dA += dt_t da_t
 //   dA_log += A dA (A = -exp(A_log)),  dD += dy_t . x_t,  ddt_in = ddt * softplus'
 //
-// fast: the chunked SSD form, OpenMP over (b, h). Within a chunk of Q steps, with cs_i the
-// cumulative sum of a over the chunk up to step i and S_0 the state entering it:
+// fast: the chunked SSD form in f32 GEMMs (OpenBLAS), OpenMP over (b, h); CB = C B^T of each
+// (b, group, chunk) is computed once and shared by the group's heads. Within a chunk of Q steps
+// (chunk_size, at most 256), with cs_i the cumulative sum of a over the chunk up to step i and
+// S_0 the state entering it:
 //   y_i = exp(cs_i) S_0 C_i + sum_{j <= i} exp(cs_i - cs_j) dt_j (C_i . B_j) x_j + D x_i
 //   S_end = exp(cs_last) S_0 + sum_j exp(cs_last - cs_j) dt_j x_j B_j^T
 // and its gradient differentiates exactly these two lines per chunk, last chunk first, with
 // the chunk-entry states of a forward pass and dS carried between chunks; the gradients of
 // the cs_i turn into those of the a_k by a reverse cumulative sum.
+#include <cblas.h>
 #include <loom/cpp/op_checks/mamba.h>
 #include <loom/cpp/tensor.h>
 #include <omp.h>
@@ -193,58 +196,111 @@ Status ssd_scan_bwd_ref(const OpCall* call) {
   });
 }
 
-// ---- fast: chunked ------------------------------------------------------------------------
+// ---- fast: chunked, GEMM form -------------------------------------------------------------
 
 LOOM_CPU_FAST_BEGIN
 
-// One chunk [t0, t0 + len) of one (b, h) in f32: pointers to x, B, C of each step (into the
-// f32 copy of xBC), dt, and cs (the cumulative sum of dt * A over the chunk, f64).
-struct Chunk {
+// The chunk length of the fast kernels: chunk_size (it only tiles the work: any value gives
+// the same function), at most T and at most 256 (the (L, L) scratch grows with it).
+int64_t fast_chunk(const SsdScanShape& s) {
+  return std::max<int64_t>(1, std::min<int64_t>({s.attrs.chunk_size, s.t, 256}));
+}
+
+// Row-major single-precision GEMM: C (m, n) = alpha op(A) op(B) + beta C.
+void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+              static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a,
+              static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+}
+
+// CB of every (b, g, chunk): C (len, N) @ B^T (N, len), shared by the group's heads;
+// (B, G, chunks, L, L), rows and columns past a short last chunk unused.
+std::vector<float> chunk_cb(const float* xbc, const SsdScanShape& s, int64_t L) {
+  const int64_t N = s.n, chunks = (s.t + L - 1) / L, hg = s.h / s.g;
+  const int64_t row = hg * s.p + 2 * N, ld = s.g * row;  // ld: one step to the next
+  std::vector<float> cb(static_cast<size_t>(s.b * s.g * chunks * L * L));
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < s.b * s.g * chunks; ++r) {
+    const int64_t b = r / (s.g * chunks), g = (r / chunks) % s.g, k = r % chunks;
+    const int64_t t0 = k * L, len = std::min(L, s.t - t0);
+    const float* Bp = xbc + ((b * s.t + t0) * s.g + g) * row + hg * s.p;
+    sgemm(false, true, len, len, N, 1.0f, Bp + N, ld, Bp, ld, 0.0f, cb.data() + r * L * L, L);
+  }
+  return cb;
+}
+
+// The per-chunk scalars of one (b, h): v = dt_in + bias, dt, cs (the cumulative sum of
+// dt * A), e_i = exp(cs_i), w_j = exp(cs_last - cs_j) dt_j, el = exp(cs_last), and the
+// causal decay matrix Lm_ij = exp(cs_i - cs_j) (j <= i; 0 above the diagonal), (L, L).
+struct ChunkScalars {
   int64_t t0 = 0, len = 0;
-  std::vector<const float*> x, B, C;
   std::vector<double> v, dt, cs;
+  std::vector<float> e, w, Lm;
+  float el = 1.0f;
 
-  explicit Chunk(int64_t q)
-      : x(static_cast<size_t>(q)),
-        B(static_cast<size_t>(q)),
-        C(static_cast<size_t>(q)),
-        v(static_cast<size_t>(q)),
-        dt(static_cast<size_t>(q)),
-        cs(static_cast<size_t>(q)) {}
+  explicit ChunkScalars(int64_t L)
+      : v(static_cast<size_t>(L)),
+        dt(static_cast<size_t>(L)),
+        cs(static_cast<size_t>(L)),
+        e(static_cast<size_t>(L)),
+        w(static_cast<size_t>(L)),
+        Lm(static_cast<size_t>(L * L)) {}
 
-  void load(const float* xbc, const float* dt_in, const SsdScanShape& s, const XbcIndex& ix,
-            const HeadParams& hp, int64_t start) {
+  void load(const float* dt_in, const SsdScanShape& s, int64_t b, int64_t h,
+            const HeadParams& hp, int64_t start, int64_t L, bool decay_matrix) {
     t0 = start;
-    len = std::min<int64_t>(s.attrs.chunk_size, s.t - start);
-    double acc = 0.0;
+    len = std::min(L, s.t - start);
+    double acc = 0.0, big = 0.0;
     for (int64_t i = 0; i < len; ++i) {
-      const int64_t t = t0 + i;
-      x[i] = xbc + ix.x(t);
-      B[i] = xbc + ix.B(t);
-      C[i] = xbc + ix.C(t);
-      v[i] = static_cast<double>(dt_in[(ix.b * s.t + t) * s.h + ix.h]) + hp.bias;
+      v[i] = static_cast<double>(dt_in[(b * s.t + t0 + i) * s.h + h]) + hp.bias;
       dt[i] = dt_of(v[i], s.attrs.dt_softplus);
       cs[i] = acc += dt[i] * hp.A;
+      big = std::max(big, std::abs(acc));
     }
-  }
-  // S = exp(cs_last) S + sum_j exp(cs_last - cs_j) dt_j x_j B_j^T.
-  void advance(float* S, int64_t P, int64_t N) const {
     const double last = cs[len - 1];
-    const float e = static_cast<float>(std::exp(last));
-    for (int64_t k = 0; k < P * N; ++k) S[k] *= e;
-    for (int64_t j = 0; j < len; ++j) {
-      const float w = static_cast<float>(std::exp(last - cs[j]) * dt[j]);
-      for (int64_t p = 0; p < P; ++p) {
-        const float xp = w * x[j][p];
-        float* Sp = S + p * N;
-        for (int64_t n = 0; n < N; ++n) Sp[n] += xp * B[j][n];
+    el = static_cast<float>(std::exp(last));
+    for (int64_t i = 0; i < len; ++i) {
+      e[i] = static_cast<float>(std::exp(cs[i]));
+      w[i] = static_cast<float>(std::exp(last - cs[i]) * dt[i]);
+    }
+    if (!decay_matrix) return;
+    if (big < 600.0) {  // exp(cs_i - cs_j) = exp(cs_i) / exp(cs_j), all finite in f64
+      double ed[256], inv[256];
+      for (int64_t i = 0; i < len; ++i) {
+        ed[i] = std::exp(cs[i]);
+        inv[i] = 1.0 / ed[i];
+      }
+      for (int64_t i = 0; i < len; ++i) {
+        float* r = Lm.data() + i * L;
+#pragma omp simd
+        for (int64_t j = 0; j <= i; ++j) r[j] = static_cast<float>(ed[i] * inv[j]);
+        for (int64_t j = i + 1; j < len; ++j) r[j] = 0.0f;
+      }
+    } else {
+      for (int64_t i = 0; i < len; ++i) {
+        float* r = Lm.data() + i * L;
+        for (int64_t j = 0; j <= i; ++j) r[j] = static_cast<float>(std::exp(cs[i] - cs[j]));
+        for (int64_t j = i + 1; j < len; ++j) r[j] = 0.0f;
       }
     }
   }
 };
 
+// Xw (len, P) = diag(w) X.
+void scale_rows(const float* x, int64_t ldx, const float* w, int64_t len, int64_t P, float* out) {
+  for (int64_t j = 0; j < len; ++j) {
+    const float* xj = x + j * ldx;
+    float* oj = out + j * P;
+    const float wj = w[j];
+#pragma omp simd
+    for (int64_t p = 0; p < P; ++p) oj[p] = wj * xj[p];
+  }
+}
+
 float dot(const float* a, const float* b, int64_t n) {
   float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
   for (int64_t i = 0; i < n; ++i) acc += a[i] * b[i];
   return acc;
 }
@@ -254,32 +310,52 @@ Status ssd_scan_fast(const OpCall* call) {
     SsdScanShape s = check_scan(call, false);
     const F32Copy xbc(call->inputs[0]), dt_in(call->inputs[1]);
     const TensorView &y = call->outputs[0], &fin = call->outputs[1];
-    const int64_t P = s.p, N = s.n, Q = s.attrs.chunk_size;
+    const int64_t P = s.p, N = s.n, L = fast_chunk(s), hg = s.h / s.g;
+    const int64_t chunks = (s.t + L - 1) / L, row = hg * P + 2 * N, ld = s.g * row;
+    const std::vector<float> cb = chunk_cb(xbc.data(), s, L);
 #pragma omp parallel
     {
-      Chunk ch(std::min<int64_t>(Q, std::max<int64_t>(s.t, 1)));
-      std::vector<float> yv(static_cast<size_t>(P));
+      ChunkScalars ch(L);
+      std::vector<float> M(static_cast<size_t>(L * L)), Y(static_cast<size_t>(L * P)),
+          Xw(static_cast<size_t>(L * P)), S(static_cast<size_t>(P * N));
 #pragma omp for schedule(static)
       for (int64_t bh = 0; bh < s.b * s.h; ++bh) {
-        const int64_t b = bh / s.h, h = bh % s.h;
+        const int64_t b = bh / s.h, h = bh % s.h, g = h / hg;
         const HeadParams hp = head_params(call, 2, h);
         const XbcIndex ix(s, b, h);
-        std::vector<float> S = initial_state(call->inputs[5], s, b, h);
-        for (int64_t t0 = 0; t0 < s.t; t0 += Q) {
-          ch.load(xbc.data(), dt_in.data(), s, ix, hp, t0);
-          for (int64_t i = 0; i < ch.len; ++i) {
-            // y_i = exp(cs_i) S_0 C_i + sum_{j<=i} exp(cs_i - cs_j) dt_j (C_i . B_j) x_j + D x_i
-            const float e = static_cast<float>(std::exp(ch.cs[i]));
-            for (int64_t p = 0; p < P; ++p)
-              yv[p] = e * dot(S.data() + p * N, ch.C[i], N) + static_cast<float>(hp.D) * ch.x[i][p];
-            for (int64_t j = 0; j <= i; ++j) {
-              const float w = static_cast<float>(std::exp(ch.cs[i] - ch.cs[j]) * ch.dt[j]) *
-                              dot(ch.C[i], ch.B[j], N);
-              for (int64_t p = 0; p < P; ++p) yv[p] += w * ch.x[j][p];
-            }
-            store_row(y.data, y.dtype, ((b * s.t + t0 + i) * s.h + h) * P, P, yv.data());
+        S = initial_state(call->inputs[5], s, b, h);
+        const float D = static_cast<float>(hp.D);
+        for (int64_t k = 0; k < chunks; ++k) {
+          ch.load(dt_in.data(), s, b, h, hp, k * L, L, true);
+          const int64_t len = ch.len, t0 = ch.t0;
+          const float* X = xbc.data() + ix.x(t0);
+          const float* Bp = xbc.data() + ix.B(t0);
+          const float* Cp = xbc.data() + ix.C(t0);
+          const float* CB = cb.data() + ((b * s.g + g) * chunks + k) * L * L;
+          // M = CB * Lm * dt_j (causal)
+          for (int64_t i = 0; i < len; ++i) {
+            const float* cbi = CB + i * L;
+            const float* li = ch.Lm.data() + i * L;
+            float* mi = M.data() + i * L;
+#pragma omp simd
+            for (int64_t j = 0; j <= i; ++j) mi[j] = cbi[j] * li[j] * static_cast<float>(ch.dt[j]);
+            for (int64_t j = i + 1; j < len; ++j) mi[j] = 0.0f;
           }
-          ch.advance(S.data(), P, N);
+          // Y = diag(e) C S^T + M X + D X
+          sgemm(false, true, len, P, N, 1.0f, Cp, ld, S.data(), N, 0.0f, Y.data(), P);
+          for (int64_t i = 0; i < len; ++i) {
+            const float ei = ch.e[i];
+            const float* xi = X + i * ld;
+            float* yi = Y.data() + i * P;
+#pragma omp simd
+            for (int64_t p = 0; p < P; ++p) yi[p] = ei * yi[p] + D * xi[p];
+          }
+          sgemm(false, false, len, P, len, 1.0f, M.data(), L, X, ld, 1.0f, Y.data(), P);
+          for (int64_t i = 0; i < len; ++i)
+            store_row(y.data, y.dtype, ((b * s.t + t0 + i) * s.h + h) * P, P, Y.data() + i * P);
+          // S = el S + (diag(w) X)^T B
+          scale_rows(X, ld, ch.w.data(), len, P, Xw.data());
+          sgemm(true, false, P, N, len, 1.0f, Xw.data(), P, Bp, ld, ch.el, S.data(), N);
         }
         if (present(fin)) std::copy(S.begin(), S.end(), f32_mut(fin) + bh * P * N);
       }
@@ -292,106 +368,140 @@ Status ssd_scan_bwd_fast(const OpCall* call) {
     SsdScanShape s = check_scan_bwd(call, false);
     const F32Copy dy(call->inputs[0]), xbc(call->inputs[1]), dt_in(call->inputs[2]);
     const TensorView &dxbc = call->outputs[0], &ddt_in = call->outputs[1];
-    const int64_t P = s.p, N = s.n, PN = P * N, Q = s.attrs.chunk_size, hg = s.h / s.g;
-    const int64_t chunks = (s.t + Q - 1) / Q;
+    const int64_t P = s.p, N = s.n, PN = P * N, L = fast_chunk(s), hg = s.h / s.g;
+    const int64_t chunks = (s.t + L - 1) / L, row = hg * P + 2 * N, ld = s.g * row;
+    const int64_t ldg = s.h * P;
+    const std::vector<float> cb = chunk_cb(xbc.data(), s, L);
     // dB, dC of each head (B, H, T, 2N), summed over a group's heads afterwards.
     std::vector<float> dbc(static_cast<size_t>(s.b * s.h * s.t * 2 * N));
     // Per (b, h): dA_log, dD, ddt_bias, summed over b afterwards.
     std::vector<double> dparams(static_cast<size_t>(s.b * s.h * 3), 0.0);
 #pragma omp parallel
     {
-      const int64_t q = std::min<int64_t>(Q, std::max<int64_t>(s.t, 1));
-      Chunk ch(q);
+      ChunkScalars ch(L);
       std::vector<float> states;  // (chunks, P, N): the state entering each chunk
-      std::vector<float> dS(static_cast<size_t>(PN)), dS_prev(static_cast<size_t>(PN));
-      std::vector<float> dx(static_cast<size_t>(q * P)), ddt(static_cast<size_t>(q));
-      std::vector<double> dcs(static_cast<size_t>(q));
+      std::vector<float> S(static_cast<size_t>(PN)), dS(static_cast<size_t>(PN));
+      std::vector<float> M(static_cast<size_t>(L * L)), dM(static_cast<size_t>(L * L));
+      std::vector<float> Ge(static_cast<size_t>(L * P)), Xw(static_cast<size_t>(L * P)),
+          dX(static_cast<size_t>(L * P)), U(static_cast<size_t>(L * P)),
+          T1(static_cast<size_t>(L * N)), ddt(static_cast<size_t>(L));
+      std::vector<double> dcs(static_cast<size_t>(L));
 #pragma omp for schedule(static)
       for (int64_t bh = 0; bh < s.b * s.h; ++bh) {
-        const int64_t b = bh / s.h, h = bh % s.h;
+        const int64_t b = bh / s.h, h = bh % s.h, g = h / hg;
         const HeadParams hp = head_params(call, 3, h);
         const XbcIndex ix(s, b, h);
-        states.assign(static_cast<size_t>(chunks * PN), 0.0f);
-        std::vector<float> S = initial_state(call->inputs[6], s, b, h);
+        const float D = static_cast<float>(hp.D);
+        states.resize(static_cast<size_t>(chunks * PN));
+        S = initial_state(call->inputs[6], s, b, h);
         for (int64_t k = 0; k < chunks; ++k) {
           std::copy(S.begin(), S.end(), states.begin() + k * PN);
-          ch.load(xbc.data(), dt_in.data(), s, ix, hp, k * Q);
-          ch.advance(S.data(), P, N);
+          if (k == chunks - 1) break;  // the final state is not needed
+          ch.load(dt_in.data(), s, b, h, hp, k * L, L, false);
+          const float* X = xbc.data() + ix.x(ch.t0);
+          scale_rows(X, ld, ch.w.data(), ch.len, P, Xw.data());
+          sgemm(true, false, P, N, ch.len, 1.0f, Xw.data(), P, xbc.data() + ix.B(ch.t0), ld,
+                ch.el, S.data(), N);
         }
         float* dB_h = dbc.data() + bh * s.t * 2 * N;  // (T, 2N): dB then dC per step
         std::fill(dB_h, dB_h + s.t * 2 * N, 0.0f);
         std::fill(dS.begin(), dS.end(), 0.0f);  // the gradient of the chunk's final state
         double dA = 0.0, dD = 0.0, dbias = 0.0;
         for (int64_t k = chunks - 1; k >= 0; --k) {
-          ch.load(xbc.data(), dt_in.data(), s, ix, hp, k * Q);
+          ch.load(dt_in.data(), s, b, h, hp, k * L, L, true);
+          const int64_t len = ch.len, t0 = ch.t0;
           const float* S0 = states.data() + k * PN;
-          const int64_t len = ch.len;
-          std::fill(dx.begin(), dx.begin() + len * P, 0.0f);
+          const float* X = xbc.data() + ix.x(t0);
+          const float* Bp = xbc.data() + ix.B(t0);
+          const float* Cp = xbc.data() + ix.C(t0);
+          const float* G = dy.data() + ((b * s.t + t0) * s.h + h) * P;
+          const float* CB = cb.data() + ((b * s.g + g) * chunks + k) * L * L;
+          float* dBp = dB_h + t0 * 2 * N;
+          float* dCp = dBp + N;
           std::fill(ddt.begin(), ddt.begin() + len, 0.0f);
           std::fill(dcs.begin(), dcs.begin() + len, 0.0);
-          auto g_of = [&](int64_t i) { return dy.data() + ((b * s.t + ch.t0 + i) * s.h + h) * P; };
-          auto dB_of = [&](int64_t i) { return dB_h + (ch.t0 + i) * 2 * N; };
-          // dS_prev = exp(cs_last) dS + sum_i exp(cs_i) dy_i C_i^T (from the old dS).
-          const double last = ch.cs[len - 1];
-          const float elast = static_cast<float>(std::exp(last));
-          for (int64_t m = 0; m < PN; ++m) dS_prev[m] = elast * dS[m];
-          // The state term: S_end's dependence on S_0, x, B, dt, cs.
-          double r0 = 0.0;
-          for (int64_t m = 0; m < PN; ++m) r0 += static_cast<double>(dS[m]) * S0[m];
-          dcs[len - 1] += elast * r0;
-          for (int64_t j = 0; j < len; ++j) {
-            const float e = static_cast<float>(std::exp(last - ch.cs[j]));
-            const float edt = e * static_cast<float>(ch.dt[j]);
-            const float* xj = ch.x[j];
-            float* dBj = dB_of(j);
-            float r = 0.0f;  // x_j^T dS B_j
-            for (int64_t p = 0; p < P; ++p) {
-              const float u = dot(dS.data() + p * N, ch.B[j], N);  // (dS B_j)[p]
-              dx[j * P + p] += edt * u;
-              r += xj[p] * u;
-              for (int64_t n = 0; n < N; ++n) dBj[n] += edt * dS[p * N + n] * xj[p];
-            }
-            ddt[j] += e * r;
-            dcs[len - 1] += static_cast<double>(e * r) * ch.dt[j];
-            dcs[j] -= static_cast<double>(e * r) * ch.dt[j];
-          }
+          // Ge = diag(e) G, Xw = diag(w) X; M = CB * Lm * dt_j
           for (int64_t i = 0; i < len; ++i) {
-            const float* gi = g_of(i);
-            const float* Ci = ch.C[i];
-            float* dCi = dB_of(i) + N;
-            const float ei = static_cast<float>(std::exp(ch.cs[i]));
-            // y_i's term exp(cs_i) S_0 C_i
-            float gv = 0.0f;  // dy_i . S_0 C_i
-            for (int64_t p = 0; p < P; ++p) {
-              const float* Sp = S0 + p * N;
-              gv += gi[p] * dot(Sp, Ci, N);
-              for (int64_t n = 0; n < N; ++n) {
-                dCi[n] += ei * gi[p] * Sp[n];
-                dS_prev[p * N + n] += ei * gi[p] * Ci[n];
-              }
-            }
-            dcs[i] += static_cast<double>(ei * gv);
-            // D x_i
-            for (int64_t p = 0; p < P; ++p) dx[i * P + p] += static_cast<float>(hp.D) * gi[p];
-            dD += dot(gi, ch.x[i], P);
-            // sum_{j<=i} exp(cs_i - cs_j) dt_j (C_i . B_j) x_j
-            for (int64_t j = 0; j <= i; ++j) {
-              const float L = static_cast<float>(std::exp(ch.cs[i] - ch.cs[j]));
-              const float dtj = static_cast<float>(ch.dt[j]);
-              const float cb = dot(Ci, ch.B[j], N), gx = dot(gi, ch.x[j], P);
-              const float w = L * dtj * cb;
-              for (int64_t p = 0; p < P; ++p) dx[j * P + p] += w * gi[p];
-              const float c = gx * L * dtj;
-              float* dBj = dB_of(j);
-              for (int64_t n = 0; n < N; ++n) {
-                dCi[n] += c * ch.B[j][n];
-                dBj[n] += c * Ci[n];
-              }
-              ddt[j] += gx * L * cb;
-              dcs[i] += static_cast<double>(gx * w);
-              dcs[j] -= static_cast<double>(gx * w);
-            }
+            const float* gi = G + i * ldg;
+            float* o = Ge.data() + i * P;
+#pragma omp simd
+            for (int64_t p = 0; p < P; ++p) o[p] = ch.e[i] * gi[p];
           }
+          scale_rows(X, ld, ch.w.data(), len, P, Xw.data());
+          for (int64_t i = 0; i < len; ++i) {
+            const float* cbi = CB + i * L;
+            const float* li = ch.Lm.data() + i * L;
+            float* mi = M.data() + i * L;
+#pragma omp simd
+            for (int64_t j = 0; j <= i; ++j) mi[j] = cbi[j] * li[j] * static_cast<float>(ch.dt[j]);
+            for (int64_t j = i + 1; j < len; ++j) mi[j] = 0.0f;
+          }
+          // The intra-chunk term M X: dM = G X^T, dX = M^T G; dM -> dCB (in place), ddt, dcs.
+          sgemm(false, true, len, len, P, 1.0f, G, ldg, X, ld, 0.0f, dM.data(), L);
+          sgemm(true, false, len, P, len, 1.0f, M.data(), L, G, ldg, 0.0f, dX.data(), P);
+          for (int64_t i = 0; i < len; ++i) {
+            const float* cbi = CB + i * L;
+            const float* li = ch.Lm.data() + i * L;
+            const float* mi = M.data() + i * L;
+            float* dmi = dM.data() + i * L;
+            double dci = 0.0;
+#pragma omp simd reduction(+ : dci)
+            for (int64_t j = 0; j <= i; ++j) {
+              const float d = dmi[j];
+              const float vm = d * mi[j];
+              dci += vm;
+              dcs[j] -= vm;
+              ddt[j] += d * li[j] * cbi[j];
+              dmi[j] = d * li[j] * static_cast<float>(ch.dt[j]);
+            }
+            dcs[i] += dci;
+            for (int64_t j = i + 1; j < len; ++j) dmi[j] = 0.0f;
+          }
+          // dC += dCB B, dB += dCB^T C
+          sgemm(false, false, len, N, len, 1.0f, dM.data(), L, Bp, ld, 1.0f, dCp, 2 * N);
+          sgemm(true, false, len, N, len, 1.0f, dM.data(), L, Cp, ld, 1.0f, dBp, 2 * N);
+          // D x
+          for (int64_t i = 0; i < len; ++i) {
+            const float* gi = G + i * ldg;
+            const float* xi = X + i * ld;
+            float* dxi = dX.data() + i * P;
+#pragma omp simd
+            for (int64_t p = 0; p < P; ++p) dxi[p] += D * gi[p];
+            dD += dot(gi, xi, P);
+          }
+          // The state term diag(e) C S0^T: dC += Ge S0, dcs_i += (Ge S0)_i . C_i
+          sgemm(false, false, len, N, P, 1.0f, Ge.data(), P, S0, N, 0.0f, T1.data(), N);
+          for (int64_t i = 0; i < len; ++i) {
+            const float* ti = T1.data() + i * N;
+            const float* ci = Cp + i * ld;
+            float* dci = dCp + i * 2 * N;
+            dcs[i] += dot(ti, ci, N);
+#pragma omp simd
+            for (int64_t n = 0; n < N; ++n) dci[n] += ti[n];
+          }
+          if (k < chunks - 1) {
+            // S_end = el S0 + Xw^T B, from the gradient dS of S_end.
+            sgemm(false, true, len, P, N, 1.0f, Bp, ld, dS.data(), N, 0.0f, U.data(), P);
+            for (int64_t j = 0; j < len; ++j) {
+              const float* uj = U.data() + j * P;
+              const float r = dot(X + j * ld, uj, P);  // x_j^T dS B_j
+              float* dxj = dX.data() + j * P;
+              const float wj = ch.w[j];
+#pragma omp simd
+              for (int64_t p = 0; p < P; ++p) dxj[p] += wj * uj[p];
+              ddt[j] += static_cast<float>(std::exp(ch.cs[len - 1] - ch.cs[j])) * r;
+              dcs[len - 1] += static_cast<double>(wj * r);
+              dcs[j] -= static_cast<double>(wj * r);
+            }
+            sgemm(false, false, len, N, P, 1.0f, Xw.data(), P, dS.data(), N, 1.0f, dBp, 2 * N);
+            double r0 = 0.0;
+#pragma omp simd reduction(+ : r0)
+            for (int64_t m = 0; m < PN; ++m) r0 += static_cast<double>(dS[m]) * S0[m];
+            dcs[len - 1] += ch.el * r0;
+          }
+          // dS of the entering state: el dS + Ge^T C
+          if (k > 0)
+            sgemm(true, false, P, N, len, 1.0f, Ge.data(), P, Cp, ld, ch.el, dS.data(), N);
           // cs_i = sum_{k<=i} a_k: da_k = sum_{i>=k} dcs_i; a = dt A.
           double da = 0.0;
           for (int64_t i = len - 1; i >= 0; --i) {
@@ -399,26 +509,27 @@ Status ssd_scan_bwd_fast(const OpCall* call) {
             const double dtot = ddt[i] + da * hp.A;
             dA += da * ch.dt[i];
             const double dv = dtot * dt_grad(ch.v[i], s.attrs.dt_softplus);
-            store(ddt_in, (b * s.t + ch.t0 + i) * s.h + h, static_cast<float>(dv));
+            store(ddt_in, (b * s.t + t0 + i) * s.h + h, static_cast<float>(dv));
             dbias += dv;
-            store_row(dxbc.data, dxbc.dtype, ix.x(ch.t0 + i), P, dx.data() + i * P);
+            store_row(dxbc.data, dxbc.dtype, ix.x(t0 + i), P, dX.data() + i * P);
           }
-          std::swap(dS, dS_prev);
         }
         dparams[bh * 3 + 0] = hp.A * dA;
         dparams[bh * 3 + 1] = dD;
         dparams[bh * 3 + 2] = dbias;
       }
       // dB, dC of each (b, t, g): the sum over the group's heads.
+      std::vector<float> acc(static_cast<size_t>(2 * N));
 #pragma omp for schedule(static)
       for (int64_t r = 0; r < s.b * s.t * s.g; ++r) {
         const int64_t b = r / (s.t * s.g), t = (r / s.g) % s.t, g = r % s.g;
-        std::vector<float> acc(static_cast<size_t>(2 * N), 0.0f);
+        std::fill(acc.begin(), acc.end(), 0.0f);
         for (int64_t hl = 0; hl < hg; ++hl) {
           const float* src = dbc.data() + ((b * s.h + g * hg + hl) * s.t + t) * 2 * N;
+#pragma omp simd
           for (int64_t n = 0; n < 2 * N; ++n) acc[n] += src[n];
         }
-        store_row(dxbc.data, dxbc.dtype, r * (hg * P + 2 * N) + hg * P, 2 * N, acc.data());
+        store_row(dxbc.data, dxbc.dtype, r * row + hg * P, 2 * N, acc.data());
       }
     }
     for (int64_t h = 0; h < s.h; ++h) {
