@@ -8,7 +8,8 @@ for a few steps at micro-batch 1 and sequence length T (constant LR, no evaluati
 metrics.jsonl: ms per step and tokens/s (the mean of the steps after the first) and the host
 allocator's peak. Prints a Markdown table.
 
-usage: hybrid.py [--seq 2048,8192] [--steps 3] [--threads 2] [--loom tools/loom]
+usage: hybrid.py [--seq 2048,8192] [--steps 3] [--threads 2] [--models attention,hybrid]
+                 [--loom tools/loom]
 """
 import argparse
 import json
@@ -57,6 +58,8 @@ def main():
     ap.add_argument("--seq", default="2048,8192")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--models", default="attention,hybrid",
+                    help="which rows to run (the first one run is the 1.00x of its T)")
     ap.add_argument("--loom", default="tools/loom")
     args = ap.parse_args()
     with open(os.path.join(ROOT, "configs", "hybrid_tiny.json")) as f:
@@ -71,6 +74,8 @@ def main():
         for seq in [int(s) for s in args.seq.split(",")]:
             base = None
             for name, spec in (("attention", attention), ("hybrid", hybrid)):
+                if name not in args.models.split(","):
+                    continue
                 params, ms, tps, peak = run(args, name, spec, seq, workdir)
                 base = base or (ms, peak)
                 print(f"| {seq} | {name} | {spec['model']['hybrid_layer_pattern']} | {params} | "
