@@ -80,7 +80,13 @@ HfModel hf_model_from_metadata(const json& metadata) {
                    "qk_layernorm", "tie_embeddings", "init_std", "hidden_dropout",
                    "attention_dropout", "layer", "final_norm", "moe_layer_freq",
                    // Which layers train in FP8: no effect on the weights.
-                   "num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16"});
+                   "num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16",
+                   // Multi-token prediction: its weighting is harmless while it is off.
+                   "mtp_num_layers", "mtp_loss_scaling_factor"});
+  if (get_or<int64_t>(m, "mtp_num_layers", 0, at) != 0)
+    refuse_spec("/mtp_num_layers", m["mtp_num_layers"],
+                "multi-token prediction's modules have no counterpart in these Hugging Face "
+                "families");
   const json& layer = child(m, "layer");
   const json& norm = child(layer, "norm");
   const json& attention = child(layer, "attention");
