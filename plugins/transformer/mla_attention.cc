@@ -10,8 +10,7 @@ enum Slot : int32_t { kInput, kPositions, kQLatent, kKvLatent, kCoreOut };
 
 std::string str(int64_t v) { return std::to_string(v); }
 
-// Y (N, out) = X (N, in) W^T; dW (out, in) += dY^T X; dX (N, in) (+)= dY W.
-constexpr ops::GemmAttrs kForward{0, 1, 1.f, 0.f};
+// dW (out, in) += dY^T X; dX (N, in) (+)= dY W (the forward GEMMs go through Linear).
 constexpr ops::GemmAttrs kWeightGrad{1, 0, 1.f, 1.f};
 constexpr ops::GemmAttrs kInputGrad{0, 0, 1.f, 0.f};
 constexpr ops::GemmAttrs kInputGradAdd{0, 0, 1.f, 1.f};
@@ -280,16 +279,15 @@ void MlaSelfAttention::run_backward(IForwardContext& ctx, const TensorView* grad
   const TensorView g_ckv = make_view(g_down.data, DType::kF32, {d.kv_lora_rank, hidden_}, device_);
   TensorView dx = allocate(ctx, dtype_, {b, t, hidden_}, device_);
   const TensorView dxr = rows(dx, hidden_);
-  const Kernel& gemm = gemm_;
-  gemm({dckv, xr}, {g_ckv}, kWeightGrad);
-  gemm({dckv, w_ckv}, {dxr}, kInputGrad);
+  gemm_({dckv, xr}, {g_ckv}, kWeightGrad);
+  gemm_({dckv, w_ckv}, {dxr}, kInputGrad);
   const int64_t offset = d.kv_lora_rank * hidden_;
   const TensorView w_kpe = make_view(static_cast<char*>(w_down.data) + offset * elem, dtype_,
                                      {d.rope_dim, hidden_}, device_);
   const TensorView g_kpe = make_view(static_cast<float*>(g_down.data) + offset, DType::kF32,
                                      {d.rope_dim, hidden_}, device_);
-  gemm({rows(dkpe, d.rope_dim), xr}, {g_kpe}, kWeightGrad);
-  gemm({rows(dkpe, d.rope_dim), w_kpe}, {dxr}, kInputGradAdd);
+  gemm_({rows(dkpe, d.rope_dim), xr}, {g_kpe}, kWeightGrad);
+  gemm_({rows(dkpe, d.rope_dim), w_kpe}, {dxr}, kInputGradAdd);
   release_all(ctx, {dkv, dkpe, dkv_latent, dckv});
 
   // q = (RMSNorm_q(x Wdq^T)) Wuq^T, or x Wq^T
@@ -298,12 +296,12 @@ void MlaSelfAttention::run_backward(IForwardContext& ctx, const TensorView* grad
     TensorView dq_latent = allocate(ctx, dtype_, {n, d.q_lora_rank}, device_);
     linear_.backward(dqr, q_latent, value(q_up_), grad(q_up_), empty_view(), dq_latent);
     TensorView dcq = call_backward(*q_norm_, ctx, {dq_latent}, 1, "q_layernorm")[0];
-    gemm({dcq, xr}, {grad(q_down_)}, kWeightGrad);
-    gemm({dcq, value(q_down_)}, {dxr}, kInputGradAdd);
+    gemm_({dcq, xr}, {grad(q_down_)}, kWeightGrad);
+    gemm_({dcq, value(q_down_)}, {dxr}, kInputGradAdd);
     release_all(ctx, {dq_latent, dcq});
   } else {
-    gemm({dqr, xr}, {grad(q_proj_)}, kWeightGrad);
-    gemm({dqr, value(q_proj_)}, {dxr}, kInputGradAdd);
+    gemm_({dqr, xr}, {grad(q_proj_)}, kWeightGrad);
+    gemm_({dqr, value(q_proj_)}, {dxr}, kInputGradAdd);
   }
   release(ctx, dq_t);
   grad_inputs[0] = dx;
