@@ -9,6 +9,7 @@
 #include "loom/cpp/comm_work.h"
 #include "loom/cpp/error.h"
 #include "loom/cpp/fingerprint.h"
+#include "loom/cpp/json_input.h"
 #include "loom/cpp/object.h"
 #include "loom/cpp/plugin.h"
 #include "loom/host.h"
