@@ -24,7 +24,11 @@ namespace loom::core {
 void checkpoint_fault_point(const char* point, int64_t iteration) {
   const char* env = std::getenv("LOOM_CHECKPOINT_FAULT");
   if (env == nullptr) return;
-  if (std::string(env) == fmt::format("{}:{}", point, iteration)) ::raise(SIGKILL);
+  // "POINT:ITERATION" kills every rank there; "POINT:ITERATION:RANK" only LOOM_RANK RANK.
+  const char* rank = std::getenv("LOOM_RANK");
+  if (std::string(env) == fmt::format("{}:{}", point, iteration) ||
+      std::string(env) == fmt::format("{}:{}:{}", point, iteration, rank != nullptr ? rank : "0"))
+    ::raise(SIGKILL);
 }
 
 namespace {
@@ -212,6 +216,7 @@ void write_checkpoint_directory(ICheckpointFormat& format, const fs::path& final
       write_error = e.what();
       if (world == nullptr) throw;
     }
+    checkpoint_fault_point("part", iteration);
     // Every rank's part is durable before rank 0 puts the directory in place.
     if (any_failed(world, !write_error.empty(), "checkpoint: the ranks' writes"))
       throw IoError(!write_error.empty()

@@ -108,8 +108,10 @@ void write_checkpoint_directory(
     int64_t iteration, ICommunicator* world = nullptr);
 
 /// Test hook: when the environment variable LOOM_CHECKPOINT_FAULT is "POINT:ITERATION"
-/// and a save of ITERATION reaches POINT ("written": files complete, before the rename;
-/// "renamed": before `latest` is updated), the process kills itself with SIGKILL.
+/// and a save of ITERATION reaches POINT ("part": this rank's part written, before the
+/// ranks agree that all parts are; "written": files complete, before the rename;
+/// "renamed": before `latest` is updated), the process kills itself with SIGKILL;
+/// "POINT:ITERATION:RANK" kills only the rank whose LOOM_RANK is RANK (0 without it).
 void checkpoint_fault_point(const char* point, int64_t iteration);
 
 }  // namespace loom::core

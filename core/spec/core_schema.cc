@@ -131,6 +131,12 @@ constexpr const char* kCoreSchema = R"json({
         "eval_interval": {"type": "integer", "minimum": 1, "default": 100},
         "eval_steps": {"type": "integer", "minimum": 1, "default": 10},
         "max_nonfinite_steps": {"type": "integer", "minimum": 1, "default": 3},
+        "rerun_mode": {"enum": ["disabled", "validate_results"], "default": "disabled",
+                       "description": "validate_results: a step whose loss or gradient norm is non-finite (or, with check_for_spiky_loss, spiky) is run again on the same data; the log says whether the fault reproduced (the data or the model) or not (a transient fault: the step goes on with the rerun); Megatron's --rerun-mode"},
+        "check_for_spiky_loss": {"type": "boolean", "default": false,
+                                 "description": "with rerun_mode validate_results, also rerun a step whose loss is at least spiky_loss_factor times the largest loss of the first spiky_loss_samples steps"},
+        "spiky_loss_factor": {"type": "number", "minimum": 1, "default": 10},
+        "spiky_loss_samples": {"type": "integer", "minimum": 1, "default": 100},
         "recompute": {"enum": ["none", "selective", "full"], "default": "none"}
       }
     },
@@ -183,6 +189,8 @@ constexpr const char* kCoreSchema = R"json({
         "level": {"enum": ["debug", "info", "warning", "error"], "default": "info"},
         "run_dir": {"type": "string",
                     "description": "where metrics and the resolved spec go; default runs/<spec name>"},
+        "straggler_factor": {"type": "number", "minimum": 1, "default": 1.5,
+                             "description": "with several ranks, a log line names the slowest rank when its compute time per step (step time less the time blocked in communication) is at least this many times the fastest rank's"},
         "trace_steps": {"type": "integer", "minimum": 0, "default": 3,
                         "description": "steps (from step 2, after the first) whose pipeline actions every rank records into RUN_DIR/pipeline_trace.json, a Chrome trace (Perfetto, chrome://tracing); 0 records none; runs without pipeline parallelism record none"},
         "sample": {

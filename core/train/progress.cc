@@ -33,6 +33,31 @@ void Progress::clear_bar() {
 }
 
 void Progress::add(const StepResult& r) {
+  if (!r.rerun_reason.empty()) {
+    clear_bar();
+    std::string verdict =
+        r.rerun_reproduced
+            ? "reproduced exactly: the data or the model, not a transient fault"
+            : fmt::format("not reproduced (the rerun gave loss {:.6g}, grad norm {:.6g}): a "
+                          "transient fault of the machine; the step goes on with the rerun",
+                          r.loss, r.grad_norm);
+    std::printf("step %lld run again (%s; loss %.6g, grad norm %.6g): %s\n",
+                static_cast<long long>(r.step), r.rerun_reason.c_str(), r.first_loss,
+                r.first_grad_norm, verdict.c_str());
+    if (metrics_.is_open()) {
+      auto number = [](double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); };
+      metrics_ << nlohmann::json{{"step", r.step},
+                                 {"rerun", r.rerun_reproduced ? "reproducible" : "transient"},
+                                 {"reason", r.rerun_reason},
+                                 {"first_loss", number(r.first_loss)},
+                                 {"first_grad_norm", number(r.first_grad_norm)},
+                                 {"rerun_loss", number(r.loss)},
+                                 {"rerun_grad_norm", number(r.grad_norm)}}
+                          .dump()
+               << "\n"
+               << std::flush;
+    }
+  }
   if (r.skipped) {
     ++skipped_;
     clear_bar();
@@ -62,6 +87,14 @@ void Progress::log(int64_t iteration, const LogFigures& figures) {
   if (figures.loss_scale) extra += fmt::format(" | scale {:g}", *figures.loss_scale);
   for (const auto& [name, value] : figures.metrics)
     extra += fmt::format(" | {} {:.4g}", name, value);
+  // Stragglers: in a synchronous step every rank's wall time is the slowest's, so the
+  // ranks compare their compute time (the rest they spent waiting for the slowest).
+  const std::vector<double>& compute = figures.rank_compute_seconds;
+  size_t slowest = 0, fastest = 0;
+  for (size_t i = 0; i < compute.size(); ++i) {
+    if (compute[i] > compute[slowest]) slowest = i;
+    if (compute[i] < compute[fastest]) fastest = i;
+  }
   clear_bar();
   std::printf(
       "iter %6lld/%lld | loss %.4f | lr %.3e | grad norm %.3f | %.0f tok/s | %.1f ms/step "
@@ -69,6 +102,12 @@ void Progress::log(int64_t iteration, const LogFigures& figures) {
       static_cast<long long>(iteration), static_cast<long long>(steps_), loss, lr_, norm, tps,
       step_ms, 100 * mfu, human_bytes(static_cast<double>(figures.peak_memory)).c_str(),
       human_bytes(static_cast<double>(figures.max_rss)).c_str(), extra.c_str());
+  if (compute.size() > 1 && compute[slowest] >= figures.straggler_factor * compute[fastest])
+    std::printf("straggler: rank %zu computes %.1f ms per step, %.1fx rank %zu's %.1f ms (the "
+                "other ranks wait for it in collectives; /log/straggler_factor %g)\n",
+                slowest, 1e3 * compute[slowest],
+                compute[fastest] > 0 ? compute[slowest] / compute[fastest] : 0.0, fastest,
+                1e3 * compute[fastest], figures.straggler_factor);
   if (metrics_.is_open()) {
     nlohmann::json line = {{"step", iteration},
                            {"loss", loss},
@@ -81,6 +120,11 @@ void Progress::log(int64_t iteration, const LogFigures& figures) {
                            {"max_rss_bytes", figures.max_rss},
                            {"skipped", skipped_},
                            {"loss_scale", figures.loss_scale.value_or(1.0)}};
+    if (compute.size() > 1) {
+      line["compute_ms_fastest"] = 1e3 * compute[fastest];
+      line["compute_ms_slowest"] = 1e3 * compute[slowest];
+      line["slowest_rank"] = slowest;
+    }
     if (!std::isfinite(loss)) line["loss"] = nullptr;
     if (!std::isfinite(norm)) line["grad_norm"] = nullptr;
     for (const auto& [name, value] : figures.metrics)

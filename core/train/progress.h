@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "core/train/tensorboard.h"
 
@@ -29,6 +30,11 @@ struct StepResult {
   double seconds = 0;       ///< wall time of the step
   double comm_seconds = 0;  ///< of which the training thread spent blocked in communication
   int64_t tokens = 0;       ///< tokens processed (by every data-parallel rank together)
+  /// Result validation (ResultValidator): why the step's passes ran twice ("" when they
+  /// did not), the first run's loss and norm, and whether the rerun reproduced them.
+  std::string rerun_reason;
+  double first_loss = 0, first_grad_norm = 0;
+  bool rerun_reproduced = false;
 };
 
 /// The figures of one log line besides the steps' own.
@@ -37,6 +43,10 @@ struct LogFigures {
   uint64_t peak_memory = 0, max_rss = 0;      ///< bytes
   std::optional<double> loss_scale;           ///< shown with dynamic loss scaling
   std::map<std::string, double> metrics;      ///< the modules' (StepMetrics::take)
+  /// With several ranks: each rank's compute time per step over the interval (step time
+  /// less the time blocked in communication), by rank; empty with one rank.
+  std::vector<double> rank_compute_seconds;
+  double straggler_factor = 1.5;  ///< /log/straggler_factor
 };
 
 class Progress {
@@ -48,7 +58,8 @@ class Progress {
   Progress(const std::filesystem::path& run_dir, int64_t steps, int64_t first_iteration);
   ~Progress();
 
-  /// Takes a step's result; a skipped step gets its own line at once.
+  /// Takes a step's result; a skipped step, and a step run again by result validation,
+  /// get their own line at once (and a line in metrics.jsonl).
   void add(const StepResult& r);
   /// Prints (and writes) the log line of the steps since the last one, ending at
   /// `iteration`, and starts a new interval.

@@ -192,6 +192,14 @@ RunConfig RunConfig::from_spec(const nlohmann::json& spec) {
   t.eval_interval = at(spec, "train", "eval_interval").get<int64_t>();
   t.eval_steps = at(spec, "train", "eval_steps").get<int64_t>();
   t.max_nonfinite_steps = at(spec, "train", "max_nonfinite_steps").get<int64_t>();
+  t.validate_results = at(spec, "train", "rerun_mode").get<std::string>() == "validate_results";
+  t.check_for_spiky_loss = at(spec, "train", "check_for_spiky_loss").get<bool>();
+  t.spiky_loss_factor = at(spec, "train", "spiky_loss_factor").get<double>();
+  t.spiky_loss_samples = at(spec, "train", "spiky_loss_samples").get<int64_t>();
+  if (t.check_for_spiky_loss && !t.validate_results)
+    throw SpecError("/train/check_for_spiky_loss",
+                    "a spiky loss is checked by rerunning its step: set /train/rerun_mode to "
+                    "\"validate_results\" too (or check_for_spiky_loss to false)");
   t.recompute = recompute_policy(at(spec, "train", "recompute").get<std::string>());
 
   CheckpointConfig& ck = c.checkpoint;
@@ -212,6 +220,7 @@ RunConfig RunConfig::from_spec(const nlohmann::json& spec) {
   if (spec["log"].contains("run_dir")) c.log.run_dir = spec["log"]["run_dir"].get<std::string>();
   c.log.sample = node(spec, "log", "sample");
   c.log.trace_steps = at(spec, "log", "trace_steps").get<int64_t>();
+  c.log.straggler_factor = at(spec, "log", "straggler_factor").get<double>();
   check(c);
   return c;
 }

@@ -78,6 +78,12 @@ struct TrainConfig {
   double grad_clip = 1.0;
   int64_t log_interval = 10, eval_interval = 100, eval_steps = 10;
   int64_t max_nonfinite_steps = 3;
+  /// Result validation (Megatron's rerun state machine): rerun a step whose loss or
+  /// gradient norm is non-finite, or (check_for_spiky_loss) whose loss is spiky.
+  bool validate_results = false;
+  bool check_for_spiky_loss = false;
+  double spiky_loss_factor = 10;
+  int64_t spiky_loss_samples = 100;
   RecomputePolicy recompute = RecomputePolicy::kNone;
 };
 
@@ -96,6 +102,7 @@ struct LogConfig {
   std::string level = "info";
   std::string run_dir;    ///< empty: runs/<spec name>
   int64_t trace_steps = 3;  ///< steps from step 2 traced into pipeline_trace.json (pp > 1)
+  double straggler_factor = 1.5;  ///< slowest / fastest rank's compute time that is reported
   nlohmann::json sample;  ///< /log/sample, or null
 };
 

@@ -31,6 +31,8 @@ class StepMetrics final : public MetricSink {
   void record(const std::string& name, const TensorView& value, MetricReduce reduce) override;
   /// Reads the step's reports into the interval's figures.
   void end_step();
+  /// Drops the step's reports so far: its passes run again (result validation).
+  void discard_step() { pending_.clear(); }
   /// The interval's values by name, over every rank of `world` (collective: every rank
   /// calls it at the same step; null or size 1: this rank's), then a new interval.
   std::map<std::string, double> take(ICommunicator* world);

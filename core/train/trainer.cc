@@ -18,6 +18,7 @@
 #include "core/train/flops.h"
 #include "core/train/no_pipelining.h"
 #include "core/train/plan_rules.h"
+#include "core/train/test_fault.h"
 #include "core/util/errors.h"
 #include "core/util/files.h"
 #include "core/util/gather_text.h"
@@ -27,38 +28,6 @@
 namespace loom::core {
 
 namespace {
-
-// Test hook for fault tests: LOOM_TEST_FAULT="kill:RANK:STEP" SIGKILLs rank RANK, and
-// "hang:RANK:STEP" stops it for ever, in the middle of step STEP (after its first
-// micro-batch's backward, before the gradient reduction); "throw:RANK:STEP" makes it fail
-// there with an error, as a bug in a module would.
-void maybe_inject_fault(int rank, int64_t step) {
-  static const struct Hook {
-    std::string what;
-    int rank = -1;
-    int64_t step = -1;
-  } hook = [] {
-    Hook h;
-    const char* env = std::getenv("LOOM_TEST_FAULT");
-    if (env == nullptr) return h;
-    std::string text(env);
-    size_t a = text.find(':'), b = text.find(':', a + 1);
-    if (a == std::string::npos || b == std::string::npos) return h;
-    h.what = text.substr(0, a);
-    h.rank = std::atoi(text.substr(a + 1, b - a - 1).c_str());
-    h.step = std::atoll(text.substr(b + 1).c_str());
-    return h;
-  }();
-  if (hook.rank != rank || hook.step != step) return;
-  std::fprintf(stderr, "LOOM_TEST_FAULT: %s rank %d at step %lld\n", hook.what.c_str(), rank,
-               static_cast<long long>(step));
-  std::fflush(stderr);
-  if (hook.what == "kill") raise(SIGKILL);
-  if (hook.what == "hang")
-    for (;;) pause();
-  if (hook.what == "throw")
-    throw Error(Code::kInternal, fmt::format("LOOM_TEST_FAULT: rank {} fails at step {}", rank, step));
-}
 
 uint64_t max_rss_bytes() {
   struct rusage usage {};
@@ -85,7 +54,10 @@ Trainer::Trainer(const nlohmann::json& spec, PluginManager& plugins,
       config_(RunConfig::from_spec(spec)),
       plugins_(plugins),
       parallel_(parallel),
-      scaler_(config_.precision) {
+      scaler_(config_.precision),
+      validator_(config_.train.validate_results, config_.train.check_for_spiky_loss,
+                 config_.train.spiky_loss_factor, config_.train.spiky_loss_samples,
+                 config_.precision.dynamic_loss_scaling()) {
   const TrainConfig& train = config_.train;
   const ParallelConfig& par = config_.parallel;
   // One GPU per rank on a machine: local rank r trains on device r.
@@ -373,49 +345,73 @@ StepResult Trainer::step() {
   r.step = iteration_ + 1;
   r.loss_scale = scaler_.scale();
   double comm_before = parallel_ != nullptr ? parallel_->stats().blocked_seconds() : 0;
-  optim_->begin_step();
   const int64_t micro_batches = config_.micro_batches();
   const int64_t start = data_->position();
-  std::vector<Batch> batches(static_cast<size_t>(micro_batches));
-  StepPlanContext step =
-      step_context(batches, start, scaler_.scale() / static_cast<double>(micro_batches));
-  if (parallel_ != nullptr)
-    step.after_backward = [this, &r](int32_t m) {
-      if (m == 0) maybe_inject_fault(parallel_->grid().rank(), r.step);
-    };
-  // A pipeline's actions, timed: the step's measured bubble, and the trace.
-  std::vector<TimedAction> timeline;
-  const bool pipelined = config_.parallel.pp > 1;
-  if (pipelined) {
-    step.timeline = &timeline;
-    step.timeline_origin = trace_origin_;
+  const int rank = parallel_ != nullptr ? parallel_->grid().rank() : 0;
+  // One run of the step's forward and backward passes, the gradient reduction and the
+  // global loss and gradient norm; run again on the same data when result validation
+  // rejects the first (`attempt` 1).
+  auto run_passes = [&](int attempt) {
+    optim_->begin_step();
+    if (attempt > 0) {
+      data_->seek(start);
+      metrics_->discard_step();
+    }
+    std::vector<Batch> batches(static_cast<size_t>(micro_batches));
+    StepPlanContext step =
+        step_context(batches, start, scaler_.scale() / static_cast<double>(micro_batches));
+    if (test_fault_set())
+      step.after_backward = [&](int32_t m) {
+        if (m == 0)
+          inject_fault_after_backward(rank, r.step, attempt, plugins_.host(), *params_);
+      };
+    // A pipeline's actions, timed: the step's measured bubble, and the trace.
+    std::vector<TimedAction> timeline;
+    const bool pipelined = config_.parallel.pp > 1;
+    if (pipelined) {
+      step.timeline = &timeline;
+      step.timeline_origin = trace_origin_;
+    }
+    StepLosses losses = executor_->run(plan(static_cast<int32_t>(micro_batches)),
+                                       static_cast<int32_t>(micro_batches), step, schedule_name());
+    if (pipelined && attempt == 0) record_timeline(timeline, r.step);
+    if (data_replicas_ > 1)
+      data_->seek(start + micro_batches * data_replicas_ * config_.train.micro_batch_size);
+    r.tokens = 0;
+    for (const Batch& batch : batches) r.tokens += batch.batch * batch.seq_length * data_replicas_;
+    r.loss = losses.sum_of_means / static_cast<double>(micro_batches);
+    if (test_fault_set()) r.loss = inject_fault_into_loss(rank, r.step, attempt, r.loss);
+    if (log_level() == LogLevel::kDebug && optim_->overlap())
+      log_debug("parallel", fmt::format("step {}: {} of {} gradient buckets handed to the "
+                                        "reduction during backward",
+                                        r.step, optim_->released_buckets(), optim_->bucket_count()));
+    optim_->finish_reduction();
+    // The loss lives on the last pipeline stage; every data-parallel replica had its own.
+    if (config_.parallel.pp > 1) r.loss = sum_over(ParallelRole::kPipeline, r.loss);
+    // (Context-parallel ranks, also in the data group, hold the same loss: the mean counts
+    // each of them.)
+    if (parallel_ != nullptr && group(ParallelRole::kData).size() > 1)
+      r.loss = sum_over(ParallelRole::kData, r.loss) /
+               static_cast<double>(group(ParallelRole::kData).size());
+    // Global gradient norm (over every parameter, each counted once), unscaled.
+    // Context-parallel ranks hold shares of each sequence's gradient that the data-parallel
+    // reduction averaged over cp x dp ranks instead of adding over cp (ScheduleExecutor::
+    // loss_of): unscaling multiplies them back by cp.
+    const double cp = static_cast<double>(config_.parallel.cp);
+    r.grad_norm = optim_->grad_norm(scaler_.scale() / cp);
+  };
+  run_passes(0);
+  // Result validation: every rank holds the same global loss and norm, so every rank
+  // decides alike and reruns together.
+  r.rerun_reason = validator_.reject(r.loss, r.grad_norm);
+  if (!r.rerun_reason.empty()) {
+    r.first_loss = r.loss;
+    r.first_grad_norm = r.grad_norm;
+    run_passes(1);
+    r.rerun_reproduced = ResultValidator::reproduced(r.first_loss, r.loss) &&
+                         ResultValidator::reproduced(r.first_grad_norm, r.grad_norm);
   }
-  StepLosses losses = executor_->run(plan(static_cast<int32_t>(micro_batches)),
-                                     static_cast<int32_t>(micro_batches), step, schedule_name());
-  if (pipelined) record_timeline(timeline, r.step);
-  if (data_replicas_ > 1)
-    data_->seek(start + micro_batches * data_replicas_ * config_.train.micro_batch_size);
-  for (const Batch& batch : batches) r.tokens += batch.batch * batch.seq_length * data_replicas_;
-  r.loss = losses.sum_of_means / static_cast<double>(micro_batches);
-  if (log_level() == LogLevel::kDebug && optim_->overlap())
-    log_debug("parallel", fmt::format("step {}: {} of {} gradient buckets handed to the "
-                                      "reduction during backward",
-                                      r.step, optim_->released_buckets(), optim_->bucket_count()));
-  optim_->finish_reduction();
-  // The loss lives on the last pipeline stage; every data-parallel replica had its own.
-  if (config_.parallel.pp > 1) r.loss = sum_over(ParallelRole::kPipeline, r.loss);
-  // (Context-parallel ranks, also in the data group, hold the same loss: the mean counts
-  // each of them.)
-  if (parallel_ != nullptr && group(ParallelRole::kData).size() > 1)
-    r.loss = sum_over(ParallelRole::kData, r.loss) /
-             static_cast<double>(group(ParallelRole::kData).size());
-
-  // Global gradient norm (over every parameter, each counted once), unscaled.
-  // Context-parallel ranks hold shares of each sequence's gradient that the data-parallel
-  // reduction averaged over cp x dp ranks instead of adding over cp (ScheduleExecutor::
-  // loss_of): unscaling multiplies them back by cp.
   const double cp = static_cast<double>(config_.parallel.cp);
-  r.grad_norm = optim_->grad_norm(scaler_.scale() / cp);
   bool finite = std::isfinite(r.grad_norm) && std::isfinite(r.loss);
   scaler_.update(!finite);
   r.lr = schedule_ != nullptr ? schedule_->lr(r.step) : components_.base_lr;
@@ -624,11 +620,24 @@ RunResult Trainer::run(const RunOptions& options) {
     if (blocking) options.checkpoint->wait();
   };
   ICommunicator* world = parallel_ != nullptr ? &group(ParallelRole::kWorld) : nullptr;
+  double compute_seconds = 0;  // this rank's, since the last log line
+  int64_t steps_since_log = 0;
   while (iteration_ < steps) {
     StepResult r = step();
     progress.add(r);
+    compute_seconds += r.seconds - r.comm_seconds;
+    ++steps_since_log;
     if (iteration_ % train.log_interval == 0 || iteration_ == steps) {
       LogFigures figures;
+      if (world != nullptr && world->size() > 1) {
+        std::vector<std::string> all =
+            all_gather_text(*world, fmt::format("{:.9g}", compute_seconds / steps_since_log),
+                            "gathering the ranks' step times");
+        for (const std::string& text : all) figures.rank_compute_seconds.push_back(std::stod(text));
+        figures.straggler_factor = config_.log.straggler_factor;
+      }
+      compute_seconds = 0;
+      steps_since_log = 0;
       figures.flops_per_step = flops_per_step_;
       figures.peak_flops = peak_flops_;
       figures.peak_memory = peak_memory();

@@ -39,6 +39,7 @@
 #include "core/train/loss_scaler.h"
 #include "core/train/memory_estimate.h"
 #include "core/train/progress.h"
+#include "core/train/result_validator.h"
 #include "core/train/run_config.h"
 #include "core/train/schedule_executor.h"
 #include "core/train/step_metrics.h"
@@ -189,6 +190,7 @@ class Trainer {
   std::unique_ptr<StepMetrics> metrics_;
   std::unique_ptr<DataSource> data_;
   LossScaler scaler_;
+  ResultValidator validator_;  ///< /train/rerun_mode
   bool return_logits_ = false;
   int64_t iteration_ = 0;
   int64_t nonfinite_in_a_row_ = 0;

@@ -218,7 +218,8 @@ Failure GlooCommunicator::transport_failed(std::exception_ptr error, const std::
   context.what = desc;
   context.timeout_ms = timeout_ms;
   context.elapsed_ms = std::chrono::duration_cast<Milliseconds>(Clock::now() - start).count();
-  context.known_peer = peer;
+  // In a group of two the only peer is the other rank, whatever gloo's message names.
+  context.known_peer = peer < 0 && size_ == 2 ? 1 - rank_ : peer;
   context.peer_addresses = &peer_addresses_;
   Failure failure = classify_failure(error, context);
   record_failure(failure.message);

@@ -1,6 +1,7 @@
 // `loom`: the front door. One binary with subcommands; see `loom --help`.
 #include <fmt/format.h>
 
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -74,6 +75,9 @@ int main(int argc, char** argv) {
     setenv("GOMP_SPINCOUNT", "10000", /*overwrite=*/0);
   }
 
+  // A file-size limit (ulimit -f) makes a write fail with EFBIG, which loom reports naming
+  // the file, instead of killing the process with SIGXFSZ halfway through a save.
+  std::signal(SIGXFSZ, SIG_IGN);
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty() || args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
     std::fputs(kHelp, args.empty() ? stderr : stdout);

@@ -1,0 +1,92 @@
+#include "core/train/test_fault.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+#include <thread>
+#include <vector>
+
+#include "loom/cpp/error.h"
+
+namespace loom::core {
+
+const TestFault& test_fault() {
+  static const TestFault fault = [] {
+    TestFault f;
+    const char* env = std::getenv("LOOM_TEST_FAULT");
+    if (env == nullptr) return f;
+    std::string text(env);
+    size_t a = text.find(':'), b = text.find(':', a + 1);
+    if (a == std::string::npos || b == std::string::npos) return f;
+    f.kind = text.substr(0, a);
+    f.rank = std::atoi(text.substr(a + 1, b - a - 1).c_str());
+    f.step = std::atoll(text.substr(b + 1).c_str());
+    return f;
+  }();
+  return fault;
+}
+
+bool test_fault_set() { return !test_fault().kind.empty(); }
+
+namespace {
+
+void announce(const TestFault& f, int rank, int64_t step) {
+  std::fprintf(stderr, "LOOM_TEST_FAULT: %s rank %d at step %lld\n", f.kind.c_str(), rank,
+               static_cast<long long>(step));
+  std::fflush(stderr);
+}
+
+// Sets element 0 of the first parameter's gradient to `value`.
+void poison_gradient(IHost& host, ParameterSet& params, float value) {
+  for (Parameter& p : params.all()) {
+    if (p.grad.data == nullptr) continue;
+    std::vector<float> g(static_cast<size_t>(numel(p.grad)));
+    load_floats(host, p.grad, g.data());
+    g[0] = value;
+    store_floats(host, g.data(), p.grad);
+    return;
+  }
+}
+
+}  // namespace
+
+void inject_fault_after_backward(int rank, int64_t step, int attempt, IHost& host,
+                                 ParameterSet& params) {
+  const TestFault& f = test_fault();
+  if (f.rank != rank) return;
+  if (f.kind == "slow") {
+    std::this_thread::sleep_for(std::chrono::milliseconds(f.step));
+    return;
+  }
+  if (f.step != step) return;
+  const bool first = attempt == 0;
+  if (f.kind == "kill" || f.kind == "hang" || f.kind == "throw" ||
+      ((f.kind == "nan" || f.kind == "inf") && first) || f.kind == "nan_always")
+    announce(f, rank, step);
+  if (f.kind == "kill") raise(SIGKILL);
+  if (f.kind == "hang")
+    for (;;) pause();
+  if (f.kind == "throw")
+    throw Error(Code::kInternal, fmt::format("LOOM_TEST_FAULT: rank {} fails at step {}", rank, step));
+  if ((f.kind == "nan" && first) || f.kind == "nan_always")
+    poison_gradient(host, params, std::numeric_limits<float>::quiet_NaN());
+  if (f.kind == "inf" && first)
+    poison_gradient(host, params, std::numeric_limits<float>::infinity());
+}
+
+double inject_fault_into_loss(int rank, int64_t step, int attempt, double loss) {
+  const TestFault& f = test_fault();
+  if (f.rank != rank || f.step != step) return loss;
+  if ((f.kind == "spike" && attempt == 0) || f.kind == "spike_always") {
+    announce(f, rank, step);
+    return loss + 1000.0;
+  }
+  return loss;
+}
+
+}  // namespace loom::core
