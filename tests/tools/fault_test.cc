@@ -278,38 +278,43 @@ TEST_F(FaultTestTwoRanks, ATensorParallelRankKilledMidStepStopsTheOther) {
   EXPECT_LT(r.seconds, 60.0);
 }
 
-// Data parallelism with the distributed optimizer, saving every 2 steps: rank 1 is killed
-// after writing its part of step 4's checkpoint. Rank 0 stops naming it; `latest` still
-// names step 2's checkpoint, which verifies, and a run resumed from it continues with the
-// unfaulted run's losses.
+// Saving every 2 steps, rank 1 is killed after writing its part of step 4's checkpoint, in
+// each layout (data parallelism with the distributed optimizer, tensor parallelism,
+// pipeline parallelism). Rank 0 stops naming it; `latest` still names step 2's checkpoint,
+// which verifies, and a run resumed from it continues with the unfaulted run's losses.
 TEST_F(FaultTestTwoRanks, ARankKilledMidSaveLeavesTheLastCheckpointGood) {
   nlohmann::json s = tiny_spec();
   s["train"]["steps"] = 6;
-  const std::string layout = "--set parallel.dp=2 --set parallel.distributed_optimizer=true";
-  auto whole = train("whole", s, "--nproc 2 " + layout);
-  ASSERT_EQ(whole.exit_code, 0);
-  fs::path ckpts = dir_ / "ckpts";
-  TwoRanks r = two_ranks("save_die", s,
-                         layout + " --set parallel.timeout_s=60 --set checkpoint.interval=2 "
-                                  "--set checkpoint.dir=" + q(ckpts),
-                         "LOOM_CHECKPOINT_FAULT=part:4:1");
-  EXPECT_EQ(r.code1, -SIGKILL);
-  EXPECT_NE(r.code0, 0);
-  EXPECT_THAT(r.err0, HasSubstr("rank 1 closed the connection")) << r.err0;
-  EXPECT_LT(r.seconds, 60.0);
-  EXPECT_EQ(read_file(ckpts / "latest"), "iter_0000002\n");
-  EXPECT_FALSE(fs::exists(ckpts / "iter_0000004"));
-  auto verify = run_loom("checkpoint inspect --verify " + q(ckpts / "iter_0000002"));
-  EXPECT_EQ(verify.exit_code, 0) << verify.out << verify.err;
-  auto resumed = train("resumed", s,
-                       "--nproc 2 " + layout + " --set checkpoint.dir=" + q(ckpts) +
-                           " --set checkpoint.resume=\"auto\"");
-  ASSERT_EQ(resumed.exit_code, 0);
-  EXPECT_THAT(resumed.out, HasSubstr("resume: iteration 2"));
-  Metrics all = metrics("whole"), rest = metrics("resumed");
-  ASSERT_EQ(rest.loss.size(), 4u);
-  for (size_t i = 0; i < 4; ++i)
-    EXPECT_NEAR(rest.loss[i], all.loss[i + 2], 1e-6 * all.loss[i + 2]) << "step " << i + 3;
+  for (const auto& [name, layout] : std::vector<std::pair<std::string, std::string>>{
+           {"dp2zero", "--set parallel.dp=2 --set parallel.distributed_optimizer=true"},
+           {"tp2", "--set parallel.tp=2"},
+           {"pp2", "--set parallel.pp=2"}}) {
+    SCOPED_TRACE(name);
+    auto whole = train(name + "_whole", s, "--nproc 2 " + layout);
+    ASSERT_EQ(whole.exit_code, 0);
+    fs::path ckpts = dir_ / (name + "_ckpts");
+    TwoRanks r = two_ranks(name + "_save_die", s,
+                           layout + " --set parallel.timeout_s=60 --set checkpoint.interval=2 "
+                                    "--set checkpoint.dir=" + q(ckpts),
+                           "LOOM_CHECKPOINT_FAULT=part:4:1");
+    EXPECT_EQ(r.code1, -SIGKILL);
+    EXPECT_NE(r.code0, 0);
+    EXPECT_THAT(r.err0, HasSubstr("rank 1 closed the connection")) << r.err0;
+    EXPECT_LT(r.seconds, 60.0);
+    EXPECT_EQ(read_file(ckpts / "latest"), "iter_0000002\n");
+    EXPECT_FALSE(fs::exists(ckpts / "iter_0000004"));
+    auto verify = run_loom("checkpoint inspect --verify " + q(ckpts / "iter_0000002"));
+    EXPECT_EQ(verify.exit_code, 0) << verify.out << verify.err;
+    auto resumed = train(name + "_resumed", s,
+                         "--nproc 2 " + layout + " --set checkpoint.dir=" + q(ckpts) +
+                             " --set checkpoint.resume=\"auto\"");
+    ASSERT_EQ(resumed.exit_code, 0);
+    EXPECT_THAT(resumed.out, HasSubstr("resume: iteration 2"));
+    Metrics all = metrics(name + "_whole"), rest = metrics(name + "_resumed");
+    ASSERT_EQ(rest.loss.size(), 4u);
+    for (size_t i = 0; i < 4; ++i)
+      EXPECT_NEAR(rest.loss[i], all.loss[i + 2], 1e-6 * all.loss[i + 2]) << "step " << i + 3;
+  }
 }
 
 // A full disk during a save (a 200 KiB file-size limit, below the checkpoint's size): the
