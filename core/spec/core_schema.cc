@@ -189,7 +189,7 @@ constexpr const char* kCoreSchema = R"json({
         "level": {"enum": ["debug", "info", "warning", "error"], "default": "info"},
         "run_dir": {"type": "string",
                     "description": "where metrics and the resolved spec go; default runs/<spec name>"},
-        "straggler_factor": {"type": "number", "minimum": 1, "default": 1.5,
+        "straggler_factor": {"type": "number", "minimum": 1, "default": 2,
                              "description": "with several ranks, a log line names the slowest rank when its compute time per step (step time less the time blocked in communication) is at least this many times the fastest rank's"},
         "trace_steps": {"type": "integer", "minimum": 0, "default": 3,
                         "description": "steps (from step 2, after the first) whose pipeline actions every rank records into RUN_DIR/pipeline_trace.json, a Chrome trace (Perfetto, chrome://tracing); 0 records none; runs without pipeline parallelism record none"},

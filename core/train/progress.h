@@ -46,7 +46,7 @@ struct LogFigures {
   /// With several ranks: each rank's compute time per step over the interval (step time
   /// less the time blocked in communication), by rank; empty with one rank.
   std::vector<double> rank_compute_seconds;
-  double straggler_factor = 1.5;  ///< /log/straggler_factor
+  double straggler_factor = 2;  ///< /log/straggler_factor
 };
 
 class Progress {

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace loom::core {
 
@@ -42,6 +43,11 @@ class ResultValidator {
 
   /// Whether a rerun reproduced a value: equal bits, or both NaN.
   static bool reproduced(double first, double rerun);
+
+  /// One reason from every rank's (by rank; "" where a rank rejected nothing): the reason
+  /// alone when every rank gave the same, else "rank 1: non-finite gradients; rank 3: ..."
+  /// (the first four, then how many more).
+  static std::string combine(const std::vector<std::string>& reasons);
 
  private:
   bool enabled_, check_spiky_;

@@ -102,7 +102,7 @@ struct LogConfig {
   std::string level = "info";
   std::string run_dir;    ///< empty: runs/<spec name>
   int64_t trace_steps = 3;  ///< steps from step 2 traced into pipeline_trace.json (pp > 1)
-  double straggler_factor = 1.5;  ///< slowest / fastest rank's compute time that is reported
+  double straggler_factor = 2;  ///< slowest / fastest rank's compute time that is reported
   nlohmann::json sample;  ///< /log/sample, or null
 };
 

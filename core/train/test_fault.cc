@@ -55,28 +55,33 @@ void poison_gradient(IHost& host, ParameterSet& params, float value) {
 
 }  // namespace
 
-void inject_fault_after_backward(int rank, int64_t step, int attempt, IHost& host,
-                                 ParameterSet& params) {
+void inject_fault_after_backward(int rank, int64_t step) {
   const TestFault& f = test_fault();
   if (f.rank != rank) return;
   if (f.kind == "slow") {
     std::this_thread::sleep_for(std::chrono::milliseconds(f.step));
     return;
   }
-  if (f.step != step) return;
-  const bool first = attempt == 0;
-  if (f.kind == "kill" || f.kind == "hang" || f.kind == "throw" ||
-      ((f.kind == "nan" || f.kind == "inf") && first) || f.kind == "nan_always")
-    announce(f, rank, step);
+  if (f.step != step || (f.kind != "kill" && f.kind != "hang" && f.kind != "throw")) return;
+  announce(f, rank, step);
   if (f.kind == "kill") raise(SIGKILL);
   if (f.kind == "hang")
     for (;;) pause();
-  if (f.kind == "throw")
-    throw Error(Code::kInternal, fmt::format("LOOM_TEST_FAULT: rank {} fails at step {}", rank, step));
-  if ((f.kind == "nan" && first) || f.kind == "nan_always")
+  throw Error(Code::kInternal, fmt::format("LOOM_TEST_FAULT: rank {} fails at step {}", rank, step));
+}
+
+void inject_fault_after_reduction(int rank, int64_t step, int attempt, IHost& host,
+                                  ParameterSet& params) {
+  const TestFault& f = test_fault();
+  if (f.rank != rank || f.step != step) return;
+  const bool first = attempt == 0;
+  if ((f.kind == "nan" && first) || f.kind == "nan_always") {
+    announce(f, rank, step);
     poison_gradient(host, params, std::numeric_limits<float>::quiet_NaN());
-  if (f.kind == "inf" && first)
+  } else if (f.kind == "inf" && first) {
+    announce(f, rank, step);
     poison_gradient(host, params, std::numeric_limits<float>::infinity());
+  }
 }
 
 double inject_fault_into_loss(int rank, int64_t step, int attempt, double loss) {

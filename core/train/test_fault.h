@@ -6,7 +6,9 @@
 //   hang          stop rank RANK there for ever
 //   throw         fail there with an internal error, as a bug in a module would
 //   nan, inf      set the first gradient element of rank RANK's first parameter to NaN
-//                 (+inf) there, in the first run of step STEP only (a transient fault)
+//                 (+inf) after the step's gradient reduction (a fault that spoils that
+//                 rank's copy of the reduced gradients), in the first run of step STEP only
+//                 (a transient fault)
 //   nan_always    the same in every run of step STEP (a reproducible fault)
 //   spike         add 1000 to rank RANK's loss of step STEP, first run only
 //   spike_always  the same in every run of step STEP
@@ -32,10 +34,13 @@ const TestFault& test_fault();
 /// Whether a fault is set at all (the trainer installs its hooks only then).
 bool test_fault_set();
 
-/// After the first micro-batch's backward of run `attempt` (0: the first) of `step` on
-/// `rank`: kill, hang, throw, slow, nan, inf, nan_always.
-void inject_fault_after_backward(int rank, int64_t step, int attempt, IHost& host,
-                                 ParameterSet& params);
+/// After the first micro-batch's backward of `step` on `rank`: kill, hang, throw, slow.
+void inject_fault_after_backward(int rank, int64_t step);
+
+/// After the gradient reduction of run `attempt` (0: the first) of `step` on `rank`: nan,
+/// inf, nan_always.
+void inject_fault_after_reduction(int rank, int64_t step, int attempt, IHost& host,
+                                  ParameterSet& params);
 
 /// The step's local loss, spiked when spike or spike_always names (rank, step, attempt).
 double inject_fault_into_loss(int rank, int64_t step, int attempt, double loss);

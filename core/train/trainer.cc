@@ -362,8 +362,7 @@ StepResult Trainer::step() {
         step_context(batches, start, scaler_.scale() / static_cast<double>(micro_batches));
     if (test_fault_set())
       step.after_backward = [&](int32_t m) {
-        if (m == 0)
-          inject_fault_after_backward(rank, r.step, attempt, plugins_.host(), *params_);
+        if (m == 0) inject_fault_after_backward(rank, r.step);
       };
     // A pipeline's actions, timed: the step's measured bubble, and the trace.
     std::vector<TimedAction> timeline;
@@ -386,6 +385,8 @@ StepResult Trainer::step() {
                                         "reduction during backward",
                                         r.step, optim_->released_buckets(), optim_->bucket_count()));
     optim_->finish_reduction();
+    if (test_fault_set())
+      inject_fault_after_reduction(rank, r.step, attempt, plugins_.host(), *params_);
     // The loss lives on the last pipeline stage; every data-parallel replica had its own.
     if (config_.parallel.pp > 1) r.loss = sum_over(ParallelRole::kPipeline, r.loss);
     // (Context-parallel ranks, also in the data group, hold the same loss: the mean counts
@@ -401,15 +402,24 @@ StepResult Trainer::step() {
     r.grad_norm = optim_->grad_norm(scaler_.scale() / cp);
   };
   run_passes(0);
-  // Result validation: every rank holds the same global loss and norm, so every rank
-  // decides alike and reruns together.
+  // Result validation. The loss is global, and so is the gradient norm with the
+  // distributed optimizer; without it each rank computes the norm of its own copy of the
+  // reduced gradients, which a fault after the reduction spoils on that rank alone. So
+  // the ranks agree: one rank's rejection makes every rank run the step again (as
+  // Megatron's rerun state machine reduces its decision over the world).
   r.rerun_reason = validator_.reject(r.loss, r.grad_norm);
+  const bool world =
+      validator_.enabled() && parallel_ != nullptr && parallel_->grid().world_size() > 1;
+  if (world && sum_over(ParallelRole::kWorld, r.rerun_reason.empty() ? 0.0 : 1.0) > 0)
+    r.rerun_reason = ResultValidator::combine(
+        all_gather_text(group(ParallelRole::kWorld), r.rerun_reason, "agreeing on a rerun"));
   if (!r.rerun_reason.empty()) {
     r.first_loss = r.loss;
     r.first_grad_norm = r.grad_norm;
     run_passes(1);
-    r.rerun_reproduced = ResultValidator::reproduced(r.first_loss, r.loss) &&
-                         ResultValidator::reproduced(r.first_grad_norm, r.grad_norm);
+    bool same = ResultValidator::reproduced(r.first_loss, r.loss) &&
+                ResultValidator::reproduced(r.first_grad_norm, r.grad_norm);
+    r.rerun_reproduced = world ? sum_over(ParallelRole::kWorld, same ? 0.0 : 1.0) == 0 : same;
   }
   const double cp = static_cast<double>(config_.parallel.cp);
   bool finite = std::isfinite(r.grad_norm) && std::isfinite(r.loss);
