@@ -2,6 +2,7 @@
 // ByteLevelBpeConfig, refusing (with the file and the fix) whatever loom does not implement.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <climits>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -13,6 +14,7 @@
 #include "core/data/tokenizer_bpe.h"
 #include "core/util/errors.h"
 #include "core/util/files.h"
+#include "loom/cpp/json_input.h"
 
 namespace loom::core {
 namespace {
@@ -20,13 +22,42 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
+// Every read of a tokenizer file goes through parse_json_input and JsonIn (code kIoError):
+// a syntax error, nesting deeper than kMaxJsonDepth (a vocab.json nested 100,000 deep would
+// overflow the stack), a number beyond double or a value of the wrong type is an error that
+// names the file and the line:column or the JSON pointer, never one of nlohmann's
+// exceptions. Tokenizer::load turns them into IoError, the class this file throws.
+constexpr Code kCode = Code::kIoError;
+
 json parse_json(const fs::path& file) {
   std::string text = read_file(file);
   try {
-    return json::parse(text);
-  } catch (const json::exception& e) {
-    throw IoError(fmt::format("{}: not valid JSON ({})", file.string(), e.what()));
+    return parse_json_input(text, file.string(), kCode,
+                            "the file is not valid JSON for a tokenizer; download or save it "
+                            "again");
+  } catch (const Error& e) {
+    throw IoError(e.what());
   }
+}
+
+// A null to view where an optional entry is absent.
+const json& null_json() {
+  static const json null;
+  return null;
+}
+
+// node[key], or a null when node has no such entry.
+JsonIn optional(const JsonIn& node, const std::string& key) {
+  return node.has(key) ? node[key] : JsonIn(null_json(), node.place() + "/" + key, kCode);
+}
+
+// A short rendering of a value for messages.
+std::string brief(const JsonIn& node) { return json_input_detail::brief(node.json()); }
+
+// A token for messages: its JSON string, cut at 60 characters.
+std::string quoted(const std::string& token) {
+  std::string text = json(token).dump(-1, ' ', false, json::error_handler_t::replace);
+  return text.size() > 60 ? text.substr(0, 57) + "..." : text;
 }
 
 // "a b" -> {"a", "b"}; false unless there are exactly two non-empty parts.
@@ -39,15 +70,17 @@ bool split_merge(std::string_view line, std::pair<std::string, std::string>& out
   return true;
 }
 
-void read_vocab(const json& vocab, const std::string& where, ByteLevelBpeConfig& config) {
+void read_vocab(const JsonIn& vocab, ByteLevelBpeConfig& config) {
   if (!vocab.is_object())
-    throw IoError(fmt::format("{}: expected a JSON object mapping each token to its id", where));
+    vocab.fail("expected a JSON object mapping each token to its id, got " + brief(vocab));
   config.vocab.reserve(vocab.size());
-  for (const auto& [token, id] : vocab.items()) {
+  // The raw entries, for speed (a vocabulary has 10^5 tokens); a bad one through JsonIn, for
+  // its message (file, pointer of the token, what was expected).
+  for (auto it = vocab.json().begin(); it != vocab.json().end(); ++it) {
+    const json& id = it.value();
     if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX)
-      throw IoError(fmt::format("{}: the id of token '{}' is {}, not an integer in 0..{}", where,
-                                token, id.dump(), INT32_MAX));
-    config.vocab.emplace_back(token, id.get<int32_t>());
+      vocab[it.key()].int64(0, INT32_MAX);  // throws
+    config.vocab.emplace_back(it.key(), id.get<int32_t>());
   }
 }
 
@@ -65,7 +98,39 @@ std::optional<std::string> eos_beside(const fs::path& file) {
   return std::nullopt;
 }
 
+// The tokenizer's tables are sized by its largest id, so an id from the file is bounded by
+// the file: every id must be below 2 x (the tokens, vocabulary and added, counted by
+// distinct id) + 1024.
+// Real tokenizers number their tokens densely (GPT-2: 50257 tokens, ids 0..50256; Hugging
+// Face puts added tokens right after the vocabulary, Qwen2: 151643 tokens, then its added
+// ones from 151643), and the few that leave holes (a vocabulary padded to a multiple of
+// 64) stay far within the rule; a file of ten tokens with the id 2147483647 would otherwise
+// make loom allocate gigabytes.
+void check_ids_are_bounded(const ByteLevelBpeConfig& config) {
+  // Tokens = distinct ids: an added token is often in the vocabulary too (GPT-2's
+  // <|endoftext|> in tokenizer.json; every special token of a vocab.json, load_gpt2).
+  std::vector<int32_t> ids;
+  ids.reserve(config.vocab.size() + config.added_tokens.size());
+  for (const auto& entry : config.vocab) ids.push_back(entry.second);
+  for (const AddedToken& t : config.added_tokens) ids.push_back(t.id);
+  std::sort(ids.begin(), ids.end());
+  const auto total = static_cast<int64_t>(std::unique(ids.begin(), ids.end()) - ids.begin());
+  const int64_t limit = 2 * total + 1024;
+  auto refuse = [&](const char* what, const std::string& token, int64_t id) {
+    throw IoError(
+        fmt::format("{}: {} {} has the id {}; ids must be below {} (twice the {} "
+                    "tokens of the file, plus 1024), as in every real tokenizer: the "
+                    "file is damaged",
+                    config.vocab_source, what, quoted(token), id, limit, total));
+  };
+  for (const auto& [token, id] : config.vocab)
+    if (id >= limit) refuse("token", token, id);
+  for (const AddedToken& t : config.added_tokens)
+    if (t.id >= limit) refuse("added token", t.content, t.id);
+}
+
 std::unique_ptr<Tokenizer> finish(ByteLevelBpeConfig config, const std::string& files) {
+  check_ids_are_bounded(config);
   int64_t size = 0;
   for (const auto& entry : config.vocab) size = std::max<int64_t>(size, entry.second + 1);
   for (const AddedToken& t : config.added_tokens) size = std::max<int64_t>(size, t.id + 1);
@@ -80,7 +145,7 @@ std::unique_ptr<Tokenizer> load_gpt2(const fs::path& vocab_file, const json& voc
   ByteLevelBpeConfig config;
   config.vocab_source = vocab_file.string();
   config.merges_source = merges_file.string();
-  read_vocab(vocab, config.vocab_source, config);
+  read_vocab(JsonIn(vocab, config.vocab_source, kCode), config);
   std::error_code ec;
   if (!fs::is_regular_file(merges_file, ec))
     throw IoError(
@@ -126,18 +191,19 @@ std::unique_ptr<Tokenizer> load_gpt2(const fs::path& vocab_file, const json& voc
                 vocab_file.filename().string() + " + " + merges_file.filename().string());
 }
 
-std::string type_of(const json& node) {
-  return node.is_object() && node.contains("type") && node["type"].is_string()
-             ? node["type"].get<std::string>()
-             : node.dump();
+// The "type" of a tokenizer.json node, or the node itself for messages.
+std::string type_of(const JsonIn& node) {
+  return node.is_object() && node.has("type") && node["type"].is_string() ? node["type"].string()
+                                                                          : brief(node);
 }
 
-bool flag(const json& node, const char* key, bool fallback) {
-  if (!node.contains(key) || node[key].is_null()) return fallback;
-  return node[key].is_boolean() ? node[key].get<bool>() : fallback;
+// node[key] as a bool, `fallback` when absent or null; another type is an error.
+bool flag(const JsonIn& node, const char* key, bool fallback) {
+  if (!node.has(key) || node[key].is_null()) return fallback;
+  return node[key].boolean();
 }
 
-void read_pre_tokenizer(const json& pre, const std::string& file, ByteLevelBpeConfig& config) {
+void read_pre_tokenizer(const JsonIn& pre, const std::string& file, ByteLevelBpeConfig& config) {
   const std::string supported =
       "loom supports ByteLevel, and Sequence[Split(GPT-2 or Llama-3 regex, Isolated), ByteLevel]";
   if (pre.is_null())
@@ -145,25 +211,22 @@ void read_pre_tokenizer(const json& pre, const std::string& file, ByteLevelBpeCo
         fmt::format("{}: pre_tokenizer is null; a byte-level BPE needs a ByteLevel "
                     "pre-tokeniser ({})",
                     file, supported));
-  std::vector<json> steps;
-  if (type_of(pre) == "Sequence" && pre.contains("pretokenizers") &&
-      pre["pretokenizers"].is_array())
-    steps.assign(pre["pretokenizers"].begin(), pre["pretokenizers"].end());
+  std::vector<JsonIn> steps;
+  if (type_of(pre) == "Sequence" && pre.has("pretokenizers"))
+    steps = pre["pretokenizers"].elements();
   else
     steps.push_back(pre);
   if (steps.empty() || type_of(steps.back()) != "ByteLevel" || steps.size() > 2)
     throw IoError(fmt::format("{}: pre_tokenizer {} is not supported; {}", file,
-                              pre.dump().substr(0, 300), supported));
+                              pre.json().dump().substr(0, 300), supported));
   if (steps.size() == 2) {
-    const json& split = steps[0];
+    const JsonIn& split = steps[0];
     if (type_of(split) != "Split")
       throw IoError(fmt::format("{}: pre_tokenizer step '{}' is not supported; {}", file,
                                 type_of(split), supported));
-    const json& pattern = split.value("pattern", json());
+    JsonIn pattern = optional(split, "pattern");
     std::string regex =
-        pattern.is_object() && pattern.contains("Regex") && pattern["Regex"].is_string()
-            ? pattern["Regex"].get<std::string>()
-            : std::string();
+        pattern.is_object() && pattern.has("Regex") ? pattern["Regex"].string() : std::string();
     if (regex == kGpt2Pattern)
       config.split = PreTokenPattern::kGpt2;
     else if (regex == kLlama3Pattern)
@@ -172,16 +235,17 @@ void read_pre_tokenizer(const json& pre, const std::string& file, ByteLevelBpeCo
       throw IoError(fmt::format(
           "{}: the Split pre-tokeniser's pattern {} is not supported; loom implements only the "
           "GPT-2 pattern {} and the Llama-3 pattern {}",
-          file, pattern.dump(), json(std::string(kGpt2Pattern)).dump(),
+          file, pattern.json().dump().substr(0, 300), json(std::string(kGpt2Pattern)).dump(),
           json(std::string(kLlama3Pattern)).dump()));
-    std::string behavior = split.value("behavior", std::string("Isolated"));
-    if (behavior != "Isolated" || flag(split, "invert", false))
+    std::string behavior = split.has("behavior") ? split["behavior"].string() : "Isolated";
+    bool invert = flag(split, "invert", false);
+    if (behavior != "Isolated" || invert)
       throw IoError(
           fmt::format("{}: Split with behavior '{}'{} is not supported; loom "
                       "implements behavior 'Isolated' without invert",
-                      file, behavior, flag(split, "invert", false) ? ", invert" : ""));
+                      file, behavior, invert ? ", invert" : ""));
   }
-  const json& byte_level = steps.back();
+  const JsonIn& byte_level = steps.back();
   config.add_prefix_space = flag(byte_level, "add_prefix_space", true);
   config.byte_level_regex = flag(byte_level, "use_regex", true);
 }
@@ -190,62 +254,64 @@ std::unique_ptr<Tokenizer> load_tokenizer_json(const fs::path& path, const json&
   std::string file = path.string();
   ByteLevelBpeConfig config;
   config.vocab_source = config.merges_source = file;
-  const json& model = j["model"];
+  JsonIn root(j, file, kCode);
+  JsonIn model = root["model"];
   std::string type =
-      model.contains("type") ? type_of(model) : (model.contains("merges") ? "BPE" : "unknown");
+      model.has("type") ? model["type"].string() : (model.has("merges") ? "BPE" : "unknown");
   if (type != "BPE")
     throw IoError(
         fmt::format("{}: model type '{}' is not supported; loom reads byte-level BPE "
                     "tokenizers (model type BPE with a ByteLevel pre-tokeniser)",
                     file, type));
-  if (model.contains("dropout") && !model["dropout"].is_null() &&
-      !(model["dropout"].is_number() && model["dropout"].get<double>() == 0))
+  JsonIn dropout = optional(model, "dropout");
+  if (!dropout.is_null() && !(dropout.json().is_number() && dropout.json().get<double>() == 0))
     throw IoError(
         fmt::format("{}: model.dropout is {}; BPE dropout (random merges, a training "
                     "augmentation) is not supported: set it to null",
-                    file, model["dropout"].dump()));
+                    file, brief(dropout)));
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
-    if (model.contains(key) && !model[key].is_null() &&
-        !(model[key].is_string() && model[key].get<std::string>().empty()))
+    JsonIn value = optional(model, key);
+    if (!value.is_null() && !(value.is_string() && value.string().empty()))
       throw IoError(
           fmt::format("{}: model.{} is {}; loom's byte-level BPE does not support it "
                       "(it must be null)",
-                      file, key, model[key].dump()));
+                      file, key, brief(value)));
   }
   // unk_token, fuse_unk and byte_fallback only act on a character without a token, which a
   // byte-level vocabulary never has (every byte has one; make_byte_level_bpe checks).
   config.ignore_merges = flag(model, "ignore_merges", false);
-  read_vocab(model.value("vocab", json()), file + ": model.vocab", config);
-  const json& merges = model.value("merges", json::array());
-  if (!merges.is_array()) throw IoError(fmt::format("{}: model.merges is not an array", file));
-  for (size_t k = 0; k < merges.size(); ++k) {
-    const json& m = merges[k];
-    std::pair<std::string, std::string> merge;
-    bool ok = false;
-    if (m.is_string()) {
-      ok = split_merge(m.get<std::string>(), merge);
-    } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
-      merge = {m[0].get<std::string>(), m[1].get<std::string>()};
-      ok = true;
+  read_vocab(model["vocab"], config);
+  if (model.has("merges")) {
+    JsonIn merges = model["merges"];
+    merges.expect_array();
+    config.merges.reserve(merges.size());
+    for (size_t k = 0; k < merges.size(); ++k) {
+      const json& m = merges.json()[k];
+      std::pair<std::string, std::string> merge;
+      bool ok = false;
+      if (m.is_string()) {
+        ok = split_merge(m.get_ref<const std::string&>(), merge);
+      } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
+        merge = {m[0].get<std::string>(), m[1].get<std::string>()};
+        ok = true;
+      }
+      if (!ok)
+        merges[k].fail("expected a merge \"left right\" or [\"left\", \"right\"], got " +
+                       json_input_detail::brief(m));
+      config.merges.push_back(std::move(merge));
     }
-    if (!ok)
-      throw IoError(
-          fmt::format("{}: model.merges[{}] is {}; expected \"left right\" or "
-                      "[\"left\", \"right\"]",
-                      file, k, m.dump()));
-    config.merges.push_back(std::move(merge));
   }
 
-  const json& normalizer = j.value("normalizer", json());
-  bool empty_sequence = type_of(normalizer) == "Sequence" && normalizer.contains("normalizers") &&
-                        normalizer["normalizers"].empty();
+  JsonIn normalizer = optional(root, "normalizer");
+  bool empty_sequence = type_of(normalizer) == "Sequence" && normalizer.has("normalizers") &&
+                        normalizer["normalizers"].size() == 0;
   if (!normalizer.is_null() && !empty_sequence)
     throw IoError(
         fmt::format("{}: normalizer '{}' is not supported; loom's byte-level BPE reads "
                     "tokenizers without a normalizer (as GPT-2's and Llama-3's)",
                     file, type_of(normalizer)));
-  read_pre_tokenizer(j.value("pre_tokenizer", json()), file, config);
-  const json& decoder = j.value("decoder", json());
+  read_pre_tokenizer(optional(root, "pre_tokenizer"), file, config);
+  JsonIn decoder = optional(root, "decoder");
   if (!decoder.is_null() && type_of(decoder) != "ByteLevel")
     throw IoError(
         fmt::format("{}: decoder '{}' is not supported; a byte-level BPE decodes with "
@@ -254,28 +320,23 @@ std::unique_ptr<Tokenizer> load_tokenizer_json(const fs::path& path, const json&
   // post_processor (bos/eos templates) is not applied: loom encodes without special tokens, as
   // `tokenizers` does with add_special_tokens=False; preprocess appends the eod token itself.
 
-  const json& added = j.value("added_tokens", json::array());
-  for (size_t k = 0; k < added.size(); ++k) {
-    const json& a = added[k];
-    if (!a.is_object() || !a.contains("id") || !a["id"].is_number_integer() ||
-        !a.contains("content") || !a["content"].is_string())
-      throw IoError(
-          fmt::format("{}: added_tokens[{}] is {}; expected an object with an integer "
-                      "id and a string content",
-                      file, k, a.dump()));
-    AddedToken t;
-    t.content = a["content"].get<std::string>();
-    t.id = a["id"].get<int32_t>();
-    t.special = flag(a, "special", false);
-    t.lstrip = flag(a, "lstrip", false);
-    t.rstrip = flag(a, "rstrip", false);
-    t.normalized = flag(a, "normalized", !t.special);
-    if (flag(a, "single_word", false))
-      throw IoError(
-          fmt::format("{}: added token '{}' has single_word: true, which loom does not "
-                      "support; set it to false",
-                      file, t.content));
-    config.added_tokens.push_back(std::move(t));
+  JsonIn added = optional(root, "added_tokens");
+  if (!added.is_null()) {
+    for (const JsonIn& a : added.elements()) {
+      AddedToken t;
+      t.content = a["content"].string();
+      t.id = static_cast<int32_t>(a["id"].int64(0, INT32_MAX));
+      t.special = flag(a, "special", false);
+      t.lstrip = flag(a, "lstrip", false);
+      t.rstrip = flag(a, "rstrip", false);
+      t.normalized = flag(a, "normalized", !t.special);
+      if (flag(a, "single_word", false))
+        throw IoError(
+            fmt::format("{}: added token '{}' has single_word: true, which loom does not "
+                        "support; set it to false",
+                        file, t.content));
+      config.added_tokens.push_back(std::move(t));
+    }
   }
   config.eos_token = eos_beside(path);
   return finish(std::move(config), path.filename().string());
@@ -321,9 +382,16 @@ std::unique_ptr<Tokenizer> Tokenizer::load(const fs::path& path) {
                     path.string()));
   // tokenizer.json has a "model" object; a vocab.json maps every key (even "model") to an id.
   json j = parse_json(path);
-  if (j.is_object() && j.contains("model") && j["model"].is_object())
-    return load_tokenizer_json(path, j);
-  return load_gpt2(path, j, merges_for(path));
+  try {
+    if (j.is_object() && j.contains("model") && j["model"].is_object())
+      return load_tokenizer_json(path, j);
+    return load_gpt2(path, j, merges_for(path));
+  } catch (const IoError&) {
+    throw;
+  } catch (const Error& e) {
+    if (e.code() != kCode) throw;
+    throw IoError(e.what());  // JsonIn's: a value of the wrong type, an id out of range
+  }
 }
 
 }  // namespace loom::core

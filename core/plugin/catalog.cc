@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <boost/dll/runtime_symbol_info.hpp>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -12,6 +13,7 @@
 #include "core/schema/schema.h"
 #include "core/util/errors.h"
 #include "core/util/log.h"
+#include "loom/cpp/json_input.h"
 #include "loom/kinds.h"
 
 namespace fs = std::filesystem;
@@ -74,60 +76,84 @@ PluginRecord read_manifest(const fs::path& path, const std::string& origin) {
   record.manifest_path = path;
   record.dir = path.parent_path();
   record.origin = origin;
-  std::string where = path.string();
+  const std::string where = path.string();
+  const std::string fix = "fix the plugin's manifest";
+  // Every problem of the file is a PluginError (exit code 4) naming it; parse_json_input and
+  // JsonIn throw loom::Error naming the line and column or the JSON pointer, never one of
+  // nlohmann's exceptions (a manifest nested 100,000 deep, 1e309, "description": 3).
   try {
-    record.manifest = nlohmann::json::parse(read_text(path));
-  } catch (const nlohmann::json::parse_error& e) {
-    throw PluginError(
-        Code::kInvalidArgument,
-        fmt::format("{}: not valid JSON ({}); fix the plugin's manifest", where, e.what()));
-  }
-  const nlohmann::json& m = record.manifest;
-  auto need_string = [&](const nlohmann::json& obj, const char* key, const std::string& at) {
-    if (!obj.is_object() || !obj.contains(key) || !obj[key].is_string())
-      throw PluginError(Code::kInvalidArgument,
-                        fmt::format("{}: {}/{} must be a string", where, at, key));
-    return obj[key].get<std::string>();
-  };
-  if (!m.is_object()) throw PluginError(Code::kInvalidArgument, where + ": must be a JSON object");
-  std::string schema = need_string(m, "schema", "");
-  if (schema != "loom.plugin/1")
-    throw PluginError(
-        Code::kInvalidArgument,
-        fmt::format("{}: /schema is '{}', this loom reads 'loom.plugin/1'", where, schema));
-  record.name = need_string(m, "name", "");
-  static const std::regex kName("[a-z0-9][a-z0-9_.-]*");
-  if (!std::regex_match(record.name, kName))
-    throw PluginError(
-        Code::kInvalidArgument,
-        fmt::format("{}: /name '{}' must match [a-z0-9][a-z0-9_.-]*", where, record.name));
-  record.version = need_string(m, "version", "");
-  record.description = m.value("description", "");
-  std::string library =
-      m.contains("library") ? need_string(m, "library", "") : "libloom_" + record.name + ".so";
-  record.library = record.dir / library;
-  if (m.contains("components") && !m["components"].is_array())
-    throw PluginError(Code::kInvalidArgument, where + ": /components must be an array");
-  int index = 0;
-  for (const auto& c : m.value("components", nlohmann::json::array())) {
-    std::string at = fmt::format("/components/{}", index++);
-    ManifestComponent component;
-    component.kind = need_string(c, "kind", at);
-    component.name = need_string(c, "name", at);
-    component.description = c.value("description", "");
-    if (!is_component_kind(component.kind))
-      throw PluginError(Code::kInvalidArgument,
-                        fmt::format("{}: {}/kind '{}' is not a component kind of this loom", where,
-                                    at, component.kind));
-    component.options = c.value("options", nlohmann::json::object());
-    try {
-      check_schema(component.options, fmt::format("{} {}/options", where, at));
-    } catch (const Error& e) {
-      throw PluginError(Code::kInvalidArgument, e.what());
+    record.manifest = parse_json_input(read_text(path), where, Code::kInvalidArgument, fix);
+    JsonIn m(record.manifest, where, Code::kInvalidArgument, fix);
+    m.expect_object();
+    std::string schema = m["schema"].string();
+    if (schema != "loom.plugin/1")
+      m["schema"].fail(
+          fmt::format("'{}' is not 'loom.plugin/1', the manifest schema this loom "
+                      "reads",
+                      schema));
+    record.name = m["name"].string();
+    static const std::regex kName("[a-z0-9][a-z0-9_.-]*");
+    if (!std::regex_match(record.name, kName))
+      m["name"].fail(fmt::format("'{}' must match [a-z0-9][a-z0-9_.-]*", record.name));
+    record.version = m["version"].string();
+    record.description = m.has("description") ? m["description"].string() : std::string();
+    std::string library = "libloom_" + record.name + ".so";
+    if (m.has("library")) {
+      library = m["library"].string();
+      // The library sits beside its manifest: a path ("../x.so", "/lib/x.so") would make
+      // the manifest of one directory load code from another.
+      fs::path file(library);
+      if (library.empty() || file.has_parent_path() || file.is_absolute() || library == "." ||
+          library == "..")
+        m["library"].fail(
+            fmt::format("'{}' is not a file name; the library must sit beside "
+                        "plugin.json, in {}",
+                        library, record.dir.string()));
     }
-    record.components.push_back(std::move(component));
+    record.library = record.dir / library;
+    if (m.has("components")) {
+      for (const JsonIn& c : m["components"].elements()) {
+        ManifestComponent component;
+        component.kind = c["kind"].string();
+        component.name = c["name"].string();
+        component.description = c.has("description") ? c["description"].string() : std::string();
+        if (!is_component_kind(component.kind))
+          c["kind"].fail(fmt::format("'{}' is not a component kind of this loom", component.kind));
+        component.options = c.has("options") ? c["options"].json() : nlohmann::json::object();
+        check_schema(component.options, fmt::format("{} {}/options", where, c.pointer()));
+        record.components.push_back(std::move(component));
+      }
+    }
+  } catch (const PluginError&) {
+    throw;
+  } catch (const IoError&) {
+    throw;
+  } catch (const Error& e) {
+    throw PluginError(Code::kInvalidArgument, e.what());
   }
   return record;
+}
+
+void check_library_file_exists(const PluginRecord& record) {
+  const std::string lib = record.library.string();
+  std::error_code ec;
+  if (!fs::exists(record.library, ec))
+    throw PluginError(Code::kNotFound,
+                      fmt::format("plugin '{}': library {} is missing (its manifest is {}); build "
+                                  "or reinstall the plugin",
+                                  record.name, lib, record.manifest_path.string()));
+  bool elf = false;
+  if (fs::is_regular_file(record.library, ec)) {
+    char magic[4] = {};
+    std::ifstream in(record.library, std::ios::binary);
+    constexpr char kElfMagic[4] = {0x7f, 'E', 'L', 'F'};
+    elf = in.read(magic, 4) && std::memcmp(magic, kElfMagic, 4) == 0;
+  }
+  if (!elf)
+    throw PluginError(Code::kInvalidArgument,
+                      fmt::format("plugin '{}': {} is not a shared object (no ELF header); "
+                                  "rebuild the plugin",
+                                  record.name, lib));
 }
 
 Catalog::Catalog(std::vector<SearchRoot> roots) : roots_(std::move(roots)) {

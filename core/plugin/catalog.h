@@ -54,6 +54,11 @@ std::string describe_roots(const std::vector<SearchRoot>& roots);
 /// schemas). Throws PluginError naming `path` and the bad field.
 PluginRecord read_manifest(const std::filesystem::path& path, const std::string& origin);
 
+/// Checks, without loading it, that a plugin's library exists, is a regular file and starts
+/// with the ELF magic. Throws PluginError (kNotFound when missing, else kInvalidArgument)
+/// naming the plugin, the file and the fix.
+void check_library_file_exists(const PluginRecord& record);
+
 class Catalog {
  public:
   /// Scans `roots`. A plugin name found twice is taken from the first root and the later

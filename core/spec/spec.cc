@@ -16,46 +16,17 @@
 #include "core/schema/did_you_mean.h"
 #include "core/schema/schema.h"
 #include "core/util/errors.h"
+#include "loom/cpp/json_input.h"
 
 namespace fs = std::filesystem;
 
 namespace loom::core {
-namespace {
-
-// 1-based line and column of byte `offset` in `text`.
-std::pair<size_t, size_t> line_column(const std::string& text, size_t offset) {
-  size_t line = 1, column = 1;
-  for (size_t i = 0; i < offset && i < text.size(); ++i) {
-    if (text[i] == '\n') {
-      ++line;
-      column = 1;
-    } else {
-      ++column;
-    }
-  }
-  return {line, column};
-}
-
-// nlohmann's message without its "[json.exception.parse_error.101] parse error at line
-// 3, column 5: " prefix, which we replace by our own location.
-std::string parse_problem(const nlohmann::json::parse_error& e) {
-  std::string what = e.what();
-  size_t colon = what.find(": ");
-  if (colon != std::string::npos) what = what.substr(colon + 2);
-  return what;
-}
-
-}  // namespace
 
 nlohmann::json parse_spec_text(const std::string& text, const std::string& origin) {
-  try {
-    return nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
-    // e.byte is 1-based and points just past the offending character.
-    auto [line, column] = line_column(text, e.byte > 0 ? e.byte - 1 : 0);
-    throw Error(Code::kInvalidArgument, fmt::format("spec {}:{}:{}: syntax error: {}", origin, line,
-                                                    column, parse_problem(e)));
-  }
+  // parse_json_input refuses nesting deeper than kMaxJsonDepth (a value nested 100,000 deep
+  // would overflow the stack of the schema walk) and numbers beyond double (1e309), and
+  // names origin:line:col for every problem: "spec x.json:3:9: syntax error while ...".
+  return parse_json_input(text, "spec " + origin, Code::kInvalidArgument);
 }
 
 nlohmann::json load_spec_file(const fs::path& path) {
@@ -83,10 +54,22 @@ void apply_override(nlohmann::json& spec, const std::string& assignment) {
         fmt::format("--set '{}': expected PATH=VALUE, e.g. --set train.steps=100", assignment));
   std::string path = assignment.substr(0, eq), text = assignment.substr(eq + 1);
   nlohmann::json value;
+  if (json_too_deep_at(text) != std::string::npos)
+    throw UsageError(
+        fmt::format("--set '{}': the value nests arrays or objects deeper than {} "
+                    "levels; no spec field needs that",
+                    assignment, kMaxJsonDepth));
   try {
     value = nlohmann::json::parse(text);
   } catch (const nlohmann::json::parse_error&) {
     value = text;  // a bare word is a string: --set model.impl=gpt
+  } catch (const nlohmann::json::exception& e) {
+    // out_of_range.406: JSON, but a number beyond double (1e999). Taking it as a string would
+    // only fail later, at the schema, with a less helpful message.
+    throw UsageError(
+        fmt::format("--set '{}': {}: a number too large for a double (the largest "
+                    "is about 1.8e308); give a smaller one",
+                    assignment, json_input_detail::problem_of(e)));
   }
   std::vector<std::string> keys;
   std::stringstream parts(path);
@@ -245,12 +228,50 @@ void write_json_atomically(const nlohmann::json& spec, const fs::path& path) {
   }
 }
 
+namespace {
+
+// The entries of /plugins/load (a resolved spec: an array of non-empty strings), each
+// refused when it is a path rather than a plugin name.
+std::vector<std::string> plugins_to_load(const nlohmann::json& spec) {
+  std::vector<std::string> names;
+  if (!spec.contains("plugins") || !spec["plugins"].contains("load")) return names;
+  const nlohmann::json& list = spec["plugins"]["load"];
+  for (size_t i = 0; i < list.size(); ++i) {
+    std::string name = list[i].is_string() ? list[i].get<std::string>() : list[i].dump();
+    // Plugin names match [a-z0-9][a-z0-9_.-]* (read_manifest): a '/' or a name of dots can
+    // only be a path, which plugins.load never resolves (not against the spec's directory,
+    // not against the working directory); plugins.search_paths is where directories go.
+    if (name.find('/') != std::string::npos || name.find_first_not_of('.') == std::string::npos)
+      throw SpecError(fmt::format("/plugins/load/{}", i),
+                      fmt::format("'{}' is a path; plugins.load takes plugin names (as `loom "
+                                  "plugins list` prints them). Add the plugin's parent directory "
+                                  "to plugins.search_paths (a path inside the spec's directory, "
+                                  "relative to it, or an absolute path) and name the plugin here",
+                                  name));
+    names.push_back(name);
+  }
+  return names;
+}
+
+}  // namespace
+
+void check_plugins_to_load(const nlohmann::json& spec, const Catalog& catalog) {
+  for (const std::string& name : plugins_to_load(spec)) {
+    const PluginRecord* record = catalog.find(name);
+    if (record == nullptr)
+      throw PluginError(Code::kNotFound, fmt::format("plugin '{}' not found; searched: {}", name,
+                                                     describe_roots(catalog.roots())));
+    check_library_file_exists(*record);
+  }
+}
+
 void load_plugins_for(nlohmann::json& spec, std::vector<ImplUse>& uses, PluginManager& manager) {
+  std::vector<std::string> to_load = plugins_to_load(spec);
   for (const ImplUse& use : uses) {
     const PluginRecord* p = manager.catalog().provider(use.kind, use.name);
     if (p != nullptr) manager.load(p->name);
   }
-  for (const auto& name : spec["plugins"]["load"]) manager.load(name.get<std::string>());
+  for (const std::string& name : to_load) manager.load(name);
   uses = resolve_spec(spec, manager.catalog(), &manager.registry());
 }
 

@@ -19,7 +19,8 @@ class Catalog;
 class Registry;
 
 /// Reads and parses a spec file. Throws IoError when unreadable, loom::Error
-/// (kInvalidArgument) "spec FILE:LINE:COL: syntax error: ..." when it is not JSON.
+/// (kInvalidArgument) "spec FILE:LINE:COL: syntax error ..." when it is not JSON (or nests
+/// deeper than loom::kMaxJsonDepth, or holds a number beyond double).
 nlohmann::json load_spec_file(const std::filesystem::path& path);
 
 /// Parses JSON text with the same line:column messages; `origin` names it ("spec x.json").
@@ -27,8 +28,9 @@ nlohmann::json parse_spec_text(const std::string& text, const std::string& origi
 
 /// Applies one override "a.b.c=VALUE" (VALUE is JSON when it parses as JSON, else a
 /// string; a path segment that is a number indexes an array). Missing objects on the path
-/// are created. Throws UsageError for a malformed override and SpecError when the path
-/// runs into a value that is not an object or array.
+/// are created. Throws UsageError for a malformed override (also a VALUE that is JSON but
+/// holds a number beyond double, 1e999, or nests deeper than loom::kMaxJsonDepth) and
+/// SpecError when the path runs into a value that is not an object or array.
 void apply_override(nlohmann::json& spec, const std::string& assignment);
 
 /// The schema of the core's spec sections (top level: model, parallel, precision,
@@ -63,6 +65,13 @@ std::vector<ImplUse> resolve_spec(
 /// resolve_spec with components from a catalog (manifests) and, where loaded, the registry.
 std::vector<ImplUse> resolve_spec(nlohmann::json& spec, const Catalog& catalog,
                                   const Registry* registry = nullptr);
+
+/// Checks /plugins/load of a resolved spec without loading anything (`loom spec validate`
+/// without --load): every entry is a plugin name, not a path (SpecError at
+/// /plugins/load/N), that `catalog` finds (PluginError kNotFound, "plugin 'x' not found;
+/// searched: ..."), whose library exists, is a regular file and starts with the ELF magic
+/// (PluginError, as loading would say).
+void check_plugins_to_load(const nlohmann::json& spec, const Catalog& catalog);
 
 class PluginManager;
 

@@ -3,6 +3,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "loom/version.h"
@@ -10,6 +12,7 @@
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using ::testing::StartsWith;
 
 namespace loom {
@@ -235,7 +238,8 @@ TEST_F(CliTest, TrainWritesTheResolvedSpecAndNeedsAKernelLibrary) {
 
 TEST_F(CliTest, TrainRefusesParallelLayoutsItCannotStart) {
   // A pipeline needs a schedule; none of the plugins on this search path provides one.
-  fs::path s = spec("pp.json", {{"model", {{"impl", "test_model"}, {"norm", {{"impl", "test_scale"}}}}},
+  fs::path s =
+      spec("pp.json", {{"model", {{"impl", "test_model"}, {"norm", {{"impl", "test_scale"}}}}},
                        {"parallel", {{"pp", 2}}}});
   RunResult r = run_loom("train " + q(s) + " --run-dir " + q(dir_ / "pp"));
   EXPECT_EQ(r.exit_code, kSpec);
@@ -258,6 +262,117 @@ TEST_F(CliTest, BenchRejectsBadNumbers) {
   EXPECT_EQ(r.exit_code, kUsage);
   expect_one_error(r, "bench");
   EXPECT_THAT(r.err, HasSubstr("--steps expects a non-negative integer, got 'ten'"));
+}
+
+// Outside JSON that used to crash loom (issue "Reliability II") and plugins.load entries
+// that `spec validate` accepted without --load: each is one message and its exit code.
+TEST_F(CliTest, DeepOrOverflowingSpecIsASpecErrorNotASignal) {
+  fs::path s = dir_ / "deep.json";
+  write_file(s, "{\"model\": " + std::string(100000, '[') + std::string(100000, ']') + "}");
+  RunResult r = run_loom("spec validate " + q(s));
+  std::printf("100,000 deep: exit %d: %s", r.exit_code, r.err.c_str());
+  EXPECT_EQ(r.exit_code, kSpec);  // -1 when a signal (SIGSEGV) ended it
+  expect_one_error(r, "spec");
+  EXPECT_THAT(r.err, HasSubstr("spec " + s.string() + ":1:266: JSON nested deeper than 256"));
+
+  s = dir_ / "huge.json";
+  write_file(s, "{\"lr_schedule\": {\"impl\": \"test_warmup\", \"lr\": 1e309}}");
+  r = run_loom("spec validate " + q(s));
+  std::printf("1e309: exit %d: %s", r.exit_code, r.err.c_str());
+  EXPECT_EQ(r.exit_code, kSpec);
+  expect_one_error(r, "spec");
+  EXPECT_THAT(r.err, HasSubstr("number overflow parsing '1e309'"));
+  EXPECT_THAT(r.err, Not(HasSubstr("internal error")));
+
+  r = run_loom("spec validate " + q(spec("ok.json", {{"lr_schedule", warmup()}})) +
+               " --set optimizer.lr=1e999");
+  std::printf("--set 1e999: exit %d: %s", r.exit_code, r.err.c_str());
+  EXPECT_EQ(r.exit_code, kUsage);
+  expect_one_error(r, "spec");
+  EXPECT_THAT(r.err, HasSubstr("--set 'optimizer.lr=1e999'"));
+  EXPECT_THAT(r.err, HasSubstr("a number too large for a double"));
+}
+
+TEST_F(CliTest, ValidateChecksPluginsLoadWithoutLoading) {
+  auto with_load = [&](const std::string& name, const std::string& entry) {
+    return spec(name, {{"plugins", {{"search_paths", {"plugins"}}, {"load", {entry}}}}});
+  };
+  // The control: the test plugin, by name, is valid.
+  RunResult r = run_loom("spec validate " + q(with_load("good.json", "testgood")));
+  ASSERT_EQ(r.exit_code, kOk) << r.err;
+
+  struct Case {
+    std::string entry;
+    std::function<void()> damage;  // done to the plugin directory before the run
+    int exit_code;
+    std::string message;
+  };
+  fs::path lib = plugins_ / "testgood" / "libloom_testgood.so";
+  fs::path saved = dir_ / "saved.so";
+  const std::vector<Case> cases = {
+      {"nope", [] {}, kPlugin, "plugin 'nope' not found; searched: " + plugins_.string()},
+      {"../plugins/testgood", [] {}, kSpec,
+       "spec /plugins/load/0: '../plugins/testgood' is a path; plugins.load takes plugin names"},
+      {"plugins/testgood/libloom_testgood.so", [] {}, kSpec, "is a path"},
+      {"testgood", [&] { fs::rename(lib, saved); }, kPlugin, "libloom_testgood.so is missing"},
+      {"testgood",
+       [&] {
+         fs::rename(lib, saved);
+         fs::create_directory(lib);
+       },
+       kPlugin, "is not a shared object"},
+      {"testgood",
+       [&] {
+         fs::rename(lib, saved);
+         write_file(lib, "not a library");
+       },
+       kPlugin, "is not a shared object"},
+  };
+  for (const Case& c : cases) {
+    c.damage();
+    r = run_loom("spec validate " + q(with_load("load.json", c.entry)));
+    std::printf("%s: exit %d: %s", c.entry.c_str(), r.exit_code, r.err.c_str());
+    EXPECT_EQ(r.exit_code, c.exit_code) << c.entry;
+    expect_one_error(r, "spec");
+    EXPECT_THAT(r.err, HasSubstr(c.message));
+    if (fs::exists(saved)) {  // restore the library
+      fs::remove_all(lib);
+      fs::rename(saved, lib);
+    }
+  }
+}
+
+// README: plugins are searched in plugins.search_paths, --plugin-path, LOOM_PLUGIN_PATH and
+// the install's directory, "never the working directory".
+TEST_F(CliTest, PluginsAreNeverSearchedInTheWorkingDirectory) {
+  fs::path cwd = dir_ / "cwd";
+  // Every layout a search root may have, in the working directory: a root holding plugin
+  // folders, a root that is a plugin folder, and a plugins/ folder.
+  install_test_plugin(cwd, "good", "testgood");
+  install_test_plugin(cwd / "plugins", "good", "testgood");
+  fs::copy_file(cwd / "testgood" / "plugin.json", cwd / "plugin.json");
+  fs::copy_file(cwd / "testgood" / "libloom_testgood.so", cwd / "libloom_testgood.so");
+  const std::string env = "-u LOOM_PLUGIN_PATH LOOM_UNUSED=1";
+
+  RunResult r = run_loom("plugins list", env, cwd);
+  std::printf("plugins list in %s: exit %d\n%s%s", cwd.string().c_str(), r.exit_code, r.out.c_str(),
+              r.err.c_str());
+  EXPECT_THAT(r.out + r.err, Not(HasSubstr("testgood")));
+  fs::path s = cwd / "spec.json";
+  write_file(
+      s, nlohmann::json({{"lr_schedule", warmup()}, {"plugins", nlohmann::json::object()}}).dump());
+  r = run_loom("spec validate spec.json", env, cwd);
+  std::printf("spec validate: exit %d: %s", r.exit_code, r.err.c_str());
+  EXPECT_EQ(r.exit_code, kSpec);
+  EXPECT_THAT(r.err, HasSubstr("unknown lr_schedule impl 'test_warmup'"));
+  write_file(s, nlohmann::json({{"plugins", {{"load", {"testgood"}}}}}).dump());
+  r = run_loom("spec validate spec.json", env, cwd);
+  EXPECT_EQ(r.exit_code, kPlugin);
+  EXPECT_THAT(r.err, HasSubstr("plugin 'testgood' not found"));
+  // The control: named explicitly, the same directory is searched and the plugin found.
+  r = run_loom("plugins list --plugin-path .", env, cwd);
+  EXPECT_EQ(r.exit_code, kOk) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("testgood"));
 }
 
 }  // namespace

@@ -21,6 +21,7 @@
 #include "core/data/tokenizer.h"
 #include "core/infer/generator.h"
 #include "core/util/errors.h"
+#include "loom/cpp/json_input.h"
 #include "tools/cli/commands.h"
 
 namespace fs = std::filesystem;
@@ -76,12 +77,16 @@ std::vector<Prompt> read_prompts(const fs::path& file) {
     }
     nlohmann::json j;
     try {
-      j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception& e) {
+      // Depth cap, numbers beyond double, syntax: never one of nlohmann's exceptions.
+      j = parse_json_input(line, "line", Code::kInvalidArgument);
+    } catch (const Error& e) {
+      // "line:1:COLUMN: problem" (the line was parsed alone) -> "column COLUMN: problem".
+      std::string problem = e.what();
+      if (problem.rfind("line:1:", 0) == 0) problem = "column " + problem.substr(7);
       throw core::UsageError(
           fmt::format("{}: starts with '{{' but is not JSON ({}); write JSONL lines "
                       "{{\"prompt\": \"...\"}} or plain text that does not start with '{{'",
-                      where, e.what()));
+                      where, problem));
     }
     if (!j.is_object() || !j.contains("prompt") || !j["prompt"].is_string())
       throw core::UsageError(fmt::format(

@@ -7,6 +7,7 @@
 #include "core/plugin/kernel_libraries.h"
 #include "core/plugin/plugin_manager.h"
 #include "core/schema/did_you_mean.h"
+#include "core/spec/spec.h"
 #include "core/train/components.h"
 #include "core/util/errors.h"
 #include "tools/cli/commands.h"
@@ -27,6 +28,10 @@ int spec_validate(const Args& args) {
     core::load_kernel_libraries(*manager, config.kernels, Device{config.train.device, 0},
                                 "spec /train/device");
     core::build_components(spec.spec, config, *manager);
+  } else {
+    // Without loading: what can be told of /plugins/load from the files alone (a plugin
+    // name that the search path finds, with a library that is an ELF file).
+    core::check_plugins_to_load(spec.spec, *spec.catalog);
   }
   std::string out = args.get("--write-resolved");
   if (!out.empty()) core::write_json_atomically(spec.spec, out);

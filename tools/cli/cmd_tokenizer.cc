@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <climits>
 #include <cstdio>
 #include <iostream>
 #include <iterator>
@@ -15,6 +16,7 @@
 #include "core/schema/did_you_mean.h"
 #include "core/util/errors.h"
 #include "core/util/files.h"
+#include "loom/cpp/json_input.h"
 #include "tools/cli/commands.h"
 
 namespace fs = std::filesystem;
@@ -47,9 +49,16 @@ void for_each_json_line(const std::string& text, const std::string& file, Fn&& f
     if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
     nlohmann::json j;
     try {
-      j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception& e) {
-      throw core::IoError(fmt::format("{}:{}: not valid JSON ({})", file, line_no, e.what()));
+      // Depth cap, numbers beyond double, syntax: one message with the line's column.
+      j = parse_json_input(line, file, Code::kIoError,
+                           "not valid JSON; write one JSON value per line");
+    } catch (const Error& e) {
+      // The line was parsed alone: "FILE:1:COLUMN: ..." becomes "FILE:LINE:COLUMN: ...".
+      std::string message = e.what();
+      const std::string alone = file + ":1:";
+      if (message.rfind(alone, 0) == 0)
+        message = fmt::format("{}:{}:{}", file, line_no, message.substr(alone.size()));
+      throw core::IoError(message);
     }
     fn(line_no, j);
   }
@@ -216,7 +225,16 @@ int tokenizer_decode(const std::vector<std::string>& argv) {
     for_each_json_line(text, file, [&](int64_t line_no, const nlohmann::json& j) {
       if (!j.is_array())
         throw core::IoError(fmt::format("{}:{}: expected a JSON array of ids", file, line_no));
-      std::string decoded = tokenizer->decode(j.get<std::vector<int32_t>>());
+      std::vector<int32_t> ids;
+      try {
+        // Every element an integer that fits an id (the vocabulary checks the rest).
+        for (int64_t id : JsonIn(j, fmt::format("{}:{}", file, line_no), Code::kIoError)
+                              .int64_array(INT32_MIN, INT32_MAX))
+          ids.push_back(static_cast<int32_t>(id));
+      } catch (const Error& e) {
+        throw core::IoError(e.what());
+      }
+      std::string decoded = tokenizer->decode(ids);
       nlohmann::json out = {{"text", decoded}};
       std::printf("%s\n",
                   out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());

@@ -5,8 +5,10 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <thread>
@@ -399,6 +401,128 @@ TEST(Load, TokenizerJsonRefusals) {
   write(file, tokenizer_json("\"type\": \"BPE\", ", "{\"type\": \"Whitespace\"}"));
   msg = io_error([&] { Tokenizer::load(file); });
   EXPECT_NE(msg.find("not supported"), std::string::npos) << msg;
+}
+
+// Outside JSON that used to crash loom (issue "Reliability II"): each is one IoError naming
+// the file and the place, never a signal, std::bad_alloc or nlohmann's exception.
+TEST(Load, DeepOrOverflowingJsonIsACleanError) {
+  fs::path dir = temp_dir("deep_json");
+  write(dir / "merges.txt", "#version: 0.2\n");
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  write(dir / "vocab.json", deep);
+  std::string msg = io_error([&] { Tokenizer::load(dir / "vocab.json"); });
+  std::printf("deep vocab.json: %s\n", msg.c_str());
+  EXPECT_NE(msg.find((dir / "vocab.json").string() + ":1:257: JSON nested deeper than 256"),
+            std::string::npos)
+      << msg;
+  write(dir / "vocab.json", "{\"a\": 1e309}");
+  msg = io_error([&] { Tokenizer::load(dir / "vocab.json"); });
+  EXPECT_NE(msg.find("number overflow"), std::string::npos) << msg;
+  // tokenizer.json and the tokenizer_config.json read beside it.
+  write(dir / "tokenizer.json", "{\"model\": " + deep + "}");
+  msg = io_error([&] { Tokenizer::load(dir / "tokenizer.json"); });
+  EXPECT_NE(msg.find((dir / "tokenizer.json").string() + ":1:"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("nested deeper"), std::string::npos) << msg;
+  write(dir / "vocab.json", vocab_json({}));
+  write(dir / "tokenizer_config.json", "{\"eos_token\": " + deep + "}");
+  msg = io_error([&] { Tokenizer::load(dir / "vocab.json"); });
+  EXPECT_NE(msg.find((dir / "tokenizer_config.json").string() + ":1:"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("nested deeper"), std::string::npos) << msg;
+}
+
+TEST(Load, WrongTypesInTokenizerJsonNameTheFileAndPointer) {
+  fs::path dir = temp_dir("wrong_types");
+  fs::path file = dir / "tokenizer.json";
+  const std::string byte_level = "{\"type\": \"ByteLevel\", \"add_prefix_space\": false}";
+  auto with_split = [&](const std::string& behavior) {
+    return tokenizer_json("\"type\": \"BPE\", ",
+                          "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", "
+                          "\"pattern\": {\"Regex\": " +
+                              nlohmann::json(std::string(kGpt2Pattern)).dump() +
+                              "}, \"behavior\": " + behavior + "}, " + byte_level + "]}");
+  };
+  // The control: the same file with a good behavior loads.
+  write(file, with_split("\"Isolated\""));
+  EXPECT_EQ(Tokenizer::load(file)->vocab_size(), 256);
+  struct Case {
+    std::string text;
+    std::string message;
+  };
+  std::string added_ok = "\"added_tokens\": []";
+  std::string good = tokenizer_json("\"type\": \"BPE\", ", byte_level);
+  auto replace = [&](std::string text, const std::string& from, const std::string& to) {
+    size_t at = text.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    return text.replace(at, from.size(), to);
+  };
+  const std::vector<Case> cases = {
+      {with_split("[]"), "/pre_tokenizer/pretokenizers/0/behavior: expected a string, got []"},
+      {with_split("1.5"), "/pre_tokenizer/pretokenizers/0/behavior: expected a string, got 1.5"},
+      {replace(good, added_ok, "\"added_tokens\": \"x\""),
+       "/added_tokens: expected an array, got \"x\""},
+      {replace(good, added_ok, "\"added_tokens\": [{\"id\": \"7\", \"content\": \"<s>\"}]"),
+       "/added_tokens/0/id: expected an integer, got \"7\""},
+      {replace(good, added_ok, "\"added_tokens\": [{\"id\": 4294967296, \"content\": \"<s>\"}]"),
+       "/added_tokens/0/id: integer 4294967296 is outside [0, 2147483647]"},
+      {replace(good, added_ok,
+               "\"added_tokens\": [{\"id\": 300, \"content\": \"<s>\", \"special\": \"yes\"}]"),
+       "/added_tokens/0/special: expected true or false, got \"yes\""},
+      {replace(good, "\"merges\": []", "\"merges\": {}"), "/model/merges: expected an array"},
+      {replace(good, "\"merges\": []", "\"merges\": [3]"),
+       "/model/merges/0: expected a merge \"left right\""},
+      {replace(good, "\"vocab\": {", "\"vocab\": {\"zz\": \"x\", "),
+       "/model/vocab/zz: expected an integer, got \"x\""},
+      {replace(good, "\"type\": \"BPE\"", "\"type\": 5"), "/model/type: expected a string"},
+  };
+  for (const Case& c : cases) {
+    write(file, c.text);
+    std::string msg = io_error([&] { Tokenizer::load(file); });
+    std::printf("%s\n", msg.c_str());
+    EXPECT_NE(msg.find(file.string() + ": " + c.message), std::string::npos) << msg;
+  }
+}
+
+TEST(Load, IdsAreBoundedByTheFile) {
+  // vocab.json: the 256 bytes (ids 0..255) and one more token "zq" with the id under test.
+  // The rule: ids below 2 x tokens + 1024 = 2 x 257 + 1024 = 1538.
+  fs::path dir = temp_dir("huge_ids");
+  write(dir / "merges.txt", "#version: 0.2\n");
+  auto with_x = [&](int64_t id) {
+    std::string text = vocab_json({});
+    text.pop_back();  // '}'
+    write(dir / "vocab.json", text + ", \"zq\": " + std::to_string(id) + "}");
+  };
+  with_x(1537);  // the largest id allowed: holes are fine
+  EXPECT_EQ(Tokenizer::load(dir / "vocab.json")->vocab_size(), 1538);
+  for (int64_t id : {int64_t{1538}, int64_t{20000000}, int64_t{2147483647}}) {
+    // Before the bound, 2147483647 ended in std::bad_alloc and 2e7 allocated 805 MB.
+    with_x(id);
+    std::string msg = io_error([&] { Tokenizer::load(dir / "vocab.json"); });
+    std::printf("id %lld: %s\n", static_cast<long long>(id), msg.c_str());
+    EXPECT_NE(msg.find((dir / "vocab.json").string() + ": token \"zq\" has the id " +
+                       std::to_string(id) + "; ids must be below 1538"),
+              std::string::npos)
+        << msg;
+  }
+  // Added tokens count, and are bounded alike (tokenizer.json).
+  fs::path file = dir / "tokenizer.json";
+  std::string text = tokenizer_json("\"type\": \"BPE\", ",
+                                    "{\"type\": \"ByteLevel\", \"add_prefix_space\": false}");
+  std::string added = "\"added_tokens\": [";
+  for (int k = 0; k < 3; ++k)
+    added += (k ? ", " : "") + std::string("{\"id\": ") + std::to_string(256 + k) +
+             ", \"content\": \"<t" + std::to_string(k) + ">\", \"special\": true}";
+  std::string ok = added + ", {\"id\": 1541, \"content\": \"<last>\", \"special\": true}]";
+  write(file, text.replace(text.find("\"added_tokens\": []"), 18, ok));  // 260 tokens: < 1544
+  EXPECT_EQ(Tokenizer::load(file)->vocab_size(), 1542);
+  text = tokenizer_json("\"type\": \"BPE\", ",
+                        "{\"type\": \"ByteLevel\", \"add_prefix_space\": false}");
+  std::string bad = added + ", {\"id\": 1544, \"content\": \"<last>\", \"special\": true}]";
+  write(file, text.replace(text.find("\"added_tokens\": []"), 18, bad));
+  std::string msg = io_error([&] { Tokenizer::load(file); });
+  EXPECT_NE(msg.find("added token \"<last>\" has the id 1544; ids must be below 1544"),
+            std::string::npos)
+      << msg;
 }
 
 }  // namespace

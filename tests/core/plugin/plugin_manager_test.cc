@@ -5,6 +5,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstdio>
+
 #include "core/component/builder.h"
 #include "core/util/errors.h"
 #include "loom/cpp/object.h"
@@ -218,7 +220,9 @@ TEST(CatalogTest, BrokenManifestNamesTheFile) {
     Catalog catalog({{root, "test root"}});
     FAIL() << "expected a PluginError";
   } catch (const PluginError& e) {
-    EXPECT_THAT(e.what(), HasSubstr((root / "x" / "plugin.json").string() + ": not valid JSON"));
+    EXPECT_THAT(e.what(), HasSubstr((root / "x" / "plugin.json").string() + ":1:"));
+    EXPECT_THAT(e.what(), HasSubstr("syntax error"));
+    EXPECT_THAT(e.what(), HasSubstr("fix the plugin's manifest"));
   }
   write_file(root / "x" / "plugin.json",
              R"({"schema": "loom.plugin/1", "name": "x", "version": "1",
@@ -242,6 +246,46 @@ TEST(CatalogTest, EarlierRootsShadowLaterOnesAndComponentsAreIndexed) {
   EXPECT_EQ(catalog.provider("norm", "test_scale")->name, "testgood");
   EXPECT_EQ(catalog.component_names("lr_schedule"), std::vector<std::string>{"test_warmup"});
   EXPECT_EQ(catalog.provider("norm", "nope"), nullptr);
+}
+
+// Outside JSON that used to crash loom (issue "Reliability II"): a manifest nested 100,000
+// deep, a number beyond double, a value of the wrong type, a library outside the plugin's
+// directory: each is one PluginError naming the file and the place.
+TEST(CatalogTest, HostileManifestsAreCleanErrors) {
+  fs::path root = fresh_dir("hostile_manifest");
+  fs::path file = root / "x" / "plugin.json";
+  const std::string head = R"({"schema": "loom.plugin/1", "name": "x", "version": "1", )";
+  struct Case {
+    std::string text, message;
+  };
+  const std::vector<Case> cases = {
+      {"{\"a\": " + std::string(100000, '[') + std::string(100000, ']') + "}",
+       "plugin.json:1:262: JSON nested deeper than 256"},
+      {head + R"("description": 1e309})", "number overflow parsing '1e309'"},
+      {head + R"("description": 3})", ": /description: expected a string, got 3"},
+      {head + R"("components": [{"kind": "norm", "name": "n", "description": []}]})",
+       ": /components/0/description: expected a string, got []"},
+      {head + R"("components": {}})", ": /components: expected an array, got {}"},
+      {head + R"("library": "../y/libloom_y.so"})",
+       ": /library: '../y/libloom_y.so' is not a file name; the library must sit beside"},
+      {head + R"("library": "/lib/libc.so.6"})", ": /library: '/lib/libc.so.6' is not a file"},
+  };
+  for (const Case& c : cases) {
+    write_file(file, c.text);
+    try {
+      Catalog catalog({{root, "test root"}});
+      ADD_FAILURE() << "accepted: " << c.message;
+    } catch (const PluginError& e) {
+      std::printf("%s\n", e.what());
+      EXPECT_EQ(e.code(), Code::kInvalidArgument);
+      EXPECT_THAT(e.what(), HasSubstr(file.string() + ":"));
+      EXPECT_THAT(e.what(), HasSubstr(c.message));
+    }
+  }
+  // The control: the library named by its file name alone is fine.
+  write_file(file, head + R"("library": "libloom_y.so"})");
+  Catalog catalog({{root, "test root"}});
+  EXPECT_EQ(catalog.find("x")->library, root / "x" / "libloom_y.so");
 }
 
 }  // namespace

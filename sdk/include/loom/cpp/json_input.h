@@ -137,8 +137,14 @@ inline nlohmann::json parse_json_input(std::string_view text, const std::string&
     // e.byte is 1-based and points just past the offending character.
     fail_at(e.byte > 0 ? e.byte - 1 : 0, json_input_detail::problem_of(e));
   } catch (const nlohmann::json::exception& e) {
-    // out_of_range.406: a number beyond double (1e309).
-    fail_at(0, json_input_detail::problem_of(e));
+    // out_of_range.406: a number beyond double ("number overflow parsing '1e309'"), which
+    // carries no position: the number's first occurrence in the text gives it.
+    std::string problem = json_input_detail::problem_of(e);
+    size_t open = problem.find('\''), close = problem.rfind('\'');
+    size_t at = open != std::string::npos && close > open
+                    ? text.find(problem.substr(open + 1, close - open - 1))
+                    : std::string_view::npos;
+    fail_at(at != std::string_view::npos ? at : 0, problem);
   }
   return {};  // not reached
 }
