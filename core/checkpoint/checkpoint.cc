@@ -1,15 +1,18 @@
 #include "core/checkpoint/checkpoint.h"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "core/schema/schema.h"
 #include "core/util/errors.h"
 #include "core/util/files.h"
 #include "core/util/log.h"
 #include "loom/cpp/error.h"
+#include "loom/cpp/json_input.h"
 #include "loom/cpp/object.h"
 #include "loom/cpp/tensor.h"
 #include "loom/kinds.h"
@@ -41,7 +44,145 @@ std::string shape_text(const int64_t* shape, int32_t ndim) {
   return s + "]";
 }
 
+// The bytes of every file under `dir`: no tensor of a checkpoint has more elements than
+// that (each element takes at least one byte somewhere in it).
+uint64_t disk_bytes(const fs::path& dir) {
+  uint64_t total = 0;
+  std::error_code ec;
+  for (fs::recursive_directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+    if (it->is_regular_file(ec)) total += it->file_size(ec);
+  return total;
+}
+
+// Checks the type (and range) of every metadata entry loom reads (kinds/checkpoint_format.h),
+// so that the readers after it (resume, inspect, generate, convert) meet no surprise: a
+// wrong type is Error(kDataLoss) naming the file and the JSON pointer. Shapes are bounded
+// before anything is allocated from them.
+void validate_metadata(const nlohmann::json& metadata, const fs::path& dir,
+                       const std::string& format) {
+  const std::string file = format == "sharded" ? (dir / "metadata.json").string()
+                                               : dir.string() + " (" + format + " metadata)";
+  JsonIn root(metadata, file, Code::kDataLoss,
+              "the checkpoint is damaged; load an earlier one (training resumes from the "
+              "newest good one)");
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  root.expect_object();
+  const uint64_t on_disk = disk_bytes(dir);
+  for (const auto& [name, entry] : root["tensors"].items()) {
+    entry.expect_object();
+    entry["dtype"].string();
+    JsonIn shape = entry["shape"];
+    std::vector<int64_t> extents = shape.int64_array(0, kMaxJsonSize);
+    if (extents.size() > static_cast<size_t>(kMaxDims))
+      shape.fail("has " + std::to_string(extents.size()) + " dimensions, more than 8");
+    int64_t elements = 1;
+    for (int64_t e : extents)
+      if (__builtin_mul_overflow(elements, e, &elements)) shape.fail("has more elements than 2^63");
+    if (static_cast<uint64_t>(elements) > on_disk)
+      shape.fail(
+          fmt::format("has {} elements but the checkpoint holds only {} bytes", elements, on_disk));
+  }
+  for (const char* key : {"iteration", "format_version"})
+    if (root.has(key)) root[key].int64(0, kMax);
+  if (root.has("loom_version")) root["loom_version"].string();
+  if (root.has("spec")) {
+    JsonIn spec = root["spec"];
+    spec.expect_object();
+    for (const char* key : {"model", "train", "data", "optimizer"})
+      if (spec.has(key)) spec[key].expect_object();
+    if (spec.has("train") && spec["train"].has("device")) spec["train"]["device"].string();
+    if (spec.has("optimizer") && spec["optimizer"].has("impl")) spec["optimizer"]["impl"].string();
+  }
+  if (root.has("trainer")) {
+    JsonIn trainer = root["trainer"];
+    trainer.expect_object();
+    for (const char* key :
+         {"iteration", "data_position", "good_steps", "hysteresis_left", "nonfinite_in_a_row"})
+      if (trainer.has(key)) trainer[key].int64(0, kMax);
+    if (trainer.has("loss_scale")) trainer["loss_scale"].number();
+    if (trainer.has("optimizer")) trainer["optimizer"].string();
+  }
+  if (root.has("plugins"))
+    for (JsonIn plugin : root["plugins"].elements()) {
+      plugin.expect_object();
+      for (const char* key : {"name", "version", "hash"})
+        if (plugin.has(key)) plugin[key].string();
+    }
+  if (root.has("files"))
+    for (const auto& [name, record] : root["files"].items()) {
+      // A name leaving the checkpoint directory would have it read any file.
+      fs::path relative(name);
+      bool inside = !name.empty() && relative.is_relative();
+      for (const fs::path& part : relative) inside = inside && part != "..";
+      if (!inside) record.fail("names a file outside the checkpoint directory");
+      record["bytes"].int64(0, kMax);
+      std::string crc = record["crc32c"].string();
+      if (crc.size() != 8 || crc.find_first_not_of("0123456789abcdef") != std::string::npos)
+        record["crc32c"].fail("expected eight hex digits, got \"" + crc.substr(0, 20) + "\"");
+    }
+}
+
+// Why no format recognises `dir`, when a file in it says so: an empty or missing
+// metadata.json of an interrupted save.
+std::string unrecognized_reason(const fs::path& dir) {
+  std::error_code ec;
+  fs::path meta = dir / "metadata.json";
+  if (fs::is_regular_file(meta, ec)) {
+    if (fs::file_size(meta, ec) == 0)
+      return fmt::format(
+          "{} is empty: the save was interrupted or the file was truncated; "
+          "load an earlier checkpoint",
+          meta.string());
+    return fmt::format(
+        "{} names no known format: the file is damaged; load an earlier "
+        "checkpoint",
+        meta.string());
+  }
+  if (fs::is_directory(dir / "shards", ec))
+    return fmt::format(
+        "{} is missing; the save was interrupted (rank 0 did not finish it) or "
+        "the file was removed; load an earlier checkpoint",
+        meta.string());
+  return "";
+}
+
 }  // namespace
+
+std::string latest_problem(const fs::path& root) {
+  std::error_code ec;
+  if (!fs::exists(root / "latest", ec)) return "`latest` is missing";
+  if (read_latest(root)) return "";
+  std::string name;
+  try {
+    name = read_file(root / "latest");
+  } catch (const Error&) {
+    return "`latest` cannot be read";
+  }
+  while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+  if (name.empty()) return "`latest` is empty";
+  if (parse_iteration_dir(name) < 0) {
+    std::string shown;
+    for (char c : name.substr(0, 40)) shown += (c >= 32 && c < 127) ? c : '?';
+    return fmt::format("`latest` holds \"{}\", which is no checkpoint name (the file is damaged)",
+                       shown);
+  }
+  return fmt::format("`latest` names {}, which is missing", name);
+}
+
+void remove_stale_latest(const fs::path& root) {
+  const std::string ours = fmt::format("latest.tmp.{}.", ::getpid());
+  std::error_code ec;
+  for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
+    std::string name = it->path().filename().string();
+    if (name.rfind("latest.tmp.", 0) != 0 || name.rfind(ours, 0) == 0) continue;
+    std::error_code rm;
+    fs::remove(it->path(), rm);
+    if (!rm)
+      log_info("checkpoint", fmt::format("removed {} (left by a process killed while it "
+                                         "replaced `latest`)",
+                                         name));
+  }
+}
 
 std::optional<fs::path> read_latest(const fs::path& root) {
   std::error_code ec;
@@ -107,6 +248,8 @@ std::string detect_format(PluginManager& plugins, const fs::path& dir) {
     std::string text = dir.string();
     if (format != nullptr && format->recognizes(StringView{text.data(), text.size()})) return name;
   }
+  std::string reason = unrecognized_reason(dir);
+  if (!reason.empty()) throw Error(Code::kDataLoss, reason);
   std::string tried;
   for (const std::string& n : names) tried += (tried.empty() ? "" : ", ") + n;
   throw IoError(fmt::format(
@@ -129,9 +272,9 @@ CheckpointReader::CheckpointReader(PluginManager& plugins, const fs::path& path,
     dir_ = *latest;
   } else if (!all.empty()) {
     if (fs::exists(path / "latest", ec))
-      log_warning("checkpoint", fmt::format("{}: `latest` does not name a checkpoint here; "
-                                            "reading the newest one, {}",
-                                            path.string(), all.front().filename().string()));
+      log_warning("checkpoint",
+                  fmt::format("{}: {}; reading the newest complete checkpoint, {}", path.string(),
+                              latest_problem(path), all.front().filename().string()));
     dir_ = all.front();
   }
   format_ = format.empty() ? detect_format(plugins_, dir_) : format;
@@ -144,16 +287,10 @@ CheckpointReader::CheckpointReader(PluginManager& plugins, const fs::path& path,
   StringView json{};
   throw_if_error(impl_->metadata(StringView{text.data(), text.size()}, &json),
                  fmt::format("checkpoint {}", text));
-  try {
-    metadata_ = nlohmann::json::parse(json.data, json.data + json.size);
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(Code::kDataLoss,
-                fmt::format("checkpoint {}: the {} format returned metadata that is not JSON ({})",
-                            text, format_, e.what()));
-  }
-  if (!metadata_.is_object() || !metadata_.contains("tensors") || !metadata_["tensors"].is_object())
-    throw Error(Code::kDataLoss,
-                fmt::format("checkpoint {}: metadata lacks the \"tensors\" table", text));
+  metadata_ = parse_json_input(std::string_view(json.data, json.size),
+                               fmt::format("checkpoint {} ({} metadata)", text, format_),
+                               Code::kDataLoss, "the checkpoint is damaged; load an earlier one");
+  validate_metadata(metadata_, dir_, format_);
 }
 
 CheckpointReader::~CheckpointReader() = default;
@@ -246,7 +383,14 @@ void CheckpointReader::load_model(ParameterSet& params, const SplitRanks& ranks)
   read(requests);
 }
 
+std::vector<FileCheck> CheckpointReader::check_files() const {
+  if (!files_recorded()) return {};
+  return loom::core::check_files(dir_, metadata_["files"]);
+}
+
 std::optional<fs::path> CheckpointReader::tokenizer() const {
+  for (const FileCheck& c : check_files())
+    if (!c.problem.empty()) throw Error(Code::kDataLoss, c.problem);
   std::error_code ec;
   for (const fs::path& dir : {dir_ / "tokenizer", dir_})
     if (fs::exists(dir / "tokenizer.json", ec) ||

@@ -9,6 +9,10 @@
 //     tokenizer/           the run's tokenizer files, when it had one (for generation)
 //   iter_0000200/
 //   iter_0000300.tmp-PID/  a save in progress (or killed): never read, removed on resume
+//   latest.tmp.PID.N       a replacement of `latest` in progress (or killed): removed by the
+//                          next save or resume
+// An iteration's metadata records the size and CRC-32C of its plain files (the tokenizer
+// copy) under "files" (checkpoint_files.h); they are checked before generation uses them.
 // A save writes iter_N.tmp-PID, has every file fsync'ed, renames it to iter_N, fsyncs the
 // root, then replaces `latest` atomically. Killing the process at any moment leaves every
 // complete checkpoint intact and `latest` naming one of them.
@@ -23,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "core/checkpoint/checkpoint_files.h"
 #include "core/component/builder.h"
 #include "core/plugin/plugin_manager.h"
 #include "core/runtime/parameters.h"
@@ -35,6 +40,15 @@ std::string iteration_dir_name(int64_t iteration);
 
 /// The directory `root/latest` names, when it names an existing iteration directory.
 std::optional<std::filesystem::path> read_latest(const std::filesystem::path& root);
+
+/// Why `root/latest` does not name a complete checkpoint, for messages ("latest names
+/// iter_0000040, which is missing"), or "" when it does.
+std::string latest_problem(const std::filesystem::path& root);
+
+/// Removes the temporaries ("latest.tmp.PID.N") that a process killed while replacing
+/// `latest` left under `root`: every one not of this process. Call it on the one process
+/// that writes `latest` (rank 0), before it saves or resumes.
+void remove_stale_latest(const std::filesystem::path& root);
 
 /// The complete iteration directories under `root`, newest first (by iteration number).
 std::vector<std::filesystem::path> list_checkpoints(const std::filesystem::path& root);
@@ -88,8 +102,15 @@ class CheckpointReader {
   void load_model(ParameterSet& params, const SplitRanks& ranks = {});
 
   /// The directory of tokenizer files saved with the checkpoint, if there is one (a
-  /// Hugging Face directory with tokenizer.json or vocab.json + merges.txt counts).
+  /// Hugging Face directory with tokenizer.json or vocab.json + merges.txt counts). When the
+  /// metadata records the files' checksums, each is checked first: a missing or damaged
+  /// copy is Error(kDataLoss) naming the file and the fix.
   std::optional<std::filesystem::path> tokenizer() const;
+
+  /// Whether the metadata records checksums of the plain files (the tokenizer copy).
+  bool files_recorded() const { return metadata_.contains("files"); }
+  /// The state of every recorded file (empty when none is recorded).
+  std::vector<FileCheck> check_files() const;
 
  private:
   PluginManager& plugins_;

@@ -47,10 +47,10 @@ void remove_stale_saves(const fs::path& root) {
   }
 }
 
-// Copies `from` to `to` durably, creating the parent directory.
-void copy_file_durably(const fs::path& from, const fs::path& to) {
+// Writes `bytes` to `to` durably, creating the parent directory.
+void write_copy_durably(const std::string& bytes, const fs::path& to) {
   fs::create_directories(to.parent_path());
-  write_file_atomic(to, read_file(from));
+  write_file_atomic(to, bytes);
 }
 
 uint64_t bytes_of(const SaveTensor& t) {
@@ -92,7 +92,10 @@ CheckpointWriter::CheckpointWriter(PluginManager& plugins, CheckpointWriterOptio
         fmt::format("checkpoint directory {}: cannot create: {} (set checkpoint.dir to "
                     "a writable directory)",
                     options_.root.string(), ec.message()));
-  if (options_.world == nullptr || options_.world->rank() == 0) remove_stale_saves(options_.root);
+  if (options_.world == nullptr || options_.world->rank() == 0) {
+    remove_stale_saves(options_.root);
+    remove_stale_latest(options_.root);
+  }
 }
 
 CheckpointWriter::~CheckpointWriter() {
@@ -205,9 +208,27 @@ void write_checkpoint_directory(ICheckpointFormat& format, const fs::path& final
       c.data = make_view(const_cast<void*>(t.data), t.dtype, t.slice_shape().data(), c.ndim, kCpu);
       views.push_back(c);
     }
-    std::string dir = tmp.string(), meta = metadata.dump();
+    std::string dir = tmp.string(), meta;
+    std::vector<std::string> extra_bytes;
     std::string write_error;
     try {
+      // The extra files (the tokenizer copy) are read once: their checksums go into the
+      // metadata and the same bytes into the checkpoint.
+      if (rank == 0 && !extra_files.empty()) {
+        nlohmann::json with_files = metadata;
+        nlohmann::json& record = with_files["files"] = nlohmann::json::object();
+        for (const auto& [dest, from] : extra_files) {
+          extra_bytes.push_back(read_file(from));
+          record[dest] = file_record(extra_bytes.back());
+        }
+        meta = with_files.dump();
+      } else if (metadata.contains("files")) {  // a record copied from another checkpoint
+        nlohmann::json without = metadata;
+        without.erase("files");
+        meta = without.dump();
+      } else {
+        meta = metadata.dump();
+      }
       throw_if_error(format.save(StringView{dir.data(), dir.size()}, views.data(),
                                  static_cast<int64_t>(views.size()),
                                  StringView{meta.data(), meta.size()}, rank, ranks),
@@ -232,7 +253,8 @@ void write_checkpoint_directory(ICheckpointFormat& format, const fs::path& final
             fmt::format("checkpoint {}: rank 0 failed to put it in place", final_dir.string()));
       return;
     }
-    for (const auto& [dest, from] : extra_files) copy_file_durably(from, tmp / dest);
+    for (size_t i = 0; i < extra_files.size(); ++i)
+      write_copy_durably(extra_bytes[i], tmp / extra_files[i].first);
     sync_directory(tmp);
     checkpoint_fault_point("written", iteration);
     // A directory of the same name from an earlier run is replaced: moved aside first (a

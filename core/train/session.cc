@@ -15,6 +15,7 @@
 #include "core/util/files.h"
 #include "core/util/hash.h"
 #include "core/util/log.h"
+#include "loom/cpp/json_input.h"
 #include "loom/cpp/nn/pipeline_stage.h"
 #include "loom/kinds.h"
 
@@ -196,8 +197,16 @@ void truncate_metrics(const fs::path& path, int64_t iteration) {
   std::ifstream in(path);
   std::string line, kept;
   while (std::getline(in, line)) {
+    // metrics.jsonl may have been edited or damaged: a line nested too deep, not JSON, or
+    // without an integer "step" is kept as it is rather than ending the resume.
+    if (json_too_deep_at(line) != std::string::npos) {
+      kept += line + "\n";
+      continue;
+    }
     nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
-    if (!j.is_discarded() && j.is_object() && j.value("step", int64_t{0}) > iteration) continue;
+    if (!j.is_discarded() && j.is_object() && j.contains("step") && j["step"].is_number_integer() &&
+        j["step"].get<int64_t>() > iteration)
+      continue;
     kept += line + "\n";
   }
   write_file_atomic(path, kept);
@@ -205,18 +214,27 @@ void truncate_metrics(const fs::path& path, int64_t iteration) {
 
 bool resume_from_latest(Trainer& trainer, PluginManager& plugins, const fs::path& root, bool owner,
                         ICommunicator* world) {
+  if (owner) remove_stale_latest(root);
   std::vector<fs::path> all = list_checkpoints(root);
   if (all.empty()) {
     std::printf("  resume: no checkpoint in %s yet; starting from scratch\n",
                 root.string().c_str());
     return false;
   }
+  // What `latest` says, to explain a choice that differs from it.
+  std::optional<fs::path> latest = read_latest(root);
+  std::string latest_says =
+      latest ? fmt::format("`latest` names {}", latest->filename().string()) : latest_problem(root);
   std::vector<std::string> failures;
   for (const fs::path& dir : all) {
     std::string error;
+    std::vector<FileCheck> reader_files;
     try {
       CheckpointReader reader(plugins, dir);
       trainer.restore(reader);
+      // The tokenizer copy does not hold training state: damage there is worth a warning
+      // (generation from this checkpoint needs it), not a fallback past the checkpoint.
+      reader_files = reader.check_files();
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -237,6 +255,13 @@ bool resume_from_latest(Trainer& trainer, PluginManager& plugins, const fs::path
     }
     std::printf("  resume: iteration %lld from %s\n", static_cast<long long>(trainer.iteration()),
                 dir.string().c_str());
+    if (!latest || *latest != dir)
+      log_warning("checkpoint",
+                  fmt::format("{}; resuming from {}, {}", latest_says, dir.filename().string(),
+                              dir == all.front() ? "the newest complete checkpoint"
+                                                 : "the newest one that loads"));
+    for (const FileCheck& c : reader_files)
+      if (!c.problem.empty()) log_warning("checkpoint", c.problem);
     for (const fs::path& bad : all) {
       if (bad == dir || !owner) break;
       std::error_code ec;

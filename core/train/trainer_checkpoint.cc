@@ -2,6 +2,8 @@
 // The optimizer's tensors are the DistributedOptimizer's (core/optim/optimizer_checkpoint.cc).
 #include <fmt/format.h>
 
+#include <limits>
+
 #include "core/checkpoint/param_slices.h"
 #include "core/train/trainer.h"
 #include "core/util/errors.h"
@@ -9,6 +11,7 @@
 #include "core/util/hash.h"
 #include "core/util/log.h"
 #include "core/version.h"
+#include "loom/cpp/json_input.h"
 
 namespace loom::core {
 namespace {
@@ -182,19 +185,28 @@ void Trainer::restore(CheckpointReader& reader) {
   }
 
   reader.load_model(*params_, split_ranks_);
-  optim_->restore(reader, meta["trainer"].value("optimizer", "?"),
+  optim_->restore(reader,
+                  meta["trainer"].contains("optimizer") && meta["trainer"]["optimizer"].is_string()
+                      ? meta["trainer"]["optimizer"].get<std::string>()
+                      : std::string("?"),
                   spec_["optimizer"].value("impl", "?"));
   restore_fp8(reader);
 
-  const nlohmann::json& t = meta["trainer"];
-  iteration_ = t.value("iteration", reader.iteration());
+  // Typed reads (the reader checked these types already; JsonIn names the place if not).
+  JsonIn t(meta["trainer"], where + " trainer state", Code::kDataLoss,
+           "the checkpoint is damaged; load an earlier one");
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  auto integer = [&](const char* key, int64_t fallback) {
+    return t.has(key) ? t[key].int64(0, kMax) : fallback;
+  };
+  iteration_ = integer("iteration", reader.iteration());
   LossScaler::State scale = scaler_.state();
-  scale.scale = t.value("loss_scale", scale.scale);
-  scale.good_steps = t.value("good_steps", int64_t{0});
-  scale.hysteresis_left = t.value("hysteresis_left", config_.precision.hysteresis);
+  if (t.has("loss_scale")) scale.scale = t["loss_scale"].number();
+  scale.good_steps = integer("good_steps", 0);
+  scale.hysteresis_left = integer("hysteresis_left", config_.precision.hysteresis);
   scaler_.restore(scale);
-  nonfinite_in_a_row_ = t.value("nonfinite_in_a_row", int64_t{0});
-  data_->seek(t.value("data_position", int64_t{0}));
+  nonfinite_in_a_row_ = integer("nonfinite_in_a_row", 0);
+  data_->seek(integer("data_position", 0));
 }
 
 }  // namespace loom::core

@@ -2,6 +2,8 @@
 
 #include <map>
 
+#include "loom/cpp/json_input.h"
+
 namespace loom::checkpoint {
 namespace fs = std::filesystem;
 
@@ -12,7 +14,8 @@ HfDirectory::HfDirectory(fs::path dir) : dir_(std::move(dir)) {
       read_whole_file(config, Code::kNotFound,
                       "a Hugging Face model directory needs config.json (transformers' "
                       "save_pretrained writes it)");
-  config_ = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  config_ = parse_json_input(text, config.string(), Code::kDataLoss,
+                             "the file is damaged; download or export the model again");
   if (!config_.is_object())
     fail(Code::kDataLoss, config.string() + " is not a JSON object: the file is damaged");
   if (fs::exists(dir_ / kHfWeights, ec)) {
@@ -30,8 +33,9 @@ HfDirectory::HfDirectory(fs::path dir) : dir_(std::move(dir)) {
     fail(Code::kNotFound, dir_.string() + " has neither " + kHfWeights + " nor " + kHfIndex);
   }
   fs::path index_path = dir_ / kHfIndex;
-  nlohmann::json index = nlohmann::json::parse(read_whole_file(index_path, Code::kNotFound, ""),
-                                               nullptr, /*allow_exceptions=*/false);
+  nlohmann::json index =
+      parse_json_input(read_whole_file(index_path, Code::kNotFound, ""), index_path.string(),
+                       Code::kDataLoss, "the file is damaged; download or export the model again");
   if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object())
     fail(Code::kDataLoss,
          index_path.string() + " has no \"weight_map\" object: the file is damaged");

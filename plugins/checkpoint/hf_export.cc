@@ -4,6 +4,7 @@
 #include <map>
 #include <vector>
 
+#include "loom/cpp/json_input.h"
 #include "plugins/checkpoint/files.h"
 #include "plugins/checkpoint/hf_directory.h"
 #include "plugins/checkpoint/hf_io.h"
@@ -79,7 +80,7 @@ void fill_hf_tensor(const CheckpointTensor& c, const TensorLayout& t,
 
 void export_hf(const fs::path& dir, const CheckpointTensor* tensors, int64_t count,
                const std::string& metadata_json, int32_t rank, DType dtype) {
-  json metadata = json::parse(metadata_json, nullptr, /*allow_exceptions=*/false);
+  json metadata = parse_json_input(metadata_json, "safetensors save: the metadata");
   if (!metadata.is_object())
     fail(Code::kInvalidArgument, "safetensors save: the metadata is not a JSON object");
   HfModel model = hf_model_from_metadata(metadata);

@@ -1,6 +1,7 @@
 // import_hf and hf_metadata: a Hugging Face model directory read back by loom names.
 #include <vector>
 
+#include "loom/cpp/json_input.h"
 #include "plugins/checkpoint/hf_directory.h"
 #include "plugins/checkpoint/hf_io.h"
 #include "plugins/checkpoint/hf_layout.h"
@@ -96,7 +97,8 @@ std::string hf_metadata(const fs::path& dir) {
   HfDirectory hf(dir);
   std::string stored = hf.metadata("loom");
   if (!stored.empty()) {
-    json metadata = json::parse(stored, nullptr, /*allow_exceptions=*/false);
+    json metadata = parse_json_input(stored, hf.weight_files() + " \"__metadata__\".\"loom\"",
+                                     Code::kDataLoss, "export the checkpoint again");
     if (!metadata.is_object() || !metadata.contains("tensors"))
       fail(Code::kDataLoss, dir.string() +
                                 ": the loom metadata in the safetensors header is "

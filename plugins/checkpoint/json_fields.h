@@ -39,6 +39,10 @@ struct ConfigReader {
     if (v < least)
       fail(Code::kInvalidArgument,
            where + key + " must be >= " + std::to_string(least) + ", got " + std::to_string(v));
+    // Sizes are multiplied into tensor shapes: bound them before any product overflows.
+    if (v > kMaxJsonSize)
+      fail(Code::kInvalidArgument,
+           where + key + " = " + std::to_string(v) + " is beyond any model (more than 2^40)");
     return v;
   }
   double number(const char* key, double fallback) const {

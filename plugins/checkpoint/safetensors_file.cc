@@ -1,5 +1,6 @@
 #include "plugins/checkpoint/safetensors_file.h"
 
+#include "loom/cpp/json_input.h"
 #include "plugins/checkpoint/crc32c.h"
 
 namespace loom::checkpoint {
@@ -13,8 +14,9 @@ SafetensorsReader::SafetensorsReader(fs::path path)
   tensors_ = std::move(layout.tensors);
   metadata_ = std::move(layout.metadata);
   if (!metadata_.contains("crc32c")) return;
-  nlohmann::json crcs = nlohmann::json::parse(metadata_["crc32c"].get<std::string>(), nullptr,
-                                              /*allow_exceptions=*/false);
+  nlohmann::json crcs = parse_json_input(metadata_["crc32c"].get<std::string>(),
+                                         p.string() + " \"__metadata__\".\"crc32c\"",
+                                         Code::kDataLoss, "the file is damaged; export it again");
   if (!crcs.is_object()) safetensors_damaged(p, "\"__metadata__\".\"crc32c\" is not a JSON object");
   for (auto& [name, hex] : crcs.items()) {
     uint32_t value = 0;

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 
+#include "loom/cpp/json_input.h"
 #include "plugins/checkpoint/crc32c.h"
 
 namespace loom::checkpoint {
@@ -29,6 +30,9 @@ int32_t read_shape(const nlohmann::json& j, const char* key, const std::string& 
     fail(Code::kDataLoss, where + " \"" + key + "\" has more than 8 dimensions");
   for (size_t i = 0; i < v.size(); ++i) {
     if (v[i] < 0) fail(Code::kDataLoss, where + " \"" + key + "\" has a negative extent");
+    if (v[i] > kMaxJsonSize)
+      fail(Code::kDataLoss,
+           where + " \"" + key + "\" has the extent " + std::to_string(v[i]) + " (more than 2^40)");
     out[i] = v[i];
   }
   return static_cast<int32_t>(v.size());
@@ -108,7 +112,19 @@ ShardIndex index_from_json(const nlohmann::json& body, const std::filesystem::pa
     e.byte_offset = field<uint64_t>(t, "byte_offset", at);
     e.nbytes = field<uint64_t>(t, "nbytes", at);
     e.crc = parse_hex(field<std::string>(t, "crc32c", at), at);
-    if (e.nbytes != static_cast<uint64_t>(volume(e.slice)) * dtype_size(e.dtype))
+    // The slice's bytes, overflow-checked: nothing is allocated from the shape before it
+    // is known to match nbytes, which must lie inside the .bin (below).
+    uint64_t bytes = dtype_size(e.dtype);
+    for (int32_t d = 0; d < e.ndim; ++d)
+      if (__builtin_mul_overflow(bytes, static_cast<uint64_t>(e.slice.size[d]), &bytes))
+        fail(Code::kDataLoss, at + ": the slice " + box_text(e.slice) + " is too large");
+    // The global shape too: readers size requests from it.
+    int64_t elements = 1;
+    for (int32_t d = 0; d < e.ndim; ++d)
+      if (__builtin_mul_overflow(elements, e.global_shape[d], &elements))
+        fail(Code::kDataLoss,
+             at + ": the shape " + shape_text(e.global_shape, e.ndim) + " is too large");
+    if (e.nbytes != bytes)
       fail(Code::kDataLoss,
            at + ": nbytes " + std::to_string(e.nbytes) + " does not match its shape and dtype");
     if (e.byte_offset > index.bin_size || e.nbytes > index.bin_size - e.byte_offset)

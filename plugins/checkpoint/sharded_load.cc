@@ -1,7 +1,9 @@
 // ShardedReader: verifying a sharded checkpoint and assembling requested slices from it.
 #include <algorithm>
+#include <limits>
 #include <memory>
 
+#include "loom/cpp/json_input.h"
 #include "plugins/checkpoint/crc32c.h"
 #include "plugins/checkpoint/files.h"
 #include "plugins/checkpoint/requests.h"
@@ -50,18 +52,20 @@ ShardedReader::ShardedReader(fs::path dir) : dir_(std::move(dir)) {
       read_whole_file(meta_path, Code::kNotFound,
                       "not a sharded checkpoint, or rank 0 did not finish saving it"),
       meta_path, kRecover);
-  if (meta.value("format", "") != kShardedFormat)
+  JsonIn root(meta, meta_path.string(), Code::kDataLoss,
+              "the file is damaged (its checksum matched: it was written this way); " +
+                  std::string(kRecover));
+  if (!meta.is_object() || !meta.contains("format") || !meta["format"].is_string() ||
+      meta["format"].get<std::string>() != kShardedFormat)
     fail(Code::kDataLoss, meta_path.string() + " is not a loom-sharded metadata file");
-  if (!meta.contains("version") || !meta["version"].is_number_integer() ||
-      meta["version"].get<int64_t>() > kShardedVersion)
+  if (root["version"].int64(1, std::numeric_limits<int64_t>::max()) > kShardedVersion)
     fail(Code::kUnimplemented, meta_path.string() + " has format version " +
-                                   meta.value("version", nlohmann::json()).dump() +
+                                   meta["version"].dump() +
                                    "; this loom reads version 1: upgrade loom");
-  if (!meta.contains("world") || !meta["world"].is_number_integer() ||
-      meta["world"].get<int64_t>() < 1 || !meta.contains("loom") || !meta["loom"].is_object())
-    fail(Code::kDataLoss, meta_path.string() + " lacks \"world\" or the \"loom\" metadata");
+  // A world beyond any real job would only make the loop below open that many files.
+  auto world = static_cast<int32_t>(root["world"].int64(1, 1 << 20));
+  root["loom"].expect_object();
   loom_ = std::move(meta["loom"]);
-  auto world = meta["world"].get<int32_t>();
   for (int32_t r = 0; r < world; ++r) {
     fs::path path = dir_ / "shards" / (shard_stem(r) + ".json");
     std::string hint = "rank " + std::to_string(r) + " of " + std::to_string(world) +

@@ -1,6 +1,7 @@
 // save_sharded: one rank's .bin and index, and rank 0's metadata.json.
 #include <set>
 
+#include "loom/cpp/json_input.h"
 #include "plugins/checkpoint/crc32c.h"
 #include "plugins/checkpoint/files.h"
 #include "plugins/checkpoint/requests.h"
@@ -23,7 +24,7 @@ void save_sharded(const fs::path& dir, const CheckpointTensor* tensors, int64_t 
                               " is not a directory (the core creates it before saving)");
   nlohmann::json metadata;
   if (rank == 0) {
-    metadata = nlohmann::json::parse(metadata_json, nullptr, /*allow_exceptions=*/false);
+    metadata = parse_json_input(metadata_json, "sharded save: the metadata");
     if (!metadata.is_object())
       fail(Code::kInvalidArgument, "sharded save: the metadata is not a JSON object");
   }

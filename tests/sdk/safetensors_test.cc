@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
@@ -239,6 +240,46 @@ TEST(SafetensorsHeader, RandomMutationsNeverCrash) {
     ASSERT_EQ(got.rfind("data_loss: ", 0), 0u) << h << " -> " << got;
   }
   EXPECT_GT(rejected, 4000);
+}
+
+// A header nested 100,000 deep (or holding a number beyond double) is a damaged file, not a
+// stack overflow or an escaped nlohmann exception; nesting up to the cap still parses as
+// JSON (and is then refused for its content).
+TEST(SafetensorsHeader, DeepOrHugeHeadersAreDataLoss) {
+  struct Case {
+    std::string header;
+    const char* problem;
+  };
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  const std::string deep_in_tensor = R"({"a": {"dtype": "F32", "shape": )" +
+                                     std::string(100000, '[') + std::string(100000, ']') +
+                                     R"(, "data_offsets": [0, 4]}})";
+  const std::string at_cap = R"({"a": {"dtype": "F32", "x": )" + std::string(254, '[') +
+                             std::string(254, ']') + R"(, "shape": [1], "data_offsets": [0, 4]}})";
+  const std::string past_cap = R"({"a": {"dtype": "F32", "x": )" + std::string(255, '[') +
+                               std::string(255, ']') +
+                               R"(, "shape": [1], "data_offsets": [0, 4]}})";
+  const Case cases[] = {
+      {deep, "deeper than 256 levels at byte 256"},
+      {deep_in_tensor, "deeper than 256 levels"},
+      {past_cap, "deeper than 256 levels"},
+      // nlohmann refuses a number beyond double like a syntax error (no exception escapes).
+      {R"({"a": {"dtype": "F32", "shape": [1e309], "data_offsets": [0, 4]}})", "not a JSON object"},
+  };
+  for (const Case& c : cases) {
+    std::string got = parse(c.header, 4);
+    std::printf("%zu-byte header -> %s\n", c.header.size(), got.substr(0, 160).c_str());
+    EXPECT_EQ(got.rfind("data_loss: x.safetensors: ", 0), 0u) << got.substr(0, 200);
+    EXPECT_NE(got.find(c.problem), std::string::npos) << got.substr(0, 200);
+  }
+  // 256 levels in all (the object, the tensor, 254 arrays) is within the cap: it parses.
+  std::string got = parse(at_cap, 4);
+  std::printf("at the cap -> '%s'\n", got.c_str());
+  EXPECT_EQ(got, "");
+  // Through the whole-file entry point too.
+  got = parse_file(file_bytes(deep, ""));
+  std::printf("deep file -> %s\n", got.substr(0, 160).c_str());
+  EXPECT_NE(got.find("deeper than 256"), std::string::npos) << got.substr(0, 200);
 }
 
 }  // namespace

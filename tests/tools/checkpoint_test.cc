@@ -387,5 +387,246 @@ TEST_F(CheckpointTest, BadArgumentsAreOneLine) {
   EXPECT_THAT(r.err, HasSubstr("unknown checkpoint format 'zip'"));
 }
 
+// ---- Checkpoint files from outside (reliability II): wrong types, sizes, nesting, the
+// tokenizer copy, `latest`. Helpers live inside the tests (this file is shared).
+
+// Writes `text` (with "checksum": "crc32c-text:00000000" at the top level) as
+// DIR/metadata.json, sealed the way the sharded format seals it: the CRC-32C of the bytes
+// with the checksum's own eight digits zeroed.
+void write_sealed_metadata(const fs::path& dir, std::string text) {
+  uint32_t crc = 0xFFFFFFFFu;
+  for (unsigned char byte : text) {
+    crc ^= byte;
+    for (int k = 0; k < 8; ++k) crc = (crc & 1) ? (crc >> 1) ^ 0x82F63B78u : crc >> 1;
+  }
+  const std::string key = "\n \"checksum\": \"crc32c-text:";
+  size_t at = text.find(key);
+  ASSERT_NE(at, std::string::npos);
+  char hex[9];
+  std::snprintf(hex, sizeof(hex), "%08x", crc ^ 0xFFFFFFFFu);
+  text.replace(at + key.size(), 8, hex);
+  write_file(dir / "metadata.json", text);
+}
+
+// Rewrites DIR/metadata.json with its body ("loom" holds the core's metadata) changed by
+// `edit`, sealed again.
+template <class Edit>
+void reseal_metadata(const fs::path& dir, Edit edit) {
+  nlohmann::json body = nlohmann::json::parse(read_file(dir / "metadata.json"));
+  body.erase("checksum");
+  edit(body);
+  body["checksum"] = "crc32c-text:00000000";
+  write_sealed_metadata(dir, body.dump(1) + "\n");
+}
+
+TEST_F(CheckpointTest, WrongTypesAndSizesInMetadataAreDataLoss) {
+  nlohmann::json body = tiny_spec(2);
+  body["lr_schedule"]["warmup_steps"] = 1;
+  body["checkpoint"] = {{"interval", 2}};
+  auto r = run_loom(train_args("types", body));
+  ASSERT_EQ(r.exit_code, kOk) << r.err;
+  fs::path iter = dir_ / "types" / "checkpoints" / "iter_0000002";
+  const std::string original = read_file(iter / "metadata.json");
+  std::string tensor;
+  const nlohmann::json parsed = nlohmann::json::parse(original);
+  for (const auto& [name, entry] : parsed["loom"]["tensors"].items())
+    if (tensor.empty() && name.rfind("model.", 0) == 0) tensor = name;
+  ASSERT_FALSE(tensor.empty()) << original.substr(0, 2000);
+  const std::string shape = "/loom/tensors/" + tensor + "/shape";
+  using J = nlohmann::json;
+  struct Case {
+    std::string pointer;
+    J value;
+    std::string expect;
+  };
+  const Case cases[] = {
+      {"/loom/tensors/" + tensor, J::array(), "/tensors/" + tensor + ": expected an object"},
+      {shape, false, "/shape: expected an array of integers, got false"},
+      {shape, J::array({(int64_t{1} << 53) + 1, 32}), "/shape/0: integer 9007199254740993"},
+      {shape, J::array({-1}), "/shape/0: integer -1 is outside"},
+      {shape, J::array({int64_t{1} << 40, int64_t{1} << 40}), "more elements than 2^63"},
+      {shape, J::array({int64_t{1} << 30, 512}), "but the checkpoint holds only"},
+      {"/loom/trainer/data_position", J::object(), "/trainer/data_position: expected an integer"},
+      {"/loom/plugins", "", "/plugins: expected an array"},
+      {"/loom/spec/train", 3, "/spec/train: expected an object"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.pointer);
+    write_file(iter / "metadata.json", original);
+    reseal_metadata(iter, [&](J& b) { b[J::json_pointer(c.pointer)] = c.value; });
+    auto inspect = run_loom("checkpoint inspect " + q(iter) + " --verify");
+    std::printf("%s = %s -> exit %d: %s", c.pointer.c_str(), c.value.dump().c_str(),
+                inspect.exit_code, inspect.err.c_str());
+    EXPECT_EQ(inspect.exit_code, 5);  // data loss, not an internal error (1)
+    EXPECT_THAT(inspect.err, HasSubstr("metadata.json: " + c.pointer.substr(5)));
+    EXPECT_THAT(inspect.err, HasSubstr(c.expect));
+    EXPECT_THAT(inspect.err, HasSubstr("the checkpoint is damaged"));
+  }
+  // Nested 100,000 deep behind a valid seal: refused by depth, not a crash.
+  std::string deep =
+      "{\n \"checksum\": \"crc32c-text:00000000\",\n \"format\": \"loom-sharded\",\n"
+      " \"deep\": " +
+      std::string(100000, '[') + std::string(100000, ']') + "\n}\n";
+  write_sealed_metadata(iter, deep);
+  auto inspect = run_loom("checkpoint inspect " + q(iter) + " --verify");
+  std::printf("deep metadata.json -> exit %d: %s", inspect.exit_code,
+              inspect.err.substr(0, 300).c_str());
+  EXPECT_EQ(inspect.exit_code, 5);
+  EXPECT_THAT(inspect.err, HasSubstr("metadata.json:4:"));
+  EXPECT_THAT(inspect.err, HasSubstr("deeper than 256"));
+  // Resuming from it says the same, naming the value.
+  write_file(iter / "metadata.json", original);
+  reseal_metadata(iter, [](J& b) { b["loom"]["trainer"]["data_position"] = J::object(); });
+  nlohmann::json more = body;
+  more["train"]["steps"] = 4;
+  more["checkpoint"]["resume"] = "auto";
+  r = run_loom(train_args("types", more));
+  std::printf("resume -> exit %d: %s", r.exit_code, r.err.c_str());
+  EXPECT_EQ(r.exit_code, 5);
+  EXPECT_THAT(r.err, HasSubstr("/trainer/data_position: expected an integer"));
+}
+
+TEST_F(CheckpointTest, TokenizerCopyIsVerified) {
+  fs::path text = dir_ / "text";
+  fs::create_directories(text);
+  const char* words[] = {"the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog"};
+  std::mt19937 rng(3);
+  for (int d = 0; d < 8; ++d) {
+    std::string doc;
+    for (int w = 0; w < 100; ++w) doc += (w ? " " : "") + std::string(words[rng() % 8]);
+    write_file(text / ("doc" + std::to_string(d) + ".txt"), doc + "\n");
+  }
+  nlohmann::json body = tiny_spec(2);
+  body["lr_schedule"]["warmup_steps"] = 1;
+  body["model"]["vocab_size"] = 320;
+  body["data"] = {{"corpus",
+                   {{"inputs", {text.string()}},
+                    {"vocab_size", 300},
+                    {"cache_dir", (dir_ / "corpora").string()}}}};
+  body["train"].erase("eval_interval");
+  body["train"].erase("eval_steps");
+  body["checkpoint"] = {{"interval", 2}};
+  auto r = run_loom(train_args("tok", body));
+  ASSERT_EQ(r.exit_code, kOk) << r.out << r.err;
+  fs::path iter = dir_ / "tok" / "checkpoints" / "iter_0000002";
+  ASSERT_TRUE(fs::exists(iter / "tokenizer" / "vocab.json"));
+  ASSERT_TRUE(fs::exists(iter / "tokenizer" / "merges.txt"));
+  const std::string verify = "checkpoint inspect " + q(iter) + " --verify";
+  const std::string generate =
+      "generate --checkpoint " + q(iter) + " --prompt the --max-new-tokens 1 --temperature 0";
+  auto intact = run_loom(verify);
+  ASSERT_EQ(intact.exit_code, kOk) << intact.err;
+  EXPECT_THAT(intact.out, ::testing::ContainsRegex("tokenizer/vocab.json +ok"));
+  EXPECT_THAT(intact.out, ::testing::ContainsRegex("tokenizer/merges.txt +ok"));
+  ASSERT_EQ(run_loom(generate).exit_code, kOk);
+  struct Damage {
+    const char* file;
+    const char* what;
+    const char* expect;
+  };
+  const Damage damages[] = {{"vocab.json", "flip", "fails its CRC-32C check"},
+                            {"merges.txt", "truncate", "bytes but"},
+                            {"vocab.json", "delete", "is missing"},
+                            {"merges.txt", "delete", "is missing"}};
+  for (const Damage& d : damages) {
+    SCOPED_TRACE(std::string(d.what) + " " + d.file);
+    fs::path file = iter / "tokenizer" / d.file;
+    std::string saved = read_file(file);
+    if (std::string(d.what) == "flip") {
+      std::string bytes = saved;
+      bytes[bytes.size() / 2] ^= 0x04;
+      write_file(file, bytes);
+    } else if (std::string(d.what) == "truncate") {
+      write_file(file, saved.substr(0, saved.size() / 2));
+    } else {
+      fs::remove(file);
+    }
+    auto v = run_loom(verify);
+    std::printf("%s %s: inspect --verify exit %d: %s", d.what, d.file, v.exit_code, v.err.c_str());
+    EXPECT_EQ(v.exit_code, 5);
+    EXPECT_THAT(v.err, HasSubstr("tokenizer/" + std::string(d.file)));
+    EXPECT_THAT(v.err, HasSubstr(d.expect));
+    auto g = run_loom(generate);
+    std::printf("  generate exit %d: %s", g.exit_code, g.err.c_str());
+    EXPECT_EQ(g.exit_code, 5);
+    EXPECT_THAT(g.err, HasSubstr("tokenizer/" + std::string(d.file)));
+    EXPECT_THAT(g.err, HasSubstr("--tokenizer PATH"));
+    write_file(file, saved);
+  }
+  // Resuming from a checkpoint whose tokenizer copy is damaged: a warning naming the file
+  // (the copy holds no training state), not a fallback past the checkpoint.
+  {
+    std::string saved = read_file(iter / "tokenizer" / "vocab.json");
+    std::string bytes = saved;
+    bytes[bytes.size() / 3] ^= 0x02;
+    write_file(iter / "tokenizer" / "vocab.json", bytes);
+    nlohmann::json more = body;
+    more["train"]["steps"] = 4;
+    more["checkpoint"]["resume"] = "auto";
+    auto resumed = run_loom(train_args("tok", more));
+    std::printf("resume with a damaged copy: exit %d: %s", resumed.exit_code, resumed.err.c_str());
+    ASSERT_EQ(resumed.exit_code, kOk) << resumed.err;
+    EXPECT_THAT(resumed.out, HasSubstr("resume: iteration 2"));
+    EXPECT_THAT(resumed.err, HasSubstr("tokenizer/vocab.json fails its CRC-32C check"));
+    write_file(iter / "tokenizer" / "vocab.json", saved);
+  }
+  // A checkpoint saved before the record: "not recorded", not damaged.
+  reseal_metadata(iter, [](nlohmann::json& b) { b["loom"].erase("files"); });
+  auto old = run_loom(verify);
+  std::printf("no record: exit %d\n%s", old.exit_code, old.out.c_str());
+  EXPECT_EQ(old.exit_code, kOk) << old.err;
+  EXPECT_THAT(old.out, HasSubstr("not recorded"));
+}
+
+TEST_F(CheckpointTest, DanglingLatestAndInterruptedSavesAreExplained) {
+  nlohmann::json body = tiny_spec(4);
+  body["lr_schedule"]["warmup_steps"] = 1;
+  body["checkpoint"] = {{"interval", 2}, {"resume", "auto"}, {"keep", 0}};
+  auto r = run_loom(train_args("latest", body));
+  ASSERT_EQ(r.exit_code, kOk) << r.err;
+  fs::path ckpt = dir_ / "latest" / "checkpoints";
+  ASSERT_TRUE(fs::exists(ckpt / "iter_0000004"));
+  // A kill while `latest` was replaced left its temporary; `latest` names a missing one.
+  write_file(ckpt / "latest.tmp.999999.0", "iter_0000006\n");
+  write_file(ckpt / "latest", "iter_0000006\n");
+  auto inspect = run_loom("checkpoint inspect " + q(ckpt));
+  std::printf("dangling latest, inspect: %s", inspect.err.c_str());
+  EXPECT_EQ(inspect.exit_code, kOk);
+  EXPECT_THAT(inspect.err, HasSubstr("`latest` names iter_0000006, which is missing; reading "
+                                     "the newest complete checkpoint, iter_0000004"));
+  nlohmann::json more = body;
+  more["train"]["steps"] = 6;
+  r = run_loom(train_args("latest", more));
+  std::printf("dangling latest, resume: %s", r.err.c_str());
+  ASSERT_EQ(r.exit_code, kOk) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("resume: iteration 4"));
+  EXPECT_THAT(r.err, HasSubstr("`latest` names iter_0000006, which is missing; resuming from "
+                               "iter_0000004, the newest complete checkpoint"));
+  EXPECT_FALSE(fs::exists(ckpt / "latest.tmp.999999.0"));
+  EXPECT_EQ(read_file(ckpt / "latest"), "iter_0000006\n");
+  // Garbage in `latest`.
+  write_file(ckpt / "latest", "\x01zz\n");
+  more["train"]["steps"] = 8;
+  r = run_loom(train_args("latest", more));
+  std::printf("garbage latest, resume: %s", r.err.c_str());
+  ASSERT_EQ(r.exit_code, kOk) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("resume: iteration 6"));
+  EXPECT_THAT(r.err, HasSubstr("`latest` holds \"?zz\", which is no checkpoint name"));
+  EXPECT_THAT(r.err, HasSubstr("resuming from iter_0000006"));
+  // An empty, then a missing metadata.json: named, not "not a checkpoint".
+  fs::path iter = ckpt / "iter_0000008";
+  write_file(iter / "metadata.json", "");
+  inspect = run_loom("checkpoint inspect " + q(iter));
+  std::printf("empty metadata.json: %s", inspect.err.c_str());
+  EXPECT_EQ(inspect.exit_code, 5);
+  EXPECT_THAT(inspect.err, HasSubstr(iter.string() + "/metadata.json is empty"));
+  fs::remove(iter / "metadata.json");
+  inspect = run_loom("checkpoint inspect " + q(iter));
+  std::printf("missing metadata.json: %s", inspect.err.c_str());
+  EXPECT_EQ(inspect.exit_code, 5);
+  EXPECT_THAT(inspect.err, HasSubstr(iter.string() + "/metadata.json is missing; the save was "
+                                                     "interrupted"));
+}
+
 }  // namespace
 }  // namespace loom

@@ -110,7 +110,17 @@ nlohmann::json describe(core::CheckpointReader& reader, bool verify) {
   out["model_bytes"] = model_bytes;
   out["optimizer_bytes"] = other_bytes;
   out["tensors"] = tensors;
-  if (verify) out["damaged"] = failures;
+  if (verify) {
+    // The plain files (the tokenizer copy): checked against the checksums saved with them.
+    nlohmann::json files = nlohmann::json::array();
+    for (const core::FileCheck& c : reader.check_files()) {
+      files.push_back({{"name", c.name}, {"verified", c.problem.empty()}, {"error", c.problem}});
+      if (!c.problem.empty()) failures.push_back(c.problem);
+    }
+    out["files"] = files;
+    out["files_recorded"] = reader.files_recorded();
+    out["damaged"] = failures;
+  }
   return out;
 }
 
@@ -145,6 +155,15 @@ void print_description(const nlohmann::json& d, bool verify) {
     std::printf("    %-64s %-5s %-18s %10s%s\n", t["name"].get<std::string>().c_str(),
                 t["dtype"].get<std::string>().c_str(), t["shape"].dump().c_str(),
                 core::human_bytes(t["bytes"].get<double>()).c_str(), status.c_str());
+  }
+  if (verify && !d["files_recorded"].get<bool>()) {
+    std::printf("  files (tokenizer copy): checksums not recorded (saved by an older loom)\n");
+  } else if (verify) {
+    std::printf("  %zu files:\n", d["files"].size());
+    for (const auto& f : d["files"])
+      std::printf(
+          "    %-64s %s\n", f["name"].get<std::string>().c_str(),
+          f["verified"].get<bool>() ? "ok" : ("DAMAGED: " + f["error"].get<std::string>()).c_str());
   }
 }
 
@@ -209,9 +228,12 @@ int inspect(const std::vector<std::string>& argv) {
   }
   if (json) std::printf("%s\n", out.dump(2).c_str());
   if (verify && !out["checkpoint"]["damaged"].empty()) {
-    if (!json)
-      std::fprintf(stderr, "loom checkpoint inspect: %zu damaged tensors in %s\n",
+    if (!json) {
+      for (const auto& problem : out["checkpoint"]["damaged"])
+        std::fprintf(stderr, "loom checkpoint inspect: %s\n", problem.get<std::string>().c_str());
+      std::fprintf(stderr, "loom checkpoint inspect: %zu damaged tensors or files in %s\n",
                    out["checkpoint"]["damaged"].size(), reader.dir().string().c_str());
+    }
     return core::kExitIo;
   }
   return core::kExitOk;

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "loom/cpp/error.h"
+#include "loom/cpp/json_input.h"
 #include "loom/types.h"
 
 namespace loom {
@@ -112,7 +113,19 @@ inline std::map<std::string, SafetensorsTensor> parse_safetensors_header(
       duplicate = parsed.get<std::string>();
     return true;
   };
-  nlohmann::json j = nlohmann::json::parse(header, on_key, /*allow_exceptions=*/false);
+  // The depth first: a header nested 100,000 deep would overflow the stack of the parser's
+  // callers and of every walk of the value.
+  size_t deep = json_too_deep_at(header);
+  if (deep != std::string::npos)
+    safetensors_damaged(file, "the header nests deeper than " + std::to_string(kMaxJsonDepth) +
+                                  " levels at byte " + std::to_string(deep));
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(header, on_key, /*allow_exceptions=*/false);
+  } catch (const nlohmann::json::exception& e) {
+    // A number beyond double (1e309) throws even without exceptions enabled.
+    safetensors_damaged(file, std::string("the header is not valid JSON (") + e.what() + ")");
+  }
   if (j.is_discarded() || !j.is_object())
     safetensors_damaged(file, "the header is not a JSON object");
   if (!duplicate.empty())
