@@ -91,6 +91,12 @@ void read_rope_config(const ConfigReader& c, const RopeDefaults& d, HfModel& h,
   h.hidden = c.integer("hidden_size", d.hidden);
   h.ffn = c.integer("intermediate_size", d.ffn);
   h.layers = c.integer("num_hidden_layers", d.layers);
+  // The layout is built layer by layer before any tensor is matched: bound the count by
+  // far more layers than any model has, so a damaged config cannot loop for hours.
+  constexpr int64_t kMaxLayers = 1 << 16;
+  if (h.layers > kMaxLayers)
+    fail(Code::kInvalidArgument, c.where + "num_hidden_layers = " + std::to_string(h.layers) +
+                                     " is beyond any model (more than 65536 layers)");
   h.heads = c.integer("num_attention_heads", d.heads);
   // null (and, for LLaMA, absent) means as many as the query heads
   const bool kv_null =

@@ -314,6 +314,16 @@ TEST_F(HfImport, RefusesConfigsLoomCannotRepresent) {
   o = metadata(format, dir, &meta);
   EXPECT_EQ(o.code, Code::kInvalidArgument);
   EXPECT_NE(o.message.find("num_attention_heads"), std::string::npos) << o.message;
+  // A layer count no model has is refused before the layout is built layer by layer.
+  nlohmann::json huge = llama_config();
+  huge["num_hidden_layers"] = int64_t{1} << 40;
+  write_json(dir / "config.json", huge);
+  o = metadata(format, dir, &meta);
+  std::printf("%s\n", o.message.c_str());
+  EXPECT_EQ(o.code, Code::kInvalidArgument);
+  EXPECT_NE(o.message.find("num_hidden_layers = 1099511627776 is beyond any model"),
+            std::string::npos)
+      << o.message;
 }
 
 }  // namespace
