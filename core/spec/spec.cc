@@ -111,7 +111,21 @@ std::vector<ImplUse> resolve_spec(
     const std::string& searched) {
   std::vector<ImplUse> uses;
   SchemaHooks hooks;
+  // Components nest (a layer in a model, a norm in a layer); a plugin whose option defaults
+  // name a component of its own kind could nest without end, so the depth is bounded.
+  constexpr int kMaxComponentDepth = 32;
+  int depth = 0;
   hooks.component = [&](const std::string& kind, nlohmann::json& node, const std::string& pointer) {
+    struct Nesting {
+      int& depth;
+      explicit Nesting(int& d) : depth(++d) {}
+      ~Nesting() { --depth; }
+    } nesting(depth);
+    if (depth > kMaxComponentDepth)
+      throw SpecError(pointer, fmt::format("components nest more than {} deep here; a "
+                                           "component's defaults probably name itself (check "
+                                           "the options of the plugins that provide them)",
+                                           kMaxComponentDepth));
     if (!node.is_object())
       throw SpecError(pointer, fmt::format("expected a {} node {{\"impl\": NAME, ...}}, got {}",
                                            kind, compact_value(node)));

@@ -201,6 +201,12 @@ TEST(String, PatternIsUnanchoredEcmaScript) {
   EXPECT_EQ(error_of({{"pattern", "b+"}}, "abbc"), "");
   EXPECT_EQ(error_of({{"pattern", "\\d"}}, "abc"),
             "spec: expected string matching pattern '\\d', got \"abc\"");
+  // std::regex recurses per character (the fuzzer's 49,000-digit data.split overflowed the
+  // stack): a text beyond 4096 characters is refused before matching.
+  EXPECT_EQ(error_of({{"pattern", "^[0-9]+$"}}, std::string(4096, '7')), "");
+  EXPECT_EQ(error_of({{"pattern", "^[0-9]+$"}}, std::string(49000, '7'), "/data/split"),
+            "spec /data/split: a string checked against pattern '^[0-9]+$' may have at most "
+            "4096 characters, got 49000");
 }
 
 // --- arrays ---
@@ -627,6 +633,20 @@ TEST(CheckSchema, RejectsNonSchemas) {
                             "'exclusiveMinimum', 'exclusiveMaximum', 'minLength', 'maxLength', "
                             "'pattern', 'items', 'minItems', 'maxItems', 'oneOf', 'anyOf', "
                             "'x-loom-component', 'title' or 'examples'"));
+}
+
+// std::regex compiles by recursive descent: 24,500 nested groups overflowed the stack.
+TEST(CheckSchema, RejectsPatternsTooDeepOrLong) {
+  std::string deep = std::string(24500, '(') + "a" + std::string(24500, ')');
+  std::string message = schema_error_of({{"pattern", deep}});
+  std::printf("%.200s\n", message.c_str());
+  EXPECT_NE(message.find("nests groups deeper than 32"), std::string::npos) << message;
+  std::string nested32 = std::string(32, '(') + "a" + std::string(32, ')');
+  EXPECT_EQ(schema_error_of({{"pattern", nested32}}), "");
+  EXPECT_EQ(schema_error_of({{"pattern", "(" + nested32 + ")"}}).empty(), false);
+  EXPECT_EQ(schema_error_of({{"pattern", "[((((]\\(\\("}}), "") << "bracketed and escaped";
+  EXPECT_NE(schema_error_of({{"pattern", std::string(1025, 'a')}}).find("longer than 1024"),
+            std::string::npos);
 }
 
 TEST(CheckSchema, RejectsBadPattern) {

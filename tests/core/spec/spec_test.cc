@@ -112,6 +112,31 @@ TEST(ResolveSpecTest, ComponentOptionsAreCheckedAgainstTheirSchema) {
   EXPECT_THROW(resolve_spec(spec, lookup, names, provider, "(test)"), SpecError);
 }
 
+// A component whose options default a sub-component to itself (found by the spec fuzzer:
+// unbounded recursion, SIGSEGV) nests 32 deep and stops with the place.
+TEST(ResolveSpecTest, SelfNestingComponentsStop) {
+  nlohmann::json schema = {
+      {"type", "object"},
+      {"properties",
+       {{"child", {{"x-loom-component", "model"}, {"default", {{"impl", "selfref"}}}}}}}};
+  auto lookup = [&](const std::string& kind, const std::string& name, nlohmann::json* out) {
+    if (kind != "model" || name != "selfref") return false;
+    *out = schema;
+    return true;
+  };
+  auto names = [](const std::string&) { return std::vector<std::string>{"selfref"}; };
+  auto provider = [](const std::string&, const std::string&) { return std::string("p"); };
+  nlohmann::json spec = {{"model", {{"impl", "selfref"}}}};
+  try {
+    resolve_spec(spec, lookup, names, provider, "(test)");
+    FAIL() << "resolved a component that nests without end";
+  } catch (const SpecError& e) {
+    std::printf("%s\n", e.what());
+    EXPECT_THAT(e.what(), HasSubstr("components nest more than 32 deep here"));
+    EXPECT_EQ(e.pointer().rfind("/model/child/child/", 0), 0u) << e.pointer();
+  }
+}
+
 // Outside JSON that used to crash loom (issue "Reliability II"): each is one clean error.
 
 // The message of the loom::Error that `fn` throws, with its code ("" when none is thrown).
