@@ -42,8 +42,36 @@ std::string plugin_fingerprint(const PluginManager& plugins) {
   return list.dump();
 }
 
+// The peer's text comes from the rendezvous store: another loom build (or a damaged store)
+// may have written something else, which is then quoted instead of explained.
+std::string explain_plugins_of(const std::string& mine, const std::string& theirs);
+std::string explain_spec_of(const std::string& mine, const std::string& theirs);
+
+std::string quoted(const std::string& text) {
+  return text.size() > 200 ? text.substr(0, 197) + "..." : text;
+}
+
 std::string explain_plugins(const std::string& mine, const std::string& theirs) {
-  nlohmann::json a = nlohmann::json::parse(mine), b = nlohmann::json::parse(theirs);
+  try {
+    return explain_plugins_of(mine, theirs);
+  } catch (const std::exception&) {
+    return "it loaded other plugins (its list is not one this build reads: " + quoted(theirs) +
+           "); install the same build on every rank";
+  }
+}
+
+std::string explain_spec(const std::string& mine, const std::string& theirs) {
+  try {
+    return explain_spec_of(mine, theirs);
+  } catch (const std::exception&) {
+    return "the resolved spec differs (its text is not JSON this build reads: " +
+           quoted(theirs) + "); give every rank the same spec and build";
+  }
+}
+
+std::string explain_plugins_of(const std::string& mine, const std::string& theirs) {
+  nlohmann::json a = parse_json_input(mine, "this rank's plugin list"),
+                 b = parse_json_input(theirs, "the other rank's plugin list");
   for (const auto& pa : a) {
     const nlohmann::json* match = nullptr;
     for (const auto& pb : b)
@@ -63,9 +91,9 @@ std::string explain_plugins(const std::string& mine, const std::string& theirs) 
   return "it loaded other plugins: " + theirs;
 }
 
-std::string explain_spec(const std::string& mine, const std::string& theirs) {
-  nlohmann::json patch =
-      nlohmann::json::diff(nlohmann::json::parse(mine), nlohmann::json::parse(theirs));
+std::string explain_spec_of(const std::string& mine, const std::string& theirs) {
+  nlohmann::json patch = nlohmann::json::diff(parse_json_input(mine, "this rank's spec"),
+                                              parse_json_input(theirs, "the other rank's spec"));
   std::string where;
   for (const auto& op : patch) where += (where.empty() ? "" : ", ") + op.value("path", "");
   return "the resolved spec differs at " + where + "; give every rank the same spec";
