@@ -43,11 +43,12 @@ std::unique_ptr<GptData::Split> build_split(
     const GptIndexConfig& config) {
   auto split = std::make_unique<GptData::Split>();
   split->name = name;
-  // Prefixes whose share of this split holds documents.
+  // Prefixes whose share of this split holds sequences (Megatron-Core splits a GPT dataset
+  // by sequence: numel_low_level_dataset).
   std::vector<std::pair<size_t, std::pair<int64_t, int64_t>>> ranges;
   double total = 0;
   for (size_t d = 0; d < datasets.size(); ++d) {
-    std::vector<int64_t> b = split_boundaries(split_weights, datasets[d]->documents());
+    std::vector<int64_t> b = split_boundaries(split_weights, datasets[d]->sequences());
     if (b[which + 1] > b[which] && weights[d] > 0) {
       ranges.push_back({d, {b[which], b[which + 1]}});
       total += weights[d];
@@ -167,7 +168,7 @@ GptData::GptData(const GptDataOptions& options) : options_(options) {
   train_ =
       build_split("train", 0, options_.train_samples, datasets_, weights, split_weights_, config);
   if (!train_)
-    throw SpecError(ptr + "/split", fmt::format("'{}' leaves no training documents in {}",
+    throw SpecError(ptr + "/split", fmt::format("'{}' leaves no training sequences in {}",
                                                 options_.split, options_.prefixes[0].string()));
   valid_ =
       build_split("valid", 1, options_.valid_samples, datasets_, weights, split_weights_, config);
@@ -178,11 +179,10 @@ GptData::GptData(const GptDataOptions& options) : options_(options) {
   std::vector<int32_t> buffer;
   for (size_t part = 0; part < train_->parts.size(); ++part) {
     const IndexedDataset& ds = *datasets_[train_->part_dataset[part]];
-    std::vector<int64_t> b = split_boundaries(split_weights_, ds.documents());
+    std::vector<int64_t> b = split_boundaries(split_weights_, ds.sequences());
     std::vector<int64_t> counts;
     int64_t n = 0;
-    auto doc_index = ds.document_indices();
-    for (int64_t s = doc_index[b[0]]; s < doc_index[b[1]]; ++s) {
+    for (int64_t s = b[0]; s < b[1]; ++s) {
       int64_t len = ds.sequence_lengths()[s];
       buffer.resize(static_cast<size_t>(len));
       ds.read(s, 0, len, buffer.data());
@@ -261,8 +261,12 @@ std::string GptData::describe() const {
   std::string s;
   for (size_t d = 0; d < datasets_.size(); ++d) {
     const IndexedDataset& ds = *datasets_[d];
-    s += fmt::format("{}{} ({}, {} documents, {} tokens)", d ? " + " : "", ds.prefix().string(),
-                     indexed_dtype_name(ds.dtype()), ds.documents(), ds.tokens());
+    std::string sequences = ds.sequences() == ds.documents()
+                                ? std::string()
+                                : fmt::format(" in {} sequences", ds.sequences());
+    s += fmt::format("{}{} ({}, {} documents{}, {} tokens)", d ? " + " : "",
+                     ds.prefix().string(), indexed_dtype_name(ds.dtype()), ds.documents(),
+                     sequences, ds.tokens());
   }
   auto split_text = [](const Split* sp) -> std::string {
     if (sp == nullptr) return "none";

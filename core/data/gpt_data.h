@@ -1,6 +1,7 @@
 // GptData: the trainer's data source over Megatron indexed datasets (data.paths).
 //
-// Each prefix is split into train/valid/test documents by data.split (Megatron's rounding);
+// Each prefix's sequences (not documents, as Megatron-Core's GPTDataset) are split into
+// train/valid/test by data.split (Megatron-Core's rounding);
 // each split becomes a GptDataset (Megatron's indices, cached on disk) and, with several
 // prefixes, a blend by weight (Megatron's blending indices). Training reads sample after
 // sample of the train blend, so position() is the number of samples consumed and seek()
@@ -28,7 +29,7 @@ namespace loom::core {
 struct GptDataOptions {
   std::vector<std::filesystem::path> prefixes;  ///< dataset prefixes (PREFIX.bin / PREFIX.idx)
   std::vector<double> weights;                  ///< blend weights (one per prefix), or empty
-  std::string split = "949,50,1";               ///< train,valid,test document weights
+  std::string split = "949,50,1";               ///< train,valid,test sequence weights
   int64_t batch = 1;                            ///< B
   int64_t seq_length = 1024;                    ///< T
   uint32_t seed = 1234;

@@ -21,7 +21,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Megatron's _build_document_index: the split's documents tiled over `epochs` and shuffled.
+// Megatron's _build_document_index: the split's sequences tiled over `epochs` and shuffled.
 void append_shuffled_epochs(int64_t begin, int64_t end, int64_t epochs, NumpyRandomState& rng,
                             std::vector<int32_t>& out) {
   size_t at = out.size();
@@ -48,19 +48,20 @@ GptDataset::GptDataset(std::shared_ptr<const IndexedDataset> data, int64_t begin
       num_samples_(num_samples),
       split_(split),
       config_(config) {
-  if (begin_ < 0 || end_ > data_->documents() || begin_ >= end_)
-    throw InvalidArgument(fmt::format("{}: {} split has no documents ([{}, {}) of {})",
+  if (begin_ < 0 || end_ > data_->sequences() || begin_ >= end_)
+    throw InvalidArgument(fmt::format("{}: {} split has no sequences ([{}, {}) of {})",
                                       data_->prefix().string(), split_, begin_, end_,
-                                      data_->documents()));
+                                      data_->sequences()));
   if (num_samples_ < 1 || config_.seq_length < 1)
     throw InvalidArgument(fmt::format("{}: {} split: {} samples of seq_length {} requested",
                                       data_->prefix().string(), split_, num_samples_,
                                       config_.seq_length));
+  const auto lengths = data_->sequence_lengths();
   int64_t tokens_per_epoch = 0;
-  for (int64_t d = begin_; d < end_; ++d) tokens_per_epoch += doc_length(d);
+  for (int64_t s = begin_; s < end_; ++s) tokens_per_epoch += lengths[s];
   if (tokens_per_epoch < 2)
     throw IoError(
-        fmt::format("{}: the {} split (documents {}..{}) holds {} tokens; a sample "
+        fmt::format("{}: the {} split (sequences {}..{}) holds {} tokens; a sample "
                     "needs at least 2",
                     data_->prefix().string(), split_, begin_, end_ - 1, tokens_per_epoch));
   const int64_t t = config_.seq_length;
@@ -76,11 +77,11 @@ GptDataset::GptDataset(std::shared_ptr<const IndexedDataset> data, int64_t begin
 
   nlohmann::json description = {
       {"class", "GPTDataset"},
-      {"format", 1},
+      {"format", 2},  // 2: over sequences (1 went over documents)
       {"dataset", fs::absolute(data_->prefix()).lexically_normal().string()},
       {"dataset_sequences", data_->sequences()},
       {"dataset_tokens", data_->tokens()},
-      {"documents", {begin_, end_}},
+      {"sequences", {begin_, end_}},
       {"split", split_},
       {"num_samples", num_samples_},
       {"seq_length", t},
@@ -99,35 +100,6 @@ GptDataset::GptDataset(std::shared_ptr<const IndexedDataset> data, int64_t begin
   if (!cache_stem_.empty()) save_cache();
 }
 
-int64_t GptDataset::doc_length(int64_t doc) const {
-  auto index = data_->document_indices();
-  auto lengths = data_->sequence_lengths();
-  int64_t n = 0;
-  for (int64_t s = index[doc]; s < index[doc + 1]; ++s) n += lengths[s];
-  return n;
-}
-
-// Tokens [offset, offset + count) of document `doc`, across its sequences.
-void GptDataset::read_document(int64_t doc, int64_t offset, int64_t count, int32_t* out) const {
-  auto index = data_->document_indices();
-  auto lengths = data_->sequence_lengths();
-  for (int64_t s = index[doc]; s < index[doc + 1] && count > 0; ++s) {
-    int64_t len = lengths[s];
-    if (offset >= len) {
-      offset -= len;
-      continue;
-    }
-    int64_t take = std::min(count, len - offset);
-    data_->read(s, offset, take, out);
-    out += take;
-    count -= take;
-    offset = 0;
-  }
-  if (count != 0)
-    throw IoError(fmt::format("{}: document {} is shorter than its index says",
-                              data_->prefix().string(), doc));
-}
-
 void GptDataset::build(int64_t tokens_per_epoch) {
   const int64_t t = config_.seq_length;
   NumpyRandomState rng(config_.seed);
@@ -141,25 +113,25 @@ void GptDataset::build(int64_t tokens_per_epoch) {
     append_shuffled_epochs(begin_, end_, 1, rng, document_index_);
   }
   // Sample index (Megatron's build_sample_idx, dropping the last partial sample): rows of
-  // (position in document_index, offset in that document) where each sample starts; sample
+  // (position in document_index, offset in that sequence) where each sample starts; sample
   // i ends where sample i + 1 starts, inclusive (the extra token).
   int64_t samples = (epochs_ * tokens_per_epoch - 1) / t;
   sample_index_.assign(static_cast<size_t>(2 * (samples + 1)), 0);
-  std::vector<int64_t> lengths(static_cast<size_t>(end_ - begin_));
-  for (int64_t d = begin_; d < end_; ++d) lengths[d - begin_] = doc_length(d);
+  // Walks the sequence lengths, as Megatron's helpers build_sample_idx does.
+  const auto lengths = data_->sequence_lengths();
   int64_t doc_pos = 0, offset = 0;
   const int64_t last = static_cast<int64_t>(document_index_.size()) - 1;
   for (int64_t s = 1; s <= samples; ++s) {
     int64_t remaining = t + 1;
     while (remaining != 0) {
-      int64_t doc_len = lengths[document_index_[doc_pos] - begin_] - offset;
+      int64_t doc_len = lengths[document_index_[doc_pos]] - offset;
       remaining -= doc_len;
       if (remaining <= 0) {
         offset += remaining + doc_len - 1;
         remaining = 0;
       } else {
         if (doc_pos == last) {
-          offset = lengths[document_index_[doc_pos] - begin_] - 1;
+          offset = lengths[document_index_[doc_pos]] - 1;
           break;
         }
         ++doc_pos;
@@ -232,15 +204,17 @@ void GptDataset::sample(int64_t index, int32_t* out) const {
   int64_t i = shuffle_index_[index];
   int64_t beg = sample_index_[2 * i], beg_off = sample_index_[2 * i + 1];
   int64_t end = sample_index_[2 * i + 2], end_off = sample_index_[2 * i + 3];
+  // As Megatron's GPTDataset: the sequences at document_index positions beg..end.
   if (beg == end) {
-    read_document(document_index_[beg], beg_off, end_off - beg_off + 1, out);
+    data_->read(document_index_[beg], beg_off, end_off - beg_off + 1, out);
     return;
   }
+  const auto lengths = data_->sequence_lengths();
   for (int64_t p = beg; p <= end; ++p) {
-    int64_t doc = document_index_[p];
+    int64_t seq = document_index_[p];
     int64_t offset = p == beg ? beg_off : 0;
-    int64_t count = p < end ? doc_length(doc) - offset : end_off + 1;
-    read_document(doc, offset, count, out);
+    int64_t count = p < end ? lengths[seq] - offset : end_off + 1;
+    data_->read(seq, offset, count, out);
     out += count;
   }
 }
@@ -273,14 +247,16 @@ std::vector<double> parse_split(const std::string& split, const std::string& poi
   return w;
 }
 
-std::vector<int64_t> split_boundaries(const std::vector<double>& weights, int64_t documents) {
-  // Python's round() is round-half-to-even, the default floating-point rounding mode.
+std::vector<int64_t> split_boundaries(const std::vector<double>& weights, int64_t elements) {
+  // Megatron-Core's split matrix: the running sum of the weights (added left to right, as
+  // functools.reduce does), each bookend scaled and rounded by Python's round(), which is
+  // round-half-to-even, the default floating-point rounding mode.
   std::vector<int64_t> b = {0};
-  for (double w : weights)
-    b.push_back(b.back() +
-                static_cast<int64_t>(std::nearbyint(w * static_cast<double>(documents))));
-  int64_t shift = b.back() - documents;
-  for (size_t i = 1; i < b.size(); ++i) b[i] -= shift;
+  double cumulative = 0;
+  for (double w : weights) {
+    cumulative += w;
+    b.push_back(static_cast<int64_t>(std::nearbyint(cumulative * static_cast<double>(elements))));
+  }
   return b;
 }
 

@@ -1,9 +1,12 @@
 // GPT samples over an indexed dataset, with Megatron's document, sample and shuffle indices.
 //
-// A split of the dataset is the documents [begin, end). Its documents are repeated for as
-// many epochs as `num_samples` samples of seq_length + 1 tokens need; the documents of those
-// epochs are shuffled (numpy RandomState(seed), the last epoch apart when it is used for less
-// than 80% of a full one), laid end to end, and cut into samples that cross document
+// As Megatron-Core's GPTDataset, everything here counts the indexed dataset's sequences,
+// not its documents: a document written with --split-sentences is several sequences, and a
+// document with no sequence (an empty text) is nothing. A split of the dataset is the
+// sequences [begin, end). They are repeated for as many epochs as `num_samples` samples of
+// seq_length + 1 tokens need; the sequences of those epochs are shuffled (numpy
+// RandomState(seed), the last epoch apart when it is used for less than 80% of a full one)
+// into the "document index", laid end to end, and cut into samples that cross sequence
 // boundaries, each overlapping the next by one token (its last token is the next sample's
 // first: the label of position T-1). The samples are then shuffled. Every step follows
 // Megatron-Core's GPTDataset, so for the same data, split, seed and sizes the indices equal
@@ -32,7 +35,7 @@ struct GptIndexConfig {
 class GptDataset {
  public:
   /// \param data         the indexed dataset (shared by every split and blend using it)
-  /// \param begin, end   the split's documents [begin, end); not empty
+  /// \param begin, end   the split's sequences [begin, end); not empty
   /// \param num_samples  samples wanted (>= 1); more may exist (the last epoch is whole)
   /// \param split        "train", "valid" or "test" (in cache names and messages)
   GptDataset(std::shared_ptr<const IndexedDataset> data, int64_t begin, int64_t end,
@@ -47,8 +50,9 @@ class GptDataset {
   bool from_cache() const { return from_cache_; }
   /// "<cache_dir>/<hash>-GPTDataset-<split>", the stem of the cache files.
   const std::filesystem::path& cache_stem() const { return cache_stem_; }
+  /// Megatron's document_index: the split's sequence ids, shuffled per epoch.
   const std::vector<int32_t>& document_index() const { return document_index_; }
-  /// Flattened (size() + 1, 2): document_index position, token offset.
+  /// Flattened (size() + 1, 2): document_index position, token offset in that sequence.
   const std::vector<int64_t>& sample_index() const { return sample_index_; }
   const std::vector<int64_t>& shuffle_index() const { return shuffle_index_; }
 
@@ -56,8 +60,6 @@ class GptDataset {
   void build(int64_t tokens_per_epoch);
   bool load_cache();
   void save_cache() const;
-  int64_t doc_length(int64_t doc) const;
-  void read_document(int64_t doc, int64_t offset, int64_t count, int32_t* out) const;
 
   std::shared_ptr<const IndexedDataset> data_;
   int64_t begin_, end_, num_samples_;
@@ -73,10 +75,11 @@ class GptDataset {
   std::vector<int64_t> shuffle_index_;
 };
 
-/// Megatron's split of `documents` by weights ("949,50,1" normalised): cumulative rounded
-/// boundaries (round half to even, as Python's round), shifted so the last is `documents`.
-/// Returns the train, valid and test boundaries [0, a, b, documents].
-std::vector<int64_t> split_boundaries(const std::vector<double>& weights, int64_t documents);
+/// Megatron-Core's split of a dataset's `elements` (for GPT its sequences) by weights
+/// ("949,50,1" normalised): split i is [round(c_i * elements), round(c_{i+1} * elements))
+/// where c_i is the sum of the weights before i (Python's round: half to even). Returns the
+/// train, valid and test boundaries [0, a, b, elements].
+std::vector<int64_t> split_boundaries(const std::vector<double>& weights, int64_t elements);
 
 /// Parses "949,50,1" (one to three non-negative numbers, not all zero) into three weights
 /// summing to 1. Throws SpecError at `pointer` when malformed.

@@ -373,11 +373,29 @@ void IndexedDatasetWriter::flush() {
 }
 
 void IndexedDatasetWriter::add_document(std::span<const int32_t> tokens) {
-  LOOM_CHECK(!finished_, "add_document after finish: ", prefix_.string());
+  if (tokens.empty()) return add_document(tokens, {});
   if (tokens.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max()))
     fail(Code::kInvalidArgument,
          fmt::format("{}: a document of {} tokens does not fit the index's int32 lengths",
                      prefix_.string(), tokens.size()));
+  const int32_t length = static_cast<int32_t>(tokens.size());
+  add_document(tokens, std::span<const int32_t>(&length, 1));
+}
+
+void IndexedDatasetWriter::add_document(std::span<const int32_t> tokens,
+                                        std::span<const int32_t> sequence_lengths) {
+  LOOM_CHECK(!finished_, "add_document after finish: ", prefix_.string());
+  int64_t total = 0;
+  for (int32_t length : sequence_lengths) {
+    if (length < 0)
+      fail(Code::kInvalidArgument, fmt::format("{}: document {} has a sequence of length {}",
+                                               prefix_.string(), documents(), length));
+    total += length;
+  }
+  if (total != static_cast<int64_t>(tokens.size()))
+    fail(Code::kInvalidArgument,
+         fmt::format("{}: document {} has {} tokens but sequence lengths summing to {}",
+                     prefix_.string(), documents(), tokens.size(), total));
   const auto [lo, hi] = id_range(dtype_);
   if (lo > std::numeric_limits<int32_t>::min() || hi < std::numeric_limits<int32_t>::max()) {
     for (size_t i = 0; i < tokens.size(); ++i)
@@ -385,7 +403,7 @@ void IndexedDatasetWriter::add_document(std::span<const int32_t> tokens) {
         fail(Code::kInvalidArgument,
              fmt::format("{}: token id {} (document {}, position {}) does not fit dtype {} "
                          "([{}, {}])",
-                         prefix_.string(), tokens[i], lengths_.size(), i,
+                         prefix_.string(), tokens[i], documents(), i,
                          indexed_dtype_name(dtype_), lo, hi));
   }
   const size_t width = static_cast<size_t>(indexed_dtype_size(dtype_));
@@ -419,7 +437,8 @@ void IndexedDatasetWriter::add_document(std::span<const int32_t> tokens) {
     case IndexedDType::kF64:
       LOOM_CHECK(false, "float dtype in writer");
   }
-  lengths_.push_back(static_cast<int32_t>(tokens.size()));
+  lengths_.insert(lengths_.end(), sequence_lengths.begin(), sequence_lengths.end());
+  doc_index_.push_back(static_cast<int64_t>(lengths_.size()));
   tokens_ += static_cast<int64_t>(tokens.size());
   if (buffer_.size() >= kFlushBytes) flush();
 }
@@ -446,7 +465,7 @@ void IndexedDatasetWriter::finish() {
         out.clear();
       }
     };
-    const uint64_t version = 1, doc_count = sequences + 1;
+    const uint64_t version = 1, doc_count = doc_index_.size();
     const uint8_t code = static_cast<uint8_t>(dtype_);
     put(kMagic, sizeof kMagic);
     put(&version, 8);
@@ -462,7 +481,8 @@ void IndexedDatasetWriter::finish() {
       put(&pointer, 8);
       pointer += int64_t{length} * width;
     }
-    for (int64_t d = 0; d <= static_cast<int64_t>(sequences); ++d) put(&d, 8);
+    for (size_t i = 0; i < doc_index_.size(); i += 65536)
+      put(doc_index_.data() + i, std::min<size_t>(65536, doc_index_.size() - i) * 8);
     write_all(idx_fd, out.data(), out.size(), idx_tmp_);
   } catch (...) {
     ::close(idx_fd);

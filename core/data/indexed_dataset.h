@@ -11,11 +11,12 @@
 //   int64[D]  document indices: 0, ..., S (document d is sequences [doc[d], doc[d+1]))
 // PREFIX.bin: the tokens of every sequence, back to back, in the dtype above.
 //
-// loom writes one sequence per document (EOD appended when asked), as Megatron's
-// preprocess_data.py does without sentence splitting. The reader also accepts what Megatron
-// writes with sentence splitting (several sequences per document), empty documents (equal
-// consecutive document indices) and multimodal indices (a trailing int8[S] of sequence
-// modes, which loom ignores).
+// `loom preprocess` writes one sequence per document (EOD appended when asked), and a
+// document whose text has no tokens as a document with no sequence (equal consecutive
+// document indices), as Megatron's preprocess_data.py does without sentence splitting. The
+// writer also takes several sequences per document (what --split-sentences writes); the
+// reader accepts all of that and multimodal indices (a trailing int8[S] of sequence modes,
+// which loom ignores). GPT samples are built over sequences, not documents (gpt_dataset.h).
 #pragma once
 
 #include <cstdint>
@@ -100,14 +101,20 @@ class IndexedDatasetWriter {
   IndexedDatasetWriter(const IndexedDatasetWriter&) = delete;
   IndexedDatasetWriter& operator=(const IndexedDatasetWriter&) = delete;
 
-  /// Appends one document made of one sequence. Ids must fit the dtype (InvalidArgument
-  /// naming the id and the dtype otherwise; nothing is written then). Empty documents are
-  /// the caller's decision.
+  /// Appends one document made of one sequence; empty `tokens` append a document with no
+  /// sequence (as Megatron's preprocess_data.py writes a text without tokens). Ids must fit
+  /// the dtype (InvalidArgument naming the id and the dtype otherwise; nothing is written
+  /// then).
   void add_document(std::span<const int32_t> tokens);
+  /// Appends one document made of sequences of `sequence_lengths` tokens (Megatron's
+  /// add_document(tokens, lengths)); the lengths must be >= 0 and sum to tokens.size()
+  /// (InvalidArgument otherwise). No lengths: a document with no sequence.
+  void add_document(std::span<const int32_t> tokens, std::span<const int32_t> sequence_lengths);
   /// Writes the index, fsyncs, and renames both files into place. Call once.
   void finish();
 
-  int64_t documents() const { return static_cast<int64_t>(lengths_.size()); }
+  int64_t documents() const { return static_cast<int64_t>(doc_index_.size()) - 1; }
+  int64_t sequences() const { return static_cast<int64_t>(lengths_.size()); }
   int64_t tokens() const { return tokens_; }
   /// Bytes of PREFIX.bin so far.
   int64_t bin_bytes() const { return tokens_ * indexed_dtype_size(dtype_); }
@@ -116,7 +123,8 @@ class IndexedDatasetWriter {
   std::filesystem::path prefix_, bin_tmp_, idx_tmp_;
   IndexedDType dtype_;
   int fd_ = -1;
-  std::vector<int32_t> lengths_;
+  std::vector<int32_t> lengths_;         // (S,)
+  std::vector<int64_t> doc_index_ = {0};  // (D,)
   std::vector<unsigned char> buffer_;  // pending .bin bytes, flushed at kFlushBytes
   int64_t tokens_ = 0;
   bool finished_ = false;

@@ -144,9 +144,10 @@ Tokenized tokenize_batch(const Batch& batch, const PreprocessOptions& options,
     if (!text) {
       fate = Tokenized::Fate::kBad;
       out.errors.push_back(error);
-    } else if (is_blank(*text)) {
-      fate = Tokenized::Fate::kEmpty;
     } else {
+      // As Megatron's preprocess_data.py: every document is kept, whitespace-only ones too
+      // (their whitespace is tokens); one without tokens becomes a document with no
+      // sequence, and gets no EOD.
       const size_t begin = out.tokens.size();
       options.tokenizer->encode_into(*text, out.tokens);
       if (out.tokens.size() == begin) {
@@ -232,9 +233,10 @@ std::string PreprocessStats::summary() const {
                   plural(source.documents, "document", "documents"), si(double(tokens)),
                   plural(tokens, "token", "tokens"), indexed_dtype_name(dtype), source.bytes / 1e6,
                   source.files, plural(source.files, "file", "files"));
-  if (source.empty_documents > 0 || source.bad_lines > 0)
-    out += fmt::format("; {} empty {} and {} bad {} skipped", source.empty_documents,
-                       plural(source.empty_documents, "document", "documents"), source.bad_lines,
+  if (documents_without_tokens > 0)
+    out += fmt::format(" ({} without tokens, kept with no sequence)", documents_without_tokens);
+  if (source.bad_lines > 0)
+    out += fmt::format("; {} bad {} skipped", source.bad_lines,
                        plural(source.bad_lines, "line", "lines"));
   out += fmt::format("; {:.2f} s, {:.1f} MB/s with {} {}", seconds,
                      seconds > 0 ? source.bytes / 1e6 / seconds : 0.0, workers,
@@ -348,7 +350,9 @@ PreprocessStats preprocess(const PreprocessOptions& options) {
           ++source.documents;
           break;
         case Tokenized::Fate::kEmpty:
-          ++source.empty_documents;
+          writer.add_document({});  // a document with no sequence
+          ++source.documents;
+          ++stats.documents_without_tokens;
           break;
         case Tokenized::Fate::kBad: {
           const std::string& error = batch->errors[bad++];
@@ -365,12 +369,13 @@ PreprocessStats preprocess(const PreprocessOptions& options) {
   }
   source.files = read_stats.files;
   source.bytes = read_stats.bytes;
-  if (source.documents == 0)
+  if (writer.tokens() == 0)
     throw IoError(fmt::format(
-        "no documents in the inputs ({} {}, {} bytes; {} empty documents and {} bad lines "
+        "no tokens in the inputs ({} {}, {} bytes; {} {}, {} without tokens; {} bad {} "
         "skipped); nothing written",
-        source.files, plural(source.files, "file", "files"), source.bytes, source.empty_documents,
-        source.bad_lines));
+        source.files, plural(source.files, "file", "files"), source.bytes, source.documents,
+        plural(source.documents, "document", "documents"), stats.documents_without_tokens,
+        source.bad_lines, plural(source.bad_lines, "line", "lines")));
   writer.finish();
   stats.tokens = writer.tokens();
   stats.bin_bytes = writer.bin_bytes();

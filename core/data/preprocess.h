@@ -29,21 +29,26 @@ struct PreprocessOptions {
 };
 
 struct PreprocessStats {
-  TextSourceStats source;  ///< documents written, bad lines and empty documents skipped
-  int64_t tokens = 0;      ///< tokens written (EODs included)
+  TextSourceStats source;  ///< documents written (all but bad lines), bad lines skipped
+  /// Documents whose text has no tokens (an empty string), written as Megatron's
+  /// preprocess_data.py writes them: a document with no sequence and no EOD. Included in
+  /// source.documents. Whitespace-only text has tokens and is an ordinary document.
+  int64_t documents_without_tokens = 0;
+  int64_t tokens = 0;  ///< tokens written (EODs included)
   IndexedDType dtype = IndexedDType::kU16;
   int64_t bin_bytes = 0;  ///< size of PREFIX.bin
   int workers = 0;
   double seconds = 0;
 
-  /// "1234 documents, 5.6M tokens (u16) from 12.3 MB in 2 files; 3 empty documents and
-  /// 1 bad line skipped; 1.9 s, 6.5 MB/s with 4 workers".
+  /// "1234 documents, 5.6M tokens (u16) from 12.3 MB in 2 files (3 without tokens, kept
+  /// with no sequence); 1 bad line skipped; 1.9 s, 6.5 MB/s with 4 workers".
   std::string summary() const;
 };
 
-/// Tokenises options.inputs into options.output_prefix. Throws IoError for unreadable
-/// inputs, a bad JSONL line (unless options.source.skip_bad_lines), inputs without any
-/// document, or output that cannot be written; InvalidArgument for a missing tokenizer, a
+/// Tokenises options.inputs into options.output_prefix: every document, in input order, one
+/// sequence each (Megatron's preprocess_data.py without --split-sentences). Throws IoError
+/// for unreadable inputs, a bad JSONL line (unless options.source.skip_bad_lines), inputs
+/// without any token, or output that cannot be written; InvalidArgument for a missing tokenizer, a
 /// vocabulary no dtype holds, or append_eod with a tokenizer that has no EOD token. Nothing
 /// is left at the output prefix on failure.
 PreprocessStats preprocess(const PreprocessOptions& options);

@@ -1,9 +1,14 @@
 """Megatron's GPT dataset indices rebuilt with numpy, compared with loom's.
 
 Reads the indexed dataset with numpy from the format description (MMIDIDX), rebuilds the
-document, sample and shuffle indices as Megatron-Core's GPTDataset does (numpy RandomState
-shuffles, the separate-final-epoch rule, build_sample_idx with the extra token, drop last
-partial), and requires loom's cached .npy files and sample windows to be equal.
+document, sample and shuffle indices as Megatron-Core's GPTDataset does, and requires loom's
+cached .npy files and sample windows to be equal. As in Megatron-Core, everything counts
+sequences, not documents: the split is of sequence_lengths.shape[0] (GPTDataset's
+numel_low_level_dataset) with the split matrix's rounding (round(cumulative weight * n)),
+the document index shuffles sequence ids, build_sample_idx walks sequence_lengths, and
+samples read sequences (IndexedDataset.get). The dataset has documents of several sequences
+(--split-sentences) and documents with none. Also recomputes loom's numpy RandomState
+shuffles with numpy itself.
 
 Interpreter: Debian's /usr/bin/python3 (numpy from python3-numpy).
 usage: check_gpt_indices.py OUT_DIR
@@ -79,11 +84,32 @@ def shuffle_index(first, total, rng):
     return np.concatenate((a, b))
 
 
+def split_range(split, which, n):
+    """blended_megatron_dataset_config: parse_and_normalize_split and
+    convert_split_vector_to_split_matrix, then the builder's round(bookend * n)."""
+    w = [float(x) for x in split.split(",")]
+    w += [0.0] * (3 - len(w))
+    w = np.array(w, dtype=np.float64)
+    w = (w / np.sum(w)).tolist()
+    ends = [0]
+    for x in w:
+        ends.append(ends[-1] + x)
+    lo, hi = ends[which], ends[which + 1]
+    assert hi > lo, "split not built"
+    return int(round(lo * float(n))), int(round(hi * float(n)))
+
+
 def main(out):
-    lengths, pointers, _, tokens, width = read_idx(out + "/docs")
-    cases = json.load(open(out + "/manifest.json"))
-    for c in cases:
-        docs = np.arange(c["begin"], c["end"], dtype=np.int32)
+    lengths, pointers, doc_bounds, tokens, width = read_idx(out + "/docs")
+    manifest = json.load(open(out + "/manifest.json"))
+    per_doc = np.diff(doc_bounds)
+    assert (per_doc == 0).any() and (per_doc > 1).any(), "dataset lacks empty or split documents"
+    print(f"dataset: {len(doc_bounds) - 1} documents, {len(lengths)} sequences "
+          f"({int((per_doc == 0).sum())} documents without, {int((per_doc > 1).sum())} with several)")
+    for c in manifest["cases"]:
+        begin, end = split_range(c["split"], c["which"], len(lengths))
+        assert (begin, end) == (c["begin"], c["end"]), ((begin, end), c["begin"], c["end"])
+        docs = np.arange(begin, end, dtype=np.int32)
         seq, n = c["seq_length"], c["num_samples"]
         per_epoch = int(np.sum(lengths[docs]))
         epochs = 1
@@ -120,8 +146,14 @@ def main(out):
                 parts.append(tokens[start + lo:start + hi])
             expect = np.concatenate(parts).astype(np.int64)
             assert np.array_equal(windows[j], expect), f"sample {j} of {stem}"
-        print(f"ok: {stem.split('/')[-1]}: {epochs} epoch(s), separate final epoch {separate}, "
-              f"{total} samples")
+        print(f"ok: {stem.split('/')[-1]}: sequences [{begin}, {end}), {epochs} epoch(s), "
+              f"separate final epoch {separate}, {total} samples")
+    for c in manifest["shuffles"]:
+        want = np.arange(c["n"], dtype=np.dtype(c["dtype"]))
+        np.random.RandomState(c["seed"]).shuffle(want)
+        got = np.load(c["file"])
+        assert got.dtype == want.dtype and np.array_equal(got, want), f"shuffle {c}"
+        print(f"ok: RandomState({c['seed']}).shuffle(arange({c['n']})): first {want[:5].tolist()}")
 
 
 if __name__ == "__main__":

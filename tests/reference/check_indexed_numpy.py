@@ -78,8 +78,10 @@ def check(expected):
     name = expected["prefix"]
     assert ds.index.code == expected["dtype_code"], f"{name}: dtype code {ds.index.code}"
     assert len(ds) == expected["sequences"], f"{name}: {len(ds)} sequences"
-    assert ds.index.document_count == expected["sequences"] + 1
-    assert numpy.array_equal(ds.index.document_indices, numpy.arange(len(ds) + 1)), name
+    doc_index = numpy.array(expected["document_indices"], dtype=numpy.int64)
+    assert ds.index.document_count == len(doc_index), f"{name}: document count"
+    assert numpy.array_equal(ds.index.document_indices, doc_index), f"{name}: document indices"
+    assert len(set(doc_index.tolist())) < len(doc_index), f"{name}: expected an empty document"
     lengths = numpy.array(expected["lengths"], dtype=numpy.int32)
     assert numpy.array_equal(ds.index.sequence_lengths, lengths), f"{name}: lengths differ"
     pointers = numpy.concatenate([[0], numpy.cumsum(lengths.astype(numpy.int64))[:-1]])
@@ -98,7 +100,7 @@ def check(expected):
     for i in range(min(len(ds), 20)):
         if lengths[i] >= 10:
             assert numpy.array_equal(ds.get(i, 3, 5), ds[i][3:8]), f"{name}: get({i}, 3, 5)"
-    print(f"{name}: {len(ds)} sequences, {len(tokens)} tokens, dtype {ds.index.dtype.__name__}: ok")
+    print(f"{name}: {len(doc_index) - 1} documents, {len(ds)} sequences, {len(tokens)} tokens, dtype {ds.index.dtype.__name__}: ok")
 
 
 def main():

@@ -21,10 +21,13 @@ nlohmann::json write_one(const std::filesystem::path& dir, const char* name, Ind
   std::uniform_int_distribution<int> length(0, 400);
   loom::core::IndexedDatasetWriter writer(dir / name, dtype);
   nlohmann::json lengths = nlohmann::json::array(), sums = nlohmann::json::array();
+  nlohmann::json doc_index = nlohmann::json::array({0});
   int64_t index = 0, weighted = 0;
   std::vector<int32_t> doc;
   for (int d = 0; d < documents; ++d) {
-    doc.resize(static_cast<size_t>(d == 3 ? 0 : length(rng)));  // one empty sequence too
+    // Document 3 is empty: a document with no sequence (as Megatron's preprocess_data.py
+    // writes a text without tokens).
+    doc.resize(static_cast<size_t>(d == 3 ? 0 : length(rng)));
     int64_t sum = 0;
     for (int32_t& t : doc) {
       t = id(rng);
@@ -32,13 +35,17 @@ nlohmann::json write_one(const std::filesystem::path& dir, const char* name, Ind
       weighted += int64_t{t} * (index++ % 997 + 1);
     }
     writer.add_document(doc);
-    lengths.push_back(doc.size());
-    sums.push_back(sum);
+    if (!doc.empty()) {
+      lengths.push_back(doc.size());
+      sums.push_back(sum);
+    }
+    doc_index.push_back(lengths.size());
   }
   writer.finish();
   return {{"prefix", (dir / name).string()},
           {"dtype_code", static_cast<int>(dtype)},
-          {"sequences", documents},
+          {"sequences", lengths.size()},
+          {"document_indices", doc_index},
           {"tokens", index},
           {"lengths", lengths},
           {"sums", sums},

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <numeric>
@@ -62,13 +63,18 @@ TEST(NumpyRandomState, MatchesMt19937AndNumpyShuffle) {
 }
 
 TEST(Split, MegatronRounding) {
+  // Megatron-Core's split matrix: boundaries round(cumulative weight * n), half to even
+  // (values by hand and from Python's round()).
   auto w = parse_split("949,50,1", "/data/split");
   EXPECT_EQ(split_boundaries(w, 1000), (std::vector<int64_t>{0, 949, 999, 1000}));
-  // round(9.49) = 9, round(0.5) = 0 (half to even), round(0.01) = 0; shifted by the missing 1.
-  EXPECT_EQ(split_boundaries(w, 10), (std::vector<int64_t>{0, 10, 10, 10}));
+  // round(9.49) = 9, round(9.99) = 10.
+  EXPECT_EQ(split_boundaries(w, 10), (std::vector<int64_t>{0, 9, 10, 10}));
   auto even = parse_split("1,1", "/data/split");
-  // round(2.5) = 2 twice: boundaries 0, 2, 4, 4, then all but the first shifted by 1.
-  EXPECT_EQ(split_boundaries(even, 5), (std::vector<int64_t>{0, 3, 5, 5}));
+  // round(2.5) = 2 (half to even), round(5) = 5.
+  EXPECT_EQ(split_boundaries(even, 5), (std::vector<int64_t>{0, 2, 5, 5}));
+  // round(1.5) = 2, round(3.0) = 3 (the legacy per-weight rounding gave 0, 1, 3, 10).
+  EXPECT_EQ(split_boundaries(parse_split("15,15,70", "/p"), 10),
+            (std::vector<int64_t>{0, 2, 3, 10}));
   EXPECT_EQ(split_boundaries(parse_split("100", "/p"), 7), (std::vector<int64_t>{0, 7, 7, 7}));
   EXPECT_THROW(parse_split("a,b", "/data/split"), SpecError);
   EXPECT_THROW(parse_split("0,0,0", "/data/split"), SpecError);
@@ -162,6 +168,54 @@ TEST(GptDataset, DamagedOrStaleCacheIsRebuilt) {
   std::ofstream(blocked) << "x";
   GptDataset uncached(data, 0, 20, 30, "train", GptIndexConfig{5, 99, blocked / "sub"});
   EXPECT_EQ(uncached.shuffle_index(), first.shuffle_index());
+}
+
+// Megatron-Core's GPTDataset works over sequences: a document of several sequences
+// (--split-sentences) is several entries of the document index, and a document with no
+// sequence is nothing. The same tokens as one sequence per document must give the same
+// token stream per sequence id and the walk of build_sample_idx over sequence lengths.
+TEST(GptDataset, IndicesCountSequencesNotDocuments) {
+  fs::path dir = temp_dir("sequences");
+  // 6 documents: 2 sequences, none, 1, 3, none, 1 -> 7 sequences of lengths 3,2,4,1,5,2,6.
+  const std::vector<std::vector<int32_t>> docs = {{3, 2}, {}, {4}, {1, 5, 2}, {}, {6}};
+  IndexedDatasetWriter writer(dir / "docs", IndexedDType::kI32);
+  std::vector<int32_t> lengths;
+  int32_t next = 0;
+  for (const auto& doc : docs) {
+    int32_t n = 0;
+    for (int32_t l : doc) n += l, lengths.push_back(l);
+    std::vector<int32_t> tokens(static_cast<size_t>(n));
+    for (auto& t : tokens) t = next++;
+    writer.add_document(tokens, doc);
+  }
+  writer.finish();
+  auto data = std::make_shared<const IndexedDataset>(dir / "docs");
+  ASSERT_EQ(data->documents(), 6);
+  ASSERT_EQ(data->sequences(), 7);
+  EXPECT_EQ(std::vector<int64_t>(data->document_indices().begin(), data->document_indices().end()),
+            (std::vector<int64_t>{0, 2, 2, 3, 6, 6, 7}));
+  // Split by sequence: "1,1" over 7 sequences is [0, 4) and [4, 7) (round(3.5) = 4).
+  auto b = split_boundaries(parse_split("1,1", "/p"), data->sequences());
+  ASSERT_EQ(b, (std::vector<int64_t>{0, 4, 7, 7}));
+  GptDataset ds(data, b[0], b[1], 3, "train", GptIndexConfig{3, 5, {}});
+  // One epoch of sequences 0..3 (10 tokens), shuffled: every entry is a sequence id.
+  std::vector<int32_t> sorted = ds.document_index();
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(sorted, (std::vector<int32_t>{0, 1, 2, 3}));
+  EXPECT_EQ(ds.size(), (10 - 1) / 3);
+  // Windows are the shuffled sequences laid end to end (sequence s holds ids from its start).
+  std::vector<int32_t> start = {0, 3, 5, 9, 10, 15, 17};
+  std::vector<int32_t> stream;
+  for (int32_t s : ds.document_index())
+    for (int32_t p = 0; p < lengths[s]; ++p) stream.push_back(start[s] + p);
+  std::vector<int32_t> window(4);
+  for (int64_t j = 0; j < ds.size(); ++j) {
+    int64_t i = ds.shuffle_index()[j];
+    ds.sample(j, window.data());
+    EXPECT_EQ(window, std::vector<int32_t>(stream.begin() + i * 3, stream.begin() + i * 3 + 4));
+  }
+  GptDataset valid(data, b[1], b[2], 2, "valid", GptIndexConfig{3, 5, {}});
+  for (int32_t s : valid.document_index()) EXPECT_GE(s, 4);
 }
 
 TEST(GptDataset, RefusesEmptySplitsAndTinyData) {

@@ -189,11 +189,12 @@ TEST(IndexedDatasetWriter, WritesExactlyMegatronsBytesU16) {
     EXPECT_EQ(w.tokens(), 5);
     w.finish();
   }
+  // The empty document has no sequence, as Megatron's add_document(tokens=[], lengths=[]).
   Bytes idx;
-  idx.raw(kMagic).u64(1).u8(8).u64(3).u64(4);
-  idx.i32(3).i32(0).i32(2);
-  idx.i64(0).i64(6).i64(6);
-  idx.i64(0).i64(1).i64(2).i64(3);
+  idx.raw(kMagic).u64(1).u8(8).u64(2).u64(4);
+  idx.i32(3).i32(2);
+  idx.i64(0).i64(6);
+  idx.i64(0).i64(1).i64(1).i64(2);
   EXPECT_EQ(slurp(prefix.string() + ".idx"), idx.s);
   Bytes bin;
   bin.u16(1).u16(2).u16(3).u16(65535).u16(0);
@@ -201,6 +202,28 @@ TEST(IndexedDatasetWriter, WritesExactlyMegatronsBytesU16) {
   // No temporary files left beside them.
   EXPECT_EQ(std::distance(fs::directory_iterator(prefix.parent_path()), fs::directory_iterator()),
             2);
+}
+
+// Several sequences per document (what Megatron's --split-sentences writes).
+TEST(IndexedDatasetWriter, WritesSentenceSplitDocuments) {
+  fs::path prefix = test_dir() / "split";
+  {
+    IndexedDatasetWriter w(prefix, IndexedDType::kU16);
+    std::vector<int32_t> a = {10, 11, 20, 30, 31, 32}, la = {2, 1, 3}, d = {40, 41}, ld = {2};
+    w.add_document(a, la);
+    w.add_document({}, {});
+    w.add_document(d, ld);
+    EXPECT_THROW(w.add_document(d, la), loom::Error);  // lengths do not sum to the tokens
+    EXPECT_EQ(w.documents(), 3);
+    EXPECT_EQ(w.sequences(), 4);
+    w.finish();
+  }
+  Bytes idx;
+  idx.raw(kMagic).u64(1).u8(8).u64(4).u64(4);
+  idx.i32(2).i32(1).i32(3).i32(2);
+  idx.i64(0).i64(4).i64(6).i64(12);
+  idx.i64(0).i64(3).i64(3).i64(4);
+  EXPECT_EQ(slurp(prefix.string() + ".idx"), idx.s);
 }
 
 TEST(IndexedDatasetWriter, WritesExactlyMegatronsBytesI32) {
@@ -260,7 +283,7 @@ TEST_P(RoundTrip, RandomDatasets) {
   for (int trial = 0; trial < 4; ++trial) {
     fs::path prefix = test_dir() / ("r" + std::to_string(trial));
     std::uniform_int_distribution<int64_t> id(c.lo, c.hi);
-    std::uniform_int_distribution<int> docs(0, 300), len(0, trial == 3 ? 5000 : 40);
+    std::uniform_int_distribution<int> docs(0, 300), len(1, trial == 3 ? 5000 : 40);
     std::vector<std::vector<int32_t>> want(static_cast<size_t>(docs(rng)));
     {
       IndexedDatasetWriter w(prefix, c.dtype);

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdio>
 #include <fstream>
 #include <iterator>
 #include <stdexcept>
@@ -94,8 +95,8 @@ TEST(Preprocess, JsonlToDataset) {
   options.append_eod = true;
   options.workers = 2;
   PreprocessStats stats = preprocess(options);
-  EXPECT_EQ(stats.source.documents, 2);
-  EXPECT_EQ(stats.source.empty_documents, 1);
+  EXPECT_EQ(stats.source.documents, 3);  // the empty text too, as Megatron
+  EXPECT_EQ(stats.documents_without_tokens, 1);
   EXPECT_EQ(stats.tokens, 5 + 1 + 6 + 1);
   EXPECT_EQ(stats.dtype, IndexedDType::kU16);
   EXPECT_EQ(stats.bin_bytes, 26);
@@ -103,13 +104,15 @@ TEST(Preprocess, JsonlToDataset) {
   EXPECT_EQ(stats.source.bytes, static_cast<int64_t>(fs::file_size(dir / "in" / "a.jsonl")));
 
   IndexedDataset ds(dir / "out" / "ds");
-  ASSERT_EQ(ds.documents(), 2);
+  ASSERT_EQ(ds.documents(), 3);
+  ASSERT_EQ(ds.sequences(), 2);
   EXPECT_EQ(ds.sequence(0), ids("hello"));
   EXPECT_EQ(ds.sequence(1), ids("w\xc3\xb6rld"));
 
   std::string summary = stats.summary();
-  EXPECT_NE(summary.find("2 documents, 13 tokens (u16) from"), std::string::npos) << summary;
-  EXPECT_NE(summary.find("1 empty document and 0 bad lines skipped"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("3 documents, 13 tokens (u16) from"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("(1 without tokens, kept with no sequence)"), std::string::npos)
+      << summary;
   EXPECT_NE(summary.find("with 2 workers"), std::string::npos) << summary;
 }
 
@@ -142,7 +145,8 @@ TEST(Preprocess, AnyNumberOfWorkersWritesTheSameBytes) {
       continue;
     }
     if (i % 89 == 0) {
-      jsonl += "{\"text\": \"  \"}\n";  // empty
+      jsonl += "{\"text\": \"  \"}\n";  // whitespace: tokens, kept as Megatron keeps it
+      want.push_back("  ");
       continue;
     }
     jsonl += "{\"text\": \"" + doc + "\"}\n";
@@ -172,7 +176,7 @@ TEST(Preprocess, AnyNumberOfWorkersWritesTheSameBytes) {
     EXPECT_EQ(stats.source.bad_lines, 31);
     EXPECT_NE(stats.source.first_bad_line.find("data.jsonl:1: not JSON"), std::string::npos)
         << stats.source.first_bad_line;
-    EXPECT_EQ(stats.source.empty_documents, 33);  // 3000/89 rounded up, less 0 (a bad line)
+    EXPECT_EQ(stats.documents_without_tokens, 0);
     std::string idx = slurp(options.output_prefix.string() + ".idx");
     std::string bin = slurp(options.output_prefix.string() + ".bin");
     if (workers == 1) {
@@ -200,6 +204,50 @@ PreprocessOptions options_for(const fs::path& dir, const Tokenizer& tokenizer) {
   options.workers = 3;
   options.batch_bytes = 64;
   return options;
+}
+
+// Megatron's preprocess_data.py keeps every JSONL document: whitespace-only text is tokens
+// (+ EOD); a text without tokens is a document with no sequence and no EOD, with or without
+// --append-eod. The expected .idx/.bin are written by hand from the format.
+TEST(Preprocess, KeepsWhitespaceAndEmptyDocumentsAsMegatron) {
+  fs::path dir = test_dir();
+  write(dir / "in" / "a.jsonl",
+        "{\"text\": \"ab\"}\n{\"text\": \" \"}\n{\"text\": \"\"}\n{\"text\": \"\\n\\t\"}\n"
+        "{\"text\": \"\"}\n{\"text\": \"c\"}\n");
+  for (bool eod : {false, true}) {
+    ByteTokenizer tokenizer;
+    PreprocessOptions options = options_for(dir, tokenizer);
+    options.output_prefix = dir / "out" / (eod ? "eod" : "plain");
+    options.append_eod = eod;
+    PreprocessStats stats = preprocess(options);
+    EXPECT_EQ(stats.source.documents, 6);
+    EXPECT_EQ(stats.documents_without_tokens, 2);
+    // Sequences: "ab", " ", "\n\t", "c" (each + EOD); document indices 0 1 2 2 3 3 4.
+    std::vector<std::vector<int32_t>> seqs = {ids("ab", eod), ids(" ", eod), ids("\n\t", eod),
+                                              ids("c", eod)};
+    std::string idx("MMIDIDX\0\0", 9), bin;
+    auto put = [](std::string& out, const auto& v) {
+      out.append(reinterpret_cast<const char*>(&v), sizeof v);
+    };
+    put(idx, uint64_t{1});
+    idx += static_cast<char>(8);  // u16
+    put(idx, uint64_t{4});
+    put(idx, uint64_t{7});
+    int64_t pointer = 0;
+    for (const auto& q : seqs) put(idx, static_cast<int32_t>(q.size()));
+    for (const auto& q : seqs) {
+      put(idx, pointer);
+      pointer += static_cast<int64_t>(2 * q.size());
+      for (int32_t t : q) put(bin, static_cast<uint16_t>(t));
+    }
+    for (int64_t d : {0, 1, 2, 2, 3, 3, 4}) put(idx, d);
+    EXPECT_EQ(slurp(options.output_prefix.string() + ".idx"), idx) << "append_eod " << eod;
+    EXPECT_EQ(slurp(options.output_prefix.string() + ".bin"), bin) << "append_eod " << eod;
+    IndexedDataset ds(options.output_prefix);
+    std::printf("append_eod=%d: %lld documents, %lld sequences, %lld tokens\n", eod,
+                static_cast<long long>(ds.documents()), static_cast<long long>(ds.sequences()),
+                static_cast<long long>(ds.tokens()));
+  }
 }
 
 TEST(Preprocess, BadLineIsFatalByDefault) {
@@ -242,7 +290,7 @@ TEST(Preprocess, NoDocuments) {
     preprocess(options_for(dir, tokenizer));
     FAIL();
   } catch (const IoError& e) {
-    EXPECT_NE(std::string(e.what()).find("no documents in the inputs (2 files"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("no tokens in the inputs (2 files"), std::string::npos)
         << e.what();
   }
   expect_no_output(dir);
