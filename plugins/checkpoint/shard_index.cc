@@ -1,6 +1,8 @@
 #include "plugins/checkpoint/shard_index.h"
 
 #include <cstdio>
+#include <limits>
+#include <type_traits>
 
 #include "loom/cpp/json_input.h"
 #include "plugins/checkpoint/crc32c.h"
@@ -12,20 +14,31 @@ nlohmann::json shape_json(const int64_t* shape, int32_t ndim) {
   return nlohmann::json(std::vector<int64_t>(shape, shape + ndim));
 }
 
-// Reads field `key` of `j` as T, or fails naming the file, the entry and the key.
+// Reads field `key` of `j` as T, or fails naming the file, the entry and the key. Integers
+// go through JsonIn's checks: nlohmann converts a float such as 3e122 to an integer type
+// with a plain cast (undefined behaviour beyond the type's range; found by the fuzzer).
 template <class T>
 T field(const nlohmann::json& j, const char* key, const std::string& where) {
   if (!j.is_object() || !j.contains(key)) fail(Code::kDataLoss, where + " lacks \"" + key + "\"");
-  try {
-    return j[key].get<T>();
-  } catch (const nlohmann::json::exception&) {
-    fail(Code::kDataLoss, where + " has a malformed \"" + key + "\": " + j[key].dump());
+  if constexpr (std::is_integral_v<T>) {
+    constexpr int64_t lo = std::is_signed_v<T> ? static_cast<int64_t>(std::numeric_limits<T>::min()) : 0;
+    constexpr int64_t hi = sizeof(T) >= sizeof(int64_t)
+                               ? std::numeric_limits<int64_t>::max()
+                               : static_cast<int64_t>(std::numeric_limits<T>::max());
+    return static_cast<T>(JsonIn(j, where, Code::kDataLoss)[key].int64(lo, hi));
+  } else {
+    try {
+      return j[key].get<T>();
+    } catch (const nlohmann::json::exception&) {
+      fail(Code::kDataLoss, where + " has a malformed \"" + key + "\": " + j[key].dump());
+    }
   }
 }
 
 int32_t read_shape(const nlohmann::json& j, const char* key, const std::string& where,
                    int64_t* out) {
-  auto v = field<std::vector<int64_t>>(j, key, where);
+  if (!j.is_object() || !j.contains(key)) fail(Code::kDataLoss, where + " lacks \"" + key + "\"");
+  std::vector<int64_t> v = JsonIn(j, where, Code::kDataLoss)[key].int64_array();
   if (v.size() > static_cast<size_t>(kMaxDims))
     fail(Code::kDataLoss, where + " \"" + key + "\" has more than 8 dimensions");
   for (size_t i = 0; i < v.size(); ++i) {
