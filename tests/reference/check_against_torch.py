@@ -26,13 +26,20 @@ import torch
 torch.set_default_dtype(torch.float64)
 
 # Tolerances: loom computes in f32, the reference in f64. Figures are compared as
-# max|loom - torch| <= atol + rtol * max|torch| over each tensor.
+# max|loom - torch| <= atol + rtol * max|torch| over each tensor (for a scalar: its
+# relative error). These are the levels README.md states ("Correctness"); each run prints
+# what it achieved per category, and across the reference specs the worst is a fifth to
+# two thirds of these (logits 7.1e-7, loss 4.0e-8, gradients 2.2e-6, step losses 5.9e-7,
+# step grad norms 1.6e-5, final weights 1.3e-4 after 6 to 10 AdamW steps). Adam
+# turns a gradient that is nearly zero into a step of up to lr whatever its rounding
+# noise, so the final weights drift from the f64 run step by step more than the rest.
 TOLERANCES = {
-    "logits": (1e-5, 1e-4),
-    "loss": (1e-6, 1e-5),
-    "grad": (1e-7, 2e-4),
-    "step_loss": (1e-6, 5e-5),
-    "final": (1e-6, 2e-4),
+    "logits": (0.0, 2e-6),
+    "loss": (0.0, 2e-7),
+    "grad": (1e-10, 5e-6),
+    "step_loss": (0.0, 2e-6),
+    "step_grad_norm": (0.0, 5e-5),
+    "final": (1e-9, 2e-4),
 }
 
 
@@ -211,13 +218,16 @@ def rope_attention_factor(cfg):
     return mscale(s["factor"], 1.0)
 
 
-def rope(x, cfg):
+def rope(x, cfg, positions=None):
     # x (B, T, heads, D); GPT-NeoX / Llama layout: channel i pairs with i + rot/2.
+    # positions (B, T), or None for 0..T-1 in every row.
     f, r = inv_freq(cfg)
-    T = x.shape[1]
-    ang = torch.arange(T, dtype=torch.float64)[:, None] * f[None, :]  # (T, r/2)
+    B, T = x.shape[0], x.shape[1]
+    if positions is None:
+        positions = torch.arange(T).expand(B, T)
+    ang = positions.to(torch.float64)[..., None] * f  # (B, T, r/2)
     m = rope_attention_factor(cfg)
-    cos, sin = m * ang.cos()[None, :, None, :], m * ang.sin()[None, :, None, :]
+    cos, sin = m * ang.cos()[:, :, None, :], m * ang.sin()[:, :, None, :]
     x1, x2, rest = x[..., : r // 2], x[..., r // 2 : r], x[..., r:]
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin, rest], dim=-1)
 
@@ -554,14 +564,21 @@ def mlp_block(h, g, cfg, i, moe_run):
     return h
 
 
-def forward(p, cfg, tokens, labels, mask, moe_run=None):
-    """(logits, mean CE). An MoE model's aux terms go to moe_run.aux (a MoeRun)."""
+def forward(p, cfg, tokens, labels, mask, moe_run=None, positions=None, segments=None):
+    """(logits, mean CE). An MoE model's aux terms go to moe_run.aux (a MoeRun). Packed
+    documents: positions (B, T) restart in each document, segments (B, T) its index;
+    attention stays within a document."""
     B, T = tokens.shape
     x = p["embedding.word_embeddings.weight"][tokens]
     if cfg.pos == "learned":
-        x = x + p["embedding.position_embeddings.weight"][torch.arange(T)][None]
+        pos = torch.arange(T).expand(B, T) if positions is None else positions
+        x = x + p["embedding.position_embeddings.weight"][pos]
     per = cfg.H // cfg.G
     causal = torch.ones(T, T, dtype=torch.bool).tril()
+    if segments is not None:
+        if cfg.mla:
+            raise ValueError("packed documents: not rebuilt for multi-latent attention")
+        causal = causal[None, None] & (segments[:, None, :, None] == segments[:, None, None, :])
     for i in range(cfg.L):
         pre = f"decoder.layers.{i}."
         g = lambda n: p.get(pre + n)
@@ -591,7 +608,7 @@ def forward(p, cfg, tokens, labels, mask, moe_run=None):
             k = norm(k, g("self_attention.k_layernorm.weight"), g("self_attention.k_layernorm.bias"),
                      cfg.norm, cfg.eps)
         if cfg.pos == "rope":
-            q, k = rope(q, cfg), rope(k, cfg)
+            q, k = rope(q, cfg, positions), rope(k, cfg, positions)
         k = k.repeat_interleave(per, dim=2)
         v = v.repeat_interleave(per, dim=2)
         s = torch.einsum("bthd,bshd->bhts", q, k) / math.sqrt(cfg.D)
@@ -654,6 +671,7 @@ class MockTokens:
 
 failures = []
 worst = {}  # kind -> (max |loom - torch| / (atol + rtol * scale), what): printed for MoE models
+achieved = {}  # kind -> (max |loom - torch| / max |torch|, what, err, scale): always printed
 
 
 def compare(what, loom, ref, kind):
@@ -668,6 +686,9 @@ def compare(what, loom, ref, kind):
     ratio = err / (atol + rtol * scale)
     if kind not in worst or not ratio <= worst[kind][0]:
         worst[kind] = (ratio, what, err)
+    rel = err / scale if scale > 0 else (0.0 if err == 0 else math.inf)
+    if kind not in achieved or not rel <= achieved[kind][0]:
+        achieved[kind] = (rel, what, err, scale)
     if not err <= atol + rtol * scale:
         failures.append(f"{what}: max |loom - torch| = {err:.3g} > {atol:g} + {rtol:g} * {scale:.3g}")
 
@@ -690,8 +711,17 @@ def main():
     tokens = torch.tensor(fwd["tokens"], dtype=torch.long)
     labels = torch.tensor(fwd["labels"], dtype=torch.long)
     mask = torch.tensor(fwd["loss_mask"], dtype=torch.float64)
+    positions = torch.tensor(fwd["position_ids"], dtype=torch.long) if "position_ids" in fwd else None
+    segments = torch.tensor(fwd["segment_ids"], dtype=torch.long) if "segment_ids" in fwd else None
+    if spec.get("reference", {}).get("packed_documents"):
+        if positions is None or segments is None or mask.min() != 0:
+            print("FAILED: packed_documents: loom's dump has no position_ids, segment_ids or "
+                  "masked positions")
+            return 1
+        print(f"batch 0: packed documents, {int(segments.max()) + 1} in the longest row; "
+              f"{int((mask == 0).sum())} positions masked out of the loss")
     run = MoeRun(cfg) if cfg.moe else None
-    logits, loss = forward(params, cfg, tokens, labels, mask, run)
+    logits, loss = forward(params, cfg, tokens, labels, mask, run, positions, segments)
     # The gradients are those of the objective: the CE plus an MoE model's aux terms; the
     # loss compared is the CE alone.
     (loss if run is None else loss + run.aux).backward()
@@ -709,6 +739,11 @@ def main():
         ref = t.grad.numpy() if t.grad is not None else np.zeros(tuple(t.shape))
         compare(f"grad {name}", fwd[key], ref, "grad")
         compared += 1
+        if key in fwd and fwd[key].shape == ref.shape:
+            scale = float(np.max(np.abs(ref))) if ref.size else 0.0
+            err = float(np.max(np.abs(fwd[key] - ref))) if ref.size else 0.0
+            print(f"  grad {name}: max |loom - torch| {err:.3g}, max |torch| {scale:.3g}, "
+                  f"ratio {err / scale if scale > 0 else 0.0:.3g}")
     print(f"batch 0: loss loom {float(fwd['loss']):.7f} torch {loss.item():.7f}; "
           f"{compared} parameter gradients compared")
     if run is not None:
@@ -760,7 +795,7 @@ def main():
         compare(f"step {t} loss", rec["loss"], l.item(), "step_loss")
         grads = [x.grad for x in leaf.values() if x.grad is not None]  # None: unused expert
         norm_ = math.sqrt(sum(float((g ** 2).sum()) for g in grads))
-        compare(f"step {t} grad norm", rec["grad_norm"], norm_, "step_loss")
+        compare(f"step {t} grad norm", rec["grad_norm"], norm_, "step_grad_norm")
         coeff = min(1.0, clip / (norm_ + 1e-6)) if clip > 0 else 1.0
         lr = rec["lr"]
         with torch.no_grad():
@@ -794,10 +829,16 @@ def main():
             loom_final, ref_final = loom_final[keep.reshape(-1)], ref_final[keep.reshape(-1)]
         compare(f"final {k}", loom_final, ref_final, "final")
 
-    if cfg.moe or cfg.rope_scaling.get("type") == "yarn":
-        for kind, (ratio, what, err) in worst.items():
-            print(f"worst {kind}: {what}, max |loom - torch| = {err:.3g}, "
-                  f"{ratio:.3g} of its tolerance")
+    # What was achieved, per category: the worst tensor's max |loom - torch| over its max
+    # |torch|, and that as a fraction of the tolerance.
+    for kind in TOLERANCES:
+        if kind not in achieved:
+            continue
+        rel, what, err, scale = achieved[kind]
+        ratio, worst_what, _ = worst[kind]
+        print(f"achieved {kind}: max |loom - torch| / max |torch| = {rel:.3g} ({what}: "
+              f"{err:.3g} of {scale:.3g}); worst against the tolerance: {worst_what}, "
+              f"{ratio:.3g} of it")
     if failures:
         print(f"FAILED: {len(failures)} comparisons out of tolerance")
         for f in failures:

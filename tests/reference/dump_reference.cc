@@ -1,10 +1,12 @@
 // dump_reference SPEC OUT_DIR PLUGIN_DIR...: runs a tiny model the way `loom train` does and
 // writes what tests/reference/check_against_torch.py compares with PyTorch:
 //   OUT_DIR/weights.safetensors  initial parameters (f32), by Megatron name
-//   OUT_DIR/forward.safetensors  batch 0 (tokens, labels, loss_mask), its logits, loss and
-//                                every parameter's gradient ("grad.<name>")
+//   OUT_DIR/forward.safetensors  batch 0 (tokens, labels, loss_mask, and for packed documents
+//                                position_ids and segment_ids), its logits, loss and every
+//                                parameter's gradient ("grad.<name>")
 //   OUT_DIR/train.json           per step: the batch's tokens and labels, loss, grad norm, lr
 //   OUT_DIR/final.safetensors    parameters after the steps
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -51,6 +53,12 @@ int run(int argc, char** argv) {
   fs::path out = argv[2];
   fs::create_directories(out);
   nlohmann::json spec = core::load_spec_file(argv[1]);
+  // The test's own options (not loom's): {"packed_documents": true} makes batch 0 rows of
+  // several documents, as a packed dataset with reset_position_ids, reset_attention_mask
+  // and eod_mask_loss gives them: positions restart and attention stays within each
+  // document, and the loss skips each document's last token (its EOD).
+  nlohmann::json test_options = spec.value("reference", nlohmann::json::object());
+  spec.erase("reference");
   std::vector<core::SearchRoot> roots;
   for (int i = 3; i < argc; ++i) roots.push_back({fs::absolute(argv[i]), "test"});
   auto catalog = std::make_unique<core::Catalog>(roots);
@@ -66,6 +74,25 @@ int run(int argc, char** argv) {
   int64_t start = trainer.data().position();
   trainer.data().next_train(batch);
   trainer.data().seek(start);
+  if (test_options.value("packed_documents", false)) {
+    int64_t b = batch.batch, t = batch.seq_length;
+    batch.position_ids.assign(static_cast<size_t>(b * t), 0);
+    batch.segment_ids.assign(static_cast<size_t>(b * t), 0);
+    for (int64_t r = 0; r < b; ++r) {
+      // Row r: documents ending after positions 2 + 3r and t / 2 + r (in range), and the rest.
+      std::vector<int64_t> ends = {std::min(2 + 3 * r, t - 1), std::min(t / 2 + r, t - 1), t - 1};
+      int32_t segment = 0;
+      int64_t begin = 0;
+      for (int64_t i = 0; i < t; ++i) {
+        size_t k = static_cast<size_t>(r * t + i);
+        batch.segment_ids[k] = segment;
+        batch.position_ids[k] = static_cast<int32_t>(i - begin);
+        bool last = std::find(ends.begin(), ends.end(), i) != ends.end();
+        batch.loss_mask[k] = last ? 0.f : 1.f;
+        if (last) ++segment, begin = i + 1;
+      }
+    }
+  }
   trainer.params().zero_grads();
   std::vector<float> logits;
   float loss = static_cast<float>(trainer.forward_backward(batch, 1.0, &logits));
@@ -77,6 +104,10 @@ int run(int argc, char** argv) {
     entries.push_back({"tokens", DType::kI32, {b, t}, batch.tokens.data()});
     entries.push_back({"labels", DType::kI32, {b, t}, batch.labels.data()});
     entries.push_back({"loss_mask", DType::kF32, {b, t}, batch.loss_mask.data()});
+    if (!batch.position_ids.empty())
+      entries.push_back({"position_ids", DType::kI32, {b, t}, batch.position_ids.data()});
+    if (!batch.segment_ids.empty())
+      entries.push_back({"segment_ids", DType::kI32, {b, t}, batch.segment_ids.data()});
     entries.push_back({"logits",
                        DType::kF32,
                        {b, t, static_cast<int64_t>(logits.size()) / (b * t)},

@@ -153,7 +153,7 @@ TEST_F(OutsideInput, WrongFieldsBehindAValidSealAreDataLoss) {
        nlohmann::json::array({(int64_t{1} << 53) + 1, 3}), "more than 2^40"},
       {"shards/rank_00000.json", "/tensors/0/global_shape",
        nlohmann::json::array({int64_t{1} << 40, int64_t{1} << 40}), "too large"},
-      {"shards/rank_00000.json", "/tensors/0/shape", false, "malformed \"shape\""},
+      {"shards/rank_00000.json", "/tensors/0/shape", false, "/shape: expected an array of integers"},
       {"shards/rank_00000.json", "/tensors/0", nlohmann::json::array(), "lacks \"name\""},
       {"shards/rank_00000.json", "/tensors", "", "lacks its \"tensors\" list"},
   };
