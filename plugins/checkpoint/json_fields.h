@@ -6,6 +6,8 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <type_traits>
+#include <vector>
 
 namespace loom::checkpoint {
 
@@ -18,12 +20,23 @@ inline const nlohmann::json& child(const nlohmann::json& parent, const char* key
 
 /// j[key] as T, or `fallback` when absent or null; a value of another type is
 /// Error(kInvalidArgument) "WHERE KEY: unexpected value ...".
+/// Integers (and arrays of them) go through JsonIn's checks: nlohmann converts a float such
+/// as 2.8e65 to an integer type with a plain cast, undefined behaviour beyond the type's
+/// range (found by the checkpoint fuzzer in a config.json field).
 template <class T>
 T get_or(const nlohmann::json& j, const char* key, T fallback, const std::string& where) {
   if (!j.is_object() || !j.contains(key) || j[key].is_null()) return fallback;
   try {
-    return j[key].get<T>();
-  } catch (const nlohmann::json::exception&) {
+    if constexpr (std::is_same_v<T, int64_t>) {
+      return JsonIn(j, where)[key].int64();
+    } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+      return JsonIn(j, where)[key].int64_array();
+    } else {
+      static_assert(!std::is_integral_v<T> || std::is_same_v<T, bool>,
+                    "read other integer types as int64_t and check their range");
+      return j[key].get<T>();
+    }
+  } catch (const std::exception&) {
     fail(Code::kInvalidArgument, where + key + ": unexpected value " + j[key].dump());
   }
 }
