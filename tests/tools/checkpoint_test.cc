@@ -12,9 +12,11 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <regex>
 #include <sstream>
 #include <thread>
 
+#include "loom/cpp/safetensors.h"
 #include "tests/util/test_plugins.h"
 
 namespace loom {
@@ -116,23 +118,36 @@ TEST_F(CheckpointTest, KilledAtARandomStepResumesBitIdentically) {
   int64_t jitter_us = std::uniform_int_distribution<int64_t>(0, 3000)(rng);
 
   fs::path run = dir_ / "killed";
-  testing::Background p = testing::start_loom(train_args("killed", body));
+  fs::path latest_file = run / "checkpoints" / "latest";
+  // Rank 0 sleeps 20 ms a step (a test fault that changes no number): the run cannot finish
+  // before the kill, however fast the build.
+  testing::Background p =
+      testing::start_loom(train_args("killed", body), "LOOM_TEST_FAULT=slow:0:20");
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  while (metric_lines(run / "metrics.jsonl") < kill_after &&
+  while ((metric_lines(run / "metrics.jsonl") < kill_after || !fs::exists(latest_file)) &&
          std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   std::this_thread::sleep_for(std::chrono::microseconds(jitter_us));
+  // The newest complete checkpoint before the kill: the resume must start from it or a
+  // later one (an asynchronous save can complete between this read and the kill).
+  std::string latest = read_file(latest_file);
   ::kill(p.pid, SIGKILL);
   int code = testing::wait_loom(p);
-  if (code != -SIGKILL) GTEST_SKIP() << "the run finished before the kill (exit " << code << ")";
+  ASSERT_EQ(code, -SIGKILL) << "the run was to be killed at step " << kill_after;
+  ASSERT_EQ(latest.rfind("iter_", 0), 0u) << "latest: '" << latest << "'";
+  int64_t saved = std::stoll(latest.substr(5));
+  ASSERT_GE(saved, 1);
 
   auto r = run_loom(train_args("killed", body));
   ASSERT_EQ(r.exit_code, kOk) << r.out << r.err;
-  // Saves are asynchronous: a kill early in the run (a slow ASan build, steps of a few
-  // milliseconds) can land before the first save is durable, and the run then starts over.
-  // Either way the losses must be the uninterrupted run's.
-  EXPECT_THAT(r.out,
-              ::testing::AnyOf(HasSubstr("resume: iteration "), HasSubstr("no checkpoint in")));
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.out, m, std::regex("resume: iteration (\\d+)")))
+      << "the run started over instead of resuming from " << latest << r.out;
+  int64_t resumed = std::stoll(m[1]);
+  std::printf("killed after step %lld; latest before the kill: %s; resumed at iteration %lld\n",
+              static_cast<long long>(kill_after), latest.c_str(), static_cast<long long>(resumed));
+  EXPECT_GE(resumed, saved);
+  EXPECT_LE(resumed, 30);
   expect_same_losses(want, losses(run / "metrics.jsonl"));
   expect_same_losses(losses(dir_ / "reference" / "metrics.jsonl", "valid_loss"),
                      losses(run / "metrics.jsonl", "valid_loss"));
@@ -365,9 +380,50 @@ TEST_F(CheckpointTest, InspectConvertAndInitFrom) {
   resumed["checkpoint"] = {{"init_from", ckpt.string()}};
   auto r2 = run_loom(train_args("fine2", resumed));
   ASSERT_EQ(r2.exit_code, kOk) << r2.err;
-  // The same weights through two formats give the same first loss.
-  EXPECT_EQ(losses(dir_ / "fine" / "metrics.jsonl").at(1),
-            losses(dir_ / "fine2" / "metrics.jsonl").at(1));
+  // The same weights through two formats give the same first loss, and not the first loss
+  // of a fresh initialisation (the source run's own step 1: same seed, same batch).
+  double fine_loss = losses(dir_ / "fine" / "metrics.jsonl").at(1);
+  double fresh_loss = losses(dir_ / "conv" / "metrics.jsonl").at(1);
+  EXPECT_EQ(fine_loss, losses(dir_ / "fine2" / "metrics.jsonl").at(1));
+  EXPECT_NE(fine_loss, fresh_loss) << "init_from changed nothing";
+  std::printf("first loss: fresh %.9g, init_from %.9g\n", fresh_loss, fine_loss);
+
+  // The weights init_from starts from are the source's, bit for bit: one step at a learning
+  // rate of 0 leaves them as loaded; its checkpoint, exported again, equals the source's
+  // export tensor by tensor.
+  nlohmann::json still = fine;
+  still["train"]["steps"] = 1;
+  still["optimizer"]["lr"] = 0;
+  still["lr_schedule"] = {{"impl", "constant"}};
+  r = run_loom(train_args("still", still));
+  ASSERT_EQ(r.exit_code, kOk) << r.out << r.err;
+  fs::path hf_still = dir_ / "hf_still";
+  conv = run_loom("checkpoint convert " + q(dir_ / "still" / "checkpoints") + " " + q(hf_still) +
+                  " --to safetensors");
+  ASSERT_EQ(conv.exit_code, kOk) << conv.err;
+  auto read_all = [](const fs::path& path) {
+    std::string text = read_file(path);
+    return std::vector<unsigned char>(text.begin(), text.end());
+  };
+  std::vector<unsigned char> source = read_all(hf / "model.safetensors");
+  std::vector<unsigned char> loaded = read_all(hf_still / "model.safetensors");
+  SafetensorsLayout a = parse_safetensors(source.data(), source.size(), hf / "model.safetensors");
+  SafetensorsLayout b =
+      parse_safetensors(loaded.data(), loaded.size(), hf_still / "model.safetensors");
+  ASSERT_EQ(a.tensors.size(), b.tensors.size());
+  int64_t differing = 0;
+  for (const auto& [name, t] : a.tensors) {
+    ASSERT_TRUE(b.tensors.count(name)) << name;
+    const SafetensorsTensor& u = b.tensors.at(name);
+    ASSERT_EQ(t.end - t.begin, u.end - u.begin) << name;
+    bool same = std::equal(source.begin() + a.data_offset + t.begin,
+                           source.begin() + a.data_offset + t.end,
+                           loaded.begin() + b.data_offset + u.begin);
+    differing += !same;
+    EXPECT_TRUE(same) << name << " differs from the source checkpoint's";
+  }
+  std::printf("init_from weights: %zu tensors, %lld differ from the source\n", a.tensors.size(),
+              static_cast<long long>(differing));
 }
 
 TEST_F(CheckpointTest, BadArgumentsAreOneLine) {

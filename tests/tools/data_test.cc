@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <nlohmann/json.hpp>
 
 #include "tests/util/test_plugins.h"
@@ -118,6 +119,41 @@ TEST_F(DataTest, CorpusIsPreparedOnceAndCached) {
   ASSERT_EQ(r.exit_code, kOk) << r.out << r.err;
   EXPECT_THAT(r.err, Not(HasSubstr("preparing the corpus")));
   EXPECT_THAT(r.err + r.out, HasSubstr("cached"));
+  auto prepared_corpora = [&] {
+    int n = 0;
+    for (const auto& e : fs::directory_iterator(dir_ / "corpora")) n += e.is_directory();
+    return n;
+  };
+  ASSERT_EQ(prepared_corpora(), 1);
+  // A source file changed in place (the same size, a later modification time): prepared
+  // again, into a new cache entry.
+  fs::path doc = dir_ / "text" / "doc105.txt";
+  std::string text = testing::read_file(doc);
+  text[0] = text[0] == 'x' ? 'y' : 'x';
+  write_file(doc, text);
+  fs::last_write_time(doc, fs::last_write_time(doc) + std::chrono::seconds(10));
+  r = run_loom("train " + q(p) + " --run-dir " + q(dir_ / "run_changed"));
+  ASSERT_EQ(r.exit_code, kOk) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("preparing the corpus"));
+  EXPECT_EQ(prepared_corpora(), 2);
+  // A new file in an input directory, and a file removed: prepared again each time.
+  write_file(dir_ / "text" / "doc200.txt", corpus_text(3));
+  r = run_loom("train " + q(p) + " --run-dir " + q(dir_ / "run_added"));
+  ASSERT_EQ(r.exit_code, kOk) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("preparing the corpus"));
+  EXPECT_EQ(prepared_corpora(), 3);
+  fs::remove(dir_ / "text" / "doc200.txt");
+  fs::remove(dir_ / "text" / "doc106.txt");
+  r = run_loom("train " + q(p) + " --run-dir " + q(dir_ / "run_removed"));
+  ASSERT_EQ(r.exit_code, kOk) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("preparing the corpus"));
+  EXPECT_EQ(prepared_corpora(), 4);
+  // An excluded file changing does not matter: the cache is used.
+  write_file(dir_ / "text" / "doc130.txt", corpus_text(9));
+  r = run_loom("train " + q(p) + " --run-dir " + q(dir_ / "run_excluded"));
+  ASSERT_EQ(r.exit_code, kOk) << r.out << r.err;
+  EXPECT_THAT(r.err, Not(HasSubstr("preparing the corpus")));
+  EXPECT_EQ(prepared_corpora(), 4);
   // A tokenizer larger than the model's vocabulary is refused at /model/vocab_size.
   s["model"]["vocab_size"] = 200;
   r = run_loom("train " + q(spec("small.json", s)) + " --run-dir " + q(dir_ / "run3"));
