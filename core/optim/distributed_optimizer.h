@@ -97,6 +97,8 @@ class DistributedOptimizer {
   /// Memory of the master weights and of the optimizer states on this rank, in bytes.
   uint64_t master_bytes() const;
   uint64_t state_bytes() const;
+  /// The distributed optimizer's gradient shard and all-gather buffer (GradSync), in bytes.
+  uint64_t shard_buffer_bytes() const { return grad_sync_.shard_buffer_bytes(); }
 
   // ---- checkpoints (optimizer_checkpoint.cc) ----
 

@@ -61,9 +61,10 @@ GradSync::GradSync(ParameterSet& params, const GroupOf& groups, bool sharded, IH
   }
   throw_if_error(host_.allocate(device_, static_cast<uint64_t>(total) * 4, 64, &grad_shard_mem_));
   grad_shard_ = make_view(grad_shard_mem_, DType::kF32, {total}, device_);
-  throw_if_error(host_.allocate(
-      device_, static_cast<uint64_t>(largest) * dtype_size(params_.flat_values().dtype), 64,
-      &gather_mem_));
+  const uint64_t gather_bytes =
+      static_cast<uint64_t>(largest) * dtype_size(params_.flat_values().dtype);
+  throw_if_error(host_.allocate(device_, gather_bytes, 64, &gather_mem_));
+  shard_buffer_bytes_ = static_cast<uint64_t>(total) * 4 + gather_bytes;
 }
 
 GradSync::~GradSync() {

@@ -63,6 +63,9 @@ class GradSync {
   TensorView grad_of(const Segment& s) const;
   /// True with the distributed optimizer (over a data group of more than one rank).
   bool sharded() const { return sharded_; }
+  /// Bytes of the distributed optimizer's two buffers: this rank's f32 gradient shard and
+  /// the all-gather's input (the largest chunk, in the parameters' dtype); 0 otherwise.
+  uint64_t shard_buffer_bytes() const { return shard_buffer_bytes_; }
   /// The communicator that reduces bucket `b`.
   ICommunicator& comm_of(size_t bucket) const { return *comms_[bucket]; }
 
@@ -91,6 +94,7 @@ class GradSync {
   TensorView grad_shard_{};
   void* grad_shard_mem_ = nullptr;
   void* gather_mem_ = nullptr;  // one chunk of values, the all-gather's input
+  uint64_t shard_buffer_bytes_ = 0;
   std::vector<bool> started_;
   // The reductions issued in this step, in issue order, with what they are for messages.
   struct Pending {

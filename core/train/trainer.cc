@@ -244,6 +244,7 @@ MemoryEstimate Trainer::memory_estimate() const {
   e.grads = static_cast<uint64_t>(params_->flat_size()) * sizeof(float);
   e.master = optim_->master_bytes();
   e.optimizer = optim_->state_bytes();
+  e.shard_buffers = optim_->shard_buffer_bytes();
   // The FP8 recipe's state as it allocates it (asking for it allocates it, as the first
   // quantisation would).
   if (fp8_ != nullptr)

@@ -1,15 +1,19 @@
 // The analytic memory estimate (core/train/memory_estimate.h) against the measured peak of
-// `loom bench`: within 10% for every layer flavour the formula covers (layernorm / rmsnorm,
-// fused / dot_product attention, gelu / swiglu, GQA, f32 / bf16 parameters, dropout, each
-// recomputation policy), on the CPU and on the fake CUDA device (whose figures come from
-// loom's CUDA caching allocator). The sizes make activations the larger part of the peak,
-// so a module that keeps a tensor it should hand back (ForwardContext::release) shows here.
-// Mixture-of-experts layers too, in cases whose routed rows the estimate knows exactly: one
-// rank without a capacity (every choice reaches a local expert whatever the routing) and a
-// capacity every expert overflows (each keeps exactly its capacity).
+// `loom bench`: within 1% (kTolerance) for every layer flavour the formula covers (layernorm /
+// rmsnorm, fused / dot_product attention, gelu / swiglu, GQA, f32 / bf16 parameters, FP8,
+// dropout), on the CPU and on the fake CUDA device (whose figures come from loom's CUDA
+// caching allocator); each case prints its ratio (most are 1.0000 to 1.0060). Three
+// recomputation cases keep a wider bound, each just beyond its achieved ratio, for a gap of
+// the formula said where they are (dot_product "selective" 7%, "full" 5%, llama "full" 6%).
+// The sizes make activations the larger part of the peak, so a module that keeps a tensor it
+// should hand back (ForwardContext::release) shows here. Mixture-of-experts layers too, in
+// cases whose routed rows the estimate knows exactly: one rank without a capacity (every
+// choice reaches a local expert whatever the routing) and a capacity every expert overflows
+// (each keeps exactly its capacity). And the distributed optimizer's per-rank memory at dp 2.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -64,15 +68,20 @@ nlohmann::json mixtral_spec() {
   return s;
 }
 
+// |peak / estimate - 1| for every case but the three recomputation ones below, which the
+// estimate does not model exactly (each with its achieved ratio and the reason).
+constexpr double kTolerance = 0.01;
+
 class MemoryTest : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = fresh_dir("memory_test");
     testing::install_test_plugin(dir_ / "plugins", "fake_cuda", "testfakecuda");
   }
-  // Benches `body` and checks peak / estimate; returns the bench JSON.
-  nlohmann::json expect_within_10_percent(const std::string& name, nlohmann::json body,
-                                          const std::string& device = "cpu") {
+  // Benches `body` and checks |peak / estimate - 1| < tolerance; returns the bench JSON.
+  nlohmann::json expect_near_estimate(const std::string& name, nlohmann::json body,
+                                      const std::string& device = "cpu",
+                                      double tolerance = kTolerance) {
     body["train"]["device"] = device;
     if (device == "cuda") body["kernels"] = {{"libraries", {"testfakecuda"}}};
     fs::path spec = dir_ / (name + ".json");
@@ -86,9 +95,9 @@ class MemoryTest : public ::testing::Test {
     double estimate = j.at("estimated_mem_bytes").get<double>();
     std::string what = j.at("estimated_mem").get<std::string>();
     EXPECT_THAT(what, ::testing::Not(::testing::HasSubstr("not estimated"))) << name;
-    std::printf("%s: peak %.0f bytes, estimate %.0f, peak / estimate %.4f\n", name.c_str(), peak,
-                estimate, peak / estimate);
-    EXPECT_LT(std::abs(peak / estimate - 1), 0.10)
+    std::printf("%s: peak %.0f bytes, estimate %.0f, peak / estimate %.4f (bound 1 +- %.2f)\n",
+                name.c_str(), peak, estimate, peak / estimate, tolerance);
+    EXPECT_LT(std::abs(peak / estimate - 1), tolerance)
         << name << ": peak " << peak << " bytes, estimate " << estimate << " (" << what << ")";
     return j;
   }
@@ -97,36 +106,52 @@ class MemoryTest : public ::testing::Test {
 
 TEST_F(MemoryTest, GptWithLayerNormFusedAttentionAndGelu) {
   nlohmann::json s = gpt_spec();
-  expect_within_10_percent("gpt", s);
+  expect_near_estimate("gpt", s);
   s["model"]["hidden_dropout"] = 0.1;
   s["model"]["attention_dropout"] = 0.1;
-  expect_within_10_percent("gpt_dropout", s);
+  expect_near_estimate("gpt_dropout", s);
 }
 
 TEST_F(MemoryTest, Bf16ParametersWithMasterWeights) {
   nlohmann::json s = gpt_spec();
   s["precision"] = {{"params", "bf16"}};
-  expect_within_10_percent("gpt_bf16", s);
+  expect_near_estimate("gpt_bf16", s);
 }
 
 TEST_F(MemoryTest, LlamaWithRmsNormSwigluAndGroupedQueries) {
-  expect_within_10_percent("llama", llama_spec());
+  expect_near_estimate("llama", llama_spec());
 }
 
+// Known gaps, under recomputation only (plugins/transformer/gpt_cost.cc): the formula's
+// transients are the logits' gradient and the top layer's MLP backward, not the
+// dot_product core's backward, which holds three (B, H, T, T) buffers at once (the
+// probabilities, recomputed under "selective" and "full", their gradient and the scores'
+// gradient) beside q, k, v and their gradients. Here (T = 128, vocabulary 512) that moment
+// is the peak under "selective" (peak / estimate 1.066, the excess growing as B T^2) and
+// "full" (1.047, net of the overcount described at llama_full below); under "none" the
+// logits' gradient still is (1.0000). The bounds sit just
+// above those ratios, so that a regression still shows.
 TEST_F(MemoryTest, DotProductAttentionUnderEachRecomputationPolicy) {
   nlohmann::json s = gpt_spec();
   s["model"]["layer"]["attention"] = {{"impl", "dot_product"}};
   for (const char* policy : {"none", "selective", "full"}) {
     s["train"]["recompute"] = policy;
-    expect_within_10_percent(std::string("dot_product_") + policy, s);
+    const double tolerance = std::string(policy) == "selective" ? 0.07
+                             : std::string(policy) == "full"    ? 0.05
+                                                                : kTolerance;
+    expect_near_estimate(std::string("dot_product_") + policy, s, "cpu", tolerance);
   }
 }
 
 TEST_F(MemoryTest, FullRecomputationKeepsOnlyLayerInputs) {
   nlohmann::json s = llama_spec();
-  nlohmann::json none = expect_within_10_percent("llama_none", s);
+  nlohmann::json none = expect_near_estimate("llama_none", s);
   s["train"]["recompute"] = "full";
-  nlohmann::json full = expect_within_10_percent("llama_full", s);
+  // Above the peak (peak / estimate 0.946): under "full" the estimate adds the top layer's
+  // rerun saves to every layer's input and the MLP backward, counting about 3 n C s + one
+  // norm's statistics (393 KiB here, independent of the number of layers) that are not
+  // alive then. A known gap of the formula, bounded just below the achieved ratio.
+  nlohmann::json full = expect_near_estimate("llama_full", s, "cpu", 0.06);
   if (none.is_object() && full.is_object() && none.contains("peak_mem_bytes") &&
       full.contains("peak_mem_bytes")) {
     EXPECT_LT(full["peak_mem_bytes"].get<double>(), none["peak_mem_bytes"].get<double>());
@@ -140,42 +165,48 @@ TEST_F(MemoryTest, Fp8LayersKeepTheirOperandsTransposes) {
     SCOPED_TRACE(model);
     nlohmann::json s = std::string(model) == "gpt" ? gpt_spec() : llama_spec();
     s["precision"] = {{"params", "bf16"}};
-    nlohmann::json bf16 = expect_within_10_percent(std::string(model) + "_bf16", s);
+    nlohmann::json bf16 = expect_near_estimate(std::string(model) + "_bf16", s);
     s["precision"]["fp8"] = {{"impl", "delayed"}};
-    nlohmann::json fp8 = expect_within_10_percent(std::string(model) + "_fp8", s);
+    nlohmann::json fp8 = expect_near_estimate(std::string(model) + "_fp8", s);
     if (!bf16.contains("peak_mem_bytes") || !fp8.contains("peak_mem_bytes")) continue;
     double measured = bf16["peak_mem_bytes"].get<double>() - fp8["peak_mem_bytes"].get<double>();
     double estimated =
         bf16["estimated_mem_bytes"].get<double>() - fp8["estimated_mem_bytes"].get<double>();
     EXPECT_GT(measured, 0) << "FP8 activations take less memory than bf16's";
-    EXPECT_NEAR(estimated, measured, 0.1 * measured) << "the FP8 saving in the estimate";
+    // A difference of two peaks 80 to 190 KiB apart: the estimate's saving exceeds the
+    // measured one by the same 1884 bytes for both models, 1.0% of gpt's and 2.3% of llama's.
+    std::printf("%s: FP8 saving measured %.0f bytes, estimated %.0f (%.4f)\n", model, measured,
+                estimated, estimated / measured);
+    EXPECT_NEAR(estimated, measured, 0.03 * measured) << "the FP8 saving in the estimate";
   }
   nlohmann::json s = llama_spec();
   s["precision"] = {{"params", "bf16"}, {"fp8", {{"impl", "tensorwise"}}}};
-  expect_within_10_percent("llama_fp8_cuda", s, "cuda");
+  expect_near_estimate("llama_fp8_cuda", s, "cuda");
   s["model"]["num_layers_at_start_in_bf16"] = 1;  // a bf16 layer among FP8 ones
   s["model"]["layer"]["attention"] = {{"impl", "dot_product"}};
-  expect_within_10_percent("llama_fp8_first_bf16", s);
+  expect_near_estimate("llama_fp8_first_bf16", s);
 }
 
 // Dropless at one rank: all N K choices reach this rank's experts however the router
 // balances them, so the estimate's rows are exact. What the experts add over the dense
 // model's MLP is what the estimate adds.
 TEST_F(MemoryTest, MixtureOfExpertsDroplessAtOneRank) {
-  nlohmann::json dense = expect_within_10_percent("llama_dense", llama_spec());
+  nlohmann::json dense = expect_near_estimate("llama_dense", llama_spec());
   nlohmann::json s = mixtral_spec();
-  nlohmann::json moe = expect_within_10_percent("mixtral", s);
+  nlohmann::json moe = expect_near_estimate("mixtral", s);
   if (dense.contains("peak_mem_bytes") && moe.contains("peak_mem_bytes")) {
     double measured = moe["peak_mem_bytes"].get<double>() - dense["peak_mem_bytes"].get<double>();
     double estimated =
         moe["estimated_mem_bytes"].get<double>() - dense["estimated_mem_bytes"].get<double>();
     EXPECT_GT(measured, 0.2 * dense["peak_mem_bytes"].get<double>()) << "the experts' share";
-    EXPECT_NEAR(estimated, measured, 0.1 * measured) << "the MoE layers in the estimate";
+    std::printf("MoE layers: measured %.0f bytes, estimated %.0f (%.4f)\n", measured, estimated,
+                estimated / measured);
+    EXPECT_NEAR(estimated, measured, 0.01 * measured) << "the MoE layers in the estimate";
   }
   s["model"]["layer"]["mlp"]["dispatcher"] = {{"impl", "allgather"}};
   s["model"]["layer"]["mlp"]["activation"] = "gelu";
   s["precision"] = {{"params", "bf16"}};
-  expect_within_10_percent("mixtral_allgather_gelu_bf16", s);
+  expect_near_estimate("mixtral_allgather_gelu_bf16", s);
 }
 
 // A capacity factor of 0.5: each expert keeps ceil(N K / E x 0.5) = 128 of the ~256 choices
@@ -185,20 +216,97 @@ TEST_F(MemoryTest, MixtureOfExpertsDroplessAtOneRank) {
 TEST_F(MemoryTest, MixtureOfExpertsAtTheCapacityBound) {
   nlohmann::json s = mixtral_spec();
   s["model"]["layer"]["mlp"]["expert_capacity_factor"] = 0.5;
-  expect_within_10_percent("mixtral_capacity", s);
+  expect_near_estimate("mixtral_capacity", s);
   s["model"]["moe_layer_freq"] = {0, 1, 1};
   s["model"]["layer"]["dense_mlp"] = {{"impl", "mlp"}, {"activation", "swiglu"}};
   s["model"]["layer"]["mlp"]["shared_expert_intermediate_size"] = 128;
   s["model"]["layer"]["mlp"]["shared_expert_gate"] = true;
   s["model"]["layer"]["mlp"]["dispatcher"] = {{"impl", "allgather"}};
-  expect_within_10_percent("mixtral_capacity_shared_dense_first", s);
+  expect_near_estimate("mixtral_capacity_shared_dense_first", s);
 }
 
 TEST_F(MemoryTest, OnTheFakeCudaDeviceThroughTheCachingAllocator) {
-  expect_within_10_percent("llama_cuda", llama_spec(), "cuda");
+  expect_near_estimate("llama_cuda", llama_spec(), "cuda");
   nlohmann::json s = gpt_spec();
   s["precision"] = {{"params", "bf16"}};
-  expect_within_10_percent("gpt_bf16_cuda", s, "cuda");
+  expect_near_estimate("gpt_bf16_cuda", s, "cuda");
+}
+
+// The distributed optimizer (ZeRO-1) at dp 2, two processes: each rank keeps the f32 master
+// weights and the AdamW moments of its chunk of every bucket. Every parameter of this model
+// has a multiple of 16 elements, so its one bucket (parameters 16-aligned, padded to a
+// multiple of dp) has no gap and no padding: rank 0's chunk is exactly half of the N
+// parameters (rank 1's the other half: chunks are equal). The figures are what rank 0's
+// optimizer allocated (`loom bench --json`, estimated_mem_parts; only rank 0 prints),
+// checked against the parameter count; rank 0's measured peak moves by that saving less the
+// two buffers ZeRO-1 adds (core/optim/grad_sync.cc): the f32 gradient shard (N / 2) and the
+// all-gather input, the largest bucket's chunk in the parameters' dtype (bf16, N / 2 here).
+TEST_F(MemoryTest, DistributedOptimizerHalvesOptimizerMemoryPerRank) {
+  nlohmann::json s = gpt_spec();
+  s["model"]["num_layers"] = 2;
+  s["precision"] = {{"params", "bf16"}};
+  s["train"]["micro_batch_size"] = 2;
+  s["train"]["global_batch_size"] = 4;
+  s["train"]["seq_length"] = 32;
+  fs::path spec = dir_ / "zero1.json";
+  write_file(spec, s.dump(2));
+  // Rank 0's JSON, each line of which the launcher prefixes with "[rank 0] ".
+  auto bench = [&](bool sharded) {
+    auto r = run_loom("bench '" + spec.string() +
+                      "' --nproc 2 --steps 1 --warmup 1 --json --set parallel.dp=2"
+                      " --set parallel.distributed_optimizer=" +
+                      (sharded ? "true" : "false"));
+    EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+    const std::string prefix = "[rank 0] ";
+    std::string text;
+    for (size_t at = 0; at < r.out.size();) {
+      size_t end = std::min(r.out.find('\n', at), r.out.size());
+      if (r.out.compare(at, prefix.size(), prefix) == 0)
+        text += r.out.substr(at + prefix.size(), end - at - prefix.size()) + "\n";
+      at = end + 1;
+    }
+    size_t brace = text.find('{');
+    if (brace == std::string::npos) {
+      ADD_FAILURE() << "no JSON from rank 0:\n" << r.out << r.err;
+      return nlohmann::json::object();
+    }
+    return nlohmann::json::parse(text.substr(brace));
+  };
+  nlohmann::json whole = bench(false), zero1 = bench(true);
+  ASSERT_TRUE(whole.contains("estimated_mem_parts") && zero1.contains("estimated_mem_parts"));
+  auto part = [](const nlohmann::json& j, const char* key) {
+    return j.at("estimated_mem_parts").at(key).get<uint64_t>();
+  };
+  const uint64_t n = part(whole, "weights") / 2;  // bf16 parameters
+  ASSERT_EQ(n % 16, 0u);
+  // Without sharding: f32 master weights and two f32 moments for every parameter.
+  EXPECT_EQ(part(whole, "master"), 4 * n);
+  EXPECT_EQ(part(whole, "optimizer"), 8 * n);
+  EXPECT_EQ(part(whole, "shard_buffers"), 0u);
+  // ZeRO-1: exactly half of each, and the two buffers.
+  EXPECT_EQ(part(zero1, "master"), 4 * (n / 2));
+  EXPECT_EQ(part(zero1, "optimizer"), 8 * (n / 2));
+  EXPECT_EQ(part(zero1, "shard_buffers"), 4 * (n / 2) + 2 * (n / 2));
+  EXPECT_EQ(part(zero1, "weights"), part(whole, "weights"));
+  EXPECT_EQ(part(zero1, "grads"), part(whole, "grads"));
+  const double sharded = static_cast<double>(part(zero1, "master") + part(zero1, "optimizer"));
+  const double unsharded = static_cast<double>(part(whole, "master") + part(whole, "optimizer"));
+  const double peak_whole = whole.at("peak_mem_bytes").get<double>();
+  const double peak_zero1 = zero1.at("peak_mem_bytes").get<double>();
+  // Saved: 12 bytes (master and moments) for each of the other rank's N / 2 elements;
+  // added: 4 (f32 gradient shard) + 2 (bf16 gather input) for N / 2.
+  const double expected_saving = static_cast<double>((12 - 4 - 2) * (n / 2));
+  const double ratio_whole = peak_whole / whole.at("estimated_mem_bytes").get<double>();
+  const double ratio_zero1 = peak_zero1 / zero1.at("estimated_mem_bytes").get<double>();
+  std::printf(
+      "zero1 (rank 0 of dp 2): %llu parameters; master + moments %.0f bytes, without %.0f "
+      "(ratio %.4f); peak %.0f bytes, without %.0f: saving %.0f (expected %.0f); peak / "
+      "estimate %.4f, without %.4f\n",
+      static_cast<unsigned long long>(n), sharded, unsharded, sharded / unsharded, peak_zero1,
+      peak_whole, peak_whole - peak_zero1, expected_saving, ratio_zero1, ratio_whole);
+  EXPECT_EQ(peak_whole - peak_zero1, expected_saving);
+  EXPECT_LT(std::abs(ratio_whole - 1), 0.01);
+  EXPECT_LT(std::abs(ratio_zero1 - 1), 0.01);
 }
 
 }  // namespace

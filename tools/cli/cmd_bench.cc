@@ -86,6 +86,20 @@ int cmd_bench(const std::vector<std::string>& argv) {
                           {"peak_mem_bytes", peak},
                           {"estimated_mem_bytes", estimate.total()},
                           {"estimated_mem", estimate.describe()},
+                          // This rank's parts of the estimate, in bytes: the persistent ones
+                          // as allocated (master and optimizer: this rank's shards under
+                          // the distributed optimizer), activations by formula (null when
+                          // the model cannot size them).
+                          {"estimated_mem_parts",
+                           {{"weights", estimate.weights},
+                            {"grads", estimate.grads},
+                            {"master", estimate.master},
+                            {"optimizer", estimate.optimizer},
+                            {"fp8", estimate.fp8},
+                            {"shard_buffers", estimate.shard_buffers},
+                            {"activations", estimate.activations
+                                                ? nlohmann::json(*estimate.activations)
+                                                : nlohmann::json(nullptr)}}},
                           {"world_size", s->env().world_size},
                           {"comm_share", comm_share},
                           {"last_loss", loss}};
