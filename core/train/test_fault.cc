@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "loom/cpp/error.h"
+#include "loom/cpp/tensor.h"
 
 namespace loom::core {
 
@@ -82,6 +83,17 @@ void inject_fault_after_reduction(int rank, int64_t step, int attempt, IHost& ho
     announce(f, rank, step);
     poison_gradient(host, params, std::numeric_limits<float>::infinity());
   }
+}
+
+void inject_fault_into_fp8_scale(int rank, int64_t step, IHost& host, Device device,
+                                 const TensorView& scale) {
+  const TestFault& f = test_fault();
+  if (f.kind != "fp8_skew" || f.rank != rank || f.step != step || scale.data == nullptr) return;
+  announce(f, rank, step);
+  float value = 0;
+  throw_if_error(host.copy(kCpu, &value, device, scale.data, 4), "LOOM_TEST_FAULT: fp8_skew");
+  value *= 2;
+  throw_if_error(host.copy(device, scale.data, kCpu, &value, 4), "LOOM_TEST_FAULT: fp8_skew");
 }
 
 double inject_fault_into_loss(int rank, int64_t step, int attempt, double loss) {

@@ -13,6 +13,8 @@
 //   spike         add 1000 to rank RANK's loss of step STEP, first run only
 //   spike_always  the same in every run of step STEP
 //   slow          sleep STEP milliseconds in every step on rank RANK (a straggler)
+//   fp8_skew      double rank RANK's first FP8 scale after the scale update of step STEP
+//                 (FP8 state that no longer agrees across the amax group)
 // (Faults inside a save: LOOM_CHECKPOINT_FAULT, core/checkpoint/checkpoint_writer.h.)
 #pragma once
 
@@ -41,6 +43,11 @@ void inject_fault_after_backward(int rank, int64_t step);
 /// inf, nan_always.
 void inject_fault_after_reduction(int rank, int64_t step, int attempt, IHost& host,
                                   ParameterSet& params);
+
+/// After the FP8 recipe's scale update of `step` on `rank`: fp8_skew doubles element 0 of
+/// `scale` (the recipe's f32 scales on `device`).
+void inject_fault_into_fp8_scale(int rank, int64_t step, IHost& host, Device device,
+                                 const TensorView& scale);
 
 /// The step's local loss, spiked when spike or spike_always names (rank, step, attempt).
 double inject_fault_into_loss(int rank, int64_t step, int attempt, double loss);

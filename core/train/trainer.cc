@@ -453,6 +453,9 @@ StepResult Trainer::step() {
     throw_if_error(fp8_->step_end(amax.size() > 1 ? &amax : nullptr, nullptr),
                    fmt::format("the FP8 recipe ('{}') at the end of step {}",
                                config_.precision.fp8.value("impl", "?"), r.step));
+    if (test_fault_set() && fp8_->state_count() > 1)
+      inject_fault_into_fp8_scale(parallel_ != nullptr ? parallel_->grid().rank() : 0, r.step,
+                                  plugins_.host(), device_, fp8_state(1).second);
   }
   end_step_of_modules(r);
   metrics_->end_step();
@@ -624,6 +627,7 @@ RunResult Trainer::run(const RunOptions& options) {
                     fmt::format("checkpoint of step {} not written: {}", iteration_, e.what()));
       }
     }
+    check_fp8_state_agrees();  // on every rank: rank 0 writes the state for all
     if (options.checkpoint == nullptr) return;
     progress.clear_bar();
     std::fflush(stdout);

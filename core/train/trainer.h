@@ -159,6 +159,8 @@ class Trainer {
   std::pair<std::string, TensorView> fp8_state(int32_t index) const;
   // Reads the FP8 recipe's state from a checkpoint (a warning when it holds none).
   void restore_fp8(CheckpointReader& reader);
+  /// Collective over the amax group: throws when a rank's FP8 state differs from rank 0's.
+  void check_fp8_state_agrees();
   // A pipelined step's timed actions: its measured bubble into the metrics, and its actions
   // into the trace when the step is traced (/log/trace_steps).
   void record_timeline(const std::vector<TimedAction>& timeline, int64_t step);

@@ -4,10 +4,12 @@
 
 #include <limits>
 
+#include "core/checkpoint/checkpoint_files.h"
 #include "core/checkpoint/param_slices.h"
 #include "core/train/trainer.h"
 #include "core/util/errors.h"
 #include "core/util/files.h"
+#include "core/util/gather_text.h"
 #include "core/util/hash.h"
 #include "core/util/log.h"
 #include "core/version.h"
@@ -58,7 +60,8 @@ std::vector<SaveTensor> Trainer::checkpoint_tensors() {
     optim_->append_checkpoint_tensors(p, out);
   }
   // The FP8 recipe's state (amax histories, scales): the same on every rank after a step
-  // (the amaxes are reduced over tp and dp), so rank 0 writes it whole.
+  // (the amaxes are reduced over tp, cp and dp), so rank 0 writes it whole (the ranks have
+  // shown that their copies agree: check_fp8_state_agrees, before the save).
   if (fp8_ != nullptr && tp_rank_ == 0 && data_rank_ == 0)
     for (int32_t i = 0; i < fp8_->state_count(); ++i) {
       auto [name, view] = fp8_state(i);
@@ -125,6 +128,35 @@ std::pair<std::string, TensorView> Trainer::fp8_state(int32_t index) const {
     throw Error(Code::kInternal,
                 fmt::format("the FP8 recipe's state tensor {} has no name or is not f32", index));
   return {std::string("fp8.") + name, view};
+}
+
+void Trainer::check_fp8_state_agrees() {
+  if (fp8_ == nullptr || parallel_ == nullptr) return;
+  ICommunicator& amax = group(ParallelRole::kAmax);
+  if (amax.size() <= 1) return;
+  // A CRC-32C of each state tensor's bytes: equal on every rank, or the amax reduction (or
+  // something writing into the recipe's state) is broken, and rank 0's copy would resume the
+  // other ranks with scales they never had.
+  std::string digest;
+  std::vector<char> bytes;
+  for (int32_t i = 0; i < fp8_->state_count(); ++i) {
+    auto [name, view] = fp8_state(i);
+    bytes.resize(static_cast<size_t>(numel(view)) * dtype_size(view.dtype));
+    throw_if_error(plugins_.host().copy(kCpu, bytes.data(), device_, view.data, bytes.size()),
+                   fmt::format("checkpoint: reading {} from the device", name));
+    digest += fmt::format("{}={:08x};", name, crc32c_of(bytes.data(), bytes.size()));
+  }
+  std::vector<std::string> all = all_gather_text(amax, digest, "the FP8 state check");
+  std::vector<std::string> differing;
+  for (size_t r = 1; r < all.size(); ++r)
+    if (all[r] != all[0]) differing.push_back(std::to_string(r));
+  if (!differing.empty())
+    throw Error(Code::kInternal,
+                fmt::format("checkpoint of step {}: the FP8 recipe's state (amax histories, "
+                            "scales) of amax-group rank(s) {} differs from rank 0's ({} against "
+                            "{}); the amaxes are reduced over tp, cp and dp after every step, so "
+                            "this is a bug: please report it with the spec",
+                            iteration_, join(differing), all[std::stoul(differing[0])], all[0]));
 }
 
 void Trainer::restore_fp8(CheckpointReader& reader) {
