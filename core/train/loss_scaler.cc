@@ -17,10 +17,10 @@ void LossScaler::update(bool overflow) {
   if (!dynamic_) return;
   if (overflow) {
     good_steps_ = 0;
-    if (--hysteresis_left_ <= 0) {
-      scale_ = std::max(scale_ * 0.5, min_scale_);
-      hysteresis_left_ = hysteresis_;
-    }
+    // Spent hysteresis stays spent until the scale grows again (Megatron does not restore
+    // it on a backoff either): after the first `hysteresis` overflows, each one halves.
+    if (hysteresis_left_ > 0) --hysteresis_left_;
+    if (hysteresis_left_ == 0) scale_ = std::max(scale_ * 0.5, min_scale_);
   } else if (++good_steps_ >= window_) {
     scale_ *= 2;
     good_steps_ = 0;

@@ -1,7 +1,8 @@
 // LossScaler: dynamic loss scaling for f16 parameters, as Megatron's DynamicGradScaler: the
 // loss gradient is multiplied by the scale; a step whose gradients overflow (non-finite) is
-// skipped and, after `hysteresis` such steps, the scale halves (not below the minimum);
-// after `window` good steps in a row it doubles. Without dynamic scaling the scale is 1 and
+// skipped; the `hysteresis`-th such step since the scale last grew halves it, and so does
+// every one after it (not below the minimum); after `window` good steps in a row it doubles
+// and the hysteresis is restored. Without dynamic scaling the scale is 1 and
 // never changes. Its state is part of a checkpoint, for an exact resume.
 #pragma once
 

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -373,6 +374,167 @@ TEST_F(TrainTest, ShapesThatDoNotFitAreRefusedWithThePointer) {
     EXPECT_EQ(r.exit_code, kSpec) << c.setting << "\n" << r.err;
     EXPECT_THAT(r.err, HasSubstr(c.pointer)) << c.setting;
     EXPECT_THAT(r.out, ::testing::Not(HasSubstr("iter "))) << c.setting;
+  }
+}
+
+// f16 dynamic loss scaling end to end. The oracle: Megatron's DynamicGradScaler rules
+// (megatron/core/optimizer/grad_scaler.py), written out here on their own: an overflow resets
+// the clean-step count and spends one hysteresis; once none is left, that overflow and every
+// later one halves the scale (not below the minimum) until the scale grows again; `window`
+// clean steps in a row double the scale and restore the hysteresis. (A clean step between
+// overflows does not restore it: Megatron's code counts overflows since the last growth.)
+struct ScaleRules {
+  double initial, min;
+  int64_t window, hysteresis;
+  bool restore_hysteresis_on_backoff = false;  // a wrong variant, to show the test can tell
+};
+
+// The scale used by each step (index 0: step 1) and the scale after it, from the overflow
+// of each step.
+struct ScaleTrace {
+  std::vector<double> used, after;
+};
+
+ScaleTrace expected_scales(const ScaleRules& rules, const std::vector<bool>& overflow) {
+  ScaleTrace t;
+  double scale = rules.initial;
+  int64_t clean = 0, hysteresis = rules.hysteresis;
+  for (bool o : overflow) {
+    t.used.push_back(scale);
+    if (o) {
+      clean = 0;
+      hysteresis = std::max<int64_t>(hysteresis - 1, 0);
+      if (hysteresis == 0) {
+        scale = std::max(scale / 2, rules.min);
+        if (rules.restore_hysteresis_on_backoff) hysteresis = rules.hysteresis;
+      }
+    } else if (++clean == rules.window) {
+      scale *= 2;
+      clean = 0;
+      hysteresis = rules.hysteresis;
+    }
+    t.after.push_back(scale);
+  }
+  return t;
+}
+
+// The line a skipped step prints, with the scale it used.
+std::string skip_line(size_t step, double scale) {
+  char line[128];
+  std::snprintf(line, sizeof line, "step %zu skipped: non-finite gradients (loss scale %g)\n", step,
+                scale);
+  return line;
+}
+
+// A huge initial scale (2^30) overflows f16 at once: the loss gradient's largest element
+// per token is (1 - p_target) x scale / 64 tokens, above f16's 65504 for any scale >= 2^23
+// while the untrained model's p_target is near 1/64. So the first steps are skipped (no
+// update: the validation loss stays the untrained model's, to the bit), the scale halves
+// as the rules say, and once the steps are clean it grows again after each window; later
+// overflows (near 2^20 for this model) follow the same rules. Every step is logged
+// (log_interval 1) with its `skipped` count and the scale after it, and validated
+// (eval_interval 1) on the same batch. The run's own overflows drive the oracle; the scales
+// must match it at every step, and the variants with the hysteresis or the window off by
+// one, or the hysteresis restored on each backoff, must not.
+TEST_F(TrainTest, F16LossScalingSkipsOverflowsHalvesWithHysteresisAndRegrows) {
+  const ScaleRules rules{std::ldexp(1.0, 30), 1, 3, 2};
+  const int64_t steps = 60;
+  nlohmann::json s = tiny_spec();
+  s["precision"] = {{"params", "f16"},
+                    {"initial_loss_scale", rules.initial},
+                    {"min_loss_scale", rules.min},
+                    {"loss_scale_window", rules.window},
+                    {"hysteresis", rules.hysteresis}};
+  s["lr_schedule"] = {{"impl", "constant"}};
+  s["train"]["steps"] = steps;
+  s["train"]["log_interval"] = 1;
+  s["train"]["eval_interval"] = 1;
+  s["train"]["eval_steps"] = 1;
+  s["checkpoint"] = {{"save_at_end", false}};
+  struct Run {
+    std::string out;
+    std::vector<nlohmann::json> lines;  // the step lines, step 1..steps
+    std::vector<double> valid;          // validation loss after each step
+  };
+  auto train = [&](const std::string& name, const nlohmann::json& body) {
+    Run run;
+    fs::path dir = dir_ / name;
+    auto r = run_loom("train " + q(spec(name + ".json", body)) + " --run-dir " + q(dir));
+    EXPECT_EQ(r.exit_code, kOk) << name << "\n" << r.out << r.err;
+    run.out = r.out;
+    if (!fs::exists(dir / "metrics.jsonl")) return run;
+    for (const auto& m : read_jsonl(dir / "metrics.jsonl")) {
+      if (m.contains("skipped")) run.lines.push_back(m);
+      if (m.contains("valid_loss")) run.valid.push_back(m["valid_loss"].get<double>());
+    }
+    return run;
+  };
+  Run run = train("f16", s);
+  ASSERT_EQ(run.lines.size(), static_cast<size_t>(steps)) << run.out;
+  ASSERT_EQ(run.valid.size(), static_cast<size_t>(steps)) << run.out;
+  // The untrained model's validation loss: the same run with lr 0 never changes a weight.
+  nlohmann::json frozen = s;
+  frozen["optimizer"]["lr"] = 0.0;
+  Run still = train("f16_lr0", frozen);
+  ASSERT_EQ(still.valid.size(), static_cast<size_t>(steps)) << still.out;
+  const double untrained = still.valid[0];
+  for (double v : still.valid) ASSERT_EQ(v, untrained) << "lr 0 changed the weights";
+
+  std::vector<bool> overflow;
+  for (int64_t i = 0; i < steps; ++i) {
+    const nlohmann::json& m = run.lines[static_cast<size_t>(i)];
+    ASSERT_EQ(m["step"].get<int64_t>(), i + 1);
+    const int64_t skipped = m["skipped"].get<int64_t>();
+    ASSERT_TRUE(skipped == 0 || skipped == 1) << m;
+    overflow.push_back(skipped == 1);
+    // A skipped step has no loss to average into its line.
+    EXPECT_EQ(m["loss"].is_null(), skipped == 1) << m;
+  }
+  const ScaleTrace want = expected_scales(rules, overflow);
+  std::printf("step  overflow  scale used   scale after (logged)  expected  valid loss\n");
+  int growths = 0, clean = 0, leading = 0;
+  for (size_t i = 0; i < overflow.size(); ++i) {
+    const double logged = run.lines[i]["loss_scale"].get<double>();
+    std::printf("%4zu  %8s  %10.0f  %20.0f  %8.0f  %.9g\n", i + 1, overflow[i] ? "yes" : "no",
+                want.used[i], logged, want.after[i], run.valid[i]);
+    EXPECT_EQ(logged, want.after[i]) << "step " << i + 1;
+    // Forced by f16's range while the weights are the untrained ones (see above).
+    if (clean == 0 && want.used[i] >= std::ldexp(1.0, 23)) {
+      EXPECT_TRUE(overflow[i]) << "step " << i + 1;
+    }
+    if (want.after[i] > want.used[i]) ++growths;
+    if (overflow[i] && leading == static_cast<int>(i)) ++leading;
+    if (overflow[i]) {
+      EXPECT_THAT(run.out, HasSubstr(skip_line(i + 1, want.used[i]))) << "step " << i + 1;
+      // No update: the weights (and so the validation loss) are those before the step.
+      const double before = i == 0 ? untrained : run.valid[i - 1];
+      EXPECT_EQ(run.valid[i], before) << "skipped step " << i + 1 << " changed the weights";
+    } else {
+      const double before = i == 0 ? untrained : run.valid[i - 1];
+      EXPECT_NE(run.valid[i], before) << "clean step " << i + 1 << " left the weights alone";
+      ++clean;
+    }
+  }
+  std::printf("%d leading overflows, %d clean steps, %d growths\n", leading, clean, growths);
+  // 2^30 halves from the second overflow on (hysteresis 2): steps 1 to 9 use >= 2^23.
+  EXPECT_GE(leading, 9);
+  EXPECT_GE(clean, 10);
+  ASSERT_GE(growths, 1) << "no window of " << rules.window << " clean steps: the test cannot "
+                        << "tell the window";
+  // The log tells these rules from their neighbours.
+  std::vector<std::pair<std::string, ScaleRules>> variants = {
+      {"hysteresis 1", {rules.initial, rules.min, rules.window, rules.hysteresis - 1}},
+      {"hysteresis 3", {rules.initial, rules.min, rules.window, rules.hysteresis + 1}},
+      {"window 2", {rules.initial, rules.min, rules.window - 1, rules.hysteresis}},
+      {"window 4", {rules.initial, rules.min, rules.window + 1, rules.hysteresis}},
+      {"hysteresis restored on backoff",
+       {rules.initial, rules.min, rules.window, rules.hysteresis, true}}};
+  for (const auto& [name, variant] : variants) {
+    const std::vector<double> other = expected_scales(variant, overflow).after;
+    size_t first = 0;
+    while (first < other.size() && other[first] == want.after[first]) ++first;
+    std::printf("%s: first differs at step %zu\n", name.c_str(), first + 1);
+    EXPECT_LT(first, other.size()) << name << " gives the same scales";
   }
 }
 

@@ -1,6 +1,7 @@
-// LossScaler against Megatron's DynamicGradScaler rules worked out by hand: an overflow
-// after `hysteresis` of them halves the scale (not below the minimum), `window` good steps in
-// a row double it and restore the hysteresis; without f16 the scale stays 1.
+// LossScaler against Megatron's DynamicGradScaler rules worked out by hand: the
+// `hysteresis`-th overflow since the scale last grew halves it, and so does each one after it
+// (not below the minimum); `window` good steps in a row double it and restore the
+// hysteresis; without f16 the scale stays 1.
 #include "core/train/loss_scaler.h"
 
 #include <gtest/gtest.h>
@@ -24,7 +25,14 @@ TEST(LossScaler, HalvesAfterHysteresisOverflowsAndDoublesAfterAWindow) {
   EXPECT_EQ(s.scale(), 1024);
   s.update(true);  // first overflow: hysteresis 2 -> 1, scale kept
   EXPECT_EQ(s.scale(), 1024);
-  s.update(true);  // second: halved, hysteresis back to 2
+  s.update(true);  // second: halved; the hysteresis stays spent
+  EXPECT_EQ(s.scale(), 512);
+  s.update(false);
+  s.update(true);  // so the next overflow halves at once, a good step between or not
+  EXPECT_EQ(s.scale(), 256);
+  s.update(false);
+  s.update(false);
+  s.update(false);  // three good steps in a row: doubled, hysteresis restored
   EXPECT_EQ(s.scale(), 512);
   s.update(false);
   s.update(false);
@@ -36,7 +44,7 @@ TEST(LossScaler, HalvesAfterHysteresisOverflowsAndDoublesAfterAWindow) {
   s.update(false);
   s.update(false);
   EXPECT_EQ(s.scale(), 1024);
-  s.update(true);  // the second overflow since the last change halves
+  s.update(true);  // the second overflow since the last growth halves
   EXPECT_EQ(s.scale(), 512);
 }
 
