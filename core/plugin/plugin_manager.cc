@@ -7,7 +7,6 @@
 #include <boost/dll/library_info.hpp>
 #include <boost/dll/shared_library.hpp>
 #include <cstddef>
-#include <fstream>
 
 #include "core/util/errors.h"
 #include "core/util/log.h"
@@ -29,28 +28,10 @@ std::vector<dll::shared_library>& open_libraries() {
 // The smallest PluginInfo this core understands: ABI 1.0 ends with `shutdown`.
 constexpr size_t kMinPluginInfoSize = offsetof(PluginInfo, shutdown) + sizeof(void*);
 
-bool file_starts_with_elf_magic(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  char magic[4] = {};
-  in.read(magic, 4);
-  return in.gcount() == 4 && magic[0] == 0x7f && magic[1] == 'E' && magic[2] == 'L' &&
-         magic[3] == 'F';
-}
-
 // Checks the file and its exports without running any code of it.
 void check_library_file(const PluginRecord& record) {
+  check_library_file_exists(record);  // present, a regular file, an ELF header
   const std::string lib = record.library.string();
-  std::error_code ec;
-  if (!fs::exists(record.library, ec))
-    throw PluginError(Code::kNotFound,
-                      fmt::format("plugin '{}': library {} is missing (its manifest is {}); build "
-                                  "or reinstall the plugin",
-                                  record.name, lib, record.manifest_path.string()));
-  if (!fs::is_regular_file(record.library, ec) || !file_starts_with_elf_magic(record.library))
-    throw PluginError(Code::kInvalidArgument,
-                      fmt::format("plugin '{}': {} is not a shared object (no ELF header); "
-                                  "rebuild the plugin",
-                                  record.name, lib));
   std::vector<std::string> symbols;
   try {
     dll::library_info info(record.library, /*throw_if_not_native=*/true);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/schema/did_you_mean.h"
+#include "loom/cpp/json_input.h"
 
 namespace loom::core {
 namespace {
@@ -660,19 +661,7 @@ void validate(const json& schema, json& value, const std::string& pointer,
 }
 
 std::string child_pointer(std::string_view pointer, std::string_view key) {
-  std::string out(pointer);
-  out.reserve(pointer.size() + key.size() + 1);
-  out += '/';
-  for (char c : key) {
-    if (c == '~') {
-      out += "~0";
-    } else if (c == '/') {
-      out += "~1";
-    } else {
-      out += c;
-    }
-  }
-  return out;
+  return std::string(pointer) + '/' + json_pointer_token(key);
 }
 
 std::string compact_value(const json& value) {

@@ -149,6 +149,22 @@ inline nlohmann::json parse_json_input(std::string_view text, const std::string&
   return {};  // not reached
 }
 
+/// `key` as one reference token of a JSON pointer (RFC 6901): '~' becomes "~0", '/' "~1".
+inline std::string json_pointer_token(std::string_view key) {
+  std::string out;
+  out.reserve(key.size());
+  for (char c : key) {
+    if (c == '~') {
+      out += "~0";
+    } else if (c == '/') {
+      out += "~1";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
 /// A read-only view of one value inside outside JSON, that knows where it is: the source's
 /// name and the value's JSON pointer. Every accessor checks the type and throws an Error
 /// naming both; none throws nlohmann's exceptions.
@@ -306,20 +322,7 @@ class JsonIn {
     fail("integer " + value_->dump() + " is outside [" + std::to_string(min) + ", " +
          std::to_string(max) + "]");
   }
-  // RFC 6901: '~' -> "~0", '/' -> "~1".
-  static std::string escape(const std::string& key) {
-    std::string out;
-    for (char c : key) {
-      if (c == '~') {
-        out += "~0";
-      } else if (c == '/') {
-        out += "~1";
-      } else {
-        out += c;
-      }
-    }
-    return out;
-  }
+  static std::string escape(const std::string& key) { return json_pointer_token(key); }
 
   const nlohmann::json* value_;
   std::string where_;
