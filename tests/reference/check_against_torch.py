@@ -11,9 +11,17 @@ in PyTorch (float64) from loom's initial weights, and compares:
 Mixture-of-experts models (model.layer.mlp.impl = "moe") are rebuilt with Megatron-Core's
 semantics (router top-k, capacity dropping, shared experts, load-balancing and z losses,
 expert-bias updates); see the section "Mixture of experts" below.
+Dropout (model.hidden_dropout, model.attention_dropout): the masks are drawn here from the
+definition of loom's random streams (section "Dropout"), not read from loom.
+bf16 and f16 parameters (precision.params): the forward and backward passes use the
+rounded weights and round activations and their gradients where loom stores them; the f32
+master weights are compared at the end, at levels of their own (LOW_TOLERANCES).
+Each LAYOUT=RUN_DIR is a `loom train` run of the same spec in another layout (tensor and
+sequence parallelism: reference_test.sh makes them): its step losses, grad norms and final
+weights (its sharded checkpoint) are compared with PyTorch replaying the same steps.
 Exit status 0 when every figure is within its tolerance; otherwise each failure is printed.
 
-usage: check_against_torch.py SPEC DUMP_DIR
+usage: check_against_torch.py SPEC DUMP_DIR [LAYOUT=RUN_DIR...]
 """
 import json
 import math
@@ -40,6 +48,26 @@ TOLERANCES = {
     "step_loss": (0.0, 2e-6),
     "step_grad_norm": (0.0, 5e-5),
     "final": (1e-9, 2e-4),
+}
+
+
+# bf16 and f16 parameters (see "bf16 and f16 parameters" below): levels about 4 times what
+# the reference specs achieve (bf16: logits 0, loss 3.8e-8, gradients 1.5e-2, step losses
+# 1.8e-3, step grad norms 2.2e-3, final master weights 7.0e-2; f16: 4.9e-4, 2.7e-7, 1.6e-3,
+# 2.7e-4, 1.0e-3, 1.4e-2), read against one unit in the last place, 2^-8 to 2^-7 relative for
+# bf16 and 2^-11 to 2^-10 for f16. The forward pass rounds where the reference does (bf16
+# logits agree exactly), so a logit may differ by one unit where a value lies at a rounding
+# boundary (the f16 run has one: 1.95e-3 at 3.x; one unit at the largest logit is 7.8e-3 of
+# it in bf16, 9.8e-4 in f16), and the loss by that over the B T positions. The
+# backward pass rounds at points the reference does not all model (gradients: a few units).
+# The steps round each master update to the type: an element within lr of a boundary rounds
+# the other way (step losses differ from step 2 on), and Adam turns the gradient differences
+# into update differences of up to lr per step (the final master weights).
+LOW_TOLERANCES = {
+    "bf16": {"logits": (0.0, 1e-2), "loss": (0.0, 5e-4), "grad": (1e-9, 6e-2),
+             "step_loss": (0.0, 1e-2), "step_grad_norm": (0.0, 1e-2), "final": (1e-9, 0.25)},
+    "f16": {"logits": (0.0, 2e-3), "loss": (0.0, 1e-4), "grad": (1e-9, 8e-3),
+            "step_loss": (0.0, 1.5e-3), "step_grad_norm": (0.0, 5e-3), "final": (1e-9, 5e-2)},
 }
 
 
@@ -76,6 +104,8 @@ class Config:
         self.rope_percent = rot.get("percent", 1.0)
         self.rope_scaling = rot.get("scaling", {"type": "none"})
         self.tied = m.get("tie_embeddings", True)
+        self.hidden_dropout = float(m.get("hidden_dropout", 0.0))
+        self.attention_dropout = float(m.get("attention_dropout", 0.0))
         layer = m["layer"]
         self.norm = layer["norm"]["impl"]
         self.eps = layer["norm"].get("eps", 1e-5)
@@ -551,6 +581,7 @@ def mlp_block(h, g, cfg, i, moe_run):
     h = h @ g("mlp.linear_fc1.weight").reshape(-1, cfg.C).T
     if g("mlp.linear_fc1.bias") is not None:
         h = h + g("mlp.linear_fc1.bias").reshape(-1)
+    h = rnd(h)
     if cfg.activation == "swiglu":
         gate, up = h.chunk(2, dim=-1)
         h = torch.nn.functional.silu(gate) * up
@@ -558,21 +589,66 @@ def mlp_block(h, g, cfg, i, moe_run):
         h = torch.nn.functional.gelu(h, approximate="tanh")
     else:
         h = torch.nn.functional.gelu(h)
-    h = h @ g("mlp.linear_fc2.weight").T
+    h = rnd(h) @ g("mlp.linear_fc2.weight").T
     if g("mlp.linear_fc2.bias") is not None:
         h = h + g("mlp.linear_fc2.bias")
-    return h
+    return rnd(h)
 
 
-def forward(p, cfg, tokens, labels, mask, moe_run=None, positions=None, segments=None):
+# ---------------------------------------------------------------------------------------
+# bf16 and f16 parameters (precision.params): loom keeps the weights and activations in the
+# low-precision type (its kernels compute in f32 and round what they store) and f32 master
+# weights and gradients. The reference computes in f64 from the same rounded weights and
+# rounds its activations where loom stores them (the outputs of the embeddings, norms,
+# linear layers, attention scores, probabilities and outputs, activation functions, residual
+# adds and logits) and their gradients on the way back (f16: scaled by the step's loss
+# scale, as loom's are). Rounding points inside loom's kernels, and the order of its f32
+# sums, are not modelled: a value near a rounding boundary may round the other way, an
+# error of one unit in the last place (bf16 2^-8, f16 2^-11 relative) that the steps carry on.
+# ---------------------------------------------------------------------------------------
+
+LOW = {"dtype": None, "scale": 1.0}  # the run being rebuilt: rounding type, loss scale
+
+
+class _Round(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.to(LOW["dtype"]).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        s = LOW["scale"]
+        return (g * s).to(LOW["dtype"]).to(g.dtype) / s
+
+
+def rnd(x):
+    """x rounded to the run's low-precision type (forward and gradient); x itself in f32."""
+    return x if LOW["dtype"] is None else _Round.apply(x)
+
+
+def low_weights(p):
+    """The weights the forward pass uses: the masters rounded to the parameters' type."""
+    if LOW["dtype"] is None:
+        return p
+    return {k: v.detach().to(LOW["dtype"]).to(v.dtype) for k, v in p.items()}
+
+
+def forward(p, cfg, tokens, labels, mask, moe_run=None, positions=None, segments=None,
+            drop=None):
     """(logits, mean CE). An MoE model's aux terms go to moe_run.aux (a MoeRun). Packed
     documents: positions (B, T) restart in each document, segments (B, T) its index;
-    attention stays within a document."""
+    attention stays within a document. drop: the micro-batch's Dropout, or None (none)."""
     B, T = tokens.shape
+    if drop is None:
+        drop = lambda x, *_: x
+    elif cfg.mla or cfg.moe:
+        raise ValueError("dropout: rebuilt for dense models with dot-product attention only")
+    hp = cfg.hidden_dropout
     x = p["embedding.word_embeddings.weight"][tokens]
     if cfg.pos == "learned":
         pos = torch.arange(T).expand(B, T) if positions is None else positions
         x = x + p["embedding.position_embeddings.weight"][pos]
+    x = rnd(drop(rnd(x), "embedding", 1, hp))
     per = cfg.H // cfg.G
     causal = torch.ones(T, T, dtype=torch.bool).tril()
     if segments is not None:
@@ -582,7 +658,7 @@ def forward(p, cfg, tokens, labels, mask, moe_run=None, positions=None, segments
     for i in range(cfg.L):
         pre = f"decoder.layers.{i}."
         g = lambda n: p.get(pre + n)
-        h = norm(x, g("input_layernorm.weight"), g("input_layernorm.bias"), cfg.norm, cfg.eps)
+        h = rnd(norm(x, g("input_layernorm.weight"), g("input_layernorm.bias"), cfg.norm, cfg.eps))
         if cfg.mla:
             a = mla_attention(h, g, cfg) @ g("self_attention.linear_proj.weight").T
             if g("self_attention.linear_proj.bias") is not None:
@@ -595,6 +671,7 @@ def forward(p, cfg, tokens, labels, mask, moe_run=None, positions=None, segments
         qkv = h @ g("self_attention.linear_qkv.weight").T
         if g("self_attention.linear_qkv.bias") is not None:
             qkv = qkv + g("self_attention.linear_qkv.bias")
+        qkv = rnd(qkv)
         qkv = qkv.view(B, T, cfg.G, (per + 2) * cfg.D)  # Megatron's grouped layout
         q = qkv[..., : per * cfg.D].reshape(B, T, cfg.H, cfg.D)
         k = qkv[..., per * cfg.D : (per + 1) * cfg.D]
@@ -611,23 +688,130 @@ def forward(p, cfg, tokens, labels, mask, moe_run=None, positions=None, segments
             q, k = rope(q, cfg, positions), rope(k, cfg, positions)
         k = k.repeat_interleave(per, dim=2)
         v = v.repeat_interleave(per, dim=2)
-        s = torch.einsum("bthd,bshd->bhts", q, k) / math.sqrt(cfg.D)
+        s = rnd(torch.einsum("bthd,bshd->bhts", q, k)) / math.sqrt(cfg.D)
         s = s.masked_fill(~causal, float("-inf"))
-        a = torch.einsum("bhts,bshd->bthd", s.softmax(-1), v).reshape(B, T, cfg.H * cfg.D)
-        a = a @ g("self_attention.linear_proj.weight").T
+        probs = rnd(s.softmax(-1))
+        if cfg.attention_dropout > 0:  # each tensor-parallel rank draws its heads' own stream
+            tp = getattr(drop, "tp", 1)
+            probs = torch.cat([drop(c, pre + "self_attention.core_attention", 1 + (r << 32),
+                                    cfg.attention_dropout)
+                               for r, c in enumerate(probs.chunk(tp, dim=1))], dim=1)
+        a = rnd(torch.einsum("bhts,bshd->bthd", rnd(probs), v)).reshape(B, T, cfg.H * cfg.D)
+        a = rnd(a @ g("self_attention.linear_proj.weight").T)
         if g("self_attention.linear_proj.bias") is not None:
-            a = a + g("self_attention.linear_proj.bias")
-        x = x + a
-        h = norm(x, g("pre_mlp_layernorm.weight"), g("pre_mlp_layernorm.bias"), cfg.norm, cfg.eps)
-        x = x + mlp_block(h, g, cfg, i, moe_run)
-    x = norm(x, p["decoder.final_layernorm.weight"], p.get("decoder.final_layernorm.bias"),
-             cfg.norm, cfg.final_eps)
+            a = rnd(a + g("self_attention.linear_proj.bias"))
+        x = rnd(x + rnd(drop(a, pre[:-1], 1, hp)))
+        h = rnd(norm(x, g("pre_mlp_layernorm.weight"), g("pre_mlp_layernorm.bias"), cfg.norm,
+                     cfg.eps))
+        x = rnd(x + rnd(drop(mlp_block(h, g, cfg, i, moe_run), pre[:-1], 2, hp)))
+    x = rnd(norm(x, p["decoder.final_layernorm.weight"], p.get("decoder.final_layernorm.bias"),
+                 cfg.norm, cfg.final_eps))
     w_out = p["embedding.word_embeddings.weight"] if cfg.tied else p["output_layer.weight"]
-    logits = x @ w_out.T
+    logits = rnd(x @ w_out.T)
     ce = torch.nn.functional.cross_entropy(logits.reshape(B * T, -1), labels.reshape(-1),
                                            reduction="none")
     m = mask.reshape(-1)
     return logits, (ce * m).sum() / m.sum().clamp(min=1)
+
+
+# ---------------------------------------------------------------------------------------
+# Dropout, with loom's masks drawn here independently from their definition: the stream of
+# (module, purpose) has the key of ForwardContext::rng (core/runtime/forward_context.cc),
+#   k = mix64(seed ^ "loomrand"), then k = mix64(k ^ x) for x = step, micro-batch, module id,
+#   purpose; counter 0;
+# the module id is the FNV-1a hash of the module's path (ParameterSet::walk); element i of
+# the (contiguous) tensor uses word i % 4 of Philox4x32-10 block (key, counter + i / 4)
+# (loom/ops.h, loom/cpp/philox.h) and is kept when (word >> 8) * 2^-24 >= p, kept elements
+# scaled by 1 / (1 - p). Sites (Megatron's): the embeddings' output ("embedding", purpose 1),
+# the attention probabilities (B, H, T, S) (the layer's "self_attention.core_attention",
+# purpose 1 + (tensor-parallel rank << 32)), the attention projection's output (the layer,
+# purpose 1) and the MLP's output (the layer, purpose 2), the last three before the residual
+# add, each with the bias added.
+# ---------------------------------------------------------------------------------------
+
+_M32 = 0xFFFFFFFF
+
+
+def philox4x32_10(key, counters):
+    """The four output words (4, N) of Philox4x32-10 (Salmon et al., SC'11) for the 64-bit
+    key (k0 its low half) and 64-bit block counters (N,) (words c0, c1 their low and high
+    halves, c2 = c3 = 0), as numpy uint64 arrays of 32-bit values."""
+    ctr = np.asarray(counters, dtype=np.uint64)
+    c = [ctr & np.uint64(_M32), ctr >> np.uint64(32), np.zeros_like(ctr), np.zeros_like(ctr)]
+    return philox_rounds(c, key & _M32, key >> 32)
+
+
+def philox_rounds(c, k0, k1):
+    c0, c1, c2, c3 = (np.asarray(x, dtype=np.uint64) for x in c)
+    m32 = np.uint64(_M32)
+    for _ in range(10):
+        p0 = np.uint64(0xD2511F53) * c0  # 32 x 32 bits: exact in 64
+        p1 = np.uint64(0xCD9E8D57) * c2
+        c0, c1, c2, c3 = ((p1 >> np.uint64(32)) ^ c1 ^ np.uint64(k0), p1 & m32,
+                          (p0 >> np.uint64(32)) ^ c3 ^ np.uint64(k1), p0 & m32)
+        k0, k1 = (k0 + 0x9E3779B9) & _M32, (k1 + 0xBB67AE85) & _M32
+    return np.stack([c0, c1, c2, c3])
+
+
+def check_philox():
+    """Random123's known-answer vectors for philox4x32_10 (kat_vectors): a wrong
+    implementation here would make every dropout comparison meaningless."""
+    kat = [((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
+           ((_M32,) * 4, (_M32, _M32), (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
+           ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
+            (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1))]
+    for ctr, (k0, k1), want in kat:
+        got = philox_rounds([[x] for x in ctr], k0, k1)[:, 0]
+        if [int(x) for x in got] != list(want):
+            return False
+    return True
+
+
+def fnv1a(text):
+    h = 0xCBF29CE484222325
+    for byte in text.encode():
+        h = ((h ^ byte) * 0x100000001B3) & _M64
+    return h
+
+
+def stream_key(seed, step, micro_batch, path, purpose):
+    k = mix64(seed ^ 0x6C6F6F6D72616E64)  # "loomrand"
+    for x in (step, micro_batch, fnv1a(path), purpose):
+        k = mix64(k ^ (x & _M64))
+    return k
+
+
+def keep_mask(key, shape, p):
+    """The (shape) bool mask of kept elements of one dropout call at (key, counter 0)."""
+    n = int(np.prod(shape))
+    i = np.arange(n, dtype=np.uint64)
+    words = philox4x32_10(key, i // np.uint64(4))
+    word = np.take_along_axis(words, (i % np.uint64(4)).astype(np.int64)[None], 0)[0]
+    threshold = math.ceil(float(np.float32(p)) * 2.0 ** 24)  # loom's p is an f32
+    return (word >> np.uint64(8) >= np.uint64(threshold)).reshape(shape)
+
+
+class Dropout:
+    """The dropout masks of one micro-batch (seed, step, micro-batch) of a model; records the
+    module paths it used and how many elements it kept of how many."""
+
+    def __init__(self, seed, step, micro_batch, tp=1):
+        self.seed, self.step, self.micro_batch = seed, step, micro_batch
+        self.tp = tp  # tensor-parallel size: the attention probabilities' streams per rank
+        self.paths = set()
+        self.kept = {}  # p -> [kept, total]
+
+    def __call__(self, x, path, purpose, p):
+        if p <= 0:
+            return x
+        self.paths.add(path)
+        keep = keep_mask(stream_key(self.seed, self.step, self.micro_batch, path, purpose),
+                         tuple(x.shape), p)
+        count = self.kept.setdefault(p, [0, 0])
+        count[0] += int(keep.sum())
+        count[1] += keep.size
+        scale = 1.0 / (1.0 - float(np.float32(p)))
+        return x * torch.tensor(keep, dtype=x.dtype) * scale
 
 
 # ---------------------------------------------------------------------------------------
@@ -675,7 +859,7 @@ achieved = {}  # kind -> (max |loom - torch| / max |torch|, what, err, scale): a
 
 
 def compare(what, loom, ref, kind):
-    atol, rtol = TOLERANCES[kind]
+    atol, rtol = TOLERANCES[kind.split()[-1]]  # "tp2 final": the tolerance of "final"
     loom = np.asarray(loom, dtype=np.float64)
     ref = np.asarray(ref, dtype=np.float64)
     if loom.shape != ref.shape:
@@ -693,8 +877,72 @@ def compare(what, loom, ref, kind):
         failures.append(f"{what}: max |loom - torch| = {err:.3g} > {atol:g} + {rtol:g} * {scale:.3g}")
 
 
+def check_dropout_draws(drops, dump):
+    """The masks' module paths are loom's (modules.json lists them: a path of this script's
+    that loom does not have would draw a stream loom never uses), and each probability's
+    keep rate over every mask drawn is 1 - p within 5 standard deviations."""
+    modules = set(json.load(open(f"{dump}/modules.json")))
+    used = set().union(*(d.paths for d in drops))
+    for path in sorted(used - modules):
+        failures.append(f"dropout: no module {path!r} in loom's model (modules.json)")
+    kept = {}
+    for d in drops:
+        for p, (k, n) in d.kept.items():
+            kept.setdefault(p, [0, 0])
+            kept[p][0] += k
+            kept[p][1] += n
+    for p, (k, n) in sorted(kept.items()):
+        sd = math.sqrt(p * (1 - p) / n)
+        rate = k / n
+        print(f"dropout p {p}: kept {k} of {n} ({rate:.4f}; 1 - p = {1 - p:.4f}, "
+              f"{abs(rate - (1 - p)) / sd:.2f} standard deviations) over {len(drops)} micro-batches")
+        if abs(rate - (1 - p)) > 5 * sd:
+            failures.append(f"dropout p {p}: keep rate {rate:.4f} is not 1 - p")
+
+
+def read_train_run(run_dir):
+    """(per-step records {step, loss, grad_norm, lr}, final weights by Megatron name,
+    tensor-parallel size) of a `loom train` run directory: metrics.jsonl and the latest
+    checkpoint, read here from loom's sharded format (each rank's shards/rank_N.json lists
+    its tensors' boxes in the global shape; replicated tensors are written once)."""
+    records = []
+    for line in open(f"{run_dir}/metrics.jsonl"):
+        m = json.loads(line) if line.strip() else {}
+        if "loss" in m:
+            if m.get("skipped"):
+                raise ValueError(f"{run_dir}: step {m['step']} was skipped")
+            records.append({k: m[k] for k in ("step", "loss", "grad_norm", "lr")})
+    tp = json.load(open(f"{run_dir}/spec.resolved.json")).get("parallel", {}).get("tp", 1)
+    ckpt = f"{run_dir}/checkpoints/" + open(f"{run_dir}/checkpoints/latest").read().strip()
+    meta = json.load(open(f"{ckpt}/metadata.json"))
+    kinds = {"f32": np.float32}
+    final, covered = {}, {}
+    import glob
+    for index in sorted(glob.glob(f"{ckpt}/shards/rank_*.json")):
+        shard = json.load(open(index))
+        body = open(f"{ckpt}/shards/{shard['bin']}", "rb").read()
+        for t in shard["tensors"]:
+            if not t["name"].startswith("model."):
+                continue
+            name = t["name"][len("model."):]
+            arr = np.frombuffer(body[t["byte_offset"] : t["byte_offset"] + t["nbytes"]],
+                                dtype=kinds[t["dtype"]]).reshape(t["shape"])
+            if name not in final:
+                final[name] = np.zeros(t["global_shape"], dtype=np.float64)
+                covered[name] = np.zeros(t["global_shape"], dtype=np.int64)
+            box = tuple(slice(o, o + n) for o, n in zip(t["offset"], t["shape"]))
+            final[name][box] = arr
+            covered[name][box] += 1
+    for name, c in covered.items():
+        if c.min() != 1 or c.max() != 1:
+            raise ValueError(f"{ckpt}: {name} is not covered exactly once by the shards")
+    if meta.get("loom", {}).get("iteration") != records[-1]["step"]:
+        raise ValueError(f"{ckpt}: not the checkpoint of the last step {records[-1]['step']}")
+    return records, final, tp
+
+
 def main():
-    spec_path, dump = sys.argv[1], sys.argv[2]
+    spec_path, dump, layouts = sys.argv[1], sys.argv[2], sys.argv[3:]
     spec = json.load(open(spec_path))
     cfg = Config(spec)
     weights = read_safetensors(f"{dump}/weights.safetensors")
@@ -720,8 +968,35 @@ def main():
             return 1
         print(f"batch 0: packed documents, {int(segments.max()) + 1} in the longest row; "
               f"{int((mask == 0).sum())} positions masked out of the loss")
+    seed = spec["train"]["seed"]
+    dropout = cfg.hidden_dropout > 0 or cfg.attention_dropout > 0
+    drops = []  # every micro-batch's Dropout, for the paths and keep rates
+
+    def dropout_of(step, micro_batch):  # training step `step` (batch 0 is step 1's)
+        if not dropout:
+            return None
+        drops.append(Dropout(seed, step, micro_batch))
+        return drops[-1]
+
+    if dropout:
+        if not check_philox():
+            print("FAILED: this script's Philox4x32-10 misses Random123's known answers")
+            return 1
+        print(f"dropout: hidden {cfg.hidden_dropout}, attention {cfg.attention_dropout}; masks "
+              "drawn here from loom's Philox stream definition (known answers checked)")
+    precision = spec.get("precision", {}).get("params", "f32")
+    if precision != "f32":
+        if cfg.moe or cfg.mla:
+            print(f"FAILED: {precision} parameters: rebuilt for dense models only")
+            return 1
+        LOW["dtype"] = {"bf16": torch.bfloat16, "f16": torch.float16}[precision]
+        TOLERANCES.update(LOW_TOLERANCES[precision])
+        print(f"{precision} parameters: activations and their gradients rounded to {precision} "
+              "here where loom stores them; f32 master weights")
+    LOW["scale"] = 1.0  # batch 0: loss gradient 1, no loss scaling
     run = MoeRun(cfg) if cfg.moe else None
-    logits, loss = forward(params, cfg, tokens, labels, mask, run, positions, segments)
+    logits, loss = forward(params, cfg, tokens, labels, mask, run, positions, segments,
+                           dropout_of(1, 0))
     # The gradients are those of the objective: the CE plus an MoE model's aux terms; the
     # loss compared is the CE alone.
     (loss if run is None else loss + run.aux).backward()
@@ -755,9 +1030,6 @@ def main():
     opt = spec["optimizer"]
     b1, b2, eps, wd = opt["beta1"], opt["beta2"], opt["eps"], opt["weight_decay"]
     clip = spec["train"].get("grad_clip", 1.0)
-    p = {k: torch.tensor(v, dtype=torch.float64) for k, v in weights.items()}
-    m = {k: torch.zeros_like(v) for k, v in p.items()}
-    v2 = {k: torch.zeros_like(v) for k, v in p.items()}
     steps = json.load(open(f"{dump}/train.json"))
     B, T = tokens.shape
     # Gradient accumulation: M micro-batches per step (one data-parallel rank). Their
@@ -772,68 +1044,138 @@ def main():
                   "(the later micro-batches are regenerated here)")
             return 1
         mock = MockTokens(spec["data"].get("vocab_size") or cfg.V, spec["train"]["seed"])
-    for rec in steps:
-        t = rec["step"]
-        leaf = {k: x.clone().requires_grad_(True) for k, x in p.items()}
-        tok = torch.tensor(rec["tokens"], dtype=torch.long).view(B, T)
-        lab = torch.tensor(rec["labels"], dtype=torch.long).view(B, T)
-        batches = [(tok, lab)]
-        for j in range(1, M):
-            batches.append(mock.rows(((t - 1) * M + j) * B, B, T))
-        if M > 1 and not torch.equal(mock.rows((t - 1) * M * B, B, T)[0], tok):
-            print(f"FAILED: step {t}: the regenerated mock tokens differ from loom's first "
-                  "micro-batch (core/data/mock_data.cc changed?)")
-            return 1
-        run = MoeRun(cfg) if cfg.moe else None
-        l = torch.zeros(())
-        for tok_j, lab_j in batches:
-            if run is not None:
-                run.aux = torch.zeros(())
-            _, l_j = forward(leaf, cfg, tok_j, lab_j, torch.ones(B, T), run)
-            ((l_j if run is None else l_j + run.aux) / M).backward()  # the loss is the CE alone
-            l = l + l_j.detach() / M
-        compare(f"step {t} loss", rec["loss"], l.item(), "step_loss")
-        grads = [x.grad for x in leaf.values() if x.grad is not None]  # None: unused expert
-        norm_ = math.sqrt(sum(float((g ** 2).sum()) for g in grads))
-        compare(f"step {t} grad norm", rec["grad_norm"], norm_, "step_grad_norm")
-        coeff = min(1.0, clip / (norm_ + 1e-6)) if clip > 0 else 1.0
-        lr = rec["lr"]
-        with torch.no_grad():
-            for k in p:
-                if not trained(k):
-                    continue  # the expert bias moves only by update_bias below
-                g = leaf[k].grad
-                if g is None:  # an expert no token reached: zero gradient, Adam still moves it
-                    g = torch.zeros_like(p[k])
-                g = g * coeff
-                m[k] = b1 * m[k] + (1 - b1) * g
-                v2[k] = b2 * v2[k] + (1 - b2) * g * g
-                mhat = m[k] / (1 - b1 ** t)
-                vhat = v2[k] / (1 - b2 ** t)
-                decay = wd if p[k].dim() >= 2 else 0.0  # no decay on norms and biases
-                p[k] = p[k] - lr * (mhat / (vhat.sqrt() + eps) + decay * p[k])
-            if run is not None:
-                run.update_bias(p)  # after the optimizer step, from this step's routing
-        print(f"step {t}: loss loom {rec['loss']:.7f} torch {l.item():.7f} lr {lr:.3e}"
-              + ("" if run is None else f" aux {run.aux.item():.6g} margin {run.margin:.3g}"))
-    final = read_safetensors(f"{dump}/final.safetensors")
-    for k in p:
-        loom_final, ref_final = final[k], p[k].numpy()
+        for rec in steps:
+            t = rec["step"]
+            if not torch.equal(mock.rows((t - 1) * M * B, B, T)[0],
+                               torch.tensor(rec["tokens"]).view(B, T)):
+                print(f"FAILED: step {t}: the regenerated mock tokens differ from loom's first "
+                      "micro-batch (core/data/mock_data.cc changed?)")
+                return 1
+
+    def compared(k):
+        """The elements of parameter k whose final values are compared: all but the key
+        bias, which has an exactly zero gradient (softmax ignores a constant shift of every
+        score in a row), so both sides compute rounding noise there, which Adam normalises
+        into full-size steps of either sign: of the QKV bias, the Q and V parts only."""
+        keep = torch.ones(weights[k].shape, dtype=torch.bool)
         if k.endswith("linear_qkv.bias"):
-            # The key bias has an exactly zero gradient (softmax ignores a constant shift of
-            # every score in a row), so both sides compute rounding noise there, which Adam
-            # normalises into full-size steps of either sign: compare the Q and V parts only.
             per = cfg.H // cfg.G
-            keep = np.ones((cfg.G, (per + 2) * cfg.D), dtype=bool)
+            keep = keep.view(cfg.G, (per + 2) * cfg.D)
             keep[:, per * cfg.D : (per + 1) * cfg.D] = False
-            loom_final, ref_final = loom_final[keep.reshape(-1)], ref_final[keep.reshape(-1)]
-        compare(f"final {k}", loom_final, ref_final, "final")
+            keep = keep.reshape(-1)
+        return keep
+
+    def replay(records, label, tp=1):
+        """The AdamW steps of `records` (loom's loss, grad norm and LR per step; the batches
+        are the dump's) from loom's initial weights, each step's loss and grad norm compared
+        (categories `label`step_loss and `label`step_grad_norm); returns the final weights.
+        tp: the tensor-parallel size of the run (its attention dropout streams)."""
+        p = {k: torch.tensor(v, dtype=torch.float64) for k, v in weights.items()}
+        m = {k: torch.zeros_like(v) for k, v in p.items()}
+        v2 = {k: torch.zeros_like(v) for k, v in p.items()}
+        batch_of = {rec["step"]: rec for rec in steps}
+        smallest = (math.inf, None, None)  # the smallest nonzero |gradient element|
+        for rec in records:
+            t = rec["step"]
+            if rec.get("skipped"):
+                failures.append(f"{label}step {t}: skipped by loom (not modelled here)")
+                return p
+            LOW["scale"] = rec.get("loss_scale", 1.0)
+            leaf = {k: x.clone().requires_grad_(True) for k, x in low_weights(p).items()}
+            tok = torch.tensor(batch_of[t]["tokens"], dtype=torch.long).view(B, T)
+            lab = torch.tensor(batch_of[t]["labels"], dtype=torch.long).view(B, T)
+            batches = [(tok, lab)]
+            for j in range(1, M):
+                batches.append(mock.rows(((t - 1) * M + j) * B, B, T))
+            run = MoeRun(cfg) if cfg.moe else None
+            l = torch.zeros(())
+            for j, (tok_j, lab_j) in enumerate(batches):
+                if run is not None:
+                    run.aux = torch.zeros(())
+                drop = dropout_of(t, j)
+                if drop is not None:
+                    drop.tp = tp
+                _, l_j = forward(leaf, cfg, tok_j, lab_j, torch.ones(B, T), run, drop=drop)
+                ((l_j if run is None else l_j + run.aux) / M).backward()  # the loss: CE alone
+                l = l + l_j.detach() / M
+            compare(f"{label}step {t} loss", rec["loss"], l.item(), label + "step_loss")
+            grads = [x.grad for x in leaf.values() if x.grad is not None]  # None: unused expert
+            norm_ = math.sqrt(sum(float((g ** 2).sum()) for g in grads))
+            compare(f"{label}step {t} grad norm", rec["grad_norm"], norm_,
+                    label + "step_grad_norm")
+            coeff = min(1.0, clip / (norm_ + 1e-6)) if clip > 0 else 1.0
+            lr = rec["lr"]
+            with torch.no_grad():
+                for k in p:
+                    if not trained(k):
+                        continue  # the expert bias moves only by update_bias below
+                    g = leaf[k].grad
+                    if g is None:  # an expert no token reached: zero gradient, Adam moves it
+                        g = torch.zeros_like(p[k])
+                    g = g * coeff
+                    nonzero = g.abs()[compared(k) & (g != 0)]
+                    if nonzero.numel() and float(nonzero.min()) < smallest[0]:
+                        smallest = (float(nonzero.min()), k, t)
+                    m[k] = b1 * m[k] + (1 - b1) * g
+                    v2[k] = b2 * v2[k] + (1 - b2) * g * g
+                    mhat = m[k] / (1 - b1 ** t)
+                    vhat = v2[k] / (1 - b2 ** t)
+                    decay = wd if p[k].dim() >= 2 else 0.0  # no decay on norms and biases
+                    p[k] = p[k] - lr * (mhat / (vhat.sqrt() + eps) + decay * p[k])
+                if run is not None:
+                    run.update_bias(p)  # after the optimizer step, from this step's routing
+            print(f"{label}step {t}: loss loom {rec['loss']:.7f} torch {l.item():.7f} "
+                  f"lr {lr:.3e}"
+                  + ("" if run is None else f" aux {run.aux.item():.6g} margin {run.margin:.3g}"))
+        # Adam's update of an element is a steep function of its gradient where |g| is near
+        # eps (the gain on rounding noise reaches lr / eps): such an element turns f32 noise
+        # into a visible difference in the final weights. Printed to read a failure by.
+        print(f"{label}smallest nonzero |gradient element| in these steps: {smallest[0]:.3g} "
+              f"({smallest[1]}, step {smallest[2]}); Adam eps {eps:g}")
+        return p
+
+    def compare_final(final, p, label):
+        for k in p:
+            if k not in final:
+                failures.append(f"{label}final {k}: missing from loom's weights")
+                continue
+            keep = compared(k).numpy()
+            loom_final, ref_final = final[k][keep], p[k].numpy()[keep]
+            compare(f"{label}final {k}", loom_final, ref_final, label + "final")
+
+    # With bf16 or f16 parameters the f32 master weights are compared (master.safetensors).
+    final_file = "master" if precision != "f32" else "final"
+    compare_final(read_safetensors(f"{dump}/{final_file}.safetensors"), replay(steps, ""), "")
+    if precision != "f32":  # loom's parameters are its masters rounded to nearest (even)
+        final, master = (read_safetensors(f"{dump}/{f}.safetensors") for f in ("final", "master"))
+        for k, v in master.items():
+            want = torch.tensor(v).to(LOW["dtype"]).to(torch.float32).numpy()
+            if not np.array_equal(final[k], want):
+                failures.append(f"final {k}: loom's {precision} parameter is not its master "
+                                "weight rounded to nearest")
+        print(f"final: every {precision} parameter is its f32 master weight rounded to nearest")
+
+    # Runs of `loom train` in other layouts (reference_test.sh): the same steps from the same
+    # initial weights, compared with PyTorch at the same levels.
+    for layout in layouts:
+        name, run_dir = layout.split("=", 1)
+        records, final, tp = read_train_run(run_dir)
+        print(f"{name}: `loom train` in {run_dir}, tensor-parallel size {tp}, "
+              f"{len(records)} steps")
+        if [r["step"] for r in records] != [r["step"] for r in steps]:
+            failures.append(f"{name}: steps {[r['step'] for r in records]}, not the dump's")
+            continue
+        for r, d in zip(records, steps):
+            if r["lr"] != d["lr"]:
+                failures.append(f"{name}: step {r['step']} lr {r['lr']} is not the dump's {d['lr']}")
+        compare_final(final, replay(records, name + " ", tp), name + " ")
+
+    if dropout:
+        check_dropout_draws(drops, dump)
 
     # What was achieved, per category: the worst tensor's max |loom - torch| over its max
     # |torch|, and that as a fraction of the tolerance.
-    for kind in TOLERANCES:
-        if kind not in achieved:
-            continue
+    for kind in achieved:
         rel, what, err, scale = achieved[kind]
         ratio, worst_what, _ = worst[kind]
         print(f"achieved {kind}: max |loom - torch| / max |torch| = {rel:.3g} ({what}: "

@@ -6,6 +6,10 @@
 //                                parameter's gradient ("grad.<name>")
 //   OUT_DIR/train.json           per step: the batch's tokens and labels, loss, grad norm, lr
 //   OUT_DIR/final.safetensors    parameters after the steps
+//   OUT_DIR/master.safetensors   (bf16 or f16 parameters) the f32 master weights after them
+//   OUT_DIR/modules.json         every module's path, in tree order (the ids of the dropout
+//                                streams are hashes of these; the checker derives the streams
+//                                itself and uses the list only to say which path it missed)
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -68,6 +72,11 @@ int run(int argc, char** argv) {
   plugins.load_all();
   core::Trainer trainer(spec, plugins, nullptr, {{"return_logits", true}});
   dump_params(trainer.params(), out / "weights.safetensors");
+  {
+    nlohmann::json paths = nlohmann::json::array();
+    for (const auto& [path, module] : trainer.params().modules()) paths.push_back(path);
+    std::ofstream(out / "modules.json") << paths.dump() << "\n";
+  }
 
   // Batch 0: logits, loss and gradients with d(loss) = 1.
   core::Batch batch;
@@ -136,10 +145,22 @@ int run(int argc, char** argv) {
                      {"loss", r.loss},
                      {"grad_norm", r.grad_norm},
                      {"lr", r.lr},
+                     {"loss_scale", r.loss_scale},
                      {"skipped", r.skipped}});
   }
   std::ofstream(out / "train.json") << steps.dump() << "\n";
   dump_params(trainer.params(), out / "final.safetensors");
+  {
+    // bf16 or f16 parameters: the optimizer's f32 master weights after the steps too.
+    std::vector<core::SaveTensor> tensors = trainer.checkpoint_tensors();
+    std::vector<TensorBytes> masters;
+    const std::string prefix = "optim.master.";
+    for (const core::SaveTensor& t : tensors)
+      if (t.name.rfind(prefix, 0) == 0 && t.dtype == DType::kF32 &&
+          t.slice_shape() == t.shape)
+        masters.push_back({t.name.substr(prefix.size()), DType::kF32, t.shape, t.data});
+    if (!masters.empty()) write_safetensors_file(out / "master.safetensors", masters);
+  }
   std::printf("dump_reference: wrote %s (loss %.6f)\n", out.string().c_str(), loss);
   return 0;
 }
