@@ -23,11 +23,22 @@
 // num_layers_at_start_in_bf16 / num_layers_at_end_in_bf16 layers are not FP8. After the last
 // layer come the final norm's input and output, its statistics, the logits n Vl s and their
 // log-sum-exp 4 n. The peak is reached when backward starts, with the logits' gradient (n Vl
-// s) beside all of that, or inside the top layer's MLP backward when that is larger (dy, da,
-// d(fc1 out), dx: n (2 C + Fl + fc1) s, plus n C s for hidden dropout). A pipeline stage
-// counts its own layers, and the final norm and the logits only on the last stage. Not
-// counted: kernel workspaces, the batch's ids, the RoPE table and the allocator's rounding,
-// which is why the estimate is meant to be within 10%, not exact.
+// s) beside all of that, or in the top layer's backward when that is larger, with the other
+// layers' saves beside it and the final norm's and the logits' gone:
+//   inside its MLP's backward, all the layer saved beside dy, da, d(fc1 out), dx:
+//     n (2 C + Fl + fc1) s, plus n C s for hidden dropout;
+//   at the end of its attention core's backward (the core releases its buffers only then),
+//     the attention half of its saves (less the residual and the pre-MLP norm's statistics,
+//     the MLP half's) beside dy, the residual's gradient, d(core out) (2 n C s + n Hl D s)
+//     and the core's buffers: fused dq, dk, dv, n (Hl + 2 Gl) D s; dot_product also their
+//     head-major copies and d(out)'s (n (2 Hl + 2 Gl) D s more) and the probabilities' and
+//     the scores' gradients, 2 B Hl T^2 s (3 under "selective", which recomputes the
+//     probabilities there; 2 more with attention dropout: the dropped probabilities and
+//     their gradient).
+// Under "full" the top layer's saves are those of its rerun, whose input is the one the
+// layer kept. A pipeline stage counts its own layers, and the final norm and the logits only
+// on the last stage. Not counted: kernel workspaces, the batch's ids, the RoPE table and the
+// allocator's rounding, which is why the estimate is meant to be within 10%, not exact.
 //
 // A mixture-of-experts layer (mlp impl "moe", plugins/moe; the layers moe_layer_freq marks
 // 0 take dense_mlp and count as above) keeps its attention half as above; its MLP half is
@@ -60,10 +71,11 @@ double number_of(const nlohmann::json& node, const char* key, double otherwise) 
 }
 
 // One layer's bytes: what it keeps from its forward until its backward (in the parameter
-// dtype, and with FP8 GEMMs), and the largest extra its MLP's backward holds beside all of
-// that, the MLP's output gradient included.
+// dtype, and with FP8 GEMMs), the largest extra its MLP's backward holds beside all of
+// that, the MLP's output gradient included, and all the layer holds (its output gradient
+// included) at the end of its attention core's backward, when the MLP half's saves are gone.
 struct LayerBytes {
-  double kept = 0, kept_fp8 = 0, top_mlp = 0;
+  double kept = 0, kept_fp8 = 0, top_mlp = 0, attention = 0, attention_fp8 = 0;
 };
 
 // The shapes a mixture-of-experts layer's estimate needs (the model's, on this rank).
@@ -239,6 +251,21 @@ double GptModel::activation_bytes(const CostQuery& query) const {
   // normalised input (and the attention output, unless the attention core keeps it).
   const double fp8_attention = n * (cc + hl * d) + cc * ((hl + 2 * gl) * d + hl * d) -
                                n * (cc + (attention == "fused" ? 0 : hl * d)) * s;
+  // The end of the attention core's backward: the layer's attention half of the saves less
+  // the residual and the pre-MLP norm's statistics (the MLP half's, gone), beside the
+  // layer's output gradient, the residual's gradient and the core output's gradient. Fused,
+  // the core adds dq, dk, dv; dot_product also its head-major d(out), dq, dk, dv and (B, Hl,
+  // T, T) buffers: the probabilities' and the scores' gradients, the probabilities when
+  // recomputed ("selective"), the dropped probabilities and their gradient with attention
+  // dropout. It releases all of them only at its end.
+  const double qkv_grads = n * (hl + 2 * gl) * d * s;
+  const double square_buffers = 2 + (query.recompute == RecomputePolicy::kSelective ? 1 : 0) +
+                                (c.attention_dropout > 0 ? 2 : 0);
+  const double core_bwd =
+      attention == "fused" ? qkv_grads
+                           : 2 * qkv_grads + n * hl * d * s + square_buffers * b * hl * t * t * s;
+  const double attention_bwd =
+      kept_attention - edge - stats(norm) + 2 * edge + n * hl * d * s + core_bwd;
   // A layer with `node` as its MLP, or unset when its memory is not known here.
   auto layer_bytes = [&](const nlohmann::json& node) -> std::optional<LayerBytes> {
     const std::string impl = impl_of(node);
@@ -251,6 +278,8 @@ double GptModel::activation_bytes(const CostQuery& query) const {
       if (!l) return l;
       l->kept += kept_attention;  // the experts have no FP8 GEMMs: only attention's change
       l->kept_fp8 = l->kept + fp8_attention;
+      l->attention = attention_bwd;
+      l->attention_fp8 = attention_bwd + fp8_attention;
       return l;
     }
     if (impl != "mlp") return std::nullopt;
@@ -263,13 +292,15 @@ double GptModel::activation_bytes(const CostQuery& query) const {
     l.kept_fp8 = l.kept + fp8_attention + n * (cc + fl) + cc * (fc1 + fl) - n * (cc + fl) * s;
     // Backward's extra inside the MLP: dy, da, d(fc1 out), dx (and dropout's copy of dy).
     l.top_mlp = n * (2 * cc + fl + fc1) * s + dropout;
+    l.attention = attention_bwd;
+    l.attention_fp8 = attention_bwd + fp8_attention;
     return l;
   };
   // This stage's layers (num_layers_at_{start,end}_in_bf16 stay in the parameter dtype in an
   // FP8 run), and its top layer's bytes.
   std::optional<LayerBytes> sparse, dense;
   const bool full = query.recompute == RecomputePolicy::kFull;
-  double saved = 0, top_kept = 0, top_mlp = 0;
+  double saved = 0, top_kept = 0, top_mlp = 0, top_attention = 0;
   for (int64_t i = c.layer_begin; i < c.layer_end; ++i) {
     const bool moe_node = c.moe_layers[static_cast<size_t>(i)];
     std::optional<LayerBytes>& l = moe_node ? sparse : dense;
@@ -279,23 +310,25 @@ double GptModel::activation_bytes(const CostQuery& query) const {
                      i < c.num_layers - c.layers_at_end_in_bf16;
     top_kept = fp8 ? l->kept_fp8 : l->kept;
     top_mlp = l->top_mlp;
+    top_attention = fp8 ? l->attention_fp8 : l->attention;
     saved += full ? edge : top_kept;
   }
-  // Backward's extra inside the top layer's MLP, beside everything saved (and under full
-  // recomputation that layer's forward rerun).
-  const double top_layer = layers > 0 ? (full ? top_kept : 0) + top_mlp : 0;
+  // The top layer's backward, beside the other layers' saves: all it holds inside its MLP's
+  // backward or at the end of its attention core's (the larger), in place of what it keeps
+  // until then (under full recomputation: its input, which its rerun's saves include).
+  const double top_layer =
+      layers > 0 ? std::max(top_kept + top_mlp, top_attention) - (full ? edge : top_kept) : 0;
   if (!c.last_stage()) {
     // The stage's output (kept until its gradient comes back) beside the saves; backward
     // starts with that gradient beside them.
     return saved + edge + std::max(edge, top_layer);
   }
-  const double logits = n * vl * s + 4 * n;        // and their log-sum-exp
-  saved += edge + n * cc * s + stats(final_norm);  // final norm's input, output layer's input
-  saved += logits;
+  // The final norm's input and statistics, the output layer's input, the logits and their
+  // log-sum-exp: kept until the loss's, the output layer's and the final norm's backward.
+  const double head = edge + n * cc * s + stats(final_norm) + n * vl * s + 4 * n;
   // Backward starts with the logits' gradient beside everything saved; in the top layer's
-  // MLP backward the logits are gone.
-  const double transient = std::max(n * vl * s, top_layer - logits);
-  return saved + transient;
+  // backward the head's saves are gone.
+  return std::max(saved + head + n * vl * s, saved + top_layer);
 }
 
 }  // namespace loom::transformer
