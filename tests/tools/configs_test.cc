@@ -68,12 +68,7 @@ std::string case_name(const ::testing::TestParamInfo<std::string>& info) {
 
 // The data.corpus cache of every spec in this test: prepared by the first that needs it.
 const fs::path& corpus_cache() {
-  static const fs::path dir = [] {
-    const char* tmp = std::getenv("TEST_TMPDIR");
-    fs::path d = fs::path(tmp != nullptr ? tmp : "/tmp") / "configs_test_corpora";
-    fs::create_directories(d);
-    return d;
-  }();
+  static const fs::path dir = loom::testing::fresh_dir("configs_test_corpora");
   return dir;
 }
 
@@ -106,9 +101,7 @@ Step one_step(const std::string& path) {
     if (config == name) settings.push_back(setting);
   std::string args = "train '" + path + "'";
   for (const std::string& s : settings) args += " --set '" + s + "'";
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  const fs::path run_dir = fs::path(tmp != nullptr ? tmp : "/tmp") / ("configs_test_" + name);
-  fs::remove_all(run_dir);
+  const fs::path run_dir = loom::testing::fresh_dir("configs_test_" + name) / "run";
   args += " --run-dir '" + run_dir.string() + "'";
 
   Step step;

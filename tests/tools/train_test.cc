@@ -504,13 +504,12 @@ TEST_F(TrainTest, F16LossScalingSkipsOverflowsHalvesWithHysteresisAndRegrows) {
     }
     if (want.after[i] > want.used[i]) ++growths;
     if (overflow[i] && leading == static_cast<int>(i)) ++leading;
+    const double before = i == 0 ? untrained : run.valid[i - 1];  // validation loss
     if (overflow[i]) {
       EXPECT_THAT(run.out, HasSubstr(skip_line(i + 1, want.used[i]))) << "step " << i + 1;
       // No update: the weights (and so the validation loss) are those before the step.
-      const double before = i == 0 ? untrained : run.valid[i - 1];
       EXPECT_EQ(run.valid[i], before) << "skipped step " << i + 1 << " changed the weights";
     } else {
-      const double before = i == 0 ? untrained : run.valid[i - 1];
       EXPECT_NE(run.valid[i], before) << "clean step " << i + 1 << " left the weights alone";
       ++clean;
     }
