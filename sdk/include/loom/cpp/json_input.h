@@ -201,7 +201,7 @@ class JsonIn {
     expect_object();
     auto it = value_->find(key);
     if (it == value_->end()) fail("has no entry \"" + key + "\"");
-    return child(*it, "/" + json_pointer_token(key));
+    return child(*it, "/" + escape(key));
   }
   /// Element `index` of this array; throws when this is no array or is too short.
   JsonIn operator[](size_t index) const {
@@ -232,7 +232,7 @@ class JsonIn {
     std::vector<std::pair<std::string, JsonIn>> out;
     out.reserve(value_->size());
     for (auto it = value_->begin(); it != value_->end(); ++it)
-      out.emplace_back(it.key(), child(it.value(), "/" + json_pointer_token(it.key())));
+      out.emplace_back(it.key(), child(it.value(), "/" + escape(it.key())));
     return out;
   }
 
@@ -322,6 +322,7 @@ class JsonIn {
     fail("integer " + value_->dump() + " is outside [" + std::to_string(min) + ", " +
          std::to_string(max) + "]");
   }
+  static std::string escape(const std::string& key) { return json_pointer_token(key); }
 
   const nlohmann::json* value_;
   std::string where_;
