@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 
+#include "core/checkpoint/param_slices.h"
 #include "core/schema/schema.h"
 #include "core/util/errors.h"
 #include "core/util/files.h"
@@ -365,21 +366,14 @@ void CheckpointReader::read(const std::string& name, const TensorView& out) {
 void CheckpointReader::load_model(ParameterSet& params, const SplitRanks& ranks) {
   std::vector<std::string> names;
   names.reserve(params.all().size());
-  for (Parameter& p : params.all()) names.push_back("model." + p.name);
   std::vector<CheckpointTensor> requests;
-  for (size_t i = 0; i < names.size(); ++i) {
-    Parameter& p = params.all()[i];
-    CheckpointTensor t{};
-    t.struct_size = sizeof(CheckpointTensor);
-    t.name = names[i].c_str();
-    t.ndim = p.info.ndim;
-    for (int32_t d = 0; d < p.info.ndim; ++d) {
-      t.global_shape[d] = p.info.global_shape[d];
-      t.offset[d] = p.slice_start(d, ranks);
-    }
-    t.data = p.value;
-    requests.push_back(t);
-  }
+  // A slice of padding whole reads nothing (its rows stay 0).
+  for (Parameter& p : params.all())
+    if (holds_values(p, ranks)) names.push_back("model." + p.name);
+  for (Parameter& p : params.all())
+    if (holds_values(p, ranks))
+      requests.push_back(request_of(names[requests.size()], p, ranks, p.value.data, p.info.dtype,
+                                    p.value.device));
   read(requests);
 }
 

@@ -202,13 +202,21 @@ std::vector<float> Generator::forward(const std::vector<int32_t>& tokens, int64_
   TensorView outputs[2] = {};
   throw_if_error(model_->forward(&ctx, inputs, 5, outputs, 2), "model forward");
   const TensorView& logits = outputs[1];
+  // Columns from V on are a padded vocabulary's padding: never sampled, so dropped here.
   if (logits.data == nullptr || logits.ndim != 3 || logits.shape[0] != 1 || logits.shape[1] != t ||
-      (vocab_ > 0 && logits.shape[2] != vocab_))
+      (vocab_ > 0 && logits.shape[2] < vocab_))
     throw Error(Code::kFailedPrecondition,
-                fmt::format("model forward: expected logits (1, {}, {}) with return_logits, got {}",
+                fmt::format("model forward: expected logits (1, {}, {}) with return_logits (or "
+                            "more columns: padding), got {}",
                             t, vocab_, logits.data == nullptr ? "none" : shape_string(logits)));
   std::vector<float> out(static_cast<size_t>(numel(logits)));
   load_floats(plugins_.host(), logits, out.data());
+  const int64_t columns = logits.shape[2];
+  if (vocab_ > 0 && columns > vocab_) {
+    for (int64_t r = 1; r < t; ++r)
+      std::copy_n(out.begin() + r * columns, vocab_, out.begin() + r * vocab_);
+    out.resize(static_cast<size_t>(t * vocab_));
+  }
   if (cached) cache_->advance(t);
   return out;
 }

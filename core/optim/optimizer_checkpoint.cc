@@ -67,12 +67,11 @@ void DistributedOptimizer::append_checkpoint_tensors(const Parameter& p,
   const size_t kinds = static_cast<size_t>(optimizer_.state_count()) + 1;
   const size_t i = static_cast<size_t>(&p - params_.all().data());
   if (setup_.params_dtype != DType::kF32)
-    out.push_back(save_tensor_of(master_name(p), p, setup_.split_ranks(), checkpoint_data_[i * kinds],
-                                 DType::kF32));
+    append_save_tensor(out, master_name(p), p, setup_.split_ranks(), checkpoint_data_[i * kinds],
+                       DType::kF32);
   for (int32_t s = 0; s < optimizer_.state_count(); ++s)
-    out.push_back(save_tensor_of(state_name(optimizer_, s, p), p, setup_.split_ranks(),
-                                 checkpoint_data_[i * kinds + 1 + static_cast<size_t>(s)],
-                                 DType::kF32));
+    append_save_tensor(out, state_name(optimizer_, s, p), p, setup_.split_ranks(),
+                       checkpoint_data_[i * kinds + 1 + static_cast<size_t>(s)], DType::kF32);
 }
 
 void DistributedOptimizer::restore(CheckpointReader& reader, const std::string& saved_optimizer,
@@ -92,6 +91,7 @@ void DistributedOptimizer::restore(CheckpointReader& reader, const std::string& 
   std::vector<CheckpointTensor> requests;
   names.reserve(params_.all().size() * 3);
   auto request = [&](std::string name, const Parameter& p, void* into) {
+    if (!holds_values(p, setup_.split_ranks())) return;  // padding whole: stays 0
     if (!reader.has(name))
       throw Error(Code::kNotFound,
                   fmt::format("checkpoint {}: no tensor '{}' (saved with optimizer '{}', this run "
@@ -100,7 +100,8 @@ void DistributedOptimizer::restore(CheckpointReader& reader, const std::string& 
     names.push_back(std::move(name));
     // The flat buffers of the distributed optimizer are host memory.
     requests.push_back(
-        request_of(names.back(), p, setup_.split_ranks(), into, sharded ? kCpu : setup_.device));
+        request_of(names.back(), p, setup_.split_ranks(), into, DType::kF32,
+                   sharded ? kCpu : setup_.device));
   };
   if (sharded) {
     for (Parameter& p : params_.all()) {

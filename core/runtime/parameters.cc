@@ -273,6 +273,11 @@ void ParameterSet::walk(IModule& module, const std::string& path) {
              fmt::format("parameter {} is declared twice: give the modules distinct names", name));
     if (dtype_size(info.dtype) == 0)
       fail(Code::kInvalidArgument, fmt::format("parameter {}: invalid dtype", name));
+    if (info.valid_rows < 0 || (info.valid_rows > 0 && (info.ndim == 0 ||
+                                                        info.valid_rows > info.global_shape[0])))
+      fail(Code::kInvalidArgument,
+           fmt::format("parameter {}: valid_rows {} outside its {} rows (ParamInfo::valid_rows)",
+                       name, info.valid_rows, info.ndim == 0 ? 0 : info.global_shape[0]));
     Parameter p{name, &module, i, info, {}, {}};
     params_.push_back(std::move(p));
   }
@@ -311,6 +316,10 @@ void ParameterSet::initialize(uint64_t seed, const SplitRanks& ranks) {
         throw_if_error(p.module->init_param(p.index, mix64(seed ^ stream)));
         continue;
     }
+    // Padding rows (a padded vocabulary) start at 0 and stay there; the valid rows take
+    // the values an unpadded tensor would (its elements come first in the stream).
+    if (p.info.ndim > 0 && p.valid_rows() < p.info.global_shape[0])
+      std::fill(values.begin() + n / p.info.global_shape[0] * p.valid_rows(), values.end(), 0.f);
     if (n == p.numel()) {
       store_floats(host_, values.data(), p.value);
       continue;

@@ -42,6 +42,19 @@ struct Parameter {
   int64_t slice_start(int32_t d, const SplitRanks& ranks) const {
     return d == info.tp_split_dim ? ranks.of(info) * info.shape[d] : 0;
   }
+  /// Rows of dimension 0 of the whole tensor that hold values (ParamInfo::valid_rows; the
+  /// rest is padding): all of them unless the module padded it. 1 for a scalar.
+  int64_t valid_rows() const {
+    if (info.ndim == 0) return 1;
+    return info.valid_rows > 0 ? info.valid_rows : info.global_shape[0];
+  }
+  /// This rank's rows of dimension 0 that hold values: a prefix of its slice (padding comes
+  /// last), 0 when the slice is padding whole. Checkpoints hold only these rows.
+  int64_t local_valid_rows(const SplitRanks& ranks) const {
+    if (info.ndim == 0) return 1;
+    const int64_t rows = valid_rows() - slice_start(0, ranks);
+    return rows <= 0 ? 0 : rows < info.shape[0] ? rows : info.shape[0];
+  }
   /// The group whose replicas of this parameter average its gradient: the experts' data
   /// group for an expert's parameter (kParamExpert), else the dense one.
   ParallelRole reduce_group() const {

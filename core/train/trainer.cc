@@ -4,6 +4,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -108,6 +109,7 @@ Trainer::Trainer(const nlohmann::json& spec, PluginManager& plugins,
   schedule_ = components_.schedule;
   pipeline_schedule_ = components_.pipeline;
   const ModelInfo info = info_of(*model_);
+  vocab_size_ = info.vocab_size;
 
   if (data) {
     data_ = std::move(data);
@@ -570,6 +572,20 @@ double Trainer::sum_over(ParallelRole role, double value) {
   return value;
 }
 
+std::function<void(int32_t, const TensorView&)> Trainer::logits_into(std::vector<float>* out) {
+  return [this, out](int32_t, const TensorView& l) {
+    out->resize(static_cast<size_t>(numel(l)));
+    load_floats(plugins_.host(), l, out->data());
+    // (B, T, Vp) -> (B, T, V): a padded vocabulary's padding columns dropped.
+    const int64_t columns = l.ndim > 0 ? l.shape[l.ndim - 1] : 0;
+    if (vocab_size_ <= 0 || columns <= vocab_size_) return;
+    const int64_t rows = numel(l) / columns;
+    for (int64_t r = 1; r < rows; ++r)
+      std::copy_n(out->begin() + r * columns, vocab_size_, out->begin() + r * vocab_size_);
+    out->resize(static_cast<size_t>(rows * vocab_size_));
+  };
+}
+
 double Trainer::forward_backward(const Batch& batch, double loss_weight, std::vector<float>* logits,
                                  int32_t micro_batch) {
   StepPlanContext step;
@@ -579,11 +595,7 @@ double Trainer::forward_backward(const Batch& batch, double loss_weight, std::ve
   step.step = iteration_ + 1;
   step.recompute = config_.train.recompute;
   step.module_ids = &params_->module_ids();
-  if (logits != nullptr && return_logits_)
-    step.logits = [this, logits](int32_t, const TensorView& l) {
-      logits->resize(static_cast<size_t>(numel(l)));
-      load_floats(plugins_.host(), l, logits->data());
-    };
+  if (logits != nullptr && return_logits_) step.logits = logits_into(logits);
   return executor_->run(no_pipelining_plan(1), 1, step, "no_pipelining").sum_of_means;
 }
 
@@ -592,11 +604,7 @@ double Trainer::forward_only(const Batch& batch, std::vector<float>* logits) {
   step.seed = config_.train.seed;
   step.step = iteration_ + 1;
   step.module_ids = &params_->module_ids();
-  if (logits != nullptr && return_logits_)
-    step.logits = [this, logits](int32_t, const TensorView& l) {
-      logits->resize(static_cast<size_t>(numel(l)));
-      load_floats(plugins_.host(), l, logits->data());
-    };
+  if (logits != nullptr && return_logits_) step.logits = logits_into(logits);
   if (parallel_ != nullptr) {
     step.pipeline = &group(ParallelRole::kPipeline);
     step.context = &group(ParallelRole::kContext);

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -95,7 +96,7 @@ class Trainer {
 
   /// Forward and backward of one batch (a plan of one micro-batch); the loss gradient is
   /// `loss_weight`. Returns the loss. When the model returns logits and `logits` is
-  /// non-null, copies them out (B*T*V floats). `micro_batch` keys the random streams
+  /// non-null, copies them out (B*T*V floats: a padded vocabulary's padding left out). `micro_batch` keys the random streams
   /// (dropout) of this micro-batch within the step.
   double forward_backward(const Batch& batch, double loss_weight,
                           std::vector<float>* logits = nullptr, int32_t micro_batch = 0);
@@ -194,6 +195,9 @@ class Trainer {
   LossScaler scaler_;
   ResultValidator validator_;  ///< /train/rerun_mode
   bool return_logits_ = false;
+  int64_t vocab_size_ = 0;  // the model's V (ModelInfo): logits are copied out with V columns
+  /// A StepPlanContext::logits sink that copies (B, T, V) floats into `out`.
+  std::function<void(int32_t, const TensorView&)> logits_into(std::vector<float>* out);
   int64_t iteration_ = 0;
   int64_t nonfinite_in_a_row_ = 0;
   double flops_per_step_ = 0, peak_flops_ = 0, activation_bytes_ = -1;

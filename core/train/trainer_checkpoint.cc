@@ -56,7 +56,7 @@ std::vector<SaveTensor> Trainer::checkpoint_tensors() {
     // The last pipeline stage's tied table is the first stage's copy: written there.
     if (config_.parallel.pp > 1 && pp_rank_ != 0 && (p.info.flags & kParamTiedEmbedding) != 0)
       continue;
-    out.push_back(save_tensor_of("model." + p.name, p, split_ranks_, p.value.data, p.info.dtype));
+    append_save_tensor(out, "model." + p.name, p, split_ranks_, p.value.data, p.info.dtype);
     optim_->append_checkpoint_tensors(p, out);
   }
   // The FP8 recipe's state (amax histories, scales): the same on every rank after a step

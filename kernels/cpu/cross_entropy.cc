@@ -3,7 +3,8 @@
 // dlogits = dmean * mask / sum(mask) * (softmax - onehot), softmax recomputed from lse. The
 // backward also serves one shard of vocab-parallel logits (CrossEntropyShardAttrs; lse then
 // comes from cross_entropy_combine, cross_entropy_shard.cc). And masked_sum, the (sum,
-// count) a model reports its loss with.
+// count) a model reports its loss with. Padding columns (CeShape::valid, loom/ops/loss.h) are
+// left out of the max and the sum, and get gradient 0.
 //   reference: row by row in f64.
 //   fast: OpenMP over rows, AVX2 max / exp / sum.
 #include "kernels/cpu/cross_entropy.h"
@@ -58,8 +59,9 @@ Status cross_entropy_fwd_ref(const OpCall* call) {
     const int32_t* labels = i32(call->inputs[1]);
     for (int64_t n = 0; n < s.n; ++n) {
       double m = -INFINITY, sum = 0.0;
-      for (int64_t j = 0; j < s.v; ++j) m = std::max(m, static_cast<double>(load(X, n * s.v + j)));
-      for (int64_t j = 0; j < s.v; ++j) sum += std::exp(load(X, n * s.v + j) - m);
+      for (int64_t j = 0; j < s.valid; ++j)
+        m = std::max(m, static_cast<double>(load(X, n * s.v + j)));
+      for (int64_t j = 0; j < s.valid; ++j) sum += std::exp(load(X, n * s.v + j) - m);
       double lse = m + std::log(sum);
       int64_t label = s.column(labels[n]);
       f32_mut(call->outputs[1])[n] = static_cast<float>(lse);
@@ -82,7 +84,9 @@ Status cross_entropy_bwd_ref(const OpCall* call) {
       double w = mask_total != 0.0 ? dmean * ce_mask_at(call, n) / mask_total : 0.0;
       int64_t label = s.column(labels[n]);
       for (int64_t j = 0; j < s.v; ++j) {
-        double p = w == 0.0 ? 0.0 : std::exp(load(X, n * s.v + j) - static_cast<double>(lse[n]));
+        double p = w == 0.0 || j >= s.valid
+                       ? 0.0
+                       : std::exp(load(X, n * s.v + j) - static_cast<double>(lse[n]));
         store(dX, n * s.v + j, static_cast<float>(w * (p - (j == label ? 1.0 : 0.0))));
       }
     }
@@ -107,8 +111,8 @@ Status cross_entropy_fwd_fast(const OpCall* call) {
         load_row(X.data, X.dtype, n * s.v, s.v, x);
         int64_t label = s.column(labels[n]);
         float label_logit = label >= 0 ? x[label] : 0.0f;
-        float m = simd::max(x, s.v);
-        float lse = m + std::log(simd::exp_shift_sum(x, m, s.v));
+        float m = simd::max(x, s.valid);
+        float lse = m + std::log(simd::exp_shift_sum(x, m, s.valid));
         lse_out[n] = lse;
         loss[n] = label >= 0 ? lse - label_logit : 0.0f;
       }
@@ -137,8 +141,9 @@ Status cross_entropy_bwd_fast(const OpCall* call) {
           std::fill(row.begin(), row.end(), 0.0f);
         } else {
           load_row(X.data, X.dtype, n * s.v, s.v, x);
-          simd::exp_shift_sum(x, lse[n], s.v);
-          simd::scal(w, x, s.v);
+          simd::exp_shift_sum(x, lse[n], s.valid);
+          simd::scal(w, x, s.valid);
+          std::fill(x + s.valid, x + s.v, 0.0f);  // padding
           int64_t label = s.column(labels[n]);
           if (label >= 0) x[label] -= w;
         }

@@ -26,7 +26,8 @@ CombineShape check_combine(const OpCall* call, bool shapes_only) {
   return op_checks::check_cross_entropy_combine(call, shapes_only, DeviceType::kCpu);
 }
 
-// One row of shard stats: (m, s, t) of x[0, V) with the label at column `label` (or none).
+// One row of shard stats: (m, s, t) of x[0, v) (the shard's vocabulary columns; its padding
+// after them is left out) with the label at column `label` (or none).
 void shard_stats_row_ref(const TensorView& X, int64_t base, int64_t v, int64_t label, float* out) {
   double m = -INFINITY, sum = 0.0;
   for (int64_t j = 0; j < v; ++j) m = std::max(m, static_cast<double>(load(X, base + j)));
@@ -43,7 +44,7 @@ Status cross_entropy_shard_stats_ref(const OpCall* call) {
     const int32_t* labels = i32(call->inputs[1]);
     float* stats = f32_mut(call->outputs[0]);
     for (int64_t n = 0; n < s.n; ++n)
-      shard_stats_row_ref(call->inputs[0], n * s.v, s.v, s.column(labels[n]), stats + n * 3);
+      shard_stats_row_ref(call->inputs[0], n * s.v, s.valid, s.column(labels[n]), stats + n * 3);
   });
 }
 
@@ -98,8 +99,8 @@ Status cross_entropy_shard_stats_fast(const OpCall* call) {
         int64_t label = s.column(labels[n]);
         float* st = stats + n * 3;
         st[2] = label >= 0 ? x[label] : 0.0f;
-        st[0] = simd::max(x, s.v);
-        st[1] = s.v > 0 ? simd::exp_shift_sum(x, st[0], s.v) : 0.0f;
+        st[0] = s.valid > 0 ? simd::max(x, s.valid) : -INFINITY;
+        st[1] = s.valid > 0 ? simd::exp_shift_sum(x, st[0], s.valid) : 0.0f;
       }
     }
   });

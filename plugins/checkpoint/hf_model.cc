@@ -82,7 +82,9 @@ HfModel hf_model_from_metadata(const json& metadata) {
                    // Which layers train in FP8: no effect on the weights.
                    "num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16",
                    // Multi-token prediction: its weighting is harmless while it is off.
-                   "mtp_num_layers", "mtp_loss_scaling_factor"});
+                   "mtp_num_layers", "mtp_loss_scaling_factor",
+                   // The tables' padding: checkpoints hold the vocabulary's rows only.
+                   "make_vocab_size_divisible_by"});
   if (get_or<int64_t>(m, "mtp_num_layers", 0, at) != 0)
     refuse_spec("/mtp_num_layers", m["mtp_num_layers"],
                 "multi-token prediction's modules have no counterpart in these Hugging Face "

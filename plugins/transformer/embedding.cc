@@ -12,17 +12,19 @@ constexpr uint64_t kDropoutStream = 1;
 
 Embedding::Embedding(IHost& host, const EmbeddingConfig& config)
     : config_(config), tp_(host, config.device, config.dtype, config.sequence_parallel) {
-  int64_t v = config.vocab_size, c = config.hidden_size;
+  int64_t v = config.padded_vocab_size, c = config.hidden_size;
   cp_rank_ = group(host, ParallelRole::kContext).rank();
   cp_size_ = group(host, ParallelRole::kContext).size();
   vocab_start_ = tp_.rank() * tp_.split(v, "/vocab_size");
-  word_ = add_param("word_embeddings.weight", config.dtype,
-                    ParamSpec{{v, c},
-                              0,
-                              config.tied ? kParamTiedEmbedding : kParamNone,
-                              ParamInit::kNormal,
-                              config.init_std,
-                              tp_.size()});
+  ParamSpec word{{v, c},
+                 0,
+                 config.tied ? kParamTiedEmbedding : kParamNone,
+                 ParamInit::kNormal,
+                 config.init_std,
+                 tp_.size()};
+  word.valid_rows = config.vocab_size;
+  sharded_ = tp_.size() > 1 || v > config.vocab_size;
+  word_ = add_param("word_embeddings.weight", config.dtype, word);
   if (config.max_positions > 0)
     position_ = add_param("position_embeddings.weight", config.dtype,
                           ParamSpec{{config.max_positions, c},
@@ -59,9 +61,9 @@ void Embedding::run_forward(IForwardContext& ctx, const TensorView* inputs, int3
   if (present(positions)) expect(positions, {b, t}, DType::kI32, "position ids");
 
   TensorView y = allocate(ctx, config_.dtype, {b, t, c}, config_.device);
-  if (tp_.size() == 1)
+  if (!sharded_)
     embed_fwd_({value(word_), reshape(tokens, {b * t})}, {rows(y, c)});
-  else  // this rank's vocabulary rows; zeros for the others' tokens
+  else  // this rank's vocabulary rows; zeros for the others' tokens (and padding never read)
     embed_fwd_({value(word_), reshape(tokens, {b * t})}, {rows(y, c)},
                ops::EmbeddingAttrs{vocab_start_, config_.vocab_size});
   if (position_ >= 0 && tp_.rank() == 0) {
@@ -129,7 +131,7 @@ void Embedding::weight_grads(IForwardContext& ctx, const TensorView& grad_output
     dy = dropped = dx;
   }
   dy = tp_.exit_backward(ctx, dy);  // (B, T, C)
-  if (tp_.size() == 1)
+  if (!sharded_)
     embed_bwd_({rows(dy, c), reshape(tokens, {b * t})}, {grad(word_)});
   else
     embed_bwd_({rows(dy, c), reshape(tokens, {b * t})}, {grad(word_)},

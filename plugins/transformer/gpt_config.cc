@@ -141,6 +141,11 @@ GptConfig GptConfig::from_options(const nlohmann::json& o) {
   c.hidden_size = o.at("hidden_size").get<int64_t>();
   c.num_attention_heads = o.at("num_attention_heads").get<int64_t>();
   c.vocab_size = o.at("vocab_size").get<int64_t>();
+  c.make_vocab_size_divisible_by = o.value("make_vocab_size_divisible_by", int64_t{128});
+  if (c.make_vocab_size_divisible_by < 1)
+    invalid("/make_vocab_size_divisible_by: must be >= 1, got " +
+            str(c.make_vocab_size_divisible_by));
+  c.padded_vocab_size = c.vocab_size;
   c.position_embedding = o.at("position_embedding").get<std::string>();
   c.rotary = o.at("rotary");
   c.add_bias_linear = o.at("add_bias_linear").get<bool>();

@@ -16,6 +16,10 @@ namespace loom::transformer {
 struct GptConfig {
   int64_t num_layers, hidden_size, num_attention_heads, num_query_groups, kv_channels;
   int64_t ffn_hidden_size, vocab_size, max_position_embeddings;
+  /// Megatron's make_vocab_size_divisible_by, and the rows of the embedding and output
+  /// tables: vocab_size rounded up to a multiple of it times tp (set by GptModel, which knows
+  /// tp; vocab_size until then). Rows from vocab_size on are padding (ParamInfo::valid_rows).
+  int64_t make_vocab_size_divisible_by = 128, padded_vocab_size = 0;
   std::string position_embedding;  // "learned", "rope" or "none"
   nlohmann::json rotary;           // {"base", "percent", "scaling": {...}}
   bool add_bias_linear, add_qkv_bias, tie_embeddings, return_logits;

@@ -5,8 +5,8 @@
 // forward context as soon as it is consumed). With n = B * T tokens of the micro-batch on
 // this rank, s the parameter dtype's size, C the hidden size, Hl / Gl the query heads /
 // key-value groups and Fl the MLP width on this rank (each divided by tp), D the head
-// dimension and Vl the vocabulary on this rank, each layer saves for backward (recompute
-// "none"):
+// dimension and Vl the (padded) vocabulary on this rank, each layer saves for backward
+// (recompute "none"):
 //     layer input, its normalised form, the attention output, the residual and the MLP
 //     input:                                5 n C s        (C = Hl D for the output: n Hl D s)
 //     fused attention: q, k, v and the row log-sum-exp: n (Hl + 2 Gl) D s + 4 n Hl
@@ -231,7 +231,7 @@ double GptModel::activation_bytes(const CostQuery& query) const {
   const double g = static_cast<double>(c.num_query_groups);
   const double d = static_cast<double>(c.kv_channels);
   const double f = static_cast<double>(c.ffn_hidden_size);
-  const double v = static_cast<double>(c.vocab_size);
+  const double v = static_cast<double>(c.padded_vocab_size);  // the logits' columns
   const double layers = static_cast<double>(c.layer_end - c.layer_begin);
   const double hl = h / p, gl = std::max(1.0, g / p), fl = f / p, vl = v / p;
   // Layer-boundary tensors are sequence shards with sequence parallelism.

@@ -36,7 +36,10 @@ GptModel::GptModel(const nlohmann::json& options, IBuildContext& ctx)
   tp_.split(c.num_attention_heads, "/num_attention_heads");
   tp_.split(c.num_query_groups, "/num_query_groups");
   tp_.split(c.ffn_hidden_size, "/ffn_hidden_size");
-  tp_.split(c.vocab_size, "/vocab_size");
+  // Megatron's vocabulary padding: a multiple of make_vocab_size_divisible_by x tp rows, so
+  // that every rank's share of the output layer is aligned (ParamInfo::valid_rows).
+  const int64_t multiple = c.make_vocab_size_divisible_by * tp_.size();
+  config_.padded_vocab_size = (c.vocab_size + multiple - 1) / multiple * multiple;
   if (c.return_logits && tp_.size() > 1)
     invalid(
         "/return_logits: the logits are split over the tensor-parallel ranks (parallel.tp > 1) "
@@ -44,6 +47,7 @@ GptModel::GptModel(const nlohmann::json& options, IBuildContext& ctx)
   EmbeddingConfig embedding{c.vocab_size,
                             c.hidden_size,
                             c.position_embedding == "learned" ? c.max_position_embeddings : 0,
+                            c.padded_vocab_size,
                             static_cast<float>(c.init_std),
                             static_cast<float>(c.hidden_dropout),
                             c.tie_embeddings,
@@ -142,6 +146,7 @@ Status GptModel::cost(const CostQuery* query, ModelCost* out) const noexcept {
       double expert_params = 0;
       std::set<int32_t> experts;
       for (int32_t i = 0; i < module->param_count(); ++i) {
+        p.struct_size = sizeof(ParamInfo);
         throw_if_error(module->param_info(i, &p), "gpt cost: " + name);
         double n = 1;
         for (int32_t d = 0; d < p.ndim; ++d) n *= static_cast<double>(p.global_shape[d]);
@@ -174,7 +179,7 @@ Status GptModel::cost(const CostQuery* query, ModelCost* out) const noexcept {
     if (c.mtp_num_layers > 0 && c.last_stage()) {
       attending += static_cast<double>(c.mtp_num_layers);
       mtp_head = 6.0 * static_cast<double>(c.mtp_num_layers) *
-                 static_cast<double>(c.vocab_size * c.hidden_size);
+                 static_cast<double>(c.padded_vocab_size * c.hidden_size);
     }
     double scan = 0;
     if (mamba > 0) {
@@ -248,14 +253,17 @@ void GptModel::run_forward(IForwardContext& ctx, const TensorView* inputs, int32
   }
   release(ctx, normed);
 
-  int64_t n = b * t, v = c.vocab_size / tp_.size();  // this rank's logits
+  int64_t n = b * t, v = c.padded_vocab_size / tp_.size();  // this rank's logits
   TensorView loss = allocate(ctx, DType::kF32, {n}, c.device);
   TensorView lse = allocate(ctx, DType::kF32, {n}, c.device);
   TensorView mean = allocate(ctx, DType::kF32, {1}, c.device);
   TensorView totals = allocate(ctx, DType::kF32, {2}, c.device);  // loss sum, token count
   TensorView flat_mask = present(mask) ? reshape(mask, {n}) : empty_view();
-  if (tp_.size() == 1) {
+  if (tp_.size() == 1 && v == c.vocab_size) {
     loss_fwd_({rows(logits, v), reshape(labels, {n}), flat_mask}, {loss, lse, mean});
+  } else if (tp_.size() == 1) {  // the padding columns take no part
+    loss_fwd_({rows(logits, v), reshape(labels, {n}), flat_mask}, {loss, lse, mean},
+              ops::CrossEntropyShardAttrs{0, c.vocab_size});
   } else {  // vocab-parallel: per-row statistics of each shard, gathered and combined
     int64_t p = tp_.size();
     ops::CrossEntropyShardAttrs attrs{tp_.rank() * v, c.vocab_size};
@@ -327,9 +335,9 @@ TensorView GptModel::loss_backward(IForwardContext& ctx, const TensorView* grad_
   std::initializer_list<TensorView> loss_inputs = {
       rows(logits, v), reshape(labels, {n}), present(mask) ? reshape(mask, {n}) : mask, lse,
       make_view(dloss.data, DType::kF32, {1}, dloss.device)};
-  if (tp_.size() == 1)
+  if (tp_.size() == 1 && v == config_.vocab_size)
     loss_bwd_(loss_inputs, {rows(dlogits, v)});
-  else  // this rank's columns, with the lse of the whole vocabulary
+  else  // this rank's columns (padding: gradient 0), with the lse of the whole vocabulary
     loss_bwd_(loss_inputs, {rows(dlogits, v)},
               ops::CrossEntropyShardAttrs{tp_.rank() * v, config_.vocab_size});
   if (num_grad_outputs > 1 && present(grad_outputs[1])) {

@@ -51,7 +51,7 @@ MultiTokenPrediction::MultiTokenPrediction(IBuildContext& ctx, const GptConfig& 
       embedding_(embedding),
       output_(output),
       tp_(*ctx.host(), c.device, c.params_dtype, c.sequence_parallel),
-      local_vocab_(tp_.split(c.vocab_size, "/vocab_size")),
+      local_vocab_(tp_.split(c.padded_vocab_size, "/vocab_size")),
       vocab_start_(tp_.rank() * local_vocab_) {
   IHost& host = *ctx.host();
   const nlohmann::json norm = {{"hidden_size", c.hidden_size},
@@ -163,9 +163,9 @@ TensorView MultiTokenPrediction::depth_forward(IForwardContext& ctx, int32_t j,
   // e (B, T, C): this rank's vocabulary rows of the shared table (zeros for the others'),
   // summed over tp (reduce-scattered to the shard (B, T/P, C) with sequence parallelism).
   TensorView partial = allocate(ctx, c.params_dtype, {b, t, cc}, c.device);
-  if (tp_.size() == 1)
+  if (tp_.size() == 1 && c.padded_vocab_size == c.vocab_size)
     embed_fwd_({embedding_.word_weight(), reshape(ids, {b * t})}, {rows(partial, cc)});
-  else
+  else  // this rank's rows (padding never read)
     embed_fwd_({embedding_.word_weight(), reshape(ids, {b * t})}, {rows(partial, cc)},
                ops::EmbeddingAttrs{vocab_start_, c.vocab_size});
   TensorView e = tp_.exit(ctx, partial);
@@ -208,8 +208,11 @@ double MultiTokenPrediction::loss_forward(IForwardContext& ctx, int32_t j, const
   TensorView lse = allocate(ctx, DType::kF32, {n}, c.device);
   TensorView mean = allocate(ctx, DType::kF32, {1}, c.device);
   const TensorView flat_labels = reshape(labels, {n}), flat_mask = reshape(mask, {n});
-  if (tp_.size() == 1) {
+  if (tp_.size() == 1 && v == c.vocab_size) {
     loss_fwd_({rows(logits, v), flat_labels, flat_mask}, {loss, lse, mean});
+  } else if (tp_.size() == 1) {  // the padding columns take no part
+    loss_fwd_({rows(logits, v), flat_labels, flat_mask}, {loss, lse, mean},
+              ops::CrossEntropyShardAttrs{0, c.vocab_size});
   } else {  // vocab-parallel, as the model's loss
     const int64_t p = tp_.size();
     ops::CrossEntropyShardAttrs attrs{vocab_start_, c.vocab_size};
@@ -267,9 +270,9 @@ TensorView MultiTokenPrediction::loss_backward(IForwardContext& ctx, int32_t j,
   TensorView dlogits = allocate_like(ctx, logits);  // (B, T, V/P)
   std::initializer_list<TensorView> loss_inputs = {rows(logits, v), reshape(labels, {n}),
                                                    reshape(mask, {n}), lse, dmean};
-  if (tp_.size() == 1)
+  if (tp_.size() == 1 && v == c.vocab_size)
     loss_bwd_(loss_inputs, {rows(dlogits, v)});
-  else  // this rank's columns, with the lse of the whole vocabulary
+  else  // this rank's columns (padding: gradient 0), with the lse of the whole vocabulary
     loss_bwd_(loss_inputs, {rows(dlogits, v)},
               ops::CrossEntropyShardAttrs{vocab_start_, c.vocab_size});
   // dW_out (V/P, C) += dlogits^T @ x; dx (N, C) = dlogits @ W_out, partial over tp.
@@ -316,7 +319,7 @@ TensorView MultiTokenPrediction::depth_backward(IForwardContext& ctx, int32_t j,
   TensorView dfull = tp_.exit_backward(ctx, dlocal);
   TensorView ids = load(ctx, this, slot(j, kIds));
   const int64_t n = numel(ids);
-  if (tp_.size() == 1)
+  if (tp_.size() == 1 && c.padded_vocab_size == c.vocab_size)
     embed_bwd_({rows(dfull, cc), reshape(ids, {n})}, {embedding_.word_grad()});
   else
     embed_bwd_({rows(dfull, cc), reshape(ids, {n})}, {embedding_.word_grad()},

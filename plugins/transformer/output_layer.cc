@@ -11,16 +11,18 @@ OutputLayer::OutputLayer(IHost& host, const EmbeddingConfig& config, const Embed
     : config_(config),
       tied_to_(tied_to),
       tp_(host, config.device, config.dtype, config.sequence_parallel),
-      local_vocab_(tp_.split(config.vocab_size, "/vocab_size")),
+      local_vocab_(tp_.split(config.padded_vocab_size, "/vocab_size")),
       linear_(host, config.device, config.dtype) {
-  if (tied_to_ == nullptr)
-    weight_ = add_param("weight", config.dtype,
-                        ParamSpec{{config.vocab_size, config.hidden_size},
-                                  0,
-                                  kParamNone,
-                                  ParamInit::kNormal,
-                                  config.init_std,
-                                  tp_.size()});
+  if (tied_to_ == nullptr) {
+    ParamSpec spec{{config.padded_vocab_size, config.hidden_size},
+                   0,
+                   kParamNone,
+                   ParamInit::kNormal,
+                   config.init_std,
+                   tp_.size()};
+    spec.valid_rows = config.vocab_size;  // the padding rows stay 0: zero logits, masked
+    weight_ = add_param("weight", config.dtype, spec);
+  }
 }
 
 const TensorView& OutputLayer::weight() const {

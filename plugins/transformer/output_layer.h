@@ -1,11 +1,13 @@
 // OutputLayer (internal module of the GPT model, child "output_layer"): logits = x W^T,
-// with W (V, C) either its own parameter "weight" (split over TP by vocabulary rows) or,
+// with W (Vp, C) either its own parameter "weight" (split over TP by vocabulary rows) or,
 // with tied embeddings, the word embedding table (gradients accumulate into that table's
-// gradient; the layer then declares no parameter).
-//   forward:  [0] x (B, T, C) -> [0] logits (B, T, V)
+// gradient; the layer then declares no parameter). Vp is the padded vocabulary
+// (EmbeddingConfig::padded_vocab_size): W's rows from V on are padding, kept at 0, and
+// their logits are left out of the loss (cross_entropy's padding columns) and sampling.
+//   forward:  [0] x (B, T, C) -> [0] logits (B, T, Vp)
 //   backward: dlogits -> dx; dW accumulated
 // Tensor parallelism: column-parallel over the vocabulary; rank r computes the logits of
-// its rows [r V/P, (r + 1) V/P) of W only, (B, T, V/P). With sequence parallelism x is the
+// its rows [r Vp/P, (r + 1) Vp/P) of W only, (B, T, Vp/P). With sequence parallelism x is the
 // sequence shard (B, T/P, C), gathered first (and dx reduce-scattered).
 #pragma once
 

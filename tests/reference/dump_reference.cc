@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <stdexcept>
 
 #include "core/plugin/catalog.h"
 #include "core/plugin/plugin_manager.h"
@@ -36,15 +37,34 @@ std::vector<float> as_floats(const TensorView& v) {
   return out;
 }
 
+// `v` (a parameter's value or gradient, one rank holding it whole) without the padding rows
+// of a padded parameter (ParamInfo::valid_rows): what PyTorch's unpadded model holds. The
+// padding must be exactly 0 (it starts at 0 and its gradient is 0): anything else fails.
+std::vector<float> valid_part(const core::Parameter& p, const TensorView& v, const char* what,
+                              std::vector<int64_t>* shape) {
+  std::vector<float> all = as_floats(v);
+  shape->assign(v.shape, v.shape + v.ndim);
+  if (v.ndim == 0 || p.valid_rows() == v.shape[0]) return all;
+  const size_t keep = all.size() / static_cast<size_t>(v.shape[0]) *
+                      static_cast<size_t>(p.valid_rows());
+  for (size_t i = keep; i < all.size(); ++i)
+    if (all[i] != 0.f)
+      throw std::runtime_error(p.name + ": the " + what + " of padding row " +
+                               std::to_string(i / (all.size() / v.shape[0])) + " is " +
+                               std::to_string(all[i]) + ", not 0");
+  (*shape)[0] = p.valid_rows();
+  all.resize(keep);
+  return all;
+}
+
 void dump_params(core::ParameterSet& params, const fs::path& path) {
   std::vector<std::vector<float>> keep;
   std::vector<TensorBytes> entries;
   keep.reserve(params.all().size());
   for (core::Parameter& p : params.all()) {
-    keep.push_back(as_floats(p.value));
-    entries.push_back({p.name, DType::kF32,
-                       std::vector<int64_t>(p.value.shape, p.value.shape + p.value.ndim),
-                       keep.back().data()});
+    std::vector<int64_t> shape;
+    keep.push_back(valid_part(p, p.value, "value", &shape));
+    entries.push_back({p.name, DType::kF32, shape, keep.back().data()});
   }
   write_safetensors_file(path, entries);
 }
@@ -117,16 +137,25 @@ int run(int argc, char** argv) {
       entries.push_back({"position_ids", DType::kI32, {b, t}, batch.position_ids.data()});
     if (!batch.segment_ids.empty())
       entries.push_back({"segment_ids", DType::kI32, {b, t}, batch.segment_ids.data()});
-    entries.push_back({"logits",
-                       DType::kF32,
-                       {b, t, static_cast<int64_t>(logits.size()) / (b * t)},
-                       logits.data()});
+    // The vocabulary's columns of the logits: a padded vocabulary's padding columns are
+    // logits of zero rows, exactly 0.
+    const int64_t columns = static_cast<int64_t>(logits.size()) / (b * t);
+    const int64_t vocab = spec["model"]["vocab_size"].get<int64_t>();
+    std::vector<float> vocab_logits;
+    for (int64_t r = 0; r < b * t; ++r)
+      for (int64_t j = 0; j < columns; ++j) {
+        const float x = logits[static_cast<size_t>(r * columns + j)];
+        if (j < vocab) vocab_logits.push_back(x);
+        else if (x != 0.f)
+          throw std::runtime_error("logit " + std::to_string(j) + " of row " + std::to_string(r) +
+                                   " is padding but " + std::to_string(x) + ", not 0");
+      }
+    entries.push_back({"logits", DType::kF32, {b, t, vocab}, vocab_logits.data()});
     entries.push_back({"loss", DType::kF32, {}, &loss});
     for (core::Parameter& p : trainer.params().all()) {
-      keep.push_back(as_floats(p.grad));
-      entries.push_back({"grad." + p.name, DType::kF32,
-                         std::vector<int64_t>(p.grad.shape, p.grad.shape + p.grad.ndim),
-                         keep.back().data()});
+      std::vector<int64_t> shape;
+      keep.push_back(valid_part(p, p.grad, "gradient", &shape));
+      entries.push_back({"grad." + p.name, DType::kF32, shape, keep.back().data()});
     }
     write_safetensors_file(out / "forward.safetensors", entries);
   }

@@ -11,6 +11,7 @@
 //       (the spec synthesised from config.json) builds a loom model, its weights are loaded
 //       by loom name, and the logits for HF_DIR/hf.safetensors's "tokens" are written to
 //       HF_DIR/loom.safetensors.
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -58,7 +59,8 @@ Env make_env(nlohmann::json* spec, char** dirs, int n) {
   return env;
 }
 
-// One request (or saved tensor) per parameter, named "model.<name>", whole.
+// One request (or saved tensor) per parameter, named "model.<name>", whole: its valid rows
+// (a padded vocabulary's table holds the vocabulary's rows only, as checkpoints do).
 std::vector<CheckpointTensor> parameter_tensors(core::ParameterSet& params,
                                                 std::vector<std::string>& names) {
   names.clear();
@@ -72,6 +74,7 @@ std::vector<CheckpointTensor> parameter_tensors(core::ParameterSet& params,
     t.ndim = p.value.ndim;
     for (int32_t d = 0; d < t.ndim; ++d) t.global_shape[d] = p.value.shape[d];
     t.data = p.value;
+    if (t.ndim > 0) t.global_shape[0] = t.data.shape[0] = p.valid_rows();
     out.push_back(t);
   }
   return out;
@@ -89,9 +92,13 @@ std::vector<float> logits_for(core::Trainer& trainer, const std::vector<int32_t>
   return logits;
 }
 
+// The logits' first `v` columns (the vocabulary's; a padded one's padding dropped).
 void write_logits(const fs::path& path, std::vector<int32_t>& tokens, std::vector<float>& logits,
-                  int64_t b, int64_t t) {
-  int64_t v = static_cast<int64_t>(logits.size()) / (b * t);
+                  int64_t b, int64_t t, int64_t v) {
+  const int64_t columns = static_cast<int64_t>(logits.size()) / (b * t);
+  for (int64_t r = 1; r < b * t; ++r)
+    std::copy_n(logits.begin() + r * columns, v, logits.begin() + r * v);
+  logits.resize(static_cast<size_t>(b * t * v));
   reference::write_safetensors_file(path, {{"tokens", DType::kI32, {b, t}, tokens.data()},
                                            {"logits", DType::kF32, {b, t, v}, logits.data()}});
 }
@@ -106,7 +113,11 @@ void randomise(core::ParameterSet& params) {
       throw std::runtime_error("hf_reference expects contiguous f32 parameters: " + p.name);
     bool norm_weight = p.name.find("layernorm.weight") != std::string::npos;
     auto* v = static_cast<float*>(p.value.data);
-    for (int64_t i = 0; i < numel(p.value); ++i) v[i] = normal(rng) + (norm_weight ? 1.f : 0.f);
+    // A padded table's padding rows stay 0 (the model keeps them there).
+    const int64_t valid = p.value.ndim == 0 || p.value.shape[0] == 0
+                              ? numel(p.value)
+                              : numel(p.value) / p.value.shape[0] * p.valid_rows();
+    for (int64_t i = 0; i < valid; ++i) v[i] = normal(rng) + (norm_weight ? 1.f : 0.f);
   }
 }
 
@@ -138,7 +149,8 @@ int export_model(int argc, char** argv) {
   std::vector<int32_t> tokens(static_cast<size_t>(b * t));
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((7 * i + 3) % v);
   std::vector<float> logits = logits_for(trainer, tokens, b, t);
-  write_logits(out / "loom.safetensors", tokens, logits, b, t);
+  write_logits(out / "loom.safetensors", tokens, logits, b, t,
+               spec["model"]["vocab_size"].get<int64_t>());
   std::printf("hf_reference: exported %zu tensors to %s\n", tensors.size(), dir.c_str());
   return 0;
 }
@@ -170,7 +182,8 @@ int import_model(int argc, char** argv) {
                          static_cast<int64_t>(requests.size())),
         "load " + dir);
   std::vector<float> logits = logits_for(trainer, tokens, b, t);
-  write_logits(hf / "loom.safetensors", tokens, logits, b, t);
+  write_logits(hf / "loom.safetensors", tokens, logits, b, t,
+               spec["model"]["vocab_size"].get<int64_t>());
   std::printf("hf_reference: loaded %zu tensors from %s as %s\n", requests.size(), dir.c_str(),
               metadata["spec"]["model"].dump().c_str());
   return 0;

@@ -376,6 +376,31 @@ TEST_F(ParallelTest, TensorParallelMatchesOneRank) {
       "--nproc 2 --set parallel.tp=2 --set parallel.sequence_parallel=true");
 }
 
+// Vocabulary padding (Megatron's make_vocab_size_divisible_by): a vocabulary of 61 padded to
+// 128 on one rank, to 256 over tp 2 (rank 1 holds padding only) and to 62 (divisible by 1,
+// times tp 2) trains exactly as the unpadded 61: the padding's logits take no part in the
+// loss, and the checkpoints hold the 61 vocabulary rows (the gradient comparison reads
+// them, tensor by tensor, and requires equal shapes).
+TEST_F(ParallelTest, PaddedVocabularyTrainsAsTheUnpadded) {
+  nlohmann::json s = tiny_spec(), unpadded = tiny_spec();
+  s["model"]["vocab_size"] = 61;
+  unpadded["model"]["vocab_size"] = 61;
+  unpadded["model"]["make_vocab_size_divisible_by"] = 1;
+  Curve one = train("vocab61", unpadded, "");
+  EXPECT_LT(one.loss.back(), one.loss.front() - 0.05);
+  Curve padded = train("vocab61_padded", s, "");
+  expect_same_curve(one, padded, "61 padded to 128");
+  Curve tp2 = train("vocab61_tp2", s, "--nproc 2 --set parallel.tp=2");
+  expect_same_curve(one, tp2, "61 padded to 256 over tp 2");
+  expect_gradients_match_one_rank("sgd_vocab61", unpadded, "sgd_vocab61_padded", "");
+  for (const auto& [name, args] :
+       std::vector<std::pair<std::string, std::string>>{
+           {"sgd_vocab61_tp2", "--nproc 2 --set parallel.tp=2"},
+           {"sgd_vocab61_tp2_by1", "--nproc 2 --set parallel.tp=2 --set "
+                                   "model.make_vocab_size_divisible_by=1"}})
+    expect_gradients_match_one_rank("sgd_vocab61", s, name, args);
+}
+
 TEST_F(ParallelTest, TensorAndDataParallelMatchOneRank) {
   Curve one = train("one", tiny_spec(), "");
   Curve both = train("tp2dp2", tiny_spec(), "--nproc 4 --set parallel.tp=2 --set parallel.dp=2");

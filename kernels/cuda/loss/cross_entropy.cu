@@ -12,7 +12,8 @@
 // before any writes, so with a mask a one-block kernel first writes it (f64) into the
 // stream's scratch (common/resources.cuh); without a mask it is N, known on the host. With
 // CrossEntropyShardAttrs the onehot applies at column labels[n] - vocab_start when that is
-// inside this shard, and labels are checked against the whole vocabulary.
+// inside this shard, and labels are checked against the whole vocabulary. Padding columns
+// (CeShape::valid, loom/ops/loss.h) are left out of the fold and get gradient 0.
 //
 // Labels outside the vocabulary with mask != 0 never index the logits; they are reported
 // lazily as kOutOfRange (label_errors.cuh): the forward writes NaN for that row's loss,
@@ -38,19 +39,20 @@ constexpr int kReduceThreads = 1024;  // the one-block reductions over N rows
 template <class T>
 __global__ void ce_fwd_kernel(const T* __restrict__ logits, const int32_t* __restrict__ labels,
                               const float* __restrict__ mask, float* __restrict__ loss,
-                              float* __restrict__ lse, int64_t N, int64_t V, LabelErrorSink sink) {
+                              float* __restrict__ lse, int64_t N, int64_t V, int64_t valid,
+                              LabelErrorSink sink) {
   for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
-    const T* row = logits + n * V;
-    const MaxSum ms = block_max_sum(row_max_sum(row, V));
+    const T* row = logits + n * V;  // columns [valid, V) are padding
+    const MaxSum ms = block_max_sum(row_max_sum(row, valid));
     if (threadIdx.x == 0) {
       const float log_sum = logf(ms.s);
       lse[n] = ms.m + log_sum;
       const int32_t label = labels[n];
       const float w = mask != nullptr ? mask[n] : 1.0f;
-      if (label >= 0 && label < V) {
+      if (label >= 0 && label < valid) {
         loss[n] = (ms.m - to_f32<T>(row[label])) + log_sum;
       } else if (w != 0.0f) {
-        report_label_error(sink, LabelOp::kFwd, n, label, V);
+        report_label_error(sink, LabelOp::kFwd, n, label, valid);
         loss[n] = NAN;
       } else {
         loss[n] = 0.0f;
@@ -80,13 +82,14 @@ __global__ void mask_total_kernel(const float* __restrict__ mask, int64_t N,
   if (threadIdx.x == 0) total[0] = acc;
 }
 
-// One row of the backward: y[j] = w * (exp(x[j] - lse) - (j == col)), or 0 when w == 0.
+// One row of the backward: y[j] = w * (exp(x[j] - lse) - (j == col)), or 0 when w == 0 or
+// j >= valid (padding).
 template <class T, class D>
-__device__ void ce_bwd_row(const T* __restrict__ x, D* __restrict__ y, int64_t V, float w,
-                           float lse, int64_t col) {
+__device__ void ce_bwd_row(const T* __restrict__ x, D* __restrict__ y, int64_t V, int64_t valid,
+                           float w, float lse, int64_t col) {
   constexpr int W = 16 / sizeof(T) > 16 / sizeof(D) ? 16 / sizeof(T) : 16 / sizeof(D);
   auto grad = [&](int64_t j, float v) {
-    if (w == 0.0f) return 0.0f;
+    if (w == 0.0f || j >= valid) return 0.0f;
     return w * (exp2f((v - lse) * kLog2e) - (j == col ? 1.0f : 0.0f));
   };
   int64_t head = head_to_16(x, sizeof(T));
@@ -113,7 +116,7 @@ __global__ void ce_bwd_kernel(const T* __restrict__ logits, const int32_t* __res
                               const float* __restrict__ mask, const float* __restrict__ lse,
                               const float* __restrict__ dmean, const double* mask_total_dev,
                               double mask_total_host, D* __restrict__ dlogits, int64_t N, int64_t V,
-                              int64_t start, int64_t vocab, LabelErrorSink sink) {
+                              int64_t valid, int64_t start, int64_t vocab, LabelErrorSink sink) {
   // The same few scalars in every thread: broadcast loads, no barrier needed.
   const double total = mask_total_dev != nullptr ? *mask_total_dev : mask_total_host;
   const double dm = dmean[0];
@@ -121,10 +124,10 @@ __global__ void ce_bwd_kernel(const T* __restrict__ logits, const int32_t* __res
     const float mk = mask != nullptr ? mask[n] : 1.0f;
     const float w = total != 0.0 ? static_cast<float>(dm * mk / total) : 0.0f;
     const int32_t label = labels[n];
-    const int64_t col = label - start >= 0 && label - start < V ? label - start : -1;
+    const int64_t col = label - start >= 0 && label - start < valid ? label - start : -1;
     if (threadIdx.x == 0 && mk != 0.0f && (label < 0 || label >= vocab))
       report_label_error(sink, LabelOp::kBwd, n, label, vocab);
-    ce_bwd_row<T, D>(logits + n * V, dlogits + n * V, V, w, lse[n], col);
+    ce_bwd_row<T, D>(logits + n * V, dlogits + n * V, V, valid, w, lse[n], col);
   }
 }
 
@@ -143,7 +146,7 @@ Status cross_entropy_fwd(const OpCall* call) {
       LOOM_CUDA_FLOAT_SWITCH(X.dtype, T, ops::kCrossEntropyFwd, {
         ce_fwd_kernel<T><<<blocks, threads, 0, stream>>>(
             static_cast<const T*>(X.data), static_cast<const int32_t*>(call->inputs[1].data), mask,
-            loss, static_cast<float*>(call->outputs[1].data), s.n, s.v, sink);
+            loss, static_cast<float*>(call->outputs[1].data), s.n, s.v, s.valid, sink);
       });
       launch_check(ops::kCrossEntropyFwd);
     }
@@ -175,7 +178,7 @@ Status cross_entropy_bwd(const OpCall* call) {
             static_cast<const T*>(X.data), static_cast<const int32_t*>(call->inputs[1].data), mask,
             static_cast<const float*>(call->inputs[3].data),
             static_cast<const float*>(call->inputs[4].data), total_dev, static_cast<double>(s.n),
-            static_cast<D*>(dX.data), s.n, s.v, s.start, s.vocab, sink);
+            static_cast<D*>(dX.data), s.n, s.v, s.valid, s.start, s.vocab, sink);
       });
     });
     launch_check(ops::kCrossEntropyBwd);

@@ -4,7 +4,8 @@
 // Shard stats: one block per row (grid-stride beyond 2^20 rows) folds this shard's V logits
 // into the online (max, sum of exp) of cross_entropy.cuh in one pass of 16-byte loads;
 // thread 0 writes (m, s, t), t read directly at column labels[n] - vocab_start when the label
-// is in this shard. A shard with no columns gives (-inf, 0, 0), which combine ignores.
+// is in this shard. The shard's padding columns (CeShape::valid) are left out; a shard with
+// no vocabulary columns gives (-inf, 0, 0), which combine ignores.
 // Combine: the (P, N, 3) stats are tiny (P shards, usually <= 8), so one thread per row
 // merges its P triples in f64 as the CPU reference does; then the masked mean of
 // cross_entropy.cu (one block, f64, on the device).
@@ -31,18 +32,18 @@ using op_checks::CombineShape;
 template <class T>
 __global__ void shard_stats_kernel(const T* __restrict__ logits, const int32_t* __restrict__ labels,
                                    const float* __restrict__ mask, float* __restrict__ stats,
-                                   int64_t N, int64_t V, int64_t start, int64_t vocab,
-                                   LabelErrorSink sink) {
+                                   int64_t N, int64_t V, int64_t valid, int64_t start,
+                                   int64_t vocab, LabelErrorSink sink) {
   for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
-    const T* row = logits + n * V;
-    const MaxSum ms = block_max_sum(row_max_sum(row, V));
+    const T* row = logits + n * V;  // columns [valid, V) are padding
+    const MaxSum ms = block_max_sum(row_max_sum(row, valid));
     if (threadIdx.x == 0) {
       const int32_t label = labels[n];
       const int64_t col = label - start;
       float* st = stats + n * 3;
       st[0] = ms.m;
       st[1] = ms.s;
-      st[2] = col >= 0 && col < V ? to_f32<T>(row[col]) : 0.0f;
+      st[2] = col >= 0 && col < valid ? to_f32<T>(row[col]) : 0.0f;
       const float w = mask != nullptr ? mask[n] : 1.0f;
       if (w != 0.0f && (label < 0 || label >= vocab))
         report_label_error(sink, LabelOp::kShardStats, n, label, vocab);
@@ -95,7 +96,7 @@ Status cross_entropy_shard_stats(const OpCall* call) {
       shard_stats_kernel<T><<<blocks, threads, 0, stream>>>(
           static_cast<const T*>(X.data), static_cast<const int32_t*>(call->inputs[1].data),
           static_cast<const float*>(call->inputs[2].data),
-          static_cast<float*>(call->outputs[0].data), s.n, s.v, s.start, s.vocab, sink);
+          static_cast<float*>(call->outputs[0].data), s.n, s.v, s.valid, s.start, s.vocab, sink);
     });
     launch_check(ops::kCrossEntropyShardStats);
   });

@@ -334,8 +334,18 @@ TEST(Generator, BatchOfTwoThroughTheCache) {
           positions ? make_view(pos.data(), DType::kI32, {b, t}) : empty_view(), empty_view()};
       TensorView out[2] = {};
       throw_if_error(model.forward(&ctx, in, 5, out, 2));
-      std::vector<float> logits(static_cast<size_t>(numel(out[1])));
-      core::load_floats(out[1], logits.data());
+      std::vector<float> all(static_cast<size_t>(numel(out[1])));
+      core::load_floats(out[1], all.data());
+      // (2, t, Vp): the vocabulary of 64 padded to 128 columns, whose padding is 0.
+      const int64_t columns = out[1].shape[2];
+      EXPECT_EQ(columns, 128);
+      std::vector<float> logits;
+      for (int64_t r = 0; r < b * t; ++r)
+        for (int64_t j = 0; j < columns; ++j) {
+          const float x = all[static_cast<size_t>(r * columns + j)];
+          if (j < kVocab) logits.push_back(x);
+          else EXPECT_EQ(x, 0.f) << "padding logit " << j;
+        }
       return logits;  // (2, t, V)
     };
     core::ForwardContext full_ctx(plugins->host(), false, RecomputePolicy::kNone, 0, 0, 1);

@@ -94,6 +94,7 @@ TEST(PluginManagerTest, BuildsAModelWithItsChildThroughTheRegistry) {
   ASSERT_NE(model, nullptr);
   EXPECT_EQ(interface_cast<INorm>(object.get()), nullptr);  // wrong kind is refused
   ParamInfo info{};
+  info.struct_size = sizeof(ParamInfo);
   ASSERT_EQ(model->param_info(0, &info).code, Code::kOk);
   EXPECT_EQ(info.global_shape[0], 7);
   EXPECT_EQ(info.global_shape[1], 3);

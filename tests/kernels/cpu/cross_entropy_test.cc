@@ -1,7 +1,7 @@
 // cross_entropy: the reference against f64, fast against reference over dtypes and odd
 // vocabularies, backward of the reference against finite differences, masks and labels
 // out of range; vocab-parallel cross entropy (shard stats, combine, backward of a shard)
-// against the unsplit ops.
+// against the unsplit ops; a padded vocabulary against the unpadded one.
 #include <cmath>
 
 #include "tests/kernels/cpu/op_test_util.h"
@@ -211,6 +211,125 @@ TEST_P(CrossEntropyShardTest, ShardsCombineToTheWholeVocabulary) {
 INSTANTIATE_TEST_SUITE_P(Dtypes, CrossEntropyShardTest, ::testing::ValuesIn(float_dtypes()),
                          dtype_param_name);
 
+// ---- Padded vocabulary ------------------------------------------------------------------
+
+// (N, V + pad) logits: the (N, V) logits with `pad` columns after each row holding
+// `filler`, values that would dominate the softmax if they took part.
+Tensor padded(const Tensor& x, int64_t pad, double filler) {
+  int64_t n = x.shape()[0], v = x.shape()[1];
+  Tensor y = Tensor::filled(x.dtype(), {n, v + pad}, filler);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < v; ++j) y.set(i * (v + pad) + j, x.get(i * v + j));
+  return y;
+}
+
+class CrossEntropyPaddingTest : public ::testing::TestWithParam<DType> {};
+
+// A vocabulary of V padded to V + pad columns (attrs vocab_size V): loss, lse and mean are
+// those of the unpadded (N, V) logits, the gradient is theirs with exact zeros in the padding,
+// also when the padded logits are split over tensor-parallel shards whose last ones hold
+// only padding (Megatron's layout: ceil(V / (128 tp)) 128 tp columns, tp equal shards).
+TEST_P(CrossEntropyPaddingTest, PaddingTakesNoPartAndGetsZeroGradient) {
+  std::mt19937 rng(6);
+  DType dt = GetParam();
+  for (int64_t n : {1, 33})
+    for (int64_t v : {7, 65, 1000})
+      for (int64_t pad : {1, 9, 128})
+        for (bool with_mask : {false, true}) {
+          std::string what = "V " + std::to_string(v) + " + " + std::to_string(pad) + ", N " +
+                             std::to_string(n) + (with_mask ? ", mask" : "");
+          CeInputs in = make(dt, n, v, with_mask, rng);
+          Tensor loss(DType::kF32, {n}), lse(DType::kF32, {n}), mean(DType::kF32, {1});
+          run_ref(ops::kCrossEntropyFwd, dt, {&in.logits, &in.labels, &in.mask},
+                  {&loss, &lse, &mean});
+          Tensor dmean = Tensor::filled(DType::kF32, {1}, 1.7), dx(dt, {n, v});
+          run_ref(ops::kCrossEntropyBwd, dt, {&in.logits, &in.labels, &in.mask, &lse, &dmean},
+                  {&dx});
+          const int64_t vp = v + pad;
+          Tensor wide = padded(in.logits, pad, 40.0);
+          ops::CrossEntropyShardAttrs vocab{0, v};
+          Tensor ploss(DType::kF32, {n}), plse(DType::kF32, {n}), pmean(DType::kF32, {1});
+          run_ref(ops::kCrossEntropyFwd, dt, {&wide, &in.labels, &in.mask}, {&ploss, &plse, &pmean},
+                  &vocab);
+          expect_close(ploss, loss.values(), DType::kF32, "padded loss, " + what);
+          expect_close(plse, lse.values(), DType::kF32, "padded lse, " + what);
+          expect_close(pmean, mean.values(), DType::kF32, "padded mean, " + what);
+          expect_fast_matches_ref(
+              ops::kCrossEntropyFwd, dt, {wide, in.labels, in.mask},
+              {Tensor(DType::kF32, {n}), Tensor(DType::kF32, {n}), Tensor(DType::kF32, {1})},
+              &vocab, what);
+          // The gradient: the unpadded one, and 0 in the padding (the filler is not 0).
+          Tensor dwide = Tensor::filled(dt, {n, vp}, 3.0);
+          run_ref(ops::kCrossEntropyBwd, dt, {&wide, &in.labels, &in.mask, &plse, &dmean},
+                  {&dwide}, &vocab);
+          expect_close(columns(dwide, 0, v), dx.values(), dt, "padded dlogits, " + what);
+          expect_close(columns(dwide, v, vp), std::vector<double>(n * pad, 0.0), DType::kF32,
+                       "padding's dlogits, " + what);
+          expect_fast_matches_ref(ops::kCrossEntropyBwd, dt,
+                                  {wide, in.labels, in.mask, plse, dmean},
+                                  {Tensor::filled(dt, {n, vp}, 3.0)}, &vocab, what);
+          // Vocab-parallel over p equal shards of the padded columns.
+          for (int64_t p : {2, 4}) {
+            if (vp % p != 0) continue;
+            const int64_t w = vp / p;
+            Tensor stacked(DType::kF32, {p, n, 3});
+            std::vector<Tensor> parts;
+            for (int64_t k = 0; k < p; ++k) {
+              ops::CrossEntropyShardAttrs at{k * w, v};
+              parts.push_back(columns(wide, k * w, (k + 1) * w));
+              Tensor stats(DType::kF32, {n, 3});
+              run_ref(ops::kCrossEntropyShardStats, dt, {&parts[k], &in.labels, &in.mask},
+                      {&stats}, &at);
+              expect_fast_matches_ref(ops::kCrossEntropyShardStats, dt,
+                                      {parts[k], in.labels, in.mask},
+                                      {Tensor(DType::kF32, {n, 3})}, &at, what);
+              for (int64_t i = 0; i < 3 * n; ++i) stacked.set(k * 3 * n + i, stats.get(i));
+            }
+            Tensor closs(DType::kF32, {n}), clse(DType::kF32, {n}), cmean(DType::kF32, {1});
+            run_ref(ops::kCrossEntropyCombine, DType::kF32, {&stacked, &in.labels, &in.mask},
+                    {&closs, &clse, &cmean}, &vocab);
+            const std::string shards = std::to_string(p) + " shards, " + what;
+            expect_close(closs, loss.values(), DType::kF32, "combined loss, " + shards);
+            expect_close(clse, lse.values(), DType::kF32, "combined lse, " + shards);
+            for (int64_t k = 0; k < p; ++k) {
+              ops::CrossEntropyShardAttrs at{k * w, v};
+              Tensor dpart = Tensor::filled(dt, {n, w}, 3.0);
+              run_ref(ops::kCrossEntropyBwd, dt, {&parts[k], &in.labels, &in.mask, &clse, &dmean},
+                      {&dpart}, &at);
+              std::vector<double> expected = columns(dwide, k * w, (k + 1) * w).values();
+              expect_close(dpart, expected, dt, "dlogits of shard " + std::to_string(k) + ", " +
+                                                    shards);
+              expect_fast_matches_ref(ops::kCrossEntropyBwd, dt,
+                                      {parts[k], in.labels, in.mask, clse, dmean},
+                                      {Tensor::filled(dt, {n, w}, 3.0)}, &at, shards);
+            }
+          }
+        }
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, CrossEntropyPaddingTest, ::testing::ValuesIn(float_dtypes()),
+                         dtype_param_name);
+
+TEST(CrossEntropyPadding, LabelsInThePaddingAreOutOfRange) {
+  // Vocabulary 3 padded to 4 columns: label 3 is padding, an error unless masked.
+  Tensor logits = Tensor::filled(DType::kF32, {2, 4}, 0.5), none,
+         labels = Tensor::i32({2}, {0, 3}), loss(DType::kF32, {2}), lse(DType::kF32, {2}),
+         mean(DType::kF32, {1});
+  ops::CrossEntropyShardAttrs vocab{0, 3};
+  for (const char* name : {"cpu.ref", "cpu.fast"}) {
+    Status s = call_kernel(ops::kCrossEntropyFwd, name, DType::kF32, {&logits, &labels, &none},
+                           {&loss, &lse, &mean}, &vocab);
+    EXPECT_EQ(s.code, Code::kOutOfRange) << name;
+    EXPECT_EQ(take_message(&s), "cross_entropy_fwd: labels[1] = 3 is outside [0, 3) (the "
+                                "vocabulary); fix the data or set its mask to 0");
+    Tensor mask = Tensor::filled(DType::kF32, {2}, 1.0);
+    mask.set(1, 0.0);
+    run(ops::kCrossEntropyFwd, name, DType::kF32, {&logits, &labels, &mask}, {&loss, &lse, &mean},
+        &vocab);
+    expect_close(lse, {0.5 + std::log(3.0), 0.5 + std::log(3.0)}, DType::kF32, name);
+  }
+}
+
 TEST(CrossEntropyShardLabels, OutOfRangeIsAnErrorUnlessMasked) {
   // Columns [4, 6) of a vocabulary of 6; label 5 is in this shard, 1 in another one.
   ops::CrossEntropyShardAttrs at{4, 6};
@@ -256,20 +375,36 @@ TEST(CrossEntropyShardAttrs, BadOrMissingAttrsAreRefused) {
                                       stats(DType::kF32, {2, 3});
   for (const char* name : {"cpu.ref", "cpu.fast"}) {
     const KernelDesc& k = kernel(ops::kCrossEntropyShardStats, DType::kF32, name);
+    // (3, 5) places the 3 columns partly in the padding after a vocabulary of 5: allowed.
     for (ops::CrossEntropyShardAttrs at :
-         {ops::CrossEntropyShardAttrs{-1, 5}, ops::CrossEntropyShardAttrs{3, 5}}) {
+         {ops::CrossEntropyShardAttrs{-1, 5}, ops::CrossEntropyShardAttrs{0, -5}}) {
       CallHolder h({&logits, &labels, &none}, {&stats}, &at);
       EXPECT_FALSE(k.supports(&h.call)) << name;
       Status s = k.fn(&h.call);
       EXPECT_EQ(s.code, Code::kInvalidArgument);
-      EXPECT_EQ(take_message(&s),
-                "cross_entropy_shard_stats: attrs vocab_start = " + std::to_string(at.vocab_start) +
-                    ", vocab_size = 5 do not place the logits' 3 columns inside "
-                    "the vocabulary: need vocab_start >= 0 and vocab_start + V "
-                    "<= vocab_size");
+      EXPECT_EQ(take_message(&s), "cross_entropy_shard_stats: attrs vocab_start = " +
+                                      std::to_string(at.vocab_start) +
+                                      ", vocab_size = " + std::to_string(at.vocab_size) +
+                                      ": both must be >= 0");
       Tensor lse(DType::kF32, {2}), dmean(DType::kF32, {1}), dx(DType::kF32, {2, 3});
       CallHolder hb({&logits, &labels, &none, &lse, &dmean}, {&dx}, &at);
       EXPECT_FALSE(kernel(ops::kCrossEntropyBwd, DType::kF32, name).supports(&hb.call)) << name;
+    }
+    // The forward takes the whole vocabulary: vocab_start 0, 1 <= vocab_size <= V.
+    for (ops::CrossEntropyShardAttrs at :
+         {ops::CrossEntropyShardAttrs{1, 2}, ops::CrossEntropyShardAttrs{0, 4},
+          ops::CrossEntropyShardAttrs{0, 0}}) {
+      Tensor loss(DType::kF32, {2}), lse(DType::kF32, {2}), mean(DType::kF32, {1});
+      const KernelDesc& f = kernel(ops::kCrossEntropyFwd, DType::kF32, name);
+      CallHolder hf({&logits, &labels, &none}, {&loss, &lse, &mean}, &at);
+      EXPECT_FALSE(f.supports(&hf.call)) << name;
+      Status s = f.fn(&hf.call);
+      EXPECT_EQ(s.code, Code::kInvalidArgument);
+      EXPECT_NE(take_message(&s).find("cross_entropy_fwd: attrs vocab_start = " +
+                                      std::to_string(at.vocab_start) + ", vocab_size = " +
+                                      std::to_string(at.vocab_size) +
+                                      ": the forward takes the whole vocabulary, padded or not"),
+                std::string::npos);
     }
     // Shard stats need their attrs (the shard's place in the vocabulary).
     CallHolder h({&logits, &labels, &none}, {&stats}, static_cast<const NoAttrs*>(nullptr));

@@ -235,21 +235,47 @@ TEST(EmbeddingShards, IdsOutsideTheVocabularyAreAnErrorOthersOutsideTheShardAreN
   }
 }
 
+// A vocabulary of 5 padded to 12 rows over 3 shards of 4 (Megatron's layout): shard 1 holds
+// rows [4, 8), of which [5, 8) padding, shard 2 padding whole. Ids are checked against the
+// vocabulary, so the padding is never read or written; the shards sum to the unpadded table.
+TEST(EmbeddingShards, PaddingRowsAreNeverReached) {
+  Tensor ids = Tensor::i32({4}, {4, 0, 3, 4}), dy = Tensor::filled(DType::kF32, {4, 2}, 1.0);
+  for (const char* name : {"cpu.ref", "cpu.fast"}) {
+    std::vector<double> sum(8, 0.0);
+    for (int64_t k = 0; k < 3; ++k) {
+      ops::EmbeddingAttrs at{4 * k, 5};
+      Tensor table(DType::kF32, {4, 2}), y(DType::kF32, {4, 2}), dtable(DType::kF32, {4, 2});
+      for (int64_t i = 0; i < 8; ++i) table.set(i, 10.0 * (4 * k + i / 2) + i % 2);
+      run(ops::kEmbeddingFwd, name, DType::kF32, {&table, &ids}, {&y}, &at);
+      for (int64_t i = 0; i < 8; ++i) sum[i] += y.get(i);
+      run(ops::kEmbeddingBwd, name, DType::kF32, {&dy, &ids}, {&dtable}, &at);
+      // Row 4 (shard 1's row 0) is looked up twice; padding rows get nothing.
+      std::vector<double> expected(8, 0.0);
+      if (k == 0) expected = {1, 1, 0, 0, 0, 0, 1, 1};
+      if (k == 1) expected = {2, 2, 0, 0, 0, 0, 0, 0};
+      EXPECT_EQ(dtable.values(), expected) << name << " shard " << k;
+      Tensor bad = Tensor::i32({1}, {5}), row(DType::kF32, {1, 2});
+      Status s = call_kernel(ops::kEmbeddingFwd, name, DType::kF32, {&table, &bad}, {&row}, &at);
+      EXPECT_EQ(s.code, Code::kOutOfRange) << name << " shard " << k;
+      take_message(&s);
+    }
+    EXPECT_EQ(sum, (std::vector<double>{40, 41, 0, 1, 30, 31, 40, 41})) << name;
+  }
+}
+
 TEST(EmbeddingShards, BadAttrsAreRefused) {
   Tensor table(DType::kF32, {2, 2}), ids = Tensor::i32({1}, {0}), y(DType::kF32, {1, 2});
   for (const char* name : {"cpu.ref", "cpu.fast"}) {
     const KernelDesc& k = kernel(ops::kEmbeddingFwd, DType::kF32, name);
-    for (ops::EmbeddingAttrs at :
-         {ops::EmbeddingAttrs{-1, 5}, ops::EmbeddingAttrs{4, 5}, ops::EmbeddingAttrs{0, 1}}) {
+    // ({4, 5} and {0, 1} place table rows in the padding after the vocabulary: allowed.)
+    for (ops::EmbeddingAttrs at : {ops::EmbeddingAttrs{-1, 5}, ops::EmbeddingAttrs{0, -1}}) {
       CallHolder h({&table, &ids}, {&y}, &at);
       EXPECT_FALSE(k.supports(&h.call)) << name;
       Status s = k.fn(&h.call);
       EXPECT_EQ(s.code, Code::kInvalidArgument);
-      EXPECT_EQ(take_message(&s),
-                "embedding_fwd: attrs vocab_start = " + std::to_string(at.vocab_start) +
-                    ", vocab_size = " + std::to_string(at.vocab_size) +
-                    " do not place the table's 2 rows inside the vocabulary: "
-                    "need vocab_start >= 0 and vocab_start + V <= vocab_size");
+      EXPECT_EQ(take_message(&s), "embedding_fwd: attrs vocab_start = " +
+                                      std::to_string(at.vocab_start) + ", vocab_size = " +
+                                      std::to_string(at.vocab_size) + ": both must be >= 0");
     }
     // An attrs struct of the wrong size.
     ops::RopeAttrs wrong{0};

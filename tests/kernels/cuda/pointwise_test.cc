@@ -115,9 +115,9 @@ TEST(PointwiseChecks, BadCallsFailWithTheCpuKernelsWords) {
   expect_same_refusal(ops::kSwigluFwd, DType::kF32, {&odd}, {&half},
                       static_cast<const NoAttrs*>(nullptr), "must be even");
   Tensor table(DType::kF32, {2, 2}), ids = Tensor::i32({1}, {0}), row(DType::kF32, {1, 2});
-  ops::EmbeddingAttrs shard{4, 5};
+  ops::EmbeddingAttrs shard{-4, 5};
   expect_same_refusal(ops::kEmbeddingFwd, DType::kF32, {&table, &ids}, {&row}, &shard,
-                      "do not place the table's 2 rows inside the vocabulary");
+                      "attrs vocab_start = -4, vocab_size = 5: both must be >= 0");
   Tensor q(DType::kF32, {1, 2, 4, 8}), inv(DType::kF32, {2}), qy(DType::kF32, {1, 2, 4, 8});
   ops::RopeAttrs rope{3};
   expect_same_refusal(ops::kRopeFwd, DType::kF32, {&q, &none, &inv}, {&qy}, &rope,

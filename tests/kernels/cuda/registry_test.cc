@@ -306,10 +306,10 @@ TEST(FamilyRegistry, BadCallsFailWithTheCpuKernelsWords) {
                        view(DType::kF32, {4}, cu, p), view(DType::kF32, {1}, cu, p)},
                       {view(DType::kF32, {4, 16}, cu, p)}, &kShard),
                  nullptr});
-  bad.back().call.in[0].shape[1] = 16;  // fine; the shard below does not fit
-  static const ops::CrossEntropyShardAttrs kTooFar{30, 40};
-  bad.back().call.call.attrs = &kTooFar;
-  bad.back().expect = "cross_entropy_bwd: attrs vocab_start = 30";
+  bad.back().call.in[0].shape[1] = 16;  // fine; the shard's place below is not
+  static const ops::CrossEntropyShardAttrs kNegative{-2, 40};
+  bad.back().call.call.attrs = &kNegative;
+  bad.back().expect = "cross_entropy_bwd: attrs vocab_start = -2";
   bad.push_back({ops::kAdamWStep, DType::kF32,
                  Call({view(DType::kF32, {8}, cu, p)},
                       {view(DType::kF32, {8}, cu, p), view(DType::kF32, {8}, cu, p),

@@ -104,13 +104,18 @@ TEST(Gpt, LossIsTheMaskedMeanAndLogitsAreReturned) {
   IModule& model = build_resolved(h, kinds::kModel, gpt2(), root(true));
   Result r = ModuleCheck(h, model, model_call(h, false, true)).run();
   ASSERT_EQ(r.outputs[0].size(), 1u);
-  ASSERT_EQ(r.outputs[1].size(), 2u * 4 * 11);
-  // Recompute the masked mean cross entropy from the returned logits.
+  // The vocabulary of 11 padded to 128 columns (make_vocab_size_divisible_by's default): the
+  // padding's logits are those of zero rows.
+  ASSERT_EQ(r.outputs[1].size(), 2u * 4 * 128);
+  for (size_t i = 0; i < r.outputs[1].size(); ++i)
+    if (i % 128 >= 11) ASSERT_EQ(r.outputs[1][i], 0.f) << "padding logit " << i;
+  // Recompute the masked mean cross entropy from the returned logits, over the vocabulary's
+  // 11 columns: near log(11), not log(128), so the padding takes no part.
   double total = 0;
   int count = 0;
   for (int i = 0; i < 8; ++i) {
     if (i == 6) continue;
-    const float* row = &r.outputs[1][static_cast<size_t>(i * 11)];
+    const float* row = &r.outputs[1][static_cast<size_t>(i * 128)];
     double m = *std::max_element(row, row + 11), sum = 0;
     for (int v = 0; v < 11; ++v) sum += std::exp(row[v] - m);
     total += m + std::log(sum) - row[(i * 5 + 1) % 11];
@@ -250,13 +255,15 @@ TEST(Gpt, Gpt2ParameterNamesAndCount) {
   want.push_back("decoder.final_layernorm.weight");
   want.push_back("decoder.final_layernorm.bias");
   EXPECT_EQ(names(h), want);
-  // V*C + P*C + L * (qkv 3C*C + 3C, proj C*C + C, 2 norms 4C, fc1 4C*C + 4C, fc2 4C*C + C) + 2C
+  // Vp*C + P*C + L * (qkv 3C*C + 3C, proj C*C + C, 2 norms 4C, fc1 4C*C + 4C, fc2 4C*C + C) +
+  // 2C, with the vocabulary of 11 padded to Vp = 128 rows (11 valid)
   EXPECT_EQ(h.params().numel(),
-            11 * 8 + 6 * 8 + 2 * (24 * 8 + 24 + 64 + 8 + 32 + 256 + 32 + 256 + 8) + 16);
+            128 * 8 + 6 * 8 + 2 * (24 * 8 + 24 + 64 + 8 + 32 + 256 + 32 + 256 + 8) + 16);
   core::Parameter* word = h.params().find("embedding.word_embeddings.weight");
   EXPECT_TRUE(word->info.flags & kParamTiedEmbedding);
   EXPECT_EQ(word->info.tp_split_dim, 0);
-  EXPECT_EQ(word->info.shape[0], 11);
+  EXPECT_EQ(word->info.shape[0], 128);
+  EXPECT_EQ(word->valid_rows(), 11);
   EXPECT_EQ(h.params().find("embedding.position_embeddings.weight")->info.shape[0], 6);
   EXPECT_TRUE(h.params().find("decoder.layers.1.mlp.linear_fc1.bias")->info.flags &
               kParamNoWeightDecay);
@@ -273,8 +280,10 @@ TEST(Gpt, LlamaParameterNamesAndCount) {
   want.push_back("decoder.final_layernorm.weight");
   want.push_back("output_layer.weight");
   EXPECT_EQ(names(h), want);
-  // V*C + L * (qkv (H+2G)D*C, proj C*HD, 2 norms, fc1 2F*C, fc2 C*F) + C + V*C
-  EXPECT_EQ(h.params().numel(), 88 + 2 * (16 * 8 + 64 + 16 + 24 * 8 + 8 * 12) + 8 + 88);
+  // Vp*C + L * (qkv (H+2G)D*C, proj C*HD, 2 norms, fc1 2F*C, fc2 C*F) + C + Vp*C (Vp = 128,
+  // the vocabulary of 11 padded)
+  EXPECT_EQ(h.params().numel(), 1024 + 2 * (16 * 8 + 64 + 16 + 24 * 8 + 8 * 12) + 8 + 1024);
+  EXPECT_EQ(h.params().find("output_layer.weight")->valid_rows(), 11);
   EXPECT_FALSE(h.params().find("embedding.word_embeddings.weight")->info.flags &
                kParamTiedEmbedding);
   EXPECT_EQ(h.params().find("output_layer.weight")->info.tp_split_dim, 0);

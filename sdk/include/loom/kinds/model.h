@@ -70,6 +70,8 @@ struct ModelCost {
 ///                        (model 1.1; the first stage takes none)
 ///   forward outputs: [0] loss, scalar f32 (mean over unmasked tokens of this micro-batch),
 ///                    [1] logits (B, T, V) when the model was built to return them, else empty
+///                    (or (B, T, Vp), Vp > V: a padded vocabulary, whose columns from V on are
+///                    padding, never sampled)
 ///                    [2] hidden out (ModelInfo::hidden), a stage that is not the last
 ///                    [3] loss sum, scalar f32: the sum of the unmasked tokens' losses
 ///                    [4] loss tokens, scalar f32: how many tokens were unmasked

@@ -61,6 +61,14 @@ struct ParamInfo {
   uint32_t flags;                  ///< ParamFlags
   ParamInit init;                  ///< initialisation rule
   float init_std;                  ///< scale for kNormal / kScaledNormal / kUniform
+  /// Rows of dimension 0 of the whole tensor that hold the model's values; the rows from
+  /// valid_rows to global_shape[0] are padding (a vocabulary padded to a multiple of
+  /// make_vocab_size_divisible_by x tp, so that its GEMMs get aligned shapes). The core
+  /// initialises padding to 0, the module keeps it out of every result (so its gradient is
+  /// 0 and it stays 0), and checkpoints and exports hold only the valid rows: a checkpoint
+  /// loads into any padding. 0 (or global_shape[0]): no padding. Read only when
+  /// struct_size covers it (a module built against an older SDK has none).
+  int64_t valid_rows;
 };
 
 /// Activation recomputation policy of a forward context.
@@ -227,7 +235,8 @@ class IModule : public IObject {
  public:
   /// Number of parameters this module declares directly (children declare their own).
   virtual int32_t param_count() const noexcept = 0;
-  /// Describes parameter `index` in [0, param_count()).
+  /// Describes parameter `index` in [0, param_count()). The caller sets out->struct_size to
+  /// its sizeof(ParamInfo); the module writes at most that many bytes (loom::copy_struct).
   virtual Status param_info(int32_t index, ParamInfo* out) const noexcept = 0;
   /// Gives the module the storage of parameter `index` and of its gradient (the core owns
   /// both; the gradient view is accumulated into by backward, never overwritten).

@@ -27,6 +27,14 @@ namespace loom::ops {
 /// of vocab_size, lse is the logsumexp over the whole vocabulary (cross_entropy_combine),
 /// labels are validated against [0, vocab_size), and the onehot term applies only to a
 /// label inside this shard (column labels[n] - vocab_start).
+/// Padding (a vocabulary padded to a multiple of make_vocab_size_divisible_by x tp, as in
+/// Megatron, so that the output layer's GEMMs get aligned shapes): logits columns whose
+/// vocabulary column vocab_start + j is at or beyond vocab_size are padding. They take no
+/// part in the max, the sum of exponentials, the label or the loss, so the results equal
+/// those of the unpadded logits, and their gradient is exactly 0 (unlike Megatron, which
+/// keeps them in the softmax). cross_entropy_fwd takes optional attrs for this alone
+/// (vocab_start 0, vocab_size <= V); a shard may be padding whole (vocab_start >=
+/// vocab_size: stats (-inf, 0, 0), gradient 0).
 inline constexpr const char* kCrossEntropyFwd = "cross_entropy_fwd";
 inline constexpr const char* kCrossEntropyBwd = "cross_entropy_bwd";
 struct CrossEntropyShardAttrs {
@@ -38,7 +46,8 @@ struct CrossEntropyShardAttrs {
 /// tensor-parallel group, so that no rank ever holds the whole (N, V) logits:
 /// "cross_entropy_shard_stats": per row of this rank's shard of the logits, the statistics
 /// that combine into the loss: stats[n] = (m, s, t) with m = max_j logits[n, j],
-/// s = sum_j exp(logits[n, j] - m), and t = logits[n, labels[n] - vocab_start] when the
+/// s = sum_j exp(logits[n, j] - m) over the shard's vocabulary columns (not its padding, see
+/// above; none: m = -inf, s = 0), and t = logits[n, labels[n] - vocab_start] when the
 /// label falls in [vocab_start, vocab_start + V), else 0. Labels outside [0, vocab_size)
 /// are an error (kOutOfRange) unless their mask is 0 (such rows get t = 0).
 ///   inputs:  [0] logits float (N, V) (this shard), [1] labels i32 (N),

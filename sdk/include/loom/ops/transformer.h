@@ -19,7 +19,9 @@ namespace loom::ops {
 /// the rows [vocab_start, vocab_start + V) of a vocabulary of vocab_size rows split over
 /// tensor-parallel ranks: an id in that range uses row id - vocab_start; any other id in
 /// [0, vocab_size) gives a zero row (forward) and adds nothing (backward); ids outside
-/// [0, vocab_size) are an error (kOutOfRange).
+/// [0, vocab_size) are an error (kOutOfRange). Table rows at or beyond vocabulary row
+/// vocab_size are padding (a padded vocabulary, ParamInfo::valid_rows): no id reaches them,
+/// and a table may be padding whole (vocab_start >= vocab_size).
 inline constexpr const char* kEmbeddingFwd = "embedding_fwd";
 inline constexpr const char* kEmbeddingBwd = "embedding_bwd";
 struct EmbeddingAttrs {

@@ -51,6 +51,9 @@ struct ParamSpec {
   int32_t tp_size = 1;  ///< ranks in that group (tp, or etp): the local shape divides
                         ///< shape[tp_split_dim] by it (the module checked divisibility)
   int32_t expert_index = -1;  ///< the global expert id of a kParamExpert parameter
+  /// Rows of dimension 0 (of `shape`) that hold values, the rest padding (ParamInfo::
+  /// valid_rows); 0: none padded. The module keeps the padding out of its results.
+  int64_t valid_rows = 0;
 };
 
 template <class I>
@@ -58,7 +61,7 @@ class ModuleBase : public Object<I> {
  public:
   int32_t param_count() const noexcept override { return static_cast<int32_t>(params_.size()); }
   Status param_info(int32_t index, ParamInfo* out) const noexcept override {
-    return guard([&] { *out = slot(index).info; });
+    return guard([&] { copy_struct(slot(index).info, out); });
   }
   Status bind_param(int32_t index, const TensorView* param,
                     const TensorView* grad) noexcept override {
@@ -163,6 +166,11 @@ class ModuleBase : public Object<I> {
     p.info.flags = spec.flags;
     p.info.init = spec.init;
     p.info.init_std = spec.init_std;
+    LOOM_CHECK(spec.valid_rows >= 0 && (spec.shape.empty() ? spec.valid_rows == 0
+                                                           : spec.valid_rows <= spec.shape[0]),
+               "parameter ", p.name, ": valid_rows ", spec.valid_rows, " outside its ",
+               spec.shape.empty() ? 0 : spec.shape[0], " rows");
+    p.info.valid_rows = spec.valid_rows;
     params_.push_back(std::move(p));
     // Names point into the slots' strings; fix them up after every move of the vector.
     for (ParamSlot& q : params_) q.info.name = q.name.c_str();

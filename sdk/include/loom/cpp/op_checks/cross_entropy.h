@@ -21,14 +21,16 @@ namespace loom::op_checks {
 
 /// The rows and vocabulary columns of a cross-entropy call.
 struct CeShape {
-  int64_t n, v;       ///< rows, columns of these logits
+  int64_t n, v;       ///< rows, columns of these logits (the row stride)
   int64_t start = 0;  ///< vocabulary column of logits column 0 (0 without shard attrs)
   int64_t vocab = 0;  ///< columns of the whole vocabulary (v without shard attrs)
+  int64_t valid = 0;  ///< columns [0, valid) of these logits are vocabulary, the rest padding:
+                      ///< clamp(vocab - start, 0, v)
 
   /// Column of `label` in these logits, or -1 when another shard (or no shard) holds it.
   int64_t column(int32_t label) const {
     int64_t j = label - start;
-    return j >= 0 && j < v ? j : -1;
+    return j >= 0 && j < valid ? j : -1;
   }
 };
 
@@ -37,7 +39,7 @@ inline CeShape check_ce_inputs(const OpArgs& a) {
   const TensorView& logits = a.float_in(0);
   a.rank_in(0, 1, "(N, V)");
   CeShape s{rows_of(logits), last_dim(logits)};
-  s.vocab = s.v;
+  s.vocab = s.valid = s.v;
   a.i32_in(1);
   a.numel_in(1, s.n, "(N)");
   if (a.opt_f32_in(2)) a.numel_in(2, s.n, "(N)");
@@ -45,20 +47,24 @@ inline CeShape check_ce_inputs(const OpArgs& a) {
 }
 
 /// Takes the shard's place in the vocabulary from `at` (null: the logits are the whole
-/// vocabulary), checking that vocab_start >= 0 and vocab_start + V <= vocab_size.
+/// vocabulary, no padding), checking that vocab_start >= 0 and vocab_size >= 0. Columns at
+/// or beyond vocabulary column vocab_size are padding (a padded vocabulary: CeShape::valid).
 inline void apply_shard_attrs(const OpArgs& a, const ops::CrossEntropyShardAttrs* at, CeShape* s) {
   if (at == nullptr) return;
-  // vocab_start > vocab_size - V rather than vocab_start + V > vocab_size: no overflow.
-  if (at->vocab_start < 0 || at->vocab_size < 0 || at->vocab_start > at->vocab_size - s->v)
+  if (at->vocab_start < 0 || at->vocab_size < 0)
     a.fail("attrs vocab_start = " + std::to_string(at->vocab_start) + ", vocab_size = " +
-           std::to_string(at->vocab_size) + " do not place the logits' " + std::to_string(s->v) +
-           " columns inside the vocabulary: need vocab_start >= 0 and vocab_start + V <= "
-           "vocab_size");
+           std::to_string(at->vocab_size) + ": both must be >= 0");
   s->start = at->vocab_start;
   s->vocab = at->vocab_size;
+  // vocab - start < v rather than start + v > vocab: no overflow.
+  s->valid = at->vocab_size - at->vocab_start >= s->v ? s->v
+             : at->vocab_size > at->vocab_start   ? at->vocab_size - at->vocab_start
+                                                  : 0;
 }
 
-/// cross_entropy_fwd: logits, labels, mask -> loss f32 (N), lse f32 (N), mean f32 (1).
+/// cross_entropy_fwd: logits, labels, mask -> loss f32 (N), lse f32 (N), mean f32 (1);
+/// optional CrossEntropyShardAttrs with vocab_start 0 and 1 <= vocab_size <= V: columns
+/// [vocab_size, V) are padding.
 inline CeShape check_cross_entropy_fwd(const OpCall* call, bool shapes_only, DeviceType device) {
   OpArgs a(call, ops::kCrossEntropyFwd, {"logits", "labels", "mask"}, {"loss", "lse", "mean"},
            shapes_only, device);
@@ -69,6 +75,13 @@ inline CeShape check_cross_entropy_fwd(const OpCall* call, bool shapes_only, Dev
   a.numel_out(1, s.n, "(N)");
   a.f32_out(2);
   a.shape_out(2, {1}, "(1)");
+  const auto* at = a.opt_attrs<ops::CrossEntropyShardAttrs>();
+  if (at != nullptr && (at->vocab_start != 0 || at->vocab_size < 1 || at->vocab_size > s.v))
+    a.fail("attrs vocab_start = " + std::to_string(at->vocab_start) + ", vocab_size = " +
+           std::to_string(at->vocab_size) + ": the forward takes the whole vocabulary, padded "
+           "or not (vocab_start 0, 1 <= vocab_size <= V = " + std::to_string(s.v) +
+           "); a shard of it goes through cross_entropy_shard_stats");
+  apply_shard_attrs(a, at, &s);
   return s;
 }
 

@@ -47,11 +47,11 @@ inline EmbShape check_embedding(const OpCall* call, bool shapes_only, DeviceType
            ", expected (N, C) with N = " + std::to_string(s.n) +
            " (the ids) and C = " + std::to_string(s.c));
   if (const ops::EmbeddingAttrs* at = a.opt_attrs<ops::EmbeddingAttrs>()) {
-    if (at->vocab_start < 0 || at->vocab_size < 0 || at->vocab_start > at->vocab_size - s.v)
+    // Table rows at or beyond vocabulary row vocab_size are padding (a padded vocabulary):
+    // ids are checked against vocab_size, so no id reaches them.
+    if (at->vocab_start < 0 || at->vocab_size < 0)
       a.fail("attrs vocab_start = " + std::to_string(at->vocab_start) + ", vocab_size = " +
-             std::to_string(at->vocab_size) + " do not place the table's " + std::to_string(s.v) +
-             " rows inside the vocabulary: need vocab_start >= 0 and vocab_start + V <= "
-             "vocab_size");
+             std::to_string(at->vocab_size) + ": both must be >= 0");
     s.start = at->vocab_start;
     s.vocab = at->vocab_size;
     s.sharded = true;
