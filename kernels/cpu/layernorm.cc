@@ -63,7 +63,7 @@ Status layernorm_bwd_ref(const OpCall* call) {
       double mg = 0.0, mgx = 0.0;
       for (int64_t c = 0; c < s.c; ++c) {
         double xhat = (load(X, n * s.c + c) - mean[n]) * static_cast<double>(rstd[n]);
-        double dy = load(dY, n * s.c + c), g = dy * (load(W, c) + gamma_shift);
+        double dy = load(dY, n * s.c + c), g = dy * (static_cast<double>(load(W, c)) + gamma_shift);
         mg += g;
         mgx += g * xhat;
         dw_acc[c] += dy * xhat;
@@ -73,7 +73,11 @@ Status layernorm_bwd_ref(const OpCall* call) {
       mgx /= static_cast<double>(s.c);
       for (int64_t c = 0; c < s.c; ++c) {
         double xhat = (load(X, n * s.c + c) - mean[n]) * static_cast<double>(rstd[n]);
-        double g = load(dY, n * s.c + c) * (load(W, c) + gamma_shift);
+        // g exactly as above, in f64: a product rounded to f32 here but not there would leave
+        // g - mean(g) = its rounding error (times rstd, 316 at eps 1e-5) where it must be 0
+        // (C = 1: xhat = 0 and mean(g) = g).
+        double g = static_cast<double>(load(dY, n * s.c + c)) *
+                   (static_cast<double>(load(W, c)) + gamma_shift);
         store(dX, n * s.c + c, static_cast<float>(rstd[n] * (g - mg - xhat * mgx)));
       }
     }

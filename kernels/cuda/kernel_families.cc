@@ -3,6 +3,7 @@
 #include <loom/cpp/error.h>
 
 #include "kernels/cuda/attention/attention.h"
+#include "kernels/cuda/attention/cudnn_attention.h"
 #include "kernels/cuda/elementwise/elementwise.h"
 #include "kernels/cuda/gemm/gemm.h"
 #include "kernels/cuda/loss/loss.h"
@@ -21,6 +22,8 @@ void add_all_kernels(std::vector<KernelDesc>& out) {
   add_elementwise_kernels(out);
   add_pointwise_kernels(out);
   add_attention_kernels(out);
+  // Above loom's own attention kernels; each call falls back to them (cudnn_attention.h).
+  add_cudnn_attention_kernels(out);
   add_attention_merge_kernels(out);
   add_moe_kernels(out);
   add_mamba_kernels(out);

@@ -8,6 +8,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -258,6 +261,11 @@ TEST_F(DeviceTest, RealCudaMatchesTheCpuOrSaysWhyNot) {
   body["precision"] = {{"params", "bf16"}};
   auto cpu = train("cpu_ref", body, "cpu");
   ASSERT_EQ(cpu.exit_code, 0) << cpu.out << cpu.err;
+  {
+    Curve c = curve("cpu_ref");
+    ASSERT_FALSE(c.steps.empty());
+    EXPECT_LT(c.steps.rbegin()->second.first, c.steps.begin()->second.first) << "CPU: no learning";
+  }
   body["train"]["device"] = "cuda";  // default kernel library: kernels_cuda
   fs::path spec = dir_ / "real.json";
   write_file(spec, body.dump(2));
@@ -272,11 +280,18 @@ TEST_F(DeviceTest, RealCudaMatchesTheCpuOrSaysWhyNot) {
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   Curve a = curve("cpu_ref"), b = curve("real");
   ASSERT_EQ(b.steps.size(), a.steps.size());
+  ASSERT_FALSE(a.steps.empty());
+  // It learns on the GPU too: the last loss below the first.
+  EXPECT_LT(b.steps.rbegin()->second.first, b.steps.begin()->second.first) << "GPU";
+  double worst = 0;
   for (const auto& [step, lg] : a.steps) {
-    EXPECT_NEAR(b.steps.at(step).first, lg.first, 2e-2 * std::abs(lg.first)) << "step " << step;
+    worst = std::max(worst, std::abs(b.steps.at(step).first - lg.first) / std::abs(lg.first));
+    // bf16 activations in another summation order: 2e-3 of the loss.
+    EXPECT_NEAR(b.steps.at(step).first, lg.first, 2e-3 * std::abs(lg.first)) << "step " << step;
     EXPECT_NEAR(b.steps.at(step).second, lg.second, 5e-2 * std::abs(lg.second) + 1e-3)
         << "grad norm at step " << step;
   }
+  std::printf("[error] device loss vs CPU: max rel %.3g over %zu steps\n", worst, a.steps.size());
 }
 
 }  // namespace

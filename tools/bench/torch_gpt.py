@@ -10,9 +10,11 @@ full training steps (forward, backward, AdamW) on random tokens, after warm-up, 
 prints one JSON object: tokens/s, ms/step, model FLOPs (6N + 6LTC per token, as loom
 counts them, N the active parameters: K experts per MoE layer). With the spec's
 precision.params bf16 the forward runs under bf16 autocast (f32 weights and AdamW).
+With --compile the model runs through torch.compile (PyTorch 2; the first warm-up step
+compiles, about a minute for GPT-2: "first_step_s" reports it; the timed steps exclude it).
 
 usage: torch_gpt.py SPEC [--batch B] [--seq T] [--steps N] [--warmup N] [--threads N]
-                    [--device cpu|cuda]
+                    [--device cpu|cuda] [--compile]
 """
 import argparse
 import json
@@ -152,7 +154,13 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--compile", action="store_true",
+                    help="torch.compile the model (PyTorch 2); the warm-up includes compiling")
     a = ap.parse_args()
+    if a.compile and not hasattr(torch, "compile"):
+        raise SystemExit(f"torch_gpt.py: --compile needs PyTorch 2 (this is {torch.__version__})")
+    if a.compile and a.warmup < 1:
+        raise SystemExit("torch_gpt.py: --compile needs --warmup >= 1 (the first step compiles)")
     spec = json.load(open(a.spec))
     m = spec["model"]
     B = a.batch or spec["train"].get("micro_batch_size", 1)
@@ -161,10 +169,11 @@ def main():
     torch.manual_seed(0)
     dev = torch.device(a.device)
     model = GPT(m, T).to(dev)
+    run = torch.compile(model) if a.compile else model
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
     bf16 = spec.get("precision", {}).get("params") == "bf16"
     V = m["vocab_size"]
-    times = []
+    times, first_step_s = [], None
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     for i in range(a.warmup + a.steps):
         idx = torch.randint(0, V, (B, T), device=dev)
@@ -173,11 +182,13 @@ def main():
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16):
-            loss = model(idx, tgt)
+            loss = run(idx, tgt)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sync()
+        if i == 0:
+            first_step_s = time.perf_counter() - t0
         if i >= a.warmup:
             times.append(time.perf_counter() - t0)
     n = sum(p.numel() for p in model.parameters())
@@ -189,6 +200,7 @@ def main():
     flops = (6 * n + 6 * L * T * C) * B * T
     mean = sum(times) / len(times)
     print(json.dumps({"torch": torch.__version__, "device": a.device, "threads": a.threads,
+                      "mode": "compile" if a.compile else "eager", "first_step_s": first_step_s,
                       "batch": B, "seq": T,
                       "active_params": n, "ms_per_step_mean": 1e3 * mean,
                       "ms_per_step_median": 1e3 * sorted(times)[len(times) // 2],

@@ -1,6 +1,8 @@
 // The cuBLASLt helpers of the gemm family (cublaslt.cuh).
 #include <loom/cpp/error.h>
+#include <nvtx3/nvToolsExtMemCudaRt.h>
 
+#include <cstdlib>
 #include <string>
 
 #include "kernels/cuda/common/cuda_check.h"
@@ -17,6 +19,26 @@ void lt_check(cublasStatus_t status, const char* op, const char* what) {
   if (status == CUBLAS_STATUS_NOT_SUPPORTED) code = Code::kUnimplemented;
   throw Error(code, std::string(op) + ": " + what + " failed: " + cublasLtGetStatusName(status) +
                         ": " + cublasLtGetStatusString(status));
+}
+
+void mark_written(void* p, size_t bytes, cudaStream_t stream) {
+  static const bool on = [] {
+    const char* e = std::getenv("LOOM_NVTX_MARK");
+    return e == nullptr || std::string(e) != "0";
+  }();
+  if (!on || p == nullptr || bytes == 0) return;
+  static const nvtxDomainHandle_t domain = nvtxDomainCreateA("loom");
+  nvtxMemVirtualRangeDesc_t range{};
+  range.size = bytes;
+  range.ptr = p;
+  nvtxMemMarkInitializedBatch_t desc{};
+  desc.extCompatID = NVTX_EXT_COMPATID_MEM;
+  desc.structSize = sizeof(desc);
+  desc.regionType = NVTX_MEM_TYPE_VIRTUAL_ADDRESS;
+  desc.regionDescCount = 1;
+  desc.regionDescElementSize = sizeof(range);
+  desc.regionDescElements = &range;
+  nvtxMemCudaMarkInitialized(domain, stream, 0, &desc);
 }
 
 cublasLtHandle_t lt_handle(const char* op, int device) {

@@ -113,6 +113,13 @@ class PlanCache {
 /// on `stream`: the GEMMs' answer when K == 0 (an empty sum).
 void scale_y(const char* op, const TensorView& Y, float beta, cudaStream_t stream);
 
+/// Tells compute-sanitizer's initcheck (run with --nvtx yes) that cuBLASLt wrote the `bytes`
+/// at `p` on `stream`: its sm_90 kernels store their output through TMA, which initcheck does
+/// not see, so the output's first reader would be reported as reading uninitialised memory
+/// (tests/kernels/cuda/initcheck_probe.cc decides this on a GPU). One NVTX call, a no-op
+/// unless a tool is attached; the environment variable LOOM_NVTX_MARK=0 turns it off.
+void mark_written(void* p, size_t bytes, cudaStream_t stream);
+
 /// The cuBLASLt data type of a GEMM operand's dtype (f32, bf16, f16, fp8_e4m3, fp8_e5m2;
 /// anything else maps to CUDA_R_32F: the callers' checks admit only those).
 inline cudaDataType_t cuda_data_type(DType t) {

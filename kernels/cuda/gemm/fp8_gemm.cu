@@ -180,6 +180,7 @@ void fp8_gemm_run(const OpCall* call) {
   lt_check(cublasLtMatmul(h, desc, &alpha, B.data, plan.a, A.data, plan.b, &beta, Y.data, plan.c,
                           Y.data, plan.c, &plan.algo, ws.data, plan.workspace, stream),
            kOp, "cublasLtMatmul");
+  mark_written(Y.data, static_cast<size_t>(s.m * s.n) * dtype_size(Y.dtype), stream);
 }
 
 Status fp8_gemm(const OpCall* call) {

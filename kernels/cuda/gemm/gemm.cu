@@ -203,6 +203,7 @@ void gemm_run(const OpCall* call, bool tf32) {
                             plan.c, y_ptr, plan.c, &plan.algo, ws.data, plan.workspace, stream),
              kOp, "cublasLtMatmul");
   }
+  mark_written(Y.data, static_cast<size_t>(numel(Y) * yb), stream);  // for initcheck
 }
 
 Status gemm_cost(const OpCall* call, OpCost* out) {

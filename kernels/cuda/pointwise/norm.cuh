@@ -192,7 +192,8 @@ __global__ void __launch_bounds__(kMaxTeam) norm_bwd_kernel(NormBwdArgs a) {
       load4(a.w, a.wt, c, a.cols, a.vec, w);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float xhat = (x[e] - mu) * rs, g = d[e] * (w[e] + a.gamma_shift);
+        // g rounded once (__fmul_rn: no FMA contraction), as in the second pass below.
+        const float xhat = (x[e] - mu) * rs, g = __fmul_rn(d[e], w[e] + a.gamma_shift);
         sums[0] += g;  // d is 0 past the row's end, and so is g
         sums[1] += g * xhat;
         if (k >= 0) {
@@ -220,7 +221,9 @@ __global__ void __launch_bounds__(kMaxTeam) norm_bwd_kernel(NormBwdArgs a) {
         load4(a.w, a.wt, c, a.cols, a.vec, w);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const float xhat = (x[e] - mu) * rs, g = d[e] * (w[e] + a.gamma_shift);
+          // The g the sums saw: contracted into fma(d, w, -mg), g - mg would keep the
+          // product's rounding error (times rstd) where it must be 0 (C = 1).
+          const float xhat = (x[e] - mu) * rs, g = __fmul_rn(d[e], w[e] + a.gamma_shift);
           d[e] = rs * (g - mg - xhat * mgx);
         }
         store4(a.dx, a.dxt, off + c, end, a.vec, d);

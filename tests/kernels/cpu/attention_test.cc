@@ -2,11 +2,15 @@
 // (causal with S != T, GQA, segment ids, fully masked rows), the fused attention against
 // the reference over dtypes and odd shapes, backward of the references against finite
 // differences, and fused attention with dropout against the composition of reference ops
-// (gemm, masked_softmax_fwd, dropout_fwd, gemm).
-#include <cmath>
-
+// (gemm, masked_softmax_fwd, dropout_fwd, gemm); on a GPU, every CUDA kernel (loom's and
+// cuDNN's) by name on tensor-core shapes and on calls cuDNN must decline.
+#include <cuda_runtime.h>
 #include <loom/cpp/op_checks/attention.h>
 
+#include <cmath>
+
+#include "kernels/cuda/attention/cudnn_attention.h"
+#include "kernels/cuda/kernel_families.h"
 #include "tests/kernels/cpu/op_test_util.h"
 
 namespace loom::kernels::cpu::testing {
@@ -473,6 +477,188 @@ TEST(AttentionCost, CausalCountsVisiblePairs) {
   Status s = kernel(ops::kAttentionFwd, DType::kBF16, "cpu.fast").cost(&h.call, &cost);
   ASSERT_EQ(s.code, Code::kOk) << take_message(&s);
   EXPECT_EQ(cost.flops, 4.0 * (1 + 2 + 3 + 4) * 2 * 2 * 8);  // B H pairs D
+}
+
+// ---- Every CUDA kernel of attention, each by name ------------------------------------------
+// The harness above runs the highest-priority CUDA kernel only (cuDNN's "cuda.cudnn", which
+// falls back to loom's "cuda" per call); here each CUDA kernel of attention_fwd and
+// attention_bwd runs by itself on shapes that loom's tensor-core kernels and cuDNN both take
+// (bf16 and f16, D 64 and 128, T and S above 64, GQA, causal with T != S), and on calls that
+// cuda.cudnn must hand back to loom's kernel (dropout, causal with T > S), against cpu.ref at
+// the dtype's tolerance, with the achieved errors and what cuDNN did printed. The backward
+// takes cpu.ref's O and lse (attention_bwd accepts any forward's). Without a GPU it skips
+// before computing anything.
+
+struct CudaAttnCase {
+  AttnCase c;
+  float dropout_p;
+  bool cudnn_expected;  // on sm_90 cuDNN must run it (false: it may decline, or must)
+  bool cudnn_declines;  // cuda.cudnn must hand it to loom's kernel
+};
+
+::loom::kernels::testing::DeviceBackend* cuda_device(std::string* why) {
+  for (auto* b : ::loom::kernels::testing::device_backends())
+    if (std::string(b->name()) == "cuda") return b->available(why) ? b : nullptr;
+  *why = "no CUDA backend linked";
+  return nullptr;
+}
+
+std::vector<KernelDesc> cuda_kernels_of(const char* op, DType dt) {
+  static const std::vector<KernelDesc> all = [] {
+    std::vector<KernelDesc> v;
+    ::loom::kernels::cuda::add_all_kernels(v);
+    return v;
+  }();
+  std::vector<KernelDesc> out;
+  for (const KernelDesc& k : all)
+    if (std::string(k.op) == op && k.dtype == dt) out.push_back(k);
+  return out;
+}
+
+// Runs `k` on the device with copies of `inputs` and of the initial `outputs`; returns the
+// outputs (empty on a failed call, which is reported).
+std::vector<Tensor> run_cuda_kernel(::loom::kernels::testing::DeviceBackend& be,
+                                    const KernelDesc& k, std::vector<Tensor>& inputs,
+                                    const std::vector<Tensor>& outputs,
+                                    const ops::AttentionAttrs& at, const std::string& what) {
+  std::vector<void*> owned;
+  auto to_device = [&](Tensor& t) {
+    TensorView v = t.view();
+    v.device = Device{DeviceType::kCuda, 0};
+    if (v.data != nullptr) {
+      v.data = be.upload(v.data, static_cast<size_t>(t.numel()) * dtype_size(t.dtype()));
+      owned.push_back(v.data);
+    }
+    return v;
+  };
+  std::vector<Tensor> result = outputs;
+  std::vector<TensorView> in, out;
+  for (Tensor& t : inputs) in.push_back(to_device(t));
+  for (Tensor& t : result) out.push_back(to_device(t));
+  OpCall call{sizeof(OpCall),
+              in.data(),
+              static_cast<int32_t>(in.size()),
+              out.data(),
+              static_cast<int32_t>(out.size()),
+              &at,
+              sizeof(at),
+              nullptr,
+              nullptr,
+              0};
+  if (k.workspace != nullptr) {
+    call.workspace_bytes = k.workspace(&call);
+    call.workspace = be.scratch(static_cast<size_t>(call.workspace_bytes));
+    owned.push_back(call.workspace);
+  }
+  EXPECT_TRUE(k.supports == nullptr || k.supports(&call)) << k.name << " declines " << what;
+  Status st = k.fn(&call);
+  const bool ok = st.code == Code::kOk;
+  EXPECT_TRUE(ok) << k.name << " " << what << ": " << take_message(&st);
+  status_release(&st);
+  for (size_t i = 0; ok && i < result.size(); ++i)
+    be.download(result[i].raw(), out[i].data,
+                static_cast<size_t>(result[i].numel()) * dtype_size(result[i].dtype()));
+  for (void* p : owned) be.release(p);
+  return ok ? result : std::vector<Tensor>{};
+}
+
+// Runs every CUDA kernel of `op` on the call, compares each output with `expected` and says
+// whether cuDNN ran it (cuda.cudnn only), checking that against the case's expectation.
+void every_cuda_kernel(::loom::kernels::testing::DeviceBackend& be, const char* op, DType dt,
+                       std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+                       const std::vector<Tensor>& expected, const ops::AttentionAttrs& at,
+                       const CudaAttnCase& cc, bool hopper, const std::string& what) {
+  std::vector<KernelDesc> kernels = cuda_kernels_of(op, dt);
+  ASSERT_GE(kernels.size(), 2u) << op << " " << dtype_name(dt)
+                                << ": expected loom's and cuDNN's CUDA kernels";
+  for (const KernelDesc& k : kernels) {
+    const bool cudnn = std::string(k.name) == ::loom::kernels::cuda::kCudnnAttentionName;
+    const auto before = ::loom::kernels::cuda::cudnn_attention_counters();
+    std::string label = std::string(op) + " " + dtype_name(dt) + " " + k.name + " " + what;
+    std::vector<Tensor> got = run_cuda_kernel(be, k, inputs, outputs, at, label);
+    if (cudnn) {
+      const auto after = ::loom::kernels::cuda::cudnn_attention_counters();
+      const bool ran = after.cudnn_calls > before.cudnn_calls;
+      std::printf("[cudnn] %s: %s\n", label.c_str(),
+                  ran ? "ran on cuDNN" : ("fell back: " + after.last_decline).c_str());
+      if (cc.cudnn_declines) {
+        EXPECT_FALSE(ran) << label << ": cuDNN must decline this call";
+      }
+      if (cc.cudnn_expected && hopper) {
+        EXPECT_TRUE(ran) << label << ": " << after.last_decline;
+      }
+    }
+    if (got.empty()) continue;
+    for (size_t i = 0; i < got.size(); ++i) {
+      std::string o = label + " output " + std::to_string(i);
+      report_error(got[i].values(), expected[i].values(), o);
+      expect_close(got[i], expected[i].values(), dt, o);
+    }
+  }
+}
+
+TEST(AttentionCuda, EveryKernelMatchesReferenceOnTensorCoreShapes) {
+  std::string why;
+  ::loom::kernels::testing::DeviceBackend* be = cuda_device(&why);
+  if (be == nullptr) GTEST_SKIP() << "no CUDA device: " << why;
+  int cc_major = 0, cc_minor = 0;
+  cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, 0);
+  cudaDeviceGetAttribute(&cc_minor, cudaDevAttrComputeCapabilityMinor, 0);
+  const bool hopper = cc_major == 9 && cc_minor == 0;
+  std::printf("[cudnn] runtime version %lld, device sm_%d%d\n",
+              static_cast<long long>(::loom::kernels::cuda::cudnn_runtime_version()), cc_major,
+              cc_minor);
+  const std::vector<CudaAttnCase> cases = {
+      {{2, 128, 128, 4, 2, 64, false, false}, 0.0f, true, false},
+      {{2, 128, 128, 4, 2, 64, true, false}, 0.0f, true, false},
+      {{1, 192, 192, 4, 4, 128, false, false}, 0.0f, true, false},
+      {{1, 128, 192, 4, 2, 128, true, false}, 0.0f, false, false},  // bottom-right, T < S
+      {{1, 128, 192, 4, 2, 64, false, false}, 0.0f, true, false},
+      {{1, 128, 128, 4, 2, 64, true, false}, 0.1f, false, true},  // dropout: loom's kernel
+      {{1, 192, 128, 4, 2, 64, true, false}, 0.0f, false, true},  // T > S: loom's kernel
+  };
+  std::mt19937 rng(7);
+  for (DType dt : {DType::kBF16, DType::kF16})
+    for (const CudaAttnCase& cc : cases) {
+      const AttnCase& c = cc.c;
+      AttnInputs in = make_inputs(c, dt, rng);
+      ops::AttentionAttrs at{1.0f / std::sqrt(static_cast<float>(c.d)), c.causal, cc.dropout_p, 777,
+                             5};
+      std::string what = describe(c) + (cc.dropout_p > 0 ? " dropout" : "");
+      Tensor o(dt, {c.b, c.t, c.h, c.d}), lse(DType::kF32, {c.b, c.h, c.t});
+      run_ref(ops::kAttentionFwd, dt, {&in.q, &in.k, &in.v, &in.seg}, {&o, &lse}, &at);
+      std::vector<Tensor> fwd_in = {in.q, in.k, in.v, in.seg};
+      every_cuda_kernel(*be, ops::kAttentionFwd, dt, fwd_in,
+                        {Tensor(dt, {c.b, c.t, c.h, c.d}), Tensor(DType::kF32, {c.b, c.h, c.t})},
+                        {o, lse}, at, cc, hopper, what);
+      Tensor dout = Tensor::random(dt, {c.b, c.t, c.h, c.d}, rng);
+      Tensor dq(dt, {c.b, c.t, c.h, c.d}), dk(dt, {c.b, c.s, c.g, c.d}),
+          dv(dt, {c.b, c.s, c.g, c.d});
+      run_ref(ops::kAttentionBwd, dt, {&dout, &in.q, &in.k, &in.v, &o, &lse, &in.seg},
+              {&dq, &dk, &dv}, &at);
+      std::vector<Tensor> bwd_in = {dout, in.q, in.k, in.v, o, lse, in.seg};
+      every_cuda_kernel(*be, ops::kAttentionBwd, dt, bwd_in,
+                        {Tensor(dt, {c.b, c.t, c.h, c.d}), Tensor(dt, {c.b, c.s, c.g, c.d}),
+                         Tensor(dt, {c.b, c.s, c.g, c.d})},
+                        {dq, dk, dv}, at, cc, hopper, what);
+    }
+}
+
+// Without a device the cuDNN kernels still register, above loom's, for bf16 and f16 only.
+TEST(AttentionCuda, CudnnKernelsRegisterAboveLoomsOwn) {
+  for (const char* op : {ops::kAttentionFwd, ops::kAttentionBwd})
+    for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+      int32_t own = -1, cudnn = -1;
+      for (const KernelDesc& k : cuda_kernels_of(op, dt)) {
+        if (std::string(k.name) == "cuda") own = k.priority;
+        if (std::string(k.name) == ::loom::kernels::cuda::kCudnnAttentionName) cudnn = k.priority;
+      }
+      EXPECT_GE(own, 0) << op << " " << dtype_name(dt);
+      if (dt == DType::kF32)
+        EXPECT_EQ(cudnn, -1) << op << ": no cuDNN kernel for f32";
+      else
+        EXPECT_GT(cudnn, own) << op << " " << dtype_name(dt);
+    }
 }
 
 }  // namespace

@@ -98,6 +98,28 @@ TEST_P(NormsTest, RmsNormFastMatchesReference) {
     }
 }
 
+// One column: x - mean = 0 exactly, so xhat = 0 and mean(g) = g, and dX = rstd * (g - mean(g))
+// is exactly 0 however large rstd (316 at eps 1e-5) is: a g rounded differently in the two
+// passes would leave rstd times its rounding error (the CUDA kernel is held to the same).
+TEST_P(NormsTest, LayerNormBackwardOfOneColumnIsExactlyZero) {
+  std::mt19937 rng(9);
+  DType dt = GetParam();
+  const int64_t n = 64;
+  for (int32_t zc : {0, 1}) {
+    ops::NormAttrs at{1e-5f, zc};
+    Tensor x = Tensor::random(dt, {n, 1}, rng, -2.0, 3.0), w = Tensor::random(dt, {1}, rng);
+    Tensor dy = Tensor::random(dt, {n, 1}, rng), b, y(dt, {n, 1});
+    Tensor mean(DType::kF32, {n}), rstd(DType::kF32, {n});
+    run_ref(ops::kLayerNormFwd, dt, {&x, &w, &b}, {&y, &mean, &rstd}, &at);
+    for (const char* name : {"cpu.ref", "cpu.fast"}) {
+      Tensor dx(dt, {n, 1}), dw(DType::kF32, {1}), db(DType::kF32, {1});
+      run(ops::kLayerNormBwd, name, dt, {&dy, &x, &w, &mean, &rstd}, {&dx, &dw, &db}, &at);
+      for (int64_t i = 0; i < n; ++i)
+        ASSERT_EQ(dx.get(i), 0.0) << name << " zc " << zc << " row " << i;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, NormsTest, ::testing::ValuesIn(float_dtypes()), dtype_param_name);
 
 // Backward of the reference against finite differences of its forward, for X, weight and

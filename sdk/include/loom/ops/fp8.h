@@ -30,8 +30,16 @@ inline constexpr const char* kFp8Quantize = "fp8_quantize";
 ///   outputs: [0] Y float (M, N); read only when beta != 0
 ///   attrs:   Fp8GemmAttrs (required)
 /// A and B may be e4m3 or e5m2 but not both e5m2 (no GPU multiplies two E5M2 operands).
-/// Products are exact and sums are in f32 (with fast_accum, a GPU may sum in its FP8 tensor
-/// cores' reduced precision). Keyed on A's dtype.
+/// Products are exact. The CPU sums in f32 (cpu.ref in f64). A GPU sums in its FP8 tensor
+/// cores, which keep about 14 mantissa bits of a partial sum (Hopper) between promotions to
+/// f32; so on a device, with fast_accum 0, |Y - exact| <= 2^-10 * |alpha * a_scale_inv *
+/// b_scale_inv| * sum_k |A[m, k] * B[n, k]| plus the rounding of Y to its dtype (fast_accum 1
+/// promotes rarely or never: errors up to about 2^-6 of that sum). Scales and alpha are
+/// applied in f32 to the sum, beta * Y added in f32, then one rounding to Y's dtype.
+/// A device kernel declines (`supports` false, kUnimplemented from a call), by design, what
+/// cuBLASLt's FP8 GEMMs cannot run: K not a multiple of 16, a row of Y not a multiple of 16
+/// bytes (N % 4 for f32 Y, N % 8 for bf16 / f16), A, B or Y not 16-byte aligned, or a GPU
+/// older than sm_89; the caller then runs the GEMM in bf16. Keyed on A's dtype.
 inline constexpr const char* kFp8Gemm = "fp8_gemm";
 struct Fp8GemmAttrs {
   float alpha;

@@ -1,0 +1,348 @@
+#!/usr/bin/env bash
+# The GPU bundle's run.sh (tools/gpu_bundle copies it there): the GPU tests, compute-sanitizer
+# runs and benchmarks of the bundle, in under 6 minutes on one H100 / H200, into one report:
+# gpu_report.md in $OUT (the device machine's return folder) or beside this script, with the
+# logs in logs/ and the ncu CSV beside it.
+#
+#   run.sh              everything (sections time-boxed; a section that would overrun the
+#                       budget is reported as "not run (budget)", never silently dropped)
+#   run.sh --no-sanitizers   tests and benchmarks only
+#   GPU_BUDGET_S=330    the total budget in seconds (default 330: a rerun fits in 15 minutes)
+#
+# Sections, each printed with its elapsed seconds:
+#   1. one pool of parallel jobs (they share the GPU; nothing in it is timed, each job has a
+#      timeout): the tests; compute-sanitizer memcheck and initcheck of device_test,
+#      pointwise_test, the CUDA fp8_test and the attention op test (0 errors required); the
+#      initcheck probe (tests/kernels/cuda/initcheck_probe.cc); three tiny MoE models on the
+#      GPU against the CPU, by loss; and one torch.compile of GPT-2 that fills the inductor
+#      cache, so that the timed torch.compile run below compiles in seconds;
+#   2. benchmarks alone on the GPU, by priority while the budget lasts: loom bench (--steps 6
+#      --warmup 2), PyTorch eager and torch.compile (GPT-2 only) of the same model, one table;
+#   3. ncu: per-kernel GPU time of one GPT-2 124M step (CSV in $OUT, top 15 here);
+#   4. cuBLASLt GEMMs against cuBLAS, and the attention bench when the bundle has it.
+set -uo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+cd "$here" || exit 2
+sanitizers=1
+for arg in "$@"; do
+  case "$arg" in
+    --no-sanitizers) sanitizers=0 ;;
+    *) echo "run.sh: unknown argument '$arg' (use --no-sanitizers)" >&2; exit 2 ;;
+  esac
+done
+dest=${OUT:-$here}
+report=$dest/gpu_report.md
+logs=$dest/logs
+mkdir -p "$logs"
+budget=${GPU_BUDGET_S:-330}
+pool_limit=${GPU_POOL_S:-150}  # each job of section 1
+t0=$SECONDS
+left() { echo $((budget - (SECONDS - t0))); }
+
+# CUDA libraries: the toolkit's, then pip wheels' (nvidia is a namespace package: no
+# __file__, so its folders come from __path__).
+pip_libs=$(python3 - 2>/dev/null <<'PY'
+import importlib.util, os
+spec = importlib.util.find_spec("nvidia")
+for root in (spec.submodule_search_locations or []) if spec else []:
+    for d in sorted(os.listdir(root)):
+        if os.path.isdir(os.path.join(root, d, "lib")):
+            print(os.path.join(root, d, "lib"))
+PY
+)
+cuda_libs=$({ ls -d /usr/local/cuda/lib64 /usr/local/cuda-*/lib64 2>/dev/null; printf '%s\n' $pip_libs; } |
+  grep . | tr '\n' ':')
+export LD_LIBRARY_PATH="$here/lib:${cuda_libs}${LD_LIBRARY_PATH:-}"
+export PATH="$PATH:/usr/local/cuda/bin:/usr/local/cuda/compute-sanitizer"
+status=0
+say() { printf '%s\n' "$*" | tee -a "$report"; }
+timings=()
+sec_name="" sec_t0=0
+section() {
+  [[ -n $sec_name ]] && timings+=("| $sec_name | $((SECONDS - sec_t0)) |")
+  sec_name=$1 sec_t0=$SECONDS
+  [[ -n $1 ]] && { say ""; say "## $1"; }
+}
+: >"$report"
+say "# loom GPU check (bundle), $(date -u +%Y-%m-%dT%H:%MZ)"
+say "- GPU: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1)"
+say "- compute-sanitizer: $(command -v compute-sanitizer || echo none); ncu: $(command -v ncu || echo none)"
+say "- budget ${budget} s; logs in $logs"
+
+# ---- 1. Tests, sanitizers and the initcheck probe: one pool of parallel jobs -------------
+section "Tests, compute-sanitizer, initcheck probe, MoE models (one parallel pool)"
+jobs_dir=$(mktemp -d)
+# Each job: NAME and a command; writes logs/NAME.log and $jobs_dir/NAME.rc ("rc seconds").
+job() {
+  local name=$1 limit=$2
+  shift 2
+  (
+    local s=$SECONDS
+    TEST_TMPDIR=$(mktemp -d) timeout -k 10 "$limit" "$@" >"$logs/$name.log" 2>&1
+    echo "$? $((SECONDS - s))" >"$jobs_dir/$name.rc"
+  ) &
+  while (($(jobs -rp | wc -l) >= ${GPU_JOBS:-6})); do wait -n; done
+}
+tests=$(find tests -type f -name '*_test' | sort)
+# The slowest first: the sanitizer runs, the compile warm-up, the MoE models.
+san_targets=(
+  "device_test|tests/tools/device_test|--gtest_filter=*RealCuda*"
+  "pointwise_test|tests/kernels/cuda/pointwise_test|--gtest_filter=-*Large*"
+  "fp8_test|tests/kernels/cuda/fp8_test|--gtest_filter=*"
+  "attention_test|tests/kernels/cpu/attention_test|--gtest_filter=*AttentionCuda*:*FusedMatchesReference/bf16*"
+)
+# "name phase M N K mark": the probe's phases on device_test's QKV GEMM (32 x 96 x 32), and
+# gemm_bias on its MLP GEMMs too (fc 32 x 128 x 32, proj 32 x 32 x 128), with loom's NVTX
+# "cuBLASLt wrote Y" marks off (LOOM_NVTX_MARK=0: what initcheck sees by itself); then
+# gemm_bias with the marks on and --nvtx yes: the remedy, as the sanitizer runs above use it.
+probe_phases=("control_memset control_memset 32 96 32 0" "control_bias control_bias 32 96 32 0"
+  "gemm_bias gemm_bias 32 96 32 0" "gemm_copy gemm_copy 32 96 32 0"
+  "memset_gemm_bias memset_gemm_bias 32 96 32 0" "gemm_bias_fc gemm_bias 32 128 32 0"
+  "gemm_bias_proj gemm_bias 32 32 128 0" "gemm_bias_marked gemm_bias 32 96 32 1")
+have_san=0
+if ((sanitizers)) && command -v compute-sanitizer >/dev/null; then
+  have_san=1
+  for tool in memcheck initcheck; do
+    for spec in "${san_targets[@]}"; do
+      IFS='|' read -r sname sbin sfilter <<<"$spec"
+      [[ -x $sbin ]] || continue
+      # --nvtx yes: initcheck takes loom's marks of what cuBLASLt wrote (gemm/cublaslt.cuh).
+      job "san.$tool.$sname" "$pool_limit" compute-sanitizer --tool "$tool" --nvtx yes \
+        --error-exitcode 99 --target-processes all --print-limit 20000 "./$sbin" "$sfilter"
+    done
+  done
+  # The probe's phases are short; compute-sanitizer's slow runs start first.
+  if [[ -x tests/kernels/cuda/initcheck_probe ]]; then
+    for p in "${probe_phases[@]}"; do
+      read -r pname phase m n k mark <<<"$p"
+      job "probe.$pname" 60 env LOOM_NVTX_MARK="$mark" compute-sanitizer --tool initcheck \
+        --nvtx yes --error-exitcode 99 ./tests/kernels/cuda/initcheck_probe "$phase" $m $n $k
+    done
+  fi
+fi
+have_torch=0
+python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null && have_torch=1
+if ((have_torch)); then
+  job torch_compile_warmup "$pool_limit" python3 tools/bench/torch_gpt.py \
+    configs/gpu/gpt2_124m_h100.json --device cuda --steps 1 --warmup 1 --compile
+fi
+moe="--set train.steps=4 --set train.micro_batch_size=2 --set train.seq_length=64"
+moe_specs=(configs/mixtral_tiny.json configs/deepseek_tiny.json configs/qwen3_moe_tiny.json)
+for spec in "${moe_specs[@]}"; do
+  name=$(basename "$spec" .json)
+  # shellcheck disable=SC2086  # $moe is a list of arguments
+  job "moe.$name" "$pool_limit" bash -c "./tools/loom train $spec $moe --run-dir /tmp/${name}_cpu &&
+    ./tools/loom train $spec $moe --set train.device=cuda --run-dir /tmp/${name}_gpu"
+done
+for t in $tests; do job "test.${t//\//_}" "$pool_limit" "./$t"; done
+wait
+rc_of() { cut -d' ' -f1 "$jobs_dir/$1.rc" 2>/dev/null || echo 999; }  # 999: did not run
+secs_of() { cut -d' ' -f2 "$jobs_dir/$1.rc" 2>/dev/null || echo "?"; }
+# compute-sanitizer's error count over all processes of a run: the sum of the ERROR SUMMARY
+# lines, or, when a run was cut short (no summary), the error reports it printed.
+san_errors() {
+  awk '/ERROR SUMMARY: [0-9]+ error/ {for (i = 1; i <= NF; ++i) if ($i == "SUMMARY:") n += $(i + 1)}
+       /^========= +(Uninitialized|Invalid|Program hit|Misaligned|Host API|Race|Barrier)/ {h++}
+       END {print (n > h ? n : h) + 0}' "$logs/$1.log" 2>/dev/null || echo 999
+}
+# "count kernel" of a compute-sanitizer log's error reports (the "at" line after each).
+san_by_kernel() {
+  grep -A1 -E '^========= +(Uninitialized|Invalid|Program hit|Misaligned|Host API)' "$1" |
+    grep -E '^========= +at ' | sed -E 's/^=========[[:space:]]+at (void )?//; s/\+0x[0-9a-f]+.*$//;
+      s/\(anonymous namespace\):://g; s/\([^()]*\)$//' |
+    sort | uniq -c | sort -rn | head -10 | sed 's/^/    /'
+}
+say ""
+say "| test | result | s |"
+say "|---|---|---|"
+for t in $tests; do
+  name="test.${t//\//_}" log="$logs/test.${t//\//_}.log" rc=$(rc_of "test.${t//\//_}")
+  case $rc in 0) r=PASSED ;; 124 | 137) r="TIMEOUT"; status=1 ;; *) r="FAILED (exit $rc)"; status=1 ;; esac
+  # Any skip but "needs N GPUs": loom's "[cuda] skipped" lines and gtest's GTEST_SKIP.
+  skips=$(grep '\[cuda\] skipped' "$log" | grep -cvE 'needs [0-9]+ GPUs' || true)
+  skips=$((skips + $(awk -f tools/gtest_skips.awk "$log" | wc -l)))
+  ((skips == 0)) || { r="$r, ${skips} skipped cases"; status=1; }
+  say "| $t | $r | $(secs_of "$name") |"
+done
+for t in $tests; do
+  log="$logs/test.${t//\//_}.log"
+  [[ $(rc_of "test.${t//\//_}") == 0 ]] && ! grep -q 'SKIPPED \]\|\[cuda\] skipped' "$log" && continue
+  say ""
+  say "\`$t\`:"
+  { grep -E 'Failure|FAILED|Skipped|skipped|error:' "$log" | head -25; awk -f tools/gtest_skips.awk "$log" | head -5; } |
+    sed 's/^/    /' >>"$report"
+done
+# The achieved precisions the tests print ("[error] ..."), for the record.
+if grep -qh '^\[error\]' "$logs"/test.*.log 2>/dev/null; then
+  say ""
+  say "Achieved errors the tests print (first 40):"
+  grep -h '^\[error\]' "$logs"/test.*.log | sort -u | head -40 | sed 's/^/    /' >>"$report"
+fi
+
+say ""
+say "### compute-sanitizer (0 errors required)"
+if ((!have_san)); then
+  if ((sanitizers)); then say "- not run: no compute-sanitizer on PATH"; status=1; else say "- not run (--no-sanitizers)"; fi
+else
+  say "| tool | binary (filter) | errors | exit | s |"
+  say "|---|---|---|---|---|"
+  for tool in memcheck initcheck; do
+    for spec in "${san_targets[@]}"; do
+      IFS='|' read -r sname sbin sfilter <<<"$spec"
+      n="san.$tool.$sname"
+      [[ -f $jobs_dir/$n.rc ]] || { say "| $tool | $sbin | not in bundle | - | - |"; status=1; continue; }
+      errs=$(san_errors "$n") rc=$(rc_of "$n")
+      ((errs == 0 && rc == 0)) || status=1
+      say "| $tool | $sbin ($sfilter) | $errs | $rc | $(secs_of "$n") |"
+    done
+  done
+  for tool in memcheck initcheck; do
+    for spec in "${san_targets[@]}"; do
+      IFS='|' read -r sname sbin sfilter <<<"$spec"
+      n="san.$tool.$sname"
+      [[ -f $logs/$n.log ]] || continue
+      [[ $(san_errors "$n") == 0 && $(rc_of "$n") == 0 ]] && continue
+      say ""
+      say "\`$tool $sbin\`: errors by kernel (count), then the first reports:"
+      san_by_kernel "$logs/$n.log" >>"$report"
+      grep -E '^=========' "$logs/$n.log" | head -24 | sed 's/^/    /' >>"$report"
+    done
+  done
+  if [[ -f $jobs_dir/probe.gemm_bias.rc ]]; then
+    say ""
+    say "### initcheck probe: does initcheck see the writes of loom's cuBLASLt GEMM?"
+    say "| phase | initcheck errors | exit |"
+    say "|---|---|---|"
+    for p in "${probe_phases[@]}"; do
+      read -r pname phase m n k mark <<<"$p"
+      say "| $pname ($m x $n x $k, marks $mark) | $(san_errors "probe.$pname") | $(rc_of "probe.$pname") |"
+    done
+    cm=$(san_errors probe.control_memset) cb=$(san_errors probe.control_bias)
+    gb=$(san_errors probe.gemm_bias) gc=$(san_errors probe.gemm_copy) mg=$(san_errors probe.memset_gemm_bias)
+    gm=$(san_errors probe.gemm_bias_marked)
+    if ((cb == 0 || cm != 0)); then
+      verdict="inconclusive: the controls failed (control_bias must report, control_memset must not)"
+    elif ((gb > 0 || gc > 0)) && ((mg == 0)); then
+      verdict="initcheck does NOT see the cuBLASLt GEMM's writes (TMA stores): device_test's bias_add reports are false positives on GEMM outputs; with loom's NVTX marks: $gm errors (0: the remedy works)"
+    elif ((gb == 0 && gc == 0)); then
+      verdict="initcheck sees the GEMM's writes: device_test's bias_add reports are real reads of unwritten memory (check the bias parameter and Y's producer)"
+    else
+      verdict="mixed: see logs/probe.*.log"
+    fi
+    say "- verdict: $verdict"
+    grep -h 'initcheck_probe gemm_bias:' "$logs/probe.gemm_bias.log" | head -1 | sed 's/^/    /' >>"$report"
+    say "(errors in gemm_bias_marked but not in memset_gemm_bias: the NVTX marks are not taken)"
+    grep -E '^=========' "$logs/probe.gemm_bias.log" | head -12 | sed 's/^/    /' >>"$report"
+  fi
+  # Keep what comes back small: the long sanitizer logs compressed.
+  find "$logs" -name 'san.*.log' -size +1M -exec xz -T2 {} \;
+fi
+
+say ""
+say "### Tiny MoE models: the GPU against the CPU (4 steps, f32)"
+for spec in "${moe_specs[@]}"; do
+  name=$(basename "$spec" .json)
+  if [[ $(rc_of "moe.$name") == 0 ]]; then
+    python3 - "/tmp/${name}_cpu/metrics.jsonl" "/tmp/${name}_gpu/metrics.jsonl" "$name" >>"$report" \
+      <<'PY' || status=1
+import json, sys
+def losses(path):
+    return [r["loss"] for r in map(json.loads, open(path)) if "loss" in r]
+a, b = losses(sys.argv[1]), losses(sys.argv[2])
+worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
+print(f"- {sys.argv[3]}: {len(a)} steps, losses within {worst:.2e} (relative): {a} vs {b}")
+sys.exit(0 if len(a) == len(b) and worst < 1e-3 else 1)
+PY
+  else
+    say "- $name: did not train (exit $(rc_of "moe.$name"))"
+    tail -8 "$logs/moe.$name.log" | sed 's/^/    /' >>"$report"
+    status=1
+  fi
+done
+rm -rf "$jobs_dir"
+
+# ---- 2. Benchmarks, alone on the GPU ------------------------------------------------------
+section "Training throughput: loom bench (--steps 6 --warmup 2) and PyTorch"
+bench="$logs/bench"
+mkdir -p "$bench"
+# In priority order, "name|kind|least seconds worth starting with|limit": an item starts only
+# when the budget, less what ncu and the GEMM bench need (reserve), still holds its least
+# seconds, and runs for at most its limit or what is left.
+reserve=75
+items=(
+  "gpt2_124m_h100|loom|20|60" "gpt2_124m_h100|eager|20|60" "llama_1b3_h100|loom|25|60"
+  "llama_1b3_h100_fp8|loom|25|60" "gpt2_124m_h100|compile|25|90" "mixtral_h100|loom|25|60"
+  "llama_1b3_h100|eager|25|60" "mixtral_h100|eager|30|60"
+)
+for item in "${items[@]}"; do
+  IFS='|' read -r name kind least limit <<<"$item"
+  spec=configs/gpu/$name.json
+  avail=$(($(left) - reserve))
+  if ((avail < least)); then echo "not run (budget)" >"$bench/$name.$kind.err"; continue; fi
+  ((limit > avail)) && limit=$avail
+  case $kind in
+    loom) timeout "$limit" ./tools/loom bench "$spec" --steps 6 --warmup 2 --json \
+      >"$bench/$name.loom.json" 2>"$bench/$name.loom.err" || { status=1; rm -f "$bench/$name.loom.json"; } ;;
+    eager | compile)
+      if ((!have_torch)); then echo "no PyTorch with CUDA" >"$bench/$name.$kind.err"; continue; fi
+      flag=""
+      [[ $kind == compile ]] && flag=--compile
+      # shellcheck disable=SC2086  # $flag is empty or one flag
+      timeout "$limit" python3 tools/bench/torch_gpt.py "$spec" --device cuda --steps 6 --warmup 2 \
+        $flag >"$bench/$name.$kind.json" 2>"$bench/$name.$kind.err" || rm -f "$bench/$name.$kind.json" ;;
+  esac
+done
+say ""
+python3 tools/gpu_bundle_report.py bench-table "$bench" >>"$report" 2>&1
+say ""
+say "(loom: median step; PyTorch: mean step after warm-up, bf16 autocast where the spec says"
+say "bf16; torch.compile's first step in parentheses, not in its tokens/s: the inductor cache"
+say "was filled by a compile of the same model in section 1, so it is not a cold compile.)"
+[[ -f $logs/torch_compile_warmup.log ]] &&
+  say "- torch.compile cold (section 1): $(python3 tools/gpu_bundle_report.py first-step "$logs/torch_compile_warmup.log")"
+
+# ---- 4. One GPT-2 step, kernel by kernel -------------------------------------------------
+section "ncu: one GPT-2 124M step, kernel by kernel"
+if ! command -v ncu >/dev/null; then
+  say "- not run: no ncu on PATH"
+elif (($(left) < 60)); then
+  say "- not run (budget)"
+else
+  csv=$dest/ncu_gpt2_step.csv
+  # Two identical steps (warm-up 1, steps 1); the summary keeps the last, found as the
+  # repeating tail of the launch sequence. Clocks as in training, caches not flushed.
+  timeout $(($(left) - 15 > 90 ? 90 : $(left) - 15)) ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv \
+    --target-processes all --log-file "$csv" \
+    ./tools/loom bench configs/gpu/gpt2_124m_h100.json --steps 1 --warmup 1 >"$logs/ncu.log" 2>&1
+  rc=$?
+  ((rc == 0)) || say "- ncu exit $rc (124: its time limit); the summary covers what it wrote"
+  python3 tools/gpu_bundle_report.py ncu-summary "$csv" 15 >>"$report" 2>&1 ||
+    tail -5 "$logs/ncu.log" | sed 's/^/    /' >>"$report"
+fi
+
+# ---- 5. Kernel benches -------------------------------------------------------------------
+section "GEMM against cuBLAS (bf16)"
+if (($(left) < 15)); then
+  say "- not run (budget)"
+else
+  timeout $(($(left) > 30 ? 30 : $(left))) ./tools/bench/gemm_bench --markdown >>"$report" 2>&1 || say "- gemm_bench: exit $?"
+fi
+section "Attention: loom's kernel and cuDNN's (bf16, causal)"
+if (($(left) < 15)); then say "- not run (budget)"; else
+  timeout $(($(left) > 40 ? 40 : $(left))) ./tools/bench/attention_bench >>"$report" 2>&1 ||
+    say "- attention_bench: exit $?"
+fi
+
+section ""
+say ""
+say "## Time per section (s)"
+say "| section | s |"
+say "|---|---|"
+for row in "${timings[@]}"; do say "$row"; done
+say "| total | $((SECONDS - t0)) |"
+say ""
+say "Result: $([[ $status == 0 ]] && echo PASS || echo FAIL)"
+# The whole report once more, last: the device tool returns the tail of the output.
+printf '\n==================== %s ====================\n' "$report"
+cat "$report"
+exit $status
