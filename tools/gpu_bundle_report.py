@@ -21,7 +21,12 @@ def _load(path):
     try:
         with open(path) as f:
             text = f.read().strip()
-        # The JSON object is the last line that parses (loom and PyTorch may log before it).
+        # The whole file (`loom bench --json` prints one indented object), else the last line
+        # that parses (PyTorch's script may log before its one-line object).
+        try:
+            return json.loads(text)
+        except ValueError:
+            pass
         for line in reversed(text.splitlines()):
             line = line.strip()
             if line.startswith("{"):

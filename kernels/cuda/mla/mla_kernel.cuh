@@ -44,18 +44,25 @@ __global__ void __launch_bounds__(kMlaThreads) mla_qkv_kernel(MlaArgs a) {
   }
 }
 
+// Channels per row of mla_qkv_bwd's threads: both dq's D and dkv's dn + dv (which exceeds D
+// when dv > dr).
+__host__ __device__ inline int64_t mla_qkv_bwd_width(int64_t dn, int64_t dr, int64_t dv) {
+  return dn + dr > dn + dv ? dn + dr : dn + dv;
+}
+
 // dq (rows, D) and dkv (rows, dn + dv) from dQ, dK, dV (rows, D); dV's padding is not read.
+// One thread per channel e < max(D, dn + dv) of a row.
 template <class T>
 __global__ void __launch_bounds__(kMlaThreads) mla_qkv_bwd_kernel(MlaArgs a) {
-  const int64_t d = a.dn + a.dr, dkv = a.dn + a.dv;
+  const int64_t d = a.dn + a.dr, dkv = a.dn + a.dv, w = mla_qkv_bwd_width(a.dn, a.dr, a.dv);
   const T* dQ = static_cast<const T*>(a.in[0]);
   const T* dK = static_cast<const T*>(a.in[1]);
   const T* dV = static_cast<const T*>(a.in[2]);
   T *dq = static_cast<T*>(a.out[0]), *dkv_out = static_cast<T*>(a.out[1]);
-  LOOM_MLA_GRID_STRIDE(i, a.rows * d) {
-    const int64_t r = i / d, e = i % d;
-    dq[i] = e < a.dn ? dQ[i + a.dr] : dQ[i - a.dn];
-    if (e < dkv) dkv_out[r * dkv + e] = e < a.dn ? dK[i + a.dr] : dV[r * d + e - a.dn];
+  LOOM_MLA_GRID_STRIDE(i, a.rows * w) {
+    const int64_t r = i / w, e = i % w;
+    if (e < d) dq[r * d + e] = e < a.dn ? dQ[r * d + e + a.dr] : dQ[r * d + e - a.dn];
+    if (e < dkv) dkv_out[r * dkv + e] = e < a.dn ? dK[r * d + e + a.dr] : dV[r * d + e - a.dn];
   }
 }
 

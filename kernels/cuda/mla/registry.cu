@@ -62,7 +62,7 @@ Status mla_qkv_bwd(const OpCall* call) {
     const MlaShape s = check_qkv_bwd(call, false);
     current_device(ops::kMlaQkvBwd, call->inputs[0]);
     const MlaArgs a = args_of(call, s);
-    const int64_t n = a.rows * (a.dn + a.dr), nkpe = s.b * s.t * a.dr;
+    const int64_t n = a.rows * mla::mla_qkv_bwd_width(a.dn, a.dr, a.dv), nkpe = s.b * s.t * a.dr;
     cudaStream_t st = stream_of(call);
     LOOM_CUDA_FLOAT_SWITCH(call->inputs[0].dtype, T, ops::kMlaQkvBwd, {
       if (n > 0) mla::mla_qkv_bwd_kernel<T><<<grid_for(n, kMlaThreads), kMlaThreads, 0, st>>>(a);
