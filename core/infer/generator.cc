@@ -211,12 +211,7 @@ std::vector<float> Generator::forward(const std::vector<int32_t>& tokens, int64_
                             t, vocab_, logits.data == nullptr ? "none" : shape_string(logits)));
   std::vector<float> out(static_cast<size_t>(numel(logits)));
   load_floats(plugins_.host(), logits, out.data());
-  const int64_t columns = logits.shape[2];
-  if (vocab_ > 0 && columns > vocab_) {
-    for (int64_t r = 1; r < t; ++r)
-      std::copy_n(out.begin() + r * columns, vocab_, out.begin() + r * vocab_);
-    out.resize(static_cast<size_t>(t * vocab_));
-  }
+  keep_columns(out, logits.shape[2], vocab_);
   if (cached) cache_->advance(t);
   return out;
 }

@@ -66,6 +66,14 @@ void fill_uniform(float* out, int64_t count, float bound, uint64_t seed, uint64_
     out[i] = static_cast<float>((2.0 * rng.uniform() - 1.0) * bound);
 }
 
+void keep_columns(std::vector<float>& rows, int64_t columns, int64_t keep) {
+  if (keep <= 0 || columns <= keep) return;
+  const int64_t n = static_cast<int64_t>(rows.size()) / columns;
+  for (int64_t r = 1; r < n; ++r)
+    std::copy_n(rows.begin() + r * columns, keep, rows.begin() + r * keep);
+  rows.resize(static_cast<size_t>(n * keep));
+}
+
 void copy_to_host(IHost& host, const TensorView& view, void* out) {
   throw_if_error(host.copy(kCpu, out, view.device, view.data, nbytes(view)));
 }

@@ -151,6 +151,10 @@ void fill_uniform(float* out, int64_t count, float bound, uint64_t seed, uint64_
 void store_floats(IHost& host, const float* values, const TensorView& view);
 /// Reads `view` (f32, bf16 or f16, on any device) into f32 `values` (host memory).
 void load_floats(IHost& host, const TensorView& view, float* values);
+/// Keeps the first `keep` floats of every row of `columns` in `rows` (row-major, in place):
+/// (N, columns) -> (N, keep). Nothing happens when keep >= columns. A padded vocabulary's
+/// logits lose their padding columns with it.
+void keep_columns(std::vector<float>& rows, int64_t columns, int64_t keep);
 /// The same for a view in host memory (throws for a device view: use the IHost overloads).
 void store_floats(const float* values, const TensorView& view);
 void load_floats(const TensorView& view, float* values);

@@ -577,12 +577,7 @@ std::function<void(int32_t, const TensorView&)> Trainer::logits_into(std::vector
     out->resize(static_cast<size_t>(numel(l)));
     load_floats(plugins_.host(), l, out->data());
     // (B, T, Vp) -> (B, T, V): a padded vocabulary's padding columns dropped.
-    const int64_t columns = l.ndim > 0 ? l.shape[l.ndim - 1] : 0;
-    if (vocab_size_ <= 0 || columns <= vocab_size_) return;
-    const int64_t rows = numel(l) / columns;
-    for (int64_t r = 1; r < rows; ++r)
-      std::copy_n(out->begin() + r * columns, vocab_size_, out->begin() + r * vocab_size_);
-    out->resize(static_cast<size_t>(rows * vocab_size_));
+    if (l.ndim > 0) keep_columns(*out, l.shape[l.ndim - 1], vocab_size_);
   };
 }
 

@@ -259,9 +259,7 @@ void GptModel::run_forward(IForwardContext& ctx, const TensorView* inputs, int32
   TensorView mean = allocate(ctx, DType::kF32, {1}, c.device);
   TensorView totals = allocate(ctx, DType::kF32, {2}, c.device);  // loss sum, token count
   TensorView flat_mask = present(mask) ? reshape(mask, {n}) : empty_view();
-  if (tp_.size() == 1 && v == c.vocab_size) {
-    loss_fwd_({rows(logits, v), reshape(labels, {n}), flat_mask}, {loss, lse, mean});
-  } else if (tp_.size() == 1) {  // the padding columns take no part
+  if (tp_.size() == 1) {  // the vocabulary's columns (a padded one's padding takes no part)
     loss_fwd_({rows(logits, v), reshape(labels, {n}), flat_mask}, {loss, lse, mean},
               ops::CrossEntropyShardAttrs{0, c.vocab_size});
   } else {  // vocab-parallel: per-row statistics of each shard, gathered and combined
@@ -335,11 +333,9 @@ TensorView GptModel::loss_backward(IForwardContext& ctx, const TensorView* grad_
   std::initializer_list<TensorView> loss_inputs = {
       rows(logits, v), reshape(labels, {n}), present(mask) ? reshape(mask, {n}) : mask, lse,
       make_view(dloss.data, DType::kF32, {1}, dloss.device)};
-  if (tp_.size() == 1 && v == config_.vocab_size)
-    loss_bwd_(loss_inputs, {rows(dlogits, v)});
-  else  // this rank's columns (padding: gradient 0), with the lse of the whole vocabulary
-    loss_bwd_(loss_inputs, {rows(dlogits, v)},
-              ops::CrossEntropyShardAttrs{tp_.rank() * v, config_.vocab_size});
+  // This rank's columns (padding: gradient 0), with the lse of the whole vocabulary.
+  loss_bwd_(loss_inputs, {rows(dlogits, v)},
+            ops::CrossEntropyShardAttrs{tp_.rank() * v, config_.vocab_size});
   if (num_grad_outputs > 1 && present(grad_outputs[1])) {
     expect(grad_outputs[1], {b, t, v}, config_.params_dtype, "gpt logits gradient");
     add_({dlogits, grad_outputs[1]}, {dlogits});

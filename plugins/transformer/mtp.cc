@@ -208,9 +208,7 @@ double MultiTokenPrediction::loss_forward(IForwardContext& ctx, int32_t j, const
   TensorView lse = allocate(ctx, DType::kF32, {n}, c.device);
   TensorView mean = allocate(ctx, DType::kF32, {1}, c.device);
   const TensorView flat_labels = reshape(labels, {n}), flat_mask = reshape(mask, {n});
-  if (tp_.size() == 1 && v == c.vocab_size) {
-    loss_fwd_({rows(logits, v), flat_labels, flat_mask}, {loss, lse, mean});
-  } else if (tp_.size() == 1) {  // the padding columns take no part
+  if (tp_.size() == 1) {  // the vocabulary's columns (a padded one's padding takes no part)
     loss_fwd_({rows(logits, v), flat_labels, flat_mask}, {loss, lse, mean},
               ops::CrossEntropyShardAttrs{0, c.vocab_size});
   } else {  // vocab-parallel, as the model's loss
@@ -270,11 +268,9 @@ TensorView MultiTokenPrediction::loss_backward(IForwardContext& ctx, int32_t j,
   TensorView dlogits = allocate_like(ctx, logits);  // (B, T, V/P)
   std::initializer_list<TensorView> loss_inputs = {rows(logits, v), reshape(labels, {n}),
                                                    reshape(mask, {n}), lse, dmean};
-  if (tp_.size() == 1 && v == c.vocab_size)
-    loss_bwd_(loss_inputs, {rows(dlogits, v)});
-  else  // this rank's columns (padding: gradient 0), with the lse of the whole vocabulary
-    loss_bwd_(loss_inputs, {rows(dlogits, v)},
-              ops::CrossEntropyShardAttrs{vocab_start_, c.vocab_size});
+  // This rank's columns (padding: gradient 0), with the lse of the whole vocabulary.
+  loss_bwd_(loss_inputs, {rows(dlogits, v)},
+            ops::CrossEntropyShardAttrs{vocab_start_, c.vocab_size});
   // dW_out (V/P, C) += dlogits^T @ x; dx (N, C) = dlogits @ W_out, partial over tp.
   gemm_({rows(dlogits, v), rows(x, cc)}, {output_.weight_grad()}, ops::GemmAttrs{1, 0, 1.f, 1.f});
   TensorView dx = allocate_like(ctx, x);

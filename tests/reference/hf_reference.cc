@@ -11,7 +11,6 @@
 //       (the spec synthesised from config.json) builds a loom model, its weights are loaded
 //       by loom name, and the logits for HF_DIR/hf.safetensors's "tokens" are written to
 //       HF_DIR/loom.safetensors.
-#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -92,13 +91,9 @@ std::vector<float> logits_for(core::Trainer& trainer, const std::vector<int32_t>
   return logits;
 }
 
-// The logits' first `v` columns (the vocabulary's; a padded one's padding dropped).
 void write_logits(const fs::path& path, std::vector<int32_t>& tokens, std::vector<float>& logits,
-                  int64_t b, int64_t t, int64_t v) {
-  const int64_t columns = static_cast<int64_t>(logits.size()) / (b * t);
-  for (int64_t r = 1; r < b * t; ++r)
-    std::copy_n(logits.begin() + r * columns, v, logits.begin() + r * v);
-  logits.resize(static_cast<size_t>(b * t * v));
+                  int64_t b, int64_t t) {
+  int64_t v = static_cast<int64_t>(logits.size()) / (b * t);
   reference::write_safetensors_file(path, {{"tokens", DType::kI32, {b, t}, tokens.data()},
                                            {"logits", DType::kF32, {b, t, v}, logits.data()}});
 }
@@ -149,8 +144,7 @@ int export_model(int argc, char** argv) {
   std::vector<int32_t> tokens(static_cast<size_t>(b * t));
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((7 * i + 3) % v);
   std::vector<float> logits = logits_for(trainer, tokens, b, t);
-  write_logits(out / "loom.safetensors", tokens, logits, b, t,
-               spec["model"]["vocab_size"].get<int64_t>());
+  write_logits(out / "loom.safetensors", tokens, logits, b, t);
   std::printf("hf_reference: exported %zu tensors to %s\n", tensors.size(), dir.c_str());
   return 0;
 }
@@ -182,8 +176,7 @@ int import_model(int argc, char** argv) {
                          static_cast<int64_t>(requests.size())),
         "load " + dir);
   std::vector<float> logits = logits_for(trainer, tokens, b, t);
-  write_logits(hf / "loom.safetensors", tokens, logits, b, t,
-               spec["model"]["vocab_size"].get<int64_t>());
+  write_logits(hf / "loom.safetensors", tokens, logits, b, t);
   std::printf("hf_reference: loaded %zu tensors from %s as %s\n", requests.size(), dir.c_str(),
               metadata["spec"]["model"].dump().c_str());
   return 0;

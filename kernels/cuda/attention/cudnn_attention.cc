@@ -175,21 +175,24 @@ fe::DataType_t fe_dtype(DType dt) {
   return dt == DType::kBF16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF;
 }
 
-std::shared_ptr<fe::graph::Tensor_attributes> q_like(fe::graph::Graph& g, const char* name, Uid uid,
-                                                     const AttentionShape& s) {
+// A (B, T, heads, D) tensor in loom's layout as cuDNN's (B, heads, T, D) dims with strides.
+std::shared_ptr<fe::graph::Tensor_attributes> bshd(fe::graph::Graph& g, const char* name, Uid uid,
+                                                   int64_t b, int64_t heads, int64_t t,
+                                                   int64_t d) {
   return g.tensor(fe::graph::Tensor_attributes()
                       .set_name(name)
                       .set_uid(uid)
-                      .set_dim({s.b, s.h, s.t, s.d})
-                      .set_stride({s.t * s.h * s.d, s.d, s.h * s.d, 1}));
+                      .set_dim({b, heads, t, d})
+                      .set_stride({t * heads * d, d, heads * d, 1}));
+}
+// Q-shaped (B, T, H, D) and K-shaped (B, S, G, D) tensors of the call.
+std::shared_ptr<fe::graph::Tensor_attributes> q_like(fe::graph::Graph& g, const char* name, Uid uid,
+                                                     const AttentionShape& s) {
+  return bshd(g, name, uid, s.b, s.h, s.t, s.d);
 }
 std::shared_ptr<fe::graph::Tensor_attributes> k_like(fe::graph::Graph& g, const char* name, Uid uid,
                                                      const AttentionShape& s) {
-  return g.tensor(fe::graph::Tensor_attributes()
-                      .set_name(name)
-                      .set_uid(uid)
-                      .set_dim({s.b, s.g, s.s, s.d})
-                      .set_stride({s.s * s.g * s.d, s.d, s.g * s.d, 1}));
+  return bshd(g, name, uid, s.b, s.g, s.s, s.d);
 }
 
 // Builds the graph of one pass; "" on success, else cuDNN's reason.

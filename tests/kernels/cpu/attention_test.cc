@@ -515,53 +515,6 @@ std::vector<KernelDesc> cuda_kernels_of(const char* op, DType dt) {
   return out;
 }
 
-// Runs `k` on the device with copies of `inputs` and of the initial `outputs`; returns the
-// outputs (empty on a failed call, which is reported).
-std::vector<Tensor> run_cuda_kernel(::loom::kernels::testing::DeviceBackend& be,
-                                    const KernelDesc& k, std::vector<Tensor>& inputs,
-                                    const std::vector<Tensor>& outputs,
-                                    const ops::AttentionAttrs& at, const std::string& what) {
-  std::vector<void*> owned;
-  auto to_device = [&](Tensor& t) {
-    TensorView v = t.view();
-    v.device = Device{DeviceType::kCuda, 0};
-    if (v.data != nullptr) {
-      v.data = be.upload(v.data, static_cast<size_t>(t.numel()) * dtype_size(t.dtype()));
-      owned.push_back(v.data);
-    }
-    return v;
-  };
-  std::vector<Tensor> result = outputs;
-  std::vector<TensorView> in, out;
-  for (Tensor& t : inputs) in.push_back(to_device(t));
-  for (Tensor& t : result) out.push_back(to_device(t));
-  OpCall call{sizeof(OpCall),
-              in.data(),
-              static_cast<int32_t>(in.size()),
-              out.data(),
-              static_cast<int32_t>(out.size()),
-              &at,
-              sizeof(at),
-              nullptr,
-              nullptr,
-              0};
-  if (k.workspace != nullptr) {
-    call.workspace_bytes = k.workspace(&call);
-    call.workspace = be.scratch(static_cast<size_t>(call.workspace_bytes));
-    owned.push_back(call.workspace);
-  }
-  EXPECT_TRUE(k.supports == nullptr || k.supports(&call)) << k.name << " declines " << what;
-  Status st = k.fn(&call);
-  const bool ok = st.code == Code::kOk;
-  EXPECT_TRUE(ok) << k.name << " " << what << ": " << take_message(&st);
-  status_release(&st);
-  for (size_t i = 0; ok && i < result.size(); ++i)
-    be.download(result[i].raw(), out[i].data,
-                static_cast<size_t>(result[i].numel()) * dtype_size(result[i].dtype()));
-  for (void* p : owned) be.release(p);
-  return ok ? result : std::vector<Tensor>{};
-}
-
 // Runs every CUDA kernel of `op` on the call, compares each output with `expected` and says
 // whether cuDNN ran it (cuda.cudnn only), checking that against the case's expectation.
 void every_cuda_kernel(::loom::kernels::testing::DeviceBackend& be, const char* op, DType dt,
@@ -575,7 +528,7 @@ void every_cuda_kernel(::loom::kernels::testing::DeviceBackend& be, const char* 
     const bool cudnn = std::string(k.name) == ::loom::kernels::cuda::kCudnnAttentionName;
     const auto before = ::loom::kernels::cuda::cudnn_attention_counters();
     std::string label = std::string(op) + " " + dtype_name(dt) + " " + k.name + " " + what;
-    std::vector<Tensor> got = run_cuda_kernel(be, k, inputs, outputs, at, label);
+    std::vector<Tensor> got = run_on_device(be, k, inputs, outputs, &at, label);
     if (cudnn) {
       const auto after = ::loom::kernels::cuda::cudnn_attention_counters();
       const bool ran = after.cudnn_calls > before.cudnn_calls;

@@ -273,21 +273,14 @@ inline void expect_close(const Tensor& actual, const std::vector<double>& expect
   expect_close(actual.values(), expected, tolerance(tol_dtype), what);
 }
 
-// Runs `op` on `backend`'s device (when it has one) with device copies of `inputs` and of
-// the initial `outputs`, and compares each output with `expected` (cpu.ref's).
+// Runs kernel `k` on `backend`'s device with device copies of `inputs` and of the initial
+// `outputs`; returns the outputs as the kernel left them, or nothing when the kernel declines
+// the call (`supports`) or fails, either a test failure naming `label`.
 template <class A = NoAttrs>
-void expect_device_matches(::loom::kernels::testing::DeviceBackend& backend, const char* op,
-                           DType key, std::vector<Tensor>& inputs,
-                           const std::vector<Tensor>& outputs, const std::vector<Tensor>& expected,
-                           const A* attrs, const std::string& what) {
-  std::string why;
-  if (!backend.available(&why)) return;  // said once, at the start of the binary
-  std::string label = std::string(op) + " " + dtype_name(key) + " on " + backend.name();
-  const KernelDesc* k = backend.kernel(op, key);
-  if (k == nullptr) {
-    ADD_FAILURE() << label << ": the " << backend.name() << " library has no kernel for it";
-    return;
-  }
+std::vector<Tensor> run_on_device(::loom::kernels::testing::DeviceBackend& backend,
+                                  const KernelDesc& k, std::vector<Tensor>& inputs,
+                                  const std::vector<Tensor>& outputs, const A* attrs,
+                                  const std::string& label) {
   std::vector<void*> owned;
   Device device{backend.device_type(), 0};
   auto to_device = [&](Tensor& t) {
@@ -311,31 +304,53 @@ void expect_device_matches(::loom::kernels::testing::DeviceBackend& backend, con
   call.num_outputs = static_cast<int32_t>(out.size());
   call.attrs = std::is_same_v<A, NoAttrs> ? nullptr : attrs;
   call.attrs_size = std::is_same_v<A, NoAttrs> ? 0 : sizeof(A);
-  if (k->workspace != nullptr) {
-    call.workspace_bytes = k->workspace(&call);
+  if (k.workspace != nullptr) {
+    call.workspace_bytes = k.workspace(&call);
     call.workspace = backend.scratch(static_cast<size_t>(call.workspace_bytes));
     owned.push_back(call.workspace);
   }
-  if (k->supports != nullptr && !k->supports(&call)) {
-    ADD_FAILURE() << label << ": kernel " << k->name << " declines the call " << what;
+  bool ok = false;
+  if (k.supports != nullptr && !k.supports(&call)) {
+    ADD_FAILURE() << label << ": kernel " << k.name << " declines the call";
   } else {
-    Status st = k->fn(&call);
-    EXPECT_EQ(st.code, Code::kOk) << label << ": " << take_message(&st);
+    Status st = k.fn(&call);
+    ok = st.code == Code::kOk;
+    EXPECT_TRUE(ok) << label << ": kernel " << k.name << ": " << take_message(&st);
     status_release(&st);
-    for (size_t i = 0; i < result.size(); ++i)
+    for (size_t i = 0; ok && i < result.size(); ++i)
       if (!result[i].empty() && out[i].data != nullptr)
         backend.download(result[i].raw(), out[i].data,
                          static_cast<size_t>(result[i].numel()) * dtype_size(result[i].dtype()));
-    for (size_t i = 0; i < result.size(); ++i)
-      if (!result[i].empty()) {
-        if (key == DType::kF64)  // the f64 ops' achieved precision, in the GPU session's log
-          report_error(result[i].values(), expected[i].values(),
-                       label + " output " + std::to_string(i) + " " + what);
-        expect_close(result[i], expected[i].values(), key,
-                     label + " output " + std::to_string(i) + " " + what);
-      }
   }
   for (void* p : owned) backend.release(p);
+  return ok ? result : std::vector<Tensor>{};
+}
+
+// Runs `op` on `backend`'s device (when it has one) with device copies of `inputs` and of
+// the initial `outputs`, and compares each output with `expected` (cpu.ref's).
+template <class A = NoAttrs>
+void expect_device_matches(::loom::kernels::testing::DeviceBackend& backend, const char* op,
+                           DType key, std::vector<Tensor>& inputs,
+                           const std::vector<Tensor>& outputs, const std::vector<Tensor>& expected,
+                           const A* attrs, const std::string& what) {
+  std::string why;
+  if (!backend.available(&why)) return;  // said once, at the start of the binary
+  std::string label = std::string(op) + " " + dtype_name(key) + " on " + backend.name();
+  const KernelDesc* k = backend.kernel(op, key);
+  if (k == nullptr) {
+    ADD_FAILURE() << label << ": the " << backend.name() << " library has no kernel for it";
+    return;
+  }
+  std::vector<Tensor> result =
+      run_on_device(backend, *k, inputs, outputs, attrs, label + " " + what);
+  for (size_t i = 0; i < result.size(); ++i)
+    if (!result[i].empty()) {
+      if (key == DType::kF64)  // the f64 ops' achieved precision, in the GPU session's log
+        report_error(result[i].values(), expected[i].values(),
+                     label + " output " + std::to_string(i) + " " + what);
+      expect_close(result[i], expected[i].values(), key,
+                   label + " output " + std::to_string(i) + " " + what);
+    }
 }
 
 // Runs cpu.ref and cpu.fast of `op` on the same inputs and copies of the same initial
