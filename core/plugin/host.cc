@@ -226,6 +226,13 @@ Status Host::find_kernel(StringView op, DeviceType device, DType dtype, const Op
     std::string name(sv(op));
     auto candidates = registry_->kernels(name, device, dtype);
     auto pin = pins_.find(name);
+    // "none": no kernel serves the op; a module with a fallback (a fused op's unfused
+    // sequence) takes it, one without fails with this message.
+    if (pin != pins_.end() && pin->second == "none")
+      fail(Code::kNotFound,
+           fmt::format("spec /kernels/pin/{}: pinned to 'none', so no kernel serves op '{}'; "
+                       "pin it to a kernel (or remove the pin) for the module that needs it",
+                       name, name));
     const KernelEntry* chosen = nullptr;
     for (const KernelEntry* k : candidates) {
       if (pin != pins_.end()) {

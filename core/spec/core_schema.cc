@@ -178,7 +178,7 @@ constexpr const char* kCoreSchema = R"json({
       "type": "object", "default": {}, "additionalProperties": false,
       "properties": {
         "pin": {"type": "object", "default": {}, "additionalProperties": {"type": "string"},
-                "description": "op name -> kernel name that must serve it"},
+                "description": "op name -> kernel name that must serve it; \"none\": no kernel serves it, for an op modules can do without (gemm_epilogue: the layers then run its unfused sequence)"},
         "libraries": {"type": "array", "items": {"type": "string", "minLength": 1}, "default": [],
                       "description": "kernel plugins to load; default kernels_<train.device>"}
       }

@@ -168,6 +168,7 @@ void add_kernels(std::vector<KernelDesc>& out, const char* op, const char* name,
 
 // Each op family appends its reference and fast kernels.
 void add_gemm_kernels(std::vector<KernelDesc>& out);
+void add_gemm_epilogue_kernels(std::vector<KernelDesc>& out);
 void add_elementwise_kernels(std::vector<KernelDesc>& out);
 void add_activation_kernels(std::vector<KernelDesc>& out);
 void add_dropout_kernels(std::vector<KernelDesc>& out);

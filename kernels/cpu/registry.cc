@@ -10,6 +10,7 @@ const std::vector<KernelDesc>& all_kernels() {
   static const std::vector<KernelDesc> kernels = [] {
     std::vector<KernelDesc> k;
     add_gemm_kernels(k);
+    add_gemm_epilogue_kernels(k);
     add_elementwise_kernels(k);
     add_activation_kernels(k);
     add_dropout_kernels(k);

@@ -94,19 +94,27 @@ void Mlp::run_forward(IForwardContext& ctx, const TensorView* inputs, int32_t nu
                         "), got ", dtype_name(x_in.dtype), shape_string(x_in)));
   TensorView x = tp_.enter(ctx, x_in);  // the whole sequence with sequence parallelism
   int64_t n = numel(x) / hidden_;
-  TensorView h1 = allocate(ctx, dtype_, {n, fc1_out_}, device_);  // (N, F | 2F)
-  linear_.forward(ctx, {this, kFc1Fp8}, rows(x, hidden_), rows(value(fc1_weight_), hidden_),
-                  bias_ ? reshape(value(fc1_bias_), {fc1_out_}) : empty_view(), h1);
+  TensorView h1 = allocate(ctx, dtype_, {n, fc1_out_}, device_);   // (N, F | 2F)
   TensorView a = allocate(ctx, dtype_, {n, local_ffn_}, device_);  // (N, F/P)
-  if (activation_ == Activation::kSwiglu)
-    act_fwd_({h1}, {a});
-  else
-    act_fwd_({h1}, {a}, ops::GeluAttrs{activation_ == Activation::kGeluTanh ? 1 : 0});
+  const TensorView fc1_bias = bias_ ? reshape(value(fc1_bias_), {fc1_out_}) : empty_view();
+  if (fused_gelu(kFc1Fp8)) {  // h1 = x W1^T + b1 and a = gelu(h1) in one GEMM
+    linear_.forward_gelu(rows(x, hidden_), rows(value(fc1_weight_), hidden_), fc1_bias,
+                         gelu_approximate(), h1, a);
+  } else {
+    linear_.forward(ctx, {this, kFc1Fp8}, rows(x, hidden_), rows(value(fc1_weight_), hidden_),
+                    fc1_bias, h1);
+    if (activation_ == Activation::kSwiglu)
+      act_fwd_({h1}, {a});
+    else
+      act_fwd_({h1}, {a}, ops::GeluAttrs{gelu_approximate()});
+  }
   TensorView y_partial = allocate_like(ctx, x);
-  linear_.forward(ctx, {this, kFc2Fp8}, a, value(fc2_weight_), empty_view(),
-                  rows(y_partial, hidden_));
+  // fc2's bias is added to the sum over the group; with one rank that is fc2's own output,
+  // so it rides on the GEMM.
+  linear_.forward(ctx, {this, kFc2Fp8}, a, value(fc2_weight_),
+                  fc2_bias_on_gemm() ? value(fc2_bias_) : empty_view(), rows(y_partial, hidden_));
   TensorView y = tp_.exit(ctx, y_partial);  // summed over the group: like x_in
-  if (bias_) linear_.add_bias(value(fc2_bias_), rows(y, hidden_));
+  if (bias_ && !fc2_bias_on_gemm()) linear_.add_bias(value(fc2_bias_), rows(y, hidden_));
   if (ctx.training()) {
     // An FP8 site keeps its input's FP8 transpose instead (Linear): x and a only for bf16.
     if (!linear_.fp8({this, kFc1Fp8})) save(ctx, this, kInput, x);
@@ -139,32 +147,46 @@ void Mlp::run_backward(IForwardContext& ctx, const TensorView* grad_outputs,
     expect(dy_in, any, dtype_, "mlp grad output");
     if (tp_.sequence_parallel()) x_shape[1] = tp_.full_length(x_shape[1]);
   }
-  if (bias_) linear_.bias_grad(rows(dy_in, hidden_), grad(fc2_bias_));
+  if (bias_ && !fc2_bias_on_gemm()) linear_.bias_grad(rows(dy_in, hidden_), grad(fc2_bias_));
   // Zero-bubble schedules: fc1's and fc2's weight gradients wait for backward_weight.
   const void* deferred = weight_grads_deferred(ctx) ? deferred_owner() : nullptr;
   TensorView dy = tp_.exit_backward(ctx, dy_in);
   int64_t n = numel(h1) / fc1_out_;
-  TensorView da = allocate(ctx, dtype_, {n, local_ffn_}, device_);
-  linear_.backward(ctx, {this, kFc2Fp8}, rows(dy, hidden_), a, value(fc2_weight_),
-                   grad(fc2_weight_), empty_view(), da, deferred);
   TensorView dh1 = allocate(ctx, dtype_, {n, fc1_out_}, device_);
-  if (activation_ == Activation::kSwiglu)
-    act_bwd_({da, h1}, {dh1});
-  else
-    act_bwd_({da, h1}, {dh1}, ops::GeluAttrs{activation_ == Activation::kGeluTanh ? 1 : 0});
+  TensorView da{};
+  // fc1's bias gradient: from dh1 in fc1's weight pass, unless dgelu's GEMM sums it (when
+  // the weight pass runs now).
+  TensorView fc1_dbias = fc1_bias_grad();
+  if (fused_gelu(kFc2Fp8)) {
+    // fc2's weight gradient, then dh1 = gelu'(h1) * (dy W2) with fc1's bias gradient in one GEMM.
+    linear_.backward(ctx, {this, kFc2Fp8}, rows(dy, hidden_), a, value(fc2_weight_),
+                     grad(fc2_weight_), fc2_bias_grad(), empty_view(), deferred);
+    linear_.backward_dgelu(rows(dy, hidden_), value(fc2_weight_), h1, gelu_approximate(),
+                           deferred ? empty_view() : fc1_dbias, dh1);
+    if (!deferred) fc1_dbias = empty_view();
+  } else {
+    da = allocate(ctx, dtype_, {n, local_ffn_}, device_);
+    linear_.backward(ctx, {this, kFc2Fp8}, rows(dy, hidden_), a, value(fc2_weight_),
+                     grad(fc2_weight_), fc2_bias_grad(), da, deferred);
+    if (activation_ == Activation::kSwiglu)
+      act_bwd_({da, h1}, {dh1});
+    else
+      act_bwd_({da, h1}, {dh1}, ops::GeluAttrs{gelu_approximate()});
+  }
   TensorView dx_partial{};
   throw_if_error(ctx.allocate(dtype_, static_cast<int32_t>(x_shape.size()), x_shape.data(), device_,
                               &dx_partial),
                  "mlp backward");
   linear_.backward(ctx, {this, kFc1Fp8}, dh1, present(x) ? rows(x, hidden_) : empty_view(),
-                   rows(value(fc1_weight_), hidden_), rows(grad(fc1_weight_), hidden_),
-                   fc1_bias_grad(), rows(dx_partial, hidden_), deferred);
+                   rows(value(fc1_weight_), hidden_), rows(grad(fc1_weight_), hidden_), fc1_dbias,
+                   rows(dx_partial, hidden_), deferred);
   grad_inputs[0] = tp_.enter_backward(ctx, dx_partial);
   release_all(ctx, {dy, da, dh1, dx_partial}, {dy_in, grad_inputs[0]});
 }
 
 void Mlp::run_backward_weight(IForwardContext& ctx) {
-  linear_.backward_weight(ctx, {this, kFc2Fp8}, deferred_owner(), grad(fc2_weight_), empty_view());
+  linear_.backward_weight(ctx, {this, kFc2Fp8}, deferred_owner(), grad(fc2_weight_),
+                          fc2_bias_grad());
   linear_.backward_weight(ctx, {this, kFc1Fp8}, deferred_owner(), rows(grad(fc1_weight_), hidden_),
                           fc1_bias_grad());
 }
@@ -172,5 +194,17 @@ void Mlp::run_backward_weight(IForwardContext& ctx) {
 TensorView Mlp::fc1_bias_grad() const {
   return bias_ ? reshape(grad(fc1_bias_), {fc1_out_}) : empty_view();
 }
+
+bool Mlp::fc2_bias_on_gemm() const { return bias_ && tp_.size() == 1; }
+
+TensorView Mlp::fc2_bias_grad() const {
+  return fc2_bias_on_gemm() ? grad(fc2_bias_) : empty_view();
+}
+
+bool Mlp::fused_gelu(int32_t site) const {
+  return activation_ != Activation::kSwiglu && linear_.fuses_activation({this, site});
+}
+
+int32_t Mlp::gelu_approximate() const { return activation_ == Activation::kGeluTanh ? 1 : 0; }
 
 }  // namespace loom::transformer

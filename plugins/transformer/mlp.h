@@ -28,11 +28,22 @@ class Mlp final : public ModuleBase<IMlp> {
   void run_backward(IForwardContext& ctx, const TensorView* grad_outputs, int32_t num_grad_outputs,
                     TensorView* grad_inputs, int32_t num_grad_inputs) override;
   // Zero-bubble split: fc1's and fc2's weight gradients (and fc1's bias's) wait for
-  // backward_weight; fc2's bias (added after the tensor-parallel sum) is computed in backward.
+  // backward_weight; fc2's bias (added after the tensor-parallel sum) is computed in backward,
+  // except with one rank, where it rides on fc2's GEMMs (fc2_bias_on_gemm).
   bool defers_weight_grads() const override { return true; }
   void run_backward_weight(IForwardContext& ctx) override;
   // fc1's bias gradient as the (F | 2F) vector the GEMM site writes, or empty.
   TensorView fc1_bias_grad() const;
+  // One tensor-parallel rank: fc2's bias is added by fc2's GEMM and its gradient summed with
+  // fc2's weight gradient (gemm_epilogue where a kernel serves it), not after the group sum.
+  bool fc2_bias_on_gemm() const;
+  // fc2's bias gradient when fc2_bias_on_gemm, else empty.
+  TensorView fc2_bias_grad() const;
+  // A GELU MLP whose site (kFc1Fp8: fc1's forward; kFc2Fp8: fc2's input gradient) fuses the
+  // activation into its GEMM (Linear::fuses_activation).
+  bool fused_gelu(int32_t site) const;
+  // gelu's variant: 0 erf, 1 tanh.
+  int32_t gelu_approximate() const;
 
   enum class Activation { kGelu, kGeluTanh, kSwiglu };
   Activation activation_;

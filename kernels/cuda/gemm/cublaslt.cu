@@ -58,9 +58,10 @@ uint32_t alignment_of(const void* p, int64_t stride_bytes) {
   return static_cast<uint32_t>(bits & (~bits + 1));  // lowest set bit
 }
 
-Preference::Preference(const char* op, uint32_t align_a, uint32_t align_b, uint32_t align_c) {
+Preference::Preference(const char* op, uint32_t align_a, uint32_t align_b, uint32_t align_c,
+                       uint64_t max_workspace) {
   lt_check(cublasLtMatmulPreferenceCreate(&pref), op, "cublasLtMatmulPreferenceCreate");
-  set_pref(op, pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64_t{kScratchBytes});
+  set_pref(op, pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, max_workspace);
   set_pref(op, pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a);
   set_pref(op, pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b);
   set_pref(op, pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_c);

@@ -15,6 +15,8 @@
 #include <map>
 #include <mutex>
 
+#include "kernels/cuda/common/resources.cuh"
+
 namespace loom::kernels::cuda::gemm {
 
 /// Throws Error naming `op` and the cuBLASLt call `what` unless `status` is success
@@ -49,12 +51,14 @@ void set_pref(const char* op, cublasLtMatmulPreference_t p,
            "cublasLtMatmulPreferenceSetAttribute");
 }
 
-/// The preference of a heuristic query: at most the stream scratch as workspace, and the
-/// operands' real alignments in bytes (the default assumes 256-byte aligned operands; a view
-/// into a larger buffer may not be). Destroyed at scope exit.
+/// The preference of a heuristic query: at most `max_workspace` bytes of workspace (by
+/// default the whole stream scratch), and the operands' real alignments in bytes (the default
+/// assumes 256-byte aligned operands; a view into a larger buffer may not be). Destroyed at
+/// scope exit.
 struct Preference {
   cublasLtMatmulPreference_t pref = nullptr;
-  Preference(const char* op, uint32_t align_a, uint32_t align_b, uint32_t align_c);
+  Preference(const char* op, uint32_t align_a, uint32_t align_b, uint32_t align_c,
+             uint64_t max_workspace = kScratchBytes);
   Preference(const Preference&) = delete;
   Preference& operator=(const Preference&) = delete;
   ~Preference();

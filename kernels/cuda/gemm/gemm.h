@@ -1,6 +1,7 @@
 // The gemm family of the CUDA kernel library: gemm (loom/ops.h) through cuBLASLt on f32,
-// bf16, f16 and f64, and fp8_gemm through cuBLASLt (A and B in fp8_e4m3 / fp8_e5m2; compute
-// capability 8.9+).
+// bf16, f16 and f64, gemm_epilogue (cuBLASLt's bias, GELU, dGELU and bias-gradient
+// epilogues) on f32, bf16 and f16, and fp8_gemm through cuBLASLt (A and B in fp8_e4m3 /
+// fp8_e5m2; compute capability 8.9+).
 //
 // Plain C++ (no CUDA types): the kernels_cuda plugin, the tests and the lab's gemm_bench
 // include it without nvcc.
@@ -13,7 +14,9 @@
 
 namespace loom::kernels::cuda {
 
-/// Appends a KernelDesc for every op and dtype of the family: name "cuda", priority 20
+/// Appends a KernelDesc for every op and dtype of the family (gemm, fp8_gemm and
+/// gemm_epilogue, whose cuBLASLt epilogues fall back to the library's unfused kernels where
+/// cuBLASLt has no algorithm: gemm_epilogue.cu): name "cuda", priority 20
 /// (kernels/cuda/common/registration.h), and for gemm on f32 also "cuda.tf32" (priority 15:
 /// TF32 tensor cores, about 10 mantissa bits, used only when a spec pins it). fp8_gemm is
 /// keyed on fp8_e4m3 and fp8_e5m2 (A's dtype). Each has `supports` (shapes, dtypes and

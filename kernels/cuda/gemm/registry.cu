@@ -7,6 +7,7 @@ namespace loom::kernels::cuda {
 void add_gemm_kernels(std::vector<KernelDesc>& out) {
   gemm::add_gemm_op_kernels(out);
   gemm::add_fp8_gemm_kernels(out);
+  gemm::add_gemm_epilogue_kernels(out);
 }
 
 }  // namespace loom::kernels::cuda

@@ -16,6 +16,7 @@ namespace {
 
 const std::vector<const char*> kAllOps = {
     ops::kGemm,
+    ops::kGemmEpilogue,
     ops::kAdd,
     ops::kBiasAdd,
     ops::kBiasGrad,

@@ -99,7 +99,7 @@ TEST(FamilyRegistry, OneCudaKernelPerOpAndDtype) {
   }
   for (DType dt : kFloats) EXPECT_EQ(find(ops::kFp8Gemm, dt), nullptr) << dtype_name(dt);
   for (const KernelDesc& k : family_kernels()) {
-    bool known = std::string(k.op) == ops::kFp8Gemm;
+    bool known = std::string(k.op) == ops::kFp8Gemm || std::string(k.op) == ops::kGemmEpilogue;
     for (const char* op : kOps) known = known || std::string(op) == k.op;
     EXPECT_TRUE(known) << k.op;
   }
@@ -147,6 +147,8 @@ struct Call {
 };
 
 const ops::GemmAttrs kGemmNT{0, 1, 1.0f, 0.0f};
+const ops::GemmEpilogueAttrs kGelu{0, 1, ops::kEpilogueGelu, 1, 0.0f};
+const ops::GemmEpilogueAttrs kBiasGradA{1, 0, ops::kEpilogueBiasGradA, 0, 1.0f};
 const ops::CrossEntropyShardAttrs kShard{8, 40};
 const ops::AdamWAttrs kAdam{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, 3};
 const float kDecay[3] = {0.1f, 0.0f, 0.1f};
@@ -210,6 +212,12 @@ std::vector<Case> good_calls() {
             &kAdamMulti)});
   c.push_back({ops::kSgdStep, Call({view(bf, {1000}, cu)},
                                    {view(f, {1000}, cu), view(f, {1000}, cu), none()}, &kSgd)});
+  c.push_back({ops::kGemmEpilogue,
+               Call({view(bf, {6, 5}, cu), view(bf, {8, 5}, cu), view(bf, {8}, cu), none()},
+                    {view(bf, {6, 8}, cu), view(bf, {6, 8}, cu), none()}, &kGelu)});
+  c.push_back(
+      {ops::kGemmEpilogue, Call({view(bf, {6, 4}, cu), view(bf, {6, 5}, cu), none(), none()},
+                                {view(f, {4, 5}, cu), none(), view(f, {4}, cu)}, &kBiasGradA)});
   return c;
 }
 
@@ -276,6 +284,31 @@ std::string cpu_message(const char* op, DType key, const Call& cuda_call) {
   Status s = cpu::find_kernel(op, key, "cpu.ref")->fn(&cpu.call);
   EXPECT_NE(s.code, Code::kOk);
   return take_message(&s);
+}
+
+// gemm_epilogue's workspace holds GELU's input when the caller keeps none (no aux output),
+// and its CUDA kernel declines the one call its fallback has no kernel for: a bias gradient
+// of an A stored (M, K).
+TEST(FamilyRegistry, GemmEpilogueWorkspaceAndDeclines) {
+  const DeviceType cu = DeviceType::kCuda;
+  const DType bf = DType::kBF16, f = DType::kF32;
+  const KernelDesc* k = find(ops::kGemmEpilogue, bf);
+  ASSERT_NE(k, nullptr);
+  ASSERT_NE(k->workspace, nullptr);
+  Call with_aux({view(bf, {6, 5}, cu), view(bf, {8, 5}, cu), view(bf, {8}, cu), none()},
+                {view(bf, {6, 8}, cu), view(bf, {6, 8}, cu), none()}, &kGelu);
+  Call without_aux({view(bf, {6, 5}, cu), view(bf, {8, 5}, cu), view(bf, {8}, cu), none()},
+                   {view(bf, {6, 8}, cu), none(), none()}, &kGelu);
+  EXPECT_EQ(k->workspace(&with_aux.call), 0u);
+  EXPECT_EQ(k->workspace(&without_aux.call), 6u * 8u * 2u);  // P (M, N) in bf16
+  EXPECT_TRUE(k->supports(&without_aux.call));
+  const ops::GemmEpilogueAttrs untransposed{0, 0, ops::kEpilogueBiasGradA, 0, 0.0f};
+  Call rows({view(bf, {4, 6}, cu), view(bf, {6, 5}, cu), none(), none()},
+            {view(f, {4, 5}, cu), none(), view(f, {4}, cu)}, &untransposed);
+  EXPECT_FALSE(k->supports(&rows.call));
+  Call rows_without_dbias({view(bf, {4, 6}, cu), view(bf, {6, 5}, cu), none(), none()},
+                          {view(f, {4, 5}, cu), none(), none()}, &untransposed);
+  EXPECT_TRUE(k->supports(&rows_without_dbias.call));
 }
 
 TEST(FamilyRegistry, BadCallsFailWithTheCpuKernelsWords) {

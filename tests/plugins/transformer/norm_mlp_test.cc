@@ -102,9 +102,37 @@ TEST_P(MlpTest, DeclaresMegatronParameters) {
   EXPECT_EQ(h.params().all().size(), GetParam().bias ? 4u : 2u);
 }
 
+// The fused path (gemm_epilogue: bias and GELU on fc1's GEMM, dGELU and fc1's bias gradient
+// on fc2's input-gradient GEMM, fc2's bias and the weight gradients' bias sums on theirs) is
+// the one a model takes where a kernel serves the op; the spec pin "none" turns it off. On the
+// CPU, whose gemm_epilogue runs the unfused ops, both give the same outputs and gradients bit
+// for bit: a fused site that read or wrote the wrong tensor would not.
+TEST_P(MlpTest, FusedEpiloguesEqualTheUnfusedOps) {
+  Result results[2];
+  bool resolved[2] = {false, false};
+  for (int fused = 0; fused < 2; ++fused) {
+    ModuleHarness h(transformer_plugins());
+    if (!fused) h.plugins().host().set_pins({{"gemm_epilogue", "none"}});
+    IModule& mlp =
+        build_resolved(h, kinds::kMlp, {{"impl", "mlp"}, {"activation", GetParam().activation}},
+                       mlp_inherited(GetParam().bias));
+    randomize_params(h, 9, 0.4f);
+    ModuleCheck check(h, mlp, {{random_input(h, {2, 3, 8}, 2)}, {true}});
+    results[fused] = check.run();
+    for (const auto& r : h.plugins().host().resolutions())
+      resolved[fused] = resolved[fused] || r.op == "gemm_epilogue";
+  }
+  EXPECT_FALSE(resolved[0]) << "the pin 'none' must keep the MLP on the unfused ops";
+  EXPECT_TRUE(resolved[1]) << "kernels_cpu serves gemm_epilogue: the MLP must resolve it";
+  EXPECT_EQ(results[0].outputs, results[1].outputs);
+  expect_same_grads(results[1], results[0], 0.0, GetParam().activation);
+  EXPECT_EQ(results[0].param_grads.size(), GetParam().bias ? 4u : 2u);
+}
+
 INSTANTIATE_TEST_SUITE_P(Activations, MlpTest,
                          ::testing::Values(MlpCase{"gelu", true}, MlpCase{"gelu_tanh", true},
-                                           MlpCase{"swiglu", false}, MlpCase{"swiglu", true}),
+                                           MlpCase{"gelu_tanh", false}, MlpCase{"swiglu", false},
+                                           MlpCase{"swiglu", true}),
                          [](const auto& info) {
                            return info.param.activation + (info.param.bias ? "_bias" : "");
                          });

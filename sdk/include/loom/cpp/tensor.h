@@ -107,6 +107,23 @@ class Kernel {
       : host_(&host) {
     throw_if_error(host.find_kernel(make_string_view(op), device.type, dtype, example, &desc_));
   }
+  /// Resolves `op` when a kernel serves it, else returns an unresolved Kernel (false): for an
+  /// op a module can do without, such as a fused one with an unfused fallback. "Not served"
+  /// is the host's kNotFound: no loaded library provides the op for (device, dtype), the
+  /// registered kernels decline `example`, or the spec pins the op to "none"
+  /// (/kernels/pin). Any other failure throws.
+  static Kernel optional(IHost& host, const char* op, Device device, DType dtype,
+                         const OpCall* example = nullptr) {
+    Kernel k;
+    Status status = host.find_kernel(make_string_view(op), device.type, dtype, example, &k.desc_);
+    if (status.code == Code::kNotFound) {
+      take_message(&status);
+      return Kernel();
+    }
+    throw_if_error(status);
+    k.host_ = &host;
+    return k;
+  }
   /// True when resolved.
   explicit operator bool() const { return desc_.fn != nullptr; }
   /// The chosen kernel's name ("cpu.fast").

@@ -44,12 +44,14 @@ class Linear {
   /// The former name of kSiteSlots.
   static constexpr int32_t kFp8Slots = kSiteSlots;
 
-  /// Resolves gemm, bias_add and bias_grad for activations of `dtype` on `device`.
+  /// Resolves gemm, bias_add and bias_grad for activations of `dtype` on `device`, and
+  /// gemm_epilogue where a kernel serves it (a spec pin "none" turns it off).
   Linear(IHost& host, Device device, DType dtype)
       : device_(device),
         gemm_(host, ops::kGemm, device, dtype),
         bias_add_(host, ops::kBiasAdd, device, dtype),
         bias_grad_(host, ops::kBiasGrad, device, dtype),
+        epilogue_(Kernel::optional(host, ops::kGemmEpilogue, device, dtype)),
         host_(&host) {}
 
   /// Makes `site`'s GEMMs FP8 when the run has an FP8 recipe (ctx.fp8_recipe()); does
@@ -157,17 +159,53 @@ class Linear {
     if (present(dbias)) bias_grad_({load(ctx, deferred, deferred_slot(site, kDy))}, {dbias});
   }
 
-  /// The same without FP8 and without a context (an output layer's GEMMs, tests).
+  /// The same without FP8 and without a context (an output layer's GEMMs, tests). With
+  /// gemm_epilogue, the bias rides on the GEMM (kEpilogueBias) and dbias on the weight
+  /// gradient's (kEpilogueBiasGradA).
   void forward(const TensorView& x, const TensorView& w, const TensorView& bias,
                const TensorView& y) const {
+    if (present(bias) && epilogue_) {
+      epilogue_({x, w, bias, empty_view()}, {y, empty_view(), empty_view()},
+                ops::GemmEpilogueAttrs{0, 1, ops::kEpilogueBias, 0, 0.f});
+      return;
+    }
     gemm_({x, w}, {y}, ops::GemmAttrs{0, 1, 1.f, 0.f});
     if (present(bias)) bias_add_({bias}, {y});
   }
   void backward(const TensorView& dy, const TensorView& x, const TensorView& w,
                 const TensorView& dw, const TensorView& dbias, const TensorView& dx) const {
-    if (present(dw)) gemm_({dy, x}, {dw}, ops::GemmAttrs{1, 0, 1.f, 1.f});  // (out, N) @ (N, in)
-    if (present(dbias)) bias_grad_({dy}, {dbias});
+    if (present(dw) && present(dbias) && epilogue_) {
+      // dw (out, in) += dy^T (out, N) @ x (N, in); dbias (out) += sum_n dy[n, :].
+      epilogue_({dy, x, empty_view(), empty_view()}, {dw, empty_view(), dbias},
+                ops::GemmEpilogueAttrs{1, 0, ops::kEpilogueBiasGradA, 0, 1.f});
+    } else {
+      if (present(dw)) gemm_({dy, x}, {dw}, ops::GemmAttrs{1, 0, 1.f, 1.f});  // (out, N) @ (N, in)
+      if (present(dbias)) bias_grad_({dy}, {dbias});
+    }
     if (present(dx)) gemm_({dy, w}, {dx}, ops::GemmAttrs{0, 0, 1.f, 0.f});  // (N, out) @ (out, in)
+  }
+
+  /// True when `site` can fuse its activation into its GEMMs (forward_gelu, backward_dgelu):
+  /// a kernel serves gemm_epilogue and the site is not FP8.
+  bool fuses_activation(LinearSite site) const {
+    return static_cast<bool>(epilogue_) && fp8_site(site) == nullptr;
+  }
+  /// pre (N, out) = x (N, in) @ w^T (out, in) + bias (out) when present, and
+  /// act (N, out) = gelu(pre), in one GEMM (kEpilogueGelu). Needs fuses_activation(site).
+  /// \param approximate  gelu's variant (ops::GeluAttrs): 0 erf, 1 tanh
+  void forward_gelu(const TensorView& x, const TensorView& w, const TensorView& bias,
+                    int32_t approximate, const TensorView& pre, const TensorView& act) const {
+    epilogue_({x, w, bias, empty_view()}, {act, pre, empty_view()},
+              ops::GemmEpilogueAttrs{0, 1, ops::kEpilogueGelu, approximate, 0.f});
+  }
+  /// The input gradient of a site through the GELU before it, in one GEMM (kEpilogueDGelu):
+  /// dpre (N, in) = gelu'(pre) * (dy (N, out) @ w (out, in)), where pre (N, in) is that
+  /// GELU's input, and dbias (in) += the column sums of dpre when present (the bias gradient
+  /// of the layer that produced pre). Needs fuses_activation(site) of this site.
+  void backward_dgelu(const TensorView& dy, const TensorView& w, const TensorView& pre,
+                      int32_t approximate, const TensorView& dbias, const TensorView& dpre) const {
+    epilogue_({dy, w, empty_view(), pre}, {dpre, empty_view(), dbias},
+              ops::GemmEpilogueAttrs{0, 0, ops::kEpilogueDGelu, approximate, 0.f});
   }
   /// y (N, out) += bias (out): the bias of a row-parallel layer, added after the sum.
   void add_bias(const TensorView& bias, const TensorView& y) const { bias_add_({bias}, {y}); }
@@ -217,6 +255,7 @@ class Linear {
 
   Device device_;
   Kernel gemm_, bias_add_, bias_grad_;
+  Kernel epilogue_;  // gemm_epilogue, or unresolved: the unfused ops above
   IHost* host_;
   IFp8Recipe* recipe_ = nullptr;
   std::map<std::pair<const void*, int32_t>, Fp8Site> sites_;

@@ -65,4 +65,104 @@ inline GemmShape check_gemm(const OpCall* call, bool shapes_only, DeviceType dev
   return s;
 }
 
+/// The problem a gemm_epilogue call describes.
+struct GemmEpilogueShape {
+  int64_t m, n, k;
+  ops::GemmEpilogueAttrs attrs;
+  bool bias, aux_in, aux_out, dbias;  ///< which optional tensors the call passes
+};
+
+/// Checks a gemm_epilogue call (loom/ops.h): A (M, K) / (K, M) and B (K, N) / (N, K) of one
+/// float dtype; Y (M, N) in A's dtype (or f32 with kEpilogueBiasGradA); bias (N), the input P
+/// and the output aux (M, N) in A's dtype and dbias f32 (N or M) exactly where the epilogue
+/// takes them; beta 0 (or 1 with kEpilogueBiasGradA). Throws loom::Error(kInvalidArgument)
+/// naming the tensor and what was expected.
+/// \param call         the call
+/// \param shapes_only  true inside `supports` (data may be null)
+/// \param device       the device family of the kernel
+inline GemmEpilogueShape check_gemm_epilogue(const OpCall* call, bool shapes_only,
+                                             DeviceType device) {
+  OpArgs a(call, ops::kGemmEpilogue, {"A", "B", "bias", "P"}, {"Y", "aux", "dbias"}, shapes_only,
+           device);
+  GemmEpilogueShape s{};
+  s.attrs = a.attrs<ops::GemmEpilogueAttrs>();
+  const int32_t e = s.attrs.epilogue;
+  if (e != ops::kEpilogueBias && e != ops::kEpilogueGelu && e != ops::kEpilogueDGelu &&
+      e != ops::kEpilogueBiasGradA)
+    a.fail("attrs.epilogue is " + std::to_string(e) +
+           ": expected kEpilogueBias (1), kEpilogueGelu (2), kEpilogueDGelu (3) or "
+           "kEpilogueBiasGradA (4)");
+  if (s.attrs.approximate != 0 && s.attrs.approximate != 1)
+    a.fail("attrs.approximate is " + std::to_string(s.attrs.approximate) +
+           ": expected 0 (erf) or 1 (tanh)");
+  if (!(s.attrs.beta == 0.0f || (e == ops::kEpilogueBiasGradA && s.attrs.beta == 1.0f)))
+    a.fail("attrs.beta is " + std::to_string(s.attrs.beta) +
+           ": expected 0, or 1 with kEpilogueBiasGradA (accumulate a weight gradient)");
+  const TensorView& A = a.float_in(0);
+  const TensorView& B = a.float_in(1);
+  const TensorView& Y = a.float_out(0);
+  if (A.ndim != 2)
+    a.fail(a.in_label(0) + " has shape " + view_shape_str(A) + ", expected " +
+           (s.attrs.trans_a ? "(K, M)" : "(M, K)"));
+  if (B.ndim != 2)
+    a.fail(a.in_label(1) + " has shape " + view_shape_str(B) + ", expected " +
+           (s.attrs.trans_b ? "(N, K)" : "(K, N)"));
+  if (B.dtype != A.dtype)
+    a.fail(a.in_label(1) + " has dtype " + dtype_name(B.dtype) + ", expected A's " +
+           dtype_name(A.dtype));
+  s.m = A.shape[s.attrs.trans_a ? 1 : 0];
+  s.k = A.shape[s.attrs.trans_a ? 0 : 1];
+  s.n = B.shape[s.attrs.trans_b ? 0 : 1];
+  if (B.shape[s.attrs.trans_b ? 1 : 0] != s.k)
+    a.fail(a.in_label(1) + " has shape " + view_shape_str(B) + ", expected " +
+           (s.attrs.trans_b ? "(N, K)" : "(K, N)") + " with K = " + std::to_string(s.k) +
+           " (A is " + view_shape_str(A) + ")");
+  a.shape_out(0, {s.m, s.n}, "(M, N)");
+  if (Y.dtype != A.dtype && !(e == ops::kEpilogueBiasGradA && Y.dtype == DType::kF32))
+    a.fail(a.out_label(0) + " has dtype " + dtype_name(Y.dtype) + ", expected A's " +
+           dtype_name(A.dtype) + (e == ops::kEpilogueBiasGradA ? " or f32" : ""));
+  s.bias = a.has_in(2);
+  s.aux_in = a.has_in(3);
+  s.aux_out = a.has_out(1);
+  s.dbias = a.has_out(2);
+  auto refuse = [&](bool input, int i, const char* which) {
+    a.fail((input ? a.in_label(i) : a.out_label(i)) + " must be empty with " + which);
+  };
+  const char* name = e == ops::kEpilogueBias    ? "kEpilogueBias"
+                     : e == ops::kEpilogueGelu  ? "kEpilogueGelu"
+                     : e == ops::kEpilogueDGelu ? "kEpilogueDGelu"
+                                                : "kEpilogueBiasGradA";
+  if (e == ops::kEpilogueBias && !s.bias) a.fail(a.in_label(2) + " is required with kEpilogueBias");
+  if (s.bias && e != ops::kEpilogueBias && e != ops::kEpilogueGelu) refuse(true, 2, name);
+  if (e == ops::kEpilogueDGelu && !s.aux_in)
+    a.fail(a.in_label(3) + " is required with kEpilogueDGelu");
+  if (s.aux_in && e != ops::kEpilogueDGelu) refuse(true, 3, name);
+  if (s.aux_out && e != ops::kEpilogueGelu) refuse(false, 1, name);
+  if (s.dbias && e != ops::kEpilogueDGelu && e != ops::kEpilogueBiasGradA) refuse(false, 2, name);
+  auto same_dtype = [&](const TensorView& v, const std::string& label) {
+    if (v.dtype != A.dtype)
+      a.fail(label + " has dtype " + dtype_name(v.dtype) + ", expected A's " + dtype_name(A.dtype));
+  };
+  if (s.bias) {
+    same_dtype(a.float_in(2), a.in_label(2));
+    a.shape_in(2, {s.n}, "(N)");
+  }
+  if (s.aux_in) {
+    same_dtype(a.float_in(3), a.in_label(3));
+    a.shape_in(3, {s.m, s.n}, "(M, N)");
+  }
+  if (s.aux_out) {
+    same_dtype(a.float_out(1), a.out_label(1));
+    a.shape_out(1, {s.m, s.n}, "(M, N)");
+  }
+  if (s.dbias) {
+    a.f32_out(2);
+    if (e == ops::kEpilogueDGelu)
+      a.shape_out(2, {s.n}, "(N)");
+    else
+      a.shape_out(2, {s.m}, "(M)");
+  }
+  return s;
+}
+
 }  // namespace loom::op_checks

@@ -1,0 +1,361 @@
+// gemm_epilogue (loom/ops.h) on CUDA: one cuBLASLt matmul whose epilogue adds the bias,
+// applies GELU (keeping its input for backward), applies GELU's derivative, or reduces the
+// bias gradient, instead of the separate memory-bound kernels that would read and write Y
+// again (Transformer Engine's gemm with bias / gelu / grad does the same).
+//
+// Layout: as gemm.cu, cuBLAS sees the row-major problem transposed: its (m, n, k) is loom's
+// (N, M, K), its A is loom's B and its B loom's A, and its D (m, n) column-major is loom's Y
+// (M, N) row-major. So:
+//   - a bias over loom's columns (N) is a vector over cuBLAS's rows: CUBLASLT_EPILOGUE_BIAS,
+//     and DGELU_BGRAD's bias gradient (the column sums of loom's Y) is over those rows too;
+//   - the GELU input matrix (aux) is loom's P (M, N) row-major = cuBLAS (N, M) column-major,
+//     leading dimension N (cuBLASLt wants a multiple of 8);
+//   - kEpilogueBiasGradA's dbias (M), the row sums of op(A) over K, is BGRADB: cuBLAS's B is
+//     loom's A, the vector is over cuBLAS's columns (loom's M), reduced over k.
+//
+// Epilogues:
+//   kEpilogueBias                 BIAS
+//   kEpilogueGelu, tanh           GELU[_AUX][_BIAS] (cuBLASLt's GELU is the tanh form)
+//   kEpilogueGelu, erf            BIAS into P, then gelu_fwd (cuBLASLt has no erf GELU)
+//   kEpilogueDGelu, tanh          DGELU[_BGRAD]
+//   kEpilogueBiasGradA            BGRADB (DEFAULT without dbias)
+// A bias gradient comes out of cuBLASLt in Y's dtype and overwrites its vector, while loom's
+// dbias is f32 and accumulates: cuBLASLt writes it into the upper half of the stream scratch
+// (the lower half is its workspace), and a small kernel adds it to dbias.
+//
+// Fallback: whatever cuBLASLt has no algorithm for (an epilogue on a dtype or alignment it
+// does not cover, N not a multiple of 8 with an aux matrix, a bias gradient larger than half
+// the scratch, K == 0, erf's derivative) runs the unfused sequence of the library's own
+// kernels (gemm, bias_add, gelu_fwd / gelu_bwd, bias_grad), which the contract allows. The
+// decision is cached per problem with its plan.
+#include <cublasLt.h>
+#include <loom/cpp/error.h>
+#include <loom/cpp/op_checks/gemm.h>
+#include <loom/cpp/tensor.h>
+
+#include <array>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/device_util.cuh"
+#include "kernels/cuda/common/registration.h"
+#include "kernels/cuda/common/resources.cuh"
+#include "kernels/cuda/elementwise/elementwise.h"
+#include "kernels/cuda/gemm/cublaslt.cuh"
+#include "kernels/cuda/gemm/registry.cuh"
+#include "kernels/cuda/pointwise/pointwise.h"
+
+namespace loom::kernels::cuda::gemm {
+namespace {
+
+using op_checks::GemmEpilogueShape;
+constexpr const char* kOp = ops::kGemmEpilogue;
+
+// The scratch is split: cuBLASLt's workspace below, a bias gradient vector above.
+constexpr size_t kWorkspaceBytes = kScratchBytes / 2;
+
+// ---- The unfused sequence ------------------------------------------------------------
+
+// The "cuda" kernel of `op` keyed on `dtype` from the families this op composes.
+const KernelDesc& family_kernel(const char* op, DType dtype) {
+  static const std::vector<KernelDesc>* list = [] {
+    auto* v = new std::vector<KernelDesc>();  // leaked, as the plan caches
+    add_gemm_op_kernels(*v);
+    add_elementwise_kernels(*v);
+    add_pointwise_kernels(*v);
+    return v;
+  }();
+  for (const KernelDesc& k : *list)
+    if (std::strcmp(k.op, op) == 0 && k.dtype == dtype && std::strcmp(k.name, kCudaName) == 0)
+      return k;
+  throw Error(Code::kInternal, std::string(kOp) + ": no CUDA kernel for " + op);
+}
+
+// Runs one op of the sequence on the call's stream.
+template <class Attrs>
+void run_step(const OpCall* call, const char* op, DType key, std::vector<TensorView> inputs,
+              std::vector<TensorView> outputs, const Attrs* attrs) {
+  OpCall c{sizeof(OpCall),
+           inputs.data(),
+           static_cast<int32_t>(inputs.size()),
+           outputs.data(),
+           static_cast<int32_t>(outputs.size()),
+           attrs,
+           attrs ? sizeof(Attrs) : 0,
+           call->stream,
+           nullptr,
+           0};
+  throw_if_error(family_kernel(op, key).fn(&c));
+}
+
+// The unfused sequence (the CPU kernels' file comment lists it); `P` is the gelu input
+// buffer (the aux output or the call's workspace) for kEpilogueGelu.
+void run_unfused(const OpCall* call, const GemmEpilogueShape& s, const TensorView& P) {
+  const TensorView &A = call->inputs[0], &B = call->inputs[1], &Y = call->outputs[0];
+  const ops::GemmEpilogueAttrs& at = s.attrs;
+  const DType dt = A.dtype;
+  const ops::GeluAttrs gelu{at.approximate};
+  const ops::GemmAttrs g{at.trans_a, at.trans_b, 1.f,
+                         at.epilogue == ops::kEpilogueBiasGradA ? at.beta : 0.f};
+  switch (at.epilogue) {
+    case ops::kEpilogueBias:
+      run_step(call, ops::kGemm, dt, {A, B}, {Y}, &g);
+      run_step<int>(call, ops::kBiasAdd, Y.dtype, {call->inputs[2]}, {Y}, nullptr);
+      return;
+    case ops::kEpilogueGelu:
+      run_step(call, ops::kGemm, dt, {A, B}, {P}, &g);
+      if (s.bias) run_step<int>(call, ops::kBiasAdd, dt, {call->inputs[2]}, {P}, nullptr);
+      run_step(call, ops::kGeluFwd, dt, {P}, {Y}, &gelu);
+      return;
+    case ops::kEpilogueDGelu:
+      run_step(call, ops::kGemm, dt, {A, B}, {Y}, &g);
+      run_step(call, ops::kGeluBwd, dt, {Y, call->inputs[3]}, {Y}, &gelu);
+      if (s.dbias) run_step<int>(call, ops::kBiasGrad, dt, {Y}, {call->outputs[2]}, nullptr);
+      return;
+    case ops::kEpilogueBiasGradA:
+      run_step(call, ops::kGemm, dt, {A, B}, {Y}, &g);
+      if (!s.dbias) return;
+      if (!at.trans_a)
+        throw Error(Code::kUnimplemented,
+                    std::string(kOp) +
+                        ": kEpilogueBiasGradA with A stored (M, K) (trans_a 0) has no CUDA "
+                        "kernel when cuBLASLt declines it; pass dY stored (N, M) with trans_a 1, "
+                        "as a weight gradient does");
+      run_step<int>(call, ops::kBiasGrad, dt, {A}, {call->outputs[2]}, nullptr);
+      return;
+  }
+}
+
+// ---- The fused matmul ----------------------------------------------------------------
+
+// One fused problem in cuBLAS's terms (see the file comment); epilogue is cuBLASLt's.
+struct Problem {
+  int64_t device, ab_type, y_type, epilogue, beta;
+  int64_t op_a, op_b;  // cublasOperation_t of cuBLAS's A (loom B) and B (loom A)
+  int64_t m, n, k;     // loom's N, M, K
+  int64_t align_a, align_b, align_c, align_bias, align_aux;  // bytes
+  std::array<int64_t, 15> key() const {
+    return {device, ab_type, y_type,  epilogue, beta,    op_a,       op_b,     m,
+            n,      k,       align_a, align_b,  align_c, align_bias, align_aux};
+  }
+};
+
+// The call's matmul descriptor in `storage`: transposes, the epilogue and its pointers.
+cublasLtMatmulDesc_t make_desc(cublasLtMatmulDescOpaque_t* storage, const Problem& p,
+                               const void* bias, const void* aux) {
+  cublasLtMatmulDesc_t desc = storage;
+  lt_check(cublasLtMatmulDescInit(desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), kOp,
+           "cublasLtMatmulDescInit");
+  set_desc(kOp, desc, CUBLASLT_MATMUL_DESC_TRANSA, static_cast<cublasOperation_t>(p.op_a));
+  set_desc(kOp, desc, CUBLASLT_MATMUL_DESC_TRANSB, static_cast<cublasOperation_t>(p.op_b));
+  set_desc(kOp, desc, CUBLASLT_MATMUL_DESC_EPILOGUE, static_cast<cublasLtEpilogue_t>(p.epilogue));
+  if (bias != nullptr) {
+    set_desc(kOp, desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
+    // A bias, and a bias gradient, in Y's type (the only type cuBLASLt's bias gradients
+    // take outside FP8).
+    set_desc(kOp, desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, static_cast<int32_t>(p.y_type));
+  }
+  if (aux != nullptr) {
+    set_desc(kOp, desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux);
+    set_desc(kOp, desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, p.m);
+  }
+  return desc;
+}
+
+// Fills `plan` (layouts, algorithm); leaves plan->a null when cuBLASLt has no algorithm.
+void make_plan(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, const Problem& p, Plan* plan) {
+  auto op_a = static_cast<cublasOperation_t>(p.op_a), op_b = static_cast<cublasOperation_t>(p.op_b);
+  uint64_t a_rows = op_a == CUBLAS_OP_N ? p.m : p.k, a_cols = op_a == CUBLAS_OP_N ? p.k : p.m;
+  uint64_t b_rows = op_b == CUBLAS_OP_N ? p.k : p.n, b_cols = op_b == CUBLAS_OP_N ? p.n : p.k;
+  auto ab = static_cast<cudaDataType_t>(p.ab_type), y = static_cast<cudaDataType_t>(p.y_type);
+  lt_check(cublasLtMatrixLayoutCreate(&plan->a, ab, a_rows, a_cols, static_cast<int64_t>(a_rows)),
+           kOp, "cublasLtMatrixLayoutCreate(A)");
+  lt_check(cublasLtMatrixLayoutCreate(&plan->b, ab, b_rows, b_cols, static_cast<int64_t>(b_rows)),
+           kOp, "cublasLtMatrixLayoutCreate(B)");
+  lt_check(cublasLtMatrixLayoutCreate(&plan->c, y, p.m, p.n, p.m), kOp,
+           "cublasLtMatrixLayoutCreate(C)");
+  Preference pref(kOp, static_cast<uint32_t>(p.align_a), static_cast<uint32_t>(p.align_b),
+                  static_cast<uint32_t>(p.align_c), kWorkspaceBytes);
+  cublasLtMatmulHeuristicResult_t result{};
+  int count = 0;
+  cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(h, desc, plan->a, plan->b, plan->c,
+                                                         plan->c, pref.pref, 1, &result, &count);
+  if (status == CUBLAS_STATUS_SUCCESS && count > 0) {
+    plan->algo = result.algo;
+    plan->workspace = result.workspaceSize;
+    return;
+  }
+  if (status != CUBLAS_STATUS_SUCCESS && status != CUBLAS_STATUS_NOT_SUPPORTED)
+    lt_check(status, kOp, "cublasLtMatmulAlgoGetHeuristic");
+  // No algorithm: an empty plan, cached too, so the next call falls back at once.
+  cublasLtMatrixLayoutDestroy(plan->a);
+  cublasLtMatrixLayoutDestroy(plan->b);
+  cublasLtMatrixLayoutDestroy(plan->c);
+  plan->a = plan->b = plan->c = nullptr;
+}
+
+// dbias[i] += float(grad[i]): cuBLASLt's bias gradient (Y's type) into loom's f32 sum.
+template <class T>
+__global__ void accumulate_kernel(const T* __restrict__ grad, float* __restrict__ dbias,
+                                  int64_t n) {
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    dbias[i] += to_f32<T>(grad[i]);
+}
+
+// cuBLASLt's epilogue for the call, or 0 when the call has none (erf's derivative).
+int64_t lt_epilogue(const GemmEpilogueShape& s) {
+  const bool tanh = s.attrs.approximate != 0;
+  switch (s.attrs.epilogue) {
+    case ops::kEpilogueBias:
+      return CUBLASLT_EPILOGUE_BIAS;
+    case ops::kEpilogueGelu:
+      if (!tanh) return CUBLASLT_EPILOGUE_BIAS;  // into P; gelu_fwd follows
+      if (s.aux_out) return s.bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+      return s.bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU;
+    case ops::kEpilogueDGelu:
+      if (!tanh) return 0;
+      return s.dbias ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU;
+    case ops::kEpilogueBiasGradA:
+      return s.dbias ? CUBLASLT_EPILOGUE_BGRADB : CUBLASLT_EPILOGUE_DEFAULT;
+  }
+  return 0;
+}
+
+// Runs the call as one fused matmul (plus, for erf's GELU, gelu_fwd on P); false when
+// cuBLASLt cannot, and nothing has been written then.
+bool run_fused(const OpCall* call, const GemmEpilogueShape& s, const TensorView& P) {
+  const TensorView &A = call->inputs[0], &B = call->inputs[1], &Y = call->outputs[0];
+  const ops::GemmEpilogueAttrs& at = s.attrs;
+  const int64_t epilogue = lt_epilogue(s);
+  if (epilogue == 0 || s.k == 0) return false;
+  const bool erf_gelu = at.epilogue == ops::kEpilogueGelu && at.approximate == 0;
+  // Where cuBLASLt writes D: P for erf's GELU (bias only), else Y.
+  const TensorView& D = erf_gelu ? P : Y;
+  const bool bias_in =
+      s.bias && (at.epilogue == ops::kEpilogueBias || at.epilogue == ops::kEpilogueGelu);
+  const bool grad_out = s.dbias;
+  const bool has_aux = (at.epilogue == ops::kEpilogueGelu && !erf_gelu && s.aux_out) ||
+                       at.epilogue == ops::kEpilogueDGelu;
+  if (erf_gelu && !s.bias) return false;      // a plain gemm into P: the unfused path is that
+  if (has_aux && s.n % 8 != 0) return false;  // cuBLASLt's aux leading dimension
+  const int64_t grad_len = at.epilogue == ops::kEpilogueDGelu ? s.n : s.m;
+  const size_t grad_bytes = grad_out ? static_cast<size_t>(grad_len) * dtype_size(D.dtype) : 0;
+  if (grad_bytes > kScratchBytes - kWorkspaceBytes) return false;
+
+  const int device = current_device(kOp, Y);
+  const cudaStream_t stream = stream_of(call);
+  Scratch scratch = stream_scratch(device, stream);
+  void* grad = static_cast<char*>(scratch.data) + kWorkspaceBytes;
+  const void* bias = bias_in ? call->inputs[2].data : grad_out ? grad : nullptr;
+  void* aux = at.epilogue == ops::kEpilogueDGelu ? call->inputs[3].data
+              : has_aux                          ? call->outputs[1].data
+                                                 : nullptr;
+
+  Problem p{};
+  p.device = device;
+  p.ab_type = cuda_data_type(A.dtype);
+  p.y_type = cuda_data_type(D.dtype);
+  p.epilogue = epilogue;
+  p.beta = at.beta != 0.0f;
+  p.op_a = at.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  p.op_b = at.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  p.m = s.n;
+  p.n = s.m;
+  p.k = s.k;
+  p.align_a = alignment_of(B.data, 0);
+  p.align_b = alignment_of(A.data, 0);
+  p.align_c = alignment_of(D.data, 0);
+  p.align_bias = bias != nullptr ? alignment_of(bias, 0) : 0;
+  p.align_aux = aux != nullptr ? alignment_of(aux, 0) : 0;
+
+  cublasLtMatmulDescOpaque_t storage;
+  cublasLtMatmulDesc_t desc = make_desc(&storage, p, bias, aux);
+  cublasLtHandle_t h = lt_handle(kOp, device);
+  static auto* cache = new PlanCache<std::array<int64_t, 15>>();  // leaked: see resources.cuh
+  PlanOwner owner;
+  const Plan plan = cache->get(p.key(), &owner, [&](Plan* out) { make_plan(h, desc, p, out); });
+  if (plan.a == nullptr) return false;
+  const float alpha = 1.0f, beta = at.beta;
+  lt_check(cublasLtMatmul(h, desc, &alpha, B.data, plan.a, A.data, plan.b, &beta, D.data, plan.c,
+                          D.data, plan.c, &plan.algo, scratch.data, plan.workspace, stream),
+           kOp, "cublasLtMatmul");
+  mark_written(D.data, static_cast<size_t>(s.m * s.n) * dtype_size(D.dtype), stream);
+  if (has_aux && at.epilogue == ops::kEpilogueGelu)
+    mark_written(aux, static_cast<size_t>(s.m * s.n) * dtype_size(D.dtype), stream);
+  if (grad_out) {
+    mark_written(grad, grad_bytes, stream);
+    float* dbias = static_cast<float*>(call->outputs[2].data);
+    LOOM_CUDA_FLOAT_SWITCH(D.dtype, T, kOp, {
+      accumulate_kernel<T><<<grid_for(grad_len, kThreads), kThreads, 0, stream>>>(
+          static_cast<const T*>(grad), dbias, grad_len);
+    });
+    launch_check(kOp);
+  }
+  if (erf_gelu) {
+    const ops::GeluAttrs gelu{0};
+    run_step(call, ops::kGeluFwd, A.dtype, {P}, {Y}, &gelu);
+  }
+  return true;
+}
+
+void gemm_epilogue_run(const OpCall* call) {
+  const GemmEpilogueShape s = op_checks::check_gemm_epilogue(call, false, DeviceType::kCuda);
+  if (s.m == 0 || s.n == 0) return;  // Y empty; dbias gets sums over nothing
+  // kEpilogueGelu's P: the aux output, or the workspace this kernel asked for.
+  TensorView P = call->outputs[1];
+  if (s.attrs.epilogue == ops::kEpilogueGelu && !s.aux_out) {
+    if (call->workspace == nullptr || call->workspace_bytes < static_cast<uint64_t>(s.m * s.n) *
+                                                                  dtype_size(call->inputs[0].dtype))
+      throw Error(Code::kInvalidArgument,
+                  std::string(kOp) +
+                      ": kEpilogueGelu without an aux output needs the workspace "
+                      "the kernel declares (call it through loom::Kernel)");
+    P = make_view(call->workspace, call->inputs[0].dtype, {s.m, s.n}, call->outputs[0].device);
+  }
+  if (!run_fused(call, s, P)) run_unfused(call, s, P);
+}
+
+Status gemm_epilogue(const OpCall* call) {
+  return guard([&] { gemm_epilogue_run(call); });
+}
+
+// Declines kEpilogueBiasGradA's dbias with A stored (M, K): its fallback sums the columns of
+// a stored (K, M) dY (bias_grad); a weight gradient always passes that.
+bool gemm_epilogue_supports(const OpCall* call) {
+  return check_passes([&] {
+    const GemmEpilogueShape s = op_checks::check_gemm_epilogue(call, true, DeviceType::kCuda);
+    if (s.attrs.epilogue == ops::kEpilogueBiasGradA && s.dbias && !s.attrs.trans_a) throw 0;
+  });
+}
+
+Status gemm_epilogue_cost(const OpCall* call, OpCost* out) {
+  return guard([&] {
+    const GemmEpilogueShape s = op_checks::check_gemm_epilogue(call, true, DeviceType::kCuda);
+    *out = io_cost(call, 2.0 * s.m * s.n * s.k);
+    if (s.attrs.beta != 0.0f)  // Y is read too
+      out->bytes_read += static_cast<double>(numel(call->outputs[0])) *
+                         static_cast<double>(dtype_size(call->outputs[0].dtype));
+  });
+}
+
+// kEpilogueGelu without an aux output keeps P in the workspace.
+uint64_t gemm_epilogue_workspace(const OpCall* call) {
+  GemmEpilogueShape s{};
+  if (!check_passes([&] { s = op_checks::check_gemm_epilogue(call, true, DeviceType::kCuda); }))
+    return 0;
+  if (s.attrs.epilogue != ops::kEpilogueGelu || s.aux_out) return 0;
+  return static_cast<uint64_t>(s.m * s.n) * dtype_size(call->inputs[0].dtype);
+}
+
+}  // namespace
+
+void add_gemm_epilogue_kernels(std::vector<KernelDesc>& out) {
+  add_cuda_kernels(out, ops::kGemmEpilogue, gemm_epilogue, gemm_epilogue_supports,
+                   gemm_epilogue_cost, {DType::kF32, DType::kBF16, DType::kF16}, kCudaName,
+                   kCudaPriority, gemm_epilogue_workspace);
+}
+
+}  // namespace loom::kernels::cuda::gemm
