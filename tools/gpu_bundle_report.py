@@ -50,8 +50,8 @@ def bench_table(folder):
                    | {os.path.basename(p).split(".")[0] for p in glob.glob(os.path.join(folder, "*.err"))})
     gib = 2 ** 30
     print("| spec | loom tokens/s | ms/step | MFU | peak mem GiB (vs estimate) | PyTorch eager tokens/s "
-          "| torch.compile tokens/s (compile s) | loom / eager |")
-    print("|---|---|---|---|---|---|---|---|")
+          "| torch.compile tokens/s (compile s) | loom / eager | loom unfused tokens/s (fused / unfused) |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for n in names:
         b = _load(os.path.join(folder, n + ".loom.json"))
         e = _load(os.path.join(folder, n + ".eager.json"))
@@ -72,6 +72,14 @@ def bench_table(folder):
         else:
             cells.append("-")
         cells.append(f"{b['tokens_per_s'] / e['tokens_per_s']:.2f}x" if b and e else "-")
+        u = _load(os.path.join(folder, n + ".unfused.json"))
+        if u:
+            ratio = f" ({b['tokens_per_s'] / u['tokens_per_s']:.2f}x)" if b else ""
+            cells.append(f"{u['tokens_per_s']:.0f}{ratio}")
+        elif os.path.exists(os.path.join(folder, n + ".unfused.err")):
+            cells.append("- (" + _why(os.path.join(folder, n + ".unfused.err")) + ")")
+        else:
+            cells.append("-")
         print(f"| {n} | " + " | ".join(cells) + " |")
 
 

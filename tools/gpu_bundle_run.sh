@@ -17,8 +17,10 @@
 #      GPU against the CPU, by loss; and one torch.compile of GPT-2 that fills the inductor
 #      cache, so that the timed torch.compile run below compiles in seconds;
 #   2. benchmarks alone on the GPU, by priority while the budget lasts: loom bench (--steps 6
-#      --warmup 2), PyTorch eager and torch.compile (GPT-2 only) of the same model, one table;
-#   3. ncu: per-kernel GPU time of one GPT-2 124M step (CSV in $OUT, top 15 here);
+#      --warmup 2), PyTorch eager and torch.compile (GPT-2 only) of the same model, and GPT-2
+#      with gemm_epilogue pinned to "none" (the unfused kernels), one table;
+#   3. ncu: per-kernel GPU time of one GPT-2 124M step (CSV in $OUT, top 15 here), and of the
+#      same step unfused when the budget allows;
 #   4. cuBLASLt GEMMs against cuBLAS, and the attention bench when the bundle has it.
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -272,7 +274,8 @@ mkdir -p "$bench"
 reserve=75
 items=(
   "gpt2_124m_h100|loom|20|60" "gpt2_124m_h100|eager|20|60" "llama_1b3_h100|loom|25|60"
-  "llama_1b3_h100_fp8|loom|25|60" "gpt2_124m_h100|compile|25|90" "mixtral_h100|loom|25|60"
+  "llama_1b3_h100_fp8|loom|25|60" "gpt2_124m_h100|compile|25|90" "gpt2_124m_h100|unfused|20|60"
+  "mixtral_h100|loom|25|60"
   "llama_1b3_h100|eager|25|60" "mixtral_h100|eager|30|60"
 )
 for item in "${items[@]}"; do
@@ -284,6 +287,10 @@ for item in "${items[@]}"; do
   case $kind in
     loom) timeout "$limit" ./tools/loom bench "$spec" --steps 6 --warmup 2 --json \
       >"$bench/$name.loom.json" 2>"$bench/$name.loom.err" || { status=1; rm -f "$bench/$name.loom.json"; } ;;
+    # The same without gemm_epilogue (the unfused bias, GELU and bias-gradient kernels).
+    unfused) timeout "$limit" ./tools/loom bench "$spec" --steps 6 --warmup 2 --json \
+      --set 'kernels.pin={"gemm_epilogue":"none"}' \
+      >"$bench/$name.unfused.json" 2>"$bench/$name.unfused.err" || rm -f "$bench/$name.unfused.json" ;;
     eager | compile)
       if ((!have_torch)); then echo "no PyTorch with CUDA" >"$bench/$name.$kind.err"; continue; fi
       flag=""
@@ -319,6 +326,20 @@ else
   ((rc == 0)) || say "- ncu exit $rc (124: its time limit); the summary covers what it wrote"
   python3 tools/gpu_bundle_report.py ncu-summary "$csv" 15 >>"$report" 2>&1 ||
     tail -5 "$logs/ncu.log" | sed 's/^/    /' >>"$report"
+  # The same step without gemm_epilogue: the kernel count and time that fusion removes.
+  if (($(left) >= 60)); then
+    say ""
+    say "The same step with the spec pin gemm_epilogue: none (unfused):"
+    csv_unfused=$dest/ncu_gpt2_step_unfused.csv
+    timeout $(($(left) - 15 > 90 ? 90 : $(left) - 15)) ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv \
+      --target-processes all --log-file "$csv_unfused" \
+      ./tools/loom bench configs/gpu/gpt2_124m_h100.json --steps 1 --warmup 1 \
+      --set 'kernels.pin={"gemm_epilogue":"none"}' >"$logs/ncu_unfused.log" 2>&1
+    python3 tools/gpu_bundle_report.py ncu-summary "$csv_unfused" 8 >>"$report" 2>&1 ||
+      tail -5 "$logs/ncu_unfused.log" | sed 's/^/    /' >>"$report"
+  else
+    say "- the unfused step: not profiled (budget)"
+  fi
 fi
 
 # ---- 5. Kernel benches -------------------------------------------------------------------

@@ -64,8 +64,9 @@ TransformerLayer::TransformerLayer(const nlohmann::json& options, IBuildContext&
     if (qkv_bias_)
       invalid("/add_qkv_bias: multi-latent attention has no q/k/v biases; set it false");
     if (groups_ != heads_)
-      invalid("/num_query_groups: multi-latent attention has one key and value per head; "
-              "leave num_query_groups unset (it cannot be combined with grouped-query attention)");
+      invalid(
+          "/num_query_groups: multi-latent attention has one key and value per head; "
+          "leave num_query_groups unset (it cannot be combined with grouped-query attention)");
   }
   // Each tensor-parallel rank holds whole query groups (with their heads).
   local_groups_ = tp_.split(groups_, "/num_query_groups");
@@ -97,22 +98,25 @@ TransformerLayer::TransformerLayer(const nlohmann::json& options, IBuildContext&
           "self_attention.linear_proj.bias", dtype_,
           ParamSpec{{hidden_}, -1, kParamNoWeightDecay | sp_flag, ParamInit::kZeros, 0.f});
   } else if (has_attention_) {
-  qkv_weight_ = add_param(
-      "self_attention.linear_qkv.weight", dtype_,
-      ParamSpec{
-          {qkv_out, hidden_}, 0, kParamNone, ParamInit::kNormal, static_cast<float>(init_std), p});
-  if (qkv_bias_)
-    qkv_bias_index_ =
-        add_param("self_attention.linear_qkv.bias", dtype_,
-                  ParamSpec{{qkv_out}, 0, kParamNoWeightDecay, ParamInit::kZeros, 0.f, p});
-  proj_weight_ = add_param(
-      "self_attention.linear_proj.weight", dtype_,
-      ParamSpec{
-          {hidden_, heads_ * head_dim_}, 1, kParamNone, ParamInit::kScaledNormal, out_std, p});
-  if (proj_bias_)
-    proj_bias_index_ =
-        add_param("self_attention.linear_proj.bias", dtype_,
-                  ParamSpec{{hidden_}, -1, kParamNoWeightDecay | sp_flag, ParamInit::kZeros, 0.f});
+    qkv_weight_ = add_param("self_attention.linear_qkv.weight", dtype_,
+                            ParamSpec{{qkv_out, hidden_},
+                                      0,
+                                      kParamNone,
+                                      ParamInit::kNormal,
+                                      static_cast<float>(init_std),
+                                      p});
+    if (qkv_bias_)
+      qkv_bias_index_ =
+          add_param("self_attention.linear_qkv.bias", dtype_,
+                    ParamSpec{{qkv_out}, 0, kParamNoWeightDecay, ParamInit::kZeros, 0.f, p});
+    proj_weight_ = add_param(
+        "self_attention.linear_proj.weight", dtype_,
+        ParamSpec{
+            {hidden_, heads_ * head_dim_}, 1, kParamNone, ParamInit::kScaledNormal, out_std, p});
+    if (proj_bias_)
+      proj_bias_index_ = add_param(
+          "self_attention.linear_proj.bias", dtype_,
+          ParamSpec{{hidden_}, -1, kParamNoWeightDecay | sp_flag, ParamInit::kZeros, 0.f});
   }
 
   // What each child needs of the model's configuration.
@@ -232,7 +236,8 @@ TensorView TransformerLayer::attention_residual(IForwardContext& ctx, const Tens
                                                 const TensorView& attn_partial) {
   TensorView attn = tp_.exit(ctx, attn_partial);  // summed over the group: like x
   release_all(ctx, {attn_partial}, {attn});
-  if (proj_bias_) linear_.add_bias(value(proj_bias_index_), rows(attn, hidden_));
+  if (proj_bias_ && !proj_bias_on_gemm())
+    linear_.add_bias(value(proj_bias_index_), rows(attn, hidden_));
   dropout_forward(ctx, attn, kAttentionOutDropout);
   TensorView residual = allocate_like(ctx, x);  // (B, T, C)
   add_({x, attn}, {residual});
@@ -299,7 +304,8 @@ TensorView TransformerLayer::attention_forward(IForwardContext& ctx, const Tenso
   TensorView core_out =
       call_forward(*core_, ctx, {q, k_all, v_all, segments, empty_view()}, 1, "attention")[0];
   TensorView attn_partial = allocate(ctx, dtype_, {b, t, hidden_}, device_);
-  linear_.forward(ctx, {this, kProjFp8}, rows(core_out, h * d), value(proj_weight_), empty_view(),
+  linear_.forward(ctx, {this, kProjFp8}, rows(core_out, h * d), value(proj_weight_),
+                  proj_bias_on_gemm() ? value(proj_bias_index_) : empty_view(),
                   rows(attn_partial, hidden_));
   TensorView residual = attention_residual(ctx, x, attn_partial);
   if (ctx.training()) {
@@ -343,8 +349,7 @@ void TransformerLayer::run_backward(IForwardContext& ctx, const TensorView* grad
   for (int32_t i = 1; i < num_grad_inputs; ++i) grad_inputs[i] = empty_view();
 }
 
-TensorView TransformerLayer::attention_backward(IForwardContext& ctx,
-                                                const TensorView& dresidual) {
+TensorView TransformerLayer::attention_backward(IForwardContext& ctx, const TensorView& dresidual) {
   if (mla_ != nullptr) {
     TensorView dattn = dropout_backward(ctx, dresidual, kAttentionOutDropout);
     if (proj_bias_) linear_.bias_grad(rows(dattn, hidden_), grad(proj_bias_index_));
@@ -372,12 +377,13 @@ TensorView TransformerLayer::attention_backward(IForwardContext& ctx,
     expect(dy, {normed.shape[0], t_local, hidden_}, dtype_, "transformer_layer grad output");
   }
   TensorView dattn = dropout_backward(ctx, dresidual, kAttentionOutDropout);
-  if (proj_bias_) linear_.bias_grad(rows(dattn, hidden_), grad(proj_bias_index_));
+  if (proj_bias_ && !proj_bias_on_gemm())
+    linear_.bias_grad(rows(dattn, hidden_), grad(proj_bias_index_));
   TensorView dattn_full = tp_.exit_backward(ctx, dattn);  // (B, T, C)
   TensorView dcore_out = allocate(ctx, dtype_, {b, t, h, d}, device_);
   linear_.backward(ctx, {this, kProjFp8}, rows(dattn_full, hidden_),
                    present(core_out) ? rows(core_out, h * d) : empty_view(), value(proj_weight_),
-                   grad(proj_weight_), empty_view(), rows(dcore_out, h * d), deferred);
+                   grad(proj_weight_), proj_bias_grad(), rows(dcore_out, h * d), deferred);
   release_all(ctx, {dattn, dattn_full}, {dresidual});
   std::vector<TensorView> dqkv3 = call_backward(*core_, ctx, {dcore_out}, 3, "attention");
   release(ctx, dcore_out);
@@ -415,12 +421,20 @@ TensorView TransformerLayer::attention_backward(IForwardContext& ctx,
 }
 
 void TransformerLayer::run_backward_weight(IForwardContext& ctx) {
-  ModuleBase::run_backward_weight(ctx);  // the children's (the MLP's GEMMs)
+  ModuleBase::run_backward_weight(ctx);            // the children's (the MLP's GEMMs)
   if (!has_attention_ || mla_ != nullptr) return;  // MLA computes its weight gradients in backward
   linear_.backward_weight(ctx, {this, kProjFp8}, deferred_owner(), grad(proj_weight_),
-                          empty_view());
+                          proj_bias_grad());
   linear_.backward_weight(ctx, {this, kQkvFp8}, deferred_owner(), grad(qkv_weight_),
                           qkv_bias_ ? grad(qkv_bias_index_) : empty_view());
+}
+
+bool TransformerLayer::proj_bias_on_gemm() const {
+  return proj_bias_ && tp_.size() == 1 && mla_ == nullptr;
+}
+
+TensorView TransformerLayer::proj_bias_grad() const {
+  return proj_bias_on_gemm() ? grad(proj_bias_index_) : empty_view();
 }
 
 }  // namespace loom::transformer

@@ -58,9 +58,17 @@ class TransformerLayer final : public ModuleBase<ILayer> {
   void run_backward(IForwardContext& ctx, const TensorView* grad_outputs, int32_t num_grad_outputs,
                     TensorView* grad_inputs, int32_t num_grad_inputs) override;
   // Zero-bubble split: the QKV and output projections' weight gradients (and the QKV bias's)
-  // wait for backward_weight; the norms and the projection bias are computed in backward.
+  // wait for backward_weight; the norms and the projection bias are computed in backward,
+  // except with one rank, where the projection's bias rides on its GEMMs
+  // (proj_bias_on_gemm) and its gradient waits with the projection's weight gradient.
   bool defers_weight_grads() const override { return true; }
   void run_backward_weight(IForwardContext& ctx) override;
+  // One tensor-parallel rank and loom's own attention projection: linear_proj's bias is
+  // added by its GEMM (gemm_epilogue where a kernel serves it) and summed with its weight
+  // gradient, not after the group sum.
+  bool proj_bias_on_gemm() const;
+  // linear_proj's bias gradient when proj_bias_on_gemm, else empty.
+  TensorView proj_bias_grad() const;
   // The forward proper; saves through `ctx` what backward needs.
   TensorView forward_impl(IForwardContext& ctx, const TensorView& x, const TensorView& positions,
                           const TensorView& segments);

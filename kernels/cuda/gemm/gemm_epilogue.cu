@@ -27,14 +27,18 @@
 // does not cover, N not a multiple of 8 with an aux matrix, a bias gradient larger than half
 // the scratch, K == 0, erf's derivative) runs the unfused sequence of the library's own
 // kernels (gemm, bias_add, gelu_fwd / gelu_bwd, bias_grad), which the contract allows. The
-// decision is cached per problem with its plan.
+// decision is cached per problem with its plan; a matmul that cuBLASLt refuses at run time
+// after its heuristic offered an algorithm joins the fallback too (said once on stderr).
 #include <cublasLt.h>
 #include <loom/cpp/error.h>
 #include <loom/cpp/op_checks/gemm.h>
 #include <loom/cpp/tensor.h>
 
 #include <array>
+#include <cstdio>
 #include <cstring>
+#include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -196,6 +200,26 @@ void make_plan(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, const Problem& p, 
   plan->a = plan->b = plan->c = nullptr;
 }
 
+// Problems whose fused matmul cuBLASLt refused at run time (run_fused), for the process.
+std::mutex g_refused_mutex;
+std::set<std::array<int64_t, 15>>* g_refused = new std::set<std::array<int64_t, 15>>();  // leaked
+
+bool refused(const Problem& p) {
+  std::lock_guard<std::mutex> lock(g_refused_mutex);
+  return g_refused->count(p.key()) > 0;
+}
+
+void refuse(const Problem& p, cublasStatus_t status) {
+  std::lock_guard<std::mutex> lock(g_refused_mutex);
+  if (!g_refused->insert(p.key()).second) return;
+  std::fprintf(stderr,
+               "loom: gemm_epilogue: cuBLASLt refused epilogue %lld on (cuBLAS m = %lld, n = %lld, "
+               "k = %lld) with %s; this problem runs the unfused kernels\n",
+               static_cast<long long>(p.epilogue), static_cast<long long>(p.m),
+               static_cast<long long>(p.n), static_cast<long long>(p.k),
+               cublasLtGetStatusName(status));
+}
+
 // dbias[i] += float(grad[i]): cuBLASLt's bias gradient (Y's type) into loom's f32 sum.
 template <class T>
 __global__ void accumulate_kernel(const T* __restrict__ grad, float* __restrict__ dbias,
@@ -277,11 +301,19 @@ bool run_fused(const OpCall* call, const GemmEpilogueShape& s, const TensorView&
   static auto* cache = new PlanCache<std::array<int64_t, 15>>();  // leaked: see resources.cuh
   PlanOwner owner;
   const Plan plan = cache->get(p.key(), &owner, [&](Plan* out) { make_plan(h, desc, p, out); });
-  if (plan.a == nullptr) return false;
+  if (plan.a == nullptr || refused(p)) return false;
   const float alpha = 1.0f, beta = at.beta;
-  lt_check(cublasLtMatmul(h, desc, &alpha, B.data, plan.a, A.data, plan.b, &beta, D.data, plan.c,
-                          D.data, plan.c, &plan.algo, scratch.data, plan.workspace, stream),
-           kOp, "cublasLtMatmul");
+  const cublasStatus_t status =
+      cublasLtMatmul(h, desc, &alpha, B.data, plan.a, A.data, plan.b, &beta, D.data, plan.c, D.data,
+                     plan.c, &plan.algo, scratch.data, plan.workspace, stream);
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_INVALID_VALUE) {
+    // The heuristic offered an algorithm that the matmul then refused (it checks the
+    // arguments before launching anything): the unfused kernels take this problem from now
+    // on, and stderr says so once.
+    refuse(p, status);
+    return false;
+  }
+  lt_check(status, kOp, "cublasLtMatmul");
   mark_written(D.data, static_cast<size_t>(s.m * s.n) * dtype_size(D.dtype), stream);
   if (has_aux && at.epilogue == ops::kEpilogueGelu)
     mark_written(aux, static_cast<size_t>(s.m * s.n) * dtype_size(D.dtype), stream);
