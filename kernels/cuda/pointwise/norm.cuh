@@ -29,6 +29,7 @@
 
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/pointwise/device_util.cuh"
+#include "kernels/cuda/pointwise/norm_warp.cuh"
 #include "kernels/cuda/pointwise/row_team.cuh"
 
 namespace loom::kernels::cuda::pointwise {
@@ -314,9 +315,79 @@ inline uint64_t norm_bwd_workspace_bytes(int64_t rows, int64_t cols, int grads) 
          static_cast<uint64_t>(cols) * sizeof(float);
 }
 
+// norm_fwd_warp_kernel<T, kRms, kVecs> for a row of `cols` elements: the fewest vectors a
+// lane needs.
+template <class T, bool kRms>
+void launch_norm_fwd_warp(const NormFwdWarpArgs<T>& a, cudaStream_t stream) {
+  const int vecs = static_cast<int>((a.cols / 8 + 31) / 32);
+  const int64_t blocks = (a.rows + kWarpRowsPerBlock - 1) / kWarpRowsPerBlock;
+  const unsigned grid = static_cast<unsigned>(std::clamp<int64_t>(blocks, 1, kMaxGridBlocks));
+  const int threads = kWarpRowsPerBlock * 32;
+  switch (vecs) {
+    case 1:
+      norm_fwd_warp_kernel<T, kRms, 1><<<grid, threads, 0, stream>>>(a);
+      break;
+    case 2:
+      norm_fwd_warp_kernel<T, kRms, 2><<<grid, threads, 0, stream>>>(a);
+      break;
+    case 3:
+      norm_fwd_warp_kernel<T, kRms, 3><<<grid, threads, 0, stream>>>(a);
+      break;
+    case 4:
+      norm_fwd_warp_kernel<T, kRms, 4><<<grid, threads, 0, stream>>>(a);
+      break;
+    case 5:
+    case 6:
+      norm_fwd_warp_kernel<T, kRms, 6><<<grid, threads, 0, stream>>>(a);
+      break;
+    default:
+      norm_fwd_warp_kernel<T, kRms, 8><<<grid, threads, 0, stream>>>(a);
+      break;
+  }
+}
+
+// The warp-per-row forward (norm_warp.cuh) when the call is its case: X, weight, bias and Y
+// all bf16 or all f16, C a multiple of 8 and at most 2048, every tensor 16-byte aligned.
+// False (nothing launched) otherwise.
+template <bool kRms>
+bool try_norm_fwd_warp(const OpCall* call, const op_checks::NormShape& s) {
+  const TensorView &X = call->inputs[0], &W = call->inputs[1], &Y = call->outputs[0];
+  const TensorView* B = !kRms && call->inputs[2].data != nullptr ? &call->inputs[2] : nullptr;
+  const DType t = X.dtype;
+  auto fits = [&](const TensorView& v) {
+    return v.dtype == t && reinterpret_cast<uintptr_t>(v.data) % 16 == 0;
+  };
+  if ((t != DType::kBF16 && t != DType::kF16) || s.c % 8 != 0 || s.c > 256 * kWarpRowMaxVecs ||
+      !fits(X) || !fits(W) || !fits(Y) || (B && !fits(*B)))
+    return false;
+  auto run = [&](auto tag) {
+    using T = decltype(tag);
+    NormFwdWarpArgs<T> a{};
+    a.x = static_cast<const T*>(X.data);
+    a.w = static_cast<const T*>(W.data);
+    a.b = B ? static_cast<const T*>(B->data) : nullptr;
+    a.y = static_cast<T*>(Y.data);
+    a.mean = kRms ? nullptr : static_cast<float*>(call->outputs[1].data);
+    a.rstd = static_cast<float*>(call->outputs[kRms ? 1 : 2].data);
+    a.rows = s.n, a.cols = s.c;
+    a.eps = s.attrs.eps;
+    a.gamma_shift = s.attrs.zero_centered_gamma ? 1.0f : 0.0f;
+    launch_norm_fwd_warp<T, kRms>(a, stream_of(call));
+  };
+  if (t == DType::kBF16)
+    run(__nv_bfloat16{});
+  else
+    run(__half{});
+  return true;
+}
+
 template <bool kRms>
 void launch_norm_fwd(const OpCall* call, const op_checks::NormShape& s, const char* op) {
   if (s.n == 0) return;
+  if (s.c > 0 && try_norm_fwd_warp<kRms>(call, s)) {
+    launch_check(op);
+    return;
+  }
   const TensorView &X = call->inputs[0], &W = call->inputs[1], &Y = call->outputs[0];
   const TensorView* B = !kRms && call->inputs[2].data != nullptr ? &call->inputs[2] : nullptr;
   NormFwdArgs a{};

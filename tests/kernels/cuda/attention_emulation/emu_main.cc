@@ -41,65 +41,7 @@ using namespace loom;
 using namespace loom::kernels::cuda;
 using namespace loom::kernels::cuda::attn;
 
-namespace emu {
-constexpr size_t kStack = 256 * 1024;
-std::function<void()>* g_body;
-std::mt19937 g_sched_rng(1);
-bool g_shuffle = true;
-void trampoline() {
-  (*g_body)();
-  g_cur->done = true;
-  g_live--;
-  g_progress++;
-}
-void run_grid(unsigned grid, unsigned block, std::function<void()> body) {
-  g_grid_dim = {grid, 1, 1};
-  g_block_dim = {block, 1, 1};
-  g_body = &body;
-  static std::vector<char> stacks;
-  stacks.resize(kStack * block);
-  for (unsigned bx = 0; bx < grid; ++bx) {
-    std::vector<Fiber> fibers(block);
-    g_block_bar = {};
-    g_warp_bar.assign((block + 31) / 32, {});
-    g_slots.assign(block, {});
-    g_live = block;
-    for (unsigned t = 0; t < block; ++t) {
-      Fiber& f = fibers[t];
-      f.tidx = {t, 0, 0};
-      f.bidx = {bx, 0, 0};
-      getcontext(&f.ctx);
-      f.ctx.uc_stack.ss_sp = &stacks[kStack * t];
-      f.ctx.uc_stack.ss_size = kStack;
-      f.ctx.uc_link = &g_sched;
-      makecontext(&f.ctx, trampoline, 0);
-    }
-    std::vector<int> order(block);
-    for (unsigned t = 0; t < block; ++t) order[t] = t;
-    for (;;) {
-      bool any = false;
-      long before = g_progress;
-      if (g_shuffle) std::shuffle(order.begin(), order.end(), g_sched_rng);
-      for (int t : order) {
-        if (fibers[t].done) continue;
-        any = true;
-        g_cur = &fibers[t];
-        swapcontext(&g_sched, &fibers[t].ctx);
-      }
-      if (!any) break;
-      if (g_progress == before) {
-        fprintf(stderr, "DEADLOCK in block %u\n", bx);
-        exit(2);
-      }
-    }
-    for (auto& f : fibers)
-      if (!f.pending.empty()) {
-        fprintf(stderr, "cp.async left pending at exit\n");
-        exit(2);
-      }
-  }
-}
-}  // namespace emu
+#include "tests/kernels/cuda/attention_emulation/emu_runner.h"
 
 // ---- host tensors
 // --------------------------------------------------------------------------
@@ -465,8 +407,7 @@ int main(int argc, char** argv) {
       {"f32 D24 generic block dropout causal", DType::kF32, 1, 20, 20, 2, 1, 24, 1, false, 0.2f,
        true, DType::kInvalid, 40, 0, 5},
       // Key segment ids (T != S): a block of a packed sequence's keys (context parallelism).
-      {"bf16 D64 B2 T64 S96 H2 G1 key seg", DType::kBF16, 2, 64, 96, 2, 1, 64, 0, true, 0.f,
-       false},
+      {"bf16 D64 B2 T64 S96 H2 G1 key seg", DType::kBF16, 2, 64, 96, 2, 1, 64, 0, true, 0.f, false},
       {"f16 D128 B1 T80 S48 H2 G2 key seg causal", DType::kF16, 1, 80, 48, 2, 2, 128, 1, true, 0.f,
        false},
       {"f32 D40 generic B2 T30 S50 key seg dropout", DType::kF32, 2, 30, 50, 2, 1, 40, 0, true,

@@ -1,0 +1,72 @@
+// The emulation's scheduler (with emu_prelude.h): run_grid runs a kernel body over a grid,
+// one block at a time, one fiber per CUDA thread, switching fibers only at barriers and warp
+// collectives, in a shuffled order (g_shuffle), and stops with "DEADLOCK" when no fiber can
+// move. Shared by the attention and norm emulation tests.
+#pragma once
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <random>
+#include <vector>
+
+namespace emu {
+inline constexpr size_t kStack = 256 * 1024;
+inline std::function<void()>* g_body;
+inline std::mt19937 g_sched_rng(1);
+inline bool g_shuffle = true;
+inline void trampoline() {
+  (*g_body)();
+  g_cur->done = true;
+  g_live--;
+  g_progress++;
+}
+inline void run_grid(unsigned grid, unsigned block, std::function<void()> body) {
+  g_grid_dim = {grid, 1, 1};
+  g_block_dim = {block, 1, 1};
+  g_body = &body;
+  static std::vector<char> stacks;
+  stacks.resize(kStack * block);
+  for (unsigned bx = 0; bx < grid; ++bx) {
+    std::vector<Fiber> fibers(block);
+    g_block_bar = {};
+    g_warp_bar.assign((block + 31) / 32, {});
+    g_slots.assign(block, {});
+    g_live = block;
+    for (unsigned t = 0; t < block; ++t) {
+      Fiber& f = fibers[t];
+      f.tidx = {t, 0, 0};
+      f.bidx = {bx, 0, 0};
+      getcontext(&f.ctx);
+      f.ctx.uc_stack.ss_sp = &stacks[kStack * t];
+      f.ctx.uc_stack.ss_size = kStack;
+      f.ctx.uc_link = &g_sched;
+      makecontext(&f.ctx, trampoline, 0);
+    }
+    std::vector<int> order(block);
+    for (unsigned t = 0; t < block; ++t) order[t] = t;
+    for (;;) {
+      bool any = false;
+      long before = g_progress;
+      if (g_shuffle) std::shuffle(order.begin(), order.end(), g_sched_rng);
+      for (int t : order) {
+        if (fibers[t].done) continue;
+        any = true;
+        g_cur = &fibers[t];
+        swapcontext(&g_sched, &fibers[t].ctx);
+      }
+      if (!any) break;
+      if (g_progress == before) {
+        fprintf(stderr, "DEADLOCK in block %u\n", bx);
+        exit(2);
+      }
+    }
+    for (auto& f : fibers)
+      if (!f.pending.empty()) {
+        fprintf(stderr, "cp.async left pending at exit\n");
+        exit(2);
+      }
+  }
+}
+}  // namespace emu
