@@ -308,11 +308,20 @@ inline RowGeometry norm_bwd_geometry(int64_t rows, int64_t cols) {
   return g;
 }
 
-// Workspace bytes of a backward call: one f32 partial row per block and gradient.
+// Block rows of norm_wgrad_cols_kernel (norm_warp.cuh): about 1024 blocks in all, each
+// with at least 8 rows to sum.
+inline int64_t norm_wgrad_cols_slices(int64_t rows, int64_t cols) {
+  const int64_t x = (cols / 8 + 31) / 32;
+  return std::clamp<int64_t>(1024 / x, 1, std::min<int64_t>((rows + 7) / 8, 65535));
+}
+
+// Workspace bytes of a backward call: one f32 partial row per block (block row, for the
+// warp-per-row backward) and gradient, for whichever kernel the call takes.
 inline uint64_t norm_bwd_workspace_bytes(int64_t rows, int64_t cols, int grads) {
   if (rows == 0 || cols == 0) return 0;
-  return static_cast<uint64_t>(norm_bwd_geometry(rows, cols).grid) * grads *
-         static_cast<uint64_t>(cols) * sizeof(float);
+  const int64_t blocks =
+      std::max<int64_t>(norm_bwd_geometry(rows, cols).grid, norm_wgrad_cols_slices(rows, cols));
+  return static_cast<uint64_t>(blocks) * grads * static_cast<uint64_t>(cols) * sizeof(float);
 }
 
 // norm_fwd_warp_kernel<T, kRms, kVecs> for a row of `cols` elements: the fewest vectors a
@@ -407,6 +416,71 @@ void launch_norm_fwd(const OpCall* call, const op_checks::NormShape& s, const ch
   launch_check(op);
 }
 
+// The warp-per-row backward (norm_warp.cuh) when the call is its case: dY, X, weight and dX
+// all bf16 or all f16, C a multiple of 8 and at most 1024 (wider rows need 128-200
+// registers a lane here, no fewer than the general kernel: they stay there until a GPU
+// profile says otherwise), every tensor 16-byte aligned, and the workspace for the weight
+// gradients' partial rows (`partial`). False (nothing launched) otherwise.
+template <bool kRms>
+bool try_norm_bwd_warp(const OpCall* call, const op_checks::NormShape& s, float* partial, float* dw,
+                       float* db, const char* op) {
+  const TensorView &dY = call->inputs[0], &X = call->inputs[1], &W = call->inputs[2];
+  const TensorView& dX = call->outputs[0];
+  const DType t = X.dtype;
+  auto fits = [&](const TensorView& v) {
+    return v.dtype == t && reinterpret_cast<uintptr_t>(v.data) % 16 == 0;
+  };
+  if (partial == nullptr || (t != DType::kBF16 && t != DType::kF16) || s.c % 8 != 0 ||
+      s.c > 256 * kWarpRowMaxBwdVecs || !fits(dY) || !fits(X) || !fits(W) || !fits(dX))
+    return false;
+  const cudaStream_t stream = stream_of(call);
+  const int grads = db != nullptr ? 2 : 1;
+  const int64_t slices = norm_wgrad_cols_slices(s.n, s.c);
+  auto run = [&](auto tag) {
+    using T = decltype(tag);
+    NormBwdWarpArgs<T> a{};
+    a.dy = static_cast<const T*>(dY.data);
+    a.x = static_cast<const T*>(X.data);
+    a.w = static_cast<const T*>(W.data);
+    a.mean = kRms ? nullptr : static_cast<const float*>(call->inputs[3].data);
+    a.rstd = static_cast<const float*>(call->inputs[kRms ? 3 : 4].data);
+    a.dx = static_cast<T*>(dX.data);
+    a.rows = s.n, a.cols = s.c;
+    a.gamma_shift = s.attrs.zero_centered_gamma ? 1.0f : 0.0f;
+    const int vecs = static_cast<int>((s.c / 8 + 31) / 32);
+    const unsigned grid = static_cast<unsigned>(
+        std::clamp<int64_t>((s.n + kWarpRowsPerBlock - 1) / kWarpRowsPerBlock, 1, kMaxGridBlocks));
+    const int threads = kWarpRowsPerBlock * 32;
+    switch (vecs) {
+      case 1:
+        norm_bwd_warp_kernel<T, kRms, 1><<<grid, threads, 0, stream>>>(a);
+        break;
+      case 2:
+        norm_bwd_warp_kernel<T, kRms, 2><<<grid, threads, 0, stream>>>(a);
+        break;
+      case 3:
+        norm_bwd_warp_kernel<T, kRms, 3><<<grid, threads, 0, stream>>>(a);
+        break;
+      default:
+        norm_bwd_warp_kernel<T, kRms, 4><<<grid, threads, 0, stream>>>(a);
+        break;
+    }
+    launch_check(op);
+    const dim3 cols_grid(static_cast<unsigned>((s.c / 8 + 31) / 32), static_cast<unsigned>(slices));
+    norm_wgrad_cols_kernel<T, kRms><<<cols_grid, 256, 0, stream>>>(a, db != nullptr, partial);
+    launch_check(op);
+  };
+  if (t == DType::kBF16)
+    run(__nv_bfloat16{});
+  else
+    run(__half{});
+  norm_wgrad_finalize_kernel<kRms>
+      <<<dim3(static_cast<unsigned>((s.c + 31) / 32), grads), dim3(32, 32), 0, stream>>>(
+          partial, slices, grads, s.c, dw, db);
+  launch_check(op);
+  return true;
+}
+
 template <bool kRms>
 void launch_norm_bwd(const OpCall* call, const op_checks::NormShape& s, const char* op) {
   if (s.n == 0 || s.c == 0) return;
@@ -430,6 +504,7 @@ void launch_norm_bwd(const OpCall* call, const op_checks::NormShape& s, const ch
                       reinterpret_cast<uintptr_t>(call->workspace) % alignof(float) == 0
                   ? static_cast<float*>(call->workspace)
                   : nullptr;
+  if (try_norm_bwd_warp<kRms>(call, s, a.partial, a.dw, a.db, op)) return;
   RowGeometry g = norm_bwd_geometry(s.n, s.c);
   a.tpr = g.tpr;
   size_t smem = g.teams > 1 ? static_cast<size_t>(grads) * s.c * sizeof(float) : 0;

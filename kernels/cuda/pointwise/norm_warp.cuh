@@ -1,7 +1,7 @@
-// The forward of layernorm / rmsnorm for the common transformer case, one warp per row:
-// X, weight, bias and Y all bf16 (or all f16), rows of C <= 2048 elements with C a multiple
-// of 8, every tensor 16-byte aligned. norm.cuh's launcher takes this kernel then and its
-// general kernel (any dtype mix, any width, any alignment) otherwise.
+// Layernorm / rmsnorm for the common transformer case, one warp per row: every tensor bf16
+// (or every one f16), rows of C elements with C a multiple of 8 (forward: C <= 2048;
+// backward: C <= 1024), every tensor 16-byte aligned. norm.cuh's launchers take these
+// kernels then and the general ones (any dtype mix, any width, any alignment) otherwise.
 //
 // Why a second kernel: the general one switches on each tensor's dtype at run time and keeps
 // up to 8 chunks of 4 per lane for rows of up to 16K elements; that costs ~100 registers, so
@@ -31,7 +31,8 @@ namespace loom::kernels::cuda::pointwise {
 
 // Rows (warps) per block of the warp-per-row kernels, and the widest row they take.
 inline constexpr int kWarpRowsPerBlock = 8;
-inline constexpr int kWarpRowMaxVecs = 8;  // 8 vectors of 8 elements per lane: C <= 2048
+inline constexpr int kWarpRowMaxVecs = 8;     // forward: 8 vectors of 8 a lane, C <= 2048
+inline constexpr int kWarpRowMaxBwdVecs = 4;  // backward: C <= 1024 (norm.cuh says why)
 
 template <class T>
 struct NormFwdWarpArgs {
@@ -147,6 +148,121 @@ __global__ void __launch_bounds__(kWarpRowsPerBlock * 32)
       if (!kRms) a.mean[row] = mean;
       a.rstd[row] = rstd;
     }
+  }
+}
+
+// ---- Backward ---------------------------------------------------------------------------
+//
+// Two kernels instead of the general backward's one: norm_bwd_warp_kernel computes dX, a
+// warp per row with dY and X in registers (as the forward); norm_wgrad_cols_kernel the
+// weight gradients, column sums over the rows that read dY and X again (16-byte vectors,
+// 32 consecutive ones per warp), into one partial row per block row (blockIdx.y) that
+// norm.cuh's norm_wgrad_finalize_kernel adds in block order: deterministic, as the general
+// kernel with its workspace. Keeping the column sums in registers beside the row (the general
+// kernel's way) would double the registers a lane needs.
+// The arithmetic is the general kernel's: xhat = (x - mean) * rstd, g = dY * (w + shift)
+// rounded once (no FMA contraction: C = 1 must give dX = 0 exactly),
+// dX = rstd * (g - mean(g) - xhat * mean(g * xhat)) (RMSNorm: no mean(g) term),
+// dweight += sum_n dY * xhat, dbias += sum_n dY.
+
+template <class T>
+struct NormBwdWarpArgs {
+  const T* dy;         // (N, C)
+  const T* x;          // (N, C)
+  const T* w;          // (C)
+  const float* mean;   // (N); null for RMSNorm
+  const float* rstd;   // (N)
+  T* dx;               // (N, C)
+  int64_t rows, cols;  // C a multiple of 8, at most 256 * kVecs
+  float gamma_shift;
+};
+
+template <class T, bool kRms, int kVecs>
+__global__ void __launch_bounds__(kWarpRowsPerBlock * 32)
+    norm_bwd_warp_kernel(NormBwdWarpArgs<T> a) {
+  const int lane = threadIdx.x % 32;
+  const int64_t vecs = a.cols / 8;
+  const float inv_c = 1.0f / static_cast<float>(a.cols);
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpRowsPerBlock + threadIdx.x / 32;
+       row < a.rows; row += static_cast<int64_t>(gridDim.x) * kWarpRowsPerBlock) {
+    const int64_t off = row * a.cols;
+    const float mu = kRms ? 0.0f : a.mean[row], rs = a.rstd[row];
+    float d[kVecs][8], xv[kVecs][8];
+    float s0 = 0.0f, s1 = 0.0f;  // sum g, sum g * xhat
+#pragma unroll
+    for (int k = 0; k < kVecs; ++k) {
+      const int64_t j = static_cast<int64_t>(k) * 32 + lane;
+      if (j >= vecs) continue;
+      float w[8];
+      load8(a.dy + off + j * 8, d[k]);
+      load8(a.x + off + j * 8, xv[k]);
+      load8(a.w + j * 8, w);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const float xhat = (xv[k][e] - mu) * rs, g = __fmul_rn(d[k][e], w[e] + a.gamma_shift);
+        s0 += g;
+        s1 += g * xhat;
+      }
+    }
+    s0 = norm_warp_sum(s0);
+    s1 = norm_warp_sum(s1);
+    const float mg = kRms ? 0.0f : s0 * inv_c, mgx = s1 * inv_c;
+#pragma unroll
+    for (int k = 0; k < kVecs; ++k) {
+      const int64_t j = static_cast<int64_t>(k) * 32 + lane;
+      if (j >= vecs) continue;
+      float w[8];
+      load8(a.w + j * 8, w);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const float xhat = (xv[k][e] - mu) * rs, g = __fmul_rn(d[k][e], w[e] + a.gamma_shift);
+        d[k][e] = rs * (g - mg - xhat * mgx);
+      }
+      store8(a.dx + off + j * 8, d[k]);
+    }
+  }
+}
+
+// Column sums of dY * xhat (and of dY when `want_db`): blocks of 32 x 8 threads; x across
+// 32 vectors (256 columns) from blockIdx.x * 256, y over rows blockIdx.y * 8 + y, then by
+// gridDim.y * 8. Each block writes its partial row(s) to partial[blockIdx.y][grad][c] (grad
+// 0: dweight, 1: dbias), the 8 row groups added in order.
+template <class T, bool kRms>
+__global__ void __launch_bounds__(256)
+    norm_wgrad_cols_kernel(NormBwdWarpArgs<T> a, bool want_db, float* partial) {
+  __shared__ float sums[2][8][257];  // [grad][row group][column of the block], padded
+  const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
+  const int64_t vecs = a.cols / 8, j = static_cast<int64_t>(blockIdx.x) * 32 + tx;
+  float dw[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+  float db[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+  if (j < vecs) {
+    for (int64_t row = static_cast<int64_t>(blockIdx.y) * 8 + ty; row < a.rows;
+         row += static_cast<int64_t>(gridDim.y) * 8) {
+      const float mu = kRms ? 0.0f : a.mean[row], rs = a.rstd[row];
+      float d[8], xv[8];
+      load8(a.dy + row * a.cols + j * 8, d);
+      load8(a.x + row * a.cols + j * 8, xv);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        dw[e] += d[e] * ((xv[e] - mu) * rs);
+        db[e] += d[e];
+      }
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    sums[0][ty][tx * 8 + e] = dw[e];
+    sums[1][ty][tx * 8 + e] = db[e];
+  }
+  __syncthreads();
+  const int grads = want_db ? 2 : 1;
+  for (int i = threadIdx.x; i < grads * 256; i += blockDim.x) {
+    const int g = i / 256, col = i % 256;
+    const int64_t c = static_cast<int64_t>(blockIdx.x) * 256 + col;
+    if (c >= a.cols) continue;
+    float t = 0.0f;
+    for (int r = 0; r < 8; ++r) t += sums[g][r][col];
+    partial[(static_cast<int64_t>(blockIdx.y) * grads + g) * a.cols + c] = t;
   }
 }
 

@@ -22,13 +22,16 @@ inline void trampoline() {
   g_live--;
   g_progress++;
 }
-inline void run_grid(unsigned grid, unsigned block, std::function<void()> body) {
-  g_grid_dim = {grid, 1, 1};
+// `grid` blocks along x (and `grid_y` along y) of `block` threads each, one block at a time.
+inline void run_grid(unsigned grid, unsigned block, std::function<void()> body,
+                     unsigned grid_y = 1) {
+  g_grid_dim = {grid, grid_y, 1};
   g_block_dim = {block, 1, 1};
   g_body = &body;
   static std::vector<char> stacks;
   stacks.resize(kStack * block);
-  for (unsigned bx = 0; bx < grid; ++bx) {
+  for (unsigned block_index = 0; block_index < grid * grid_y; ++block_index) {
+    const unsigned bx = block_index % grid, by = block_index / grid;
     std::vector<Fiber> fibers(block);
     g_block_bar = {};
     g_warp_bar.assign((block + 31) / 32, {});
@@ -37,7 +40,7 @@ inline void run_grid(unsigned grid, unsigned block, std::function<void()> body) 
     for (unsigned t = 0; t < block; ++t) {
       Fiber& f = fibers[t];
       f.tidx = {t, 0, 0};
-      f.bidx = {bx, 0, 0};
+      f.bidx = {bx, by, 0};
       getcontext(&f.ctx);
       f.ctx.uc_stack.ss_sp = &stacks[kStack * t];
       f.ctx.uc_stack.ss_size = kStack;
@@ -58,7 +61,7 @@ inline void run_grid(unsigned grid, unsigned block, std::function<void()> body) 
       }
       if (!any) break;
       if (g_progress == before) {
-        fprintf(stderr, "DEADLOCK in block %u\n", bx);
+        fprintf(stderr, "DEADLOCK in block (%u, %u)\n", bx, by);
         exit(2);
       }
     }

@@ -1,16 +1,25 @@
-// Runs norm_fwd_warp_kernel (kernels/cuda/pointwise/norm_warp.cuh) on the CPU under
+// Runs the warp-per-row norm kernels (kernels/cuda/pointwise/norm_warp.cuh) on the CPU under
 // emulation (emu_prelude.h, emu_runner.h: one fiber per CUDA thread, shuffles through
-// per-lane slots) and compares Y, mean and rstd with an f64 reference of loom/ops.h's
-// layernorm_fwd / rmsnorm_fwd: Y = (x - mean) * rstd * (w + shift) + b, over every lane count
-// the launcher picks (1 to 8 vectors a lane), partial last vectors of a lane, grids smaller
-// than the rows (the grid-stride loop), with and without bias and zero-centred gamma, in
-// bf16 and f16. Tolerance: the op tests' for the dtype (Y rounded once to it).
+// per-lane slots, barriers between fibers) and compares them with an f64 reference of
+// loom/ops.h's layernorm / rmsnorm: the forward's Y = (x - mean) * rstd * (w + shift) + b,
+// mean and rstd; the backward's dX, and dweight / dbias from norm_wgrad_cols_kernel's
+// partial rows added in block order (as norm.cuh's finalize kernel). Over every lane count
+// the launchers pick, partial last vectors of a lane, grids smaller than the rows (the
+// grid-stride loops), with and without bias and zero-centred gamma, in bf16 and f16.
+// Tolerance: the op tests' for the dtype (Y and dX rounded once to it).
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <random>
 #include <string>
 #include <vector>
+
+// Device-only pieces for host C++: a block's __shared__ arrays become statics, which the
+// fibers of the block (one block runs at a time) share; __fmul_rn is the plain product
+// (the ISO C++ mode of the build contracts nothing).
+#undef __shared__
+#define __shared__ static
+extern "C" float __fmul_rn(float x, float y) { return x * y; }
 
 #include "kernels/cuda/pointwise/norm_warp.cuh"
 #include "tests/kernels/cuda/attention_emulation/emu_runner.h"
@@ -118,6 +127,103 @@ void check(const Case& c, double rtol, double atol, std::mt19937& rng) {
   std::printf("[error] %s: worst |diff| / tolerance %.3g\n", what.c_str(), worst);
 }
 
+template <class T, bool kRms, int kVecs>
+void launch_bwd(const NormBwdWarpArgs<T>& a, unsigned grid) {
+  emu::run_grid(grid, kWarpRowsPerBlock * 32, [&] { norm_bwd_warp_kernel<T, kRms, kVecs>(a); });
+}
+
+// The backward of one case: dX, then the weight gradients (cols kernel, then the partial
+// rows summed in block order here, as norm_wgrad_finalize_kernel does).
+template <class T, bool kRms>
+void check_bwd(const Case& c, double rtol, double atol, std::mt19937& rng) {
+  if (c.cols > 256 * kWarpRowMaxBwdVecs) return;  // the general kernel's (norm.cuh)
+  std::normal_distribution<float> nd(0.5f, 2.0f);
+  const int64_t n = c.rows * c.cols;
+  std::vector<T> x(n), dy(n), dx(n, from_f<T>(NAN)), w(c.cols);
+  for (auto& v : x) v = from_f<T>(nd(rng));
+  for (auto& v : dy) v = from_f<T>(nd(rng));
+  for (auto& v : w) v = from_f<T>(0.3f * nd(rng));
+  // mean and rstd as the forward leaves them (f32).
+  std::vector<float> mean(c.rows), rstd(c.rows);
+  for (int64_t r = 0; r < c.rows; ++r) {
+    double mu = 0, var = 0;
+    for (int64_t j = 0; j < c.cols; ++j) mu += to_f(x[r * c.cols + j]);
+    mu = kRms ? 0.0 : mu / c.cols;
+    for (int64_t j = 0; j < c.cols; ++j) var += std::pow(to_f(x[r * c.cols + j]) - mu, 2);
+    mean[r] = static_cast<float>(mu);
+    rstd[r] = static_cast<float>(1.0 / std::sqrt(var / c.cols + 1e-5));
+  }
+  NormBwdWarpArgs<T> a{};
+  a.dy = dy.data();
+  a.x = x.data();
+  a.w = w.data();
+  a.mean = kRms ? nullptr : mean.data();
+  a.rstd = rstd.data();
+  a.dx = dx.data();
+  a.rows = c.rows;
+  a.cols = c.cols;
+  a.gamma_shift = c.shift;
+  const unsigned grid =
+      c.grid ? c.grid : static_cast<unsigned>((c.rows + kWarpRowsPerBlock - 1) / kWarpRowsPerBlock);
+  switch (static_cast<int>((c.cols / 8 + 31) / 32)) {
+    case 1:
+      launch_bwd<T, kRms, 1>(a, grid);
+      break;
+    case 2:
+      launch_bwd<T, kRms, 2>(a, grid);
+      break;
+    case 3:
+      launch_bwd<T, kRms, 3>(a, grid);
+      break;
+    default:
+      launch_bwd<T, kRms, 4>(a, grid);
+      break;
+  }
+  const bool want_db = !kRms && c.bias;
+  const int grads = want_db ? 2 : 1;
+  const unsigned slices = c.grid ? c.grid : 3;  // block rows: several, or the case's grid
+  const unsigned xblocks = static_cast<unsigned>((c.cols / 8 + 31) / 32);
+  std::vector<float> partial(static_cast<size_t>(slices) * grads * c.cols, NAN);
+  emu::run_grid(
+      xblocks, 256, [&] { norm_wgrad_cols_kernel<T, kRms>(a, want_db, partial.data()); }, slices);
+  const std::string what = std::string(kRms ? "rmsnorm" : "layernorm") + " backward rows " +
+                           std::to_string(c.rows) + " cols " + std::to_string(c.cols);
+  std::vector<double> dw_ref(c.cols, 0.0), db_ref(c.cols, 0.0);
+  double worst = 0;
+  for (int64_t r = 0; r < c.rows; ++r) {
+    double s0 = 0, s1 = 0;
+    std::vector<double> xhat(c.cols), g(c.cols);
+    for (int64_t j = 0; j < c.cols; ++j) {
+      xhat[j] = (to_f(x[r * c.cols + j]) - static_cast<double>(mean[r])) * rstd[r];
+      g[j] = static_cast<double>(to_f(dy[r * c.cols + j])) * (to_f(w[j]) + c.shift);
+      s0 += g[j];
+      s1 += g[j] * xhat[j];
+      dw_ref[j] += to_f(dy[r * c.cols + j]) * xhat[j];
+      db_ref[j] += to_f(dy[r * c.cols + j]);
+    }
+    const double mg = kRms ? 0.0 : s0 / c.cols, mgx = s1 / c.cols;
+    for (int64_t j = 0; j < c.cols; ++j) {
+      const double want = rstd[r] * (g[j] - mg - xhat[j] * mgx), got = to_f(dx[r * c.cols + j]);
+      const double err = std::fabs(got - want);
+      worst = std::max(worst, err / (atol + rtol * std::fabs(want)));
+      ASSERT_LE(err, atol + rtol * std::fabs(want))
+          << what << ": dX[" << r << ", " << j << "] is " << got << ", expected " << want;
+    }
+  }
+  // The weight gradients are f32 sums: f32 tolerance relative to the sum of |terms|.
+  for (int gi = 0; gi < grads; ++gi)
+    for (int64_t j = 0; j < c.cols; ++j) {
+      double got = 0;
+      for (unsigned by = 0; by < slices; ++by) got += partial[(by * grads + gi) * c.cols + j];
+      const double want = gi == 0 ? dw_ref[j] : db_ref[j];
+      double mag = 0;
+      for (int64_t r = 0; r < c.rows; ++r) mag += std::fabs(to_f(dy[r * c.cols + j])) * 4;
+      ASSERT_NEAR(got, want, 1e-5 * (mag + 1))
+          << what << ": " << (gi == 0 ? "dweight" : "dbias") << "[" << j << "]";
+    }
+  std::printf("[error] %s: worst dX |diff| / tolerance %.3g\n", what.c_str(), worst);
+}
+
 std::vector<Case> cases() {
   return {
       {1, 8, 0, true, 0.f},      // one vector: lane 0 alone
@@ -134,18 +240,22 @@ std::vector<Case> cases() {
 TEST(NormWarpEmulation, LayerNormBf16) {
   std::mt19937 rng(1);
   for (const Case& c : cases()) check<__nv_bfloat16, false>(c, 1.6e-2, 1e-2, rng);
+  for (const Case& c : cases()) check_bwd<__nv_bfloat16, false>(c, 1.6e-2, 1e-2, rng);
 }
 TEST(NormWarpEmulation, LayerNormF16) {
   std::mt19937 rng(2);
   for (const Case& c : cases()) check<__half, false>(c, 2e-3, 1e-3, rng);
+  for (const Case& c : cases()) check_bwd<__half, false>(c, 2e-3, 1e-3, rng);
 }
 TEST(NormWarpEmulation, RmsNormBf16) {
   std::mt19937 rng(3);
   for (const Case& c : cases()) check<__nv_bfloat16, true>(c, 1.6e-2, 1e-2, rng);
+  for (const Case& c : cases()) check_bwd<__nv_bfloat16, true>(c, 1.6e-2, 1e-2, rng);
 }
 TEST(NormWarpEmulation, RmsNormF16) {
   std::mt19937 rng(4);
   for (const Case& c : cases()) check<__half, true>(c, 2e-3, 1e-3, rng);
+  for (const Case& c : cases()) check_bwd<__half, true>(c, 2e-3, 1e-3, rng);
 }
 
 }  // namespace
