@@ -17,10 +17,12 @@
 #      GPU against the CPU, by loss; and one torch.compile of GPT-2 that fills the inductor
 #      cache, so that the timed torch.compile run below compiles in seconds;
 #   2. benchmarks alone on the GPU, by priority while the budget lasts: loom bench (--steps 6
-#      --warmup 2), PyTorch eager and torch.compile (GPT-2 only) of the same model, and GPT-2
-#      with gemm_epilogue pinned to "none" (the unfused kernels), one table;
-#   3. ncu: per-kernel GPU time of one GPT-2 124M step (CSV in $OUT, top 15 here), and of the
-#      same step unfused when the budget allows;
+#      --warmup 2), PyTorch eager and torch.compile (GPT-2 only) of the same model, GPT-2
+#      with gemm_epilogue pinned to "none" (the unfused kernels) and the default spec
+#      (configs/gpt_tiny.json on the GPU), one table;
+#   3. ncu: per-kernel GPU time of one GPT-2 124M step (CSV in $OUT, top 15 here), and, as the
+#      budget allows, of the same step unfused, of one default-spec step and of one LLaMA
+#      1.3B step;
 #   4. cuBLASLt GEMMs against cuBLAS, and the attention bench when the bundle has it.
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -275,17 +277,20 @@ reserve=75
 items=(
   "gpt2_124m_h100|loom|20|60" "gpt2_124m_h100|eager|20|60" "llama_1b3_h100|loom|25|60"
   "llama_1b3_h100_fp8|loom|25|60" "gpt2_124m_h100|compile|25|90" "gpt2_124m_h100|unfused|20|60"
-  "mixtral_h100|loom|25|60"
+  "gpt_tiny|loom|15|40" "mixtral_h100|loom|25|60"
   "llama_1b3_h100|eager|25|60" "mixtral_h100|eager|30|60"
 )
 for item in "${items[@]}"; do
   IFS='|' read -r name kind least limit <<<"$item"
   spec=configs/gpu/$name.json
+  device=()
+  # The default spec (configs/gpt_tiny.json) on the GPU.
+  [[ -f $spec ]] || { spec=configs/$name.json; device=(--set 'train.device="cuda"'); }
   avail=$(($(left) - reserve))
   if ((avail < least)); then echo "not run (budget)" >"$bench/$name.$kind.err"; continue; fi
   ((limit > avail)) && limit=$avail
   case $kind in
-    loom) timeout "$limit" ./tools/loom bench "$spec" --steps 6 --warmup 2 --json \
+    loom) timeout "$limit" ./tools/loom bench "$spec" --steps 6 --warmup 2 --json "${device[@]}" \
       >"$bench/$name.loom.json" 2>"$bench/$name.loom.err" || { status=1; rm -f "$bench/$name.loom.json"; } ;;
     # The same without gemm_epilogue (the unfused bias, GELU and bias-gradient kernels).
     unfused) timeout "$limit" ./tools/loom bench "$spec" --steps 6 --warmup 2 --json \
@@ -340,6 +345,25 @@ else
   else
     say "- the unfused step: not profiled (budget)"
   fi
+  # The default spec's step (launch-bound: GPU time against the wall time of its bench row)
+  # and, budget allowing, one LLaMA 1.3B step (where its time goes, for the 1.3B target).
+  for prof in "gpt_tiny|configs/gpt_tiny.json|--set train.device=\"cuda\"|45" \
+              "llama_1b3_h100|configs/gpu/llama_1b3_h100.json||110"; do
+    IFS='|' read -r pname pspec pset pleast <<<"$prof"
+    if (($(left) < pleast)); then
+      say "- $pname step: not profiled (budget)"
+      continue
+    fi
+    say ""
+    say "One $pname step:"
+    pcsv=$dest/ncu_${pname}_step.csv
+    # shellcheck disable=SC2086  # $pset is empty or one --set
+    timeout $(($(left) - 15 > 100 ? 100 : $(left) - 15)) ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv \
+      --target-processes all --log-file "$pcsv" \
+      ./tools/loom bench "$pspec" --steps 1 --warmup 1 $pset >"$logs/ncu_$pname.log" 2>&1
+    python3 tools/gpu_bundle_report.py ncu-summary "$pcsv" 8 >>"$report" 2>&1 ||
+      tail -5 "$logs/ncu_$pname.log" | sed 's/^/    /' >>"$report"
+  done
 fi
 
 # ---- 5. Kernel benches -------------------------------------------------------------------
