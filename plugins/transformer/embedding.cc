@@ -36,6 +36,8 @@ Embedding::Embedding(IHost& host, const EmbeddingConfig& config)
   embed_fwd_ = Kernel(host, ops::kEmbeddingFwd, device, config.dtype);
   embed_bwd_ = Kernel(host, ops::kEmbeddingBwd, device, config.dtype);
   add_ = Kernel(host, ops::kAdd, device, config.dtype);
+  bias_add_ = Kernel(host, ops::kBiasAdd, device, config.dtype);
+  bias_grad_ = Kernel(host, ops::kBiasGrad, device, config.dtype);
   dropout_fwd_ = Kernel(host, ops::kDropoutFwd, device, config.dtype);
   dropout_bwd_ = Kernel(host, ops::kDropoutBwd, device, config.dtype);
 }
@@ -72,13 +74,10 @@ void Embedding::run_forward(IForwardContext& ctx, const TensorView* inputs, int3
       embed_fwd_({value(position_), reshape(positions, {b * t})}, {rows(pos, c)});
       add_({y, pos}, {y});
       release(ctx, pos);
-    } else {  // positions 0..T-1: the first T rows of the table, added to every sequence
+    } else {  // positions 0..T-1: the first T rows of the table, added to every sequence:
+      // y (B, T C) += table (T C) broadcast over the sequences, one launch
       TensorView table = first_rows(value(position_), t);
-      for (int64_t i = 0; i < b; ++i) {
-        TensorView yi = make_view(static_cast<char*>(y.data) + i * t * c * dtype_size(y.dtype),
-                                  y.dtype, {t, c}, y.device);
-        add_({yi, table}, {yi});
-      }
+      bias_add_({reshape(table, {t * c})}, {reshape(y, {b, t * c})});
     }
   }
   TensorView partial = y;
@@ -139,13 +138,9 @@ void Embedding::weight_grads(IForwardContext& ctx, const TensorView& grad_output
   if (position_ >= 0 && tp_.rank() == 0) {
     if (present(positions)) {
       embed_bwd_({rows(dy, c), reshape(positions, {b * t})}, {grad(position_)});
-    } else {
+    } else {  // dtable (T C) += the sum of dy (B, T C) over the sequences, one launch
       TensorView dtable = first_rows(grad(position_), t);
-      for (int64_t i = 0; i < b; ++i) {
-        TensorView dyi = make_view(static_cast<char*>(dy.data) + i * t * c * dtype_size(dy.dtype),
-                                   dy.dtype, {t, c}, dy.device);
-        add_({dyi, dtable}, {dtable});  // f32 += activation dtype
-      }
+      bias_grad_({reshape(dy, {b, t * c})}, {reshape(dtable, {t * c})});
     }
   }
   release_all(ctx, {dropped, dy}, {grad_output});

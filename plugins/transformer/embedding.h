@@ -62,7 +62,7 @@ class Embedding final : public ModuleBase<IGenericModule> {
   int64_t vocab_start_ = 0;  // first vocabulary row of this rank's table
   bool sharded_ = false;     // split over tp or padded: lookups take EmbeddingAttrs
   int32_t word_, position_ = -1;
-  Kernel embed_fwd_, embed_bwd_, add_, dropout_fwd_, dropout_bwd_;
+  Kernel embed_fwd_, embed_bwd_, add_, bias_add_, bias_grad_, dropout_fwd_, dropout_bwd_;
 };
 
 }  // namespace loom::transformer
