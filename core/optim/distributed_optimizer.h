@@ -157,13 +157,14 @@ class DistributedOptimizer {
   OptimizerSetup setup_;
   ICommunicator& tensor_;
   ICommunicator& grad_norm_group_;
-  ICommunicator& world_;  // where the experts' squared norms add up
+  ICommunicator& world_;        // where the experts' squared norms add up
   bool local_experts_ = false;  // this rank holds experts' parameters
   ICommunicator& embedding_;
   GradSync grad_sync_;
   BucketReadiness readiness_;
   std::vector<std::unique_ptr<ParamState>> states_;
   Kernel sumsq_, cast_;
+  Kernel sumsq_multi_;        // unresolved where no kernel serves it: sumsq_ per tensor
   void* norm_acc_ = nullptr;  // (1) f64 on a device: the gradient norm's sum of squares
   std::vector<std::vector<float>> checkpoint_scratch_;  // gathered states (host)
   std::vector<const float*> checkpoint_data_;  // [param * (states + 1) + kind], kind 0: master

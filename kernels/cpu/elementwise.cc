@@ -1,4 +1,4 @@
-// add, bias_add, bias_grad, cast, scale, sumsq, amax (loom/ops.h, "Elementwise").
+// add, bias_add, bias_grad, cast, scale, sumsq, sumsq_multi, amax (loom/ops.h, "Elementwise").
 //   reference: one element at a time.
 //   fast: OpenMP over chunks, each chunk converted to f32, computed with AVX2, stored back.
 // add and cast also take f64 (loom/ops/elementwise.h): add with A, B, Y all f64 adds in f64;
@@ -322,6 +322,27 @@ Status amax_fast(const OpCall* call) {
 
 LOOM_CPU_FAST_END
 
+// ---- sumsq_multi: sumsq over each input in order --------------------------------------
+
+int64_t check_sumsq_multi(const OpCall* call, bool shapes_only) {
+  return op_checks::check_sumsq_multi(call, shapes_only, DeviceType::kCpu);
+}
+
+// sumsq (`each`: its ref or fast kernel) on X_i, i = 0 .. K-1, into the one out[0].
+Status sumsq_multi_run(const OpCall* call, Status (*each)(const OpCall*)) {
+  return guard([&] {
+    check_sumsq_multi(call, false);
+    for (int32_t i = 0; i < call->num_inputs; ++i) {
+      OpCall one{sizeof(OpCall), &call->inputs[i], 1, call->outputs, 1, nullptr, 0,
+                 nullptr,        nullptr,          0};
+      throw_if_error(each(&one));
+    }
+  });
+}
+
+Status sumsq_multi_ref(const OpCall* call) { return sumsq_multi_run(call, sumsq_ref); }
+Status sumsq_multi_fast(const OpCall* call) { return sumsq_multi_run(call, sumsq_fast); }
+
 // ---- registration ---------------------------------------------------------------------
 
 LOOM_CPU_HOOKS(add, check_add, 1)
@@ -330,6 +351,16 @@ LOOM_CPU_HOOKS(bias_grad, check_bias_grad, 1)
 LOOM_CPU_HOOKS(cast, check_cast, 0)
 LOOM_CPU_HOOKS(scale, check_scale, 1)
 LOOM_CPU_HOOKS(sumsq, check_sumsq, 2)
+// sumsq_multi's cost counts every tensor (the hooks above count the largest).
+bool sumsq_multi_supports(const OpCall* c) {
+  return passes([&] { check_sumsq_multi(c, true); });
+}
+bool sumsq_multi_fast_supports(const OpCall* c) {
+  return cpu_has_avx2() && sumsq_multi_supports(c);
+}
+Status sumsq_multi_cost(const OpCall* c, OpCost* out) {
+  return guard([&] { *out = io_cost(c, 2.0 * static_cast<double>(check_sumsq_multi(c, true))); });
+}
 LOOM_CPU_HOOKS(amax, check_amax, 1)
 
 }  // namespace
@@ -350,6 +381,7 @@ void add_elementwise_kernels(std::vector<KernelDesc>& out) {
               {DType::kF64});
   LOOM_CPU_REGISTER(out, ops::kScale, scale);
   LOOM_CPU_REGISTER(out, ops::kSumSq, sumsq);
+  LOOM_CPU_REGISTER(out, ops::kSumSqMulti, sumsq_multi);
   LOOM_CPU_REGISTER(out, ops::kAmax, amax);
 }
 

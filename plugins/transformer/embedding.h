@@ -59,8 +59,8 @@ class Embedding final : public ModuleBase<IGenericModule> {
   EmbeddingConfig config_;
   TensorParallel tp_;
   int32_t cp_rank_ = 0, cp_size_ = 1;  // the context-parallel group (dropout follows the chunks)
-  int64_t vocab_start_ = 0;  // first vocabulary row of this rank's table
-  bool sharded_ = false;     // split over tp or padded: lookups take EmbeddingAttrs
+  int64_t vocab_start_ = 0;            // first vocabulary row of this rank's table
+  bool sharded_ = false;               // split over tp or padded: lookups take EmbeddingAttrs
   int32_t word_, position_ = -1;
   Kernel embed_fwd_, embed_bwd_, add_, bias_add_, bias_grad_, dropout_fwd_, dropout_bwd_;
 };

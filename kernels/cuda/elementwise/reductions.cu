@@ -1,5 +1,7 @@
-// sumsq and amax (loom/ops.h, "Elementwise") on CUDA: whole-tensor reductions into a scalar
-// that the call accumulates into (out[0] += sum X^2 in f64; out[0] = max(out[0], max |X|)).
+// sumsq, sumsq_multi and amax (loom/ops.h, "Elementwise") on CUDA: whole-tensor reductions
+// into a scalar that the call accumulates into (out[0] += sum X^2 in f64, over one tensor or
+// K; out[0] = max(out[0], max |X|)). sumsq_multi launches once per table of up to 512
+// tensors (the gradient norm of a model in a launch or two, not one per parameter).
 //
 // Geometry: grid-stride over packs of 4 elements (or single elements when X is not aligned
 // for them), at most 1024 blocks of 256 threads (one full wave of an H100), so at most 1024
@@ -106,6 +108,115 @@ Status sumsq(const OpCall* call) {
   });
 }
 
+// ---- sumsq_multi: one launch per table of up to kSumSqMultiMax tensors ----------------
+
+inline constexpr int kSumSqMultiMax = 512;
+// Elements per block: 16 packs of 4 per thread of a 256-thread block; a multiple of 4, so
+// an aligned tensor stays aligned for packs in every chunk.
+inline constexpr int64_t kSumSqMultiChunk = 16384;
+
+struct SumSqMultiTable {
+  int32_t count;
+  // block_start[i]: tensor i's first block; block_start[count]: the launch's blocks (an
+  // empty tensor has none).
+  int32_t block_start[kSumSqMultiMax + 1];
+  const void* x[kSumSqMultiMax];
+  int64_t n[kSumSqMultiMax];
+  uint8_t vec[kSumSqMultiMax];  // 1: aligned for packs of 4
+};
+static_assert(sizeof(SumSqMultiTable) <= 32764,
+              "sumsq_multi's table exceeds the 32764 bytes of kernel parameters");
+
+// One block per chunk of one tensor: f64 partial sums, the block's total into out[0] with
+// one atomic (as sumsq: the order of the blocks' adds may vary in the last bits).
+// __grid_constant__: the table is read in place from the parameter space.
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    sumsq_multi_kernel(const __grid_constant__ SumSqMultiTable t, double* __restrict__ out) {
+  const int32_t b = static_cast<int32_t>(blockIdx.x);
+  int lo = 0, hi = t.count - 1;  // the tensor holding block b: the last start <= b
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (t.block_start[mid] <= b)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  const T* x = static_cast<const T*>(t.x[lo]);
+  const int64_t begin = int64_t{b - t.block_start[lo]} * kSumSqMultiChunk;
+  const int64_t end = begin + kSumSqMultiChunk < t.n[lo] ? begin + kSumSqMultiChunk : t.n[lo];
+  double acc = 0.0;
+  int64_t done = begin;
+  if (t.vec[lo]) {
+    for (int64_t p = begin / 4 + threadIdx.x; p < end / 4; p += blockDim.x) {
+      float v[4];
+      load_pack<T, 4>(x + p * 4, v);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) acc += static_cast<double>(v[k]) * v[k];
+    }
+    done = end / 4 * 4;
+  }
+  for (int64_t i = done + threadIdx.x; i < end; i += blockDim.x) {
+    const double v = to_f32<T>(x[i]);
+    acc += v * v;
+  }
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) atomicAdd(out, acc);
+}
+
+void launch_sumsq_multi(const SumSqMultiTable& t, DType dt, double* out, cudaStream_t stream) {
+  const int32_t blocks = t.block_start[t.count];
+  if (blocks == 0) return;  // every tensor empty
+  LOOM_CUDA_FLOAT_SWITCH(dt, T, ops::kSumSqMulti, {
+    sumsq_multi_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(t, out);
+  });
+  launch_check(ops::kSumSqMulti);
+}
+
+Status sumsq_multi(const OpCall* call) {
+  return guard([&] {
+    op_checks::check_sumsq_multi(call, false, DeviceType::kCuda);
+    const TensorView& X0 = call->inputs[0];
+    current_device(ops::kSumSqMulti, X0);
+    for (int32_t i = 1; i < call->num_inputs; ++i)
+      if (call->inputs[i].device.index != X0.device.index)
+        throw Error(Code::kInvalidArgument,
+                    std::string(ops::kSumSqMulti) + ": X[" + std::to_string(i) +
+                        "] is on cuda:" + std::to_string(call->inputs[i].device.index) +
+                        " but X[0] on cuda:" + std::to_string(X0.device.index) +
+                        ": one call reads one device");
+    double* out = static_cast<double*>(call->outputs[0].data);
+    const cudaStream_t stream = stream_of(call);
+    const uintptr_t align = X0.dtype == DType::kF32 ? 16 : 8;
+    SumSqMultiTable t;  // ~11 KB: copied into each launch's parameters
+    t.count = 0;
+    t.block_start[0] = 0;
+    for (int32_t i = 0; i < call->num_inputs; ++i) {
+      const int64_t n = numel(call->inputs[i]);
+      const int64_t blocks = (n + kSumSqMultiChunk - 1) / kSumSqMultiChunk;
+      const int64_t start = t.block_start[t.count];
+      if (t.count > 0 && (t.count == kSumSqMultiMax || start + blocks > INT32_MAX)) {
+        launch_sumsq_multi(t, X0.dtype, out, stream);
+        t.count = 0;
+      }
+      t.x[t.count] = call->inputs[i].data;
+      t.n[t.count] = n;
+      t.vec[t.count] = is_aligned(call->inputs[i].data, align) ? 1 : 0;
+      t.block_start[t.count + 1] = static_cast<int32_t>(t.block_start[t.count] + blocks);
+      ++t.count;
+    }
+    launch_sumsq_multi(t, X0.dtype, out, stream);
+  });
+}
+
+// 2 flops per element of every tensor, and the bytes of every tensor.
+Status sumsq_multi_cost(const OpCall* call, OpCost* out) {
+  return guard([&] {
+    const int64_t n = op_checks::check_sumsq_multi(call, true, DeviceType::kCuda);
+    *out = io_cost(call, 2.0 * static_cast<double>(n));
+  });
+}
+
 Status amax(const OpCall* call) {
   return guard([&] {
     const int64_t n = op_checks::check_amax(call, false, DeviceType::kCuda);
@@ -125,6 +236,8 @@ void add_reduction_kernels(std::vector<KernelDesc>& out) {
   using op_checks::check_amax;
   using op_checks::check_sumsq;
   add_cuda_kernels(out, ops::kSumSq, sumsq, supports<check_sumsq>, cost<check_sumsq, 2>);
+  add_cuda_kernels(out, ops::kSumSqMulti, sumsq_multi, supports<op_checks::check_sumsq_multi>,
+                   sumsq_multi_cost);
   add_cuda_kernels(out, ops::kAmax, amax, supports<check_amax>, cost<check_amax, 1>);
 }
 

@@ -2,6 +2,7 @@
 // reference against f64 formulas written here; backward ops against finite differences.
 #include <algorithm>
 #include <cmath>
+#include <string>
 
 #include "tests/kernels/cpu/op_test_util.h"
 
@@ -142,6 +143,71 @@ TEST(ElementwiseF64, AddInF64AndMixedF64Refused) {
   EXPECT_EQ(s.code, Code::kInvalidArgument);
   const std::string msg = take_message(&s);
   EXPECT_NE(msg.find("an f64 add takes f64 A, B and Y"), std::string::npos) << msg;
+}
+
+// sumsq_multi: the CPU kernels equal K sumsq calls of the same kernel bit for bit, the
+// reference a long double sum written here; every device linked in (the CUDA kernel's
+// tables and chunks, where a GPU is present) matches the reference to f64 rounding (the
+// terms are all positive: no cancellation to excuse).
+TEST_P(ElementwiseTest, SumsqMultiEqualsSumsqOfEachTensor) {
+  const DType dt = GetParam();
+  std::mt19937 rng(21);
+  // Empty, tiny, one chunk and a bit (16384 + 3), several chunks, and odd tails.
+  const std::vector<int64_t> sizes = {0, 1, 5, 16387, 40000, 7, 4096, 3};
+  std::vector<Tensor> xs;
+  for (int64_t n : sizes) xs.push_back(Tensor::random(dt, {n}, rng));
+  const ops::SumSqMultiAttrs at{static_cast<int32_t>(xs.size())};
+  long double oracle = 0.25L;  // out starts at 0.25: the op accumulates
+  for (const Tensor& x : xs)
+    for (int64_t i = 0; i < x.numel(); ++i) oracle += static_cast<long double>(x.get(i)) * x.get(i);
+  std::vector<Tensor*> in;
+  for (Tensor& x : xs) in.push_back(&x);
+  for (const char* name : {"cpu.ref", "cpu.fast"}) {
+    if (std::string(name) == "cpu.fast" && !__builtin_cpu_supports("avx2")) continue;
+    Tensor multi = Tensor::filled(DType::kF64, {1}, 0.25), each = multi;
+    run(ops::kSumSqMulti, name, dt, in, {&multi}, &at);
+    for (Tensor& x : xs) run(ops::kSumSq, name, dt, {&x}, {&each});
+    EXPECT_EQ(multi.get(0), each.get(0)) << name;
+    report_error(multi.values(), {static_cast<double>(oracle)}, std::string("sumsq_multi ") + name);
+    EXPECT_NEAR(multi.get(0), static_cast<double>(oracle), 1e-12 * static_cast<double>(oracle))
+        << name;
+  }
+  Tensor ref = Tensor::filled(DType::kF64, {1}, 0.25);
+  run_ref(ops::kSumSqMulti, dt, in, {&ref}, &at);
+  for (::loom::kernels::testing::DeviceBackend* b : ::loom::kernels::testing::device_backends()) {
+    std::string why;
+    if (!b->available(&why)) continue;  // said once, at the start of the binary
+    const KernelDesc* k = b->kernel(ops::kSumSqMulti, dt);
+    ASSERT_NE(k, nullptr) << b->name();
+    std::vector<Tensor> got =
+        run_on_device(*b, *k, xs, {Tensor::filled(DType::kF64, {1}, 0.25)}, &at, b->name());
+    if (got.empty()) continue;
+    report_error(got[0].values(), ref.values(), std::string("sumsq_multi on ") + b->name());
+    EXPECT_NEAR(got[0].get(0), ref.get(0), 1e-12 * ref.get(0)) << b->name();
+  }
+}
+
+TEST(ElementwiseSumsq, SumsqMultiRefusesMismatchedCountsAndDtypes) {
+  Tensor a(DType::kF32, {4}), b(DType::kBF16, {4}), out = Tensor::filled(DType::kF64, {1}, 0);
+  struct Bad {
+    std::vector<Tensor*> in;
+    int32_t count;
+    const char* says;
+  };
+  const Bad bad[] = {
+      {{&a, &a}, 3, "attrs.count is 3 but the call passes 2 inputs"},
+      {{&a, &b}, 2, "input 1 (X[1]) has dtype bf16, expected X[0]'s f32"},
+  };
+  for (const Bad& x : bad)
+    for (const char* name : {"cpu.ref", "cpu.fast"}) {
+      const ops::SumSqMultiAttrs at{x.count};
+      CallHolder h(x.in, {&out}, &at);
+      const KernelDesc& k = kernel(ops::kSumSqMulti, DType::kF32, name);
+      EXPECT_FALSE(k.supports(&h.call)) << x.says;
+      Status s = k.fn(&h.call);
+      std::string msg = take_message(&s);
+      EXPECT_NE(msg.find(std::string("sumsq_multi: ") + x.says), std::string::npos) << msg;
+    }
 }
 
 TEST(ElementwiseSumsq, NonFiniteGivesNonFinite) {

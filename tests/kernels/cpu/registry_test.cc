@@ -23,6 +23,7 @@ const std::vector<const char*> kAllOps = {
     ops::kCast,
     ops::kScale,
     ops::kSumSq,
+    ops::kSumSqMulti,
     ops::kAmax,
     ops::kGeluFwd,
     ops::kGeluBwd,

@@ -99,7 +99,8 @@ TEST(FamilyRegistry, OneCudaKernelPerOpAndDtype) {
   }
   for (DType dt : kFloats) EXPECT_EQ(find(ops::kFp8Gemm, dt), nullptr) << dtype_name(dt);
   for (const KernelDesc& k : family_kernels()) {
-    bool known = std::string(k.op) == ops::kFp8Gemm || std::string(k.op) == ops::kGemmEpilogue;
+    bool known = std::string(k.op) == ops::kFp8Gemm || std::string(k.op) == ops::kGemmEpilogue ||
+                 std::string(k.op) == ops::kSumSqMulti;
     for (const char* op : kOps) known = known || std::string(op) == k.op;
     EXPECT_TRUE(known) << k.op;
   }
@@ -148,6 +149,7 @@ struct Call {
 
 const ops::GemmAttrs kGemmNT{0, 1, 1.0f, 0.0f};
 const ops::GemmEpilogueAttrs kGelu{0, 1, ops::kEpilogueGelu, 1, 0.0f};
+const ops::SumSqMultiAttrs kSumSqMulti3{3};
 const ops::GemmEpilogueAttrs kBiasGradA{1, 0, ops::kEpilogueBiasGradA, 0, 1.0f};
 const ops::CrossEntropyShardAttrs kShard{8, 40};
 const ops::AdamWAttrs kAdam{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, 3};
@@ -218,6 +220,8 @@ std::vector<Case> good_calls() {
   c.push_back(
       {ops::kGemmEpilogue, Call({view(bf, {6, 4}, cu), view(bf, {6, 5}, cu), none(), none()},
                                 {view(f, {4, 5}, cu), none(), view(f, {4}, cu)}, &kBiasGradA)});
+  c.push_back({ops::kSumSqMulti, Call({view(bf, {6, 5}, cu), view(bf, {0}, cu), view(bf, {7}, cu)},
+                                      {view(DType::kF64, {1}, cu)}, &kSumSqMulti3)});
   return c;
 }
 

@@ -43,6 +43,19 @@ struct ScaleAttrs {
 ///   inputs: [0] X float (any shape)   outputs: [0] out f64 (1) +=
 inline constexpr const char* kSumSq = "sumsq";
 
+/// "sumsq_multi": sumsq over K tensors in one call (the gradient norm's sum of squares,
+/// apex's multi_tensor_l2norm): out[0] += sum_i sum of X_i^2 in f64. A GPU library
+/// launches once per table of tensors instead of once per tensor; the CPU kernels run
+/// sumsq on each X_i in order, so their result equals K sumsq calls bit for bit.
+///   inputs:  [i] X_i float (any shape, may be empty), i in [0, K), every X_i of one dtype
+///            (the op is keyed on it)
+///   outputs: [0] out f64 (1) +=
+///   attrs:   SumSqMultiAttrs (required)
+inline constexpr const char* kSumSqMulti = "sumsq_multi";
+struct SumSqMultiAttrs {
+  int32_t count;  ///< K >= 1: must equal the call's num_inputs
+};
+
 /// "amax": out[0] = max(out[0], max |X|) in f32, for FP8 scaling recipes (amax history)
 /// and overflow checks. NaN propagates: a NaN in X or in out[0] gives NaN. Start from
 /// out[0] = 0 for the amax of X alone; an empty X leaves out[0] unchanged.

@@ -77,6 +77,32 @@ inline int64_t check_sumsq(const OpCall* call, bool shapes_only, DeviceType devi
   return numel(X);
 }
 
+/// sumsq_multi: K >= 1 inputs X[i] float of one dtype (any shapes), out f64 (1), attrs.count
+/// == K; returns the total number of elements.
+inline int64_t check_sumsq_multi(const OpCall* call, bool shapes_only, DeviceType device) {
+  const int32_t k = call != nullptr && call->struct_size >= sizeof(OpCall) ? call->num_inputs : 0;
+  std::vector<std::string> in;
+  for (int32_t i = 0; i < k; ++i) in.push_back("X[" + std::to_string(i) + "]");
+  OpArgs a(call, ops::kSumSqMulti, std::move(in), {"out"}, shapes_only, device);
+  const ops::SumSqMultiAttrs& at = a.attrs<ops::SumSqMultiAttrs>();
+  if (k < 1) a.fail("needs at least one tensor (got 0): skip the call when there is none");
+  if (at.count != k)
+    a.fail("attrs.count is " + std::to_string(at.count) + " but the call passes " +
+           std::to_string(k) + " inputs: they must agree");
+  int64_t n = 0;
+  const DType dt = a.float_in(0).dtype;
+  for (int32_t i = 0; i < k; ++i) {
+    const TensorView& X = a.float_in(i);
+    if (X.dtype != dt)
+      a.fail(a.in_label(i) + " has dtype " + dtype_name(X.dtype) + ", expected X[0]'s " +
+             dtype_name(dt) + ": one call takes tensors of one dtype");
+    n += numel(X);
+  }
+  a.f64_out(0);
+  a.shape_out(0, {1}, "(1)");
+  return n;
+}
+
 /// amax: X float (any shape), out f32 (1); returns X's number of elements.
 inline int64_t check_amax(const OpCall* call, bool shapes_only, DeviceType device) {
   OpArgs a(call, ops::kAmax, {"X"}, {"out"}, shapes_only, device);
