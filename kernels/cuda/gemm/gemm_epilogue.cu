@@ -15,9 +15,10 @@
 //
 // Epilogues:
 //   kEpilogueBias                 BIAS
-//   kEpilogueGelu, tanh           GELU[_AUX][_BIAS] (cuBLASLt's GELU is the tanh form)
+//   kEpilogueGelu, tanh           GELU[_AUX][_BIAS] (cuBLASLt's GELU is the tanh form; bf16
+//                                 and f16 only: f32 runs the unfused kernels below)
 //   kEpilogueGelu, erf            BIAS into P, then gelu_fwd (cuBLASLt has no erf GELU)
-//   kEpilogueDGelu, tanh          DGELU[_BGRAD]
+//   kEpilogueDGelu, tanh          DGELU[_BGRAD] (bf16 and f16 only, as GELU)
 //   kEpilogueBiasGradA            BGRADB (DEFAULT without dbias)
 // A bias gradient comes out of cuBLASLt in Y's dtype and overwrites its vector, while loom's
 // dbias is f32 and accumulates: cuBLASLt writes it into the upper half of the stream scratch
@@ -264,6 +265,11 @@ bool run_fused(const OpCall* call, const GemmEpilogueShape& s, const TensorView&
   const bool has_aux = (at.epilogue == ops::kEpilogueGelu && !erf_gelu && s.aux_out) ||
                        at.epilogue == ops::kEpilogueDGelu;
   if (erf_gelu && !s.bias) return false;      // a plain gemm into P: the unfused path is that
+  // cuBLASLt's GELU and its derivative only for 16-bit outputs, whose rounding (2^-9 for
+  // bf16) hides how its tanh is evaluated; f32 keeps loom's own kernels, accurate to f32.
+  const bool gelu_math = (at.epilogue == ops::kEpilogueGelu && !erf_gelu) ||
+                         at.epilogue == ops::kEpilogueDGelu;
+  if (gelu_math && A.dtype == DType::kF32) return false;
   if (has_aux && s.n % 8 != 0) return false;  // cuBLASLt's aux leading dimension
   const int64_t grad_len = at.epilogue == ops::kEpilogueDGelu ? s.n : s.m;
   const size_t grad_bytes = grad_out ? static_cast<size_t>(grad_len) * dtype_size(D.dtype) : 0;
