@@ -14,6 +14,7 @@
 #include "kernels/cuda/mamba/causal_conv1d_kernel.cuh"
 #include "kernels/cuda/mamba/rmsnorm_gated_kernel.cuh"
 #include "kernels/cuda/mamba/ssd_scan_kernel.cuh"
+#include "tests/kernels/cuda/attention_emulation/emu_runner.h"
 
 namespace loom::kernels::cuda::mamba {
 alignas(16) float mamba_smem[64 * 1024];
@@ -24,59 +25,11 @@ using Vec = std::vector<double>;
 using FVec = std::vector<float>;
 
 namespace emu {
-constexpr size_t kStack = 128 * 1024;
-std::function<void()>* g_body;
-std::mt19937 g_sched_rng(1);
-void trampoline() {
-  (*g_body)();
-  g_cur->done = true;
-  g_live--;
-  g_progress++;
-}
-void run_grid(dim3 grid, unsigned block, std::function<void()> body) {
-  g_grid_dim = {grid.x, grid.y, grid.z};
-  g_block_dim = {block, 1, 1};
-  g_body = &body;
-  static std::vector<char> stacks;
-  stacks.resize(kStack * block);
-  for (unsigned bz = 0; bz < grid.z; ++bz)
-    for (unsigned by = 0; by < grid.y; ++by)
-      for (unsigned bx = 0; bx < grid.x; ++bx) {
-        std::vector<Fiber> fibers(block);
-        g_block_bar = {};
-        g_warp_bar.assign((block + 31) / 32, {});
-        g_slots.assign(block, {});
-        g_live = block;
-        std::fill(std::begin(mamba_smem), std::end(mamba_smem), std::nanf(""));
-        for (unsigned t = 0; t < block; ++t) {
-          Fiber& f = fibers[t];
-          f.tidx = {t, 0, 0};
-          f.bidx = {bx, by, bz};
-          getcontext(&f.ctx);
-          f.ctx.uc_stack.ss_sp = &stacks[kStack * t];
-          f.ctx.uc_stack.ss_size = kStack;
-          f.ctx.uc_link = &g_sched;
-          makecontext(&f.ctx, trampoline, 0);
-        }
-        std::vector<int> order(block);
-        for (unsigned t = 0; t < block; ++t) order[t] = t;
-        for (;;) {
-          bool any = false;
-          long before = g_progress;
-          std::shuffle(order.begin(), order.end(), g_sched_rng);
-          for (int t : order) {
-            if (fibers[t].done) continue;
-            any = true;
-            g_cur = &fibers[t];
-            swapcontext(&g_sched, &fibers[t].ctx);
-          }
-          if (!any) break;
-          if (g_progress == before) {
-            fprintf(stderr, "DEADLOCK in block %u %u %u\n", bx, by, bz);
-            exit(2);
-          }
-        }
-      }
+// The attention emulation's scheduler, with this test's shared memory set to NaN before each
+// block (a kernel that reads shared memory it did not write gets NaN).
+inline void run_poisoned(dim3 grid, unsigned block, std::function<void()> body) {
+  run_grid(grid, block, std::move(body),
+           [] { std::fill(std::begin(mamba_smem), std::end(mamba_smem), std::nanf("")); });
 }
 }  // namespace emu
 
@@ -163,9 +116,9 @@ void conv_case(int64_t B, int64_t T, int64_t C, int act, bool has_bias, bool has
   a.init = has_init ? init.data() : nullptr;
   a.y = y.data(), a.fin = fin.data(), a.b = B, a.t = T, a.c = C, a.act = act;
   const unsigned g1 = static_cast<unsigned>(std::min<int64_t>((B * T * C + 255) / 256, 3));
-  emu::run_grid(dim3(g1), kConvThreads, [&] { causal_conv1d_fwd_kernel<float, kW>(a); });
+  emu::run_poisoned(dim3(g1), kConvThreads, [&] { causal_conv1d_fwd_kernel<float, kW>(a); });
   if (kW > 1)
-    emu::run_grid(dim3(2), kConvThreads, [&] { causal_conv1d_state_kernel<float, kW>(a); });
+    emu::run_poisoned(dim3(2), kConvThreads, [&] { causal_conv1d_state_kernel<float, kW>(a); });
   Vec xd = to_d(x), wd = to_d(w), bd = to_d(bias), id = to_d(init), find;
   Vec want =
       conv_ref(xd, wd, has_bias ? &bd : nullptr, has_init ? &id : nullptr, B, T, C, kW, act, &find);
@@ -175,8 +128,8 @@ void conv_case(int64_t B, int64_t T, int64_t C, int act, bool has_bias, bool has
   g.dy = dy.data(), g.y = dx.data(), g.fin = nullptr, g.dw = dw.data();
   g.db = has_bias ? db.data() : nullptr;
   const int64_t steps = 8 * kConvTile;
-  emu::run_grid(dim3((C + 31) / 32, (T + steps - 1) / steps, B), kConvThreads,
-                [&] { causal_conv1d_bwd_kernel<float, kW>(g); });
+  emu::run_poisoned(dim3((C + 31) / 32, (T + steps - 1) / steps, B), kConvThreads,
+                    [&] { causal_conv1d_bwd_kernel<float, kW>(g); });
   Vec dyd = to_d(dy);
   auto f = [&] {
     return conv_ref(xd, wd, has_bias ? &bd : nullptr, has_init ? &id : nullptr, B, T, C, kW, act,
@@ -224,15 +177,15 @@ void gated_case(int64_t N, int64_t C, int64_t gs) {
   GatedArgs a{};
   a.y = y.data(), a.z = z.data(), a.w = w.data(), a.rstd = rstd.data(), a.out = out.data();
   a.n = N, a.c = C, a.gs = gs, a.eps = eps;
-  emu::run_grid(dim3(2), kGatedThreads, [&] { rmsnorm_gated_fwd_kernel<float>(a); });
+  emu::run_poisoned(dim3(2), kGatedThreads, [&] { rmsnorm_gated_fwd_kernel<float>(a); });
   Vec yd = to_d(y), zd = to_d(z), wd = to_d(w), rd;
   compare("out", out, gated_ref(yd, zd, wd, N, C, gs, eps, &rd));
   compare("rstd", rstd, rd);
   GatedArgs g = a;
   g.dout = dout.data(), g.out = dy.data(), g.dz = dz.data(), g.dw = dw.data();
-  emu::run_grid(dim3(2), kGatedThreads, [&] { rmsnorm_gated_bwd_kernel<float>(g); });
-  emu::run_grid(dim3((C + 31) / 32, 2), kGatedThreads,
-                [&] { rmsnorm_gated_wgrad_kernel<float>(g); });
+  emu::run_poisoned(dim3(2), kGatedThreads, [&] { rmsnorm_gated_bwd_kernel<float>(g); });
+  emu::run_poisoned(dim3((C + 31) / 32, 2), kGatedThreads,
+                    [&] { rmsnorm_gated_wgrad_kernel<float>(g); });
   Vec dd = to_d(dout);
   auto f = [&] { return gated_ref(yd, zd, wd, N, C, gs, eps, nullptr); };
   compare("dy", dy, fd(yd, dd, f));
@@ -310,7 +263,7 @@ void ssd_case(const Ssd& c) {
     return;
   }
   const dim3 grid((c.P + kSsdTileP - 1) / kSsdTileP, c.H, c.B);
-  emu::run_grid(grid, kSsdThreads, [&] { ssd_scan_fwd_kernel<float>(a); });
+  emu::run_poisoned(grid, kSsdThreads, [&] { ssd_scan_fwd_kernel<float>(a); });
   Vec xd = to_d(xbc), dtd = to_d(dt_in), ad = to_d(a_log), Dd = to_d(D), bd = to_d(bias),
       id = to_d(init), find;
   compare("y", y, ssd_ref(c, xd, dtd, ad, Dd, bd, id, &find));
@@ -325,15 +278,15 @@ void ssd_case(const Ssd& c) {
   SsdArgs g = a;
   g.init = c.has_init ? init.data() : nullptr;
   g.y = nullptr, g.fin = nullptr, g.states = states.data();
-  emu::run_grid(grid, kSsdThreads, [&] { ssd_scan_fwd_kernel<float>(g); });
+  emu::run_poisoned(grid, kSsdThreads, [&] { ssd_scan_fwd_kernel<float>(g); });
   g.states = states.data(), g.dy = dy.data(), g.dxbc = dxbc.data(), g.dbc = dbc.data();
   g.ddt = ddt.data(), g.ddt_in = ddt_in.data(), g.da_log = da_log.data();
   g.dd = c.has_d ? dD.data() : nullptr;
-  emu::run_grid(grid, kSsdThreads, [&] { ssd_scan_bwd_kernel<float>(g); });
-  emu::run_grid(dim3(3), kSsdThreads, [&] { ssd_scan_bwd_finish_kernel<float>(g); });
+  emu::run_poisoned(grid, kSsdThreads, [&] { ssd_scan_bwd_kernel<float>(g); });
+  emu::run_poisoned(dim3(3), kSsdThreads, [&] { ssd_scan_bwd_finish_kernel<float>(g); });
   if (c.has_bias)
-    emu::run_grid(dim3(c.H), kSsdThreads,
-                  [&] { ssd_scan_bias_grad_kernel(g.ddt, c.B * c.T, c.H, ddt_bias.data()); });
+    emu::run_poisoned(dim3(c.H), kSsdThreads,
+                      [&] { ssd_scan_bias_grad_kernel(g.ddt, c.B * c.T, c.H, ddt_bias.data()); });
   Vec dyd = to_d(dy);
   auto f = [&] { return ssd_ref(c, xd, dtd, ad, Dd, bd, id, nullptr); };
   compare("dxBC", dxbc, fd(xd, dyd, f), 5e-4);
