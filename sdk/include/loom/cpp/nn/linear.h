@@ -160,11 +160,11 @@ class Linear {
   }
 
   /// The same without FP8 and without a context (an output layer's GEMMs, tests). With
-  /// gemm_epilogue, the bias rides on the GEMM (kEpilogueBias) and dbias on the weight
-  /// gradient's (kEpilogueBiasGradA).
+  /// gemm_epilogue and 2-D operands (rows(...)), the bias rides on the GEMM (kEpilogueBias)
+  /// and dbias on the weight gradient's (kEpilogueBiasGradA).
   void forward(const TensorView& x, const TensorView& w, const TensorView& bias,
                const TensorView& y) const {
-    if (present(bias) && epilogue_) {
+    if (present(bias) && epilogue_ && x.ndim == 2 && y.ndim == 2) {  // the op is 2-D
       epilogue_({x, w, bias, empty_view()}, {y, empty_view(), empty_view()},
                 ops::GemmEpilogueAttrs{0, 1, ops::kEpilogueBias, 0, 0.f});
       return;
@@ -174,7 +174,7 @@ class Linear {
   }
   void backward(const TensorView& dy, const TensorView& x, const TensorView& w,
                 const TensorView& dw, const TensorView& dbias, const TensorView& dx) const {
-    if (present(dw) && present(dbias) && epilogue_) {
+    if (present(dw) && present(dbias) && epilogue_ && dy.ndim == 2 && x.ndim == 2) {
       // dw (out, in) += dy^T (out, N) @ x (N, in); dbias (out) += sum_n dy[n, :].
       epilogue_({dy, x, empty_view(), empty_view()}, {dw, empty_view(), dbias},
                 ops::GemmEpilogueAttrs{1, 0, ops::kEpilogueBiasGradA, 0, 1.f});
