@@ -137,6 +137,20 @@ INSTANTIATE_TEST_SUITE_P(Activations, MlpTest,
                            return info.param.activation + (info.param.bias ? "_bias" : "");
                          });
 
+// "none" on an op a module cannot do without: the build fails, naming the pin and the fix.
+TEST(MlpOptions, APinToNoneOfARequiredOpNamesThePin) {
+  ModuleHarness h(transformer_plugins());
+  h.plugins().host().set_pins({{"gemm", "none"}});
+  try {
+    build_resolved(h, kinds::kMlp, {{"impl", "mlp"}}, mlp_inherited(true));
+    ADD_FAILURE() << "built an MLP without a gemm kernel";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("spec /kernels/pin/gemm: pinned to 'none'"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(MlpOptions, RefusesAnUnknownActivation) {
   ModuleHarness h(transformer_plugins());
   EXPECT_THROW(build_resolved(h, kinds::kMlp, {{"impl", "mlp"}, {"activation", "relu"}},
