@@ -324,6 +324,20 @@ inline uint64_t norm_bwd_workspace_bytes(int64_t rows, int64_t cols, int grads) 
   return static_cast<uint64_t>(blocks) * grads * static_cast<uint64_t>(cols) * sizeof(float);
 }
 
+// True when a norm call is the warp-per-row kernels' case: every tensor (null ones skipped)
+// of the first one's dtype, bf16 or f16, and 16-byte aligned; C a multiple of 8 of at most
+// 256 * max_vecs (norm_warp.cuh).
+inline bool norm_warp_case(std::initializer_list<const TensorView*> tensors, int64_t cols,
+                           int max_vecs) {
+  const DType t = (*tensors.begin())->dtype;
+  if ((t != DType::kBF16 && t != DType::kF16) || cols % 8 != 0 || cols > 256 * int64_t{max_vecs})
+    return false;
+  for (const TensorView* v : tensors)
+    if (v != nullptr && (v->dtype != t || reinterpret_cast<uintptr_t>(v->data) % 16 != 0))
+      return false;
+  return true;
+}
+
 // norm_fwd_warp_kernel<T, kRms, kVecs> for a row of `cols` elements: the fewest vectors a
 // lane needs.
 template <class T, bool kRms>
@@ -363,12 +377,7 @@ bool try_norm_fwd_warp(const OpCall* call, const op_checks::NormShape& s) {
   const TensorView &X = call->inputs[0], &W = call->inputs[1], &Y = call->outputs[0];
   const TensorView* B = !kRms && call->inputs[2].data != nullptr ? &call->inputs[2] : nullptr;
   const DType t = X.dtype;
-  auto fits = [&](const TensorView& v) {
-    return v.dtype == t && reinterpret_cast<uintptr_t>(v.data) % 16 == 0;
-  };
-  if ((t != DType::kBF16 && t != DType::kF16) || s.c % 8 != 0 || s.c > 256 * kWarpRowMaxVecs ||
-      !fits(X) || !fits(W) || !fits(Y) || (B && !fits(*B)))
-    return false;
+  if (!norm_warp_case({&X, &W, &Y, B}, s.c, kWarpRowMaxVecs)) return false;
   auto run = [&](auto tag) {
     using T = decltype(tag);
     NormFwdWarpArgs<T> a{};
@@ -427,11 +436,7 @@ bool try_norm_bwd_warp(const OpCall* call, const op_checks::NormShape& s, float*
   const TensorView &dY = call->inputs[0], &X = call->inputs[1], &W = call->inputs[2];
   const TensorView& dX = call->outputs[0];
   const DType t = X.dtype;
-  auto fits = [&](const TensorView& v) {
-    return v.dtype == t && reinterpret_cast<uintptr_t>(v.data) % 16 == 0;
-  };
-  if (partial == nullptr || (t != DType::kBF16 && t != DType::kF16) || s.c % 8 != 0 ||
-      s.c > 256 * kWarpRowMaxBwdVecs || !fits(dY) || !fits(X) || !fits(W) || !fits(dX))
+  if (partial == nullptr || !norm_warp_case({&dY, &X, &W, &dX}, s.c, kWarpRowMaxBwdVecs))
     return false;
   const cudaStream_t stream = stream_of(call);
   const int grads = db != nullptr ? 2 : 1;

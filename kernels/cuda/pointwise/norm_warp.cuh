@@ -25,7 +25,7 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
-#include <type_traits>
+#include "kernels/cuda/common/device_util.cuh"
 
 namespace loom::kernels::cuda::pointwise {
 
@@ -47,46 +47,6 @@ struct NormFwdWarpArgs {
   float eps, gamma_shift;
 };
 
-// 8 elements of T at p (16-byte aligned) as floats, and back (round to nearest even).
-template <class T>
-__device__ __forceinline__ void load8(const T* p, float v[8]) {
-  const uint4 q = *reinterpret_cast<const uint4*>(p);
-  const uint32_t w[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    float2 f;
-    if constexpr (std::is_same_v<T, __nv_bfloat16>)
-      f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[i]));
-    else
-      f = __half22float2(*reinterpret_cast<const __half2*>(&w[i]));
-    v[2 * i] = f.x;
-    v[2 * i + 1] = f.y;
-  }
-}
-
-template <class T>
-__device__ __forceinline__ void store8(T* p, const float v[8]) {
-  uint32_t w[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-      const __nv_bfloat162 h = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
-      w[i] = *reinterpret_cast<const uint32_t*>(&h);
-    } else {
-      const __half2 h = __floats2half2_rn(v[2 * i], v[2 * i + 1]);
-      w[i] = *reinterpret_cast<const uint32_t*>(&h);
-    }
-  }
-  *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
-}
-
-// Sum over the 32 lanes of a warp; every lane gets the total (the same bits).
-__device__ __forceinline__ float norm_warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
 // Blocks of kWarpRowsPerBlock warps; warp r of block b takes rows b * kWarpRowsPerBlock + r,
 // then strides by the grid. Lane l holds vectors l, l + 32, ..., l + 32 (kVecs - 1) of its
 // row (those below C / 8). A warp's row is uniform across its lanes, so the shuffles are.
@@ -105,7 +65,7 @@ __global__ void __launch_bounds__(kWarpRowsPerBlock * 32)
     for (int k = 0; k < kVecs; ++k) {
       const int64_t j = static_cast<int64_t>(k) * 32 + lane;
       if (j < vecs) {
-        load8(x + j * 8, v[k]);
+        load_pack<T, 8>(x + j * 8, v[k]);
       } else {
 #pragma unroll
         for (int e = 0; e < 8; ++e) v[k][e] = 0.0f;
@@ -113,7 +73,7 @@ __global__ void __launch_bounds__(kWarpRowsPerBlock * 32)
 #pragma unroll
       for (int e = 0; e < 8; ++e) sum += kRms ? v[k][e] * v[k][e] : v[k][e];
     }
-    sum = norm_warp_sum(sum);
+    sum = cuda::warp_sum(sum);
     float mean = 0.0f, var;
     if (kRms) {
       var = sum * inv_c;  // the mean of squares
@@ -129,7 +89,7 @@ __global__ void __launch_bounds__(kWarpRowsPerBlock * 32)
           sq += d * d;
         }
       }
-      var = norm_warp_sum(sq) * inv_c;
+      var = cuda::warp_sum(sq) * inv_c;
     }
     const float rstd = 1.0f / sqrtf(var + a.eps);
     T* y = a.y + row * a.cols;
@@ -138,11 +98,11 @@ __global__ void __launch_bounds__(kWarpRowsPerBlock * 32)
       const int64_t j = static_cast<int64_t>(k) * 32 + lane;
       if (j >= vecs) continue;
       float w[8], b[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-      load8(a.w + j * 8, w);
-      if (!kRms && a.b != nullptr) load8(a.b + j * 8, b);
+      load_pack<T, 8>(a.w + j * 8, w);
+      if (!kRms && a.b != nullptr) load_pack<T, 8>(a.b + j * 8, b);
 #pragma unroll
       for (int e = 0; e < 8; ++e) v[k][e] = (v[k][e] - mean) * rstd * (w[e] + a.gamma_shift) + b[e];
-      store8(y + j * 8, v[k]);
+      store_pack<T, 8>(y + j * 8, v[k]);
     }
     if (lane == 0) {
       if (!kRms) a.mean[row] = mean;
@@ -194,9 +154,9 @@ __global__ void __launch_bounds__(kWarpRowsPerBlock * 32)
       const int64_t j = static_cast<int64_t>(k) * 32 + lane;
       if (j >= vecs) continue;
       float w[8];
-      load8(a.dy + off + j * 8, d[k]);
-      load8(a.x + off + j * 8, xv[k]);
-      load8(a.w + j * 8, w);
+      load_pack<T, 8>(a.dy + off + j * 8, d[k]);
+      load_pack<T, 8>(a.x + off + j * 8, xv[k]);
+      load_pack<T, 8>(a.w + j * 8, w);
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
         const float xhat = (xv[k][e] - mu) * rs, g = __fmul_rn(d[k][e], w[e] + a.gamma_shift);
@@ -204,21 +164,21 @@ __global__ void __launch_bounds__(kWarpRowsPerBlock * 32)
         s1 += g * xhat;
       }
     }
-    s0 = norm_warp_sum(s0);
-    s1 = norm_warp_sum(s1);
+    s0 = cuda::warp_sum(s0);
+    s1 = cuda::warp_sum(s1);
     const float mg = kRms ? 0.0f : s0 * inv_c, mgx = s1 * inv_c;
 #pragma unroll
     for (int k = 0; k < kVecs; ++k) {
       const int64_t j = static_cast<int64_t>(k) * 32 + lane;
       if (j >= vecs) continue;
       float w[8];
-      load8(a.w + j * 8, w);
+      load_pack<T, 8>(a.w + j * 8, w);
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
         const float xhat = (xv[k][e] - mu) * rs, g = __fmul_rn(d[k][e], w[e] + a.gamma_shift);
         d[k][e] = rs * (g - mg - xhat * mgx);
       }
-      store8(a.dx + off + j * 8, d[k]);
+      store_pack<T, 8>(a.dx + off + j * 8, d[k]);
     }
   }
 }
@@ -240,8 +200,8 @@ __global__ void __launch_bounds__(256)
          row += static_cast<int64_t>(gridDim.y) * 8) {
       const float mu = kRms ? 0.0f : a.mean[row], rs = a.rstd[row];
       float d[8], xv[8];
-      load8(a.dy + row * a.cols + j * 8, d);
-      load8(a.x + row * a.cols + j * 8, xv);
+      load_pack<T, 8>(a.dy + row * a.cols + j * 8, d);
+      load_pack<T, 8>(a.x + row * a.cols + j * 8, xv);
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
         dw[e] += d[e] * ((xv[e] - mu) * rs);

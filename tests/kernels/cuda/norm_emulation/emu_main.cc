@@ -12,6 +12,7 @@
 #include <cmath>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 // Device-only pieces for host C++: a block's __shared__ arrays become statics, which the
