@@ -377,11 +377,19 @@ exports_only_entry "$work/pc/hello/libloom_hello.so"
   fail "the pkg-config-built plugin does not load or run as expected"
 
 # --- loom CLI checks: the g++-built loom lists, loads and uses the clang-built plugin ---
-loom="$runfiles/tools/loom"
+# A copy of loom in a folder of its own, so it finds no install plugin directory beside its
+# executable: the real one sits in bazel-bin, where it would scan bazel-bin/kernels and
+# bazel-bin/plugins, files this test does not depend on and Bazel may still be (re)writing
+# while it runs. Every plugin it sees comes from the test's runfiles.
+mkdir -p "$work/isolated/bin"
+cp "$runfiles/tools/loom" "$work/isolated/bin/loom"
+loom="$work/isolated/bin/loom"
 good_root="$work/good_root"
-mkdir -p "$good_root/testgood"
+mkdir -p "$good_root/testgood" "$good_root/kernels_cpu"
 cp "$runfiles/tests/plugins/good/plugin.json" "$runfiles/tests/plugins/good/libloom_testgood.so" \
   "$good_root/testgood/"
+cp "$runfiles/kernels/cpu/plugin.json" "$runfiles/kernels/cpu/libloom_kernels_cpu.so" \
+  "$good_root/kernels_cpu/"
 
 step "loom plugins list shows hello and its component"
 "$loom" plugins list --plugin-path "$build" > "$work/list.out" || fail "plugins list failed"
