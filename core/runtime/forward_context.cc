@@ -67,6 +67,14 @@ Status ForwardContext::metric(StringView name, const TensorView* value,
     if (reduce != MetricReduce::kMean && reduce != MetricReduce::kMax)
       fail(Code::kInvalidArgument,
            fmt::format("metric {}: unknown reduce {}", text, static_cast<int32_t>(reduce)));
+    if (capturing_ && metric_sink_ != nullptr) {
+      std::string refusal = fmt::format(
+          "a module reports metric {} (the host takes metric values, which a graph's replay "
+          "does not hand it)",
+          text);
+      if (capture_refusal_.empty()) capture_refusal_ = refusal;
+      fail(Code::kFailedPrecondition, refusal);
+    }
     if (training_ && metric_sink_ != nullptr) metric_sink_->record(text, *value, reduce);
   });
 }
@@ -217,6 +225,11 @@ void ForwardContext::rng(const void* owner, uint64_t purpose, uint64_t* key,
     auto [it, inserted] = extra_ids_.try_emplace(owner, (1ull << 32) + extra_ids_.size());
     id = it->second;
   }
+  if (capturing_ && capture_refusal_.empty())
+    capture_refusal_ = fmt::format(
+        "a module asked for a random stream (purpose {}; dropout, which draws new numbers each "
+        "step while a graph replays the capture's): set the model's dropout probabilities to 0",
+        purpose);
   uint64_t k = mix64(seed_ ^ 0x6c6f6f6d72616e64ull);  // "loomrand"
   k = mix64(k ^ static_cast<uint64_t>(step_));
   k = mix64(k ^ static_cast<uint64_t>(micro_batch_));

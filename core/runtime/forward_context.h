@@ -86,6 +86,13 @@ class ForwardContext final : public IForwardContext {
   /// The weight of the micro-batch's own loss terms (aux_loss_weight; 0 by default, and
   /// always 0 outside training): the trainer's per-micro-batch loss weight.
   void set_aux_loss_weight(double weight) { aux_loss_weight_ = weight; }
+  /// Marks the pass as captured into a device graph (train.cuda_graph): a replay repeats
+  /// what the capture saw, so random streams (which differ per step) and metric reports
+  /// (host-side) cannot be served. rng still answers but notes the first such request in
+  /// capture_refusal(); metric fails.
+  void set_capturing(bool capturing) { capturing_ = capturing; }
+  /// Why this pass cannot be captured ("" when nothing stood in the way).
+  const std::string& capture_refusal() const { return capture_refusal_; }
 
   InterfaceInfo interface_info() const noexcept override;
   bool training() const noexcept override { return training_; }
@@ -140,6 +147,8 @@ class ForwardContext final : public IForwardContext {
   std::exception_ptr grads_ready_error_;
   bool defer_weight_grads_ = false;
   MetricSink* metric_sink_ = nullptr;
+  bool capturing_ = false;
+  std::string capture_refusal_;
 };
 
 /// SplitMix64 finaliser: mixes 64 bits (for seeds and stream keys).

@@ -137,7 +137,11 @@ constexpr const char* kCoreSchema = R"json({
                                  "description": "with rerun_mode validate_results, also rerun a step whose loss is at least spiky_loss_factor times the largest loss of the first spiky_loss_samples steps"},
         "spiky_loss_factor": {"type": "number", "minimum": 1, "default": 10},
         "spiky_loss_samples": {"type": "integer", "minimum": 1, "default": 100},
-        "recompute": {"enum": ["none", "selective", "full"], "default": "none"}
+        "recompute": {"enum": ["none", "selective", "full"], "default": "none"},
+        "cuda_graph": {"enum": ["none", "forward_backward"], "default": "none",
+                       "description": "forward_backward: after cuda_graph_warmup_steps steps run directly, each micro-batch's forward and backward run as one captured CUDA graph, replayed (Megatron's --enable-cuda-graph / --cuda-graph-scope); needs a device whose runtime captures graphs, one process, and no dropout"},
+        "cuda_graph_warmup_steps": {"type": "integer", "minimum": 1, "default": 3,
+                                    "description": "steps run directly before the capture, so lazily made kernel plans and buffers exist (Megatron's --cuda-graph-warmup-steps)"}
       }
     },
     "checkpoint": {

@@ -38,7 +38,8 @@ void check(const RunConfig& c) {
   if (par.saves_together() && format != "sharded")
     throw SpecError(
         "/checkpoint/format",
-        fmt::format("'{}' keeps whole tensors, but with tp > 1, pp > 1, ep > 1, etp > 1 or the distributed optimizer "
+        fmt::format("'{}' keeps whole tensors, but with tp > 1, pp > 1, ep > 1, etp > 1 or the "
+                    "distributed optimizer "
                     "every rank saves its slices; use the sharded format (and `loom checkpoint "
                     "convert` for a {} copy)",
                     format, format));
@@ -61,12 +62,12 @@ void check(const RunConfig& c) {
                                 "holds chunks r and 2cp-1-r); choose a multiple of {}",
                                 t.seq_length, 2 * par.cp, 2 * par.cp));
   if (par.cp > 1 && par.sequence_parallel && t.seq_length / par.cp % par.tp != 0)
-    throw SpecError("/train/seq_length",
-                    fmt::format("{} / parallel.cp {} = {} tokens per context-parallel rank are "
-                                "not divisible by parallel.tp {} for sequence parallelism; "
-                                "choose a multiple of {}",
-                                t.seq_length, par.cp, t.seq_length / par.cp, par.tp,
-                                2 * par.cp * par.tp));
+    throw SpecError(
+        "/train/seq_length",
+        fmt::format("{} / parallel.cp {} = {} tokens per context-parallel rank are "
+                    "not divisible by parallel.tp {} for sequence parallelism; "
+                    "choose a multiple of {}",
+                    t.seq_length, par.cp, t.seq_length / par.cp, par.tp, 2 * par.cp * par.tp));
   if (par.sequence_parallel && t.seq_length % par.tp != 0)
     throw SpecError("/train/seq_length",
                     fmt::format("{} is not divisible by parallel.tp {}: sequence "
@@ -196,6 +197,8 @@ RunConfig RunConfig::from_spec(const nlohmann::json& spec) {
   t.check_for_spiky_loss = at(spec, "train", "check_for_spiky_loss").get<bool>();
   t.spiky_loss_factor = at(spec, "train", "spiky_loss_factor").get<double>();
   t.spiky_loss_samples = at(spec, "train", "spiky_loss_samples").get<int64_t>();
+  t.cuda_graph = at(spec, "train", "cuda_graph").get<std::string>() == "forward_backward";
+  t.cuda_graph_warmup_steps = at(spec, "train", "cuda_graph_warmup_steps").get<int64_t>();
   if (t.check_for_spiky_loss && !t.validate_results)
     throw SpecError("/train/check_for_spiky_loss",
                     "a spiky loss is checked by rerunning its step: set /train/rerun_mode to "

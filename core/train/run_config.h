@@ -85,6 +85,10 @@ struct TrainConfig {
   double spiky_loss_factor = 10;
   int64_t spiky_loss_samples = 100;
   RecomputePolicy recompute = RecomputePolicy::kNone;
+  /// /train/cuda_graph "forward_backward": each micro-batch's forward and backward replayed
+  /// as one captured device graph after `cuda_graph_warmup_steps` direct steps.
+  bool cuda_graph = false;
+  int64_t cuda_graph_warmup_steps = 3;
 };
 
 struct CheckpointConfig {
@@ -100,10 +104,10 @@ struct CheckpointConfig {
 
 struct LogConfig {
   std::string level = "info";
-  std::string run_dir;    ///< empty: runs/<spec name>
-  int64_t trace_steps = 3;  ///< steps from step 2 traced into pipeline_trace.json (pp > 1)
+  std::string run_dir;          ///< empty: runs/<spec name>
+  int64_t trace_steps = 3;      ///< steps from step 2 traced into pipeline_trace.json (pp > 1)
   double straggler_factor = 2;  ///< slowest / fastest rank's compute time that is reported
-  nlohmann::json sample;  ///< /log/sample, or null
+  nlohmann::json sample;        ///< /log/sample, or null
 };
 
 struct RunConfig {

@@ -149,6 +149,21 @@ Trainer::Trainer(const nlohmann::json& spec, PluginManager& plugins,
       plugins_.host(), *params_, *optimizer_, setup,
       [this](ParallelRole role) -> ICommunicator& { return group(role); });
   executor_ = std::make_unique<ScheduleExecutor>(plugins_.host(), device_, components_.chunks);
+  if (train.cuda_graph) {
+    // One process, one chunk: no collective or pipeline transfer inside the captured pass,
+    // and no gradient hooks (the overlapped reduction needs more than one rank anyway).
+    if (parallel_ != nullptr)
+      throw InvalidArgument(fmt::format(
+          "/train/cuda_graph 'forward_backward' runs on one process for now; this run has {} "
+          "(its collectives are not captured): set /train/cuda_graph to \"none\" or use one "
+          "rank",
+          parallel_->grid().world_size()));
+    if (components_.chunks.size() != 1)
+      throw InvalidArgument(
+          "/train/cuda_graph 'forward_backward' captures one model chunk; this run has virtual "
+          "pipeline chunks: set /train/cuda_graph to \"none\"");
+    graphed_ = std::make_unique<GraphedPass>(plugins_.host(), device_, *components_.chunks[0]);
+  }
   metrics_ = std::make_unique<StepMetrics>(plugins_.host(), device_);
 
   // Elements of the whole model: this rank's (slices counted whole, the last stage's copy
@@ -196,9 +211,9 @@ Trainer::Trainer(const nlohmann::json& spec, PluginManager& plugins,
   };
   auto [whole, known] = model_cost(train.seq_length);
   double flops_per_token = whole.flops_per_token;
-  const double activation_bytes =
-      par.cp > 1 ? model_cost(train.seq_length / par.cp).first.activation_bytes
-                 : whole.activation_bytes;
+  const double activation_bytes = par.cp > 1
+                                      ? model_cost(train.seq_length / par.cp).first.activation_bytes
+                                      : whole.activation_bytes;
   if (par.pp > 1) flops_per_token = sum_over(ParallelRole::kPipeline, known ? flops_per_token : 0);
   if (par.pp > 1) known = sum_over(ParallelRole::kPipeline, known ? 0 : 1) == 0;
   // A model 1.0's count (or one that does not know): 6 per parameter.
@@ -374,8 +389,17 @@ StepResult Trainer::step() {
       step.timeline = &timeline;
       step.timeline_origin = trace_origin_;
     }
-    StepLosses losses = executor_->run(plan(static_cast<int32_t>(micro_batches)),
-                                       static_cast<int32_t>(micro_batches), step, schedule_name());
+    const bool graphed = graphed_ != nullptr && !step.logits &&
+                         direct_steps_ >= config_.train.cuda_graph_warmup_steps;
+    if (graphed && graphed_->replays() == 0)
+      log_info("cuda graph", fmt::format("step {}: capturing the forward and backward after {} "
+                                         "direct steps; replaying it from now on",
+                                         r.step, direct_steps_));
+    StepLosses losses =
+        graphed ? graphed_->run(static_cast<int32_t>(micro_batches), step)
+                : executor_->run(plan(static_cast<int32_t>(micro_batches)),
+                                 static_cast<int32_t>(micro_batches), step, schedule_name());
+    if (!graphed && attempt == 0) ++direct_steps_;
     if (pipelined && attempt == 0) record_timeline(timeline, r.step);
     if (data_replicas_ > 1)
       data_->seek(start + micro_batches * data_replicas_ * config_.train.micro_batch_size);
@@ -384,9 +408,10 @@ StepResult Trainer::step() {
     r.loss = losses.sum_of_means / static_cast<double>(micro_batches);
     if (test_fault_set()) r.loss = inject_fault_into_loss(rank, r.step, attempt, r.loss);
     if (log_level() == LogLevel::kDebug && optim_->overlap())
-      log_debug("parallel", fmt::format("step {}: {} of {} gradient buckets handed to the "
-                                        "reduction during backward",
-                                        r.step, optim_->released_buckets(), optim_->bucket_count()));
+      log_debug("parallel",
+                fmt::format("step {}: {} of {} gradient buckets handed to the "
+                            "reduction during backward",
+                            r.step, optim_->released_buckets(), optim_->bucket_count()));
     optim_->finish_reduction();
     if (test_fault_set())
       inject_fault_after_reduction(rank, r.step, attempt, plugins_.host(), *params_);
@@ -493,7 +518,9 @@ void Trainer::write_trace(const std::filesystem::path& run_dir) {
   // virtual chunk, microseconds since the trainer started), written by rank 0.
   nlohmann::json events = nlohmann::json::array();
   const int rank = parallel_ != nullptr ? parallel_->grid().rank() : 0;
-  events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", rank},
+  events.push_back({{"name", "process_name"},
+                    {"ph", "M"},
+                    {"pid", rank},
                     {"args", {{"name", fmt::format("rank {} (stage {})", rank, pp_rank_)}}}});
   for (const TimedAction& t : trace_) {
     const PipelineAction& a = t.action;
@@ -514,7 +541,8 @@ void Trainer::write_trace(const std::filesystem::path& run_dir) {
   for (const std::string& text : all)
     for (const nlohmann::json& e : nlohmann::json::parse(text)) merged.push_back(e);
   const std::filesystem::path path = run_dir / "pipeline_trace.json";
-  write_file_atomic(path, nlohmann::json{{"traceEvents", merged}, {"displayTimeUnit", "ms"}}.dump());
+  write_file_atomic(path,
+                    nlohmann::json{{"traceEvents", merged}, {"displayTimeUnit", "ms"}}.dump());
   log_info("trace", fmt::format("pipeline actions of steps 2 to {} in {} (open it in Perfetto or "
                                 "chrome://tracing)",
                                 1 + config_.log.trace_steps, path.string()));

@@ -37,6 +37,7 @@
 #include "core/plugin/plugin_manager.h"
 #include "core/runtime/parameters.h"
 #include "core/train/components.h"
+#include "core/train/graphed_pass.h"
 #include "core/train/loss_scaler.h"
 #include "core/train/memory_estimate.h"
 #include "core/train/progress.h"
@@ -96,8 +97,8 @@ class Trainer {
 
   /// Forward and backward of one batch (a plan of one micro-batch); the loss gradient is
   /// `loss_weight`. Returns the loss. When the model returns logits and `logits` is
-  /// non-null, copies them out (B*T*V floats: a padded vocabulary's padding left out). `micro_batch` keys the random streams
-  /// (dropout) of this micro-batch within the step.
+  /// non-null, copies them out (B*T*V floats: a padded vocabulary's padding left out).
+  /// `micro_batch` keys the random streams (dropout) of this micro-batch within the step.
   double forward_backward(const Batch& batch, double loss_weight,
                           std::vector<float>* logits = nullptr, int32_t micro_batch = 0);
   /// Forward only (no dropout, nothing saved).
@@ -190,6 +191,9 @@ class Trainer {
   std::unique_ptr<ParameterSet> params_;
   std::unique_ptr<DistributedOptimizer> optim_;
   std::unique_ptr<ScheduleExecutor> executor_;
+  /// /train/cuda_graph "forward_backward": the captured pass, used after the warm-up.
+  std::unique_ptr<GraphedPass> graphed_;
+  int64_t direct_steps_ = 0;  ///< steps this process ran without the graph (the warm-up)
   std::unique_ptr<StepMetrics> metrics_;
   std::unique_ptr<DataSource> data_;
   LossScaler scaler_;

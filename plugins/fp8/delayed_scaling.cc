@@ -21,6 +21,7 @@ void DelayedScaling::allocate_state() {
   scale_ = device_f32({quantizer_count()}, 1.0f);
   scale_inv_ = device_f32({quantizer_count()}, 1.0f);
   position_ = device_f32({1}, 0.0f);
+  amax_now_ = device_f32({quantizer_count()}, 0.0f);
 }
 
 Status DelayedScaling::state(int32_t index, Device device, const char** name,
@@ -57,9 +58,7 @@ void DelayedScaling::sync_position() {
 void DelayedScaling::quantize_impl(int32_t id, const TensorView& x, const TensorView& y,
                                    const TensorView& yt, const TensorView& scale_inv, bool record,
                                    void* stream) {
-  sync_position();
-  TensorView amax_slot =
-      record ? element(history_, int64_t{current_} * quantizer_count() + id) : empty_view();
+  TensorView amax_slot = record ? element(amax_now_, id) : empty_view();
   quantize_kernel(x.dtype)({x, element(scale_, id)}, {y, yt, amax_slot}, stream);
   copy_scale_inv(element(scale_inv_, id), scale_inv, stream);
 }
@@ -68,10 +67,15 @@ Status DelayedScaling::step_end(ICommunicator* amax_group, void* stream) noexcep
   return guard([&] {
     if (!started()) return;  // nothing quantised yet: every scale stays 1
     sync_position();
+    TensorView row =
+        make_view(static_cast<float*>(history_.data) + int64_t{current_} * quantizer_count(),
+                  DType::kF32, {quantizer_count()}, device());
+    const uint64_t bytes = static_cast<uint64_t>(quantizer_count()) * 4;
+    throw_if_error(host().copy(device(), row.data, device(), amax_now_.data, bytes),
+                   "fp8 delayed scaling: recording the step's amaxes");
+    throw_if_error(host().fill_zero(device(), amax_now_.data, bytes),
+                   "fp8 delayed scaling: clearing the step's amaxes");
     if (amax_group != nullptr) {
-      TensorView row =
-          make_view(static_cast<float*>(history_.data) + int64_t{current_} * quantizer_count(),
-                    DType::kF32, {quantizer_count()}, device());
       throw_if_error(amax_group->all_reduce(&row, ReduceOp::kMax, stream),
                      "fp8 delayed scaling: the amax all-reduce (max)");
     }

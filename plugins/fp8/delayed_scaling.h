@@ -3,8 +3,11 @@
 // quantiser recorded over the last amax_history_len steps:
 //   scale = fp8_max / amax / 2^margin,  amax = max of the history (or its newest entry),
 // kept when that amax is 0 or not finite (a fresh quantiser's scale is 1). Every quantize
-// records the tensor's amax in the history row of the current step (the max over its
-// micro-batches); step_end reduces that row over the amax group, computes the scales of the
+// records the tensor's amax (the max over the step's micro-batches) in one fixed row, the
+// same whatever the step, so that a captured graph of the forward and backward (which
+// replays the addresses it saw) records into it on every replay, as Transformer Engine keeps
+// its current amaxes at a fixed index for the same reason; step_end moves that row into
+// the history row of the step, reduces it over the amax group, computes the scales of the
 // next step (one fp8_scale_update for all quantisers) and starts a new row.
 #pragma once
 
@@ -38,6 +41,7 @@ class DelayedScaling final : public ScalingRecipe {
   int32_t current_ = 0;                           ///< the history row of this step
   TensorView history_{}, scale_{}, scale_inv_{};  ///< (L, Q), (Q), (Q) on the device
   TensorView position_{};                         ///< (1): current_ as a float, on the device
+  TensorView amax_now_{};  ///< (Q): this step's amaxes so far (zero between steps)
   bool reread_position_ = false;
 };
 

@@ -404,7 +404,7 @@ grep -Eq "scale +number exclusiveMinimum=0 default 1.0" "$work/describe.out" ||
 step "loom plugins check loads the clang-built plugin into the g++-built loom"
 "$loom" plugins check hello --plugin-path "$build" > "$work/check.out" 2>&1 ||
   fail "plugins check failed: $(cat "$work/check.out")"
-grep -Eq "^hello +0.1.0 +ok +ABI 1.7 +clang" "$work/check.out" || fail "check: $(cat "$work/check.out")"
+grep -Eq "^hello +0.1.0 +ok +ABI 1.8 +clang" "$work/check.out" || fail "check: $(cat "$work/check.out")"
 
 step "loom spec validate uses hello's scale_norm inside another plugin's model"
 cat > "$work/spec.json" <<'JSON'

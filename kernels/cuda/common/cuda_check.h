@@ -37,10 +37,29 @@ inline void launch_check(const char* op) {
                                      cudaGetErrorName(status) + ": " + cudaGetErrorString(status));
 }
 
-/// The stream of a call: OpCall::stream, or the legacy default stream when null (the
-/// compute stream of loom's CUDA runtime, see loom/device.h).
+/// The stream this thread is capturing a graph on (CudaRuntime::capture_begin sets it and
+/// capture_end clears it), or null. While it is set, it is the compute stream: the legacy
+/// default stream cannot be captured, and touching it would break the capture.
+inline thread_local cudaStream_t t_capture_stream = nullptr;
+
+/// The stream of a call: OpCall::stream, or when null the compute stream of loom's CUDA
+/// runtime (loom/device.h): the legacy default stream, or the capture stream while this
+/// thread captures a graph.
 inline cudaStream_t stream_of(const OpCall* call) {
-  return static_cast<cudaStream_t>(call->stream);
+  return call->stream != nullptr ? static_cast<cudaStream_t>(call->stream) : t_capture_stream;
+}
+
+/// cudaMalloc of memory that outlives every graph (a lazily made scratch, a segment of the
+/// caching allocator), callable while this thread captures one. Stream capture counts
+/// cudaMalloc as unsafe in the capturing thread because a replay does not redo it; nothing
+/// loom captures depends on that, so the call runs in relaxed mode.
+inline cudaError_t malloc_outside_graphs(void** pointer, size_t bytes) {
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  cudaError_t status = cudaThreadExchangeStreamCaptureMode(&mode);
+  if (status != cudaSuccess) return status;
+  status = cudaMalloc(pointer, bytes);
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  return status;
 }
 
 /// Blocks of `threads` threads that cover `n` items (at least 1).

@@ -44,7 +44,7 @@ Scratch stream_scratch(int device, cudaStream_t stream) {
   std::lock_guard<std::mutex> lock(mutex);
   void*& data = (*buffers)[{device, stream}];
   if (data == nullptr) {
-    cudaError_t status = cudaMalloc(&data, kScratchBytes);
+    cudaError_t status = malloc_outside_graphs(&data, kScratchBytes);
     if (status != cudaSuccess) {
       data = nullptr;
       buffers->erase({device, stream});

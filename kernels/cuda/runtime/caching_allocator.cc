@@ -66,6 +66,12 @@ void* CachingAllocator::allocate(uint64_t bytes) {
   Block* block = take_from_cache(size, small);
   if (block == nullptr) {
     block = new_segment(segment_size(size, small), small);
+    if (block == nullptr && active_pool_ != 0) {
+      // No flush inside a private pool: a driver free would break the capture it serves.
+      const uint64_t segment = small ? kSmallSegment : round_up(size, kLargeSegmentStep);
+      block = new_segment(segment, small);
+      if (block == nullptr) fail_out_of_memory(bytes, segment, 0);
+    }
     if (block == nullptr) {
       // The driver may be short only because our cache holds it: give back every wholly
       // free segment and ask once more, for no more than the request needs (a large request
@@ -88,7 +94,7 @@ void* CachingAllocator::allocate(uint64_t bytes) {
 }
 
 CachingAllocator::Block* CachingAllocator::take_from_cache(uint64_t size, bool small) {
-  FreeSet& pool = pool_of(small);
+  FreeSet& pool = free_set(active_pool_, small);
   // A null address sorts first among equal sizes: the lowest-addressed best fit.
   Block key{nullptr, size, false, nullptr, nullptr, nullptr};
   auto it = pool.lower_bound(&key);
@@ -107,7 +113,7 @@ CachingAllocator::Block* CachingAllocator::new_segment(uint64_t size, bool small
     fail(Code::kInternal, detail::concat(name_, ": the raw allocator returned ", memory,
                                          ", not aligned to ", kMinAlignment, " bytes"));
   }
-  auto* segment = new Segment{static_cast<char*>(memory), size, small, nullptr};
+  auto* segment = new Segment{static_cast<char*>(memory), size, small, nullptr, active_pool_};
   auto* block = new Block{segment->base, size, false, nullptr, nullptr, segment};
   segment->first = block;
   segments_.emplace(segment->base, segment);
@@ -124,12 +130,13 @@ void CachingAllocator::split(Block* block, uint64_t size) {
   const uint64_t rest_size = block->size - size;
   const bool small = block->segment->small;
   if (small ? rest_size < kGranule : rest_size <= kSmallRequestMax) return;
+  FreeSet& pool = free_set_of(block);
   auto* rest =
       new Block{block->address + size, rest_size, false, block, block->next, block->segment};
   if (block->next != nullptr) block->next->prev = rest;
   block->next = rest;
   block->size = size;
-  pool_of(small).insert(rest);
+  pool.insert(rest);
 }
 
 void CachingAllocator::deallocate(void* pointer) {
@@ -143,12 +150,22 @@ void CachingAllocator::deallocate(void* pointer) {
                         "twice, or not the start of an allocation); nothing was freed"));
   }
   Block* block = it->second;
-  live_.erase(it);
+  if (active_pool_ != 0 && block->segment->pool != active_pool_) {
+    // Allocated before the capture (or by another graph's): the captured work may use it.
+    live_.erase(it);  // a second free is reported as one
+    deferred_[active_pool_].push_back(block);
+    return;
+  }
+  free_block(block);
+}
+
+void CachingAllocator::free_block(Block* block) {
+  live_.erase(block->address);
   stats_.allocated -= block->size;
   block->live = false;
 
   // Merge with free neighbours; a set orders by size, so erase before resizing.
-  FreeSet& pool = pool_of(block->segment->small);
+  FreeSet& pool = free_set_of(block);
   if (Block* next = block->next; next != nullptr && !next->live) {
     pool.erase(next);
     block->size += next->size;
@@ -169,7 +186,9 @@ void CachingAllocator::deallocate(void* pointer) {
 
 uint64_t CachingAllocator::release_free_segments() {
   uint64_t released = 0;
-  for (FreeSet* pool : {&small_free_, &large_free_}) {
+  // Only the shared pool: a private pool's memory belongs to its graph.
+  FreeSets& shared = free_[0];
+  for (FreeSet* pool : {&shared.small, &shared.large}) {
     for (auto it = pool->begin(); it != pool->end();) {
       Block* block = *it;
       if (block->prev != nullptr || block->next != nullptr) {  // part of a segment in use
@@ -211,11 +230,61 @@ uint64_t CachingAllocator::block_size(const void* pointer) const {
   return it == live_.end() ? 0 : it->second->size;
 }
 
+void CachingAllocator::begin_private_pool(uint64_t pool) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (pool == 0)
+    fail(Code::kInvalidArgument,
+         detail::concat(name_, ": private pool id 0 is the shared pool; pick another id"));
+  if (active_pool_ != 0)
+    fail(Code::kFailedPrecondition,
+         detail::concat(name_, ": private pool ", pool, " cannot begin while pool ", active_pool_,
+                        " is active; end that one first"));
+  active_pool_ = pool;
+}
+
+void CachingAllocator::end_private_pool() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  active_pool_ = 0;
+}
+
+void CachingAllocator::release_private_pool(uint64_t pool) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (pool == 0) return;
+  if (pool == active_pool_)
+    fail(Code::kFailedPrecondition,
+         detail::concat(name_, ": private pool ", pool, " is active; end it before releasing it"));
+  auto it = free_.find(pool);
+  FreeSets& shared = free_[0];
+  if (it != free_.end()) {
+    // Free blocks keep their size and address: only the set they sit in changes.
+    for (Block* block : it->second.small) shared.small.insert(block);
+    for (Block* block : it->second.large) shared.large.insert(block);
+    free_.erase(it);
+  }
+  for (auto& [base, segment] : segments_)
+    if (segment->pool == pool) segment->pool = 0;
+  if (auto d = deferred_.find(pool); d != deferred_.end()) {
+    std::vector<Block*> blocks = std::move(d->second);
+    deferred_.erase(d);
+    for (Block* block : blocks) free_block(block);
+  }
+}
+
+uint64_t CachingAllocator::pool_of_pointer(const void* pointer) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = live_.find(pointer);
+  return it == live_.end() ? 0 : it->second->segment->pool;
+}
+
 void CachingAllocator::fail_out_of_memory(uint64_t requested, uint64_t segment,
                                           uint64_t released) const {
   std::string message = name_ + ": out of memory: cannot allocate " + format_bytes(requested);
   if (segment == 0) {
     message += ", more than any device has";
+  } else if (active_pool_ != 0) {
+    message += " (as a new segment of " + format_bytes(segment) + ") for private pool " +
+               std::to_string(active_pool_) +
+               " (a graph capture, which cannot return cached segments to the driver)";
   } else {
     message += " (as a new segment of " + format_bytes(segment) + "), even after returning " +
                format_bytes(released) + " of cached free segments to the driver";

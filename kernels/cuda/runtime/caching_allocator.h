@@ -36,6 +36,17 @@
 // stream (a communicator's) must be ordered against the compute stream by whoever issues it,
 // before the memory it touches is freed.
 //
+// Private pools (graph capture). While a private pool is active (begin_private_pool), every
+// allocation is served from segments of that pool alone, and blocks freed into it are reused
+// only by later allocations of the same pool. A CUDA graph captured meanwhile keeps using the
+// addresses it saw on every replay, so no other allocation may take them: the pool's memory,
+// free or live, stays the graph's until release_private_pool hands its segments to the shared
+// pool (the graph is gone). empty_cache and the out-of-memory flush never touch a private
+// pool, and while one is active the flush does not run at all (a driver free inside a
+// capture would break it): an allocation the driver cannot serve then fails at once. A block
+// of another pool freed while a private pool is active may still be used by the graph being
+// captured: it stays live until that private pool is released.
+//
 // Thread-safe: every public method takes one mutex (the raw allocator is called under it).
 #pragma once
 
@@ -109,6 +120,27 @@ class CachingAllocator {
   /// pointer is not live. For tests and diagnostics.
   uint64_t block_size(const void* pointer) const;
 
+  /// Serves every allocation from private pool `pool` (any id but 0, the shared pool) until
+  /// end_private_pool. A pool may be resumed later with the same id. Throws
+  /// loom::Error(kFailedPrecondition) when a private pool is already active, or
+  /// kInvalidArgument for id 0.
+  void begin_private_pool(uint64_t pool);
+
+  /// Goes back to the shared pool for new allocations (the private pool keeps its memory).
+  /// A no-op when no private pool is active.
+  void end_private_pool();
+
+  /// Hands every segment of private pool `pool` to the shared pool: its free blocks serve any
+  /// allocation from now on, its live blocks return there when freed, and the blocks of other
+  /// pools freed while it was active are freed now. Call it once nothing
+  /// uses the pool's addresses any more (its graph was destroyed). Throws
+  /// loom::Error(kFailedPrecondition) while that pool is active; an unknown id is a no-op.
+  void release_private_pool(uint64_t pool);
+
+  /// The private pool of live pointer `pointer`, 0 for the shared pool or a pointer that is
+  /// not live. For tests and diagnostics.
+  uint64_t pool_of_pointer(const void* pointer) const;
+
  private:
   struct Segment;
   struct Block {
@@ -123,7 +155,8 @@ class CachingAllocator {
     char* base;
     uint64_t size;
     bool small;
-    Block* first;  // the block at `base`; never merged away, so it stays valid
+    Block* first;   // the block at `base`; never merged away, so it stays valid
+    uint64_t pool;  // 0: the shared pool; else the private pool that owns it
   };
   // Free blocks ordered by (size, address): lower_bound({size}) is the best fit.
   struct BySizeThenAddress {
@@ -133,20 +166,34 @@ class CachingAllocator {
   };
   using FreeSet = std::set<Block*, BySizeThenAddress>;
 
-  FreeSet& pool_of(bool small) { return small ? small_free_ : large_free_; }
+  struct FreeSets {
+    FreeSet small, large;
+  };
+  // The free blocks of a segment's pool, by its size class.
+  FreeSet& free_set(uint64_t pool, bool small) {
+    FreeSets& sets = free_[pool];
+    return small ? sets.small : sets.large;
+  }
+  FreeSet& free_set_of(const Block* block) {
+    return free_set(block->segment->pool, block->segment->small);
+  }
   Block* take_from_cache(uint64_t size, bool small);
   static uint64_t segment_size(uint64_t size, bool small);
   Block* new_segment(uint64_t size, bool small);
   void split(Block* block, uint64_t size);
   uint64_t release_free_segments();
+  void free_block(Block* block);
   [[noreturn]] void fail_out_of_memory(uint64_t requested, uint64_t segment,
                                        uint64_t released) const;
 
   RawMemory* raw_;
   const std::string name_;
   mutable std::mutex mutex_;
-  FreeSet small_free_;
-  FreeSet large_free_;
+  std::unordered_map<uint64_t, FreeSets> free_;  // by pool; 0 is the shared pool
+  uint64_t active_pool_ = 0;                     // where new allocations come from
+  // Blocks of other pools freed while a private pool was active, by that pool: kept live
+  // until it is released (its graph may use them).
+  std::unordered_map<uint64_t, std::vector<Block*>> deferred_;
   std::unordered_map<const void*, Block*> live_;        // by address
   std::unordered_map<const void*, Segment*> segments_;  // by base, every segment held
   DeviceMemoryStats stats_{};

@@ -6,7 +6,10 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <mutex>
 #include <string>
+
+#include "kernels/cuda/common/cuda_check.h"
 
 namespace loom::kernels::cuda {
 namespace {
@@ -52,7 +55,8 @@ class CudaMemory final : public RawMemory {
   void* alloc(uint64_t bytes) override {
     check(cudaSetDevice(index_), index_, "cudaSetDevice");
     void* pointer = nullptr;
-    const cudaError_t status = cudaMalloc(&pointer, bytes);
+    // A segment outlives any graph captured meanwhile (its pool keeps it for the graph).
+    const cudaError_t status = malloc_outside_graphs(&pointer, bytes);
     if (status == cudaErrorMemoryAllocation) {
       cudaGetLastError();  // exhaustion is the cache's to handle; leave no trace for others
       return nullptr;
@@ -91,6 +95,21 @@ struct CudaRuntime::Device {
   const DeviceProperties properties;
   CudaMemory memory;  // before the allocator, which returns its segments to it when destroyed
   CachingAllocator allocator;
+
+  // Graph capture (capture_begin .. capture_end), guarded by `capture_mutex`.
+  std::mutex capture_mutex;
+  cudaStream_t capture_stream = nullptr;  // created at the first capture, never destroyed
+  bool capturing = false;
+  uint64_t capture_pool = 0;  // the allocator's private pool of the graph being captured
+  uint64_t next_pool = 1;     // private pool ids, one per graph
+  std::string capture_error;  // the first refusal while capturing
+};
+
+// A captured graph: its executable form and the private pool its work uses.
+struct CudaGraph {
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  uint64_t pool = 0;
 };
 
 double peak_bf16_flops_for(const char* device_name) {
@@ -271,6 +290,10 @@ Status CudaRuntime::copy(int32_t index, void* dst, const void* src, uint64_t byt
     }
     const std::string what = std::string("cudaMemcpyAsync (") + copy_kind_name(kind) + ", " +
                              std::to_string(bytes) + " bytes)";
+    if (kind != CopyKind::kDeviceToDevice)
+      refuse_while_capturing(device(index, "copy"), index,
+                             std::string("a ") + copy_kind_name(kind) + " copy of " +
+                                 std::to_string(bytes) + " bytes");
     check(cudaSetDevice(index), index, "cudaSetDevice");
     cudaStream_t stream = static_cast<cudaStream_t>(compute_stream(index));
     check(cudaMemcpyAsync(dst, src, bytes, cuda_kind, stream), index, what.c_str());
@@ -294,12 +317,109 @@ Status CudaRuntime::fill_zero(int32_t index, void* pointer, uint64_t bytes) noex
   });
 }
 
-// The legacy default stream on every device (see the header): a null cudaStream_t.
-void* CudaRuntime::compute_stream(int32_t index) noexcept { return nullptr; }
+// The legacy default stream on every device (see the header): a null cudaStream_t; while
+// this thread captures a graph, the capture stream.
+void* CudaRuntime::compute_stream(int32_t index) noexcept { return t_capture_stream; }
+
+void CudaRuntime::refuse_while_capturing(Device& d, int32_t index, const std::string& what) {
+  std::lock_guard<std::mutex> lock(d.capture_mutex);
+  if (!d.capturing) return;
+  std::string message =
+      device_name(index) + ": " + what +
+      " while a CUDA graph is being captured: captured work has not run, so the host can "
+      "neither read its results nor hand it host memory to read at replay; move it before "
+      "or after the capture, or turn graphs off";
+  if (d.capture_error.empty()) d.capture_error = message;
+  fail(Code::kFailedPrecondition, message);
+}
+
+Status CudaRuntime::capture_begin(int32_t index) noexcept {
+  return guard([&] {
+    Device& d = device(index, "capture_begin");
+    std::lock_guard<std::mutex> lock(d.capture_mutex);
+    if (d.capturing)
+      fail(Code::kFailedPrecondition,
+           "capture_begin on " + device_name(index) + ": a graph capture is already under way");
+    check(cudaSetDevice(index), index, "cudaSetDevice");
+    if (d.capture_stream == nullptr)
+      check(cudaStreamCreate(&d.capture_stream), index, "cudaStreamCreate (capture stream)");
+    d.capture_pool = d.next_pool++;
+    d.allocator.begin_private_pool(d.capture_pool);
+    const cudaError_t status =
+        cudaStreamBeginCapture(d.capture_stream, cudaStreamCaptureModeThreadLocal);
+    if (status != cudaSuccess) {
+      d.allocator.end_private_pool();
+      d.allocator.release_private_pool(d.capture_pool);
+      check(status, index, "cudaStreamBeginCapture");
+    }
+    d.capturing = true;
+    d.capture_error.clear();
+    t_capture_stream = d.capture_stream;
+  });
+}
+
+Status CudaRuntime::capture_end(int32_t index, void** graph) noexcept {
+  return guard([&] {
+    if (graph == nullptr) fail(Code::kInvalidArgument, "capture_end: `graph` is null");
+    *graph = nullptr;
+    Device& d = device(index, "capture_end");
+    std::unique_lock<std::mutex> lock(d.capture_mutex);
+    if (!d.capturing)
+      fail(Code::kFailedPrecondition,
+           "capture_end on " + device_name(index) + ": no graph capture is under way");
+    d.capturing = false;
+    t_capture_stream = nullptr;
+    d.allocator.end_private_pool();
+    auto result = std::make_unique<CudaGraph>();
+    result->pool = d.capture_pool;
+    cudaError_t status = cudaStreamEndCapture(d.capture_stream, &result->graph);
+    std::string error = d.capture_error;
+    if (status == cudaSuccess && error.empty())
+      status = cudaGraphInstantiate(&result->exec, result->graph, 0);
+    if (status != cudaSuccess || !error.empty()) {
+      cudaGetLastError();
+      if (result->graph != nullptr) cudaGraphDestroy(result->graph);
+      // Nothing captured ever runs: the pool's memory goes back to everyone.
+      d.allocator.release_private_pool(result->pool);
+      if (error.empty())
+        error = device_name(index) + ": capturing a CUDA graph failed: " + error_text(status) +
+                " (work on the legacy stream or another unsafe call while capturing)";
+      fail(Code::kFailedPrecondition, error);
+    }
+    *graph = result.release();
+  });
+}
+
+Status CudaRuntime::graph_replay(int32_t index, void* graph) noexcept {
+  return guard([&] {
+    if (graph == nullptr) fail(Code::kInvalidArgument, "graph_replay: `graph` is null");
+    Device& d = device(index, "graph_replay");
+    refuse_while_capturing(d, index, "graph_replay");
+    check(cudaSetDevice(index), index, "cudaSetDevice");
+    check(cudaGraphLaunch(static_cast<CudaGraph*>(graph)->exec, d.capture_stream), index,
+          "cudaGraphLaunch");
+  });
+}
+
+void CudaRuntime::graph_destroy(int32_t index, void* graph) noexcept {
+  if (graph == nullptr) return;
+  auto* g = static_cast<CudaGraph*>(graph);
+  Status status = guard([&] {
+    Device& d = device(index, "graph_destroy");
+    check(cudaSetDevice(index), index, "cudaSetDevice");
+    // The pool's memory may serve others only once replays already issued are done.
+    check(cudaStreamSynchronize(d.capture_stream), index, "cudaStreamSynchronize (graph)");
+    check(cudaGraphExecDestroy(g->exec), index, "cudaGraphExecDestroy");
+    check(cudaGraphDestroy(g->graph), index, "cudaGraphDestroy");
+    d.allocator.release_private_pool(g->pool);
+  });
+  delete g;
+  if (status.code != Code::kOk) log_warning(take_message(&status));
+}
 
 Status CudaRuntime::synchronize(int32_t index) noexcept {
   return guard([&] {
-    device(index, "synchronize");
+    refuse_while_capturing(device(index, "synchronize"), index, "synchronize");
     check(cudaSetDevice(index), index, "cudaSetDevice");
     const cudaError_t status = cudaDeviceSynchronize();
     if (status != cudaSuccess) {

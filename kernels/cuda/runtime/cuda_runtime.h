@@ -13,6 +13,14 @@
 // without a stream set, a library's own launches) is still ordered with loom's kernels.
 // Nothing here or in the kernels is built with `--default-stream per-thread`, which would
 // give a null stream another meaning.
+//
+// Graphs (device_runtime 1.1). The legacy stream cannot be captured, so a capture runs on a
+// stream of its own per device (created on first use, blocking: ordered with the legacy
+// stream both ways): while the capturing thread captures, it is that thread's compute
+// stream (compute_stream, and the kernels' stream_of for a null OpCall::stream), the
+// caching allocator serves a private pool, and host copies and synchronize are refused. A
+// replay is launched on the capture stream, so it runs after the legacy stream's earlier
+// work and before its later work.
 #pragma once
 
 #include <stdint.h>
@@ -70,6 +78,10 @@ class CudaRuntime final : public IDeviceRuntime {
   Status fill_zero(int32_t index, void* pointer, uint64_t bytes) noexcept override;
   void* compute_stream(int32_t index) noexcept override;
   Status synchronize(int32_t index) noexcept override;
+  Status capture_begin(int32_t index) noexcept override;
+  Status capture_end(int32_t index, void** graph) noexcept override;
+  Status graph_replay(int32_t index, void* graph) noexcept override;
+  void graph_destroy(int32_t index, void* graph) noexcept override;
 
  private:
   std::atomic<SyncCheck> sync_check_{nullptr};
@@ -78,6 +90,9 @@ class CudaRuntime final : public IDeviceRuntime {
   // Device `index`, or throws Error: kUnavailable (naming the reason) without devices,
   // kOutOfRange for an index outside [0, device_count()).
   Device& device(int32_t index, const char* what);
+  // Throws kFailedPrecondition naming `what` while device `index` captures a graph (and
+  // keeps the message for capture_end).
+  void refuse_while_capturing(Device& d, int32_t index, const std::string& what);
   void log_warning(const std::string& message) noexcept;
 
   std::string unavailable_reason_;

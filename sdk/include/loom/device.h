@@ -50,8 +50,10 @@ enum class CopyKind : int32_t {
   kDeviceToDevice = 3,
 };
 
-/// A device family's runtime. Version 1.0 (kinds::kDeviceRuntime); methods are only
-/// appended. Every method may be called from any thread.
+/// A device family's runtime. Version 1.1 (kinds::kDeviceRuntime); methods are only
+/// appended, and the core calls a 1.1 method only on a runtime whose interface_info() says
+/// 1.1. Every method may be called from any thread, except where a graph capture says
+/// otherwise.
 class IDeviceRuntime {
  public:
   /// kinds::kDeviceRuntime.
@@ -109,6 +111,44 @@ class IDeviceRuntime {
   /// Waits until all work issued on device `index` has finished; reports an asynchronous
   /// error of that work (an illegal address, a kernel that failed) with its name.
   virtual Status synchronize(int32_t index) noexcept = 0;
+
+  // ---- 1.1: graphs of the compute stream's work (CUDA graphs) ----
+  //
+  // A graph records the work issued on a device's compute stream between capture_begin and
+  // capture_end, and replays all of it with one call, at a fraction of the host's cost of
+  // issuing it. The rules a capture follows are those of CUDA stream capture:
+  //   - Work issued while capturing is recorded, not run: nothing it computes exists until
+  //     the graph is replayed, and every replay reads and writes the same addresses with the
+  //     same arguments (a value the host passes, such as a learning rate, is frozen).
+  //   - `allocate` serves from a memory pool private to the graph: what the captured work
+  //     allocates and frees stays the graph's, even after it is deallocated, until
+  //     graph_destroy; the rest of the process never gets those addresses meanwhile.
+  //   - `copy` between host and device memory and `synchronize` fail (kFailedPrecondition,
+  //     naming the capture): the host cannot read what has not run, and a replay cannot
+  //     read host memory that may have changed. Device-to-device copies and fill_zero are
+  //     recorded.
+  //   - Only the thread that began the capture issues work until capture_end.
+  // A failed capture still ends with capture_end, which then returns the error (the first
+  // one met while capturing, or the driver's) and no graph.
+
+  /// Starts recording the work issued on device `index`'s compute stream; allocations from
+  /// now until capture_end come from a new private pool. Fails with kFailedPrecondition when
+  /// a capture is already under way on that device.
+  virtual Status capture_begin(int32_t index) noexcept = 0;
+
+  /// Ends the capture of device `index` and makes a replayable graph of it.
+  /// \param index      the device ordinal
+  /// \param[out] graph the graph (opaque; give it to graph_replay and graph_destroy), or
+  ///                   null when the capture failed (the returned status says why)
+  virtual Status capture_end(int32_t index, void** graph) noexcept = 0;
+
+  /// Issues all of `graph`'s work on device `index`'s compute stream, in order with the work
+  /// already issued there (asynchronous, as a kernel launch is).
+  virtual Status graph_replay(int32_t index, void* graph) noexcept = 0;
+
+  /// Frees `graph` and hands its private pool back to the device's allocator, once work
+  /// already issued has finished with it. Null is a no-op.
+  virtual void graph_destroy(int32_t index, void* graph) noexcept = 0;
 
  protected:
   ~IDeviceRuntime() = default;

@@ -49,7 +49,7 @@ inline constexpr InterfaceInfo kCommunicator{"communicator", 1, 1};
 inline constexpr InterfaceInfo kKernel{"kernel", 1, 0};       ///< op kernels, loom/kernel.h
 inline constexpr InterfaceInfo kCommWork{"comm_work", 1, 0};  ///< ICommunicator::*_async handle
 /// A device family's memory, copies and streams (loom/device.h).
-inline constexpr InterfaceInfo kDeviceRuntime{"device_runtime", 1, 0};
+inline constexpr InterfaceInfo kDeviceRuntime{"device_runtime", 1, 1};
 
 /// Every kind a factory may be registered for, in the order `loom plugins list` prints.
 inline constexpr InterfaceInfo kComponentKinds[] = {

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <functional>
 #include <iterator>
 #include <map>
@@ -443,6 +444,114 @@ TEST(CachingAllocatorTest, EmptyCacheReturnsOnlyWhollyFreeSegments) {
   allocator.deallocate(b2);
   allocator.deallocate(b3);
   EXPECT_EQ(allocator.empty_cache(), 2 * MiB);
+  EXPECT_EQ(raw.outstanding, 0u);
+}
+
+// Graph capture: a private pool's blocks never serve the shared pool, its freed blocks serve
+// its own later allocations, the cache flushes leave it alone, and releasing it hands its
+// memory to everyone.
+TEST(CachingAllocatorTest, PrivatePoolKeepsItsMemoryUntilReleased) {
+  FakeRawMemory raw;
+  CA allocator(&raw, "cuda:0", 0);
+  void* shared_free = allocator.allocate(KiB);
+  allocator.deallocate(shared_free);  // a cached shared block the pool must not take
+  allocator.begin_private_pool(7);
+  void* g1 = allocator.allocate(KiB);
+  void* g2 = allocator.allocate(KiB);
+  EXPECT_NE(g1, shared_free);
+  EXPECT_EQ(allocator.pool_of_pointer(g1), 7u);
+  EXPECT_EQ(raw.alloc_calls, (std::vector<uint64_t>{2 * MiB, 2 * MiB}));  // a segment of its own
+  allocator.deallocate(g1);
+  void* g3 = allocator.allocate(KiB);  // inside the pool, a freed block is reused at once
+  EXPECT_EQ(g3, g1);
+  allocator.deallocate(g3);
+  allocator.end_private_pool();
+  // The shared pool gets its cached block back, and a new segment rather than the pool's
+  // free block.
+  void* s1 = allocator.allocate(KiB);
+  EXPECT_EQ(s1, shared_free);
+  EXPECT_EQ(allocator.pool_of_pointer(s1), 0u);
+  void* s2 = allocator.allocate(KiB);
+  EXPECT_NE(s2, g1);
+  EXPECT_EQ(allocator.pool_of_pointer(s2), 0u);
+  // A pool block freed after the capture returns to the pool, and flushing keeps the pool.
+  allocator.deallocate(g2);
+  allocator.deallocate(s1);
+  allocator.deallocate(s2);
+  EXPECT_EQ(allocator.empty_cache(), 2 * MiB);  // the shared segment only
+  EXPECT_EQ(allocator.stats().reserved, 2 * MiB);
+  // Resuming the pool finds its memory where it was.
+  allocator.begin_private_pool(7);
+  void* g4 = allocator.allocate(KiB);
+  EXPECT_EQ(g4, g1);
+  allocator.end_private_pool();
+  // Released: its free blocks serve the shared pool, its live block returns there.
+  allocator.release_private_pool(7);
+  void* s3 = allocator.allocate(2 * KiB);
+  EXPECT_EQ(at(s3), at(g1) + KiB);  // best fit in the former pool's segment
+  EXPECT_EQ(allocator.pool_of_pointer(s3), 0u);
+  EXPECT_EQ(allocator.pool_of_pointer(g4), 0u);
+  allocator.deallocate(g4);
+  allocator.deallocate(s3);
+  EXPECT_EQ(allocator.empty_cache(), 2 * MiB);
+  EXPECT_EQ(raw.outstanding, 0u);
+}
+
+// A block from before the capture, freed during it, may be what the graph reads: nobody gets
+// it until the graph's pool is released.
+TEST(CachingAllocatorTest, BlocksFreedDuringAPrivatePoolWaitForItsRelease) {
+  FakeRawMemory raw;
+  CA allocator(&raw, "cuda:0", 0);
+  void* before = allocator.allocate(KiB);
+  allocator.begin_private_pool(2);
+  allocator.deallocate(before);
+  std::string message;
+  EXPECT_EQ(code_of([&] { allocator.deallocate(before); }, &message), Code::kInvalidArgument);
+  allocator.end_private_pool();
+  EXPECT_EQ(allocator.stats().allocated, KiB);  // still held
+  void* after = allocator.allocate(KiB);
+  EXPECT_NE(after, before);
+  allocator.release_private_pool(2);
+  EXPECT_EQ(allocator.stats().allocated, KiB);  // `after` only
+  void* again = allocator.allocate(KiB);
+  EXPECT_EQ(again, before);
+  allocator.deallocate(after);
+  allocator.deallocate(again);
+  allocator.empty_cache();
+  EXPECT_EQ(raw.outstanding, 0u);
+}
+
+TEST(CachingAllocatorTest, PrivatePoolMisuseAndOutOfMemory) {
+  FakeRawMemory raw(4 * MiB);
+  CA allocator(&raw, "cuda:0", 4 * MiB);
+  std::string message;
+  EXPECT_EQ(code_of([&] { allocator.begin_private_pool(0); }, &message), Code::kInvalidArgument);
+  EXPECT_NE(message.find("id 0 is the shared pool"), std::string::npos) << message;
+  // Two cached shared segments fill the fake; inside a pool they are not flushed, so the
+  // pool's request fails at once and says why.
+  void* a = allocator.allocate(KiB);
+  void* b = allocator.allocate(2 * MiB);  // large: asks 16 MiB (refused), then flushes: 2 MiB
+  allocator.deallocate(a);
+  allocator.deallocate(b);
+  const uint64_t flushes = allocator.stats().num_cache_flushes;
+  allocator.begin_private_pool(3);
+  EXPECT_EQ(code_of([&] { allocator.begin_private_pool(4); }, &message), Code::kFailedPrecondition);
+  EXPECT_NE(message.find("while pool 3 is active"), std::string::npos) << message;
+  EXPECT_EQ(code_of([&] { allocator.release_private_pool(3); }, &message),
+            Code::kFailedPrecondition);
+  EXPECT_EQ(code_of([&] { allocator.allocate(KiB); }, &message), Code::kResourceExhausted);
+  std::printf("%s\n", message.c_str());
+  EXPECT_NE(message.find("for private pool 3 (a graph capture"), std::string::npos) << message;
+  EXPECT_EQ(allocator.stats().num_cache_flushes, flushes);
+  EXPECT_TRUE(raw.free_calls.empty());  // the cached shared segments are still held
+  allocator.end_private_pool();
+  // Outside the pool the flush works as before.
+  void* c = allocator.allocate(KiB);
+  ASSERT_NE(c, nullptr);
+  allocator.deallocate(c);
+  allocator.release_private_pool(3);
+  allocator.release_private_pool(99);  // unknown: nothing to do
+  allocator.empty_cache();
   EXPECT_EQ(raw.outstanding, 0u);
 }
 

@@ -90,6 +90,11 @@ TEST(CudaRuntimeWithoutDeviceTest, EveryDeviceCallFailsCleanlyWithTheReason) {
   EXPECT_EQ(code_of(runtime.fill_zero(0, host, sizeof host), &message), Code::kUnavailable);
   EXPECT_EQ(code_of(runtime.synchronize(0), &message), Code::kUnavailable);
   EXPECT_NE(message.find("synchronize on cuda:0"), std::string::npos) << message;
+  EXPECT_EQ(code_of(runtime.capture_begin(0), &message), Code::kUnavailable);
+  EXPECT_NE(message.find("capture_begin on cuda:0"), std::string::npos) << message;
+  void* graph = reinterpret_cast<void*>(0x1);
+  EXPECT_EQ(code_of(runtime.capture_end(0, &graph), &message), Code::kUnavailable);
+  EXPECT_EQ(graph, nullptr);
 
   // The void methods log instead of failing.
   testing::internal::CaptureStderr();
@@ -189,6 +194,75 @@ TEST_F(CudaRuntimeOnDeviceTest, CopiesRoundTripAndZeroFills) {
   expect_ok(runtime_.synchronize(0), "synchronize");
   runtime_.deallocate(0, a);
   runtime_.deallocate(0, b);
+}
+
+// A graph of a zero fill and a device-to-device copy: nothing runs at the capture, every
+// replay runs both on the buffers' current contents; the capture's allocation stays the
+// graph's; host copies and synchronize are refused while capturing, and end the capture
+// with that error.
+TEST_F(CudaRuntimeOnDeviceTest, GraphsRecordAndReplayTheComputeStreamsWork) {
+  const size_t n = 4099;
+  const uint64_t bytes = n * sizeof(float);
+  std::vector<float> input(n), output(n, -1.0f);
+  for (size_t i = 0; i < n; ++i) input[i] = static_cast<float>(i) + 0.25f;
+  void* src = nullptr;
+  void* dst = nullptr;
+  expect_ok(runtime_.allocate(0, bytes, &src), "allocate src");
+  expect_ok(runtime_.allocate(0, bytes, &dst), "allocate dst");
+  expect_ok(runtime_.copy(0, src, input.data(), bytes, CopyKind::kHostToDevice), "src");
+  expect_ok(runtime_.copy(0, dst, input.data(), bytes, CopyKind::kHostToDevice), "dst");
+
+  expect_ok(runtime_.capture_begin(0), "capture_begin");
+  EXPECT_NE(runtime_.compute_stream(0), nullptr) << "a capture runs on a stream of its own";
+  void* scratch = nullptr;
+  expect_ok(runtime_.allocate(0, bytes, &scratch), "allocate in the capture");
+  expect_ok(runtime_.fill_zero(0, dst, bytes / 2), "captured fill_zero");
+  expect_ok(runtime_.copy(0, scratch, src, bytes, CopyKind::kDeviceToDevice), "captured copy");
+  expect_ok(runtime_.copy(0, static_cast<float*>(dst) + n / 2, static_cast<float*>(scratch) + n / 2,
+                          bytes - (n / 2) * sizeof(float), CopyKind::kDeviceToDevice),
+            "captured copy 2");
+  runtime_.deallocate(0, scratch);  // back to the graph's pool, not to everyone
+  void* graph = nullptr;
+  expect_ok(runtime_.capture_end(0, &graph), "capture_end");
+  ASSERT_NE(graph, nullptr);
+  EXPECT_EQ(runtime_.compute_stream(0), nullptr);
+
+  // Nothing ran yet: dst is still the input.
+  expect_ok(runtime_.copy(0, output.data(), dst, bytes, CopyKind::kDeviceToHost), "read");
+  EXPECT_EQ(memcmp(output.data(), input.data(), bytes), 0);
+  // Replays read src as it is then.
+  for (float offset : {1000.0f, 2000.0f}) {
+    std::vector<float> now(n);
+    for (size_t i = 0; i < n; ++i) now[i] = input[i] + offset;
+    expect_ok(runtime_.copy(0, src, now.data(), bytes, CopyKind::kHostToDevice), "new src");
+    expect_ok(runtime_.graph_replay(0, graph), "replay");
+    expect_ok(runtime_.copy(0, output.data(), dst, bytes, CopyKind::kDeviceToHost), "read");
+    size_t wrong = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const float expected = i < n / 2 ? 0.0f : now[i];
+      if (output[i] != expected && ++wrong <= 5)
+        ADD_FAILURE() << "after a replay, dst[" << i << "] = " << output[i] << ", expected "
+                      << expected;
+    }
+    EXPECT_EQ(wrong, 0u);
+  }
+  runtime_.graph_destroy(0, graph);
+
+  // Refusals end the capture with the first one's message.
+  std::string message;
+  expect_ok(runtime_.capture_begin(0), "capture_begin");
+  EXPECT_EQ(code_of(runtime_.copy(0, output.data(), dst, bytes, CopyKind::kDeviceToHost), &message),
+            Code::kFailedPrecondition);
+  EXPECT_NE(message.find("a device-to-host copy of"), std::string::npos) << message;
+  EXPECT_EQ(code_of(runtime_.synchronize(0), &message), Code::kFailedPrecondition);
+  EXPECT_EQ(code_of(runtime_.capture_begin(0), &message), Code::kFailedPrecondition);
+  graph = reinterpret_cast<void*>(0x1);
+  EXPECT_EQ(code_of(runtime_.capture_end(0, &graph), &message), Code::kFailedPrecondition);
+  EXPECT_EQ(graph, nullptr);
+  EXPECT_NE(message.find("a device-to-host copy of"), std::string::npos) << message;
+  expect_ok(runtime_.synchronize(0), "synchronize after the failed capture");
+  runtime_.deallocate(0, src);
+  runtime_.deallocate(0, dst);
 }
 
 TEST_F(CudaRuntimeOnDeviceTest, MemoryStatsFollowAllocations) {

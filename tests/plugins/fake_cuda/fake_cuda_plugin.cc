@@ -9,8 +9,12 @@
 #include <loom/sdk.h>
 
 #include <array>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -50,8 +54,22 @@ class HostDriver final : public loom::kernels::cuda::RawMemory {
   void free(void* pointer) noexcept override { std::free(pointer); }
 };
 
+// A captured graph: the work issued while capturing, in order, and the allocator's private
+// pool that holds the memory it uses.
+struct FakeGraph {
+  std::vector<std::function<Status()>> work;
+  uint64_t pool = 0;
+};
+
 // The device's memory comes from loom's CUDA caching allocator over that driver, so a whole
 // training run exercises its splitting, coalescing and figures.
+//
+// Graphs behave as CUDA stream capture does (loom/device.h): while capturing, kernel calls,
+// device-to-device copies and zero fills are recorded and not run, allocations come from a
+// private pool of the allocator, and host copies and synchronize are refused; a replay runs
+// the records in order. A training step whose captured work depends on anything but its
+// device memory (a value the host changes between replays, a host read) gives different
+// numbers on replay than when run directly, which is what the tests look for.
 class FakeRuntime final : public loom::IDeviceRuntime {
  public:
   loom::InterfaceInfo interface_info() const noexcept override {
@@ -115,20 +133,107 @@ class FakeRuntime final : public loom::IDeviceRuntime {
       bool src_dev = kind != loom::CopyKind::kHostToDevice;
       check_side(dst, dst_dev, "destination");
       check_side(src, src_dev, "source");
-      std::memmove(dst_dev ? untag(dst) : dst, src_dev ? untag(src) : src, bytes);
+      void* to = dst_dev ? untag(dst) : dst;
+      const void* from = src_dev ? untag(src) : src;
+      if (kind != loom::CopyKind::kDeviceToDevice) {
+        refuse_while_capturing(kind == loom::CopyKind::kHostToDevice ? "a host-to-device copy"
+                                                                     : "a device-to-host copy");
+      } else if (record([=] {
+                   std::memmove(to, from, bytes);
+                   return loom::ok_status();
+                 })) {
+        return;
+      }
+      std::memmove(to, from, bytes);
     });
   }
   Status fill_zero(int32_t index, void* pointer, uint64_t bytes) noexcept override {
     return loom::guard([&] {
       check_index(index);
       check_side(pointer, true, "fill_zero target");
-      std::memset(untag(pointer), 0, bytes);
+      void* to = untag(pointer);
+      if (record([=] {
+            std::memset(to, 0, bytes);
+            return loom::ok_status();
+          }))
+        return;
+      std::memset(to, 0, bytes);
     });
   }
   void* compute_stream(int32_t) noexcept override { return nullptr; }
   Status synchronize(int32_t index) noexcept override {
-    return loom::guard([&] { check_index(index); });
+    return loom::guard([&] {
+      check_index(index);
+      refuse_while_capturing("synchronize");
+    });
   }
+
+  Status capture_begin(int32_t index) noexcept override {
+    return loom::guard([&] {
+      check_index(index);
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (capturing_.load())
+        throw loom::Error(Code::kFailedPrecondition,
+                          "fake device: capture_begin: a graph capture is already under way");
+      graph_ = std::make_unique<FakeGraph>();
+      graph_->pool = next_pool_++;
+      cache_.begin_private_pool(graph_->pool);
+      capture_error_.clear();
+      capturing_.store(true);
+      ++captures;
+    });
+  }
+  Status capture_end(int32_t index, void** graph) noexcept override {
+    return loom::guard([&] {
+      check_index(index);
+      if (graph == nullptr) throw loom::Error(Code::kInvalidArgument, "capture_end: null graph");
+      *graph = nullptr;
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!capturing_.load())
+        throw loom::Error(Code::kFailedPrecondition,
+                          "fake device: capture_end: no graph capture is under way");
+      capturing_.store(false);
+      cache_.end_private_pool();
+      std::unique_ptr<FakeGraph> g = std::move(graph_);
+      if (!capture_error_.empty()) {
+        cache_.release_private_pool(g->pool);
+        throw loom::Error(Code::kFailedPrecondition, capture_error_);
+      }
+      *graph = g.release();
+    });
+  }
+  Status graph_replay(int32_t index, void* graph) noexcept override {
+    return loom::guard([&] {
+      check_index(index);
+      if (graph == nullptr) throw loom::Error(Code::kInvalidArgument, "graph_replay: null graph");
+      refuse_while_capturing("graph_replay");
+      ++replays;
+      for (auto& work : static_cast<FakeGraph*>(graph)->work) loom::throw_if_error(work());
+    });
+  }
+  void graph_destroy(int32_t, void* graph) noexcept override {
+    if (graph == nullptr) return;
+    std::unique_ptr<FakeGraph> g(static_cast<FakeGraph*>(graph));
+    try {
+      cache_.release_private_pool(g->pool);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "fake device: graph_destroy: %s\n", e.what());
+      std::abort();
+    }
+  }
+
+  bool capturing() const { return capturing_.load(); }
+
+  // Records `work` instead of running it when a capture is under way; false otherwise.
+  bool record(std::function<Status()> work) {
+    if (!capturing_.load()) return false;
+    std::lock_guard<std::mutex> lock(mutex_);
+    graph_->work.push_back(std::move(work));
+    return true;
+  }
+
+  // Graph figures for tests (testfakecuda's own; nothing in loom reads them).
+  std::atomic<int64_t> captures{0}, replays{0};
 
  private:
   static constexpr uint64_t kTotal = uint64_t{8} << 30;
@@ -146,8 +251,26 @@ class FakeRuntime final : public loom::IDeviceRuntime {
                                     : "device memory where host memory was expected"));
   }
 
+  void refuse_while_capturing(const std::string& what) {
+    if (!capturing_.load()) return;
+    std::string message = "fake device: " + what +
+                          " while a graph is being captured: captured work has not run, so the "
+                          "host can neither read its results nor hand it host memory to read at "
+                          "replay; move it before or after the capture, or turn graphs off";
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (capture_error_.empty()) capture_error_ = message;
+    }
+    throw loom::Error(Code::kFailedPrecondition, message);
+  }
+
   HostDriver driver_;
   loom::kernels::cuda::CachingAllocator cache_{&driver_, "fake cuda:0", kTotal};
+  std::mutex mutex_;
+  std::atomic<bool> capturing_{false};
+  std::unique_ptr<FakeGraph> graph_;
+  std::string capture_error_;
+  uint64_t next_pool_ = 1;
 };
 
 FakeRuntime g_runtime;
@@ -210,7 +333,8 @@ bool untag_attr_pointers(const char* op, HostCall& h, loom::ops::GroupedGemmAttr
                          std::vector<void*>& pointers) {
   const std::string name = op;
   if (name != loom::ops::kGroupedGemm && name != loom::ops::kGroupedGemmWgrad) return true;
-  if (h.call.attrs == nullptr || h.call.attrs_size != sizeof(attrs)) return true;  // kernel names it
+  if (h.call.attrs == nullptr || h.call.attrs_size != sizeof(attrs))
+    return true;  // kernel names it
   attrs = *static_cast<const loom::ops::GroupedGemmAttrs*>(h.call.attrs);
   if (attrs.weights == nullptr || attrs.groups < 0) return true;
   pointers.assign(attrs.weights, attrs.weights + attrs.groups);
@@ -228,6 +352,35 @@ bool untag_attr_pointers(const char* op, HostCall& h, loom::ops::GroupedGemmAttr
   return true;
 }
 
+// A kernel call kept for replay: its own copies of the views, the attrs' bytes and the
+// grouped GEMM's pointer array, as a CUDA graph keeps a launch's arguments.
+struct RecordedCall {
+  std::vector<TensorView> in, out;
+  std::vector<unsigned char> attrs;
+  std::vector<void*> pointers;
+  OpCall call{};
+
+  RecordedCall(const OpCall& c, const std::vector<void*>& weights) : call(c) {
+    if (c.inputs != nullptr) in.assign(c.inputs, c.inputs + c.num_inputs);
+    if (c.outputs != nullptr) out.assign(c.outputs, c.outputs + c.num_outputs);
+    if (c.attrs != nullptr && c.attrs_size > 0) {
+      const auto* bytes = static_cast<const unsigned char*>(c.attrs);
+      attrs.assign(bytes, bytes + c.attrs_size);
+    }
+    pointers = weights;
+  }
+  const OpCall* prepare() {
+    call.inputs = call.inputs != nullptr ? in.data() : nullptr;
+    call.outputs = call.outputs != nullptr ? out.data() : nullptr;
+    if (!attrs.empty()) {
+      call.attrs = attrs.data();
+      if (!pointers.empty())  // untag_attr_pointers made these the GroupedGemmAttrs' weights
+        reinterpret_cast<loom::ops::GroupedGemmAttrs*>(attrs.data())->weights = pointers.data();
+    }
+    return &call;
+  }
+};
+
 template <size_t I>
 Status run(const OpCall* c) {
   HostCall h(c);
@@ -235,6 +388,11 @@ Status run(const OpCall* c) {
   std::vector<void*> pointers;
   if (h.ok) untag_attr_pointers(g_cpu[I].op, h, attrs, pointers);
   if (!h.ok) return loom::make_status(Code::kInvalidArgument, h.error.c_str());
+  if (g_runtime.capturing()) {
+    auto recorded = std::make_shared<RecordedCall>(h.call, pointers);
+    if (g_runtime.record([recorded] { return g_cpu[I].fn(recorded->prepare()); }))
+      return loom::ok_status();
+  }
   return g_cpu[I].fn(&h.call);
 }
 template <size_t I>

@@ -1,0 +1,191 @@
+// /train/cuda_graph "forward_backward" end to end on the fake CUDA device
+// (tests/plugins/fake_cuda), whose graphs behave as CUDA stream capture does: captured work
+// is recorded, not run, and a replay runs it again on the same addresses with the same
+// arguments; host copies and synchronize are refused while capturing. A graphed run must
+// therefore give the direct run's losses and gradient norms to the bit, at every step: a
+// value the capture froze (a loss scale, a batch left in a stale buffer), work run at the
+// capture as well as at the replay (gradients counted twice), or memory the graph shares
+// with the rest of the step would show. And what cannot be replayed is refused with the
+// reason.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tests/util/test_plugins.h"
+
+namespace loom {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::fresh_dir;
+using ::testing::HasSubstr;
+using testing::read_file;
+using testing::run_loom;
+using testing::write_file;
+
+nlohmann::json tiny_spec(int64_t steps) {
+  nlohmann::json s = nlohmann::json::parse(R"({
+    "model": {"impl": "gpt", "num_layers": 2, "hidden_size": 32, "num_attention_heads": 4,
+              "vocab_size": 64, "max_position_embeddings": 32,
+              "layer": {"impl": "transformer_layer", "norm": {"impl": "layernorm"},
+                        "attention": {"impl": "fused"}, "mlp": {"impl": "mlp"}},
+              "final_norm": {"impl": "layernorm"}},
+    "optimizer": {"impl": "adamw", "lr": 0.01},
+    "lr_schedule": {"impl": "cosine", "warmup_steps": 2},
+    "data": {"mock": true},
+    "train": {"micro_batch_size": 2, "seq_length": 16, "log_interval": 1, "device": "cuda",
+              "eval_interval": 3, "eval_steps": 1, "global_batch_size": 4,
+              "cuda_graph_warmup_steps": 2},
+    "kernels": {"libraries": ["testfakecuda"]}
+  })");
+  s["train"]["steps"] = steps;
+  return s;
+}
+
+class CudaGraphTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fresh_dir("cuda_graph_test");
+    testing::install_test_plugin(dir_ / "plugins", "fake_cuda", "testfakecuda");
+  }
+  testing::WithoutLeakCheck no_leak_scan_;  // as device_test: bf16 runs and LSan's tracer
+  std::string env() const { return "LOOM_PLUGIN_PATH='" + (dir_ / "plugins").string() + "'"; }
+  testing::RunResult train(const std::string& name, const nlohmann::json& body) {
+    fs::path spec = dir_ / (name + ".json");
+    write_file(spec, body.dump(2));
+    return run_loom("train '" + spec.string() + "' --run-dir '" + (dir_ / name).string() + "'",
+                    env());
+  }
+  struct Curve {
+    std::map<int64_t, std::pair<double, double>> steps;  // step -> (loss, grad norm)
+    std::vector<double> valid;
+  };
+  Curve curve(const std::string& name) {
+    Curve c;
+    std::stringstream lines(read_file(dir_ / name / "metrics.jsonl"));
+    std::string line;
+    while (std::getline(lines, line)) {
+      if (line.empty()) continue;
+      nlohmann::json m = nlohmann::json::parse(line);
+      if (m.contains("loss"))
+        c.steps[m["step"].get<int64_t>()] = {m["loss"].get<double>(), m["grad_norm"].get<double>()};
+      if (m.contains("valid_loss")) c.valid.push_back(m["valid_loss"].get<double>());
+    }
+    return c;
+  }
+  fs::path dir_;
+};
+
+// Direct and graphed runs of the same spec: two direct steps, then a capture and replays of
+// two micro-batches per step, with evaluation (direct, beside the graph's memory) every
+// third step. f16 has a dynamic loss scale, here doubled after every step, which the
+// replays must read afresh.
+TEST_F(CudaGraphTest, GraphedStepsGiveTheDirectLossesAndGradientNorms) {
+  for (const char* params : {"f32", "bf16", "f16"}) {
+    SCOPED_TRACE(params);
+    nlohmann::json body = tiny_spec(7);
+    body["precision"] = {{"params", params}};
+    if (std::string(params) == "f16") {
+      body["precision"]["initial_loss_scale"] = 256;
+      body["precision"]["loss_scale_window"] = 1;
+    }
+    const std::string name = params;
+    auto direct = train(name + "_direct", body);
+    ASSERT_EQ(direct.exit_code, 0) << direct.out << direct.err;
+    EXPECT_THAT(direct.out + direct.err, ::testing::Not(HasSubstr("cuda graph")));
+    body["train"]["cuda_graph"] = "forward_backward";
+    auto graphed = train(name + "_graphed", body);
+    ASSERT_EQ(graphed.exit_code, 0) << graphed.out << graphed.err;
+    EXPECT_THAT(graphed.out + graphed.err,
+                HasSubstr("step 3: capturing the forward and backward after 2 direct steps"));
+    Curve a = curve(name + "_direct"), b = curve(name + "_graphed");
+    ASSERT_EQ(a.steps.size(), 7u);
+    ASSERT_EQ(b.steps.size(), 7u);
+    for (const auto& [step, lg] : a.steps) {
+      std::printf("%s step %lld: loss %.9g / %.9g, grad norm %.9g / %.9g\n", params,
+                  static_cast<long long>(step), lg.first, b.steps.at(step).first, lg.second,
+                  b.steps.at(step).second);
+      EXPECT_EQ(b.steps.at(step).first, lg.first) << "loss at step " << step;
+      EXPECT_EQ(b.steps.at(step).second, lg.second) << "grad norm at step " << step;
+    }
+    EXPECT_EQ(a.valid, b.valid);
+    EXPECT_EQ(a.valid.size(), 3u);
+  }
+}
+
+// FP8 delayed scaling: the recipe keeps its amax history, its position in it and the scales
+// in device memory, which the step's end updates outside the graph; the replays quantise
+// with each step's scales.
+TEST_F(CudaGraphTest, Fp8GraphedStepsGiveTheDirectLosses) {
+  for (const char* recipe : {"delayed", "tensorwise"}) {
+    SCOPED_TRACE(recipe);
+    nlohmann::json body = tiny_spec(6);
+    body["precision"] = {{"params", "bf16"}, {"fp8", {{"impl", recipe}}}};
+    if (std::string(recipe) == "delayed") body["precision"]["fp8"]["amax_history_len"] = 2;
+    const std::string name = std::string("fp8_") + recipe;
+    auto direct = train(name + "_direct", body);
+    ASSERT_EQ(direct.exit_code, 0) << direct.out << direct.err;
+    body["train"]["cuda_graph"] = "forward_backward";
+    auto graphed = train(name + "_graphed", body);
+    ASSERT_EQ(graphed.exit_code, 0) << graphed.out << graphed.err;
+    Curve a = curve(name + "_direct"), b = curve(name + "_graphed");
+    ASSERT_EQ(a.steps.size(), 6u);
+    ASSERT_EQ(b.steps.size(), 6u);
+    for (const auto& [step, lg] : a.steps) {
+      std::printf("%s step %lld: loss %.9g / %.9g, grad norm %.9g / %.9g\n", recipe,
+                  static_cast<long long>(step), lg.first, b.steps.at(step).first, lg.second,
+                  b.steps.at(step).second);
+      EXPECT_EQ(b.steps.at(step).first, lg.first) << "loss at step " << step;
+      EXPECT_EQ(b.steps.at(step).second, lg.second) << "grad norm at step " << step;
+    }
+  }
+}
+
+// Dropout draws new masks each step, which a replay cannot: refused, naming the request.
+TEST_F(CudaGraphTest, DropoutIsRefusedWithTheReason) {
+  nlohmann::json body = tiny_spec(3);
+  body["model"]["hidden_dropout"] = 0.1;
+  body["train"]["cuda_graph"] = "forward_backward";
+  auto r = train("dropout", body);
+  std::printf("%s", r.err.c_str());
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr("/train/cuda_graph: the forward and backward cannot be replayed "
+                               "as a graph: a module asked for a random stream"));
+  EXPECT_THAT(r.err, HasSubstr("set the model's dropout probabilities to 0"));
+}
+
+// A mixture of experts reads its token counts on the host in the middle of the forward:
+// the capture fails there, and says so.
+TEST_F(CudaGraphTest, AHostReadInsideThePassIsRefusedWithTheReason) {
+  nlohmann::json body = tiny_spec(3);
+  body["model"]["add_bias_linear"] = false;
+  body["model"]["layer"]["mlp"] = nlohmann::json::parse(R"({
+      "impl": "moe", "num_experts": 4, "moe_ffn_hidden_size": 16,
+      "router": {"impl": "topk", "topk": 2}})");
+  body["train"]["cuda_graph"] = "forward_backward";
+  auto r = train("moe", body);
+  std::printf("%s", r.err.c_str());
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr("/train/cuda_graph: capturing the forward and backward failed"));
+  EXPECT_THAT(r.err, HasSubstr("copy while a graph is being captured"));
+}
+
+TEST_F(CudaGraphTest, TheCpuCannotCaptureGraphs) {
+  nlohmann::json body = tiny_spec(3);
+  body["train"]["device"] = "cpu";
+  body.erase("kernels");
+  body["train"]["cuda_graph"] = "forward_backward";
+  auto r = train("cpu", body);
+  std::printf("%s", r.err.c_str());
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr("/train/cuda_graph 'forward_backward' needs a device whose "
+                               "runtime captures graphs, not the CPU"));
+}
+
+}  // namespace
+}  // namespace loom
