@@ -50,8 +50,9 @@ def bench_table(folder):
                    | {os.path.basename(p).split(".")[0] for p in glob.glob(os.path.join(folder, "*.err"))})
     gib = 2 ** 30
     print("| spec | loom tokens/s | ms/step | MFU | peak mem GiB (vs estimate) | PyTorch eager tokens/s "
-          "| torch.compile tokens/s (compile s) | loom / eager | loom unfused tokens/s (fused / unfused) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| torch.compile tokens/s (compile s) | loom / eager | loom unfused tokens/s (fused / unfused) "
+          "| loom CUDA graph ms/step (direct / graph) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for n in names:
         b = _load(os.path.join(folder, n + ".loom.json"))
         e = _load(os.path.join(folder, n + ".eager.json"))
@@ -76,11 +77,21 @@ def bench_table(folder):
         if u:
             ratio = f" ({b['tokens_per_s'] / u['tokens_per_s']:.2f}x)" if b else ""
             cells.append(f"{u['tokens_per_s']:.0f}{ratio}")
-        elif os.path.exists(os.path.join(folder, n + ".unfused.err")):
-            cells.append("- (" + _why(os.path.join(folder, n + ".unfused.err")) + ")")
         else:
-            cells.append("-")
+            cells.append(_missing(folder, n, "unfused"))
+        g = _load(os.path.join(folder, n + ".graph.json"))
+        if g:
+            ratio = f" ({b['ms_per_step_median'] / g['ms_per_step_median']:.2f}x)" if b else ""
+            cells.append(f"{g['ms_per_step_median']:.2f}{ratio}")
+        else:
+            cells.append(_missing(folder, n, "graph"))
         print(f"| {n} | " + " | ".join(cells) + " |")
+
+
+def _missing(folder, name, kind):
+    """The cell of a variant that gave no figures: why, or '-' when it was not run."""
+    err = os.path.join(folder, f"{name}.{kind}.err")
+    return "- (" + _why(err) + ")" if os.path.exists(err) else "-"
 
 
 _UNIT = {"nsecond": 1e-6, "ns": 1e-6, "usecond": 1e-3, "us": 1e-3, "msecond": 1.0, "ms": 1.0,

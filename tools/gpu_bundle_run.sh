@@ -18,8 +18,9 @@
 #      cache, so that the timed torch.compile run below compiles in seconds;
 #   2. benchmarks alone on the GPU, by priority while the budget lasts: loom bench (--steps 6
 #      --warmup 2), PyTorch eager and torch.compile (GPT-2 only) of the same model, GPT-2
-#      with gemm_epilogue pinned to "none" (the unfused kernels) and the default spec
-#      (configs/gpt_tiny.json on the GPU), one table;
+#      with gemm_epilogue pinned to "none" (the unfused kernels), the default spec
+#      (configs/gpt_tiny.json on the GPU), and the default spec and GPT-2 with
+#      train.cuda_graph, one table;
 #   3. ncu: per-kernel GPU time of one GPT-2 124M step (CSV in $OUT, top 15 here), and, as the
 #      budget allows, of the same step unfused, of one default-spec step and of one LLaMA
 #      1.3B step;
@@ -132,6 +133,11 @@ if ((have_torch)); then
 fi
 # A constant learning rate: the configs' warm-ups are longer than 4 steps (refused).
 moe="--set train.steps=4 --set train.micro_batch_size=2 --set train.seq_length=64 --set 'lr_schedule={\"impl\":\"constant\"}'"
+# The default spec with CUDA graphs against the same run without (12 steps, mock data):
+# the graph's replays must train as the direct steps do.
+graph_args="--set train.steps=12 --set train.device=cuda --set 'data={\"mock\":true}' --set 'lr_schedule={\"impl\":\"constant\"}' --set train.cuda_graph_warmup_steps=2"
+job graph.gpt_tiny "$pool_limit" bash -c "./tools/loom train configs/gpt_tiny.json $graph_args --run-dir /tmp/graph_direct &&
+  ./tools/loom train configs/gpt_tiny.json $graph_args --set 'train.cuda_graph=\"forward_backward\"' --run-dir /tmp/graph_replayed"
 moe_specs=(configs/mixtral_tiny.json configs/deepseek_tiny.json configs/qwen3_moe_tiny.json)
 for spec in "${moe_specs[@]}"; do
   name=$(basename "$spec" .json)
@@ -266,6 +272,27 @@ PY
 done
 rm -rf "$jobs_dir"
 
+say ""
+say "### CUDA graphs: the default spec graphed against direct (12 steps, mock data)"
+if [[ $(rc_of graph.gpt_tiny) == 0 ]]; then
+  python3 - /tmp/graph_direct/metrics.jsonl /tmp/graph_replayed/metrics.jsonl >>"$report" \
+    <<'PY' || status=1
+import json, sys
+def curve(path):
+    return [(r["loss"], r["grad_norm"]) for r in map(json.loads, open(path)) if "loss" in r]
+a, b = curve(sys.argv[1]), curve(sys.argv[2])
+worst = max(max(abs(x[i] - y[i]) / abs(x[i]) for i in (0, 1)) for x, y in zip(a, b))
+print(f"- {len(a)} / {len(b)} steps, losses and gradient norms within {worst:.2e} (relative); "
+      f"losses direct {[round(x[0], 4) for x in a]}, graphed {[round(y[0], 4) for y in b]}")
+sys.exit(0 if len(a) == len(b) == 12 and worst < 1e-3 else 1)
+PY
+  grep -h "cuda graph" "$logs/graph.gpt_tiny.log" | head -2 | sed 's/^/    /' >>"$report"
+else
+  say "- did not train (exit $(rc_of graph.gpt_tiny))"
+  tail -8 "$logs/graph.gpt_tiny.log" | sed 's/^/    /' >>"$report"
+  status=1
+fi
+
 # ---- 2. Benchmarks, alone on the GPU ------------------------------------------------------
 section "Training throughput: loom bench (--steps 6 --warmup 2) and PyTorch"
 bench="$logs/bench"
@@ -277,7 +304,8 @@ reserve=75
 items=(
   "gpt2_124m_h100|loom|20|60" "gpt2_124m_h100|eager|20|60" "llama_1b3_h100|loom|25|60"
   "llama_1b3_h100_fp8|loom|25|60" "gpt2_124m_h100|compile|25|90" "gpt2_124m_h100|unfused|20|60"
-  "gpt_tiny|loom|15|40" "mixtral_h100|loom|25|60"
+  "gpt_tiny|loom|15|40" "gpt_tiny|graph|15|40" "gpt2_124m_h100|graph|20|60"
+  "mixtral_h100|loom|25|60"
   "llama_1b3_h100|eager|25|60" "mixtral_h100|eager|30|60"
 )
 for item in "${items[@]}"; do
@@ -292,6 +320,10 @@ for item in "${items[@]}"; do
   case $kind in
     loom) timeout "$limit" ./tools/loom bench "$spec" --steps 6 --warmup 2 --json "${device[@]}" \
       >"$bench/$name.loom.json" 2>"$bench/$name.loom.err" || { status=1; rm -f "$bench/$name.loom.json"; } ;;
+    # The forward and backward as a CUDA graph, captured in the bench's warm-up.
+    graph) timeout "$limit" ./tools/loom bench "$spec" --steps 6 --warmup 2 --json "${device[@]}" \
+      --set 'train.cuda_graph="forward_backward"' --set train.cuda_graph_warmup_steps=1 \
+      >"$bench/$name.graph.json" 2>"$bench/$name.graph.err" || rm -f "$bench/$name.graph.json" ;;
     # The same without gemm_epilogue (the unfused bias, GELU and bias-gradient kernels).
     unfused) timeout "$limit" ./tools/loom bench "$spec" --steps 6 --warmup 2 --json \
       --set 'kernels.pin={"gemm_epilogue":"none"}' \
