@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <cstring>
 #include <exception>
 #include <string>
 #include <utility>
@@ -43,7 +44,7 @@ GraphedPass::GraphedPass(Host& host, Device device, IModel& model)
 
 GraphedPass::~GraphedPass() {
   runtime_.graph_destroy(device_.index, graph_);
-  for (void* b : buffers_) host_.deallocate(device_, b);
+  host_.deallocate(device_, block_);
 }
 
 TensorView GraphedPass::buffer(int which, DType dtype, std::vector<int64_t> shape) const {
@@ -52,7 +53,8 @@ TensorView GraphedPass::buffer(int which, DType dtype, std::vector<int64_t> shap
 }
 
 void GraphedPass::allocate_buffers(const Shape& shape) {
-  // Outside any capture: the shared pool, for as long as the graph lives.
+  // One block, outside any capture (the shared pool), for as long as the graph lives: the
+  // inputs one after the other, so that one copy brings a micro-batch in; the loss last.
   const uint64_t cells = static_cast<uint64_t>(shape.batch * shape.seq_length);
   const uint64_t bytes[kBuffers] = {cells * 4,
                                     cells * 4,
@@ -61,17 +63,23 @@ void GraphedPass::allocate_buffers(const Shape& shape) {
                                     shape.segments ? cells * 4 : 0,
                                     4,
                                     4};
+  uint64_t offsets[kBuffers] = {}, total = 0;
+  for (int i = 0; i < kBuffers; ++i) {
+    offsets[i] = total;
+    total += (bytes[i] + 255) / 256 * 256;
+  }
+  throw_if_error(host_.allocate(device_, total, 256, &block_),
+                 fmt::format("{}: the graph's static inputs", kWhere));
   for (int i = 0; i < kBuffers; ++i)
-    if (bytes[i] > 0)
-      throw_if_error(host_.allocate(device_, bytes[i], 256, &buffers_[i]),
-                     fmt::format("{}: the graph's static inputs", kWhere));
+    buffers_[i] = bytes[i] > 0 ? static_cast<char*>(block_) + offsets[i] : nullptr;
+  staging_.assign(offsets[kLoss], 0);  // everything the host writes: all but the loss
   shape_ = shape;
 }
 
 void GraphedPass::load(const Batch& batch, double loss_weight) {
   const Shape shape{batch.batch, batch.seq_length, !batch.position_ids.empty(),
                     !batch.segment_ids.empty()};
-  if (graph_ == nullptr && buffers_[kTokens] == nullptr) allocate_buffers(shape);
+  if (block_ == nullptr) allocate_buffers(shape);
   if (!(shape == shape_))
     throw InvalidArgument(fmt::format(
         "{}: a micro-batch of {} x {} tokens (positions {}, segments {}) where the captured "
@@ -81,8 +89,8 @@ void GraphedPass::load(const Batch& batch, double loss_weight) {
         shape_.seq_length, shape_.positions, shape_.segments));
   const uint64_t bytes = static_cast<uint64_t>(shape.batch * shape.seq_length) * 4;
   auto put = [&](Buffer which, const void* data, uint64_t n) {
-    throw_if_error(host_.copy(device_, buffers_[which], kCpu, data, n),
-                   fmt::format("{}: copying the micro-batch in", kWhere));
+    const auto offset = static_cast<char*>(buffers_[which]) - static_cast<char*>(block_);
+    std::memcpy(staging_.data() + offset, data, n);
   };
   put(kTokens, batch.tokens.data(), bytes);
   put(kLabels, batch.labels.data(), bytes);
@@ -91,6 +99,8 @@ void GraphedPass::load(const Batch& batch, double loss_weight) {
   if (shape.segments) put(kSegments, batch.segment_ids.data(), bytes);
   const float dloss = static_cast<float>(loss_weight);
   put(kLossGrad, &dloss, 4);
+  throw_if_error(host_.copy(device_, block_, kCpu, staging_.data(), staging_.size()),
+                 fmt::format("{}: copying the micro-batch in", kWhere));
 }
 
 void GraphedPass::pass(ForwardContext& ctx) {

@@ -73,9 +73,12 @@ class GraphedPass {
   IDeviceRuntime& runtime_;
   void* graph_ = nullptr;
   Shape shape_{};
-  // tokens, labels, loss mask, positions, segments, loss gradient, loss (device memory).
+  // tokens, labels, loss mask, positions, segments, loss gradient, loss: parts of one
+  // device block (null: absent), and the host's image of all but the loss.
   static constexpr int kBuffers = 7;
+  void* block_ = nullptr;
   void* buffers_[kBuffers] = {};
+  std::vector<char> staging_;
   int64_t replays_ = 0;
 };
 

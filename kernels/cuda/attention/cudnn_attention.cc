@@ -141,8 +141,11 @@ std::string ineligible(const OpCall* call, Pass pass, DType dt, AttentionShape* 
 
 // ---- handles and graphs ------------------------------------------------------------------
 
-// One handle per (device, stream), created on first use and never destroyed (a CUDA object
-// destroyed after the runtime has shut down, at exit, crashes; resources.cuh).
+// One handle per device, created on first use and never destroyed (a CUDA object destroyed
+// after the runtime has shut down, at exit, crashes; resources.cuh), and bound to the call's
+// stream for each execution. Neither the handle nor the graphs depend on the stream, so a
+// CUDA graph capture (on a stream of its own) executes the graphs built on the compute
+// stream in the warm-up, and creates or builds nothing inside the capture.
 struct GraphEntry {
   std::shared_ptr<fe::graph::Graph> graph;  // null when cuDNN rejected the key
   int64_t workspace = 0;
@@ -152,22 +155,24 @@ using GraphKey = std::tuple<int, int, uintptr_t, int64_t, int64_t, int64_t, int6
                             int64_t, int, int, uint32_t>;
 
 std::mutex g_mutex;
-std::map<std::pair<int, uintptr_t>, cudnnHandle_t> g_handles;
+std::map<int, cudnnHandle_t> g_handles;
 std::map<GraphKey, std::shared_ptr<GraphEntry>> g_graphs;
 
-// The handle of (device, stream), bound to the stream; caller holds g_mutex.
+// The handle of `device`, bound to `stream`; caller holds g_mutex (and keeps it until the
+// execution the binding is for has been issued).
 cudnnHandle_t handle_for(int device, cudaStream_t stream, std::string* why) {
-  auto key = std::make_pair(device, reinterpret_cast<uintptr_t>(stream));
-  auto it = g_handles.find(key);
-  if (it != g_handles.end()) return it->second;
-  cudnnHandle_t h = nullptr;
-  cudnnStatus_t st = cudnnCreate(&h);
+  auto it = g_handles.find(device);
+  cudnnHandle_t h = it != g_handles.end() ? it->second : nullptr;
+  cudnnStatus_t st = CUDNN_STATUS_SUCCESS;
+  if (h == nullptr) {
+    st = cudnnCreate(&h);
+    if (st == CUDNN_STATUS_SUCCESS) g_handles.emplace(device, h);
+  }
   if (st == CUDNN_STATUS_SUCCESS) st = cudnnSetStream(h, stream);
   if (st != CUDNN_STATUS_SUCCESS) {
     *why = std::string("cudnnCreate / cudnnSetStream: ") + cudnnGetErrorString(st);
     return nullptr;
   }
-  g_handles.emplace(key, h);
   return h;
 }
 
@@ -177,8 +182,7 @@ fe::DataType_t fe_dtype(DType dt) {
 
 // A (B, T, heads, D) tensor in loom's layout as cuDNN's (B, heads, T, D) dims with strides.
 std::shared_ptr<fe::graph::Tensor_attributes> bshd(fe::graph::Graph& g, const char* name, Uid uid,
-                                                   int64_t b, int64_t heads, int64_t t,
-                                                   int64_t d) {
+                                                   int64_t b, int64_t heads, int64_t t, int64_t d) {
   return g.tensor(fe::graph::Tensor_attributes()
                       .set_name(name)
                       .set_uid(uid)
@@ -264,9 +268,9 @@ std::string build_graph(Pass pass, DType dt, const AttentionShape& s, cudnnHandl
   return "";
 }
 
-// The cached graph of a checked call on the current device and the call's stream (built on
-// first use; a key cuDNN rejects is cached as unsupported). Null with *why set when cuDNN
-// cannot serve it.
+// The cached graph of a checked call on the current device, and the device's handle bound
+// to the call's stream (built on first use; a key cuDNN rejects is cached as unsupported).
+// Null with *why set when cuDNN cannot serve it. Caller holds g_mutex.
 std::shared_ptr<GraphEntry> graph_for(const OpCall* call, Pass pass, DType dt,
                                       const AttentionShape& s, cudnnHandle_t* handle,
                                       std::string* why) {
@@ -276,7 +280,7 @@ std::shared_ptr<GraphEntry> graph_for(const OpCall* call, Pass pass, DType dt,
   std::memcpy(&scale_bits, &s.attrs.scale, sizeof(scale_bits));
   GraphKey key{static_cast<int>(pass),
                device,
-               reinterpret_cast<uintptr_t>(stream),
+               uintptr_t{0},  // no stream: graphs serve every stream (see handle_for)
                s.b,
                s.t,
                s.s,
@@ -286,7 +290,6 @@ std::shared_ptr<GraphEntry> graph_for(const OpCall* call, Pass pass, DType dt,
                static_cast<int>(dt),
                s.attrs.causal != 0,
                scale_bits};
-  std::lock_guard<std::mutex> lock(g_mutex);
   *handle = handle_for(device, stream, why);
   if (*handle == nullptr) return nullptr;
   auto it = g_graphs.find(key);
@@ -317,6 +320,8 @@ std::string try_cudnn(const OpCall* call, Pass pass, DType dt) {
   std::string why = ineligible(call, pass, dt, &s);
   if (!why.empty()) return why;
   cudnnHandle_t handle = nullptr;
+  // Held until the execution is issued: the handle is bound to this call's stream.
+  std::lock_guard<std::mutex> lock(g_mutex);
   std::shared_ptr<GraphEntry> e = graph_for(call, pass, dt, s, &handle, &why);
   if (e == nullptr) return why;
   const TensorView *in = call->inputs, *out = call->outputs;
@@ -399,6 +404,7 @@ uint64_t cudnn_attention_workspace(const OpCall* call) {
     if (!ineligible(call, P, Dt, &s).empty()) return bytes;
     cudnnHandle_t handle = nullptr;
     std::string why;
+    std::lock_guard<std::mutex> lock(g_mutex);
     std::shared_ptr<GraphEntry> e = graph_for(call, P, Dt, s, &handle, &why);
     if (e != nullptr) bytes = std::max(bytes, static_cast<uint64_t>(e->workspace));
     return bytes;
