@@ -118,6 +118,48 @@ TEST_F(CudaGraphTest, GraphedStepsGiveTheDirectLossesAndGradientNorms) {
   }
 }
 
+// The shipped dense families, shrunk to a few tokens: LLaMA (RMSNorm, SwiGLU, rotary, GQA),
+// Qwen3 (QK norm), a Mamba-2 hybrid (convolution, SSD scan, gated norm), and GPT under full
+// recomputation (the forward run again inside the backward, inside the graph).
+class CudaGraphFamilyTest : public CudaGraphTest,
+                            public ::testing::WithParamInterface<const char*> {};
+
+TEST_P(CudaGraphFamilyTest, GraphedStepsGiveTheDirectLosses) {
+  const std::string family = GetParam();
+  const bool recompute = family == "gpt_tiny_recompute";
+  nlohmann::json body = nlohmann::json::parse(
+      read_file("configs/" + (recompute ? std::string("gpt_tiny") : family) + ".json"));
+  nlohmann::json small = tiny_spec(5);
+  body["data"] = small["data"];
+  body["train"] = small["train"];
+  body["lr_schedule"] = small["lr_schedule"];
+  body["kernels"] = small["kernels"];
+  body.erase("log");
+  body.erase("checkpoint");
+  body["model"]["max_position_embeddings"] = 32;
+  if (recompute) body["train"]["recompute"] = "full";
+  auto direct = train(family + "_direct", body);
+  ASSERT_EQ(direct.exit_code, 0) << direct.out << direct.err;
+  body["train"]["cuda_graph"] = "forward_backward";
+  auto graphed = train(family + "_graphed", body);
+  ASSERT_EQ(graphed.exit_code, 0) << graphed.out << graphed.err;
+  EXPECT_THAT(graphed.out + graphed.err, HasSubstr("capturing the forward and backward"));
+  Curve a = curve(family + "_direct"), b = curve(family + "_graphed");
+  ASSERT_EQ(a.steps.size(), 5u);
+  ASSERT_EQ(b.steps.size(), 5u);
+  for (const auto& [step, lg] : a.steps) {
+    std::printf("%s step %lld: loss %.9g / %.9g, grad norm %.9g / %.9g\n", family.c_str(),
+                static_cast<long long>(step), lg.first, b.steps.at(step).first, lg.second,
+                b.steps.at(step).second);
+    EXPECT_EQ(b.steps.at(step).first, lg.first) << "loss at step " << step;
+    EXPECT_EQ(b.steps.at(step).second, lg.second) << "grad norm at step " << step;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, CudaGraphFamilyTest,
+                         ::testing::Values("llama_tiny", "qwen3_tiny", "hybrid_tiny",
+                                           "gpt_tiny_recompute"));
+
 // FP8 delayed scaling: the recipe keeps its amax history, its position in it and the scales
 // in device memory, which the step's end updates outside the graph; the replays quantise
 // with each step's scales.
