@@ -270,8 +270,6 @@ PY
     status=1
   fi
 done
-rm -rf "$jobs_dir"
-
 say ""
 say "### CUDA graphs: the default spec graphed against direct (12 steps, mock data)"
 if [[ $(rc_of graph.gpt_tiny) == 0 ]]; then
@@ -292,6 +290,8 @@ else
   tail -8 "$logs/graph.gpt_tiny.log" | sed 's/^/    /' >>"$report"
   status=1
 fi
+
+rm -rf "$jobs_dir"
 
 # ---- 2. Benchmarks, alone on the GPU ------------------------------------------------------
 section "Training throughput: loom bench (--steps 6 --warmup 2) and PyTorch"

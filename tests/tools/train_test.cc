@@ -283,8 +283,9 @@ TEST_F(TrainTest, AnOptimizerThatSkipsTheBf16CastIsRefusedAtTheFirstStep) {
   EXPECT_THAT(r.err, HasSubstr("after update_many, parameter "));
   EXPECT_THAT(r.err, HasSubstr("OptimizerShard::param"));
   // Stopped inside step 1's update, before its log line.
-  if (fs::exists(run / "metrics.jsonl"))
+  if (fs::exists(run / "metrics.jsonl")) {
     for (const auto& m : read_jsonl(run / "metrics.jsonl")) EXPECT_FALSE(m.contains("loss")) << m;
+  }
 }
 
 // `spec validate` checks the spec against the schemas; with --load it also builds every

@@ -35,7 +35,7 @@ struct AttnInputs {
 AttnInputs make_inputs(const AttnCase& c, DType dt, std::mt19937& rng) {
   AttnInputs in{Tensor::random(dt, {c.b, c.t, c.h, c.d}, rng, -2, 2),
                 Tensor::random(dt, {c.b, c.s, c.g, c.d}, rng, -2, 2),
-                Tensor::random(dt, {c.b, c.s, c.g, c.d}, rng), Tensor()};
+                Tensor::random(dt, {c.b, c.s, c.g, c.d}, rng), Tensor(), Tensor()};
   if (c.segments) {  // two or three documents per row
     std::vector<int32_t> ids(c.b * c.t);
     for (int64_t b = 0; b < c.b; ++b)
@@ -162,7 +162,8 @@ TEST(AttentionBlocks, MergedBlocksEqualTheWholeRowAndBackwardSharesAddUp) {
       const float scale = 1.0f / std::sqrt(static_cast<float>(d));
       // With dropout the blocks say where they sit in the whole (AttentionBlockAttrs), and
       // draw the whole call's mask.
-      const ops::AttentionAttrs causal{scale, 1, p, 0x5eedull, 40}, full{scale, 0, p, 0x5eedull, 40};
+      const ops::AttentionAttrs causal{scale, 1, p, 0x5eedull, 40},
+          full{scale, 0, p, 0x5eedull, 40};
       const ops::AttentionBlockAttrs first{full, 0, 0, c, 2 * c}, second{causal, 0, c, c, 2 * c};
       Tensor k0 = key_block(in.k, 0, c, g, d), k1 = key_block(in.k, c, 2 * c, g, d);
       Tensor v0 = key_block(in.v, 0, c, g, d), v1 = key_block(in.v, c, 2 * c, g, d);
@@ -184,7 +185,8 @@ TEST(AttentionBlocks, MergedBlocksEqualTheWholeRowAndBackwardSharesAddUp) {
         expect_close(lse, ref_lse, DType::kF32, what + " lse");
       }
       expect_close(o.values(), wo.values(), tolerance(dt), what + " O against one call");
-      expect_close(lse.values(), wlse.values(), tolerance(DType::kF32), what + " lse against one call");
+      expect_close(lse.values(), wlse.values(), tolerance(DType::kF32),
+                   what + " lse against one call");
       Tensor dout = Tensor::random(dt, {1, c, h, d}, rng);
       Tensor dq(dt, {1, c, h, d}), dk(dt, {1, 2 * c, g, d}), dv(dt, {1, 2 * c, g, d});
       run(ops::kAttentionBwd, name, dt, {&dout, &in.q, &in.k, &in.v, &wo, &wlse, &none},
@@ -239,13 +241,14 @@ TEST(AttentionMerge, RowsWithoutVisibleKeys) {
 TEST_P(AttentionTest, KeySegmentIdsMaskAcrossDifferentLengths) {
   std::mt19937 rng(12);
   DType dt = GetParam();
-  for (const AttnCase& c : {AttnCase{2, 6, 10, 3, 1, 5, true, true},
-                            AttnCase{1, 9, 4, 2, 2, 4, false, true},
-                            AttnCase{1, 70, 70, 2, 1, 8, true, true}}) {
+  for (const AttnCase& c :
+       {AttnCase{2, 6, 10, 3, 1, 5, true, true}, AttnCase{1, 9, 4, 2, 2, 4, false, true},
+        AttnCase{1, 70, 70, 2, 1, 8, true, true}}) {
     AttnInputs in = make_inputs(c, dt, rng);
     std::vector<int32_t> ids(c.b * c.s);
     for (int64_t b = 0; b < c.b; ++b)
-      for (int64_t k = 0; k < c.s; ++k) ids[b * c.s + k] = static_cast<int32_t>((k * (2 + b)) / c.s);
+      for (int64_t k = 0; k < c.s; ++k)
+        ids[b * c.s + k] = static_cast<int32_t>((k * (2 + b)) / c.s);
     in.kseg = Tensor::i32({c.b, c.s}, ids);
     float scale = 1.0f / std::sqrt(static_cast<float>(c.d));
     ops::AttentionAttrs at{scale, c.causal, 0.0f, 0, 0};
@@ -260,7 +263,8 @@ TEST_P(AttentionTest, KeySegmentIdsMaskAcrossDifferentLengths) {
         {Tensor(dt, {c.b, c.t, c.h, c.d}), Tensor(DType::kF32, {c.b, c.h, c.t})}, &at,
         "key segments " + describe(c));
     Tensor dout = Tensor::random(dt, {c.b, c.t, c.h, c.d}, rng);
-    expect_fast_matches_ref(ops::kAttentionBwd, dt, {dout, in.q, in.k, in.v, o, lse, in.seg, in.kseg},
+    expect_fast_matches_ref(ops::kAttentionBwd, dt,
+                            {dout, in.q, in.k, in.v, o, lse, in.seg, in.kseg},
                             {Tensor(dt, {c.b, c.t, c.h, c.d}), Tensor(dt, {c.b, c.s, c.g, c.d}),
                              Tensor(dt, {c.b, c.s, c.g, c.d})},
                             &at, "key segments " + describe(c));

@@ -35,13 +35,16 @@ std::vector<std::string> mamba_plugins() {
 constexpr int64_t kB = 2, kT = 7, kC = 8, kP = 4, kH = 4, kG = 2, kN = 3, kW = 3;
 
 json mixer_node(int64_t chunk) {
-  return {{"impl", "mamba2"}, {"state_dim", kN}, {"head_dim", kP}, {"num_groups", kG},
+  return {{"impl", "mamba2"}, {"state_dim", kN}, {"head_dim", kP},     {"num_groups", kG},
           {"expand", 2},      {"d_conv", kW},    {"chunk_size", chunk}};
 }
 
 json inherited(const std::string& dtype = "f32") {
-  return {{"hidden_size", kC}, {"init_std", 0.3}, {"num_layers", 2},
-          {"params_dtype", dtype}, {"device", "cpu"}};
+  return {{"hidden_size", kC},
+          {"init_std", 0.3},
+          {"num_layers", 2},
+          {"params_dtype", dtype},
+          {"device", "cpu"}};
 }
 
 std::map<std::string, std::vector<double>> param_values(ModuleHarness& h) {
@@ -67,7 +70,7 @@ std::vector<double> oracle(std::map<std::string, std::vector<double>> w,
   const auto& a_log = w.at("A_log");
   const auto& d = w.at("D");
   const auto& dt_bias = w.at("dt_bias");
-  const auto& nw = w.at("norm.weight");       // (H P)
+  const auto& nw = w.at("norm.weight");        // (H P)
   const auto& wout = w.at("out_proj.weight");  // (C, H P)
   auto proj = [&](const std::vector<double>& m, int64_t rows, int64_t b, int64_t t) {
     std::vector<double> out(static_cast<size_t>(rows));
@@ -181,15 +184,17 @@ TEST(MambaMixer, ParametersHaveMegatronShapesAndInit) {
     std::vector<int64_t> shape(p.info.global_shape, p.info.global_shape + p.info.ndim);
     EXPECT_EQ(shape, want[p.name]) << p.name;
     std::vector<float> v = h.values(p.value);
-    if (p.name == "A_log")  // A = -exp(A_log) in [-16, -1]
+    if (p.name == "A_log") {  // A = -exp(A_log) in [-16, -1]
       for (float a : v) EXPECT_TRUE(a >= 0.f && a <= std::log(16.f) + 1e-6f) << a;
+    }
     if (p.name == "dt_bias")  // softplus(dt_bias) in [dt_min, dt_max]
       for (float b : v) {
         const double dt = std::log1p(std::exp(static_cast<double>(b)));
         EXPECT_TRUE(dt >= 0.001 - 1e-7 && dt <= 0.1 + 1e-7) << dt;
       }
-    if (p.name == "D" || p.name == "norm.weight")
+    if (p.name == "D" || p.name == "norm.weight") {
       for (float f : v) EXPECT_EQ(f, 1.f);
+    }
   }
   EXPECT_EQ(seen.size(), want.size());
 }
@@ -294,8 +299,9 @@ json hybrid_model(const std::string& pattern, int64_t layers) {
 std::string build_model(ModuleHarness& h, const json& model) {
   json node = model;
   try {
-    build_resolved(h, kinds::kModel, node, {{"seq_length", 8}, {"micro_batch_size", 1},
-                                            {"params_dtype", "f32"}, {"device", "cpu"}});
+    build_resolved(
+        h, kinds::kModel, node,
+        {{"seq_length", 8}, {"micro_batch_size", 1}, {"params_dtype", "f32"}, {"device", "cpu"}});
   } catch (const Error& e) {
     return e.what();
   }
@@ -309,9 +315,9 @@ TEST(HybridPattern, BuildsEachLayerFromItsSymbol) {
   for (core::Parameter& p : h.params().all()) names.insert(p.name);
   for (const char* want :
        {"decoder.layers.0.norm.weight", "decoder.layers.0.mixer.in_proj_xbc.weight",
-        "decoder.layers.1.input_layernorm.weight", "decoder.layers.1.self_attention.linear_qkv.weight",
-        "decoder.layers.2.mixer.A_log", "decoder.layers.3.pre_mlp_layernorm.weight",
-        "decoder.layers.3.mlp.linear_fc1.weight"})
+        "decoder.layers.1.input_layernorm.weight",
+        "decoder.layers.1.self_attention.linear_qkv.weight", "decoder.layers.2.mixer.A_log",
+        "decoder.layers.3.pre_mlp_layernorm.weight", "decoder.layers.3.mlp.linear_fc1.weight"})
     EXPECT_TRUE(names.count(want)) << want;
   for (const char* absent :
        {"decoder.layers.1.pre_mlp_layernorm.weight", "decoder.layers.1.mlp.linear_fc1.weight",

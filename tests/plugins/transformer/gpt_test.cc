@@ -108,7 +108,9 @@ TEST(Gpt, LossIsTheMaskedMeanAndLogitsAreReturned) {
   // padding's logits are those of zero rows.
   ASSERT_EQ(r.outputs[1].size(), 2u * 4 * 128);
   for (size_t i = 0; i < r.outputs[1].size(); ++i)
-    if (i % 128 >= 11) ASSERT_EQ(r.outputs[1][i], 0.f) << "padding logit " << i;
+    if (i % 128 >= 11) {
+      ASSERT_EQ(r.outputs[1][i], 0.f) << "padding logit " << i;
+    }
   // Recompute the masked mean cross entropy from the returned logits, over the vocabulary's
   // 11 columns: near log(11), not log(128), so the padding takes no part.
   double total = 0;

@@ -113,7 +113,9 @@ void check(const Case& c, double rtol, double atol, std::mt19937& rng) {
     }
     var /= c.cols;
     const double rs = 1.0 / std::sqrt(var + 1e-5);
-    if (!kRms) EXPECT_NEAR(mean[r], mu, 1e-5 * (1 + std::fabs(mu))) << what << " row " << r;
+    if (!kRms) {
+      EXPECT_NEAR(mean[r], mu, 1e-5 * (1 + std::fabs(mu))) << what << " row " << r;
+    }
     EXPECT_NEAR(rstd[r], rs, 1e-5 * rs) << what << " row " << r;
     for (int64_t j = 0; j < c.cols; ++j) {
       const double want =
