@@ -124,6 +124,11 @@ void GraphedPass::pass(ForwardContext& ctx) {
 }
 
 void GraphedPass::capture(int32_t rng_index, const StepPlanContext& step) {
+  // The direct steps' activations sit in the shared pool's cache; the graph's pool cannot
+  // flush that cache while it captures, so hand it back to the driver first (the graph's
+  // activations would otherwise need a second copy of that memory).
+  throw_if_error(runtime_.empty_cache(device_.index),
+                 fmt::format("{}: emptying the cache before the capture", kWhere));
   throw_if_error(runtime_.capture_begin(device_.index),
                  fmt::format("{}: starting the capture", kWhere));
   std::exception_ptr failed;
