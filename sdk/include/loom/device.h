@@ -129,7 +129,10 @@ class IDeviceRuntime {
   //     recorded.
   //   - Only the thread that began the capture issues work until capture_end.
   // A failed capture still ends with capture_end, which then returns the error (the first
-  // one met while capturing, or the driver's) and no graph.
+  // one met while capturing, or the driver's) and no graph. A runtime whose device cannot
+  // capture graphs fails capture_begin with kUnimplemented saying so (and capture_end with
+  // kFailedPrecondition, graph_replay with kInvalidArgument; graph_destroy of null is a
+  // no-op); the core then names /train/cuda_graph in its message.
 
   /// Starts recording the work issued on device `index`'s compute stream; allocations from
   /// now until capture_end come from a new private pool. Fails with kFailedPrecondition when
