@@ -151,8 +151,9 @@ struct GraphEntry {
   int64_t workspace = 0;
   std::string unsupported;  // cuDNN's reason when it rejected the key
 };
-using GraphKey = std::tuple<int, int, uintptr_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                            int64_t, int, int, uint32_t>;
+// (pass, device, B, T, S, H, G, D, dtype, causal, scale bits): no stream, see handle_for.
+using GraphKey =
+    std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, uint32_t>;
 
 std::mutex g_mutex;
 std::map<int, cudnnHandle_t> g_handles;
@@ -278,18 +279,9 @@ std::shared_ptr<GraphEntry> graph_for(const OpCall* call, Pass pass, DType dt,
   cudaStream_t stream = stream_of(call);
   uint32_t scale_bits = 0;
   std::memcpy(&scale_bits, &s.attrs.scale, sizeof(scale_bits));
-  GraphKey key{static_cast<int>(pass),
-               device,
-               uintptr_t{0},  // no stream: graphs serve every stream (see handle_for)
-               s.b,
-               s.t,
-               s.s,
-               s.h,
-               s.g,
-               s.d,
-               static_cast<int>(dt),
-               s.attrs.causal != 0,
-               scale_bits};
+  GraphKey key{
+      static_cast<int>(pass), device,    s.b, s.t, s.s, s.h, s.g, s.d, static_cast<int>(dt),
+      s.attrs.causal != 0,    scale_bits};
   *handle = handle_for(device, stream, why);
   if (*handle == nullptr) return nullptr;
   auto it = g_graphs.find(key);
