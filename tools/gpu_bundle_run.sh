@@ -18,7 +18,8 @@
 #      cache, so that the timed torch.compile run below compiles in seconds;
 #   2. benchmarks alone on the GPU, by priority while the budget lasts: loom bench (--steps 6
 #      --warmup 2), PyTorch eager and torch.compile (GPT-2 only) of the same model, GPT-2
-#      with gemm_epilogue pinned to "none" (the unfused kernels), the default spec
+#      with the fused ops pinned to "none" (gemm_epilogue, add_layernorm_*: the unfused
+#      kernels), the default spec
 #      (configs/gpt_tiny.json on the GPU), and the default spec and GPT-2 with
 #      train.cuda_graph, one table;
 #   3. ncu: per-kernel GPU time of one GPT-2 124M step (CSV in $OUT, top 15 here), and, as the
@@ -28,6 +29,8 @@
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cd "$here" || exit 2
+# The spec pins that turn every fused op off (the modules then run the unfused kernels).
+unfused_pins='{"gemm_epilogue":"none","add_layernorm_fwd":"none","add_layernorm_bwd":"none","add_rmsnorm_fwd":"none","add_rmsnorm_bwd":"none"}'
 sanitizers=1
 for arg in "$@"; do
   case "$arg" in
@@ -324,9 +327,10 @@ for item in "${items[@]}"; do
     graph) timeout "$limit" ./tools/loom bench "$spec" --steps 6 --warmup 2 --json "${device[@]}" \
       --set 'train.cuda_graph="forward_backward"' --set train.cuda_graph_warmup_steps=1 \
       >"$bench/$name.graph.json" 2>"$bench/$name.graph.err" || rm -f "$bench/$name.graph.json" ;;
-    # The same without gemm_epilogue (the unfused bias, GELU and bias-gradient kernels).
+    # The same without the fused ops (the unfused bias, GELU, bias-gradient, residual-add and
+    # norm kernels).
     unfused) timeout "$limit" ./tools/loom bench "$spec" --steps 6 --warmup 2 --json \
-      --set 'kernels.pin={"gemm_epilogue":"none"}' \
+      --set "kernels.pin=$unfused_pins" \
       >"$bench/$name.unfused.json" 2>"$bench/$name.unfused.err" || rm -f "$bench/$name.unfused.json" ;;
     eager | compile)
       if ((!have_torch)); then echo "no PyTorch with CUDA" >"$bench/$name.$kind.err"; continue; fi
@@ -363,15 +367,15 @@ else
   ((rc == 0)) || say "- ncu exit $rc (124: its time limit); the summary covers what it wrote"
   python3 tools/gpu_bundle_report.py ncu-summary "$csv" 15 >>"$report" 2>&1 ||
     tail -5 "$logs/ncu.log" | sed 's/^/    /' >>"$report"
-  # The same step without gemm_epilogue: the kernel count and time that fusion removes.
+  # The same step without the fused ops: the kernel count and time that fusion removes.
   if (($(left) >= 60)); then
     say ""
-    say "The same step with the spec pin gemm_epilogue: none (unfused):"
+    say "The same step with the fused ops pinned to none (unfused): $unfused_pins"
     csv_unfused=$dest/ncu_gpt2_step_unfused.csv
     timeout $(($(left) - 15 > 90 ? 90 : $(left) - 15)) ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv \
       --target-processes all --log-file "$csv_unfused" \
       ./tools/loom bench configs/gpu/gpt2_124m_h100.json --steps 1 --warmup 1 \
-      --set 'kernels.pin={"gemm_epilogue":"none"}' >"$logs/ncu_unfused.log" 2>&1
+      --set "kernels.pin=$unfused_pins" >"$logs/ncu_unfused.log" 2>&1
     python3 tools/gpu_bundle_report.py ncu-summary "$csv_unfused" 8 >>"$report" 2>&1 ||
       tail -5 "$logs/ncu_unfused.log" | sed 's/^/    /' >>"$report"
   else

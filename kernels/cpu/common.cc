@@ -102,3 +102,30 @@ void add_kernels(std::vector<KernelDesc>& out, const char* op, const char* name,
 }
 
 }  // namespace loom::kernels::cpu
+
+namespace loom::kernels::cpu {
+
+void run_library_op(const char* op, DType key, bool fast, std::initializer_list<TensorView> inputs,
+                    std::initializer_list<TensorView> outputs, const void* attrs,
+                    uint64_t attrs_size) {
+  std::vector<TensorView> in(inputs), out(outputs);
+  OpCall c{sizeof(OpCall),
+           in.data(),
+           static_cast<int32_t>(in.size()),
+           out.data(),
+           static_cast<int32_t>(out.size()),
+           attrs,
+           attrs_size,
+           nullptr,
+           nullptr,
+           0};
+  // The fast kernel where asked for, the library has it and it takes the call (AVX2).
+  const KernelDesc* k = fast ? cpu::find_kernel(op, key, kFastName) : nullptr;
+  if (k != nullptr && k->supports != nullptr && !k->supports(&c)) k = nullptr;
+  if (k == nullptr) k = cpu::find_kernel(op, key, kRefName);
+  if (k == nullptr)
+    throw Error(Code::kInternal, std::string("cpu kernels: no kernel in this library for ") + op);
+  throw_if_error(k->fn(&c));
+}
+
+}  // namespace loom::kernels::cpu

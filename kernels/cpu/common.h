@@ -125,6 +125,21 @@ inline bool attention_masked(bool causal, int64_t t, int64_t s, int64_t T, int64
   return seg != nullptr && seg[t] != key_seg[s];
 }
 
+// ---- Composed kernels -----------------------------------------------------------------
+
+// Runs `op` for `key` through this library's kernel: the fast one when `fast` and the
+// library has it, else the reference. For kernels defined as a sequence of other ops
+// (gemm_epilogue, add_layernorm_*), so that "cpu.ref" runs reference steps and "cpu.fast"
+// the fast ones, as a module resolving the unfused ops would get them. Throws on failure.
+void run_library_op(const char* op, DType key, bool fast, std::initializer_list<TensorView> inputs,
+                    std::initializer_list<TensorView> outputs, const void* attrs,
+                    uint64_t attrs_size);
+template <class Attrs>
+void run_library_op(const char* op, DType key, bool fast, std::initializer_list<TensorView> inputs,
+                    std::initializer_list<TensorView> outputs, const Attrs* attrs) {
+  run_library_op(op, key, fast, inputs, outputs, attrs, attrs ? sizeof(Attrs) : 0);
+}
+
 // ---- Cost helpers ---------------------------------------------------------------------
 
 // io_cost (bytes of every present input and output; flops as given) is loom::io_cost in
@@ -175,6 +190,7 @@ void add_dropout_kernels(std::vector<KernelDesc>& out);
 void add_embedding_kernels(std::vector<KernelDesc>& out);
 void add_layernorm_kernels(std::vector<KernelDesc>& out);
 void add_rmsnorm_kernels(std::vector<KernelDesc>& out);
+void add_add_norm_kernels(std::vector<KernelDesc>& out);
 void add_rope_kernels(std::vector<KernelDesc>& out);
 void add_qkv_kernels(std::vector<KernelDesc>& out);
 void add_softmax_kernels(std::vector<KernelDesc>& out);

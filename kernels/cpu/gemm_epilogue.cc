@@ -28,33 +28,6 @@ GemmEpilogueShape check(const OpCall* call, bool shapes_only) {
   return op_checks::check_gemm_epilogue(call, shapes_only, DeviceType::kCpu);
 }
 
-// The kernel that serves one step: the fast one when asked for and the library has it.
-const KernelDesc& step_kernel(const char* op, DType dtype, bool fast) {
-  const KernelDesc* k = fast ? cpu::find_kernel(op, dtype, kFastName) : nullptr;
-  if (k == nullptr) k = cpu::find_kernel(op, dtype, kRefName);
-  if (k == nullptr)
-    throw Error(Code::kInternal, std::string("gemm_epilogue: no CPU kernel for ") + op);
-  return *k;
-}
-
-// Runs one step of the sequence through its kernel.
-template <class Attrs>
-void run_step(const char* op, DType key, bool fast, std::initializer_list<TensorView> inputs,
-              std::initializer_list<TensorView> outputs, const Attrs* attrs) {
-  std::vector<TensorView> in(inputs), out(outputs);
-  OpCall c{sizeof(OpCall),
-           in.data(),
-           static_cast<int32_t>(in.size()),
-           out.data(),
-           static_cast<int32_t>(out.size()),
-           attrs,
-           attrs ? sizeof(Attrs) : 0,
-           nullptr,
-           nullptr,
-           0};
-  throw_if_error(step_kernel(op, key, fast).fn(&c));
-}
-
 void run(const OpCall* call, bool fast) {
   GemmEpilogueShape s = check(call, false);
   const TensorView &A = call->inputs[0], &B = call->inputs[1], &Y = call->outputs[0];
@@ -64,8 +37,8 @@ void run(const OpCall* call, bool fast) {
   switch (at.epilogue) {
     case ops::kEpilogueBias: {
       ops::GemmAttrs g{at.trans_a, at.trans_b, 1.f, 0.f};
-      run_step(ops::kGemm, dt, fast, {A, B}, {Y}, &g);
-      run_step<int>(ops::kBiasAdd, Y.dtype, fast, {call->inputs[2]}, {Y}, nullptr);
+      run_library_op(ops::kGemm, dt, fast, {A, B}, {Y}, &g);
+      run_library_op<int>(ops::kBiasAdd, Y.dtype, fast, {call->inputs[2]}, {Y}, nullptr);
       return;
     }
     case ops::kEpilogueGelu: {
@@ -77,26 +50,26 @@ void run(const OpCall* call, bool fast) {
         P = make_view(scratch.data(), dt, {s.m, s.n}, Y.device);
       }
       ops::GemmAttrs g{at.trans_a, at.trans_b, 1.f, 0.f};
-      run_step(ops::kGemm, dt, fast, {A, B}, {P}, &g);
-      if (s.bias) run_step<int>(ops::kBiasAdd, dt, fast, {call->inputs[2]}, {P}, nullptr);
-      run_step(ops::kGeluFwd, dt, fast, {P}, {Y}, &gelu);
+      run_library_op(ops::kGemm, dt, fast, {A, B}, {P}, &g);
+      if (s.bias) run_library_op<int>(ops::kBiasAdd, dt, fast, {call->inputs[2]}, {P}, nullptr);
+      run_library_op(ops::kGeluFwd, dt, fast, {P}, {Y}, &gelu);
       return;
     }
     case ops::kEpilogueDGelu: {
       ops::GemmAttrs g{at.trans_a, at.trans_b, 1.f, 0.f};
-      run_step(ops::kGemm, dt, fast, {A, B}, {Y}, &g);
-      run_step(ops::kGeluBwd, dt, fast, {Y, call->inputs[3]}, {Y}, &gelu);
-      if (s.dbias) run_step<int>(ops::kBiasGrad, dt, fast, {Y}, {call->outputs[2]}, nullptr);
+      run_library_op(ops::kGemm, dt, fast, {A, B}, {Y}, &g);
+      run_library_op(ops::kGeluBwd, dt, fast, {Y, call->inputs[3]}, {Y}, &gelu);
+      if (s.dbias) run_library_op<int>(ops::kBiasGrad, dt, fast, {Y}, {call->outputs[2]}, nullptr);
       return;
     }
     case ops::kEpilogueBiasGradA: {
       ops::GemmAttrs g{at.trans_a, at.trans_b, 1.f, at.beta};
-      run_step(ops::kGemm, dt, fast, {A, B}, {Y}, &g);
+      run_library_op(ops::kGemm, dt, fast, {A, B}, {Y}, &g);
       if (!s.dbias) return;
       // dbias (M) += the row sums of op(A). With trans_a, A is stored (K, M) and these are
       // its column sums: bias_grad exactly as the unfused Linear runs it on dY (N, out).
       if (at.trans_a) {
-        run_step<int>(ops::kBiasGrad, dt, fast, {A}, {call->outputs[2]}, nullptr);
+        run_library_op<int>(ops::kBiasGrad, dt, fast, {A}, {call->outputs[2]}, nullptr);
         return;
       }
       // A stored (M, K): sum each row in f64, as bias_grad's reference sums.

@@ -17,6 +17,7 @@ const std::vector<KernelDesc>& all_kernels() {
     add_embedding_kernels(k);
     add_layernorm_kernels(k);
     add_rmsnorm_kernels(k);
+    add_add_norm_kernels(k);
     add_rope_kernels(k);
     add_qkv_kernels(k);
     add_softmax_kernels(k);

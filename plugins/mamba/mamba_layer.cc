@@ -24,10 +24,9 @@ MambaLayer::MambaLayer(const nlohmann::json& options, IBuildContext& ctx)
   cp_rank_ = group(host, ParallelRole::kContext).rank();
   cp_size_ = group(host, ParallelRole::kContext).size();
   if (cp_size_ > 1)
-    invalid(
-        "/hybrid_layer_pattern: a Mamba layer (M) cannot run context parallel (parallel.cp = " +
-        std::to_string(cp_size_) +
-        "): its scan needs the state of every earlier chunk; use parallel.cp 1");
+    invalid("/hybrid_layer_pattern: a Mamba layer (M) cannot run context parallel (parallel.cp = " +
+            std::to_string(cp_size_) +
+            "): its scan needs the state of every earlier chunk; use parallel.cp 1");
   nlohmann::json common = {{"params_dtype", dtype_name(dtype_)},
                            {"device", device_name(device_)},
                            {"sequence_parallel", tp_.sequence_parallel()},
@@ -95,10 +94,16 @@ void MambaLayer::run_backward(IForwardContext& ctx, const TensorView* grad_outpu
     dropout_sequence(dropout_bwd_, attrs, dy, dmixed, tp_, cp_rank_, cp_size_);
   }
   TensorView dnormed = call_backward(*mixer_, ctx, {dmixed}, 1, "mixer")[0];
-  TensorView dx_norm = call_backward(*norm_, ctx, {dnormed}, 1, "norm")[0];
-  TensorView dx = allocate_like(ctx, dy);
-  add_({dy, dx_norm}, {dx});
-  release_all(ctx, {dmixed, dnormed, dx_norm}, {dy});
+  TensorView dx;
+  if (norm_->interface_info().minor >= 2) {  // norm 1.2 adds dy into its input gradient
+    dx = call_backward(*norm_, ctx, {dnormed, dy}, 1, "norm")[0];
+  } else {
+    TensorView dx_norm = call_backward(*norm_, ctx, {dnormed}, 1, "norm")[0];
+    dx = allocate_like(ctx, dy);
+    add_({dy, dx_norm}, {dx});
+    release(ctx, dx_norm);
+  }
+  release_all(ctx, {dmixed, dnormed}, {dy});
   grad_inputs[0] = dx;
   for (int32_t i = 1; i < num_grad_inputs; ++i) grad_inputs[i] = empty_view();
 }

@@ -1,7 +1,8 @@
 // MambaLayer (kinds::kLayer "mamba_layer"): the Mamba layer of Megatron-Core's hybrid models
 // (MambaLayer, the "M" of a hybrid_layer_pattern), pre-norm with a residual:
 //   y = x + dropout(mixer(norm(x)))
-// Children (spec slots): "norm" (norm.weight (C)) and "mixer" (e.g. mamba2: mixer.*).
+// Children (spec slots): "norm" (norm.weight (C)) and "mixer" (e.g. mamba2: mixer.*). A norm
+// of 1.2 (loom/kinds/model.h) adds the residual's gradient into its input gradient.
 //   forward:  [0] hidden (B, T, C) (the sequence shard with sequence parallelism),
 //             [1] position ids (B, T) or empty (unused: a Mamba layer has no positions),
 //             [2] segment ids or empty: refused (the SSM state would run across documents)

@@ -4,9 +4,8 @@
 
 #include "plugins/transformer/dot_product_attention.h"
 #include "plugins/transformer/gpt_model.h"
-#include "plugins/transformer/layernorm.h"
+#include "plugins/transformer/norm.h"
 #include "plugins/transformer/mlp.h"
-#include "plugins/transformer/rmsnorm.h"
 #include "plugins/transformer/transformer_layer.h"
 
 namespace loom::transformer {

@@ -165,6 +165,10 @@ TransformerLayer::TransformerLayer(const nlohmann::json& options, IBuildContext&
     add_child("mlp", mlp_ = build_child<IMlp>(ctx, moe_layer ? "mlp" : "dense_mlp", mlp));
   }
 
+  // norm 1.2 takes the residual add (loom/kinds/model.h); an older norm would ignore it.
+  auto fuses = [](IModule* norm) { return norm != nullptr && norm->interface_info().minor >= 2; };
+  fused_input_norm_ = fuses(input_norm_);
+  fused_pre_mlp_norm_ = fuses(pre_mlp_norm_);
   split_ = Kernel(host, ops::kSplitQkv, device_, dtype_);
   merge_ = Kernel(host, ops::kMergeQkv, device_, dtype_);
   add_ = Kernel(host, ops::kAdd, device_, dtype_);
@@ -220,9 +224,23 @@ void TransformerLayer::run_forward(IForwardContext& ctx, const TensorView* input
 
 TensorView TransformerLayer::forward_impl(IForwardContext& ctx, const TensorView& x,
                                           const TensorView& positions, const TensorView& segments) {
-  TensorView residual = has_attention_ ? attention_forward(ctx, x, positions, segments) : x;
+  TensorView residual = x, normed2 = empty_view();
+  if (has_attention_) {
+    TensorView attn = attention_forward(ctx, x, positions, segments);
+    if (has_mlp_ && fused_pre_mlp_norm_) {  // residual = x + attn, normed2 = norm2(residual)
+      std::vector<TensorView> out =
+          call_forward(*pre_mlp_norm_, ctx, {x, attn}, 2, "pre_mlp_layernorm");
+      normed2 = out[0];
+      residual = out[1];
+    } else {
+      residual = allocate_like(ctx, x);  // (B, T, C)
+      add_({x, attn}, {residual});
+    }
+    release(ctx, attn);
+  }
   if (!has_mlp_) return residual;  // an attention-only layer of a hybrid pattern (*)
-  TensorView normed2 = call_forward(*pre_mlp_norm_, ctx, {residual}, 1, "pre_mlp_layernorm")[0];
+  if (!present(normed2))
+    normed2 = call_forward(*pre_mlp_norm_, ctx, {residual}, 1, "pre_mlp_layernorm")[0];
   TensorView mlp_out = call_forward(*mlp_, ctx, {normed2}, 1, "mlp")[0];
   release(ctx, normed2);
   dropout_forward(ctx, mlp_out, kMlpOutDropout);
@@ -232,17 +250,14 @@ TensorView TransformerLayer::forward_impl(IForwardContext& ctx, const TensorView
   return y;
 }
 
-TensorView TransformerLayer::attention_residual(IForwardContext& ctx, const TensorView& x,
-                                                const TensorView& attn_partial) {
+TensorView TransformerLayer::attention_output(IForwardContext& ctx,
+                                              const TensorView& attn_partial) {
   TensorView attn = tp_.exit(ctx, attn_partial);  // summed over the group: like x
   release_all(ctx, {attn_partial}, {attn});
   if (proj_bias_ && !proj_bias_on_gemm())
     linear_.add_bias(value(proj_bias_index_), rows(attn, hidden_));
   dropout_forward(ctx, attn, kAttentionOutDropout);
-  TensorView residual = allocate_like(ctx, x);  // (B, T, C)
-  add_({x, attn}, {residual});
-  release(ctx, attn);
-  return residual;
+  return attn;
 }
 
 TensorView TransformerLayer::attention_forward(IForwardContext& ctx, const TensorView& x,
@@ -254,7 +269,7 @@ TensorView TransformerLayer::attention_forward(IForwardContext& ctx, const Tenso
     TensorView attn_partial =
         call_forward(*mla_, ctx, {normed, positions, segments}, 1, "self_attention")[0];
     release_all(ctx, {normed_shard, normed}, {x});
-    return attention_residual(ctx, x, attn_partial);
+    return attention_output(ctx, attn_partial);
   }
   int64_t b = x.shape[0], t = tp_.full_length(x.shape[1]);
   int64_t h = local_heads_, g = local_groups_, d = head_dim_;
@@ -307,7 +322,7 @@ TensorView TransformerLayer::attention_forward(IForwardContext& ctx, const Tenso
   linear_.forward(ctx, {this, kProjFp8}, rows(core_out, h * d), value(proj_weight_),
                   proj_bias_on_gemm() ? value(proj_bias_index_) : empty_view(),
                   rows(attn_partial, hidden_));
-  TensorView residual = attention_residual(ctx, x, attn_partial);
+  TensorView attn = attention_output(ctx, attn_partial);
   if (ctx.training()) {
     save(ctx, this, kPositions, positions);
     // An FP8 projection keeps its input's FP8 transpose instead (Linear).
@@ -315,9 +330,9 @@ TensorView TransformerLayer::attention_forward(IForwardContext& ctx, const Tenso
     if (!linear_.fp8({this, kProjFp8})) save(ctx, this, kCoreOut, core_out);
   }
   // The saves (this layer's and its children's) keep what backward needs: normed, q, k, v,
-  // core_out (in bf16 or as FP8 transposes), residual.
+  // core_out (in bf16 or as FP8 transposes).
   release_all(ctx, {normed_shard, normed, q, k, v, core_out}, {x});
-  return residual;
+  return attn;
 }
 
 void TransformerLayer::run_backward(IForwardContext& ctx, const TensorView* grad_outputs,
@@ -337,11 +352,16 @@ void TransformerLayer::run_backward(IForwardContext& ctx, const TensorView* grad
   if (has_mlp_) {
     TensorView dmlp_out = dropout_backward(ctx, dy, kMlpOutDropout);
     TensorView dnormed2 = call_backward(*mlp_, ctx, {dmlp_out}, 1, "mlp")[0];
-    TensorView dres_norm =
-        call_backward(*pre_mlp_norm_, ctx, {dnormed2}, 1, "pre_mlp_layernorm")[0];
-    dresidual = allocate_like(ctx, dy);
-    add_({dy, dres_norm}, {dresidual});
-    release_all(ctx, {dmlp_out, dnormed2, dres_norm}, {dy});
+    if (fused_pre_mlp_norm_) {  // dresidual = dy + d norm2 / dresidual, in the norm
+      dresidual = call_backward(*pre_mlp_norm_, ctx, {dnormed2, dy}, 1, "pre_mlp_layernorm")[0];
+      release_all(ctx, {dmlp_out, dnormed2}, {dy});
+    } else {
+      TensorView dres_norm =
+          call_backward(*pre_mlp_norm_, ctx, {dnormed2}, 1, "pre_mlp_layernorm")[0];
+      dresidual = allocate_like(ctx, dy);
+      add_({dy, dres_norm}, {dresidual});
+      release_all(ctx, {dmlp_out, dnormed2, dres_norm}, {dy});
+    }
   }
   // residual = x + dropout(proj(core(q, k, v)))   (residual = x without attention)
   grad_inputs[0] = has_attention_ ? attention_backward(ctx, dresidual) : dresidual;
@@ -357,10 +377,8 @@ TensorView TransformerLayer::attention_backward(IForwardContext& ctx, const Tens
     TensorView dnormed_partial = call_backward(*mla_, ctx, {dattn_full}, 1, "self_attention")[0];
     release_all(ctx, {dattn, dattn_full}, {dresidual});
     TensorView dnormed = tp_.enter_backward(ctx, dnormed_partial);  // like dy
-    TensorView dx_norm = call_backward(*input_norm_, ctx, {dnormed}, 1, "input_layernorm")[0];
-    TensorView dx = allocate_like(ctx, dresidual);
-    add_({dresidual, dx_norm}, {dx});
-    release_all(ctx, {dnormed_partial, dnormed, dx_norm});
+    TensorView dx = input_norm_backward(ctx, dresidual, dnormed);
+    release_all(ctx, {dnormed_partial, dnormed});
     return dx;
   }
   // Zero-bubble schedules: the projections' weight gradients wait for backward_weight.
@@ -413,10 +431,19 @@ TensorView TransformerLayer::attention_backward(IForwardContext& ctx, const Tens
                    grad(qkv_weight_), qkv_bias_ ? grad(qkv_bias_index_) : empty_view(),
                    rows(dnormed_partial, hidden_), deferred);
   TensorView dnormed = tp_.enter_backward(ctx, dnormed_partial);  // like dy
+  TensorView dx = input_norm_backward(ctx, dresidual, dnormed);
+  release_all(ctx, {dqkv, dnormed_partial, dnormed});  // the caller's dresidual stays
+  return dx;
+}
+
+TensorView TransformerLayer::input_norm_backward(IForwardContext& ctx, const TensorView& dresidual,
+                                                 const TensorView& dnormed) {
+  if (fused_input_norm_)  // the norm adds dresidual into its input gradient
+    return call_backward(*input_norm_, ctx, {dnormed, dresidual}, 1, "input_layernorm")[0];
   TensorView dx_norm = call_backward(*input_norm_, ctx, {dnormed}, 1, "input_layernorm")[0];
-  TensorView dx = allocate_like(ctx, dy);
+  TensorView dx = allocate_like(ctx, dresidual);
   add_({dresidual, dx_norm}, {dx});
-  release_all(ctx, {dqkv, dnormed_partial, dnormed, dx_norm});  // the caller's dresidual stays
+  release(ctx, dx_norm);
   return dx;
 }
 

@@ -29,6 +29,10 @@
 // Multi-latent attention (the model's multi_latent_attention, DeepSeek-V2/V3): the attention
 // half is the "self_attention" child MlaSelfAttention (mla_attention.h) between the input norm
 // and the tensor-parallel sum; linear_proj's bias stays the layer's.
+// Residual adds fused into the norms (norm 1.2, loom/kinds/model.h): h = x + attn is
+// pre_mlp_layernorm's residual input (it returns norm2(h) and h), and in backward each norm
+// adds the residual stream's gradient into its input gradient. A norm older than 1.2 gets
+// the unfused adds.
 // Recompute kFull: only the input is saved; backward reruns forward, then goes back.
 // Split backward (IForwardContext::defer_weight_grads): the projections' weight gradients
 // wait for backward_weight.
@@ -72,14 +76,17 @@ class TransformerLayer final : public ModuleBase<ILayer> {
   // The forward proper; saves through `ctx` what backward needs.
   TensorView forward_impl(IForwardContext& ctx, const TensorView& x, const TensorView& positions,
                           const TensorView& segments);
-  // The attention half: residual = x + dropout(proj(core(...))) (a new tensor), and its
-  // backward from the residual's gradient to dx (a new tensor; dresidual is the caller's).
+  // The attention half: attn = dropout(proj(core(...))) (a new tensor, the branch's output
+  // before the residual add), and its backward from the residual's gradient to dx (a new
+  // tensor; dresidual is the caller's).
   TensorView attention_forward(IForwardContext& ctx, const TensorView& x,
                                const TensorView& positions, const TensorView& segments);
   TensorView attention_backward(IForwardContext& ctx, const TensorView& dresidual);
-  // residual = x + dropout(sum over tp of attn_partial + bias): the attention half's tail.
-  TensorView attention_residual(IForwardContext& ctx, const TensorView& x,
-                                const TensorView& attn_partial);
+  // dropout(sum over tp of attn_partial + bias): the attention half's tail.
+  TensorView attention_output(IForwardContext& ctx, const TensorView& attn_partial);
+  // The input norm's backward: dx = dresidual + d norm1(x) / dx, fused where the norm can.
+  TensorView input_norm_backward(IForwardContext& ctx, const TensorView& dresidual,
+                                 const TensorView& dnormed);
   // Hidden dropout of `x` in place (forward) and its gradient (backward, a new tensor), with
   // the random stream `purpose`; identity outside training or when the probability is 0.
   void dropout_forward(IForwardContext& ctx, const TensorView& x, uint64_t purpose) const;
@@ -99,7 +106,8 @@ class TransformerLayer final : public ModuleBase<ILayer> {
   float rope_mscale_ = 1.0f;  // YaRN's attention factor on cos and sin: q, k scaled after rope
   int32_t qkv_weight_ = -1, qkv_bias_index_ = -1, proj_weight_ = -1, proj_bias_index_ = -1;
   IModule *input_norm_ = nullptr, *core_ = nullptr, *pre_mlp_norm_ = nullptr, *mlp_ = nullptr;
-  IModule *q_norm_ = nullptr, *k_norm_ = nullptr;  // with qk_layernorm
+  IModule *q_norm_ = nullptr, *k_norm_ = nullptr;               // with qk_layernorm
+  bool fused_input_norm_ = false, fused_pre_mlp_norm_ = false;  // norm 1.2: residual fused in
   MlaSelfAttention* mla_ = nullptr;  // multi-latent attention (child "self_attention")
   Linear linear_;
   Kernel split_, merge_, rope_fwd_, rope_bwd_, rope_scale_, add_, dropout_fwd_, dropout_bwd_;

@@ -43,6 +43,7 @@ void add_dropout_kernels(std::vector<KernelDesc>& out);
 void add_embedding_kernels(std::vector<KernelDesc>& out);
 void add_layernorm_kernels(std::vector<KernelDesc>& out);
 void add_rmsnorm_kernels(std::vector<KernelDesc>& out);
+void add_add_norm_kernels(std::vector<KernelDesc>& out);
 void add_rope_kernels(std::vector<KernelDesc>& out);
 void add_qkv_kernels(std::vector<KernelDesc>& out);
 void add_swap_axes_kernels(std::vector<KernelDesc>& out);

@@ -1,4 +1,7 @@
-// The kernels shared by layernorm.cu and rmsnorm.cu (kRms picks RMSNorm: no mean, no bias).
+// The kernels shared by layernorm.cu, rmsnorm.cu and add_norm.cu (kRms picks RMSNorm: no mean,
+// no bias), and their host-side launchers. The launchers take the call's tensors as
+// NormFwdTensors / NormBwdTensors, so that the residual-add forms (add_norm.cu) reuse them
+// with their own argument layout and, on the warp-per-row path, the fused kernels (kAdd).
 //
 // Forward, per row of X (N, C): the row is read once into registers (row_team.cuh, 8 chunks
 // of 4 per lane), then mean (LayerNorm) and the variance around it are two team sums over
@@ -275,8 +278,8 @@ __global__ void __launch_bounds__(kMaxTeam) norm_bwd_kernel(NormBwdArgs a) {
 
 // Stage 2 with the workspace: grad[c] += sum over blocks of partial[block][g][c], in block
 // order. Blocks of 32 x 32 threads: x across 32 columns, y over slices of the blocks;
-// blockIdx.y picks the gradient (0 dweight, 1 dbias). A template on kRms only so that
-// layernorm.cu and rmsnorm.cu, which both include this header, define different kernels.
+// blockIdx.y picks the gradient (0 dweight, 1 dbias). A template (on kRms only) so that
+// every .cu file that includes this header may instantiate it.
 template <bool kRms>
 __global__ void norm_wgrad_finalize_kernel(const float* partial, int64_t blocks, int grads,
                                            int64_t cols, float* dw, float* db) {
@@ -338,9 +341,9 @@ inline bool norm_warp_case(std::initializer_list<const TensorView*> tensors, int
   return true;
 }
 
-// norm_fwd_warp_kernel<T, kRms, kVecs> for a row of `cols` elements: the fewest vectors a
-// lane needs.
-template <class T, bool kRms>
+// norm_fwd_warp_kernel<T, kRms, kVecs, kAdd> for a row of `cols` elements: the fewest
+// vectors a lane needs.
+template <class T, bool kRms, bool kAdd = false>
 void launch_norm_fwd_warp(const NormFwdWarpArgs<T>& a, cudaStream_t stream) {
   const int vecs = static_cast<int>((a.cols / 8 + 31) / 32);
   const int64_t blocks = (a.rows + kWarpRowsPerBlock - 1) / kWarpRowsPerBlock;
@@ -348,108 +351,182 @@ void launch_norm_fwd_warp(const NormFwdWarpArgs<T>& a, cudaStream_t stream) {
   const int threads = kWarpRowsPerBlock * 32;
   switch (vecs) {
     case 1:
-      norm_fwd_warp_kernel<T, kRms, 1><<<grid, threads, 0, stream>>>(a);
+      norm_fwd_warp_kernel<T, kRms, 1, kAdd><<<grid, threads, 0, stream>>>(a);
       break;
     case 2:
-      norm_fwd_warp_kernel<T, kRms, 2><<<grid, threads, 0, stream>>>(a);
+      norm_fwd_warp_kernel<T, kRms, 2, kAdd><<<grid, threads, 0, stream>>>(a);
       break;
     case 3:
-      norm_fwd_warp_kernel<T, kRms, 3><<<grid, threads, 0, stream>>>(a);
+      norm_fwd_warp_kernel<T, kRms, 3, kAdd><<<grid, threads, 0, stream>>>(a);
       break;
     case 4:
-      norm_fwd_warp_kernel<T, kRms, 4><<<grid, threads, 0, stream>>>(a);
+      norm_fwd_warp_kernel<T, kRms, 4, kAdd><<<grid, threads, 0, stream>>>(a);
       break;
     case 5:
     case 6:
-      norm_fwd_warp_kernel<T, kRms, 6><<<grid, threads, 0, stream>>>(a);
+      norm_fwd_warp_kernel<T, kRms, 6, kAdd><<<grid, threads, 0, stream>>>(a);
       break;
     default:
-      norm_fwd_warp_kernel<T, kRms, 8><<<grid, threads, 0, stream>>>(a);
+      norm_fwd_warp_kernel<T, kRms, 8, kAdd><<<grid, threads, 0, stream>>>(a);
       break;
   }
 }
 
-// The warp-per-row forward (norm_warp.cuh) when the call is its case: X, weight, bias and Y
-// all bf16 or all f16, C a multiple of 8 and at most 2048, every tensor 16-byte aligned.
-// False (nothing launched) otherwise.
+// The tensors of a forward call, whichever op's layout they come from: the plain ops
+// (r, z null) or the residual-add forms (x + r -> z, then the norm of z).
+struct NormFwdTensors {
+  const TensorView* x;  // (N, C)
+  const TensorView* r;  // (N, C) or null
+  const TensorView* w;  // (C)
+  const TensorView* b;  // (C) or null (always null for RMSNorm)
+  const TensorView* y;  // (N, C)
+  const TensorView* z;  // (N, C) or null; may alias x or r
+  float* mean;          // (N); null for RMSNorm
+  float* rstd;          // (N)
+};
+
+// The plain forward's tensors: X, weight[, bias] -> Y[, mean], rstd.
 template <bool kRms>
-bool try_norm_fwd_warp(const OpCall* call, const op_checks::NormShape& s) {
-  const TensorView &X = call->inputs[0], &W = call->inputs[1], &Y = call->outputs[0];
+NormFwdTensors norm_fwd_tensors(const OpCall* call) {
   const TensorView* B = !kRms && call->inputs[2].data != nullptr ? &call->inputs[2] : nullptr;
-  const DType t = X.dtype;
-  if (!norm_warp_case({&X, &W, &Y, B}, s.c, kWarpRowMaxVecs)) return false;
+  return {&call->inputs[0],
+          nullptr,
+          &call->inputs[1],
+          B,
+          &call->outputs[0],
+          nullptr,
+          kRms ? nullptr : static_cast<float*>(call->outputs[1].data),
+          static_cast<float*>(call->outputs[kRms ? 1 : 2].data)};
+}
+
+// The warp-per-row forward (norm_warp.cuh) when the call is its case: X, weight, bias and Y
+// (and, kAdd, R and Z) all bf16 or all f16, C a multiple of 8 and at most 2048, every tensor
+// 16-byte aligned. kAdd (t.r and t.z set) fuses the add; a template parameter so that the
+// plain ops' files do not compile the fused kernels. False (nothing launched) otherwise.
+template <bool kRms, bool kAdd = false>
+bool try_norm_fwd_warp(const NormFwdTensors& t, const op_checks::NormShape& s,
+                       cudaStream_t stream) {
+  const TensorView* r = kAdd ? t.r : nullptr;
+  const TensorView* z = kAdd ? t.z : nullptr;
+  if (!norm_warp_case({t.x, t.w, t.y, t.b, r, z}, s.c, kWarpRowMaxVecs)) return false;
   auto run = [&](auto tag) {
     using T = decltype(tag);
     NormFwdWarpArgs<T> a{};
-    a.x = static_cast<const T*>(X.data);
-    a.w = static_cast<const T*>(W.data);
-    a.b = B ? static_cast<const T*>(B->data) : nullptr;
-    a.y = static_cast<T*>(Y.data);
-    a.mean = kRms ? nullptr : static_cast<float*>(call->outputs[1].data);
-    a.rstd = static_cast<float*>(call->outputs[kRms ? 1 : 2].data);
+    a.x = static_cast<const T*>(t.x->data);
+    a.w = static_cast<const T*>(t.w->data);
+    a.b = t.b ? static_cast<const T*>(t.b->data) : nullptr;
+    a.y = static_cast<T*>(t.y->data);
+    a.mean = t.mean;
+    a.rstd = t.rstd;
     a.rows = s.n, a.cols = s.c;
     a.eps = s.attrs.eps;
     a.gamma_shift = s.attrs.zero_centered_gamma ? 1.0f : 0.0f;
-    launch_norm_fwd_warp<T, kRms>(a, stream_of(call));
+    if (kAdd) {
+      a.r = static_cast<const T*>(r->data);
+      a.z = static_cast<T*>(z->data);
+    }
+    launch_norm_fwd_warp<T, kRms, kAdd>(a, stream);
   };
-  if (t == DType::kBF16)
+  if (t.x->dtype == DType::kBF16)
     run(__nv_bfloat16{});
   else
     run(__half{});
   return true;
 }
 
+// The general forward (norm_fwd_kernel) of X, any dtypes, widths and alignment; t.r and
+// t.z are ignored (the residual-add forms' fallback passes Z as X).
 template <bool kRms>
-void launch_norm_fwd(const OpCall* call, const op_checks::NormShape& s, const char* op) {
-  if (s.n == 0) return;
-  if (s.c > 0 && try_norm_fwd_warp<kRms>(call, s)) {
-    launch_check(op);
-    return;
-  }
-  const TensorView &X = call->inputs[0], &W = call->inputs[1], &Y = call->outputs[0];
-  const TensorView* B = !kRms && call->inputs[2].data != nullptr ? &call->inputs[2] : nullptr;
+void launch_norm_fwd_general(const NormFwdTensors& t, const op_checks::NormShape& s,
+                             cudaStream_t stream, const char* op) {
   NormFwdArgs a{};
-  a.x = X.data, a.xt = X.dtype;
-  a.w = W.data, a.wt = W.dtype;
-  a.b = B ? B->data : nullptr, a.bt = B ? B->dtype : DType::kF32;
-  a.y = Y.data, a.yt = Y.dtype;
-  a.mean = kRms ? nullptr : static_cast<float*>(call->outputs[1].data);
-  a.rstd = static_cast<float*>(call->outputs[kRms ? 1 : 2].data);
+  a.x = t.x->data, a.xt = t.x->dtype;
+  a.w = t.w->data, a.wt = t.w->dtype;
+  a.b = t.b ? t.b->data : nullptr, a.bt = t.b ? t.b->dtype : DType::kF32;
+  a.y = t.y->data, a.yt = t.y->dtype;
+  a.mean = t.mean;
+  a.rstd = t.rstd;
   a.rows = s.n, a.cols = s.c;
   a.eps = s.attrs.eps;
   a.gamma_shift = s.attrs.zero_centered_gamma ? 1.0f : 0.0f;
-  a.vec = s.c % 4 == 0 && aligned4(X) && aligned4(W) && aligned4(Y) && (!B || aligned4(*B));
+  a.vec = s.c % 4 == 0 && aligned4(*t.x) && aligned4(*t.w) && aligned4(*t.y) &&
+          (!t.b || aligned4(*t.b));
   RowGeometry g = norm_fwd_geometry(s.n, s.c);
   a.tpr = g.tpr;
-  norm_fwd_kernel<kRms><<<g.grid, g.block, 0, stream_of(call)>>>(a);
+  norm_fwd_kernel<kRms><<<g.grid, g.block, 0, stream>>>(a);
   launch_check(op);
 }
 
+template <bool kRms>
+void launch_norm_fwd(const OpCall* call, const op_checks::NormShape& s, const char* op) {
+  if (s.n == 0) return;
+  const NormFwdTensors t = norm_fwd_tensors<kRms>(call);
+  if (s.c > 0 && try_norm_fwd_warp<kRms>(t, s, stream_of(call))) {
+    launch_check(op);
+    return;
+  }
+  launch_norm_fwd_general<kRms>(t, s, stream_of(call), op);
+}
+
+// The tensors of a backward call (plain, or residual-add with dz), and its workspace.
+struct NormBwdTensors {
+  const TensorView* dy;  // (N, C)
+  const TensorView* x;   // (N, C); Z for the residual-add forms
+  const TensorView* w;   // (C)
+  const float* mean;     // (N); null for RMSNorm
+  const float* rstd;     // (N)
+  const TensorView* dz;  // (N, C) added to dX, or null
+  const TensorView* dx;  // (N, C)
+  float* dw;             // (C) +=
+  float* db;             // (C) += or null
+  float* partial;        // the workspace (norm_bwd_workspace_bytes), or null: atomics
+};
+
+// The plain backward's tensors: dY, X, weight[, mean], rstd -> dX, dweight[, dbias]; the
+// workspace when the call gives enough of it, 4-byte aligned.
+template <bool kRms>
+NormBwdTensors norm_bwd_tensors(const OpCall* call, const op_checks::NormShape& s) {
+  NormBwdTensors t{};
+  t.dy = &call->inputs[0];
+  t.x = &call->inputs[1];
+  t.w = &call->inputs[2];
+  t.mean = kRms ? nullptr : static_cast<const float*>(call->inputs[3].data);
+  t.rstd = static_cast<const float*>(call->inputs[kRms ? 3 : 4].data);
+  t.dx = &call->outputs[0];
+  t.dw = static_cast<float*>(call->outputs[1].data);
+  t.db = kRms ? nullptr : static_cast<float*>(call->outputs[2].data);
+  const uint64_t need = norm_bwd_workspace_bytes(s.n, s.c, t.db != nullptr ? 2 : 1);
+  t.partial = call->workspace != nullptr && call->workspace_bytes >= need &&
+                      reinterpret_cast<uintptr_t>(call->workspace) % alignof(float) == 0
+                  ? static_cast<float*>(call->workspace)
+                  : nullptr;
+  return t;
+}
+
 // The warp-per-row backward (norm_warp.cuh) when the call is its case: dY, X, weight and dX
-// all bf16 or all f16, C a multiple of 8 and at most 1024 (wider rows need 128-200
+// (and dZ) all bf16 or all f16, C a multiple of 8 and at most 1024 (wider rows need 128-200
 // registers a lane here, no fewer than the general kernel: they stay there until a GPU
 // profile says otherwise), every tensor 16-byte aligned, and the workspace for the weight
-// gradients' partial rows (`partial`). False (nothing launched) otherwise.
-template <bool kRms>
-bool try_norm_bwd_warp(const OpCall* call, const op_checks::NormShape& s, float* partial, float* dw,
-                       float* db, const char* op) {
-  const TensorView &dY = call->inputs[0], &X = call->inputs[1], &W = call->inputs[2];
-  const TensorView& dX = call->outputs[0];
-  const DType t = X.dtype;
-  if (partial == nullptr || !norm_warp_case({&dY, &X, &W, &dX}, s.c, kWarpRowMaxBwdVecs))
+// gradients' partial rows (`partial`). kAdd (t.dz set) fuses dX += dZ, a template parameter
+// as in the forward. False (nothing launched) otherwise.
+template <bool kRms, bool kAdd = false>
+bool try_norm_bwd_warp(const NormBwdTensors& t, const op_checks::NormShape& s, cudaStream_t stream,
+                       const char* op) {
+  const TensorView* dz = kAdd ? t.dz : nullptr;
+  if (t.partial == nullptr || !norm_warp_case({t.dy, t.x, t.w, t.dx, dz}, s.c, kWarpRowMaxBwdVecs))
     return false;
-  const cudaStream_t stream = stream_of(call);
-  const int grads = db != nullptr ? 2 : 1;
+  const int grads = t.db != nullptr ? 2 : 1;
   const int64_t slices = norm_wgrad_cols_slices(s.n, s.c);
   auto run = [&](auto tag) {
     using T = decltype(tag);
     NormBwdWarpArgs<T> a{};
-    a.dy = static_cast<const T*>(dY.data);
-    a.x = static_cast<const T*>(X.data);
-    a.w = static_cast<const T*>(W.data);
-    a.mean = kRms ? nullptr : static_cast<const float*>(call->inputs[3].data);
-    a.rstd = static_cast<const float*>(call->inputs[kRms ? 3 : 4].data);
-    a.dx = static_cast<T*>(dX.data);
+    a.dy = static_cast<const T*>(t.dy->data);
+    a.x = static_cast<const T*>(t.x->data);
+    a.dz = kAdd ? static_cast<const T*>(dz->data) : nullptr;
+    a.w = static_cast<const T*>(t.w->data);
+    a.mean = t.mean;
+    a.rstd = t.rstd;
+    a.dx = static_cast<T*>(t.dx->data);
     a.rows = s.n, a.cols = s.c;
     a.gamma_shift = s.attrs.zero_centered_gamma ? 1.0f : 0.0f;
     const int vecs = static_cast<int>((s.c / 8 + 31) / 32);
@@ -458,69 +535,72 @@ bool try_norm_bwd_warp(const OpCall* call, const op_checks::NormShape& s, float*
     const int threads = kWarpRowsPerBlock * 32;
     switch (vecs) {
       case 1:
-        norm_bwd_warp_kernel<T, kRms, 1><<<grid, threads, 0, stream>>>(a);
+        norm_bwd_warp_kernel<T, kRms, 1, kAdd><<<grid, threads, 0, stream>>>(a);
         break;
       case 2:
-        norm_bwd_warp_kernel<T, kRms, 2><<<grid, threads, 0, stream>>>(a);
+        norm_bwd_warp_kernel<T, kRms, 2, kAdd><<<grid, threads, 0, stream>>>(a);
         break;
       case 3:
-        norm_bwd_warp_kernel<T, kRms, 3><<<grid, threads, 0, stream>>>(a);
+        norm_bwd_warp_kernel<T, kRms, 3, kAdd><<<grid, threads, 0, stream>>>(a);
         break;
       default:
-        norm_bwd_warp_kernel<T, kRms, 4><<<grid, threads, 0, stream>>>(a);
+        norm_bwd_warp_kernel<T, kRms, 4, kAdd><<<grid, threads, 0, stream>>>(a);
         break;
     }
     launch_check(op);
     const dim3 cols_grid(static_cast<unsigned>((s.c / 8 + 31) / 32), static_cast<unsigned>(slices));
-    norm_wgrad_cols_kernel<T, kRms><<<cols_grid, 256, 0, stream>>>(a, db != nullptr, partial);
+    norm_wgrad_cols_kernel<T, kRms><<<cols_grid, 256, 0, stream>>>(a, t.db != nullptr, t.partial);
     launch_check(op);
   };
-  if (t == DType::kBF16)
+  if (t.x->dtype == DType::kBF16)
     run(__nv_bfloat16{});
   else
     run(__half{});
   norm_wgrad_finalize_kernel<kRms>
       <<<dim3(static_cast<unsigned>((s.c + 31) / 32), grads), dim3(32, 32), 0, stream>>>(
-          partial, slices, grads, s.c, dw, db);
+          t.partial, slices, grads, s.c, t.dw, t.db);
   launch_check(op);
   return true;
+}
+
+// The general backward (norm_bwd_kernel, then the finalize kernel with the workspace) into
+// dX; t.dz is ignored (the residual-add forms' fallback adds it afterwards).
+template <bool kRms>
+void launch_norm_bwd_general(const NormBwdTensors& t, const op_checks::NormShape& s,
+                             cudaStream_t stream, const char* op) {
+  NormBwdArgs a{};
+  a.dy = t.dy->data, a.dyt = t.dy->dtype;
+  a.x = t.x->data, a.xt = t.x->dtype;
+  a.w = t.w->data, a.wt = t.w->dtype;
+  a.mean = t.mean;
+  a.rstd = t.rstd;
+  a.dx = t.dx->data, a.dxt = t.dx->dtype;
+  a.dw = t.dw;
+  a.db = t.db;
+  a.partial = t.partial;
+  a.rows = s.n, a.cols = s.c;
+  a.gamma_shift = s.attrs.zero_centered_gamma ? 1.0f : 0.0f;
+  a.vec = s.c % 4 == 0 && aligned4(*t.dy) && aligned4(*t.x) && aligned4(*t.w) && aligned4(*t.dx);
+  const int grads = a.db != nullptr ? 2 : 1;
+  RowGeometry g = norm_bwd_geometry(s.n, s.c);
+  a.tpr = g.tpr;
+  size_t smem = g.teams > 1 ? static_cast<size_t>(grads) * s.c * sizeof(float) : 0;
+  norm_bwd_kernel<kRms><<<g.grid, g.block, smem, stream>>>(a);
+  launch_check(op);
+  if (a.partial != nullptr) {
+    dim3 grid(static_cast<unsigned>((s.c + 31) / 32), grads);
+    norm_wgrad_finalize_kernel<kRms>
+        <<<grid, dim3(32, 32), 0, stream>>>(a.partial, g.grid, grads, s.c, a.dw, a.db);
+    launch_check(op);
+  }
 }
 
 template <bool kRms>
 void launch_norm_bwd(const OpCall* call, const op_checks::NormShape& s, const char* op) {
   if (s.n == 0 || s.c == 0) return;
-  const TensorView &dY = call->inputs[0], &X = call->inputs[1], &W = call->inputs[2];
-  const TensorView& dX = call->outputs[0];
-  NormBwdArgs a{};
-  a.dy = dY.data, a.dyt = dY.dtype;
-  a.x = X.data, a.xt = X.dtype;
-  a.w = W.data, a.wt = W.dtype;
-  a.mean = kRms ? nullptr : static_cast<const float*>(call->inputs[3].data);
-  a.rstd = static_cast<const float*>(call->inputs[kRms ? 3 : 4].data);
-  a.dx = dX.data, a.dxt = dX.dtype;
-  a.dw = static_cast<float*>(call->outputs[1].data);
-  a.db = kRms ? nullptr : static_cast<float*>(call->outputs[2].data);
-  a.rows = s.n, a.cols = s.c;
-  a.gamma_shift = s.attrs.zero_centered_gamma ? 1.0f : 0.0f;
-  a.vec = s.c % 4 == 0 && aligned4(dY) && aligned4(X) && aligned4(W) && aligned4(dX);
-  const int grads = a.db != nullptr ? 2 : 1;
-  const uint64_t need = norm_bwd_workspace_bytes(s.n, s.c, grads);
-  a.partial = call->workspace != nullptr && call->workspace_bytes >= need &&
-                      reinterpret_cast<uintptr_t>(call->workspace) % alignof(float) == 0
-                  ? static_cast<float*>(call->workspace)
-                  : nullptr;
-  if (try_norm_bwd_warp<kRms>(call, s, a.partial, a.dw, a.db, op)) return;
-  RowGeometry g = norm_bwd_geometry(s.n, s.c);
-  a.tpr = g.tpr;
-  size_t smem = g.teams > 1 ? static_cast<size_t>(grads) * s.c * sizeof(float) : 0;
-  norm_bwd_kernel<kRms><<<g.grid, g.block, smem, stream_of(call)>>>(a);
-  launch_check(op);
-  if (a.partial != nullptr) {
-    dim3 grid(static_cast<unsigned>((s.c + 31) / 32), grads);
-    norm_wgrad_finalize_kernel<kRms>
-        <<<grid, dim3(32, 32), 0, stream_of(call)>>>(a.partial, g.grid, grads, s.c, a.dw, a.db);
-    launch_check(op);
-  }
+  const NormBwdTensors t = norm_bwd_tensors<kRms>(call, s);
+  if (try_norm_bwd_warp<kRms>(t, s, stream_of(call), op)) return;
+  launch_norm_bwd_general<kRms>(t, s, stream_of(call), op);
 }
 
 }  // namespace loom::kernels::cuda::pointwise

@@ -17,6 +17,13 @@
 // once. Only the order of the partial sums differs (a lane's columns, then the warp's
 // butterfly).
 //
+// The residual-add forms (add_layernorm_* / add_rmsnorm_*, kAdd true) fuse the add into these
+// kernels: the forward loads a vector of X and of R, adds them in f32, rounds the sum to T,
+// stores it as Z and keeps the ROUNDED values for the statistics and Y, so that Y, mean and
+// rstd are exactly what the plain forward of the stored Z would give; the backward adds dZ
+// (loaded as T) to dX in f32 before dX's single rounding. With kAdd false (the plain ops) the
+// added code is not compiled at all.
+//
 // Plain CUDA C++ without host-only code, so that tests/kernels/cuda/norm_emulation runs it
 // on the CPU.
 #pragma once
@@ -37,6 +44,8 @@ inline constexpr int kWarpRowMaxBwdVecs = 4;  // backward: C <= 1024 (norm.cuh s
 template <class T>
 struct NormFwdWarpArgs {
   const T* x;    // (N, C)
+  const T* r;    // (N, C) the residual (kAdd), or null
+  T* z;          // (N, C) round(x + r) (kAdd), or null; may alias x or r
   const T* w;    // (C)
   const T* b;    // (C) or null (always null for RMSNorm)
   T* y;          // (N, C)
@@ -50,7 +59,10 @@ struct NormFwdWarpArgs {
 // Blocks of kWarpRowsPerBlock warps; warp r of block b takes rows b * kWarpRowsPerBlock + r,
 // then strides by the grid. Lane l holds vectors l, l + 32, ..., l + 32 (kVecs - 1) of its
 // row (those below C / 8). A warp's row is uniform across its lanes, so the shuffles are.
-template <class T, bool kRms, int kVecs>
+// kAdd: the row is z = round(x + r), stored as it is loaded; a lane reads x and r of a
+// vector before it writes z there, and no other lane touches that vector, so z may alias
+// x or r.
+template <class T, bool kRms, int kVecs, bool kAdd = false>
 __global__ void __launch_bounds__(kWarpRowsPerBlock * 32)
     norm_fwd_warp_kernel(NormFwdWarpArgs<T> a) {
   const int lane = threadIdx.x % 32;
@@ -66,6 +78,17 @@ __global__ void __launch_bounds__(kWarpRowsPerBlock * 32)
       const int64_t j = static_cast<int64_t>(k) * 32 + lane;
       if (j < vecs) {
         load_pack<T, 8>(x + j * 8, v[k]);
+        if (kAdd) {
+          float r[8];
+          load_pack<T, 8>(a.r + row * a.cols + j * 8, r);
+          Pack<T, 8> z;
+#pragma unroll
+          for (int e = 0; e < 8; ++e) {
+            z.v[e] = from_f32<T>(v[k][e] + r[e]);
+            v[k][e] = to_f32<T>(z.v[e]);  // the statistics and Y see the stored Z
+          }
+          *reinterpret_cast<Pack<T, 8>*>(a.z + row * a.cols + j * 8) = z;
+        }
       } else {
 #pragma unroll
         for (int e = 0; e < 8; ++e) v[k][e] = 0.0f;
@@ -124,11 +147,14 @@ __global__ void __launch_bounds__(kWarpRowsPerBlock * 32)
 // rounded once (no FMA contraction: C = 1 must give dX = 0 exactly),
 // dX = rstd * (g - mean(g) - xhat * mean(g * xhat)) (RMSNorm: no mean(g) term),
 // dweight += sum_n dY * xhat, dbias += sum_n dY.
+// kAdd (the residual-add forms): x is Z, and dX = that + dZ, added in f32 before the one
+// rounding; the weight gradients are the plain op's (of Z).
 
 template <class T>
 struct NormBwdWarpArgs {
   const T* dy;         // (N, C)
-  const T* x;          // (N, C)
+  const T* x;          // (N, C); Z for the residual-add forms
+  const T* dz;         // (N, C) added to dX (kAdd), or null
   const T* w;          // (C)
   const float* mean;   // (N); null for RMSNorm
   const float* rstd;   // (N)
@@ -137,7 +163,7 @@ struct NormBwdWarpArgs {
   float gamma_shift;
 };
 
-template <class T, bool kRms, int kVecs>
+template <class T, bool kRms, int kVecs, bool kAdd = false>
 __global__ void __launch_bounds__(kWarpRowsPerBlock * 32)
     norm_bwd_warp_kernel(NormBwdWarpArgs<T> a) {
   const int lane = threadIdx.x % 32;
@@ -177,6 +203,12 @@ __global__ void __launch_bounds__(kWarpRowsPerBlock * 32)
       for (int e = 0; e < 8; ++e) {
         const float xhat = (xv[k][e] - mu) * rs, g = __fmul_rn(d[k][e], w[e] + a.gamma_shift);
         d[k][e] = rs * (g - mg - xhat * mgx);
+      }
+      if (kAdd) {
+        float dz[8];
+        load_pack<T, 8>(a.dz + off + j * 8, dz);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) d[k][e] += dz[e];
       }
       store_pack<T, 8>(a.dx + off + j * 8, d[k]);
     }

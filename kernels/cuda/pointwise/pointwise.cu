@@ -11,6 +11,7 @@ void add_pointwise_kernels(std::vector<KernelDesc>& out) {
   pointwise::add_embedding_kernels(out);
   pointwise::add_layernorm_kernels(out);
   pointwise::add_rmsnorm_kernels(out);
+  pointwise::add_add_norm_kernels(out);
   pointwise::add_rope_kernels(out);
   pointwise::add_qkv_kernels(out);
   pointwise::add_swap_axes_kernels(out);

@@ -4,8 +4,9 @@
 // bad call fails with the very words of the CPU kernels (the checks are shared; a bad call
 // never reaches the GPU). With a GPU: every op against cpu.ref on the shapes that stress the
 // kernels' paths (odd widths, unaligned addresses, rows past the register capacity, Y
-// aliasing X, more than 2^31 elements), the dropout mask bit for bit, deterministic weight
-// gradients with the workspace, and out-of-range embedding ids reported without a crash.
+// aliasing X, more than 2^31 elements; the residual-add norms fused and unfused, Z over X
+// or R), the dropout mask bit for bit, deterministic weight gradients with the workspace,
+// and out-of-range embedding ids reported without a crash.
 #include "kernels/cuda/pointwise/pointwise.h"
 
 #include <cuda_runtime.h>
@@ -43,11 +44,12 @@ const KernelDesc& cuda_kernel(const char* op, DType t) {
 }
 
 const char* const kOps[] = {
-    ops::kGeluFwd,      ops::kGeluBwd,          ops::kSwigluFwd,        ops::kSwigluBwd,
-    ops::kDropoutFwd,   ops::kDropoutBwd,       ops::kEmbeddingFwd,     ops::kEmbeddingBwd,
-    ops::kLayerNormFwd, ops::kLayerNormBwd,     ops::kRmsNormFwd,       ops::kRmsNormBwd,
-    ops::kRopeFwd,      ops::kRopeBwd,          ops::kSplitQkv,         ops::kMergeQkv,
-    ops::kSwapAxes12,   ops::kMaskedSoftmaxFwd, ops::kMaskedSoftmaxBwd, ops::kFp8Quantize};
+    ops::kGeluFwd,         ops::kGeluBwd,          ops::kSwigluFwd,        ops::kSwigluBwd,
+    ops::kDropoutFwd,      ops::kDropoutBwd,       ops::kEmbeddingFwd,     ops::kEmbeddingBwd,
+    ops::kLayerNormFwd,    ops::kLayerNormBwd,     ops::kRmsNormFwd,       ops::kRmsNormBwd,
+    ops::kRopeFwd,         ops::kRopeBwd,          ops::kSplitQkv,         ops::kMergeQkv,
+    ops::kSwapAxes12,      ops::kMaskedSoftmaxFwd, ops::kMaskedSoftmaxBwd, ops::kFp8Quantize,
+    ops::kAddLayerNormFwd, ops::kAddLayerNormBwd,  ops::kAddRmsNormFwd,    ops::kAddRmsNormBwd};
 
 // The call of `k` on views of the host tensors, every view marked as in `device` memory.
 template <class A>
@@ -74,7 +76,8 @@ TEST(PointwiseRegistry, EveryOpForEveryFloatDtype) {
           EXPECT_NE(k.supports, nullptr) << op;
           EXPECT_NE(k.cost, nullptr) << op;
           bool norm_bwd =
-              std::string(op) == ops::kLayerNormBwd || std::string(op) == ops::kRmsNormBwd;
+              std::string(op) == ops::kLayerNormBwd || std::string(op) == ops::kRmsNormBwd ||
+              std::string(op) == ops::kAddLayerNormBwd || std::string(op) == ops::kAddRmsNormBwd;
           EXPECT_EQ(k.workspace != nullptr, norm_bwd) << op;
         }
       EXPECT_EQ(found, 1) << op << " " << dtype_name(t);
@@ -131,6 +134,16 @@ TEST(PointwiseChecks, BadCallsFailWithTheCpuKernelsWords) {
   ops::SoftmaxAttrs sm{1.0f, 1};
   expect_same_refusal(ops::kMaskedSoftmaxFwd, DType::kF32, {&s, &seg}, {&p}, &sm,
                       "segment ids need as many keys as queries");
+  // The residual-add norms: R of another dtype, a misshapen dZ, dX over dZ.
+  Tensor r16(DType::kF16, {3, 8}), z(DType::kBF16, {3, 8}), mean(DType::kF32, {3});
+  expect_same_refusal(ops::kAddLayerNormFwd, DType::kBF16, {&x, &r16, &w, &none},
+                      {&y, &z, &mean, &rstd}, &norm,
+                      "add_layernorm_fwd: input 1 (R) has dtype f16, expected X's bf16");
+  Tensor dz7(DType::kBF16, {3, 7});
+  expect_same_refusal(ops::kAddRmsNormBwd, DType::kBF16, {&y, &z, &w, &rstd, &dz7}, {&x, &dw},
+                      &norm, "add_rmsnorm_bwd: input 4 (dZ) has shape (3, 7)");
+  expect_same_refusal(ops::kAddLayerNormBwd, DType::kBF16, {&y, &z, &w, &mean, &rstd, &x},
+                      {&x, &dw, &none}, &norm, "dX aliases dZ: give dX a buffer of its own");
   // A transpose cannot run in place: the same tensor as X and Y.
   Tensor square(DType::kF32, {1, 3, 3, 4});
   expect_same_refusal(ops::kSwapAxes12, DType::kF32, {&square}, {&square},
@@ -196,6 +209,50 @@ TEST(PointwiseWorkspace, NormBackwardAsksForOnePartialRowPerBlockAndGradient) {
   EXPECT_LE(ln, uint64_t{32} << 20);  // at most about 16 MiB per gradient
   EXPECT_EQ(bytes(ops::kRmsNormBwd, 0, 1024, false), 0u);
   EXPECT_EQ(bytes(ops::kRmsNormBwd, 3, 8, false), 8 * sizeof(float));  // 3 rows: one block
+}
+
+// The residual-add norms: `supports` and costs on shapes alone (the CPU kernels' costs), and
+// the backward asks for the plain backward's workspace.
+TEST(PointwiseAddNorms, SupportsCostsAndWorkspaceOnShapes) {
+  const int64_t n = 5, c = 768;
+  const DType bf = DType::kBF16, f = DType::kF32;
+  Tensor x(bf, {n, c}), r(bf, {n, c}), w(bf, {c}), b(bf, {c}), y(bf, {n, c}), z(bf, {n, c}),
+      stat(f, {n}), dz(bf, {n, c}), dx(bf, {n, c}), dw(f, {c}), db(f, {c});
+  ops::NormAttrs at{1e-5f, 0};
+  struct Call {
+    const char* op;
+    const char* plain;  // the plain backward with the same workspace, or null
+    std::vector<Tensor*> in, out;
+  };
+  const std::vector<Call> calls = {
+      {ops::kAddLayerNormFwd, nullptr, {&x, &r, &w, &b}, {&y, &z, &stat, &stat}},
+      {ops::kAddRmsNormFwd, nullptr, {&x, &r, &w}, {&y, &z, &stat}},
+      {ops::kAddLayerNormBwd, ops::kLayerNormBwd, {&y, &z, &w, &stat, &stat, &dz}, {&dx, &dw, &db}},
+      {ops::kAddRmsNormBwd, ops::kRmsNormBwd, {&y, &z, &w, &stat, &dz}, {&dx, &dw}}};
+  for (const Call& cl : calls) {
+    CallHolder h(cl.in, cl.out, &at);
+    for (TensorView& v : h.in) v.data = nullptr, v.device.type = DeviceType::kCuda;
+    for (TensorView& v : h.out) v.data = nullptr, v.device.type = DeviceType::kCuda;
+    const KernelDesc& k = cuda_kernel(cl.op, bf);
+    EXPECT_TRUE(k.supports(&h.call)) << cl.op;
+    OpCost got{}, want{};
+    Status s = k.cost(&h.call, &got);
+    ASSERT_EQ(s.code, Code::kOk) << cl.op << ": " << take_message(&s);
+    CallHolder cpu(cl.in, cl.out, &at);
+    s = kernel(cl.op, bf, "cpu.ref").cost(&cpu.call, &want);
+    ASSERT_EQ(s.code, Code::kOk) << cl.op << ": " << take_message(&s);
+    EXPECT_EQ(got.flops, want.flops) << cl.op;
+    EXPECT_EQ(got.bytes_read, want.bytes_read) << cl.op;
+    EXPECT_EQ(got.bytes_written, want.bytes_written) << cl.op;
+    EXPECT_FALSE(k.supports(&cpu.call)) << cl.op << " accepted CPU tensors";
+    if (cl.plain == nullptr) continue;
+    // The plain backward's call: the same views less dZ.
+    h.call.num_inputs -= 1;
+    const uint64_t plain = cuda_kernel(cl.plain, bf).workspace(&h.call);
+    h.call.num_inputs += 1;
+    EXPECT_GT(plain, 0u) << cl.op;
+    EXPECT_EQ(k.workspace(&h.call), plain) << cl.op;
+  }
 }
 
 // ---- On the GPU ------------------------------------------------------------------------
@@ -287,8 +344,9 @@ class GpuCall {
 struct GpuOptions {
   int shift = 0;          // unaligned addresses
   bool workspace = true;  // give the kernel the workspace it asks for
-  int alias_out = -1;     // output that aliases input 0
+  int alias_out = -1;     // output that aliases input `alias_in`
   bool exact = false;     // outputs must equal the reference's bit for bit
+  int alias_in = 0;       // the input that output `alias_out` aliases
 };
 
 // Runs cpu.ref and the cuda kernel of `op` on the same inputs and copies of the same
@@ -304,7 +362,7 @@ void expect_cuda_matches_ref(const char* op, DType key, std::vector<Tensor> inpu
   for (Tensor& t : gpu_out) go.push_back(&t);
   run(op, "cpu.ref", key, in, ro, attrs);
   GpuCall g(in, go, opt.shift);
-  if (opt.alias_out >= 0) g.alias(opt.alias_out, 0);
+  if (opt.alias_out >= 0) g.alias(opt.alias_out, opt.alias_in);
   Status s = g.run(cuda_kernel(op, key), attrs, opt.workspace);
   ASSERT_EQ(s.code, Code::kOk) << op << " " << what << ": " << take_message(&s);
   g.download_all();
@@ -534,6 +592,55 @@ TEST_P(PointwiseGpu, NormsForwardAndBackward) {
           expect_cuda_matches_ref(ops::kRmsNormBwd, dt, {dy, x, w, rrstd},
                                   {Tensor(dt, {n, c}), Tensor::random(DType::kF32, {c}, rng)}, &at,
                                   what + (ws ? " workspace" : " atomics"), {shift, ws});
+      }
+}
+
+// The residual-add norms on the same shapes: the fused warp-per-row kernels (bf16 / f16,
+// C % 8 == 0 up to 2048 forward, 1024 backward, aligned, with the workspace) and the unfused
+// sequence everywhere else (f32, odd or wide rows, shift 1, no workspace); Z in its own
+// buffer, over X and over R. cpu.ref runs the unfused ops (dX rounded before dZ is added),
+// the fused kernel rounds once: both within the dtype's tolerance of each other.
+TEST_P(PointwiseGpu, AddNormsForwardAndBackward) {
+  REQUIRE_GPU();
+  std::mt19937 rng(9);
+  DType dt = GetParam();
+  for (auto [n, c] : kNormShapes)
+    for (int32_t zc : {0, 1})
+      for (int shift : {0, 1}) {
+        std::string what = "N " + std::to_string(n) + " C " + std::to_string(c) + " zc " +
+                           std::to_string(zc) + " shift " + std::to_string(shift);
+        ops::NormAttrs at{1e-5f, zc};
+        Tensor x = Tensor::random(dt, {n, c}, rng, -2.0, 3.0), r = Tensor::random(dt, {n, c}, rng);
+        Tensor w = Tensor::random(dt, {c}, rng), b = Tensor::random(dt, {c}, rng);
+        Tensor dy = Tensor::random(dt, {n, c}, rng), dz = Tensor::random(dt, {n, c}, rng);
+        Tensor mean(DType::kF32, {n}), rstd(DType::kF32, {n}), y(dt, {n, c}), z(dt, {n, c});
+        run_ref(ops::kAddLayerNormFwd, dt, {&x, &r, &w, &b}, {&y, &z, &mean, &rstd}, &at);
+        for (int z_at : {-1, 0, 1}) {  // Z's own buffer, over X (input 0), over R (input 1)
+          GpuOptions opt{shift};
+          opt.alias_out = z_at < 0 ? -1 : 1;
+          opt.alias_in = z_at < 0 ? 0 : z_at;
+          const std::string zw = z_at < 0 ? "" : z_at == 0 ? " Z=X" : " Z=R";
+          for (bool bias : {false, true})
+            expect_cuda_matches_ref(ops::kAddLayerNormFwd, dt, {x, r, w, bias ? b : Tensor()},
+                                    {Tensor(dt, {n, c}), Tensor(dt, {n, c}), mean, rstd}, &at,
+                                    what + zw, opt);
+          expect_cuda_matches_ref(ops::kAddRmsNormFwd, dt, {x, r, w},
+                                  {Tensor(dt, {n, c}), Tensor(dt, {n, c}), rstd}, &at, what + zw,
+                                  opt);
+        }
+        for (bool ws : {false, true}) {
+          const std::string how = what + (ws ? " workspace" : " atomics");
+          for (bool bias : {false, true})
+            expect_cuda_matches_ref(ops::kAddLayerNormBwd, dt, {dy, z, w, mean, rstd, dz},
+                                    {Tensor(dt, {n, c}), Tensor::random(DType::kF32, {c}, rng),
+                                     bias ? Tensor::random(DType::kF32, {c}, rng) : Tensor()},
+                                    &at, how, {shift, ws});
+          Tensor rrstd(DType::kF32, {n}), ry(dt, {n, c}), rz(dt, {n, c});
+          run_ref(ops::kAddRmsNormFwd, dt, {&x, &r, &w}, {&ry, &rz, &rrstd}, &at);
+          expect_cuda_matches_ref(ops::kAddRmsNormBwd, dt, {dy, rz, w, rrstd, dz},
+                                  {Tensor(dt, {n, c}), Tensor::random(DType::kF32, {c}, rng)}, &at,
+                                  how, {shift, ws});
+        }
       }
 }
 

@@ -26,6 +26,64 @@ TEST_P(NormTest, BackwardMatchesFiniteDifferences) {
   check.check_gradients();
 }
 
+// Norm 1.2's residual: forward (x, r) -> (y, z = x + r), backward (dy, dz) -> dx. The
+// harness weighs both outputs, so the objective's gradient by x is the norm's plus dz: central
+// differences of x and of the parameters check the fused forward and backward together.
+TEST_P(NormTest, ResidualFusedIntoTheNormMatchesFiniteDifferences) {
+  ModuleHarness h(transformer_plugins());
+  IModule& norm = build_resolved(h, kinds::kNorm, {{"impl", GetParam()}}, {{"hidden_size", 8}});
+  EXPECT_EQ(norm.interface_info().minor, 2u);
+  randomize_params(h, 5, 0.5f);
+  Call call{{random_input(h, {2, 3, 8}, 1), random_input(h, {2, 3, 8}, 3)}, {true, false}};
+  call.num_outputs = 2;
+  ModuleCheck check(h, norm, call);
+  check.check_gradients();
+}
+
+// The same call on the fused kernels (add_layernorm_* / add_rmsnorm_*) and with them pinned to
+// "none" (the norm then runs add and the plain norm): z is x + r exactly, and outputs and
+// gradients agree bit for bit, since the CPU's fused kernels run that sequence.
+TEST_P(NormTest, ResidualOnTheFusedKernelsEqualsTheUnfusedOps) {
+  const std::string fwd = "add_" + GetParam() + "_fwd", bwd = "add_" + GetParam() + "_bwd";
+  Result results[2];
+  for (int fused = 0; fused < 2; ++fused) {
+    ModuleHarness h(transformer_plugins());
+    if (!fused) h.plugins().host().set_pins({{fwd, "none"}, {bwd, "none"}});
+    IModule& norm = build_resolved(h, kinds::kNorm, {{"impl", GetParam()}}, {{"hidden_size", 8}});
+    randomize_params(h, 5, 0.5f);
+    TensorView x = random_input(h, {2, 3, 8}, 1), r = random_input(h, {2, 3, 8}, 3);
+    Call call{{x, r}, {true, false}};
+    call.num_outputs = 2;
+    ModuleCheck check(h, norm, call);
+    results[fused] = check.run();
+    std::vector<float> xv = h.values(x), rv = h.values(r);
+    for (size_t i = 0; i < xv.size(); ++i)
+      ASSERT_EQ(results[fused].outputs[1][i], xv[i] + rv[i]) << "z[" << i << "]";
+    int resolved = 0;
+    for (const auto& res : h.plugins().host().resolutions())
+      resolved += res.op == fwd || res.op == bwd;
+    EXPECT_EQ(resolved, fused ? 2 : 0) << "fused " << fused;
+  }
+  EXPECT_EQ(results[0].outputs, results[1].outputs);
+  expect_same_grads(results[1], results[0], 0.0, GetParam());
+}
+
+TEST_P(NormTest, AResidualNeedsTheSumsOutput) {
+  ModuleHarness h(transformer_plugins());
+  IModule& norm = build_resolved(h, kinds::kNorm, {{"impl", GetParam()}}, {{"hidden_size", 8}});
+  ModuleCheck check(h, norm,
+                    {{random_input(h, {2, 3, 8}, 1), random_input(h, {2, 3, 8}, 3)}, {true}});
+  try {
+    check.run();
+    ADD_FAILURE() << "a residual with one output ran";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find(
+                  "a residual (input [1]) gives the sum x + r as output [1]; ask for 2 outputs"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST_P(NormTest, DeclaresWeightsWithoutDecay) {
   ModuleHarness h(transformer_plugins());
   build_resolved(h, kinds::kNorm, {{"impl", GetParam()}, {"zero_centered_gamma", true}},

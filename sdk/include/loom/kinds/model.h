@@ -115,6 +115,15 @@ class IGenericModule : public IModule {
 };
 
 /// kinds::kNorm. (..., C) -> (..., C), normalised over the last dimension.
+///   forward inputs:  [0] x (..., C), [1] r (..., C) or absent (norm 1.2)
+///   forward outputs: [0] y (..., C), [1] z (..., C) when r is given (norm 1.2)
+///   backward:        grad_outputs [0] dy, [1] dz or absent (norm 1.2); grad_inputs [0] dx
+/// Norm 1.2 fuses a pre-norm layer's residual add into the norm: given r, the norm is of
+/// z = x + r (rounded to the dtype), and z, the next residual, is output [1] (the caller asks
+/// for two outputs). In backward, dz is the gradient that reaches the norm's input (z, or x
+/// without r) by its other path: grad_inputs[0] is the input's whole gradient, the norm's
+/// plus dz, which is x's and r's alike (further grad inputs are empty). A 1.0 or 1.1 norm
+/// ignores what it does not know: check interface_info().minor >= 2 before passing r or dz.
 class INorm : public IModule {
  protected:
   ~INorm() = default;

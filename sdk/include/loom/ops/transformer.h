@@ -52,6 +52,34 @@ struct NormAttrs {
 inline constexpr const char* kRmsNormFwd = "rmsnorm_fwd";
 inline constexpr const char* kRmsNormBwd = "rmsnorm_bwd";
 
+/// A residual add fused into the norm after it (a pre-norm layer's residual stream: the sum
+/// that is both the next residual and the norm's input).
+/// "add_layernorm_fwd": Z = X + R, rounded to Z's dtype; Y = layernorm(Z) exactly as
+/// layernorm_fwd of that Z (mean and rstd are Z's).
+///   inputs:  [0] X float (N, C), [1] R float (N, C), [2] weight float (C),
+///            [3] bias float (C) or empty
+///   outputs: [0] Y float (N, C), [1] Z float (N, C), [2] mean f32 (N), [3] rstd f32 (N)
+///   Z may alias X or R (an in-place residual); X, R, Y and Z share one dtype.
+/// "add_layernorm_bwd": layernorm_bwd of Z plus dZ, the gradient that reaches Z by the other
+/// path (the residual stream): dX = layernorm_bwd(dY, Z, ...) + dZ, which is the gradient of
+/// both X and R. Also the backward of a plain layernorm whose input has a second consumer
+/// (Z = that input, dZ = the other consumer's gradient).
+///   inputs:  [0] dY (N, C), [1] Z (N, C), [2] weight (C), [3] mean f32 (N), [4] rstd f32 (N),
+///            [5] dZ (N, C)
+///   outputs: [0] dX (N, C), [1] dweight f32 (C) +=, [2] dbias f32 (C) += or empty
+///   dY, Z, dZ and dX share one dtype; dX aliases no input. A kernel may round the norm's
+///   gradient to the dtype before adding dZ (what the unfused ops do) or add in f32 and
+///   round once.
+/// "add_rmsnorm_fwd" / "add_rmsnorm_bwd": the same around rmsnorm (no mean, no bias).
+///   fwd inputs:  [0] X, [1] R, [2] weight        outputs: [0] Y, [1] Z, [2] rstd f32 (N)
+///   bwd inputs:  [0] dY, [1] Z, [2] weight, [3] rstd f32 (N), [4] dZ
+///   bwd outputs: [0] dX, [1] dweight f32 (C) +=
+/// Attributes: NormAttrs.
+inline constexpr const char* kAddLayerNormFwd = "add_layernorm_fwd";
+inline constexpr const char* kAddLayerNormBwd = "add_layernorm_bwd";
+inline constexpr const char* kAddRmsNormFwd = "add_rmsnorm_fwd";
+inline constexpr const char* kAddRmsNormBwd = "add_rmsnorm_bwd";
+
 /// "rope_fwd": rotates the first `rotary_dim` channels of each head by the angle
 /// position * inv_freq[i] (GPT-NeoX / Llama layout: channel i pairs with i + rotary_dim/2);
 /// the other channels pass through. "rope_bwd" applies the inverse rotation (the
