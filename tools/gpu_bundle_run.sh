@@ -414,6 +414,11 @@ if (($(left) < 15)); then say "- not run (budget)"; else
   timeout $(($(left) > 40 ? 40 : $(left))) ./tools/bench/attention_bench >>"$report" 2>&1 ||
     say "- attention_bench: exit $?"
 fi
+section "Norms: plain, the unfused residual add + norm, and the fused add_*norm ops (bf16)"
+if (($(left) < 10)); then say "- not run (budget)"; else
+  timeout $(($(left) > 20 ? 20 : $(left))) ./tools/bench/norm_bench >>"$report" 2>&1 ||
+    say "- norm_bench: exit $?"
+fi
 
 section ""
 say ""

@@ -404,7 +404,11 @@ grep -Eq "scale +number exclusiveMinimum=0 default 1.0" "$work/describe.out" ||
 step "loom plugins check loads the clang-built plugin into the g++-built loom"
 "$loom" plugins check hello --plugin-path "$build" > "$work/check.out" 2>&1 ||
   fail "plugins check failed: $(cat "$work/check.out")"
-grep -Eq "^hello +0.1.0 +ok +ABI 1.8 +clang" "$work/check.out" || fail "check: $(cat "$work/check.out")"
+# The ABI the installed headers describe (loom/version.h), which the plugin was built for.
+abi_minor=$(sed -n 's/^#define LOOM_ABI_MINOR \([0-9]*\)$/\1/p' "$prefix/include/loom/version.h")
+[[ -n "$abi_minor" ]] || fail "no LOOM_ABI_MINOR in the installed loom/version.h"
+grep -Eq "^hello +0.1.0 +ok +ABI 1\.$abi_minor +clang" "$work/check.out" ||
+  fail "check (ABI 1.$abi_minor expected): $(cat "$work/check.out")"
 
 step "loom spec validate uses hello's scale_norm inside another plugin's model"
 cat > "$work/spec.json" <<'JSON'

@@ -238,11 +238,24 @@ TEST(AddNormErrors, BadCallsNameTheOpAndTheFix) {
   EXPECT_EQ(take_message(&s),
             "add_rmsnorm_fwd: input 1 (R) has dtype bf16, expected X's f32: the residual, its "
             "sum and their gradients share one dtype");
-  // dX over dZ: the norm's gradient would overwrite dZ before the add reads it.
+  // dX over an input: the kernels read dY, Z and dZ again after writing dX (the CUDA weight
+  // gradients, dZ's add), so every backward refuses it, the plain norms' too.
   Tensor dy(f, {4, 8}), dz(f, {4, 8}), dw(f, {8});
-  CallHolder alias({&dy, &z, &w, &rstd, &dz}, {&dz, &dw}, &at);
-  s = kernel(ops::kAddRmsNormBwd, f, "cpu.fast").fn(&alias.call);
-  EXPECT_EQ(take_message(&s), "add_rmsnorm_bwd: dX aliases dZ: give dX a buffer of its own");
+  const std::vector<std::pair<Tensor*, std::string>> aliases = {
+      {&dy, "input 0 (dY)"}, {&z, "input 1 (Z)"}, {&dz, "input 4 (dZ)"}};
+  for (const auto& [over, label] : aliases) {
+    CallHolder alias({&dy, &z, &w, &rstd, &dz}, {over, &dw}, &at);
+    s = kernel(ops::kAddRmsNormBwd, f, "cpu.fast").fn(&alias.call);
+    EXPECT_EQ(take_message(&s),
+              "add_rmsnorm_bwd: dX aliases " + label + ": give dX a buffer of its own");
+  }
+  CallHolder plain({&dy, &z, &w, &rstd}, {&dy, &dw}, &at);
+  s = kernel(ops::kRmsNormBwd, f, "cpu.ref").fn(&plain.call);
+  EXPECT_EQ(take_message(&s), "rmsnorm_bwd: dX aliases input 0 (dY): give dX a buffer of its own");
+  Tensor mean(f, {4}), db(f, {8});
+  CallHolder layer({&dy, &z, &w, &mean, &rstd}, {&z, &dw, &db}, &at);
+  s = kernel(ops::kLayerNormBwd, f, "cpu.ref").fn(&layer.call);
+  EXPECT_EQ(take_message(&s), "layernorm_bwd: dX aliases input 1 (X): give dX a buffer of its own");
 }
 
 }  // namespace

@@ -143,7 +143,8 @@ TEST(PointwiseChecks, BadCallsFailWithTheCpuKernelsWords) {
   expect_same_refusal(ops::kAddRmsNormBwd, DType::kBF16, {&y, &z, &w, &rstd, &dz7}, {&x, &dw},
                       &norm, "add_rmsnorm_bwd: input 4 (dZ) has shape (3, 7)");
   expect_same_refusal(ops::kAddLayerNormBwd, DType::kBF16, {&y, &z, &w, &mean, &rstd, &x},
-                      {&x, &dw, &none}, &norm, "dX aliases dZ: give dX a buffer of its own");
+                      {&x, &dw, &none}, &norm,
+                      "dX aliases input 5 (dZ): give dX a buffer of its own");
   // A transpose cannot run in place: the same tensor as X and Y.
   Tensor square(DType::kF32, {1, 3, 3, 4});
   expect_same_refusal(ops::kSwapAxes12, DType::kF32, {&square}, {&square},

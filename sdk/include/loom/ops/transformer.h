@@ -35,6 +35,7 @@ struct EmbeddingAttrs {
 /// "layernorm_bwd":
 ///   inputs:  [0] dY (N, C), [1] X (N, C), [2] weight (C), [3] mean (N), [4] rstd (N)
 ///   outputs: [0] dX (N, C), [1] dweight f32 (C) +=, [2] dbias f32 (C) += or empty
+///   dX aliases neither dY nor X (a kernel may read them again after writing dX).
 inline constexpr const char* kLayerNormFwd = "layernorm_fwd";
 inline constexpr const char* kLayerNormBwd = "layernorm_bwd";
 struct NormAttrs {
@@ -48,6 +49,7 @@ struct NormAttrs {
 /// "rmsnorm_bwd":
 ///   inputs:  [0] dY (N, C), [1] X (N, C), [2] weight (C), [3] rstd (N)
 ///   outputs: [0] dX (N, C), [1] dweight f32 (C) +=
+///   dX aliases neither dY nor X.
 /// Attributes: NormAttrs.
 inline constexpr const char* kRmsNormFwd = "rmsnorm_fwd";
 inline constexpr const char* kRmsNormBwd = "rmsnorm_bwd";

@@ -16,6 +16,15 @@ struct NormShape {
   ops::NormAttrs attrs;
 };
 
+/// A backward's dX (output 0) must not alias its inputs `in`: the kernels read them again
+/// after writing dX (the weight gradients of the CUDA warp-per-row kernels, dZ's add).
+inline void refuse_dx_alias(const OpArgs& a, int64_t numel, std::initializer_list<int> in) {
+  if (a.shapes_only() || numel == 0) return;
+  for (int i : in)
+    if (a.out(0).data == a.in(i).data)
+      a.fail("dX aliases " + a.in_label(i) + ": give dX a buffer of its own");
+}
+
 /// layernorm_fwd: X (N, C), weight (C), bias (C) or empty -> Y (N, C), mean f32 (N),
 /// rstd f32 (N).
 inline NormShape check_layernorm_fwd(const OpCall* call, bool shapes_only, DeviceType device) {
@@ -39,7 +48,7 @@ inline NormShape check_layernorm_fwd(const OpCall* call, bool shapes_only, Devic
 }
 
 /// layernorm_bwd: dY (N, C), X (N, C), weight (C), mean f32 (N), rstd f32 (N) -> dX (N, C),
-/// dweight f32 (C) +=, dbias f32 (C) += or empty.
+/// dweight f32 (C) +=, dbias f32 (C) += or empty. dX aliases neither dY nor X.
 inline NormShape check_layernorm_bwd(const OpCall* call, bool shapes_only, DeviceType device) {
   OpArgs a(call, ops::kLayerNormBwd, {"dY", "X", "weight", "mean", "rstd"},
            {"dX", "dweight", "dbias"}, shapes_only, device);
@@ -61,6 +70,7 @@ inline NormShape check_layernorm_bwd(const OpCall* call, bool shapes_only, Devic
   a.f32_out(1);
   a.shape_out(1, {s.c}, "(C)");
   if (a.opt_f32_out(2)) a.shape_out(2, {s.c}, "(C)");
+  refuse_dx_alias(a, s.n * s.c, {0, 1});
   return s;
 }
 
@@ -82,7 +92,7 @@ inline NormShape check_rmsnorm_fwd(const OpCall* call, bool shapes_only, DeviceT
 }
 
 /// rmsnorm_bwd: dY (N, C), X (N, C), weight (C), rstd f32 (N) -> dX (N, C),
-/// dweight f32 (C) +=.
+/// dweight f32 (C) +=. dX aliases neither dY nor X.
 inline NormShape check_rmsnorm_bwd(const OpCall* call, bool shapes_only, DeviceType device) {
   OpArgs a(call, ops::kRmsNormBwd, {"dY", "X", "weight", "rstd"}, {"dX", "dweight"}, shapes_only,
            device);
@@ -101,6 +111,7 @@ inline NormShape check_rmsnorm_bwd(const OpCall* call, bool shapes_only, DeviceT
   a.numel_out(0, s.n * s.c, "X's shape (N, C)");
   a.f32_out(1);
   a.shape_out(1, {s.c}, "(C)");
+  refuse_dx_alias(a, s.n * s.c, {0, 1});
   return s;
 }
 
@@ -150,7 +161,7 @@ inline NormShape check_add_norm_fwd(const OpCall* call, bool shapes_only, Device
 
 /// add_layernorm_bwd (kRms false) / add_rmsnorm_bwd (kRms true): dY (N, C), Z (N, C),
 /// weight (C)[, mean f32 (N)], rstd f32 (N), dZ (N, C) -> dX (N, C), dweight f32 (C) +=
-/// [, dbias f32 (C) += or empty]. dX may not alias dZ.
+/// [, dbias f32 (C) += or empty]. dX aliases none of dY, Z, dZ.
 template <bool kRms>
 inline NormShape check_add_norm_bwd(const OpCall* call, bool shapes_only, DeviceType device) {
   OpArgs a = kRms ? OpArgs(call, ops::kAddRmsNormBwd, {"dY", "Z", "weight", "rstd", "dZ"},
@@ -179,8 +190,7 @@ inline NormShape check_add_norm_bwd(const OpCall* call, bool shapes_only, Device
   a.f32_out(1);
   a.shape_out(1, {s.c}, "(C)");
   if (!kRms && a.opt_f32_out(2)) a.shape_out(2, {s.c}, "(C)");
-  if (!shapes_only && s.n * s.c > 0 && a.out(0).data == a.in(dz).data)
-    a.fail("dX aliases dZ: give dX a buffer of its own");
+  refuse_dx_alias(a, s.n * s.c, {0, 1, dz});
   return s;
 }
 

@@ -1,0 +1,236 @@
+// norm_bench: the CUDA norm kernels and the residual add fused into them, timed by CUDA events
+// on the shapes of BENCHMARKS.md: GPT-2 124M's layernorm (B * T = 32768 rows of C = 768) and
+// the 1.3B LLaMA-style model's rmsnorm (8192 rows of 2048), bf16. For each shape and pass it
+// times the plain norm, the unfused pair a layer ran before the fusion (add then the norm;
+// the norm's backward then add, two launches), and the fused op (add_layernorm_* /
+// add_rmsnorm_*, one launch where norm.cuh's warp-per-row kernels take the row: forward
+// C <= 2048, backward C <= 1024; the unfused pair inside the op otherwise). Prints a Markdown
+// table: milliseconds per call and the ideal bytes of the kernels' cost functions per second.
+//
+//   norm_bench [--iterations N]
+//
+// Without a GPU it prints "norm_bench: no CUDA device (...)" and exits 1, as gemm_bench.
+#include <cuda_runtime.h>
+#include <loom/kernel.h>
+#include <loom/ops.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/kernel_families.h"
+
+namespace {
+
+using loom::DType;
+using loom::KernelDesc;
+using loom::OpCall;
+using loom::OpCost;
+using loom::TensorView;
+
+[[noreturn]] void die(const std::string& why) {
+  std::fprintf(stderr, "norm_bench: %s\n", why.c_str());
+  std::exit(1);
+}
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) die(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+void check(loom::Status s, const char* what) {
+  if (s.code != loom::Code::kOk)
+    die(std::string(what) + " failed (status " + std::to_string(static_cast<int>(s.code)) + ")");
+}
+
+// bf16 bits of x (round to nearest even).
+uint16_t bf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  u += 0x7fff + ((u >> 16) & 1);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+// A device tensor: bf16 filled with uniform values in [-1, 1), or f32 zeros.
+struct DeviceTensor {
+  TensorView v{};
+  DeviceTensor(DType dt, std::vector<int64_t> shape, uint64_t seed) {
+    v.dtype = dt;
+    v.device = loom::Device{loom::DeviceType::kCuda, 0};
+    v.ndim = static_cast<int32_t>(shape.size());
+    int64_t n = 1;
+    for (int i = v.ndim - 1; i >= 0; --i) {
+      v.shape[i] = shape[i];
+      v.strides[i] = n;
+      n *= shape[i];
+    }
+    const size_t bytes = static_cast<size_t>(n) * (dt == DType::kF32 ? 4 : 2);
+    check(cudaMalloc(&v.data, bytes), "cudaMalloc");
+    if (dt == DType::kBF16) {
+      std::vector<uint16_t> host(static_cast<size_t>(n));
+      uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
+      for (auto& x : host) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        x = bf16(static_cast<float>((s >> 40) & 0xffffff) / 8388608.0f - 1.0f);
+      }
+      check(cudaMemcpy(v.data, host.data(), bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+    } else {
+      check(cudaMemset(v.data, 0, bytes), "cudaMemset");
+    }
+  }
+  ~DeviceTensor() { cudaFree(v.data); }
+  DeviceTensor(const DeviceTensor&) = delete;
+  DeviceTensor& operator=(const DeviceTensor&) = delete;
+};
+
+// The CUDA kernel of `op` keyed bf16.
+const KernelDesc& find(const std::vector<KernelDesc>& all, const char* op) {
+  for (const KernelDesc& k : all)
+    if (std::strcmp(k.op, op) == 0 && k.dtype == DType::kBF16) return k;
+  die(std::string("no CUDA kernel for ") + op);
+}
+
+// One kernel's call with its own workspace (cudaMalloc'd once).
+struct Call {
+  const KernelDesc* k;
+  std::vector<TensorView> in, out;
+  OpCall call{};
+  void* ws = nullptr;
+  Call(const KernelDesc& kd, std::vector<TensorView> i, std::vector<TensorView> o,
+       const void* attrs, uint64_t attrs_size)
+      : k(&kd), in(std::move(i)), out(std::move(o)) {
+    call = OpCall{sizeof(OpCall),
+                  in.data(),
+                  static_cast<int32_t>(in.size()),
+                  out.data(),
+                  static_cast<int32_t>(out.size()),
+                  attrs,
+                  attrs_size,
+                  nullptr,
+                  nullptr,
+                  0};
+    if (k->supports != nullptr && !k->supports(&call)) die(std::string(k->op) + " declines");
+    const uint64_t bytes = k->workspace != nullptr ? k->workspace(&call) : 0;
+    if (bytes > 0) check(cudaMalloc(&ws, bytes), "cudaMalloc workspace");
+    call.workspace = ws;
+    call.workspace_bytes = bytes;
+  }
+  ~Call() { cudaFree(ws); }
+  Call(const Call&) = delete;
+  Call& operator=(const Call&) = delete;
+  void run() { check(k->fn(&call), k->op); }
+  double bytes() {
+    OpCost c{};
+    check(k->cost(&call, &c), "cost");
+    return c.bytes_read + c.bytes_written;
+  }
+};
+
+// Milliseconds per iteration of `body` (warm-up first).
+double time_ms(int iterations, const std::function<void()>& body) {
+  for (int i = 0; i < 3; ++i) body();
+  cudaEvent_t a, b;
+  check(cudaEventCreate(&a), "cudaEventCreate");
+  check(cudaEventCreate(&b), "cudaEventCreate");
+  check(cudaEventRecord(a, nullptr), "cudaEventRecord");
+  for (int i = 0; i < iterations; ++i) body();
+  check(cudaEventRecord(b, nullptr), "cudaEventRecord");
+  check(cudaEventSynchronize(b), "cudaEventSynchronize");
+  float ms = 0;
+  check(cudaEventElapsedTime(&ms, a, b), "cudaEventElapsedTime");
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return ms / iterations;
+}
+
+struct Shape {
+  const char* model;
+  bool rms;
+  int64_t n, c;
+};
+
+void row(const Shape& s, const char* pass, const char* variant, std::vector<Call*> calls,
+         int iterations) {
+  const double ms = time_ms(iterations, [&] {
+    for (Call* c : calls) c->run();
+  });
+  double bytes = 0;
+  for (Call* c : calls) bytes += c->bytes();
+  std::printf("| %s %s (%lld, %lld) | %s | %s | %zu | %.4f | %.0f |\n", s.model,
+              s.rms ? "rmsnorm" : "layernorm", static_cast<long long>(s.n),
+              static_cast<long long>(s.c), pass, variant, calls.size(), ms, bytes / (ms * 1e6));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int iterations = 50;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--iterations") == 0 && i + 1 < argc)
+      iterations = std::max(1, std::atoi(argv[++i]));
+    else
+      die(std::string("unknown argument ") + argv[i] + " (usage: norm_bench [--iterations N])");
+  }
+  int devices = 0;
+  cudaError_t e = cudaGetDeviceCount(&devices);
+  if (e != cudaSuccess || devices == 0)
+    die(std::string("no CUDA device (") +
+        (e != cudaSuccess ? cudaGetErrorString(e) : "no devices") + ")");
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+  std::vector<KernelDesc> all;
+  loom::kernels::cuda::add_all_kernels(all);
+  std::printf(
+      "norm_bench: %s (sm_%d%d), bf16, %d iterations; GB/s = the kernels' ideal bytes "
+      "(cost functions) per second\n\n",
+      prop.name, prop.major, prop.minor, iterations);
+  std::printf("| norm (rows, C) | pass | variant | launches | ms | GB/s |\n");
+  std::printf("|---|---|---|---|---|---|\n");
+  const std::vector<Shape> shapes = {{"GPT-2 124M", false, 32768, 768},
+                                     {"LLaMA 1.3B", true, 8192, 2048}};
+  namespace ops = loom::ops;
+  const ops::NormAttrs at{1e-5f, 0};
+  const auto sz = sizeof(at);
+  for (const Shape& s : shapes) {
+    const DType b = DType::kBF16, f = DType::kF32;
+    DeviceTensor x(b, {s.n, s.c}, 1), r(b, {s.n, s.c}, 2), w(b, {s.c}, 3), bias(b, {s.c}, 4),
+        y(b, {s.n, s.c}, 5), z(b, {s.n, s.c}, 6), mean(f, {s.n}, 0), rstd(f, {s.n}, 0),
+        dy(b, {s.n, s.c}, 7), dz(b, {s.n, s.c}, 8), dx(b, {s.n, s.c}, 9), dw(f, {s.c}, 0),
+        db(f, {s.c}, 0);
+    const KernelDesc& add = find(all, ops::kAdd);
+    Call add_fwd(add, {x.v, r.v}, {z.v}, nullptr, 0);
+    Call add_bwd(add, {dx.v, dz.v}, {dx.v}, nullptr, 0);
+    if (s.rms) {
+      Call fwd(find(all, ops::kRmsNormFwd), {z.v, w.v}, {y.v, rstd.v}, &at, sz);
+      Call fused_fwd(find(all, ops::kAddRmsNormFwd), {x.v, r.v, w.v}, {y.v, z.v, rstd.v}, &at, sz);
+      Call bwd(find(all, ops::kRmsNormBwd), {dy.v, z.v, w.v, rstd.v}, {dx.v, dw.v}, &at, sz);
+      Call fused_bwd(find(all, ops::kAddRmsNormBwd), {dy.v, z.v, w.v, rstd.v, dz.v}, {dx.v, dw.v},
+                     &at, sz);
+      row(s, "forward", "norm", {&fwd}, iterations);
+      row(s, "forward", "add, norm", {&add_fwd, &fwd}, iterations);
+      row(s, "forward", "add_rmsnorm_fwd", {&fused_fwd}, iterations);
+      row(s, "backward", "norm", {&bwd}, iterations);
+      row(s, "backward", "norm, add", {&bwd, &add_bwd}, iterations);
+      row(s, "backward", "add_rmsnorm_bwd", {&fused_bwd}, iterations);
+    } else {
+      Call fwd(find(all, ops::kLayerNormFwd), {z.v, w.v, bias.v}, {y.v, mean.v, rstd.v}, &at, sz);
+      Call fused_fwd(find(all, ops::kAddLayerNormFwd), {x.v, r.v, w.v, bias.v},
+                     {y.v, z.v, mean.v, rstd.v}, &at, sz);
+      Call bwd(find(all, ops::kLayerNormBwd), {dy.v, z.v, w.v, mean.v, rstd.v}, {dx.v, dw.v, db.v},
+               &at, sz);
+      Call fused_bwd(find(all, ops::kAddLayerNormBwd), {dy.v, z.v, w.v, mean.v, rstd.v, dz.v},
+                     {dx.v, dw.v, db.v}, &at, sz);
+      row(s, "forward", "norm", {&fwd}, iterations);
+      row(s, "forward", "add, norm", {&add_fwd, &fwd}, iterations);
+      row(s, "forward", "add_layernorm_fwd", {&fused_fwd}, iterations);
+      row(s, "backward", "norm", {&bwd}, iterations);
+      row(s, "backward", "norm, add", {&bwd, &add_bwd}, iterations);
+      row(s, "backward", "add_layernorm_bwd", {&fused_bwd}, iterations);
+    }
+    check(cudaDeviceSynchronize(), "norm kernels");
+  }
+  return 0;
+}
