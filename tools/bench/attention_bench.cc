@@ -21,6 +21,7 @@
 
 #include "kernels/cuda/attention/attention.h"
 #include "kernels/cuda/attention/cudnn_attention.h"
+#include "tools/bench/device_bench.h"
 
 namespace {
 
@@ -29,6 +30,10 @@ using loom::KernelDesc;
 using loom::OpCall;
 using loom::OpCost;
 using loom::TensorView;
+using loom::bench::check;
+using loom::bench::DeviceTensor;
+using loom::bench::die;
+using loom::bench::time_ms;
 
 struct Shape {
   int64_t b, t, h, d;
@@ -36,61 +41,6 @@ struct Shape {
 // GPT-2 124M's attention at B = 32, T = 1024 and the 1.3B LLaMA-style model's at B = 4,
 // T = 2048 (the shapes of BENCHMARKS.md).
 const std::vector<Shape> kShapes = {{32, 1024, 12, 64}, {4, 2048, 16, 128}};
-
-[[noreturn]] void die(const std::string& why) {
-  std::fprintf(stderr, "attention_bench: %s\n", why.c_str());
-  std::exit(1);
-}
-
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) die(std::string(what) + ": " + cudaGetErrorString(e));
-}
-
-void check(loom::Status s, const char* what) {
-  if (s.code != loom::Code::kOk)
-    die(std::string(what) + " failed (status " + std::to_string(static_cast<int>(s.code)) + ")");
-}
-
-// bf16 bits of x (round to nearest even).
-uint16_t bf16(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  u += 0x7fff + ((u >> 16) & 1);
-  return static_cast<uint16_t>(u >> 16);
-}
-
-// A device tensor of `shape` and `dtype`, filled with uniform values in [-1, 1) (floats) or
-// left uninitialised (f32 outputs are written by the kernels).
-struct DeviceTensor {
-  TensorView v{};
-  DeviceTensor(DType dt, std::vector<int64_t> shape, uint64_t seed) {
-    v.dtype = dt;
-    v.device = loom::Device{loom::DeviceType::kCuda, 0};
-    v.ndim = static_cast<int32_t>(shape.size());
-    int64_t n = 1;
-    for (int i = v.ndim - 1; i >= 0; --i) {
-      v.shape[i] = shape[i];
-      v.strides[i] = n;
-      n *= shape[i];
-    }
-    const size_t bytes = static_cast<size_t>(n) * (dt == DType::kF32 ? 4 : 2);
-    check(cudaMalloc(&v.data, bytes), "cudaMalloc");
-    if (dt == DType::kBF16) {
-      std::vector<uint16_t> host(static_cast<size_t>(n));
-      uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
-      for (auto& x : host) {
-        s = s * 6364136223846793005ull + 1442695040888963407ull;
-        x = bf16(static_cast<float>((s >> 40) & 0xffffff) / 8388608.0f - 1.0f);
-      }
-      check(cudaMemcpy(v.data, host.data(), bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
-    } else {
-      check(cudaMemset(v.data, 0, bytes), "cudaMemset");
-    }
-  }
-  ~DeviceTensor() { cudaFree(v.data); }
-  DeviceTensor(const DeviceTensor&) = delete;
-  DeviceTensor& operator=(const DeviceTensor&) = delete;
-};
 
 const KernelDesc* find(const std::vector<KernelDesc>& all, const char* op, const char* name) {
   for (const KernelDesc& k : all)
@@ -133,27 +83,10 @@ struct Call {
   }
 };
 
-// Milliseconds per iteration of `body` (warm-up first).
-template <class F>
-double time_ms(int iterations, F&& body) {
-  for (int i = 0; i < 3; ++i) body();
-  cudaEvent_t a, b;
-  check(cudaEventCreate(&a), "cudaEventCreate");
-  check(cudaEventCreate(&b), "cudaEventCreate");
-  check(cudaEventRecord(a, nullptr), "cudaEventRecord");
-  for (int i = 0; i < iterations; ++i) body();
-  check(cudaEventRecord(b, nullptr), "cudaEventRecord");
-  check(cudaEventSynchronize(b), "cudaEventSynchronize");
-  float ms = 0;
-  check(cudaEventElapsedTime(&ms, a, b), "cudaEventElapsedTime");
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  return ms / iterations;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
+  loom::bench::tool_name = "attention_bench";
   int iterations = 20;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--iterations") == 0 && i + 1 < argc)

@@ -18,11 +18,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <functional>
 #include <string>
 #include <vector>
 
 #include "kernels/cuda/kernel_families.h"
+#include "tools/bench/device_bench.h"
 
 namespace {
 
@@ -31,60 +31,10 @@ using loom::KernelDesc;
 using loom::OpCall;
 using loom::OpCost;
 using loom::TensorView;
-
-[[noreturn]] void die(const std::string& why) {
-  std::fprintf(stderr, "norm_bench: %s\n", why.c_str());
-  std::exit(1);
-}
-
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) die(std::string(what) + ": " + cudaGetErrorString(e));
-}
-
-void check(loom::Status s, const char* what) {
-  if (s.code != loom::Code::kOk)
-    die(std::string(what) + " failed (status " + std::to_string(static_cast<int>(s.code)) + ")");
-}
-
-// bf16 bits of x (round to nearest even).
-uint16_t bf16(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  u += 0x7fff + ((u >> 16) & 1);
-  return static_cast<uint16_t>(u >> 16);
-}
-
-// A device tensor: bf16 filled with uniform values in [-1, 1), or f32 zeros.
-struct DeviceTensor {
-  TensorView v{};
-  DeviceTensor(DType dt, std::vector<int64_t> shape, uint64_t seed) {
-    v.dtype = dt;
-    v.device = loom::Device{loom::DeviceType::kCuda, 0};
-    v.ndim = static_cast<int32_t>(shape.size());
-    int64_t n = 1;
-    for (int i = v.ndim - 1; i >= 0; --i) {
-      v.shape[i] = shape[i];
-      v.strides[i] = n;
-      n *= shape[i];
-    }
-    const size_t bytes = static_cast<size_t>(n) * (dt == DType::kF32 ? 4 : 2);
-    check(cudaMalloc(&v.data, bytes), "cudaMalloc");
-    if (dt == DType::kBF16) {
-      std::vector<uint16_t> host(static_cast<size_t>(n));
-      uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
-      for (auto& x : host) {
-        s = s * 6364136223846793005ull + 1442695040888963407ull;
-        x = bf16(static_cast<float>((s >> 40) & 0xffffff) / 8388608.0f - 1.0f);
-      }
-      check(cudaMemcpy(v.data, host.data(), bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
-    } else {
-      check(cudaMemset(v.data, 0, bytes), "cudaMemset");
-    }
-  }
-  ~DeviceTensor() { cudaFree(v.data); }
-  DeviceTensor(const DeviceTensor&) = delete;
-  DeviceTensor& operator=(const DeviceTensor&) = delete;
-};
+using loom::bench::check;
+using loom::bench::DeviceTensor;
+using loom::bench::die;
+using loom::bench::time_ms;
 
 // The CUDA kernel of `op` keyed bf16.
 const KernelDesc& find(const std::vector<KernelDesc>& all, const char* op) {
@@ -129,23 +79,6 @@ struct Call {
   }
 };
 
-// Milliseconds per iteration of `body` (warm-up first).
-double time_ms(int iterations, const std::function<void()>& body) {
-  for (int i = 0; i < 3; ++i) body();
-  cudaEvent_t a, b;
-  check(cudaEventCreate(&a), "cudaEventCreate");
-  check(cudaEventCreate(&b), "cudaEventCreate");
-  check(cudaEventRecord(a, nullptr), "cudaEventRecord");
-  for (int i = 0; i < iterations; ++i) body();
-  check(cudaEventRecord(b, nullptr), "cudaEventRecord");
-  check(cudaEventSynchronize(b), "cudaEventSynchronize");
-  float ms = 0;
-  check(cudaEventElapsedTime(&ms, a, b), "cudaEventElapsedTime");
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  return ms / iterations;
-}
-
 struct Shape {
   const char* model;
   bool rms;
@@ -167,6 +100,7 @@ void row(const Shape& s, const char* pass, const char* variant, std::vector<Call
 }  // namespace
 
 int main(int argc, char** argv) {
+  loom::bench::tool_name = "norm_bench";
   int iterations = 50;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--iterations") == 0 && i + 1 < argc)
