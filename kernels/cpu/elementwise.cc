@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "kernels/cpu/common.h"
 #include "kernels/cpu/simd.h"
@@ -254,12 +255,16 @@ Status scale_fast(const OpCall* call) {
   });
 }
 
+// Each chunk's sum goes to its own slot and the slots are added in order afterwards: the
+// result is the same bits for every thread count and schedule (an OpenMP reduction adds the
+// threads' partial sums in the order they finish, which differed run to run on a 16-core
+// machine: the gradient norm, and with it clipping, were not reproducible there).
 Status sumsq_fast(const OpCall* call) {
   return guard([&] {
     int64_t n = check_sumsq(call, false);
     const TensorView& X = call->inputs[0];
-    double total = 0.0;
-#pragma omp parallel for schedule(static) reduction(+ : total)
+    std::vector<double> partial(static_cast<size_t>((n + kChunk - 1) / kChunk));
+#pragma omp parallel for schedule(static)
     for (int64_t c = 0; c < n; c += kChunk) {
       float x[kChunk];
       int64_t len = std::min(kChunk, n - c);
@@ -276,8 +281,10 @@ Status sumsq_fast(const OpCall* call) {
       _mm256_storeu_pd(part, _mm256_add_pd(acc0, acc1));
       double s = part[0] + part[1] + part[2] + part[3];
       for (; i < len; ++i) s += static_cast<double>(x[i]) * x[i];
-      total += s;
+      partial[static_cast<size_t>(c / kChunk)] = s;
     }
+    double total = 0.0;
+    for (double s : partial) total += s;
     static_cast<double*>(call->outputs[0].data)[0] += total;
   });
 }

@@ -312,9 +312,10 @@ inline RowGeometry norm_bwd_geometry(int64_t rows, int64_t cols) {
 }
 
 // Block rows of norm_wgrad_cols_kernel (norm_warp.cuh): about 1024 blocks in all, each
-// with at least 8 rows to sum.
+// with at least 8 rows to sum. Rows narrower than 8 (never that kernel's case, but the
+// workspace size asks for every shape) count as one column block.
 inline int64_t norm_wgrad_cols_slices(int64_t rows, int64_t cols) {
-  const int64_t x = (cols / 8 + 31) / 32;
+  const int64_t x = std::max<int64_t>(1, (cols / 8 + 31) / 32);
   return std::clamp<int64_t>(1024 / x, 1, std::min<int64_t>((rows + 7) / 8, 65535));
 }
 

@@ -145,6 +145,41 @@ TEST(ElementwiseF64, AddInF64AndMixedF64Refused) {
   EXPECT_NE(msg.find("an f64 add takes f64 A, B and Y"), std::string::npos) << msg;
 }
 
+// The OpenMP runtime the kernel library links (-fopenmp): the thread count of the next
+// parallel regions of this thread.
+extern "C" void omp_set_num_threads(int);
+extern "C" int omp_get_max_threads();
+
+// sumsq (the gradient norm's op) gives the same bits for every thread count: the chunks' sums
+// are added in a fixed order. An OpenMP reduction adds the threads' sums in the order they
+// finish, which differed from run to run on a 16-core machine (2026-11-27).
+TEST_P(ElementwiseTest, SumsqIsTheSameForEveryThreadCount) {
+  const DType dt = GetParam();
+  std::mt19937 rng(22);
+  const int before = omp_get_max_threads();
+  for (int64_t n : {int64_t{40000}, int64_t{100003}}) {
+    const Tensor x = Tensor::random(dt, {n}, rng);
+    long double oracle = 0;
+    for (int64_t i = 0; i < n; ++i) oracle += static_cast<long double>(x.get(i)) * x.get(i);
+    for (const char* name : {"cpu.ref", "cpu.fast"}) {
+      if (std::string(name) == "cpu.fast" && !__builtin_cpu_supports("avx2")) continue;
+      std::vector<double> got;
+      for (int threads : {1, 3, 7, 16}) {
+        omp_set_num_threads(threads);
+        Tensor in = x, out = Tensor::filled(DType::kF64, {1}, 0.0);
+        run(ops::kSumSq, name, dt, {&in}, {&out});
+        got.push_back(out.get(0));
+        EXPECT_EQ(got.back(), got.front())
+            << name << " n " << n << ": " << threads << " threads against 1";
+      }
+      omp_set_num_threads(before);
+      report_error({got.front()}, {static_cast<double>(oracle)},
+                   std::string("sumsq ") + name + " n " + std::to_string(n));
+      EXPECT_NEAR(got.front(), static_cast<double>(oracle), 1e-12 * static_cast<double>(oracle));
+    }
+  }
+}
+
 // sumsq_multi: the CPU kernels equal K sumsq calls of the same kernel bit for bit, the
 // reference a long double sum written here; every device linked in (the CUDA kernel's
 // tables and chunks, where a GPU is present) matches the reference to f64 rounding (the

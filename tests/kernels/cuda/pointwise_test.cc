@@ -210,6 +210,14 @@ TEST(PointwiseWorkspace, NormBackwardAsksForOnePartialRowPerBlockAndGradient) {
   EXPECT_LE(ln, uint64_t{32} << 20);  // at most about 16 MiB per gradient
   EXPECT_EQ(bytes(ops::kRmsNormBwd, 0, 1024, false), 0u);
   EXPECT_EQ(bytes(ops::kRmsNormBwd, 3, 8, false), 8 * sizeof(float));  // 3 rows: one block
+  // Rows narrower than 8 (the general kernel's case; a division by zero on the GPU machine,
+  // 2026-11-27): a partial row per block of the general kernel, as for any width.
+  for (int64_t c : {1, 3, 7}) {
+    const uint64_t one = bytes(ops::kLayerNormBwd, 1, c, true);
+    EXPECT_GT(one, 0u) << c;
+    EXPECT_EQ(one % (2 * c * sizeof(float)), 0u) << c;
+    EXPECT_EQ(bytes(ops::kRmsNormBwd, 4096, c, false) % (c * sizeof(float)), 0u) << c;
+  }
 }
 
 // The residual-add norms: `supports` and costs on shapes alone (the CPU kernels' costs), and
