@@ -71,8 +71,8 @@ void launch_attention_fwd_generic(const AttentionParams& p, cudaStream_t stream)
   const bool same = p.dt_k == p.dt_q && p.dt_v == p.dt_q && p.dt_o == p.dt_q;
   with_io(p, same, [&](auto io) {
     using Io = decltype(io);
-    launch_rows(attention_fwd_generic_kernel<Io>, p, p.b * p.h * p.t, 2 * p.d + 32, stream,
-                "attention_fwd");
+    launch_rows(attention_fwd_generic_kernel<Io>, p, p.b * p.h * p.t, generic_fwd_floats(p.d),
+                stream, "attention_fwd");
   });
 }
 
@@ -82,10 +82,10 @@ void launch_attention_bwd_generic(const AttentionParams& p, cudaStream_t stream)
                     p.dt_dq == p.dt_q && p.dt_dk == p.dt_q && p.dt_dv == p.dt_q;
   with_io(p, same, [&](auto io) {
     using Io = decltype(io);
-    launch_rows(attention_bwd_dkv_generic_kernel<Io>, p, p.b * p.s * p.g, 4 * p.d + 64, stream,
-                "attention_bwd");
-    launch_rows(attention_bwd_dq_generic_kernel<Io>, p, p.b * p.t * p.h, 3 * p.d + 32, stream,
-                "attention_bwd");
+    launch_rows(attention_bwd_dkv_generic_kernel<Io>, p, p.b * p.s * p.g, generic_dkv_floats(p.d),
+                stream, "attention_bwd");
+    launch_rows(attention_bwd_dq_generic_kernel<Io>, p, p.b * p.t * p.h, generic_dq_floats(p.d),
+                stream, "attention_bwd");
   });
 }
 
