@@ -86,6 +86,24 @@ def bench_table(folder):
         else:
             cells.append(_missing(folder, n, "graph"))
         print(f"| {n} | " + " | ".join(cells) + " |")
+    # Other variants of loom's runs (e.g. dgelu: the gemm_epilogue derivative through
+    # cuBLASLt), against the plain loom row.
+    known = {"loom", "eager", "compile", "unfused", "graph"}
+    others = sorted({tuple(os.path.basename(p).split(".")[:2])
+                     for p in glob.glob(os.path.join(folder, "*.*.json"))
+                     + glob.glob(os.path.join(folder, "*.*.err"))} - {(n, k) for n in names for k in known})
+    if others:
+        print()
+        print("| spec | variant | tokens/s | ms/step | loom / variant |")
+        print("|---|---|---|---|---|")
+        for n, k in others:
+            v = _load(os.path.join(folder, f"{n}.{k}.json"))
+            b = _load(os.path.join(folder, n + ".loom.json"))
+            if v:
+                ratio = f"{b['tokens_per_s'] / v['tokens_per_s']:.3f}x" if b else "-"
+                print(f"| {n} | {k} | {v['tokens_per_s']:.0f} | {v['ms_per_step_median']:.2f} | {ratio} |")
+            else:
+                print(f"| {n} | {k} | {_missing(folder, n, k)} | - | - |")
 
 
 def _missing(folder, name, kind):

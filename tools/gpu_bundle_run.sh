@@ -8,6 +8,7 @@
 #                       budget is reported as "not run (budget)", never silently dropped)
 #   run.sh --no-sanitizers   tests and benchmarks only
 #   GPU_BUDGET_S=330    the total budget in seconds (default 330: a rerun fits in 15 minutes)
+#   GPU_ONLY='gpt_tiny|ncu:llama'   only the benchmarks and ncu profiles this regex matches
 #
 # Sections, each printed with its elapsed seconds:
 #   1. one pool of parallel jobs (they share the GPU; nothing in it is timed, each job has a
@@ -46,6 +47,9 @@ budget=${GPU_BUDGET_S:-330}
 pool_limit=${GPU_POOL_S:-150}  # each job of section 1
 t0=$SECONDS
 left() { echo $((budget - (SECONDS - t0))); }
+# GPU_ONLY (an extended regular expression): only the benchmarks ("name|kind", e.g.
+# "gpt_tiny|graph") and ncu profiles ("ncu:name") it matches run; the tests always do.
+wanted() { [[ -z ${GPU_ONLY:-} || $1 =~ $GPU_ONLY ]]; }
 
 # CUDA libraries: the toolkit's, then pip wheels' (nvidia is a namespace package: no
 # __file__, so its folders come from __path__).
@@ -150,6 +154,11 @@ for spec in "${moe_specs[@]}"; do
     ./tools/loom train $spec $moe --set train.device=cuda --run-dir /tmp/${name}_gpu"
 done
 for t in $tests; do job "test.${t//\//_}" "$pool_limit" "./$t"; done
+# gemm_epilogue's derivative through cuBLASLt's epilogues too (the default runs loom's kernels).
+dgelu_modes=(dgelu dgelu_bgrad)
+for mode in "${dgelu_modes[@]}"; do
+  job "dgelu.$mode" "$pool_limit" env LOOM_CUBLASLT_DGELU="$mode" ./tests/kernels/cpu/gemm_epilogue_test
+done
 wait
 rc_of() { cut -d' ' -f1 "$jobs_dir/$1.rc" 2>/dev/null || echo 999; }  # 999: did not run
 secs_of() { cut -d' ' -f2 "$jobs_dir/$1.rc" 2>/dev/null || echo "?"; }
@@ -254,6 +263,14 @@ else
 fi
 
 say ""
+say "### gemm_epilogue_test with the derivative through cuBLASLt (LOOM_CUBLASLT_DGELU)"
+for mode in "${dgelu_modes[@]}"; do
+  rc=$(rc_of "dgelu.$mode")
+  ((rc == 0)) || status=1
+  say "- $mode: exit $rc; $(grep -c 'Failure' "$logs/dgelu.$mode.log" 2>/dev/null || echo 0) failures"
+  ((rc == 0)) || grep -E 'is .* expected' "$logs/dgelu.$mode.log" | head -6 | sed 's/^/    /' >>"$report"
+done
+say ""
 say "### Tiny MoE models: the GPU against the CPU (4 steps, f32)"
 for spec in "${moe_specs[@]}"; do
   name=$(basename "$spec" .json)
@@ -309,11 +326,13 @@ items=(
   "gpt2_124m_h100|loom|20|60" "gpt2_124m_h100|eager|20|60" "llama_1b3_h100|loom|25|60"
   "llama_1b3_h100_fp8|loom|25|60" "gpt2_124m_h100|compile|25|90" "gpt2_124m_h100|unfused|20|60"
   "gpt_tiny|loom|15|40" "gpt_tiny|graph|15|40" "gpt2_124m_h100|graph|20|60"
+  "gpt2_124m_h100|dgelu|20|60" "gpt2_124m_h100|dgelu_bgrad|20|60"
   "mixtral_h100|loom|25|60"
   "llama_1b3_h100|eager|25|60" "mixtral_h100|eager|30|60"
 )
 for item in "${items[@]}"; do
   IFS='|' read -r name kind least limit <<<"$item"
+  wanted "$name|$kind" || { echo "not selected (GPU_ONLY)" >"$bench/$name.$kind.err"; continue; }
   spec=configs/gpu/$name.json
   device=()
   # The default spec (configs/gpt_tiny.json) on the GPU.
@@ -328,6 +347,11 @@ for item in "${items[@]}"; do
     graph) timeout "$limit" ./tools/loom bench "$spec" --steps 6 --warmup 2 --json "${device[@]}" \
       --set 'train.cuda_graph="forward_backward"' --set train.cuda_graph_warmup_steps=1 \
       >"$bench/$name.graph.json" 2>"$bench/$name.graph.err" || rm -f "$bench/$name.graph.json" ;;
+    # The MLP's derivative GEMM through cuBLASLt's DGELU or DGELU_BGRAD epilogue instead of
+    # loom's gelu_bwd and bias_grad (kernels/cuda/gemm/gemm_epilogue.cu, dgelu_mode).
+    dgelu | dgelu_bgrad) LOOM_CUBLASLT_DGELU=$kind timeout "$limit" ./tools/loom bench "$spec" \
+      --steps 6 --warmup 2 --json >"$bench/$name.$kind.json" 2>"$bench/$name.$kind.err" ||
+      rm -f "$bench/$name.$kind.json" ;;
     # The same without the fused ops (the unfused bias, GELU, bias-gradient, residual-add and
     # norm kernels).
     unfused) timeout "$limit" ./tools/loom bench "$spec" --steps 6 --warmup 2 --json \
@@ -352,53 +376,39 @@ say "was filled by a compile of the same model in section 1, so it is not a cold
   say "- torch.compile cold (section 1): $(python3 tools/gpu_bundle_report.py first-step "$logs/torch_compile_warmup.log")"
 
 # ---- 4. One GPT-2 step, kernel by kernel -------------------------------------------------
-section "ncu: one GPT-2 124M step, kernel by kernel"
+section "ncu: one training step, kernel by kernel (GPT-2 124M fused and unfused, the default spec, LLaMA 1.3B)"
+# "name|spec|--set argument|least seconds|rows": two identical steps (warm-up 1, steps 1)
+# each; the summary keeps the last, found as the repeating tail of the launch sequence.
+# Clocks as in training, caches not flushed. GPT-2 unfused: the kernel count and time that
+# fusion removes; the default spec: GPU time against its bench row's wall time; LLaMA 1.3B:
+# where its time goes, for the 1.3B target.
+profiles=(
+  "gpt2|configs/gpu/gpt2_124m_h100.json||60|15"
+  "gpt2_unfused|configs/gpu/gpt2_124m_h100.json|kernels.pin=$unfused_pins|60|8"
+  "gpt_tiny|configs/gpt_tiny.json|train.device=\"cuda\"|45|8"
+  "llama_1b3_h100|configs/gpu/llama_1b3_h100.json||110|8"
+)
 if ! command -v ncu >/dev/null; then
   say "- not run: no ncu on PATH"
-elif (($(left) < 60)); then
-  say "- not run (budget)"
 else
-  csv=$dest/ncu_gpt2_step.csv
-  # Two identical steps (warm-up 1, steps 1); the summary keeps the last, found as the
-  # repeating tail of the launch sequence. Clocks as in training, caches not flushed.
-  timeout $(($(left) - 15 > 90 ? 90 : $(left) - 15)) ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv \
-    --target-processes all --log-file "$csv" \
-    ./tools/loom bench configs/gpu/gpt2_124m_h100.json --steps 1 --warmup 1 >"$logs/ncu.log" 2>&1
-  rc=$?
-  ((rc == 0)) || say "- ncu exit $rc (124: its time limit); the summary covers what it wrote"
-  python3 tools/gpu_bundle_report.py ncu-summary "$csv" 15 >>"$report" 2>&1 ||
-    tail -5 "$logs/ncu.log" | sed 's/^/    /' >>"$report"
-  # The same step without the fused ops: the kernel count and time that fusion removes.
-  if (($(left) >= 60)); then
-    say ""
-    say "The same step with the fused ops pinned to none (unfused): $unfused_pins"
-    csv_unfused=$dest/ncu_gpt2_step_unfused.csv
-    timeout $(($(left) - 15 > 90 ? 90 : $(left) - 15)) ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv \
-      --target-processes all --log-file "$csv_unfused" \
-      ./tools/loom bench configs/gpu/gpt2_124m_h100.json --steps 1 --warmup 1 \
-      --set "kernels.pin=$unfused_pins" >"$logs/ncu_unfused.log" 2>&1
-    python3 tools/gpu_bundle_report.py ncu-summary "$csv_unfused" 8 >>"$report" 2>&1 ||
-      tail -5 "$logs/ncu_unfused.log" | sed 's/^/    /' >>"$report"
-  else
-    say "- the unfused step: not profiled (budget)"
-  fi
-  # The default spec's step (launch-bound: GPU time against the wall time of its bench row)
-  # and, budget allowing, one LLaMA 1.3B step (where its time goes, for the 1.3B target).
-  for prof in "gpt_tiny|configs/gpt_tiny.json|--set train.device=\"cuda\"|45" \
-              "llama_1b3_h100|configs/gpu/llama_1b3_h100.json||110"; do
-    IFS='|' read -r pname pspec pset pleast <<<"$prof"
+  for prof in "${profiles[@]}"; do
+    IFS='|' read -r pname pspec pset pleast prows <<<"$prof"
+    wanted "ncu:$pname" || continue
     if (($(left) < pleast)); then
       say "- $pname step: not profiled (budget)"
       continue
     fi
     say ""
-    say "One $pname step:"
+    say "One $pname step ($pspec${pset:+, --set $pset}):"
     pcsv=$dest/ncu_${pname}_step.csv
-    # shellcheck disable=SC2086  # $pset is empty or one --set
+    set_args=()
+    [[ -n $pset ]] && set_args=(--set "$pset")
     timeout $(($(left) - 15 > 100 ? 100 : $(left) - 15)) ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv \
       --target-processes all --log-file "$pcsv" \
-      ./tools/loom bench "$pspec" --steps 1 --warmup 1 $pset >"$logs/ncu_$pname.log" 2>&1
-    python3 tools/gpu_bundle_report.py ncu-summary "$pcsv" 8 >>"$report" 2>&1 ||
+      ./tools/loom bench "$pspec" --steps 1 --warmup 1 "${set_args[@]}" >"$logs/ncu_$pname.log" 2>&1
+    rc=$?
+    ((rc == 0)) || say "- ncu exit $rc (124: its time limit); the summary covers what it wrote"
+    python3 tools/gpu_bundle_report.py ncu-summary "$pcsv" "$prows" >>"$report" 2>&1 ||
       tail -5 "$logs/ncu_$pname.log" | sed 's/^/    /' >>"$report"
   done
 fi

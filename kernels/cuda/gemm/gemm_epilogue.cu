@@ -18,7 +18,8 @@
 //   kEpilogueGelu, tanh           GELU[_AUX][_BIAS] (cuBLASLt's GELU is the tanh form; bf16
 //                                 and f16 only: f32 runs the unfused kernels below)
 //   kEpilogueGelu, erf            BIAS into P, then gelu_fwd (cuBLASLt has no erf GELU)
-//   kEpilogueDGelu, tanh          DGELU[_BGRAD] (bf16 and f16 only, as GELU)
+//   kEpilogueDGelu, tanh          the unfused kernels; DGELU[_BGRAD] (bf16 and f16 only, as
+//                                 GELU) when LOOM_CUBLASLT_DGELU says so (see dgelu_mode)
 //   kEpilogueBiasGradA            BGRADB (DEFAULT without dbias)
 // A bias gradient comes out of cuBLASLt in Y's dtype and overwrites its vector, while loom's
 // dbias is f32 and accumulates: cuBLASLt writes it into the upper half of the stream scratch
@@ -37,6 +38,7 @@
 
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <set>
@@ -230,7 +232,31 @@ __global__ void accumulate_kernel(const T* __restrict__ grad, float* __restrict_
     dbias[i] += to_f32<T>(grad[i]);
 }
 
-// cuBLASLt's epilogue for the call, or 0 when the call has none (erf's derivative).
+// How kEpilogueDGelu runs, from the environment variable LOOM_CUBLASLT_DGELU (read once):
+//   unfused (default)  gemm, gelu_bwd, bias_grad: loom's kernels. On an H200 (2026-11-27,
+//                      GPT-2 124M) cuBLASLt's DGELU_BGRAD ran a plain GEMM and then a separate
+//                      epilogue kernel of 0.62 ms per layer where gelu_bwd and bias_grad take
+//                      about 0.3 ms;
+//   dgelu              cuBLASLt's DGELU, then loom's bias_grad of Y;
+//   dgelu_bgrad        cuBLASLt's DGELU_BGRAD (one call).
+// A switch for measuring the three on a GPU (tools/gpu_bundle_run.sh), not a tuning knob.
+enum class DGeluMode { kUnfused, kDGelu, kDGeluBgrad };
+DGeluMode dgelu_mode() {
+  static const DGeluMode mode = [] {
+    const char* e = std::getenv("LOOM_CUBLASLT_DGELU");
+    const std::string v = e != nullptr ? e : "";
+    if (v.empty() || v == "unfused") return DGeluMode::kUnfused;
+    if (v == "dgelu") return DGeluMode::kDGelu;
+    if (v == "dgelu_bgrad") return DGeluMode::kDGeluBgrad;
+    throw Error(Code::kInvalidArgument,
+                std::string(kOp) + ": environment variable LOOM_CUBLASLT_DGELU is '" + v +
+                    "': use unfused (or leave it unset), dgelu or dgelu_bgrad");
+  }();
+  return mode;
+}
+
+// cuBLASLt's epilogue for the call, or 0 when the call has none (erf's derivative, and the
+// derivative's unfused mode).
 int64_t lt_epilogue(const GemmEpilogueShape& s) {
   const bool tanh = s.attrs.approximate != 0;
   switch (s.attrs.epilogue) {
@@ -241,8 +267,9 @@ int64_t lt_epilogue(const GemmEpilogueShape& s) {
       if (s.aux_out) return s.bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
       return s.bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU;
     case ops::kEpilogueDGelu:
-      if (!tanh) return 0;
-      return s.dbias ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU;
+      if (!tanh || dgelu_mode() == DGeluMode::kUnfused) return 0;
+      return s.dbias && dgelu_mode() == DGeluMode::kDGeluBgrad ? CUBLASLT_EPILOGUE_DGELU_BGRAD
+                                                               : CUBLASLT_EPILOGUE_DGELU;
     case ops::kEpilogueBiasGradA:
       return s.dbias ? CUBLASLT_EPILOGUE_BGRADB : CUBLASLT_EPILOGUE_DEFAULT;
   }
@@ -261,14 +288,17 @@ bool run_fused(const OpCall* call, const GemmEpilogueShape& s, const TensorView&
   const TensorView& D = erf_gelu ? P : Y;
   const bool bias_in =
       s.bias && (at.epilogue == ops::kEpilogueBias || at.epilogue == ops::kEpilogueGelu);
-  const bool grad_out = s.dbias;
+  // The bias gradient from cuBLASLt (BGRAD epilogues), or from loom's bias_grad after it
+  // (kEpilogueDGelu with the plain DGELU epilogue).
+  const bool grad_out = s.dbias && epilogue != CUBLASLT_EPILOGUE_DGELU;
+  const bool grad_after = s.dbias && epilogue == CUBLASLT_EPILOGUE_DGELU;
   const bool has_aux = (at.epilogue == ops::kEpilogueGelu && !erf_gelu && s.aux_out) ||
                        at.epilogue == ops::kEpilogueDGelu;
-  if (erf_gelu && !s.bias) return false;      // a plain gemm into P: the unfused path is that
+  if (erf_gelu && !s.bias) return false;  // a plain gemm into P: the unfused path is that
   // cuBLASLt's GELU and its derivative only for 16-bit outputs, whose rounding (2^-9 for
   // bf16) hides how its tanh is evaluated; f32 keeps loom's own kernels, accurate to f32.
-  const bool gelu_math = (at.epilogue == ops::kEpilogueGelu && !erf_gelu) ||
-                         at.epilogue == ops::kEpilogueDGelu;
+  const bool gelu_math =
+      (at.epilogue == ops::kEpilogueGelu && !erf_gelu) || at.epilogue == ops::kEpilogueDGelu;
   if (gelu_math && A.dtype == DType::kF32) return false;
   if (has_aux && s.n % 8 != 0) return false;  // cuBLASLt's aux leading dimension
   const int64_t grad_len = at.epilogue == ops::kEpilogueDGelu ? s.n : s.m;
@@ -332,6 +362,7 @@ bool run_fused(const OpCall* call, const GemmEpilogueShape& s, const TensorView&
     });
     launch_check(kOp);
   }
+  if (grad_after) run_step<int>(call, ops::kBiasGrad, Y.dtype, {Y}, {call->outputs[2]}, nullptr);
   if (erf_gelu) {
     const ops::GeluAttrs gelu{0};
     run_step(call, ops::kGeluFwd, A.dtype, {P}, {Y}, &gelu);
