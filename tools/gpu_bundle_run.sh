@@ -154,8 +154,9 @@ for spec in "${moe_specs[@]}"; do
     ./tools/loom train $spec $moe --set train.device=cuda --run-dir /tmp/${name}_gpu"
 done
 for t in $tests; do job "test.${t//\//_}" "$pool_limit" "./$t"; done
-# gemm_epilogue's derivative through cuBLASLt's epilogues too (the default runs loom's kernels).
-dgelu_modes=(dgelu dgelu_bgrad)
+# gemm_epilogue's bf16 derivative through loom's kernels and DGELU_BGRAD too (the default
+# is cuBLASLt's DGELU then loom's bias_grad).
+dgelu_modes=(unfused dgelu_bgrad)
 for mode in "${dgelu_modes[@]}"; do
   job "dgelu.$mode" "$pool_limit" env LOOM_CUBLASLT_DGELU="$mode" ./tests/kernels/cpu/gemm_epilogue_test
 done
@@ -326,7 +327,7 @@ items=(
   "gpt2_124m_h100|loom|20|60" "gpt2_124m_h100|eager|20|60" "llama_1b3_h100|loom|25|60"
   "llama_1b3_h100_fp8|loom|25|60" "gpt2_124m_h100|compile|25|90" "gpt2_124m_h100|unfused|20|60"
   "gpt_tiny|loom|15|40" "gpt_tiny|graph|15|40" "gpt2_124m_h100|graph|20|60"
-  "gpt2_124m_h100|dgelu|20|60" "gpt2_124m_h100|dgelu_bgrad|20|60"
+  "gpt2_124m_h100|dgelu_unfused|20|60" "gpt2_124m_h100|dgelu_bgrad|20|60"
   "mixtral_h100|loom|25|60"
   "llama_1b3_h100|eager|25|60" "mixtral_h100|eager|30|60"
 )
@@ -347,9 +348,12 @@ for item in "${items[@]}"; do
     graph) timeout "$limit" ./tools/loom bench "$spec" --steps 6 --warmup 2 --json "${device[@]}" \
       --set 'train.cuda_graph="forward_backward"' --set train.cuda_graph_warmup_steps=1 \
       >"$bench/$name.graph.json" 2>"$bench/$name.graph.err" || rm -f "$bench/$name.graph.json" ;;
-    # The MLP's derivative GEMM through cuBLASLt's DGELU or DGELU_BGRAD epilogue instead of
-    # loom's gelu_bwd and bias_grad (kernels/cuda/gemm/gemm_epilogue.cu, dgelu_mode).
-    dgelu | dgelu_bgrad) LOOM_CUBLASLT_DGELU=$kind timeout "$limit" ./tools/loom bench "$spec" \
+    # The MLP's derivative GEMM through loom's gelu_bwd and bias_grad, or cuBLASLt's
+    # DGELU_BGRAD, instead of cuBLASLt's DGELU then bias_grad (gemm_epilogue.cu, dgelu_mode).
+    dgelu_unfused | dgelu_bgrad)
+      mode=unfused
+      [[ $kind == dgelu_bgrad ]] && mode=dgelu_bgrad
+      LOOM_CUBLASLT_DGELU=$mode timeout "$limit" ./tools/loom bench "$spec" \
       --steps 6 --warmup 2 --json >"$bench/$name.$kind.json" 2>"$bench/$name.$kind.err" ||
       rm -f "$bench/$name.$kind.json" ;;
     # The same without the fused ops (the unfused bias, GELU, bias-gradient, residual-add and

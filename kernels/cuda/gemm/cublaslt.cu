@@ -66,6 +66,14 @@ Preference::Preference(const char* op, uint32_t align_a, uint32_t align_b, uint3
   set_pref(op, pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b);
   set_pref(op, pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_c);
   set_pref(op, pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_c);
+  // Split-K partial sums only in the compute type (f32): the in-place and output-type
+  // schemes add the parts in Y's dtype, against the ops' "compute in f32" (loom/ops.h). On
+  // an H200 (2026-11-27) the bf16 GELU_AUX epilogue's P at K = 65 and 127 was off by up to
+  // 0.0156 (one bf16 unit at magnitude 2) where |P| was 0.03-0.08, and f16's was not:
+  // consistent with bf16 partial sums (not yet rerun with this mask). Algorithms without
+  // split-K (scheme NONE) stay allowed.
+  set_pref(op, pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+           static_cast<uint32_t>(CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE));
 }
 
 Preference::~Preference() {

@@ -53,8 +53,8 @@ void set_pref(const char* op, cublasLtMatmulPreference_t p,
 
 /// The preference of a heuristic query: at most `max_workspace` bytes of workspace (by
 /// default the whole stream scratch), and the operands' real alignments in bytes (the default
-/// assumes 256-byte aligned operands; a view into a larger buffer may not be). Destroyed at
-/// scope exit.
+/// assumes 256-byte aligned operands; a view into a larger buffer may not be), and split-K
+/// reductions only in the compute type (f32). Destroyed at scope exit.
 struct Preference {
   cublasLtMatmulPreference_t pref = nullptr;
   Preference(const char* op, uint32_t align_a, uint32_t align_b, uint32_t align_c,

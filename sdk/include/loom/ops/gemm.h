@@ -53,7 +53,9 @@ struct GemmAttrs {
 /// GELU epilogues do). So a fused kernel agrees with the unfused ops within the dtype's
 /// tolerance of the result plus what these allow: one rounding of Z more or less (up to one
 /// unit of |Z| in the last place, large against P where the bias cancels Z) and the tanh's
-/// error. Kernel "cpu.*", which runs exactly that sequence, agrees with them bit for bit.
+/// error. (The CUDA kernel takes cuBLASLt's GELU derivative for bf16 only: in f16 it missed
+/// that bound.) Kernel "cpu.*", which runs exactly that sequence, agrees with them bit for
+/// bit.
 /// beta is 0 (overwrite Y) except with kEpilogueBiasGradA, where it may be 1 (accumulate).
 inline constexpr const char* kGemmEpilogue = "gemm_epilogue";
 inline constexpr int32_t kEpilogueBias = 1;
