@@ -3,8 +3,8 @@
 // the 1.3B LLaMA-style model's rmsnorm (8192 rows of 2048), bf16. For each shape and pass it
 // times the plain norm, the unfused pair a layer ran before the fusion (add then the norm;
 // the norm's backward then add, two launches), and the fused op (add_layernorm_* /
-// add_rmsnorm_*, one launch where norm.cuh's warp-per-row kernels take the row: forward
-// C <= 2048, backward C <= 1024; the unfused pair inside the op otherwise). Prints a Markdown
+// add_rmsnorm_*, one launch where norm.cuh's warp-per-row kernels take the row: C <= 2048;
+// the unfused pair inside the op otherwise). Prints a Markdown
 // table: milliseconds per call and the ideal bytes of the kernels' cost functions per second.
 //
 //   norm_bench [--iterations N]

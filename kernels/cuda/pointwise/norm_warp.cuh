@@ -1,6 +1,6 @@
 // Layernorm / rmsnorm for the common transformer case, one warp per row: every tensor bf16
-// (or every one f16), rows of C elements with C a multiple of 8 (forward: C <= 2048;
-// backward: C <= 1024), every tensor 16-byte aligned. norm.cuh's launchers take these
+// (or every one f16), rows of C elements with C a multiple of 8 and at most 2048, every
+// tensor 16-byte aligned. norm.cuh's launchers take these
 // kernels then and the general ones (any dtype mix, any width, any alignment) otherwise.
 //
 // Why a second kernel: the general one switches on each tensor's dtype at run time and keeps
@@ -39,7 +39,7 @@ namespace loom::kernels::cuda::pointwise {
 // Rows (warps) per block of the warp-per-row kernels, and the widest row they take.
 inline constexpr int kWarpRowsPerBlock = 8;
 inline constexpr int kWarpRowMaxVecs = 8;     // forward: 8 vectors of 8 a lane, C <= 2048
-inline constexpr int kWarpRowMaxBwdVecs = 4;  // backward: C <= 1024 (norm.cuh says why)
+inline constexpr int kWarpRowMaxBwdVecs = 8;  // backward: C <= 2048 (norm.cuh says how)
 
 template <class T>
 struct NormFwdWarpArgs {
@@ -173,19 +173,24 @@ __global__ void __launch_bounds__(kWarpRowsPerBlock * 32)
        row < a.rows; row += static_cast<int64_t>(gridDim.x) * kWarpRowsPerBlock) {
     const int64_t off = row * a.cols;
     const float mu = kRms ? 0.0f : a.mean[row], rs = a.rstd[row];
-    float d[kVecs][8], xv[kVecs][8];
+    // Up to 4 vectors a lane (C <= 1024) X stays in registers between the two passes; wider
+    // rows read it again in the second (from L1 / L2: the row was just read), which keeps
+    // them near the narrower rows' register count instead of ~200.
+    constexpr bool kKeepX = kVecs <= 4;
+    float d[kVecs][8], xv[kKeepX ? kVecs : 1][8];
     float s0 = 0.0f, s1 = 0.0f;  // sum g, sum g * xhat
 #pragma unroll
     for (int k = 0; k < kVecs; ++k) {
       const int64_t j = static_cast<int64_t>(k) * 32 + lane;
       if (j >= vecs) continue;
       float w[8];
+      float(&xk)[8] = xv[kKeepX ? k : 0];
       load_pack<T, 8>(a.dy + off + j * 8, d[k]);
-      load_pack<T, 8>(a.x + off + j * 8, xv[k]);
+      load_pack<T, 8>(a.x + off + j * 8, xk);
       load_pack<T, 8>(a.w + j * 8, w);
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
-        const float xhat = (xv[k][e] - mu) * rs, g = __fmul_rn(d[k][e], w[e] + a.gamma_shift);
+        const float xhat = (xk[e] - mu) * rs, g = __fmul_rn(d[k][e], w[e] + a.gamma_shift);
         s0 += g;
         s1 += g * xhat;
       }
@@ -198,10 +203,12 @@ __global__ void __launch_bounds__(kWarpRowsPerBlock * 32)
       const int64_t j = static_cast<int64_t>(k) * 32 + lane;
       if (j >= vecs) continue;
       float w[8];
+      float(&xk)[8] = xv[kKeepX ? k : 0];
+      if (!kKeepX) load_pack<T, 8>(a.x + off + j * 8, xk);
       load_pack<T, 8>(a.w + j * 8, w);
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
-        const float xhat = (xv[k][e] - mu) * rs, g = __fmul_rn(d[k][e], w[e] + a.gamma_shift);
+        const float xhat = (xk[e] - mu) * rs, g = __fmul_rn(d[k][e], w[e] + a.gamma_shift);
         d[k][e] = rs * (g - mg - xhat * mgx);
       }
       if (kAdd) {

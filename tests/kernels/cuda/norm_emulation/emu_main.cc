@@ -250,8 +250,15 @@ void check_bwd(const Case& c, double rtol, double atol, std::mt19937& rng) {
     case 3:
       launch_bwd<T, kRms, 3, kAdd>(a, grid);
       break;
-    default:
+    case 4:
       launch_bwd<T, kRms, 4, kAdd>(a, grid);
+      break;
+    case 5:
+    case 6:
+      launch_bwd<T, kRms, 6, kAdd>(a, grid);
+      break;
+    default:
+      launch_bwd<T, kRms, 8, kAdd>(a, grid);
       break;
   }
   const bool want_db = !kRms && c.bias;
