@@ -45,7 +45,8 @@ __device__ __forceinline__ float staged_dot(const void* src, DType dt, RowOf row
   for (int64_t d0 = 0; d0 < D; d0 += kStageCols) {
     const int dc = static_cast<int>(min64(kStageCols, D - d0));
     __syncwarp();  // every lane is done with the stage's previous contents
-    for (int j = 0; j < n; ++j) {
+#pragma unroll 4
+    for (int j = 0; j < n; ++j) {  // unrolled: several rows' loads in flight at once
       const int64_t base = row_of(j) + d0;
       for (int d = lane; d < dc; d += 32) stage[j * kStageLd + d] = Io::load(src, dt, base + d);
     }
@@ -103,9 +104,13 @@ __global__ void attention_fwd_generic_kernel(const AttentionParams p) {
     __syncwarp();
     for (int64_t d = lane; d < D; d += 32) {
       float a = sacc[d] * corr;
-      for (int j = 0; j < n; ++j)
-        if (sp[j] != 0.0f)
-          a += sp[j] * Io::load(p.v, p.dt_v, ((b * p.s + k0 + j) * p.g + g) * D + d);
+      // Each row j < n exists, so its load need not wait for the test of its weight: unrolled,
+      // eight loads are in flight together (the kernels are latency-bound; H200 profile).
+#pragma unroll 8
+      for (int j = 0; j < n; ++j) {
+        const float v = Io::load(p.v, p.dt_v, ((b * p.s + k0 + j) * p.g + g) * D + d);
+        if (sp[j] != 0.0f) a += sp[j] * v;
+      }
       sacc[d] = a;
     }
     __syncwarp();  // sp is rewritten by the next chunk
@@ -172,11 +177,14 @@ __global__ void attention_bwd_dkv_generic_kernel(const AttentionParams p) {
       __syncwarp();
       for (int64_t d = lane; d < D; d += 32) {
         float ak = sdk[d], av = sdv[d];
-        for (int j = 0; j < n; ++j) {
-          if (spz[j] == 0.0f && sds[j] == 0.0f) continue;
+#pragma unroll 8
+        for (int j = 0; j < n; ++j) {  // loads before the test, as in the forward
           const int64_t q_row = ((b * p.t + t0 + j) * p.h + h) * D;
-          ak += sds[j] * Io::load(p.q, p.dt_q, q_row + d);
-          av += spz[j] * Io::load(p.dout, p.dt_do, q_row + d);
+          const float q = Io::load(p.q, p.dt_q, q_row + d);
+          const float dout = Io::load(p.dout, p.dt_do, q_row + d);
+          if (spz[j] == 0.0f && sds[j] == 0.0f) continue;
+          ak += sds[j] * q;
+          av += spz[j] * dout;
         }
         sdk[d] = ak;
         sdv[d] = av;
@@ -231,9 +239,11 @@ __global__ void attention_bwd_dq_generic_kernel(const AttentionParams p) {
     __syncwarp();
     for (int64_t d = lane; d < D; d += 32) {
       float a = sdq[d];
-      for (int j = 0; j < n; ++j)
-        if (sds[j] != 0.0f)
-          a += sds[j] * Io::load(p.k, p.dt_k, ((b * p.s + k0 + j) * p.g + g) * D + d);
+#pragma unroll 8
+      for (int j = 0; j < n; ++j) {  // loads before the test, as in the forward
+        const float k = Io::load(p.k, p.dt_k, ((b * p.s + k0 + j) * p.g + g) * D + d);
+        if (sds[j] != 0.0f) a += sds[j] * k;
+      }
       sdq[d] = a;
     }
     __syncwarp();
