@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cuda_runtime.h>
+#include <loom/cpp/tensor.h>
 #include <loom/kernel.h>
 
 #include <cstdio>
@@ -43,17 +44,13 @@ inline uint16_t bf16(float x) {
 struct DeviceTensor {
   TensorView v{};
   DeviceTensor(DType dt, std::vector<int64_t> shape, uint64_t seed) {
-    v.dtype = dt;
-    v.device = Device{DeviceType::kCuda, 0};
-    v.ndim = static_cast<int32_t>(shape.size());
     int64_t n = 1;
-    for (int i = v.ndim - 1; i >= 0; --i) {
-      v.shape[i] = shape[i];
-      v.strides[i] = n;
-      n *= shape[i];
-    }
-    const size_t bytes = static_cast<size_t>(n) * (dt == DType::kF32 ? 4 : 2);
-    check(cudaMalloc(&v.data, bytes), "cudaMalloc");
+    for (int64_t d : shape) n *= d;
+    const size_t bytes = static_cast<size_t>(n) * dtype_size(dt);
+    void* data = nullptr;
+    check(cudaMalloc(&data, bytes), "cudaMalloc");
+    v = make_view(data, dt, shape.data(), static_cast<int32_t>(shape.size()),
+                  Device{DeviceType::kCuda, 0});
     if (dt == DType::kBF16) {
       std::vector<uint16_t> host(static_cast<size_t>(n));
       uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;

@@ -157,27 +157,39 @@ double unit_roundoff(DType t) {
                             : std::ldexp(1.0, -24);
 }
 
+// expect_close with a per-element allowance added to the tolerance; prints the worst ratio
+// of difference to what is allowed.
+void expect_close_allowing(const Tensor& got, const std::vector<double>& expected,
+                           const std::vector<double>& extra, DType dt, const std::string& what) {
+  const std::vector<double> g = got.values();
+  ASSERT_EQ(g.size(), expected.size()) << what;
+  const Tolerance tol = tolerance(dt);
+  double worst = 0;
+  int64_t bad = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    const double allowed = tol.atol + tol.rtol * std::fabs(expected[i]) + extra[i];
+    const double diff = std::fabs(g[i] - expected[i]);
+    worst = std::max(worst, diff / allowed);
+    if (!(diff <= allowed) && ++bad <= 5)
+      ADD_FAILURE() << what << ": element " << i << " is " << g[i] << ", expected " << expected[i]
+                    << " (|diff| " << diff << ", allowed " << allowed << ", of which " << extra[i]
+                    << " beyond the dtype's tolerance)";
+  }
+  EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << g.size() << " elements differ";
+  std::printf("[error] %s: worst |diff| / allowed %.3g\n", what.c_str(), worst);
+}
+
 // dbias against `expected`. It is a sum over M values of Y, which a kernel may round to Y's
 // dtype before or after summing (the contract): the two differ by up to one unit roundoff of
 // each term, so the bound adds 2 u sum_i |Y_i| (`y`: the expected Y, (M, N)) to the dtype's
-// tolerance; the worst ratio of error to bound is printed.
+// tolerance; the worst ratio of error to what is allowed is printed.
 void expect_dbias_close(const Tensor& got, const std::vector<double>& expected,
                         const std::vector<double>& y, int64_t n, int32_t epilogue, DType dt,
                         const std::string& what) {
   std::vector<double> bound(expected.size(), 0.0);
   if (epilogue == ops::kEpilogueDGelu)
     for (size_t i = 0; i < y.size(); ++i) bound[i % n] += 2 * unit_roundoff(dt) * std::fabs(y[i]);
-  const std::vector<double> g = got.values();
-  ASSERT_EQ(g.size(), expected.size()) << what;
-  const Tolerance tol = tolerance(dt);
-  double worst = 0;
-  for (size_t i = 0; i < g.size(); ++i) {
-    const double allowed = tol.atol + tol.rtol * std::fabs(expected[i]) + bound[i];
-    worst = std::max(worst, std::fabs(g[i] - expected[i]) / allowed);
-    EXPECT_LE(std::fabs(g[i] - expected[i]), allowed)
-        << "dbias " << what << ": element " << i << " is " << g[i] << ", expected " << expected[i];
-  }
-  std::printf("[error] dbias %s: worst |diff| / bound %.3g\n", what.c_str(), worst);
+  expect_close_allowing(got, expected, bound, dt, "dbias " + what);
 }
 
 // What the contract lets a fused kernel differ from the unfused ops by, per element, beyond
@@ -228,28 +240,6 @@ Allowance fused_allowance(const Variant& v, const Expected& e, const Operands& o
     }
   }
   return al;
-}
-
-// expect_close with a per-element allowance added to the tolerance; prints the worst ratio
-// of difference to what is allowed.
-void expect_close_allowing(const Tensor& got, const std::vector<double>& expected,
-                           const std::vector<double>& extra, DType dt, const std::string& what) {
-  const std::vector<double> g = got.values();
-  ASSERT_EQ(g.size(), expected.size()) << what;
-  const Tolerance tol = tolerance(dt);
-  double worst = 0;
-  int64_t bad = 0;
-  for (size_t i = 0; i < g.size(); ++i) {
-    const double allowed = tol.atol + tol.rtol * std::fabs(expected[i]) + extra[i];
-    const double diff = std::fabs(g[i] - expected[i]);
-    worst = std::max(worst, diff / allowed);
-    if (!(diff <= allowed) && ++bad <= 5)
-      ADD_FAILURE() << what << ": element " << i << " is " << g[i] << ", expected " << expected[i]
-                    << " (|diff| " << diff << ", allowed " << allowed << " of which " << extra[i]
-                    << " for the fused rounding and tanh)";
-  }
-  EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << g.size() << " elements differ";
-  std::printf("[error] %s: worst |diff| / allowed %.3g\n", what.c_str(), worst);
 }
 
 // Compares the outputs of another kernel (`got`) with cpu.ref's (`ref`) at the dtype's
