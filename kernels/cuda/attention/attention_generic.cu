@@ -1,23 +1,35 @@
 // attention_fwd / attention_bwd for every call the tensor-core kernels do not take: f32, any
 // head dim up to kAttentionGenericMaxD, tensors of differing float dtypes, unaligned views.
-// Plain CUDA cores, f32 arithmetic, never materialising (T, S); slower, simple, the same
-// semantics (mask, Philox dropout index, lse, fully masked rows) as the reference.
+// Plain CUDA cores, f32 arithmetic, never materialising (T, S); the same semantics (mask,
+// Philox dropout index, lse, fully masked rows) as the reference. Two families:
 //
-// Launch geometry: one warp per row, kWarps warps per block, each warp with its own slice of
-// dynamic shared memory holding f32 rows of D (so any D fits) and 32 per-item scalars.
-// Items (keys or queries) go by chunks of 32: lane j computes the dot products of item j
-// over the whole D (rows read by one lane each; the L1 serves the rest of each line), the
-// chunk's scalars meet in shared memory, then every lane updates its own columns
-// d = lane, lane + 32, ... of the row accumulator (coalesced reads of V / Q / dO / K rows).
+// Tiled (attention_tiled_kernel.cuh): one storage dtype for every tensor, D <=
+// kAttentionTiledMaxD, and a block's tiles within the device's shared memory (at D = 128
+// about 166 KB for the backward: Hopper's 227 KB, not an A100's 163 KB). 64-row tiles, 256
+// threads per block, 4 x 4 products per thread; blocks per (query tile, b, h) for the
+// forward and dQ, per (key tile, b, g) for dK and dV. This is what the default spec (f32,
+// D = 64) runs: the warp-per-row kernels below took 7.1 of its 9.6 ms step on an H200
+// (BENCHMARKS.md), reading every key row once per query row.
+//
+// Warp per row (attention_generic_kernel.cuh), everything else: one warp per row, kWarps
+// warps per block, each warp with its own slice of dynamic shared memory holding f32 rows
+// of D (so any D fits) and 32 per-item scalars. Items (keys or queries) go by chunks of 32:
+// lane j computes the dot products of item j over the whole D (the warp stages the rows in
+// shared memory), the chunk's scalars meet in shared memory, then every lane updates its own
+// columns d = lane, lane + 32, ... of the row accumulator (coalesced reads of V / Q / dO /
+// K rows).
 //   forward:  warp per query row (b, h, t): online softmax over key chunks.
 //   backward: the delta kernel (attention_bwd.cu), then pass 1, warp per key row (b, s, g):
 //             dK, dV summed over the group's query heads and all queries; pass 2, warp per
-//             query row (b, t, h): dQ. Each output row has one writer: no atomics, and the
-//             result does not depend on scheduling.
+//             query row (b, t, h): dQ.
+// In both, each output element has one writer: no atomics, and the result does not depend
+// on scheduling.
 #include <algorithm>
+#include <type_traits>
 
 #include "kernels/cuda/attention/attention_generic_kernel.cuh"
 #include "kernels/cuda/attention/attention_params.cuh"
+#include "kernels/cuda/attention/attention_tiled_kernel.cuh"
 #include "kernels/cuda/common/cuda_check.h"
 
 namespace loom::kernels::cuda {
@@ -31,12 +43,16 @@ constexpr int kMaxWarps = 4;
 // what a block of the current device may use (227 KB on Hopper; the compute_90 PTX also
 // runs on later GPUs with less, e.g. 99 KB). kAttentionGenericMaxD keeps one warp within
 // 99 KB.
-int warps_for(size_t per_warp, const char* op) {
+// Shared memory a block of the current device may use (opt-in maximum).
+size_t smem_budget(const char* op) {
   int device = 0, optin = 0;
   cuda_check(cudaGetDevice(&device), op);
   cuda_check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), op);
-  const size_t budget = static_cast<size_t>(optin);
-  return static_cast<int>(std::clamp<size_t>(budget / per_warp, 1, kMaxWarps));
+  return static_cast<size_t>(optin);
+}
+
+int warps_for(size_t per_warp, const char* op) {
+  return static_cast<int>(std::clamp<size_t>(smem_budget(op) / per_warp, 1, kMaxWarps));
 }
 
 // Launches kernel<Io> with one warp per row, `floats_per_warp` of shared memory each.
@@ -65,10 +81,54 @@ void with_io(const AttentionParams& p, bool same, F&& f) {
     f(AnyIo{});
 }
 
+// Whether the tiled kernels take the call: `same` (one storage dtype), D within
+// kAttentionTiledMaxD, and the backward's tiles (the larger) within the device's budget.
+bool use_tiled(const AttentionParams& p, bool same, const char* op) {
+  return same && p.d <= kAttentionTiledMaxD &&
+         sizeof(float) * static_cast<size_t>(tiled_bwd_floats(p.d)) <= smem_budget(op);
+}
+
+// Launches kernel<Io, kDv> over `tiles` row tiles of each of `outer` (b, head) pairs.
+template <class Kernel>
+void launch_tiled(Kernel kernel, const AttentionParams& p, int64_t rows, int64_t outer,
+                  int64_t floats, cudaStream_t stream, const char* op) {
+  const int64_t blocks = (rows + kTiledRows - 1) / kTiledRows * outer;
+  if (blocks == 0) return;
+  const size_t smem = sizeof(float) * static_cast<size_t>(floats);
+  attention_allow_smem(reinterpret_cast<const void*>(kernel), smem, op);
+  kernel<<<static_cast<unsigned>(blocks), kTiledThreads, smem, stream>>>(p);
+  launch_check(op);
+}
+
+// Calls f(Io{}, std::integral_constant<int, kDv>{}) for the tiled kernels' instance.
+// Q's dtype is every tensor's (use_tiled): no AnyIo instance.
+template <class F>
+void with_tiled(const AttentionParams& p, F&& f) {
+  auto with_dv = [&](auto io) {
+    if (tiled_dv(p.d) == 1)
+      f(io, std::integral_constant<int, 1>{});
+    else
+      f(io, std::integral_constant<int, 2>{});
+  };
+  if (p.dt_q == DType::kBF16)
+    with_dv(TypedIo<__nv_bfloat16>{});
+  else if (p.dt_q == DType::kF16)
+    with_dv(TypedIo<__half>{});
+  else
+    with_dv(TypedIo<float>{});
+}
+
 }  // namespace
 
 void launch_attention_fwd_generic(const AttentionParams& p, cudaStream_t stream) {
   const bool same = p.dt_k == p.dt_q && p.dt_v == p.dt_q && p.dt_o == p.dt_q;
+  if (use_tiled(p, same, "attention_fwd")) {
+    with_tiled(p, [&](auto io, auto dv) {
+      launch_tiled(attention_fwd_tiled_kernel<decltype(io), decltype(dv)::value>, p, p.t, p.b * p.h,
+                   tiled_fwd_floats(p.d), stream, "attention_fwd");
+    });
+    return;
+  }
   with_io(p, same, [&](auto io) {
     using Io = decltype(io);
     launch_rows(attention_fwd_generic_kernel<Io>, p, p.b * p.h * p.t, generic_fwd_floats(p.d),
@@ -80,6 +140,17 @@ void launch_attention_bwd_generic(const AttentionParams& p, cudaStream_t stream)
   launch_attention_bwd_delta(p, stream);
   const bool same = p.dt_k == p.dt_q && p.dt_v == p.dt_q && p.dt_do == p.dt_q &&
                     p.dt_dq == p.dt_q && p.dt_dk == p.dt_q && p.dt_dv == p.dt_q;
+  if (use_tiled(p, same, "attention_bwd")) {
+    with_tiled(p, [&](auto io, auto dv) {
+      constexpr int kDv = decltype(dv)::value;
+      using Io = decltype(io);
+      launch_tiled(attention_bwd_dkv_tiled_kernel<Io, kDv>, p, p.s, p.b * p.g,
+                   tiled_bwd_floats(p.d), stream, "attention_bwd");
+      launch_tiled(attention_bwd_dq_tiled_kernel<Io, kDv>, p, p.t, p.b * p.h, tiled_bwd_floats(p.d),
+                   stream, "attention_bwd");
+    });
+    return;
+  }
   with_io(p, same, [&](auto io) {
     using Io = decltype(io);
     launch_rows(attention_bwd_dkv_generic_kernel<Io>, p, p.b * p.s * p.g, generic_dkv_floats(p.d),

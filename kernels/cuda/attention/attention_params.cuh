@@ -14,9 +14,9 @@ namespace loom::kernels::cuda {
 /// (the forward's leave the backward's null and the other way round).
 struct AttentionParams {
   // Forward and backward inputs.
-  const void* q;       // (B, T, H, D)
-  const void* k;       // (B, S, G, D)
-  const void* v;       // (B, S, G, D)
+  const void* q;        // (B, T, H, D)
+  const void* k;        // (B, S, G, D)
+  const void* v;        // (B, S, G, D)
   const int32_t* seg;   // (B, T) or null: the queries' segment ids
   const int32_t* kseg;  // (B, S): the keys' segment ids (seg itself when the call has none, T == S)
   // Forward outputs.
@@ -93,6 +93,11 @@ inline uint64_t attention_bwd_delta_bytes(const AttentionParams& p) {
 
 /// Head dims the tensor-core kernels are instantiated for.
 inline bool attention_tc_head_dim(int64_t d) { return d == 64 || d == 128; }
+
+/// Largest head dim of the tiled generic kernels (attention_tiled_kernel.cuh); the
+/// warp-per-row ones take larger head dims, and any call whose tiles do not fit in a block's
+/// shared memory.
+inline constexpr int64_t kAttentionTiledMaxD = 128;
 
 /// Largest head dim of the generic kernels: a few D-float rows per warp live in shared
 /// memory (attention_generic.cu), and at least one warp must fit in a block.

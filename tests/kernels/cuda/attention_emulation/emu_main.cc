@@ -26,6 +26,7 @@
 #include "kernels/cuda/attention/attention_bwd_kernel.cuh"
 #include "kernels/cuda/attention/attention_fwd_kernel.cuh"
 #include "kernels/cuda/attention/attention_generic_kernel.cuh"
+#include "kernels/cuda/attention/attention_tiled_kernel.cuh"
 
 #ifndef LOOM_ATTENTION_MMA_EMULATED
 #error \
@@ -261,13 +262,17 @@ void run_case(const Case& c, std::mt19937& rng) {
   p.dt_dk = dto;
   p.dt_dv = c.dt;
   Buf dq(c.dt, B * T * H * D), dk(dto, B * S * G * D), dv(c.dt, B * S * G * D);
-  // poison outputs
-  for (int64_t i = 0; i < o.n; ++i) o.set(i, 12345.f);
-  for (int64_t i = 0; i < dk.n; ++i) {
-    dk.set(i, 12345.f);
-    dv.set(i, 12345.f);
-  }
-  for (int64_t i = 0; i < dq.n; ++i) dq.set(i, 12345.f);
+  // Poisons the outputs (before each family of kernels, so that an unwritten element shows).
+  auto poison = [&] {
+    for (int64_t i = 0; i < o.n; ++i) o.set(i, 12345.f);
+    for (int64_t i = 0; i < dk.n; ++i) {
+      dk.set(i, 12345.f);
+      dv.set(i, 12345.f);
+    }
+    for (int64_t i = 0; i < dq.n; ++i) dq.set(i, 12345.f);
+    for (int64_t i = 0; i < lse_out.n; ++i) lse_out.set(i, 12345.f);
+  };
+  poison();
   p.dout = dO.data();
   p.out = Ob.data();
   p.lse_in = (const float*)lse_in.data();
@@ -279,6 +284,16 @@ void run_case(const Case& c, std::mt19937& rng) {
 
   printf("%s\n", c.name.c_str());
   const bool same = c.dt_other == DType::kInvalid;
+  auto compare_all = [&] {
+    compare("O", o, O, c.dt);
+    compare("lse", lse_out, lse, DType::kF32);
+    // bwd with the reference's O rounded (as the op would get it): compare grads
+    // Gradients go through delta = dO . O with O rounded to Q's dtype: the
+    // loosest tolerance.
+    compare("dQ", dq, dQ, c.dt);
+    compare("dK", dk, dK, same ? dto : c.dt);
+    compare("dV", dv, dV, c.dt);
+  };
   if (!c.generic) {
     // forward
     const int64_t fwd_blocks = (T + 63) / 64 * B * H;
@@ -356,8 +371,11 @@ void run_case(const Case& c, std::mt19937& rng) {
       else
         fn(TypedIo<__half>{});
     };
+    // The warp-per-row kernels first; the tiled ones (attention_generic.cu takes them for one
+    // storage dtype and D <= kAttentionTiledMaxD) in a second round, compared in turn.
     with([&](auto io) {
       using Io = decltype(io);
+      printf("  warp-per-row kernels\n");
       int64_t rows = B * H * T;
       if (rows) emu::run_grid((rows + 3) / 4, 128, [&] { attention_fwd_generic_kernel<Io>(p); });
       p.dq_acc = nullptr;
@@ -369,15 +387,34 @@ void run_case(const Case& c, std::mt19937& rng) {
       rows = B * T * H;
       if (rows) emu::run_grid((rows + 3) / 4, 128, [&] { attention_bwd_dq_generic_kernel<Io>(p); });
     });
+    compare_all();
+    if (!same || D > kAttentionTiledMaxD) return;
+    poison();
+    printf("  tiled kernels\n");
+    with([&](auto io) {
+      using Io = decltype(io);
+      const int64_t t_blocks = (T + kTiledRows - 1) / kTiledRows * B * H;
+      const int64_t s_blocks = (S + kTiledRows - 1) / kTiledRows * B * G;
+      auto tiled = [&](auto dv_groups) {
+        constexpr int kDv = decltype(dv_groups)::value;
+        if (t_blocks)
+          emu::run_grid(t_blocks, kTiledThreads, [&] { attention_fwd_tiled_kernel<Io, kDv>(p); });
+        if (B * T * H)
+          emu::run_grid((B * T * H + 7) / 8, 256, [&] { attention_bwd_delta_kernel<Io>(p); });
+        if (s_blocks)
+          emu::run_grid(s_blocks, kTiledThreads,
+                        [&] { attention_bwd_dkv_tiled_kernel<Io, kDv>(p); });
+        if (t_blocks)
+          emu::run_grid(t_blocks, kTiledThreads,
+                        [&] { attention_bwd_dq_tiled_kernel<Io, kDv>(p); });
+      };
+      if (tiled_dv(D) == 1)
+        tiled(std::integral_constant<int, 1>{});
+      else
+        tiled(std::integral_constant<int, 2>{});
+    });
   }
-  compare("O", o, O, c.dt);
-  compare("lse", lse_out, lse, DType::kF32);
-  // bwd with the reference's O rounded (as the op would get it): compare grads
-  // Gradients go through delta = dO . O with O rounded to Q's dtype: the
-  // loosest tolerance.
-  compare("dQ", dq, dQ, c.dt);
-  compare("dK", dk, dK, same ? dto : c.dt);
-  compare("dV", dv, dV, c.dt);
+  compare_all();
 }
 
 int main(int argc, char** argv) {
@@ -439,6 +476,17 @@ int main(int argc, char** argv) {
        false},
       {"f16 D128 B1 T95 S33 H4 G2 dropout", DType::kF16, 1, 95, 33, 4, 2, 128, 0, false, 0.1f,
        false},
+      // The tiled generic kernels over several 64-row tiles: query and key tiles that end
+      // inside the tensor, the causal offset either way, GQA, segments, dropout, both
+      // column-group counts (D <= 64, D <= 128) with partial groups.
+      {"f32 D64 generic B2 T150 S150 H4 G2 causal seg dropout", DType::kF32, 2, 150, 150, 4, 2, 64,
+       1, true, 0.2f, true},
+      {"f32 D128 generic B1 T100 S170 H2 G1 causal", DType::kF32, 1, 100, 170, 2, 1, 128, 1, false,
+       0.f, true},
+      {"f32 D80 generic B1 T130 S70 H4 G1 causal (T>S) dropout", DType::kF32, 1, 130, 70, 4, 1, 80,
+       1, false, 0.1f, true},
+      {"f16 D36 generic B1 T70 S129 H2 G2 key seg", DType::kF16, 1, 70, 129, 2, 2, 36, 0, true, 0.f,
+       true},
       // On 3 multiprocessors (i % 3 == 2): 3 head splits of 2, 2 and 1 heads.
       {"bf16 D64 B1 T80 S80 H5 G1 causal (uneven head splits)", DType::kBF16, 1, 80, 80, 5, 1, 64,
        1, false, 0.f, false},
