@@ -3,51 +3,57 @@
 // the pair turns by the angle position * inv_freq[i] (backward: by minus that angle, a
 // rotation's gradient being its transpose); channels from rotary_dim on pass through.
 //
-// Algorithm: the angle and its cosine and sine in f64, as the reference computes them: an
-// f32 angle would be off by up to position * 2^-24 radians (5e-4 at position 8192), far
-// past the f32 tolerance; Hopper's f64 units make this cheap, and each (token, i) sine is
-// reused by the heads of the token. The rotation itself is f32.
+// Algorithm (rope_kernel.cuh has the kernels): the angle in f64, as the reference forms
+// it, and the rotation in f32. When X and Y share a dtype (the typed kernel), the angle is
+// reduced to [-pi, pi] in f64 and its cosine and sine taken by sincosf of the reduced
+// angle rounded to f32: within 2^-22 ~ 2.4e-7 of cos and sin of the f64 angle at any
+// position, where an unreduced f32 angle would be off by up to position * 2^-24 radians
+// (5e-4 at position 8192), far past the f32 tolerance. With a dtype mix (the general
+// kernel), cosine and sine in f64, rounded to f32.
 //
-// Launch: the grid strides over the B * T tokens, one token per block at a time; a block of
-// 256 threads is (x: 32..256 pair indices i, y: 256 / x heads), so consecutive threads read
-// consecutive channels of a head. Each thread reads both channels of its pair before
+// Launch: typed, one thread per (token, 4 heads, 8 bf16 / f16 or 4 f32 pair indices: one
+// 16-byte access per half when half and D are multiples of that and the tensors are 16-byte
+// aligned, else 1 pair index), its cosines and sines computed once for its 4 heads. General:
+// the grid strides over the B * T tokens, one token per block at a time; a block's 256
+// threads are (32..256 pair lanes i) x (256 / lanes head rows), so consecutive threads read
+// consecutive channels of a head. Each thread reads both channels of its pairs before
 // writing them, and a passed-through channel is read and written by one thread, so Y may
 // alias X.
+//
+// Why the typed kernel: the general one took 5.2 ms of an H200 LLaMA 1.3B training step
+// (2026-11-27 profile), with an f64 sincos per (token, pair index, head row) and a dtype
+// switch per element.
 #include <loom/cpp/op_checks/rope.h>
 
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/pointwise/common.cuh"
 #include "kernels/cuda/pointwise/device_util.cuh"
+#include "kernels/cuda/pointwise/rope_kernel.cuh"
 
 namespace loom::kernels::cuda::pointwise {
 namespace {
 
-__global__ void rope_kernel(const void* x, DType xt, const int32_t* positions,
-                            const float* inv_freq, void* y, DType yt, int64_t tokens, int64_t t,
-                            int64_t h, int64_t d, int64_t half, double sign) {
-  const int64_t rest = d - 2 * half;  // passed-through channels per head
-  const int tid = threadIdx.y * blockDim.x + threadIdx.x, threads = blockDim.x * blockDim.y;
-  for (int64_t token = blockIdx.x; token < tokens; token += gridDim.x) {
-    const double pos = positions != nullptr ? static_cast<double>(positions[token])
-                                            : static_cast<double>(token % t);
-    const int64_t head0 = token * h * d;  // first element of the token's heads
-    for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
-      double s, c;
-      sincos(pos * static_cast<double>(inv_freq[i]), &s, &c);
-      const float cs = static_cast<float>(c), sn = static_cast<float>(sign * s);
-      for (int64_t k = threadIdx.y; k < h; k += blockDim.y) {
-        const int64_t e1 = head0 + k * d + i, e2 = e1 + half;
-        const float x1 = load_elem(x, xt, e1), x2 = load_elem(x, xt, e2);
-        store_elem(y, yt, e1, x1 * cs - x2 * sn);
-        store_elem(y, yt, e2, x2 * cs + x1 * sn);
-      }
-    }
-    if (rest > 0)
-      for (int64_t j = tid; j < h * rest; j += threads) {
-        const int64_t e = head0 + (j / rest) * d + 2 * half + j % rest;
-        store_elem(y, yt, e, load_elem(x, xt, e));
-      }
-  }
+template <class T>
+void launch_typed(const RopePlan& p, const TensorView& X, const int32_t* positions,
+                  const float* inv_freq, const TensorView& Y, const op_checks::RopeShape& s,
+                  bool bwd, cudaStream_t stream) {
+  RopeTypedArgs<T> a{static_cast<const T*>(X.data),
+                     positions,
+                     inv_freq,
+                     static_cast<T*>(Y.data),
+                     s.d,
+                     static_cast<uint32_t>(s.t),
+                     static_cast<uint32_t>(s.h),
+                     static_cast<uint32_t>(s.half),
+                     p.vecs,
+                     p.groups,
+                     static_cast<uint32_t>(p.items),
+                     bwd ? -1.0f : 1.0f};
+  const unsigned blocks = static_cast<unsigned>((p.items + kFlatThreads - 1) / kFlatThreads);
+  if (p.width == 1)
+    rope_typed_kernel<T, 1><<<blocks, kFlatThreads, 0, stream>>>(a);
+  else
+    rope_typed_kernel<T, kRopeWidth<T>><<<blocks, kFlatThreads, 0, stream>>>(a);
 }
 
 void launch_rope(const OpCall* call, const op_checks::RopeShape& s, bool bwd, const char* op) {
@@ -55,13 +61,18 @@ void launch_rope(const OpCall* call, const op_checks::RopeShape& s, bool bwd, co
   if (tokens == 0 || s.h == 0 || s.d == 0) return;
   const TensorView &X = call->inputs[0], &Y = call->outputs[0];
   const int32_t* positions = static_cast<const int32_t*>(call->inputs[1].data);  // may be null
-  unsigned bx = 32;
-  while (bx < 256 && bx < s.half) bx *= 2;
-  dim3 block(bx, 256 / bx);
-  unsigned grid = static_cast<unsigned>(std::min<int64_t>(tokens, kMaxGridBlocks));
-  rope_kernel<<<grid, block, 0, stream_of(call)>>>(
-      X.data, X.dtype, positions, static_cast<const float*>(call->inputs[2].data), Y.data, Y.dtype,
-      tokens, s.t, s.h, s.d, s.half, bwd ? -1.0 : 1.0);
+  const float* inv_freq = static_cast<const float*>(call->inputs[2].data);
+  const RopePlan p = rope_plan(X.data, X.dtype, Y.data, Y.dtype, tokens, s.h, s.d, s.half);
+  if (p.typed) {
+    LOOM_CUDA_FLOAT_SWITCH(X.dtype, T, op, {
+      launch_typed<T>(p, X, positions, inv_freq, Y, s, bwd, stream_of(call));
+    });
+  } else {
+    unsigned grid = static_cast<unsigned>(std::min<int64_t>(tokens, kMaxGridBlocks));
+    rope_kernel<<<grid, kFlatThreads, 0, stream_of(call)>>>(X.data, X.dtype, positions, inv_freq,
+                                                            Y.data, Y.dtype, tokens, s.t, s.h, s.d,
+                                                            s.half, bwd ? -1.0 : 1.0, p.lanes);
+  }
   launch_check(op);
 }
 
