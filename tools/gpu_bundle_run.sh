@@ -21,11 +21,13 @@
 #      --warmup 2), PyTorch eager and torch.compile (GPT-2 only) of the same model, GPT-2
 #      with the fused ops pinned to "none" (gemm_epilogue, add_layernorm_*: the unfused
 #      kernels), the default spec
-#      (configs/gpt_tiny.json on the GPU), and the default spec and GPT-2 with
-#      train.cuda_graph, one table;
+#      (configs/gpt_tiny.json on the GPU), the default spec and GPT-2 with
+#      train.cuda_graph, GPT-2's GELU derivative the other two ways (LOOM_CUBLASLT_DGELU), the
+#      default spec with its f32 attention on the warp-per-row kernels (LOOM_ATTENTION_GENERIC
+#      =rows, against the tiled ones), one table;
 #   3. ncu: per-kernel GPU time of one GPT-2 124M step (CSV in $OUT, top 15 here), and, as the
-#      budget allows, of the same step unfused, of one default-spec step and of one LLaMA
-#      1.3B step;
+#      budget allows, of the same step unfused, of one default-spec step, of one LLaMA 1.3B
+#      step and of one LLaMA 1.3B FP8 step;
 #   4. cuBLASLt GEMMs against cuBLAS, and the attention bench when the bundle has it.
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -328,6 +330,7 @@ items=(
   "llama_1b3_h100_fp8|loom|25|60" "gpt2_124m_h100|compile|25|90" "gpt2_124m_h100|unfused|20|60"
   "gpt_tiny|loom|15|40" "gpt_tiny|graph|15|40" "gpt2_124m_h100|graph|20|60"
   "gpt2_124m_h100|dgelu_unfused|20|60" "gpt2_124m_h100|dgelu_bgrad|20|60"
+  "gpt_tiny|attn_rows|15|40"
   "mixtral_h100|loom|25|60"
   "llama_1b3_h100|eager|25|60" "mixtral_h100|eager|30|60"
 )
@@ -356,6 +359,11 @@ for item in "${items[@]}"; do
       LOOM_CUBLASLT_DGELU=$mode timeout "$limit" ./tools/loom bench "$spec" \
       --steps 6 --warmup 2 --json >"$bench/$name.$kind.json" 2>"$bench/$name.$kind.err" ||
       rm -f "$bench/$name.$kind.json" ;;
+    # f32 attention through the warp-per-row kernels instead of the tiled ones
+    # (attention_generic.cu, LOOM_ATTENTION_GENERIC).
+    attn_rows) LOOM_ATTENTION_GENERIC=rows timeout "$limit" ./tools/loom bench "$spec" --steps 6 \
+      --warmup 2 --json "${device[@]}" >"$bench/$name.$kind.json" 2>"$bench/$name.$kind.err" ||
+      rm -f "$bench/$name.$kind.json" ;;
     # The same without the fused ops (the unfused bias, GELU, bias-gradient, residual-add and
     # norm kernels).
     unfused) timeout "$limit" ./tools/loom bench "$spec" --steps 6 --warmup 2 --json \
@@ -380,17 +388,19 @@ say "was filled by a compile of the same model in section 1, so it is not a cold
   say "- torch.compile cold (section 1): $(python3 tools/gpu_bundle_report.py first-step "$logs/torch_compile_warmup.log")"
 
 # ---- 4. One GPT-2 step, kernel by kernel -------------------------------------------------
-section "ncu: one training step, kernel by kernel (GPT-2 124M fused and unfused, the default spec, LLaMA 1.3B)"
+section "ncu: one training step, kernel by kernel (GPT-2 124M fused and unfused, the default spec, LLaMA 1.3B bf16 and FP8)"
 # "name|spec|--set argument|least seconds|rows": two identical steps (warm-up 1, steps 1)
 # each; the summary keeps the last, found as the repeating tail of the launch sequence.
 # Clocks as in training, caches not flushed. GPT-2 unfused: the kernel count and time that
 # fusion removes; the default spec: GPU time against its bench row's wall time; LLaMA 1.3B:
-# where its time goes, for the 1.3B target.
+# where its time goes, for the 1.3B target; its FP8 spec: where the 1.3x target's time goes
+# (quantization, amax, transposes), last and only when the budget still holds it.
 profiles=(
   "gpt2|configs/gpu/gpt2_124m_h100.json||60|15"
   "gpt2_unfused|configs/gpu/gpt2_124m_h100.json|kernels.pin=$unfused_pins|60|8"
   "gpt_tiny|configs/gpt_tiny.json|train.device=\"cuda\"|45|8"
   "llama_1b3_h100|configs/gpu/llama_1b3_h100.json||110|8"
+  "llama_1b3_h100_fp8|configs/gpu/llama_1b3_h100_fp8.json||110|8"
 )
 if ! command -v ncu >/dev/null; then
   say "- not run: no ncu on PATH"

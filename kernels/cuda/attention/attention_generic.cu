@@ -24,7 +24,11 @@
 //             query row (b, t, h): dQ.
 // In both, each output element has one writer: no atomics, and the result does not depend
 // on scheduling.
+#include <loom/cpp/error.h>
+
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 #include <type_traits>
 
 #include "kernels/cuda/attention/attention_generic_kernel.cuh"
@@ -81,10 +85,26 @@ void with_io(const AttentionParams& p, bool same, F&& f) {
     f(AnyIo{});
 }
 
+// LOOM_ATTENTION_GENERIC=rows sends every call to the warp-per-row kernels (to measure the
+// tiled ones against them: gpu_bundle_run.sh's "attn_rows" bench); unset or "tiled", the
+// default choice below.
+bool rows_forced() {
+  static const bool rows = [] {
+    const char* e = std::getenv("LOOM_ATTENTION_GENERIC");
+    const std::string v = e != nullptr ? e : "";
+    if (v.empty() || v == "tiled") return false;
+    if (v == "rows") return true;
+    throw Error(Code::kInvalidArgument,
+                "attention: environment variable LOOM_ATTENTION_GENERIC is '" + v +
+                    "': use tiled (or leave it unset) or rows");
+  }();
+  return rows;
+}
+
 // Whether the tiled kernels take the call: `same` (one storage dtype), D within
 // kAttentionTiledMaxD, and the backward's tiles (the larger) within the device's budget.
 bool use_tiled(const AttentionParams& p, bool same, const char* op) {
-  return same && p.d <= kAttentionTiledMaxD &&
+  return same && !rows_forced() && p.d <= kAttentionTiledMaxD &&
          sizeof(float) * static_cast<size_t>(tiled_bwd_floats(p.d)) <= smem_budget(op);
 }
 
