@@ -175,6 +175,24 @@ __device__ __forceinline__ int64_t tiled_key_limit(const AttentionParams& p, int
   return p.causal ? min64(p.s, t0 + n - 1 + p.s - p.t + 1) : p.s;
 }
 
+// Segment ids of batch row b: the queries' and the keys' (null without segment ids).
+struct TiledSegments {
+  const int32_t* q;
+  const int32_t* k;
+};
+__device__ __forceinline__ TiledSegments tiled_segments(const AttentionParams& p, int64_t b) {
+  return {p.seg != nullptr ? p.seg + b * p.t : nullptr,
+          p.seg != nullptr ? p.kseg + b * p.s : nullptr};
+}
+
+// Query t sees key `key`: both exist (in_tiles: within their tiles' rows), the causal mask
+// and the segment ids let it.
+__device__ __forceinline__ bool tiled_visible(const AttentionParams& p, TiledSegments seg,
+                                              bool in_tiles, int64_t t, int64_t key) {
+  return in_tiles && !causal_hidden(p.causal, t, key, p.t, p.s) &&
+         !other_segment(seg.q, seg.k, t, key);
+}
+
 // Forward: block per (query tile, b, h); grid = ceil(T / 64) * B * H.
 template <class Io, int kDv>
 __global__ void __launch_bounds__(kTiledThreads)
@@ -189,8 +207,7 @@ __global__ void __launch_bounds__(kTiledThreads)
   const TiledBlock tb = tiled_block(p.t);
   const int64_t b = tb.outer / p.h, h = tb.outer % p.h, g = h / p.group, t0 = tb.tile0;
   auto q_row_of = [&](int j) { return ((b * p.t + t0 + j) * p.h + h) * p.d; };
-  const int32_t* seg_row = p.seg != nullptr ? p.seg + b * p.t : nullptr;
-  const int32_t* kseg_row = p.seg != nullptr ? p.kseg + b * p.s : nullptr;
+  const TiledSegments seg = tiled_segments(p, b);
   const float scale_log2 = p.scale * kLog2e;
   tiled_load<Io>(sq, p.q, p.dt_q, q_row_of, tb.rows, D);
 
@@ -219,9 +236,8 @@ __global__ void __launch_bounds__(kTiledThreads)
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const int64_t key = k0 + tx + 16 * j;
-        const bool visible = 4 * ty + i < tb.rows && tx + 16 * j < nk &&
-                             !causal_hidden(p.causal, t, key, p.t, p.s) &&
-                             !other_segment(seg_row, kseg_row, t, key);
+        const bool visible =
+            tiled_visible(p, seg, 4 * ty + i < tb.rows && tx + 16 * j < nk, t, key);
         x[j] = visible ? s[i][j] * scale_log2 : -INFINITY;
         rmax = fmaxf(rmax, x[j]);
       }
@@ -289,8 +305,7 @@ __global__ void __launch_bounds__(kTiledThreads)
   const TiledBlock tb = tiled_block(p.s);
   const int64_t b = tb.outer / p.g, g = tb.outer % p.g, s0 = tb.tile0;
   auto kv_row_of = [&](int j) { return ((b * p.s + s0 + j) * p.g + g) * p.d; };
-  const int32_t* seg_row = p.seg != nullptr ? p.seg + b * p.t : nullptr;
-  const int32_t* kseg_row = p.seg != nullptr ? p.kseg + b * p.s : nullptr;
+  const TiledSegments seg = tiled_segments(p, b);
   tiled_load<Io>(sk, p.k, p.dt_k, kv_row_of, tb.rows, D);
   tiled_load<Io>(sv, p.v, p.dt_v, kv_row_of, tb.rows, D);
 
@@ -315,9 +330,7 @@ __global__ void __launch_bounds__(kTiledThreads)
         for (int j = 0; j < 4; ++j) {
           const int64_t key = s0 + 4 * ty + i, t = q0 + tx + 16 * j;
           float pz = 0.0f, ds = 0.0f;
-          if (4 * ty + i < tb.rows && tx + 16 * j < nq &&
-              !causal_hidden(p.causal, t, key, p.t, p.s) &&
-              !other_segment(seg_row, kseg_row, t, key)) {
+          if (tiled_visible(p, seg, 4 * ty + i < tb.rows && tx + 16 * j < nq, t, key)) {
             float pr, z;
             recompute(p, qk[i][j], slse[tx + 16 * j], b, h, t, key, pr, z);
             pz = pr * z;
@@ -352,8 +365,7 @@ __global__ void __launch_bounds__(kTiledThreads)
   const TiledBlock tb = tiled_block(p.t);
   const int64_t b = tb.outer / p.h, h = tb.outer % p.h, g = h / p.group, t0 = tb.tile0;
   auto q_row_of = [&](int j) { return ((b * p.t + t0 + j) * p.h + h) * p.d; };
-  const int32_t* seg_row = p.seg != nullptr ? p.seg + b * p.t : nullptr;
-  const int32_t* kseg_row = p.seg != nullptr ? p.kseg + b * p.s : nullptr;
+  const TiledSegments seg = tiled_segments(p, b);
   tiled_load<Io>(sq, p.q, p.dt_q, q_row_of, tb.rows, D);
   tiled_load<Io>(sdo, p.dout, p.dt_do, q_row_of, tb.rows, D);
   tiled_load_row_scalars(p, b, h, t0, tb.rows, slse, sdelta);
@@ -376,9 +388,7 @@ __global__ void __launch_bounds__(kTiledThreads)
       for (int j = 0; j < 4; ++j) {
         const int64_t t = t0 + 4 * ty + i, key = k0 + tx + 16 * j;
         float ds = 0.0f;
-        if (4 * ty + i < tb.rows && tx + 16 * j < nk &&
-            !causal_hidden(p.causal, t, key, p.t, p.s) &&
-            !other_segment(seg_row, kseg_row, t, key)) {
+        if (tiled_visible(p, seg, 4 * ty + i < tb.rows && tx + 16 * j < nk, t, key)) {
           float pr, z;
           recompute(p, qk[i][j], slse[4 * ty + i], b, h, t, key, pr, z);
           ds = p.scale * pr * (dp[i][j] * z - sdelta[4 * ty + i]);
