@@ -11,13 +11,16 @@
 //  - Mixed dtypes (each tensor may have its own float dtype): element by element with
 //    conversion, as the CPU kernels do.
 //
-// Launch: one thread per unit (or element) of X, 256 threads per block, grid-striding with
-// 64-bit indices; consecutive threads touch consecutive units of a head on both sides.
+// Launch: one thread per unit (or element) of X, 256 threads per block, grid-striding;
+// consecutive threads touch consecutive units of a head on both sides. The raw copy
+// (qkv_kernel.cuh) indexes in 32 bits below 2^31 units, with two divisions a unit; the
+// conversion, 64-bit indices.
 #include <loom/cpp/op_checks/qkv.h>
 
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/pointwise/common.cuh"
 #include "kernels/cuda/pointwise/device_util.cuh"
+#include "kernels/cuda/pointwise/qkv_kernel.cuh"
 
 namespace loom::kernels::cuda::pointwise {
 namespace {
@@ -34,23 +37,6 @@ __device__ __forceinline__ HeadPlace place_of(int64_t r, int64_t g_heads, int64_
   const int64_t g = tg % g_heads, t = tg / g_heads;
   if (slot < q_per_g) return {0, t * h + g * q_per_g + slot};
   return {slot == q_per_g ? 1 : 2, tg};  // tg = t * G + g: the token's group
-}
-
-// Same dtype everywhere: units of U; `per_head` units per head.
-template <class U>
-__global__ void qkv_copy_kernel(U* x, U* q, U* k, U* v, int64_t x_heads, int64_t per_head,
-                                int64_t g_heads, int64_t q_per_g, int64_t h, bool merge) {
-  const int64_t n = x_heads * per_head;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t r = i / per_head, u = i - r * per_head;
-    const HeadPlace p = place_of(r, g_heads, q_per_g, h);
-    U* other = (p.which == 0 ? q : p.which == 1 ? k : v) + p.head * per_head + u;
-    if (merge)
-      x[i] = *other;
-    else
-      *other = x[i];
-  }
 }
 
 // Mixed dtypes: element by element, converting through f32.
@@ -90,11 +76,20 @@ void launch_qkv(const OpCall* call, const op_checks::QkvShape& s, bool merge, co
     const int64_t row_bytes = s.d * static_cast<int64_t>(dtype_size(X.dtype));
     const int unit = copy_unit(row_bytes, {ts.ptr[0], ts.ptr[1], ts.ptr[2], ts.ptr[3]});
     const int64_t per_head = row_bytes / unit;
+    const int64_t n = x_heads * per_head;
     LOOM_POINTWISE_UNIT_SWITCH(unit, U, {
-      qkv_copy_kernel<U>
-          <<<grid_for(x_heads * per_head, kFlatThreads), kFlatThreads, 0, stream_of(call)>>>(
-              static_cast<U*>(ts.ptr[0]), static_cast<U*>(ts.ptr[1]), static_cast<U*>(ts.ptr[2]),
-              static_cast<U*>(ts.ptr[3]), x_heads, per_head, s.g, q_per_g, s.h, merge);
+      U* x = static_cast<U*>(ts.ptr[0]);
+      U* q = static_cast<U*>(ts.ptr[1]);
+      U* k = static_cast<U*>(ts.ptr[2]);
+      U* v = static_cast<U*>(ts.ptr[3]);
+      const unsigned grid = grid_for(n, kFlatThreads);
+      if (n < (int64_t{1} << 31))
+        qkv_copy_kernel<U, uint32_t><<<grid, kFlatThreads, 0, stream_of(call)>>>(
+            x, q, k, v, static_cast<uint32_t>(n), static_cast<uint32_t>(per_head),
+            static_cast<uint32_t>(q_per_g), merge);
+      else
+        qkv_copy_kernel<U, int64_t>
+            <<<grid, kFlatThreads, 0, stream_of(call)>>>(x, q, k, v, n, per_head, q_per_g, merge);
     });
   } else {
     qkv_convert_kernel<<<grid_for(x_heads * s.d, kFlatThreads), kFlatThreads, 0, stream_of(call)>>>(

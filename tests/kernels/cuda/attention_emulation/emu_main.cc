@@ -399,7 +399,7 @@ void run_case(const Case& c, std::mt19937& rng) {
         constexpr int kDv = decltype(dv_groups)::value;
         if (t_blocks)
           emu::run_grid(t_blocks, kTiledThreads, [&] { attention_fwd_tiled_kernel<Io, kDv>(p); });
-        if (B * T * H)
+        if (B * T * H > 0)
           emu::run_grid((B * T * H + 7) / 8, 256, [&] { attention_bwd_delta_kernel<Io>(p); });
         if (s_blocks)
           emu::run_grid(s_blocks, kTiledThreads,

@@ -1,11 +1,11 @@
 // Runs the swiglu and rope kernels (kernels/cuda/pointwise/swiglu_kernel.cuh, rope_kernel.cuh)
-// on the CPU under emulation (emu_prelude.h, emu_runner.h: one fiber per CUDA thread) and
-// compares them with f64 references of loom/ops.h's swiglu_fwd / swiglu_bwd and rope_fwd /
-// rope_bwd written here. Each case goes through the launchers' choice (swiglu_plan,
-// rope_plan, whose outcome the test also checks): the typed kernels in f32, bf16 and f16,
-// 16-byte vectors and element by element (a row width that is not a multiple of the vector,
-// a base pointer one element off 16 bytes); the general kernels on the same cases and on
-// dtype mixes.
+// and split_qkv / merge_qkv's copy (qkv_kernel.cuh: against the layout, bit for bit) on the CPU
+// under emulation (emu_prelude.h, emu_runner.h: one fiber per CUDA thread) and compares them with
+// f64 references of loom/ops.h's swiglu_fwd / swiglu_bwd and rope_fwd / rope_bwd written here. Each
+// case goes through the launchers' choice (swiglu_plan, rope_plan, whose outcome the test also
+// checks): the typed kernels in f32, bf16 and f16, 16-byte vectors and element by element (a row
+// width that is not a multiple of the vector, a base pointer one element off 16 bytes); the general
+// kernels on the same cases and on dtype mixes.
 //
 // Tolerance: one rounding of the output to its dtype (u = 2^-24 f32, 2^-8 bf16, 2^-11 f16,
 // relative to the exact value) on top of a bound of the kernels' f32 arithmetic:
@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/pointwise/qkv_kernel.cuh"
 #include "kernels/cuda/pointwise/rope_kernel.cuh"
 #include "kernels/cuda/pointwise/swiglu_kernel.cuh"
 #include "tests/kernels/cuda/attention_emulation/emu_runner.h"
@@ -557,6 +558,70 @@ TEST(PointwiseEmulation, RopeMixedDtypes) {
         if (HasFailure()) return;
       }
   worst.print();
+}
+
+// ---- split_qkv / merge_qkv's copy (qkv_kernel.cuh) ----------------------------------------
+
+// Splits X (bt, g, (qpg + 2) * per_head units of U) into Q, K, V and merges them back, with
+// both index types and a 2-block grid (the grid-stride loop), against the layout of
+// loom/ops.h written out here: query slot s of group g of token t is query head
+// t * H + g * qpg + s, the group's key and value heads are head t * G + g.
+template <class U, class I>
+void qkv_round_trip(int64_t bt, int64_t g, int64_t qpg, int64_t per_head) {
+  const int64_t h = g * qpg, n = bt * g * (qpg + 2) * per_head;
+  std::vector<U> x(n), q(bt * h * per_head), k(bt * g * per_head), v(bt * g * per_head), x2(n);
+  std::vector<U> q_want(q.size()), k_want(k.size()), v_want(v.size());
+  for (int64_t i = 0; i < n; ++i) {  // every unit distinct
+    std::memset(&x[i], 0, sizeof(U));
+    const uint32_t tag = static_cast<uint32_t>(i * 2654435761u + 1);
+    std::memcpy(&x[i], &tag, std::min(sizeof(U), sizeof(tag)));
+  }
+  for (int64_t t = 0; t < bt; ++t)
+    for (int64_t gi = 0; gi < g; ++gi)
+      for (int64_t slot = 0; slot < qpg + 2; ++slot)
+        for (int64_t u = 0; u < per_head; ++u) {
+          const U& src = x[((t * g + gi) * (qpg + 2) + slot) * per_head + u];
+          if (slot < qpg)
+            q_want[(t * h + gi * qpg + slot) * per_head + u] = src;
+          else
+            (slot == qpg ? k_want : v_want)[(t * g + gi) * per_head + u] = src;
+        }
+  const std::string what = "bt " + std::to_string(bt) + " G " + std::to_string(g) + " H/G " +
+                           std::to_string(qpg) + " units/head " + std::to_string(per_head) +
+                           " unit " + std::to_string(sizeof(U)) + " index " +
+                           std::to_string(sizeof(I) * 8);
+  auto same = [](const std::vector<U>& a, const std::vector<U>& b) {
+    return std::memcmp(a.data(), b.data(), a.size() * sizeof(U)) == 0;
+  };
+  for (bool merge : {false, true}) {
+    emu::run_grid(2, kFlatThreads, [&] {
+      qkv_copy_kernel<U, I>(merge ? x2.data() : x.data(), q.data(), k.data(), v.data(),
+                            static_cast<I>(n), static_cast<I>(per_head), static_cast<I>(qpg),
+                            merge);
+    });
+    if (!merge) {
+      EXPECT_TRUE(same(q, q_want)) << "split Q, " << what;
+      EXPECT_TRUE(same(k, k_want)) << "split K, " << what;
+      EXPECT_TRUE(same(v, v_want)) << "split V, " << what;
+    } else {
+      EXPECT_TRUE(same(x2, x)) << "merge, " << what;
+    }
+  }
+}
+
+TEST(PointwiseEmulation, QkvSplitAndMerge) {
+  struct Shape {
+    int64_t bt, g, qpg, per_head;
+  };
+  // GPT-2's (MHA: one query head a group, a bf16 head of 64 = 8 units of 16 bytes), GQA,
+  // MQA (one group), odd unit counts, a single token.
+  for (const Shape& c : {Shape{7, 12, 1, 8}, Shape{5, 2, 3, 8}, Shape{3, 1, 4, 3},
+                         Shape{4, 3, 2, 5}, Shape{1, 2, 2, 1}}) {
+    qkv_round_trip<uint4, uint32_t>(c.bt, c.g, c.qpg, c.per_head);
+    qkv_round_trip<uint4, int64_t>(c.bt, c.g, c.qpg, c.per_head);
+    qkv_round_trip<uint16_t, uint32_t>(c.bt, c.g, c.qpg, c.per_head);
+    qkv_round_trip<uint2, int64_t>(c.bt, c.g, c.qpg, c.per_head);
+  }
 }
 
 }  // namespace
