@@ -4,12 +4,12 @@
 // Philox dropout index, lse, fully masked rows) as the reference. Two families:
 //
 // Tiled (attention_tiled_kernel.cuh): one storage dtype for every tensor, D <=
-// kAttentionTiledMaxD, and a block's tiles within the device's shared memory (at D = 128
-// about 166 KB for the backward: Hopper's 227 KB, not an A100's 163 KB). 64-row tiles, 256
-// threads per block, 4 x 4 products per thread; blocks per (query tile, b, h) for the
-// forward and dQ, per (key tile, b, g) for dK and dV. This is what the default spec (f32,
-// D = 64) runs: the warp-per-row kernels below took 7.1 of its 9.6 ms step on an H200
-// (BENCHMARKS.md), reading every key row once per query row.
+// kAttentionTiledMaxD, and a block's tiles within the device's shared memory (backward:
+// 102.5 KB at D = 64, 166.5 KB at D = 128, within Hopper's 227 KB; forward: 68 / 116 KB). 64-row
+// tiles, 256 threads per block, 4 x 4 products per thread; blocks per (query tile, b, h) for the
+// forward and dQ, per (key tile, b, g) for dK and dV. This is what the default spec (f32, D = 64)
+// runs: the warp-per-row kernels below took 7.1 of its 9.6 ms step on an H200 (BENCHMARKS.md),
+// reading every key row once per query row.
 //
 // Warp per row (attention_generic_kernel.cuh), everything else: one warp per row, kWarps
 // warps per block, each warp with its own slice of dynamic shared memory holding f32 rows
@@ -43,10 +43,6 @@ using namespace attn;
 
 constexpr int kMaxWarps = 4;
 
-// Warps per block when each needs `per_warp` bytes of shared memory: up to kMaxWarps within
-// what a block of the current device may use (227 KB on Hopper; the compute_90 PTX also
-// runs on later GPUs with less, e.g. 99 KB). kAttentionGenericMaxD keeps one warp within
-// 99 KB.
 // Shared memory a block of the current device may use (opt-in maximum).
 size_t smem_budget(const char* op) {
   int device = 0, optin = 0;
@@ -55,6 +51,10 @@ size_t smem_budget(const char* op) {
   return static_cast<size_t>(optin);
 }
 
+// Warps per block when each needs `per_warp` bytes of shared memory: up to kMaxWarps within
+// what a block of the current device may use (227 KB on Hopper; the compute_90 PTX also
+// runs on later GPUs with less, e.g. 99 KB). kAttentionGenericMaxD keeps one warp within
+// 99 KB.
 int warps_for(size_t per_warp, const char* op) {
   return static_cast<int>(std::clamp<size_t>(smem_budget(op) / per_warp, 1, kMaxWarps));
 }
@@ -102,13 +102,16 @@ bool rows_forced() {
 }
 
 // Whether the tiled kernels take the call: `same` (one storage dtype), D within
-// kAttentionTiledMaxD, and the backward's tiles (the larger) within the device's budget.
-bool use_tiled(const AttentionParams& p, bool same, const char* op) {
+// kAttentionTiledMaxD, and a block's `floats` of tiles within the device's budget (the
+// forward's and the backward's are checked each on its own: a GPU with 99 KB a block runs
+// the forward tiled at D = 64 and the backward per row).
+bool use_tiled(const AttentionParams& p, bool same, int64_t floats, const char* op) {
   return same && !rows_forced() && p.d <= kAttentionTiledMaxD &&
-         sizeof(float) * static_cast<size_t>(tiled_bwd_floats(p.d)) <= smem_budget(op);
+         sizeof(float) * static_cast<size_t>(floats) <= smem_budget(op);
 }
 
-// Launches kernel<Io, kDv> over `tiles` row tiles of each of `outer` (b, head) pairs.
+// Launches `kernel` (a tiled kernel instance): a block per 64-row tile of `rows` rows for
+// each of `outer` (b, head) pairs, `floats` of shared memory each.
 template <class Kernel>
 void launch_tiled(Kernel kernel, const AttentionParams& p, int64_t rows, int64_t outer,
                   int64_t floats, cudaStream_t stream, const char* op) {
@@ -142,7 +145,7 @@ void with_tiled(const AttentionParams& p, F&& f) {
 
 void launch_attention_fwd_generic(const AttentionParams& p, cudaStream_t stream) {
   const bool same = p.dt_k == p.dt_q && p.dt_v == p.dt_q && p.dt_o == p.dt_q;
-  if (use_tiled(p, same, "attention_fwd")) {
+  if (use_tiled(p, same, tiled_fwd_floats(p.d), "attention_fwd")) {
     with_tiled(p, [&](auto io, auto dv) {
       launch_tiled(attention_fwd_tiled_kernel<decltype(io), decltype(dv)::value>, p, p.t, p.b * p.h,
                    tiled_fwd_floats(p.d), stream, "attention_fwd");
@@ -160,7 +163,7 @@ void launch_attention_bwd_generic(const AttentionParams& p, cudaStream_t stream)
   launch_attention_bwd_delta(p, stream);
   const bool same = p.dt_k == p.dt_q && p.dt_v == p.dt_q && p.dt_do == p.dt_q &&
                     p.dt_dq == p.dt_q && p.dt_dk == p.dt_q && p.dt_dv == p.dt_q;
-  if (use_tiled(p, same, "attention_bwd")) {
+  if (use_tiled(p, same, tiled_bwd_floats(p.d), "attention_bwd")) {
     with_tiled(p, [&](auto io, auto dv) {
       constexpr int kDv = decltype(dv)::value;
       using Io = decltype(io);
