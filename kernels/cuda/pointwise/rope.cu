@@ -37,19 +37,9 @@ template <class T>
 void launch_typed(const RopePlan& p, const TensorView& X, const int32_t* positions,
                   const float* inv_freq, const TensorView& Y, const op_checks::RopeShape& s,
                   bool bwd, cudaStream_t stream) {
-  RopeTypedArgs<T> a{static_cast<const T*>(X.data),
-                     positions,
-                     inv_freq,
-                     static_cast<T*>(Y.data),
-                     s.d,
-                     static_cast<uint32_t>(s.t),
-                     static_cast<uint32_t>(s.h),
-                     static_cast<uint32_t>(s.half),
-                     p.vecs,
-                     p.groups,
-                     static_cast<uint32_t>(p.items),
-                     bwd ? -1.0f : 1.0f};
-  const unsigned blocks = static_cast<unsigned>((p.items + kFlatThreads - 1) / kFlatThreads);
+  const RopeTypedArgs<T> a =
+      rope_typed_args<T>(p, X.data, positions, inv_freq, Y.data, s.t, s.h, s.d, s.half, bwd);
+  const unsigned blocks = rope_typed_blocks(p);
   if (p.width == 1)
     rope_typed_kernel<T, 1><<<blocks, kFlatThreads, 0, stream>>>(a);
   else

@@ -191,4 +191,28 @@ inline RopePlan rope_plan(const void* x, DType xt, const void* y, DType yt, int6
   return p;
 }
 
+// The typed kernel's arguments for a typed plan p over X, Y (B T = tokens, H, D) with
+// sequences of t tokens and half pairs a head; bwd turns by minus the angle. The blocks of
+// its launch: rope_typed_blocks(p).
+template <class T>
+RopeTypedArgs<T> rope_typed_args(const RopePlan& p, const void* x, const int32_t* positions,
+                                 const float* inv_freq, void* y, int64_t t, int64_t h, int64_t d,
+                                 int64_t half, bool bwd) {
+  return {static_cast<const T*>(x),
+          positions,
+          inv_freq,
+          static_cast<T*>(y),
+          d,
+          static_cast<uint32_t>(t),
+          static_cast<uint32_t>(h),
+          static_cast<uint32_t>(half),
+          p.vecs,
+          p.groups,
+          static_cast<uint32_t>(p.items),
+          bwd ? -1.0f : 1.0f};
+}
+inline unsigned rope_typed_blocks(const RopePlan& p) {
+  return static_cast<unsigned>((p.items + kFlatThreads - 1) / kFlatThreads);
+}
+
 }  // namespace loom::kernels::cuda::pointwise

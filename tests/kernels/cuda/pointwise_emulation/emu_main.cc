@@ -377,19 +377,9 @@ RopePlan run_rope(const Buf& x, const int32_t* positions, const float* inv_freq,
   if (p.typed && !force_generic) {
     with_type(x.dt, [&](auto* tag) {
       using T = std::remove_pointer_t<decltype(tag)>;
-      RopeTypedArgs<T> a{reinterpret_cast<const T*>(x.p),
-                         positions,
-                         inv_freq,
-                         reinterpret_cast<T*>(y.p),
-                         c.d,
-                         static_cast<uint32_t>(c.t),
-                         static_cast<uint32_t>(c.h),
-                         static_cast<uint32_t>(half),
-                         p.vecs,
-                         p.groups,
-                         static_cast<uint32_t>(p.items),
-                         bwd ? -1.0f : 1.0f};
-      const unsigned blocks = static_cast<unsigned>((p.items + kFlatThreads - 1) / kFlatThreads);
+      const RopeTypedArgs<T> a =
+          rope_typed_args<T>(p, x.p, positions, inv_freq, y.p, c.t, c.h, c.d, half, bwd);
+      const unsigned blocks = rope_typed_blocks(p);
       if (p.width == 1)
         emu::run_grid(blocks, kFlatThreads, [&] { rope_typed_kernel<T, 1>(a); });
       else
