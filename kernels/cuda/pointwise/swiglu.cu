@@ -30,13 +30,8 @@ namespace {
 template <class T>
 void launch_typed(const SwigluPlan& p, const void* x, const void* dy, void* out, int64_t f,
                   cudaStream_t stream) {
-  SwigluTypedArgs<T> a{static_cast<const T*>(x),
-                       static_cast<const T*>(dy),
-                       static_cast<T*>(out),
-                       f,
-                       static_cast<uint32_t>((f + p.width - 1) / p.width),
-                       static_cast<uint32_t>(p.chunks)};
-  const unsigned blocks = static_cast<unsigned>((p.chunks + kFlatThreads - 1) / kFlatThreads);
+  const SwigluTypedArgs<T> a = swiglu_typed_args<T>(p, x, dy, out, f);
+  const unsigned blocks = swiglu_typed_blocks(p);
   if (p.vec)
     swiglu_typed_kernel<T, true><<<blocks, kFlatThreads, 0, stream>>>(a);
   else

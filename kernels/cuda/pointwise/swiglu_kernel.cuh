@@ -177,4 +177,20 @@ inline SwigluPlan swiglu_plan(const void* x, DType xt, const void* dy, DType dyt
   return p;
 }
 
+// The typed kernel's arguments for a typed plan p over X (N, 2F), dY (null in the forward)
+// and out; the blocks of its launch: swiglu_typed_blocks(p).
+template <class T>
+SwigluTypedArgs<T> swiglu_typed_args(const SwigluPlan& p, const void* x, const void* dy, void* out,
+                                     int64_t f) {
+  return {static_cast<const T*>(x),
+          static_cast<const T*>(dy),
+          static_cast<T*>(out),
+          f,
+          static_cast<uint32_t>((f + p.width - 1) / p.width),
+          static_cast<uint32_t>(p.chunks)};
+}
+inline unsigned swiglu_typed_blocks(const SwigluPlan& p) {
+  return static_cast<unsigned>((p.chunks + kFlatThreads - 1) / kFlatThreads);
+}
+
 }  // namespace loom::kernels::cuda::pointwise

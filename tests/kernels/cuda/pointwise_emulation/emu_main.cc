@@ -165,13 +165,8 @@ SwigluPlan run_swiglu(const Buf& x, const Buf* dy, Buf& out, int64_t n, int64_t 
   if (p.typed) {
     with_type(x.dt, [&](auto* tag) {
       using T = std::remove_pointer_t<decltype(tag)>;
-      SwigluTypedArgs<T> a{reinterpret_cast<const T*>(x.p),
-                           reinterpret_cast<const T*>(dyp),
-                           reinterpret_cast<T*>(out.p),
-                           f,
-                           static_cast<uint32_t>((f + p.width - 1) / p.width),
-                           static_cast<uint32_t>(p.chunks)};
-      const unsigned blocks = static_cast<unsigned>((p.chunks + kFlatThreads - 1) / kFlatThreads);
+      const SwigluTypedArgs<T> a = swiglu_typed_args<T>(p, x.p, dyp, out.p, f);
+      const unsigned blocks = swiglu_typed_blocks(p);
       if (p.vec)
         emu::run_grid(blocks, kFlatThreads, [&] { swiglu_typed_kernel<T, true>(a); });
       else
