@@ -329,12 +329,13 @@ inline uint64_t norm_bwd_workspace_bytes(int64_t rows, int64_t cols, int grads) 
 }
 
 // True when a norm call is the warp-per-row kernels' case: every tensor (null ones skipped)
-// of the first one's dtype, bf16 or f16, and 16-byte aligned; C a multiple of 8 of at most
-// 256 * max_vecs (norm_warp.cuh).
+// of the first one's dtype, bf16, f16 or f32, and 16-byte aligned; C a multiple of 8 of at
+// most 256 * max_vecs (norm_warp.cuh).
 inline bool norm_warp_case(std::initializer_list<const TensorView*> tensors, int64_t cols,
                            int max_vecs) {
   const DType t = (*tensors.begin())->dtype;
-  if ((t != DType::kBF16 && t != DType::kF16) || cols % 8 != 0 || cols > 256 * int64_t{max_vecs})
+  if ((t != DType::kBF16 && t != DType::kF16 && t != DType::kF32) || cols % 8 != 0 ||
+      cols > 256 * int64_t{max_vecs})
     return false;
   for (const TensorView* v : tensors)
     if (v != nullptr && (v->dtype != t || reinterpret_cast<uintptr_t>(v->data) % 16 != 0))
@@ -430,8 +431,10 @@ bool try_norm_fwd_warp(const NormFwdTensors& t, const op_checks::NormShape& s,
   };
   if (t.x->dtype == DType::kBF16)
     run(__nv_bfloat16{});
-  else
+  else if (t.x->dtype == DType::kF16)
     run(__half{});
+  else
+    run(float{});
   return true;
 }
 
@@ -563,8 +566,10 @@ bool try_norm_bwd_warp(const NormBwdTensors& t, const op_checks::NormShape& s, c
   };
   if (t.x->dtype == DType::kBF16)
     run(__nv_bfloat16{});
-  else
+  else if (t.x->dtype == DType::kF16)
     run(__half{});
+  else
+    run(float{});
   norm_wgrad_finalize_kernel<kRms>
       <<<dim3(static_cast<unsigned>((s.c + 31) / 32), grads), dim3(32, 32), 0, stream>>>(
           t.partial, slices, grads, s.c, t.dw, t.db);

@@ -1,6 +1,6 @@
 // Layernorm / rmsnorm for the common transformer case, one warp per row: every tensor bf16
-// (or every one f16), rows of C elements with C a multiple of 8 and at most 2048, every
-// tensor 16-byte aligned. norm.cuh's launchers take these
+// (or every one f16, or every one f32), rows of C elements with C a multiple of 8 and at
+// most 2048, every tensor 16-byte aligned. norm.cuh's launchers take these
 // kernels then and the general ones (any dtype mix, any width, any alignment) otherwise.
 //
 // Why a second kernel: the general one switches on each tensor's dtype at run time and keeps
@@ -8,8 +8,9 @@
 // an H200 SM holds 16 of its warps, one row each, which is too few loads in flight to keep
 // HBM busy (GPT-2's layernorm ran at ~0.8 TB/s, a sixth of the H200's bandwidth, in the
 // 2026-11-27 profile). Here the storage type is a template parameter and a lane keeps
-// exactly kVecs vectors of 8 elements (16-byte loads and stores): C = 768 is 3 vectors a
-// lane, C = 2048 is 8.
+// exactly kVecs vectors of 8 elements (16-byte loads and stores; two each in f32): C = 768
+// is 3 vectors a lane, C = 2048 is 8. f32 (the default spec's norms, C = 256) came later:
+// the general kernel took ~7-9 us a call there (2026-11-27 profile).
 //
 // The arithmetic is the general kernel's: f32 statistics in two passes over the registers
 // (mean, then the mean of squared deviations; RMSNorm: the mean of squares),

@@ -5,7 +5,7 @@
 // mean and rstd; the backward's dX, and dweight / dbias from norm_wgrad_cols_kernel's
 // partial rows added in block order (as norm.cuh's finalize kernel). Over every lane count
 // the launchers pick, partial last vectors of a lane, grids smaller than the rows (the
-// grid-stride loops), with and without bias and zero-centred gamma, in bf16 and f16.
+// grid-stride loops), with and without bias and zero-centred gamma, in bf16, f16 and f32.
 // Tolerance: the op tests' for the dtype (Y and dX rounded once to it).
 //
 // The residual-add forms (kAdd: add_layernorm_* / add_rmsnorm_*) on the same cases: Z must
@@ -40,14 +40,18 @@ namespace {
 
 template <class T>
 float to_f(T v) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+  if constexpr (std::is_same_v<T, float>)
+    return v;
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>)
     return __bfloat162float(v);
   else
     return __half2float(v);
 }
 template <class T>
 T from_f(float v) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+  if constexpr (std::is_same_v<T, float>)
+    return v;
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>)
     return __float2bfloat16_rn(v);
   else
     return __float2half_rn(v);
@@ -332,6 +336,11 @@ TEST(NormWarpEmulation, LayerNormF16) {
   for (const Case& c : cases()) check<__half, false>(c, 2e-3, 1e-3, rng);
   for (const Case& c : cases()) check_bwd<__half, false>(c, 2e-3, 1e-3, rng);
 }
+TEST(NormWarpEmulation, LayerNormF32) {
+  std::mt19937 rng(9);
+  for (const Case& c : cases()) check<float, false>(c, 1e-4, 1e-5, rng);
+  for (const Case& c : cases()) check_bwd<float, false>(c, 1e-4, 1e-5, rng);
+}
 TEST(NormWarpEmulation, RmsNormBf16) {
   std::mt19937 rng(3);
   for (const Case& c : cases()) check<__nv_bfloat16, true>(c, 1.6e-2, 1e-2, rng);
@@ -341,6 +350,12 @@ TEST(NormWarpEmulation, RmsNormF16) {
   std::mt19937 rng(4);
   for (const Case& c : cases()) check<__half, true>(c, 2e-3, 1e-3, rng);
   for (const Case& c : cases()) check_bwd<__half, true>(c, 2e-3, 1e-3, rng);
+}
+
+TEST(NormWarpEmulation, RmsNormF32) {
+  std::mt19937 rng(10);
+  for (const Case& c : cases()) check<float, true>(c, 1e-4, 1e-5, rng);
+  for (const Case& c : cases()) check_bwd<float, true>(c, 1e-4, 1e-5, rng);
 }
 
 // The residual-add forms: every case with Z in its own buffer, over X and over R.
@@ -365,6 +380,14 @@ TEST(NormWarpEmulation, AddRmsNormBf16) {
 TEST(NormWarpEmulation, AddRmsNormF16) {
   std::mt19937 rng(8);
   check_add_norm<__half, true>(2e-3, 1e-3, rng);
+}
+TEST(NormWarpEmulation, AddLayerNormF32) {
+  std::mt19937 rng(11);
+  check_add_norm<float, false>(1e-4, 1e-5, rng);
+}
+TEST(NormWarpEmulation, AddRmsNormF32) {
+  std::mt19937 rng(12);
+  check_add_norm<float, true>(1e-4, 1e-5, rng);
 }
 
 }  // namespace
