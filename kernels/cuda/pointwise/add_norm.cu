@@ -5,11 +5,11 @@
 //   bwd: dX = norm_bwd(dY, Z, ...) + dZ (dY, Z, dZ, dX (N, C), one dtype); dweight +=,
 //        dbias += as the plain backward of Z.
 //
-// The common transformer case (bf16 or f16 throughout, C a multiple of 8 up to the
+// The common transformer case (bf16, f16 or f32 throughout, C a multiple of 8 up to the
 // warp-per-row kernels' widths, 16-byte aligned tensors, and for the backward the
 // workspace) runs fused in norm_warp.cuh's kernels (kAdd): the forward reads X and R once,
 // writes Z and Y in the same pass (no second read of Z); the backward adds dZ to dX in f32
-// before the one rounding. Every other call (f32, odd widths, wide rows, misaligned views,
+// before the one rounding. Every other call (mixed dtypes, odd widths, wide rows, misaligned views,
 // no workspace) runs the unfused sequence on the call's stream, as the CPU kernels do:
 //   fwd: Z = X + R (residual_add_kernel below), then the plain forward of Z;
 //   bwd: the plain backward of Z into dX, then dX = dX + dZ.

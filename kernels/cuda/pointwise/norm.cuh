@@ -402,8 +402,8 @@ NormFwdTensors norm_fwd_tensors(const OpCall* call) {
 }
 
 // The warp-per-row forward (norm_warp.cuh) when the call is its case: X, weight, bias and Y
-// (and, kAdd, R and Z) all bf16 or all f16, C a multiple of 8 and at most 2048, every tensor
-// 16-byte aligned. kAdd (t.r and t.z set) fuses the add; a template parameter so that the
+// (and, kAdd, R and Z) all bf16, all f16 or all f32, C a multiple of 8 and at most 2048, every
+// tensor 16-byte aligned. kAdd (t.r and t.z set) fuses the add; a template parameter so that the
 // plain ops' files do not compile the fused kernels. False (nothing launched) otherwise.
 template <bool kRms, bool kAdd = false>
 bool try_norm_fwd_warp(const NormFwdTensors& t, const op_checks::NormShape& s,
@@ -508,7 +508,7 @@ NormBwdTensors norm_bwd_tensors(const OpCall* call, const op_checks::NormShape& 
 }
 
 // The warp-per-row backward (norm_warp.cuh) when the call is its case: dY, X, weight and dX
-// (and dZ) all bf16 or all f16, C a multiple of 8 and at most 2048 (past 1024 the kernel
+// (and dZ) all bf16, all f16 or all f32, C a multiple of 8 and at most 2048 (past 1024 the kernel
 // reads X a second time rather than keep it in registers; the general kernel ran LLaMA
 // 1.3B's C = 2048 at 0.11 ms, 909 GB/s, on an H200, against 1770 GB/s for this one at
 // C = 768), every tensor 16-byte aligned, and the workspace for the weight gradients'

@@ -604,9 +604,9 @@ TEST_P(PointwiseGpu, NormsForwardAndBackward) {
       }
 }
 
-// The residual-add norms on the same shapes: the fused warp-per-row kernels (bf16 / f16,
+// The residual-add norms on the same shapes: the fused warp-per-row kernels (one dtype,
 // C % 8 == 0 up to 2048, aligned, with the workspace) and the unfused
-// sequence everywhere else (f32, odd or wide rows, shift 1, no workspace); Z in its own
+// sequence everywhere else (odd or wide rows, shift 1, no workspace); Z in its own
 // buffer, over X and over R. cpu.ref runs the unfused ops (dX rounded before dZ is added),
 // the fused kernel rounds once: both within the dtype's tolerance of each other.
 TEST_P(PointwiseGpu, AddNormsForwardAndBackward) {
