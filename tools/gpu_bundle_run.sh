@@ -24,7 +24,8 @@
 #      (configs/gpt_tiny.json on the GPU), the default spec and GPT-2 with
 #      train.cuda_graph, GPT-2's GELU derivative the other two ways (LOOM_CUBLASLT_DGELU), the
 #      default spec with its f32 attention on the warp-per-row kernels (LOOM_ATTENTION_GENERIC
-#      =rows, against the tiled ones), one table;
+#      =rows, against the tiled ones), GPT-2 and LLaMA 1.3B with q, k, v copied out of the
+#      QKV projection (LOOM_QKV_VIEWS=split, against the views), one table;
 #   3. ncu: per-kernel GPU time of one GPT-2 124M step (CSV in $OUT, top 15 here), and, as the
 #      budget allows, of the same step unfused, of one default-spec step, of one LLaMA 1.3B
 #      step and of one LLaMA 1.3B FP8 step;
@@ -330,7 +331,7 @@ items=(
   "llama_1b3_h100_fp8|loom|25|60" "gpt2_124m_h100|compile|25|90" "gpt2_124m_h100|unfused|20|60"
   "gpt_tiny|loom|15|40" "gpt_tiny|graph|15|40" "gpt2_124m_h100|graph|20|60"
   "gpt2_124m_h100|dgelu_unfused|20|60" "gpt2_124m_h100|dgelu_bgrad|20|60"
-  "gpt_tiny|attn_rows|15|40"
+  "gpt_tiny|attn_rows|15|40" "gpt2_124m_h100|qkv_split|20|60" "llama_1b3_h100|qkv_split|25|60"
   "mixtral_h100|loom|25|60"
   "llama_1b3_h100|eager|25|60" "mixtral_h100|eager|30|60"
 )
@@ -362,6 +363,12 @@ for item in "${items[@]}"; do
     # f32 attention through the warp-per-row kernels instead of the tiled ones
     # (attention_generic.cu, LOOM_ATTENTION_GENERIC).
     attn_rows) LOOM_ATTENTION_GENERIC=rows timeout "$limit" ./tools/loom bench "$spec" --steps 6 \
+      --warmup 2 --json "${device[@]}" >"$bench/$name.$kind.json" 2>"$bench/$name.$kind.err" ||
+      rm -f "$bench/$name.$kind.json" ;;
+    # q, k, v copied out of the QKV projection (split_qkv) and their gradients merged back
+    # (merge_qkv), instead of read and written in place as views (transformer_layer.cc,
+    # LOOM_QKV_VIEWS).
+    qkv_split) LOOM_QKV_VIEWS=split timeout "$limit" ./tools/loom bench "$spec" --steps 6 \
       --warmup 2 --json "${device[@]}" >"$bench/$name.$kind.json" 2>"$bench/$name.$kind.err" ||
       rm -f "$bench/$name.$kind.json" ;;
     # The same without the fused ops (the unfused bias, GELU, bias-gradient, residual-add and

@@ -35,7 +35,8 @@ Status attention_bwd_cost(const OpCall* call, OpCost* out) {
 
 namespace {
 
-// Offsets of row (b, t, head) in (B, T, H, D) and of (b, s, g) in (B, S, G, D).
+// Offsets of row (b, t, head) in a packed (B, T, H, D) (O, dO and the f64 accumulators) and
+// of (b, s, g) in a packed (B, S, G, D); Q, K, V, dQ, dK, dV use their own row strides.
 int64_t q_off(const AttentionShape& s, int64_t b, int64_t t, int64_t h) {
   return ((b * s.t + t) * s.h + h) * s.d;
 }
@@ -49,8 +50,9 @@ void probabilities(const OpCall* call, const AttentionShape& s, int64_t b, int64
                    const TensorView& Q, const TensorView& K, const TensorView& seg,
                    std::vector<double>& P, const float* lse, float* lse_out) {
   int64_t g = h / (s.h / s.g);
-  const int32_t* key_seg =
-      s.key_segments >= 0 ? static_cast<const int32_t*>(call->inputs[s.key_segments].data) : nullptr;
+  const int32_t* key_seg = s.key_segments >= 0
+                               ? static_cast<const int32_t*>(call->inputs[s.key_segments].data)
+                               : nullptr;
   const op_checks::SegmentRows rows =
       op_checks::segment_rows(s, seg.data != nullptr ? i32(seg) : nullptr, key_seg, b);
   for (int64_t t = 0; t < s.t; ++t) {
@@ -63,8 +65,7 @@ void probabilities(const OpCall* call, const AttentionShape& s, int64_t b, int64
       }
       double dot = 0.0;
       for (int64_t i = 0; i < s.d; ++i)
-        dot +=
-            static_cast<double>(load(Q, q_off(s, b, t, h) + i)) * load(K, kv_off(s, b, k, g) + i);
+        dot += static_cast<double>(load(Q, s.q.at(b, t, h) + i)) * load(K, s.k.at(b, k, g) + i);
       row[k] = s.attrs.scale * dot;
       m = std::max(m, row[k]);
     }
@@ -115,7 +116,7 @@ Status attention_fwd_ref(const OpCall* call) {
             double acc = 0.0;
             for (int64_t k = 0; k < s.s; ++k)
               if (P[t * s.s + k] != 0.0)
-                acc += P[t * s.s + k] * keep[t * s.s + k] * load(V, kv_off(s, b, k, g) + i);
+                acc += P[t * s.s + k] * keep[t * s.s + k] * load(V, s.v.at(b, k, g) + i);
             store(O, q_off(s, b, t, h) + i, static_cast<float>(acc));
           }
       }
@@ -148,7 +149,7 @@ Status attention_bwd_ref(const OpCall* call) {
             double dp = 0.0;
             for (int64_t i = 0; i < s.d; ++i)
               dp += static_cast<double>(load(dO, q_off(s, b, t, h) + i)) *
-                    load(V, kv_off(s, b, k, g) + i);
+                    load(V, s.v.at(b, k, g) + i);
             dS[t * s.s + k] = dp * keep[t * s.s + k];
           }
           for (int64_t k = 0; k < s.s; ++k)
@@ -159,16 +160,26 @@ Status attention_bwd_ref(const OpCall* call) {
             double ds = s.attrs.scale * dS[t * s.s + k], pd = P[t * s.s + k] * keep[t * s.s + k];
             if (ds == 0.0 && pd == 0.0) continue;
             for (int64_t i = 0; i < s.d; ++i) {
-              dq[q_off(s, b, t, h) + i] += ds * load(K, kv_off(s, b, k, g) + i);
-              dk[kv_off(s, b, k, g) + i] += ds * load(Q, q_off(s, b, t, h) + i);
+              dq[q_off(s, b, t, h) + i] += ds * load(K, s.k.at(b, k, g) + i);
+              dk[kv_off(s, b, k, g) + i] += ds * load(Q, s.q.at(b, t, h) + i);
               dv[kv_off(s, b, k, g) + i] += pd * load(dO, q_off(s, b, t, h) + i);
             }
           }
       }
-    for (size_t i = 0; i < dq.size(); ++i) store(call->outputs[0], i, static_cast<float>(dq[i]));
-    for (size_t i = 0; i < dk.size(); ++i) {
-      store(call->outputs[1], i, static_cast<float>(dk[i]));
-      store(call->outputs[2], i, static_cast<float>(dv[i]));
+    for (int64_t b = 0; b < s.b; ++b) {  // into the outputs' (maybe strided) rows
+      for (int64_t t = 0; t < s.t; ++t)
+        for (int64_t h = 0; h < s.h; ++h)
+          for (int64_t i = 0; i < s.d; ++i)
+            store(call->outputs[0], s.dq.at(b, t, h) + i,
+                  static_cast<float>(dq[q_off(s, b, t, h) + i]));
+      for (int64_t k = 0; k < s.s; ++k)
+        for (int64_t g = 0; g < s.g; ++g)
+          for (int64_t i = 0; i < s.d; ++i) {
+            store(call->outputs[1], s.dk.at(b, k, g) + i,
+                  static_cast<float>(dk[kv_off(s, b, k, g) + i]));
+            store(call->outputs[2], s.dv.at(b, k, g) + i,
+                  static_cast<float>(dv[kv_off(s, b, k, g) + i]));
+          }
     }
   });
 }

@@ -73,17 +73,32 @@ void store_row(void* data, DType t, int64_t i, int64_t n, const float* in) {
 }
 
 F32Copy::F32Copy(const TensorView& v) {
-  if (v.dtype == DType::kF32) {
+  const bool packed = is_contiguous(v);
+  if (v.dtype == DType::kF32 && packed) {
     ptr_ = static_cast<const float*>(v.data);
     return;
   }
   int64_t n = numel(v);
   copy_.resize(static_cast<size_t>(n));
+  ptr_ = copy_.data();
+  if (!packed) {  // rows strided, each packed (OpArgs::float_rows_in): gather row by row
+    const int64_t cols = v.ndim > 0 ? v.shape[v.ndim - 1] : 1;
+    const int64_t rows = cols > 0 ? n / cols : 0;
+#pragma omp parallel for schedule(static) if (n > 16384)
+    for (int64_t r = 0; r < rows; ++r) {
+      int64_t offset = 0, rest = r;
+      for (int32_t d = v.ndim - 2; d >= 0; --d) {
+        offset += (rest % v.shape[d]) * v.strides[d];
+        rest /= v.shape[d];
+      }
+      load_row(v.data, v.dtype, offset, cols, copy_.data() + r * cols);
+    }
+    return;
+  }
   constexpr int64_t kChunk = 4096;
 #pragma omp parallel for schedule(static) if (n > 4 * kChunk)
   for (int64_t c = 0; c < n; c += kChunk)
     load_row(v.data, v.dtype, c, std::min(kChunk, n - c), copy_.data() + c);
-  ptr_ = copy_.data();
 }
 
 LOOM_CPU_FAST_END

@@ -79,8 +79,10 @@ inline const int32_t* i32(const TensorView& v) { return static_cast<const int32_
 void load_row(const void* data, DType t, int64_t i, int64_t n, float* out);
 void store_row(void* data, DType t, int64_t i, int64_t n, const float* in);
 
-// A whole tensor as f32: the tensor's own memory when it is f32, else a converted copy
-// (converted in parallel). Used where a fast kernel reads an operand many times.
+// A whole tensor as packed f32: the tensor's own memory when it is packed f32, else a
+// converted copy (converted in parallel). Used where a fast kernel reads an operand many
+// times. `v` may be a view with strided rows whose last dimension is packed
+// (OpArgs::float_rows_in): those are gathered.
 class F32Copy {
  public:
   explicit F32Copy(const TensorView& v);

@@ -29,8 +29,8 @@ struct Operands {
   const float *q, *k, *v;
   const int32_t* seg;      // (B, T) or null
   const int32_t* key_seg;  // (B, S) or null: the keys' own ids
-  uint32_t threshold;  // Philox keep threshold
-  float keep_scale;    // 1 / (1 - p)
+  uint32_t threshold;      // Philox keep threshold
+  float keep_scale;        // 1 / (1 - p)
 
   const float* q_row(int64_t b, int64_t t, int64_t h) const {
     return q + ((b * s.t + t) * s.h + h) * s.d;
@@ -65,13 +65,20 @@ struct Operands {
   }
 };
 
-Operands make_operands(const OpCall* call, const AttentionShape& s, const float* q,
-                       const float* k, const float* v, const TensorView& seg) {
+Operands make_operands(const OpCall* call, const AttentionShape& s, const float* q, const float* k,
+                       const float* v, const TensorView& seg) {
   float p = s.attrs.dropout_p;
-  const int32_t* key_seg =
-      s.key_segments >= 0 ? static_cast<const int32_t*>(call->inputs[s.key_segments].data) : nullptr;
-  return Operands{s,       q,       k, v, seg.data != nullptr ? i32(seg) : nullptr,
-                  key_seg, keep_threshold(p), 1.0f / (1.0f - p)};
+  const int32_t* key_seg = s.key_segments >= 0
+                               ? static_cast<const int32_t*>(call->inputs[s.key_segments].data)
+                               : nullptr;
+  return Operands{s,
+                  q,
+                  k,
+                  v,
+                  seg.data != nullptr ? i32(seg) : nullptr,
+                  key_seg,
+                  keep_threshold(p),
+                  1.0f / (1.0f - p)};
 }
 
 // p[j] = exp(sc[j] - shift) (0 where sc is -inf).
@@ -175,9 +182,8 @@ Status attention_bwd_fast(const OpCall* call) {
             }
           }
         for (int64_t j = 0; j < n; ++j) {
-          int64_t off = ((b * s.s + k0 + j) * s.g + g) * s.d;
-          store_row(dK.data, dK.dtype, off, s.d, &dk[j * s.d]);
-          store_row(dV.data, dV.dtype, off, s.d, &dv[j * s.d]);
+          store_row(dK.data, dK.dtype, s.dk.at(b, k0 + j, g), s.d, &dk[j * s.d]);
+          store_row(dV.data, dV.dtype, s.dv.at(b, k0 + j, g), s.d, &dv[j * s.d]);
         }
       }
     }
@@ -208,7 +214,7 @@ Status attention_bwd_fast(const OpCall* call) {
                        s.d);
           }
         }
-        store_row(dQ.data, dQ.dtype, row_of(b, t, h), s.d, dq.data());
+        store_row(dQ.data, dQ.dtype, s.dq.at(b, t, h), s.d, dq.data());
       }
     }
   });

@@ -33,15 +33,15 @@ void rope_ref_impl(const OpCall* call, const RopeShape& s, double sign) {
   for (int64_t b = 0; b < s.b; ++b)
     for (int64_t t = 0; t < s.t; ++t)
       for (int64_t h = 0; h < s.h; ++h) {
-        int64_t base = ((b * s.t + t) * s.h + h) * s.d;
+        const int64_t xb = s.x.at(b, t, h), yb = s.y.at(b, t, h);  // the rows (maybe strided)
         for (int64_t i = 0; i < s.half; ++i) {
           double angle = position(call, s, b, t) * static_cast<double>(inv_freq[i]);
           double c = std::cos(angle), sn = sign * std::sin(angle);
-          double x1 = load(X, base + i), x2 = load(X, base + i + s.half);
-          store(Y, base + i, static_cast<float>(x1 * c - x2 * sn));
-          store(Y, base + i + s.half, static_cast<float>(x2 * c + x1 * sn));
+          double x1 = load(X, xb + i), x2 = load(X, xb + i + s.half);
+          store(Y, yb + i, static_cast<float>(x1 * c - x2 * sn));
+          store(Y, yb + i + s.half, static_cast<float>(x2 * c + x1 * sn));
         }
-        for (int64_t i = 2 * s.half; i < s.d; ++i) store(Y, base + i, load(X, base + i));
+        for (int64_t i = 2 * s.half; i < s.d; ++i) store(Y, yb + i, load(X, xb + i));
       }
 }
 
@@ -70,9 +70,9 @@ void rope_fast_impl(const OpCall* call, const RopeShape& s, double sign) {
         sn[i] = static_cast<float>(sign * std::sin(angle));
       }
       for (int64_t h = 0; h < s.h; ++h) {
-        int64_t base = (bt * s.h + h) * s.d;
+        const int64_t b = bt / s.t, t = bt % s.t;
         float* x = row.data();
-        load_row(X.data, X.dtype, base, s.d, x);
+        load_row(X.data, X.dtype, s.x.at(b, t, h), s.d, x);
         int64_t i = 0;
         for (; i + 8 <= s.half; i += 8) {
           __m256 x1 = _mm256_loadu_ps(x + i), x2 = _mm256_loadu_ps(x + i + s.half);
@@ -85,7 +85,7 @@ void rope_fast_impl(const OpCall* call, const RopeShape& s, double sign) {
           x[i] = x1 * cs[i] - x2 * sn[i];
           x[i + s.half] = x2 * cs[i] + x1 * sn[i];
         }
-        store_row(Y.data, Y.dtype, base, s.d, x);
+        store_row(Y.data, Y.dtype, s.y.at(b, t, h), s.d, x);
       }
     }
   }

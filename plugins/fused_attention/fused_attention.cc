@@ -22,6 +22,7 @@ FusedAttention::FusedAttention(const nlohmann::json& options, IBuildContext& ctx
   if (!(dropout_p_ >= 0.f && dropout_p_ < 1.f))
     nn::invalid("/attention_dropout: must be in [0, 1), got " + std::to_string(dropout_p_));
   fwd_ = Kernel(*ctx.host(), ops::kAttentionFwd, device_, dtype_);
+  split_ = Kernel(*ctx.host(), ops::kSplitQkv, device_, dtype_);
   bwd_ = Kernel(*ctx.host(), ops::kAttentionBwd, device_, dtype_);
   dropout_stream_ = nn::tensor_parallel_stream(*ctx.host(), kDropoutStream);
   cp_ = nn::ContextParallelAttention(
@@ -43,12 +44,11 @@ void FusedAttention::run_forward(IForwardContext& ctx, const TensorView* inputs,
                                  TensorView* outputs, int32_t num_outputs) {
   nn::expect_count("fused attention forward inputs (q, k, v)", num_inputs, 3);
   nn::expect_count("fused attention forward outputs", num_outputs, 1);
-  const TensorView &q = inputs[0], &k = inputs[1], &v = inputs[2];
-  nn::expect(q, {-1, -1, -1, -1}, dtype_, "fused attention q");
+  TensorView q = inputs[0], k = inputs[1], v = inputs[2];
+  // Packed, or views of the layer's fused QKV projection, read in place (attention 1.2).
+  const TensorView fused = nn::expect_qkv(q, k, v, dtype_, "fused attention");
   int64_t b = q.shape[0], t = q.shape[1], h = q.shape[2], d = q.shape[3];
-  nn::expect(k, {b, -1, -1, d}, dtype_, "fused attention k");
-  int64_t s = k.shape[1], g = k.shape[2];
-  nn::expect(v, {b, s, g, d}, dtype_, "fused attention v");
+  int64_t g = k.shape[2];
   if (g < 1 || h % g != 0)
     nn::invalid(detail::concat("fused attention: ", h, " query heads are not a multiple of ", g,
                                " key/value groups"));
@@ -56,7 +56,14 @@ void FusedAttention::run_forward(IForwardContext& ctx, const TensorView* inputs,
   if (present(segments)) nn::expect(segments, {b, t}, DType::kI32, "fused attention segment ids");
   if (num_inputs > 4 && present(inputs[4]))
     fail(Code::kUnimplemented, "fused attention: an additive bias is not supported");
-  if (cp_.active()) {  // the sequence is split over the context-parallel ranks
+  if (cp_.active()) {      // the sequence is split over the context-parallel ranks
+    if (present(fused)) {  // the ring sends k and v: packed copies
+      nn::QkvViews packed = nn::packed_qkv(ctx, split_, fused);
+      outputs[0] =
+          cp_.forward(ctx, this, kQ, packed.q, packed.k, packed.v, segments, attrs(ctx, d));
+      nn::release_all(ctx, {packed.q, packed.k, packed.v});  // what the ring saved stays
+      return;
+    }
     outputs[0] = cp_.forward(ctx, this, kQ, q, k, v, segments, attrs(ctx, d));
     return;
   }
@@ -89,9 +96,14 @@ void FusedAttention::run_backward(IForwardContext& ctx, const TensorView* grad_o
   nn::expect(grad_outputs[0], {q.shape[0], q.shape[1], q.shape[2], q.shape[3]}, dtype_,
              "fused attention d(out)");
   // The base drops q, k, v, out and lse after this: they served this backward only.
-  grad_inputs[0] = nn::allocate_like(ctx, q);
-  grad_inputs[1] = nn::allocate_like(ctx, k);
-  grad_inputs[2] = nn::allocate_like(ctx, v);
+  nn::QkvViews grads;
+  const TensorView fused = nn::fused_qkv_of(q, k, v);
+  if (present(fused)) {  // the gradients as the same views of one tensor: no merge copy
+    nn::fused_qkv_views(nn::allocate_like(ctx, fused), &grads);
+  } else {
+    grads = {nn::allocate_like(ctx, q), nn::allocate_like(ctx, k), nn::allocate_like(ctx, v)};
+  }
+  grad_inputs[0] = grads.q, grad_inputs[1] = grads.k, grad_inputs[2] = grads.v;
   bwd_({grad_outputs[0], q, k, v, saved[kOut], saved[kLse], saved[kSegments]},
        {grad_inputs[0], grad_inputs[1], grad_inputs[2]}, attrs(ctx, q.shape[3]));
 }

@@ -8,6 +8,9 @@
 //             [3] segment ids (B, T) i32 or empty, [4] bias (unsupported: must be empty)
 //             -> [0] out (B, T, H, D)
 //   backward: dout -> dq, dk, dv
+// Attention 1.2: q, k, v may be the views of one fused QKV tensor (loom/cpp/nn/qkv_views.h);
+// the ops read them in place, and backward returns dq, dk, dv as the same views of one new
+// tensor. With context parallelism they are copied first (the ring sends packed k and v).
 #pragma once
 
 #include <loom/cpp/nn.h>
@@ -34,6 +37,7 @@ class FusedAttention final : public nn::ModuleBase<IAttention> {
   DType dtype_;
   Device device_;
   Kernel fwd_, bwd_;
+  Kernel split_;                     // packed copies of fused q, k, v views for context parallelism
   nn::ContextParallelAttention cp_;  // active with parallel.cp > 1
 };
 

@@ -34,6 +34,7 @@ DotProductAttention::DotProductAttention(const nlohmann::json& options, IBuildCo
   dropout_fwd_ = Kernel(host, ops::kDropoutFwd, device_, dtype_);
   dropout_bwd_ = Kernel(host, ops::kDropoutBwd, device_, dtype_);
   swap_ = Kernel(host, ops::kSwapAxes12, device_, dtype_);
+  split_ = Kernel(host, ops::kSplitQkv, device_, dtype_);
   dropout_stream_ = tensor_parallel_stream(host, kDropoutStream);
   cp_ = ContextParallelAttention(
       host, device_, dtype_,
@@ -78,12 +79,14 @@ void DotProductAttention::run_forward(IForwardContext& ctx, const TensorView* in
                                       int32_t num_outputs) {
   expect_count("dot_product attention forward inputs", num_inputs, 3);
   expect_count("dot_product attention forward outputs", num_outputs, 1);
-  const TensorView &q = inputs[0], &k = inputs[1], &v = inputs[2];
-  expect(q, {-1, -1, -1, -1}, dtype_, "attention q");
+  // Packed, or views of the layer's fused QKV projection (attention 1.2): this composition
+  // of ops takes packed tensors, so views are copied (and the copies released below).
+  const TensorView fused = expect_qkv(inputs[0], inputs[1], inputs[2], dtype_, "attention");
+  const QkvViews qkv =
+      present(fused) ? packed_qkv(ctx, split_, fused) : QkvViews{inputs[0], inputs[1], inputs[2]};
+  const TensorView &q = qkv.q, &k = qkv.k, &v = qkv.v;
   int64_t b = q.shape[0], t = q.shape[1], h = q.shape[2], d = q.shape[3];
-  expect(k, {b, -1, -1, d}, dtype_, "attention k");
-  int64_t s = k.shape[1], g = k.shape[2];
-  expect(v, {b, s, g, d}, dtype_, "attention v");
+  int64_t g = k.shape[2];
   if (g < 1 || h % g != 0)
     fail(Code::kInvalidArgument,
          detail::concat("attention: ", h, " query heads are not a multiple of ", g,
@@ -95,6 +98,7 @@ void DotProductAttention::run_forward(IForwardContext& ctx, const TensorView* in
 
   if (cp_.active()) {  // the sequence is split over the context-parallel ranks
     outputs[0] = cp_.forward(ctx, this, kQ, q, k, v, segments, cp_attrs(ctx, d));
+    if (present(fused)) release_all(ctx, {q, k, v});  // what the ring saved stays
     return;
   }
   TensorView qh = swap(ctx, q), kh = swap(ctx, k), vh = swap(ctx, v);  // head-major
@@ -118,6 +122,7 @@ void DotProductAttention::run_forward(IForwardContext& ctx, const TensorView* in
     if (ctx.recompute() != RecomputePolicy::kSelective) save(ctx, this, kProbs, probs);
   }
   release_all(ctx, {qh, kh, vh, probs, dropped, oh});  // the saves keep what backward needs
+  if (present(fused)) release_all(ctx, {q, k, v});     // the packed copies
 }
 
 void DotProductAttention::run_backward(IForwardContext& ctx, const TensorView* grad_outputs,
@@ -128,8 +133,8 @@ void DotProductAttention::run_backward(IForwardContext& ctx, const TensorView* g
   if (cp_.active()) {
     const TensorView& dout = grad_outputs[0];
     expect(dout, {-1, -1, -1, -1}, dtype_, "attention grad output");
-    cp_.backward(ctx, this, kQ, dout, cp_attrs(ctx, dout.shape[3]), grad_inputs[0],
-                 grad_inputs[1], grad_inputs[2]);
+    cp_.backward(ctx, this, kQ, dout, cp_attrs(ctx, dout.shape[3]), grad_inputs[0], grad_inputs[1],
+                 grad_inputs[2]);
     return;
   }
   TensorView qh = load(ctx, this, kQ), kh = load(ctx, this, kK), vh = load(ctx, this, kV);

@@ -9,6 +9,8 @@
 //             [3] segment ids (B, T) i32 or empty, [4] bias (unsupported: must be empty)
 //             -> [0] out (B, T, H, D)
 //   backward: dout -> dq, dk, dv
+// Attention 1.2: q, k, v may be the views of one fused QKV tensor; this core copies them into
+// packed tensors (split_qkv) and returns packed gradients.
 // Recompute kSelective: P is not saved but recomputed in backward from Q and K.
 // Context parallelism (parallel.cp > 1): the ring needs each block's log-sum-exp, which this
 // core's softmax does not give, so the blocks go through the fused attention_fwd /
@@ -45,6 +47,7 @@ class DotProductAttention final : public ModuleBase<IAttention> {
   DType dtype_;
   Device device_;
   Kernel gemm_, softmax_fwd_, softmax_bwd_, dropout_fwd_, dropout_bwd_, swap_;
+  Kernel split_;                 // packed copies of fused q, k, v views (attention 1.2)
   ContextParallelAttention cp_;  // active with parallel.cp > 1
   ops::AttentionAttrs cp_attrs(IForwardContext& ctx, int64_t head_dim) const;
 };

@@ -1,6 +1,7 @@
 #include "plugins/transformer/transformer_layer.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <string>
 
 #include "plugins/transformer/toolkit.h"
@@ -169,6 +170,16 @@ TransformerLayer::TransformerLayer(const nlohmann::json& options, IBuildContext&
   auto fuses = [](IModule* norm) { return norm != nullptr && norm->interface_info().minor >= 2; };
   fused_input_norm_ = fuses(input_norm_);
   fused_pre_mlp_norm_ = fuses(pre_mlp_norm_);
+  // attention 1.2 reads q, k, v as views of the QKV projection's output (MHA): no split
+  // copy before it, and its gradients come back as views of one tensor, no merge after.
+  // rope turns the views in place (its rows may be strided); the per-head q/k norms and
+  // YaRN's scale take packed tensors, so those layers split. LOOM_QKV_VIEWS=split forces
+  // the copies, to measure one against the other (tools/gpu_bundle_run.sh).
+  const char* views_env = std::getenv("LOOM_QKV_VIEWS");
+  const bool split_forced = views_env != nullptr && std::string(views_env) == "split";
+  fused_qkv_ = core_ != nullptr && core_->interface_info().minor >= 2 &&
+               local_groups_ == local_heads_ && !qk_layernorm_ && rope_mscale_ == 1.0f &&
+               !split_forced;
   split_ = Kernel(host, ops::kSplitQkv, device_, dtype_);
   merge_ = Kernel(host, ops::kMergeQkv, device_, dtype_);
   add_ = Kernel(host, ops::kAdd, device_, dtype_);
@@ -278,11 +289,17 @@ TensorView TransformerLayer::attention_forward(IForwardContext& ctx, const Tenso
   TensorView qkv = allocate(ctx, dtype_, {b, t, g, (h / g + 2) * d}, device_);
   linear_.forward(ctx, {this, kQkvFp8}, rows(normed, hidden_), value(qkv_weight_),
                   qkv_bias_ ? value(qkv_bias_index_) : empty_view(), rows(qkv, (h + 2 * g) * d));
-  TensorView q = allocate(ctx, dtype_, {b, t, h, d}, device_);
-  TensorView k = allocate(ctx, dtype_, {b, t, g, d}, device_);
-  TensorView v = allocate(ctx, dtype_, {b, t, g, d}, device_);
-  split_({qkv}, {q, k, v});
-  release(ctx, qkv);
+  IKvCache* cache = kv_cache_of(ctx);
+  // q, k, v: views of qkv (fused_qkv_views), or packed copies (split_qkv).
+  QkvViews views;
+  const bool fused = fused_qkv_ && cache == nullptr && fused_qkv_views(qkv, &views);
+  TensorView q = fused ? views.q : allocate(ctx, dtype_, {b, t, h, d}, device_);
+  TensorView k = fused ? views.k : allocate(ctx, dtype_, {b, t, g, d}, device_);
+  TensorView v = fused ? views.v : allocate(ctx, dtype_, {b, t, g, d}, device_);
+  if (!fused) {
+    split_({qkv}, {q, k, v});
+    release(ctx, qkv);
+  }
   if (qk_layernorm_) {  // per head over D, before rope (the norms save their inputs)
     TensorView qn = call_forward(*q_norm_, ctx, {q}, 1, "q_layernorm")[0];
     TensorView kn = call_forward(*k_norm_, ctx, {k}, 1, "k_layernorm")[0];
@@ -301,7 +318,7 @@ TensorView TransformerLayer::attention_forward(IForwardContext& ctx, const Tenso
   }
   // Incremental decoding: attend over the cached positions plus these T (B, S, G, D).
   TensorView k_all = k, v_all = v;
-  if (IKvCache* cache = kv_cache_of(ctx)) {
+  if (cache != nullptr) {
     if (ctx.training())
       fail(Code::kFailedPrecondition,
            "transformer_layer: a kv cache is for inference; this forward pass is training");
@@ -331,7 +348,11 @@ TensorView TransformerLayer::attention_forward(IForwardContext& ctx, const Tenso
   }
   // The saves (this layer's and its children's) keep what backward needs: normed, q, k, v,
   // core_out (in bf16 or as FP8 transposes).
-  release_all(ctx, {normed_shard, normed, q, k, v, core_out}, {x});
+  release_all(ctx, {normed_shard, normed, core_out}, {x});
+  if (fused)
+    release(ctx, qkv);  // the core's saves of its views keep it
+  else
+    release_all(ctx, {q, k, v});
   return attn;
 }
 
@@ -421,9 +442,14 @@ TensorView TransformerLayer::attention_backward(IForwardContext& ctx, const Tens
     dqkv3[0] = dq;
     dqkv3[1] = dk;
   }
-  TensorView dqkv = allocate(ctx, dtype_, {b, t, g, (h / g + 2) * d}, device_);
-  merge_({dqkv3[0], dqkv3[1], dqkv3[2]}, {dqkv});
-  release_all(ctx, {dqkv3[0], dqkv3[1], dqkv3[2]});
+  // The core's gradients as views of one tensor (attention 1.2) are the merged layout
+  // already; else merge_qkv copies them into it.
+  TensorView dqkv = fused_qkv_of(dqkv3[0], dqkv3[1], dqkv3[2]);
+  if (!present(dqkv)) {
+    dqkv = allocate(ctx, dtype_, {b, t, g, (h / g + 2) * d}, device_);
+    merge_({dqkv3[0], dqkv3[1], dqkv3[2]}, {dqkv});
+    release_all(ctx, {dqkv3[0], dqkv3[1], dqkv3[2]});
+  }
   TensorView dnormed_partial =
       allocate(ctx, dtype_, {b, t, hidden_}, device_);  // this rank's heads
   linear_.backward(ctx, {this, kQkvFp8}, rows(dqkv, (h + 2 * g) * d),

@@ -108,6 +108,7 @@ class TransformerLayer final : public ModuleBase<ILayer> {
   IModule *input_norm_ = nullptr, *core_ = nullptr, *pre_mlp_norm_ = nullptr, *mlp_ = nullptr;
   IModule *q_norm_ = nullptr, *k_norm_ = nullptr;               // with qk_layernorm
   bool fused_input_norm_ = false, fused_pre_mlp_norm_ = false;  // norm 1.2: residual fused in
+  bool fused_qkv_ = false;           // attention 1.2: q, k, v as views of the QKV projection (MHA)
   MlaSelfAttention* mla_ = nullptr;  // multi-latent attention (child "self_attention")
   Linear linear_;
   Kernel split_, merge_, rope_fwd_, rope_bwd_, rope_scale_, add_, dropout_fwd_, dropout_bwd_;

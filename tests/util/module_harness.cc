@@ -68,7 +68,25 @@ void ModuleHarness::fill_random(TensorView& t, uint64_t seed, float scale) {
 
 std::vector<float> ModuleHarness::values(const TensorView& t) {
   std::vector<float> v(static_cast<size_t>(numel(t)));
-  core::load_floats(t, v.data());
+  if (is_contiguous(t)) {
+    core::load_floats(t, v.data());
+    return v;
+  }
+  // A strided view (attention's q, k, v gradients as views of one tensor): element by
+  // element, in row-major order of its shape.
+  const size_t bytes = dtype_size(t.dtype);
+  for (int64_t i = 0; i < numel(t); ++i) {
+    int64_t offset = 0, rest = i;
+    for (int32_t d = t.ndim - 1; d >= 0; --d) {
+      offset += (rest % t.shape[d]) * t.strides[d];
+      rest /= t.shape[d];
+    }
+    TensorView one{};
+    one.data = static_cast<char*>(t.data) + offset * static_cast<int64_t>(bytes);
+    one.dtype = t.dtype, one.device = t.device, one.ndim = 1;
+    one.shape[0] = 1, one.strides[0] = 1;
+    core::load_floats(one, &v[static_cast<size_t>(i)]);
+  }
   return v;
 }
 

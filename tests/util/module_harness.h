@@ -41,7 +41,7 @@ class ModuleHarness {
   TensorView tensor(DType dtype, std::vector<int64_t> shape);
   /// Fills a float tensor (f32, bf16, f16) with normal(0, scale) values from `seed`.
   void fill_random(TensorView& t, uint64_t seed, float scale = 1.f);
-  /// Reads a float tensor as f32 values.
+  /// Reads a float tensor as f32 values (a strided view's in row-major order of its shape).
   std::vector<float> values(const TensorView& t);
   /// Writes f32 values into a float tensor.
   void set_values(TensorView& t, const std::vector<float>& values);

@@ -1,8 +1,11 @@
 // attention_fwd / attention_bwd on CUDA (loom/ops.h): the host side. Checks the call with
 // the CPU kernels' checks (loom/cpp/op_checks/attention.h), then picks a path per call:
 //   - tensor cores (attention_fwd.cu, attention_bwd.cu): bf16 or f16 with every tensor of
-//     Q's dtype, D in {64, 128}, every pointer (and the workspace) 16-byte aligned;
-//   - generic (attention_generic.cu): everything else the checks admit, D <= 4096.
+//     Q's dtype, D in {64, 128}, every pointer (and the workspace) 16-byte aligned and the
+//     row strides of the views Q, K, V (dQ, dK, dV) multiples of 8 elements, so that every
+//     row is 16-byte aligned too (cp.async and vector stores of 16 bytes);
+//   - generic (attention_generic.cu): everything else the checks admit, D <= 4096, any
+//     pointers and strides (element accesses).
 // `supports` therefore accepts every valid call with D <= kAttentionGenericMaxD; alignment
 // is a property of the pointers, which `supports` does not see, so it only picks the path.
 // Nothing here synchronises the device: the kernels are queued on the call's stream.
@@ -41,8 +44,13 @@ void check_head_dim(const AttentionShape& s, const char* op) {
                                             "; use the CPU kernels");
 }
 
+RowStrides rows_of(const op_checks::RowStrides& r) { return {r.b_, r.t_, r.h_}; }
+
 AttentionParams make_params(const AttentionShape& s) {
   AttentionParams p{};
+  // Zero in the forward for dQ, dK, dV (the shape has none).
+  p.q_rows = rows_of(s.q), p.k_rows = rows_of(s.k), p.v_rows = rows_of(s.v);
+  p.dq_rows = rows_of(s.dq), p.dk_rows = rows_of(s.dk), p.dv_rows = rows_of(s.dv);
   p.b = s.b, p.t = s.t, p.s = s.s, p.h = s.h, p.g = s.g, p.d = s.d;
   p.group = s.h / s.g;  // the checks guarantee G > 0 and G | H
   p.scale = s.attrs.scale;
@@ -57,6 +65,14 @@ AttentionParams make_params(const AttentionShape& s) {
 }
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+// Every row of a view with these row strides and `ptr` 16-byte aligned starts 16-byte aligned
+// (16-bit elements): each stride along a dimension of more than one row is a multiple of 8
+// (the stride of a dimension of extent 1 is never used).
+bool rows_aligned16(const void* ptr, const RowStrides& r, int64_t b, int64_t t, int64_t h) {
+  return aligned16(ptr) && (b <= 1 || r.b_ % 8 == 0) && (t <= 1 || r.t_ % 8 == 0) &&
+         (h <= 1 || r.h_ % 8 == 0);
+}
 
 // Shapes and dtypes the tensor-core kernels take (pointers aside): D in {64, 128}, Q's dtype
 // bf16 or f16, and the same dtype for every float tensor: the forward's inputs 0-2 and
@@ -86,8 +102,9 @@ Status attention_fwd_cuda(const OpCall* call) {
     p.o = out[0].data, p.lse = static_cast<float*>(out[1].data);
     p.dt_q = in[0].dtype, p.dt_k = in[1].dtype, p.dt_v = in[2].dtype, p.dt_o = out[0].dtype;
     if (s.b * s.t * s.h == 0) return;  // no rows (O and lse are empty)
-    const bool tc = tc_shapes(call, s, true) && aligned16(p.q) && aligned16(p.k) &&
-                    aligned16(p.v) && aligned16(p.o);
+    const bool tc = tc_shapes(call, s, true) && rows_aligned16(p.q, p.q_rows, s.b, s.t, s.h) &&
+                    rows_aligned16(p.k, p.k_rows, s.b, s.s, s.g) &&
+                    rows_aligned16(p.v, p.v_rows, s.b, s.s, s.g) && aligned16(p.o);
     if (tc)
       launch_attention_fwd_tc(p, p.dt_q, stream_of(call));
     else
@@ -177,9 +194,13 @@ Status attention_bwd_cuda(const OpCall* call) {
     p.delta = reinterpret_cast<float*>(ws + attention_bwd_dq_acc_bytes(p, tc_ok) +
                                        attention_bwd_dkv_acc_bytes(p, tc_ok));
     if (s.b * s.s * s.g == 0 && s.b * s.t * s.h == 0) return;  // every output is empty
-    const bool tc = tc_ok && aligned16(ws) && aligned16(p.dout) && aligned16(p.q) &&
-                    aligned16(p.k) && aligned16(p.v) && aligned16(p.dq) && aligned16(p.dk) &&
-                    aligned16(p.dv);
+    const bool tc = tc_ok && aligned16(ws) && aligned16(p.dout) &&
+                    rows_aligned16(p.q, p.q_rows, s.b, s.t, s.h) &&
+                    rows_aligned16(p.k, p.k_rows, s.b, s.s, s.g) &&
+                    rows_aligned16(p.v, p.v_rows, s.b, s.s, s.g) &&
+                    rows_aligned16(p.dq, p.dq_rows, s.b, s.t, s.h) &&
+                    rows_aligned16(p.dk, p.dk_rows, s.b, s.s, s.g) &&
+                    rows_aligned16(p.dv, p.dv_rows, s.b, s.s, s.g);
     if (tc) {
       p.dq_acc = reinterpret_cast<float*>(ws);
       p.dkv_acc = p.head_splits > 1

@@ -27,7 +27,9 @@
 //    head_splits blocks instead, each over its share of the group's query heads, which
 //    write their partial dK, dV in f32 to a workspace (attention_bwd_head_splits).
 // 3. convert kernel: dQ = dq_acc rounded to the storage dtype; with split heads, a reduce
-//    kernel sums the partial dK, dV in split order (deterministic) into dK, dV.
+//    kernel sums the partial dK, dV in split order (deterministic) into dK, dV. The
+//    workspaces are packed; these two (and the main kernel's direct dK, dV stores) write
+//    the rows of the views dQ, dK, dV at their row strides.
 //
 // Shared memory (elements of T unless noted, rows padded by 16 bytes against bank
 // conflicts): K, V (kBc, D + 8); Q, dO (2, kBr, D + 8); dS^T (kBc, kBr + 8); lse, delta,
@@ -47,9 +49,10 @@ namespace {
 
 using namespace attn;
 
-// Blocks of 256 threads for a grid-stride loop over n elements (at most 65536).
-unsigned stride_grid(int64_t n) {
-  const int64_t want = (n + 255) / 256;
+// Blocks of 256 threads (8 warps) for a grid-stride loop of a warp per row over `rows`
+// rows (at most 65536 blocks).
+unsigned stride_grid(int64_t rows) {
+  const int64_t want = (rows + 7) / 8;
   return static_cast<unsigned>(want < 65536 ? want : 65536);
 }
 
@@ -66,16 +69,14 @@ void launch_bwd(const AttentionParams& p, cudaStream_t stream) {
     kernel<<<static_cast<unsigned>(blocks), Tile::kThreads, smem, stream>>>(p);
     launch_check("attention_bwd");
   }
-  const int64_t n_kv = p.b * p.s * p.g * p.d;
-  if (splits > 1 && n_kv > 0) {
-    attention_dkv_reduce_kernel<T><<<stride_grid(n_kv), 256, 0, stream>>>(
-        p.dkv_acc, splits, n_kv, static_cast<T*>(p.dk), static_cast<T*>(p.dv));
+  const int64_t kv_rows = p.b * p.s * p.g;
+  if (splits > 1 && kv_rows > 0) {
+    attention_dkv_reduce_kernel<T, D><<<stride_grid(kv_rows), 256, 0, stream>>>(p);
     launch_check("attention_bwd");
   }
-  const int64_t n = p.b * p.t * p.h * p.d;
-  if (n > 0) {
-    attention_dq_convert_kernel<T>
-        <<<stride_grid(n), 256, 0, stream>>>(p.dq_acc, static_cast<T*>(p.dq), n);
+  const int64_t q_rows = p.b * p.t * p.h;
+  if (q_rows > 0) {
+    attention_dq_convert_kernel<T, D><<<stride_grid(q_rows), 256, 0, stream>>>(p);
     launch_check("attention_bwd");
   }
 }

@@ -92,8 +92,9 @@ __global__ void __launch_bounds__(32 * kWarps) attention_bwd_tc_kernel(const Att
   const int64_t h_first = g * p.group + split * split_heads;
   const int64_t h_count = min64(split_heads, p.group - split * split_heads);
 
-  const T* k_base = static_cast<const T*>(p.k) + (b * S_ * G_ + g) * D;  // row s: + s G D
-  const T* v_base = static_cast<const T*>(p.v) + (b * S_ * G_ + g) * D;
+  // Row 0 of this (b, g) in K and V; row s is s row strides on.
+  const T* k_base = static_cast<const T*>(p.k) + p.k_rows.at(b, 0, g);
+  const T* v_base = static_cast<const T*>(p.v) + p.v_rows.at(b, 0, g);
   const int32_t* seg_row = p.seg != nullptr ? p.seg + b * T_ : nullptr;    // queries
   const int32_t* kseg_row = p.seg != nullptr ? p.kseg + b * S_ : nullptr;  // keys
 
@@ -107,11 +108,13 @@ __global__ void __launch_bounds__(32 * kWarps) attention_bwd_tc_kernel(const Att
   auto load_step = [&](int64_t it, int stage) {
     const int64_t h = h_first + it / i_count;
     const int64_t m0 = (i_begin + it % i_count) * kBr;
-    const int64_t row_off = (b * T_ * H_ + h) * D;  // (b, t = 0, h) of (B, T, H, D)
+    // Row (b, t = 0, h) of the view Q and of the packed (B, T, H, D) dO.
+    load_tile_async<T, D, kBr, Tile::kThreads>(sq + stage * kBr * kLd,
+                                               static_cast<const T*>(p.q) + p.q_rows.at(b, 0, h),
+                                               m0, T_, p.q_rows.t_);
     load_tile_async<T, D, kBr, Tile::kThreads>(
-        sq + stage * kBr * kLd, static_cast<const T*>(p.q) + row_off, m0, T_, H_ * D);
-    load_tile_async<T, D, kBr, Tile::kThreads>(
-        sdo + stage * kBr * kLd, static_cast<const T*>(p.dout) + row_off, m0, T_, H_ * D);
+        sdo + stage * kBr * kLd, static_cast<const T*>(p.dout) + (b * T_ * H_ + h) * D, m0, T_,
+        H_ * D);
     for (int i = threadIdx.x; i < kBr; i += Tile::kThreads) {
       const int64_t t = m0 + i;
       float l2 = INFINITY, dl = 0.0f;  // rows beyond T: P = exp2(x - inf) = 0
@@ -127,8 +130,8 @@ __global__ void __launch_bounds__(32 * kWarps) attention_bwd_tc_kernel(const Att
     }
   };
 
-  load_tile_async<T, D, kBc, Tile::kThreads>(sk, k_base, n0, S_, G_ * D);
-  load_tile_async<T, D, kBc, Tile::kThreads>(sv, v_base, n0, S_, G_ * D);
+  load_tile_async<T, D, kBc, Tile::kThreads>(sk, k_base, n0, S_, p.k_rows.t_);
+  load_tile_async<T, D, kBc, Tile::kThreads>(sv, v_base, n0, S_, p.v_rows.t_);
   if (steps > 0) load_step(0, 0);
   cp_async_commit();
 
@@ -281,10 +284,10 @@ __global__ void __launch_bounds__(32 * kWarps) attention_bwd_tc_kernel(const Att
   for (int r = 0; r < 2; ++r) {
     const int64_t key = r == 0 ? s0 : s1;
     if (key >= S_) continue;
-    const int64_t off = ((b * S_ + key) * G_ + g) * D + 2 * tig;
     if (splits > 1) {
+      // dkv_acc is packed (B, S, G, D) per split and tensor, whatever dK and dV are.
       const int64_t n = p.b * S_ * G_ * D;  // elements of dK
-      float* dk_acc = p.dkv_acc + split * 2 * n + off;
+      float* dk_acc = p.dkv_acc + split * 2 * n + ((b * S_ + key) * G_ + g) * D + 2 * tig;
       float* dv_acc = dk_acc + n;
 #pragma unroll
       for (int dt = 0; dt < D / 8; ++dt) {
@@ -293,8 +296,10 @@ __global__ void __launch_bounds__(32 * kWarps) attention_bwd_tc_kernel(const Att
       }
       continue;
     }
-    uint32_t* dk_row = reinterpret_cast<uint32_t*>(static_cast<T*>(p.dk) + off);
-    uint32_t* dv_row = reinterpret_cast<uint32_t*>(static_cast<T*>(p.dv) + off);
+    uint32_t* dk_row =
+        reinterpret_cast<uint32_t*>(static_cast<T*>(p.dk) + p.dk_rows.at(b, key, g) + 2 * tig);
+    uint32_t* dv_row =
+        reinterpret_cast<uint32_t*>(static_cast<T*>(p.dv) + p.dv_rows.at(b, key, g) + 2 * tig);
 #pragma unroll
     for (int dt = 0; dt < D / 8; ++dt) {
       dk_row[dt * 4] = pack2<T>(dk[dt][2 * r], dk[dt][2 * r + 1]);
@@ -305,29 +310,72 @@ __global__ void __launch_bounds__(32 * kWarps) attention_bwd_tc_kernel(const Att
 
 // ---- 3. dQ = dq_acc in the storage dtype; dK, dV = the sum of their splits -----------------
 
-// dK[i] = sum over splits s of acc[s][0][i], dV[i] = the same of acc[s][1][i], in split
-// order (deterministic); n = B S G D.
-template <class T>
-__global__ void attention_dkv_reduce_kernel(const float* __restrict__ acc, int64_t splits,
-                                            int64_t n, T* __restrict__ dk, T* __restrict__ dv) {
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    float k = 0.0f, v = 0.0f;
-    for (int64_t s = 0; s < splits; ++s) {
-      k += acc[(2 * s) * n + i];
-      v += acc[(2 * s + 1) * n + i];
-    }
-    dk[i] = from_f32<T>(k);
-    dv[i] = from_f32<T>(v);
+// Both read packed f32 rows (the workspaces) and write rows of the views dQ, dK, dV (row
+// strides multiples of 8 elements, as the tensor-core path requires), one warp per row and
+// grid-stride over the rows: the row's offset in the view takes two divisions per row, not
+// per element. Lane l covers the row's elements [kPer l, kPer l + kPer), kPer = D / 32, with
+// one vector load and one vector store (8 or 16 bytes read, 4 or 8 written).
+
+// kPer floats from src (aligned to kPer floats).
+template <int kPer>
+__device__ __forceinline__ void load_f32(const float* src, float (&x)[kPer]) {
+  static_assert(kPer == 2 || kPer == 4, "D / 32 elements per lane: D in {64, 128}");
+  if constexpr (kPer == 2) {
+    const float2 v = *reinterpret_cast<const float2*>(src);
+    x[0] = v.x, x[1] = v.y;
+  } else {
+    const float4 v = *reinterpret_cast<const float4*>(src);
+    x[0] = v.x, x[1] = v.y, x[2] = v.z, x[3] = v.w;
   }
 }
 
-template <class T>
-__global__ void attention_dq_convert_kernel(const float* __restrict__ acc, T* __restrict__ dq,
-                                            int64_t n) {
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    dq[i] = from_f32<T>(acc[i]);
+// kPer floats rounded to T into dst (aligned to kPer elements).
+template <class T, int kPer>
+__device__ __forceinline__ void store_rounded(T* dst, const float (&x)[kPer]) {
+  if constexpr (kPer == 2)
+    *reinterpret_cast<uint32_t*>(dst) = pack2<T>(x[0], x[1]);
+  else
+    *reinterpret_cast<uint2*>(dst) = make_uint2(pack2<T>(x[0], x[1]), pack2<T>(x[2], x[3]));
+}
+
+// dK row (b, s, g) = sum over splits sp of dkv_acc[sp][0] row (b, s, g), dV the same of
+// dkv_acc[sp][1], in split order (deterministic).
+template <class T, int D>
+__global__ void attention_dkv_reduce_kernel(const AttentionParams p) {
+  constexpr int kPer = D / 32;
+  const int64_t rows = p.b * p.s * p.g, n = rows * D;  // n: elements of dK
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  const int lane = threadIdx.x % 32;
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+       r < rows; r += warps) {
+    const int64_t b = r / (p.s * p.g), s = (r / p.g) % p.s, g = r % p.g;
+    float k[kPer] = {}, v[kPer] = {};
+    for (int64_t sp = 0; sp < p.head_splits; ++sp) {
+      float xk[kPer], xv[kPer];
+      load_f32<kPer>(p.dkv_acc + 2 * sp * n + r * D + kPer * lane, xk);
+      load_f32<kPer>(p.dkv_acc + (2 * sp + 1) * n + r * D + kPer * lane, xv);
+#pragma unroll
+      for (int e = 0; e < kPer; ++e) k[e] += xk[e], v[e] += xv[e];
+    }
+    store_rounded<T, kPer>(static_cast<T*>(p.dk) + p.dk_rows.at(b, s, g) + kPer * lane, k);
+    store_rounded<T, kPer>(static_cast<T*>(p.dv) + p.dv_rows.at(b, s, g) + kPer * lane, v);
+  }
+}
+
+// dQ row (b, t, h) = dq_acc row (b, t, h) rounded to T.
+template <class T, int D>
+__global__ void attention_dq_convert_kernel(const AttentionParams p) {
+  constexpr int kPer = D / 32;
+  const int64_t rows = p.b * p.t * p.h;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  const int lane = threadIdx.x % 32;
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+       r < rows; r += warps) {
+    const int64_t b = r / (p.t * p.h), t = (r / p.h) % p.t, h = r % p.h;
+    float x[kPer];
+    load_f32<kPer>(p.dq_acc + r * D + kPer * lane, x);
+    store_rounded<T, kPer>(static_cast<T*>(p.dq) + p.dq_rows.at(b, t, h) + kPer * lane, x);
+  }
 }
 
 }  // namespace loom::kernels::cuda::attn

@@ -52,15 +52,21 @@ __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
 // with rows of D + 8 elements (padded by 16 bytes against bank conflicts), zero-filling the
 // rows at or beyond `rows`. `base` points at row 0, rows are `stride` elements apart; every
 // row must be 16-byte aligned. Asynchronous: the caller commits and waits (cp.async).
+// A thread keeps its 16-byte column and steps one running offset down the rows: offsets
+// recomputed per pass were hoisted out of the backward's loop, one set per tile stride
+// (Q's and dO's differ for strided views), and spilled at D = 128.
 template <class T, int D, int kRows, int kThreads>
 __device__ __forceinline__ void load_tile_async(T* tile, const T* base, int64_t row0, int64_t rows,
                                                 int64_t stride) {
   constexpr int kChunks = D / 8;  // 16-byte pieces per row
-  for (int i = threadIdx.x; i < kRows * kChunks; i += kThreads) {
-    const int r = i / kChunks, c = i % kChunks;
+  static_assert(kThreads % kChunks == 0, "a thread keeps its column");
+  constexpr int kStep = kThreads / kChunks;  // rows per pass of the block
+  const int c = threadIdx.x % kChunks;
+  const int64_t step = kStep * stride;
+  int64_t off = (row0 + threadIdx.x / kChunks) * stride + c * 8;  // of row row0 + r
+  for (int r = threadIdx.x / kChunks; r < kRows; r += kStep, off += step) {
     const bool valid = row0 + r < rows;
-    const T* src = valid ? base + (row0 + r) * stride + c * 8 : base;
-    cp_async_16(tile + r * (D + 8) + c * 8, src, valid);
+    cp_async_16(tile + r * (D + 8) + c * 8, valid ? base + off : base, valid);
   }
 }
 

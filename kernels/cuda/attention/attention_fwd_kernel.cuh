@@ -40,9 +40,10 @@ __global__ void __launch_bounds__(32 * kWarps) attention_fwd_tc_kernel(const Att
   const int64_t bh = block % bh_count, b = bh / H_, h = bh % H_, g = h / p.group;
   const int64_t m0 = m_tile * kBr;
 
-  const T* q_base = static_cast<const T*>(p.q) + (b * T_ * H_ + h) * D;   // row t: + t H D
-  const T* k_base = static_cast<const T*>(p.k) + (b * S_ * p.g + g) * D;  // row s: + s G D
-  const T* v_base = static_cast<const T*>(p.v) + (b * S_ * p.g + g) * D;
+  // Row 0 of this (b, h) in Q and of (b, g) in K and V; row t (s) is t (s) row strides on.
+  const T* q_base = static_cast<const T*>(p.q) + p.q_rows.at(b, 0, h);
+  const T* k_base = static_cast<const T*>(p.k) + p.k_rows.at(b, 0, g);
+  const T* v_base = static_cast<const T*>(p.v) + p.v_rows.at(b, 0, g);
   const int32_t* seg_row = p.seg != nullptr ? p.seg + b * T_ : nullptr;    // queries
   const int32_t* kseg_row = p.seg != nullptr ? p.kseg + b * S_ : nullptr;  // keys
 
@@ -54,14 +55,14 @@ __global__ void __launch_bounds__(32 * kWarps) attention_fwd_tc_kernel(const Att
 
   auto load_kv = [&](int j, int stage) {
     int64_t n0 = static_cast<int64_t>(j) * kBc;
-    load_tile_async<T, D, kBc, Tile::kThreads>(sk + stage * kBc * kLd, k_base, n0, S_, p.g * D);
-    load_tile_async<T, D, kBc, Tile::kThreads>(sv + stage * kBc * kLd, v_base, n0, S_, p.g * D);
+    load_tile_async<T, D, kBc, Tile::kThreads>(sk + stage * kBc * kLd, k_base, n0, S_, p.k_rows.t_);
+    load_tile_async<T, D, kBc, Tile::kThreads>(sv + stage * kBc * kLd, v_base, n0, S_, p.v_rows.t_);
     if (seg_row != nullptr)
       for (int i = threadIdx.x; i < kBc; i += Tile::kThreads)
         sseg[stage * kBc + i] = n0 + i < S_ ? kseg_row[n0 + i] : 0;
   };
 
-  load_tile_async<T, D, kBr, Tile::kThreads>(sq, q_base, m0, T_, H_ * D);
+  load_tile_async<T, D, kBr, Tile::kThreads>(sq, q_base, m0, T_, p.q_rows.t_);
   if (n_tiles > 0) load_kv(0, 0);
   cp_async_commit();
 

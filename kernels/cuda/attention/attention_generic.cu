@@ -1,5 +1,6 @@
 // attention_fwd / attention_bwd for every call the tensor-core kernels do not take: f32, any
-// head dim up to kAttentionGenericMaxD, tensors of differing float dtypes, unaligned views.
+// head dim up to kAttentionGenericMaxD, tensors of differing float dtypes, unaligned views
+// or row strides (Q, K, V, dQ, dK, dV may be strided views: AttentionParams' RowStrides).
 // Plain CUDA cores, f32 arithmetic, never materialising (T, S); the same semantics (mask,
 // Philox dropout index, lse, fully masked rows) as the reference. Two families:
 //

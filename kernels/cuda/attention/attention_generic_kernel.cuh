@@ -71,7 +71,9 @@ __global__ void attention_fwd_generic_kernel(const AttentionParams p) {
   float* sp = sacc + D;
   float* stage = sp + 32;
   const int64_t b = r / (p.h * p.t), h = (r / p.t) % p.h, t = r % p.t, g = h / p.group;
-  const int64_t q_row = ((b * p.t + t) * p.h + h) * D;
+  // Q, K, V are views (their row strides), O is packed. Row offsets are computed whole where
+  // used: a running row (k_row0 + j k_stride) cost the forward 32 more registers.
+  const int64_t q_row = p.q_rows.at(b, t, h), o_row = ((b * p.t + t) * p.h + h) * D;
   const int32_t* seg_row = p.seg != nullptr ? p.seg + b * p.t : nullptr;
   const int32_t* kseg_row = p.seg != nullptr ? p.kseg + b * p.s : nullptr;
   const float scale_log2 = p.scale * kLog2e;
@@ -87,8 +89,7 @@ __global__ void attention_fwd_generic_kernel(const AttentionParams p) {
     const int64_t key = k0 + lane;
     const int n = static_cast<int>(min64(32, limit - k0));
     const float dot = staged_dot<Io>(
-        p.k, p.dt_k, [&](int j) { return ((b * p.s + k0 + j) * p.g + g) * D; }, n, sq, D, stage,
-        lane);
+        p.k, p.dt_k, [&](int j) { return p.k_rows.at(b, k0 + j, g); }, n, sq, D, stage, lane);
     float x = -INFINITY;
     if (key < limit && !other_segment(seg_row, kseg_row, t, key)) x = dot * scale_log2;
     const float m_new = fmaxf(m, warp_max(x));
@@ -108,7 +109,7 @@ __global__ void attention_fwd_generic_kernel(const AttentionParams p) {
       // eight loads are in flight together (the kernels are latency-bound; H200 profile).
 #pragma unroll 8
       for (int j = 0; j < n; ++j) {
-        const float v = Io::load(p.v, p.dt_v, ((b * p.s + k0 + j) * p.g + g) * D + d);
+        const float v = Io::load(p.v, p.dt_v, p.v_rows.at(b, k0 + j, g) + d);
         if (sp[j] != 0.0f) a += sp[j] * v;
       }
       sacc[d] = a;
@@ -116,7 +117,7 @@ __global__ void attention_fwd_generic_kernel(const AttentionParams p) {
     __syncwarp();  // sp is rewritten by the next chunk
   }
   const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-  for (int64_t d = lane; d < D; d += 32) Io::store(p.o, p.dt_o, q_row + d, sacc[d] * inv);
+  for (int64_t d = lane; d < D; d += 32) Io::store(p.o, p.dt_o, o_row + d, sacc[d] * inv);
   if (lane == 0) p.lse[r] = l > 0.0f ? (m + log2f(l)) * kLn2 : -INFINITY;
 }
 
@@ -149,9 +150,10 @@ __global__ void attention_bwd_dkv_generic_kernel(const AttentionParams p) {
   const int64_t b = r / (p.s * p.g), key = (r / p.g) % p.s, g = r % p.g;
   const int32_t* seg_row = p.seg != nullptr ? p.seg + b * p.t : nullptr;
   const int32_t* kseg_row = p.seg != nullptr ? p.kseg + b * p.s : nullptr;
+  const int64_t k_row = p.k_rows.at(b, key, g), v_row = p.v_rows.at(b, key, g);
   for (int64_t d = lane; d < D; d += 32) {
-    sk[d] = Io::load(p.k, p.dt_k, r * D + d);
-    sv[d] = Io::load(p.v, p.dt_v, r * D + d);
+    sk[d] = Io::load(p.k, p.dt_k, k_row + d);
+    sv[d] = Io::load(p.v, p.dt_v, v_row + d);
     sdk[d] = sdv[d] = 0.0f;
   }
   __syncwarp();
@@ -162,9 +164,11 @@ __global__ void attention_bwd_dkv_generic_kernel(const AttentionParams p) {
     for (int64_t t0 = t_begin; t0 < p.t; t0 += 32) {
       const int64_t t = t0 + lane;
       const int n = static_cast<int>(min64(32, p.t - t0));
-      auto q_row_of = [&](int j) { return ((b * p.t + t0 + j) * p.h + h) * D; };
+      // Query t0 + j's rows of Q (a view) and dO (packed, as O).
+      auto q_row_of = [&](int j) { return p.q_rows.at(b, t0 + j, h); };
+      auto do_row_of = [&](int j) { return ((b * p.t + t0 + j) * p.h + h) * D; };
       const float qk = staged_dot<Io>(p.q, p.dt_q, q_row_of, n, sk, D, stage, lane);
-      const float dp = staged_dot<Io>(p.dout, p.dt_do, q_row_of, n, sv, D, stage, lane);
+      const float dp = staged_dot<Io>(p.dout, p.dt_do, do_row_of, n, sv, D, stage, lane);
       float pz = 0.0f, ds = 0.0f;
       if (t < p.t && !other_segment(seg_row, kseg_row, t, key)) {
         float pr, z;
@@ -179,9 +183,8 @@ __global__ void attention_bwd_dkv_generic_kernel(const AttentionParams p) {
         float ak = sdk[d], av = sdv[d];
 #pragma unroll 8
         for (int j = 0; j < n; ++j) {  // loads before the test, as in the forward
-          const int64_t q_row = ((b * p.t + t0 + j) * p.h + h) * D;
-          const float q = Io::load(p.q, p.dt_q, q_row + d);
-          const float dout = Io::load(p.dout, p.dt_do, q_row + d);
+          const float q = Io::load(p.q, p.dt_q, q_row_of(j) + d);
+          const float dout = Io::load(p.dout, p.dt_do, do_row_of(j) + d);
           if (spz[j] == 0.0f && sds[j] == 0.0f) continue;
           ak += sds[j] * q;
           av += spz[j] * dout;
@@ -191,9 +194,10 @@ __global__ void attention_bwd_dkv_generic_kernel(const AttentionParams p) {
       }
       __syncwarp();
     }
+  const int64_t dk_row = p.dk_rows.at(b, key, g), dv_row = p.dv_rows.at(b, key, g);
   for (int64_t d = lane; d < D; d += 32) {
-    Io::store(p.dk, p.dt_dk, r * D + d, sdk[d]);
-    Io::store(p.dv, p.dt_dv, r * D + d, sdv[d]);
+    Io::store(p.dk, p.dt_dk, dk_row + d, sdk[d]);
+    Io::store(p.dv, p.dt_dv, dv_row + d, sdv[d]);
   }
 }
 
@@ -214,8 +218,9 @@ __global__ void attention_bwd_dq_generic_kernel(const AttentionParams p) {
   const int64_t b = r / (p.t * p.h), t = (r / p.h) % p.t, h = r % p.h, g = h / p.group;
   const int32_t* seg_row = p.seg != nullptr ? p.seg + b * p.t : nullptr;
   const int32_t* kseg_row = p.seg != nullptr ? p.kseg + b * p.s : nullptr;
+  const int64_t q_row = p.q_rows.at(b, t, h);  // dO's row is r D (packed)
   for (int64_t d = lane; d < D; d += 32) {
-    sq[d] = Io::load(p.q, p.dt_q, r * D + d);
+    sq[d] = Io::load(p.q, p.dt_q, q_row + d);
     sdo[d] = Io::load(p.dout, p.dt_do, r * D + d);
     sdq[d] = 0.0f;
   }
@@ -226,9 +231,10 @@ __global__ void attention_bwd_dq_generic_kernel(const AttentionParams p) {
   for (int64_t k0 = 0; k0 < limit; k0 += 32) {
     const int64_t key = k0 + lane;
     const int n = static_cast<int>(min64(32, limit - k0));
-    auto kv_row_of = [&](int j) { return ((b * p.s + k0 + j) * p.g + g) * D; };
-    const float qk = staged_dot<Io>(p.k, p.dt_k, kv_row_of, n, sq, D, stage, lane);
-    const float dp = staged_dot<Io>(p.v, p.dt_v, kv_row_of, n, sdo, D, stage, lane);
+    auto k_row_of = [&](int j) { return p.k_rows.at(b, k0 + j, g); };
+    auto v_row_of = [&](int j) { return p.v_rows.at(b, k0 + j, g); };
+    const float qk = staged_dot<Io>(p.k, p.dt_k, k_row_of, n, sq, D, stage, lane);
+    const float dp = staged_dot<Io>(p.v, p.dt_v, v_row_of, n, sdo, D, stage, lane);
     float ds = 0.0f;
     if (key < limit && !other_segment(seg_row, kseg_row, t, key)) {
       float pr, z;
@@ -241,14 +247,15 @@ __global__ void attention_bwd_dq_generic_kernel(const AttentionParams p) {
       float a = sdq[d];
 #pragma unroll 8
       for (int j = 0; j < n; ++j) {  // loads before the test, as in the forward
-        const float k = Io::load(p.k, p.dt_k, ((b * p.s + k0 + j) * p.g + g) * D + d);
+        const float k = Io::load(p.k, p.dt_k, k_row_of(j) + d);
         if (sds[j] != 0.0f) a += sds[j] * k;
       }
       sdq[d] = a;
     }
     __syncwarp();
   }
-  for (int64_t d = lane; d < D; d += 32) Io::store(p.dq, p.dt_dq, r * D + d, sdq[d]);
+  const int64_t dq_row = p.dq_rows.at(b, t, h);
+  for (int64_t d = lane; d < D; d += 32) Io::store(p.dq, p.dt_dq, dq_row + d, sdq[d]);
 }
 
 }  // namespace loom::kernels::cuda::attn

@@ -10,6 +10,22 @@
 
 namespace loom::kernels::cuda {
 
+/// Strides (in elements) of the rows of a (B, rows, heads, D) tensor: row (b, t, h) starts
+/// at b * b_ + t * t_ + h * h_ and its D elements are packed (op_checks::RowStrides, whose
+/// offsets the kernels need on the device). Q, K, V, dQ, dK and dV may be such views, e.g.
+/// of one fused (B, T, H, 3 D) QKV projection (loom/cpp/nn/qkv_views.h); O, dO and lse are
+/// packed.
+struct RowStrides {
+  int64_t b_, t_, h_;
+  __host__ __device__ __forceinline__ int64_t at(int64_t b, int64_t t, int64_t h) const {
+    return b * b_ + t * t_ + h * h_;
+  }
+  /// Those of a packed (B, T, H, D) tensor.
+  __host__ __device__ static constexpr RowStrides packed(int64_t t, int64_t h, int64_t d) {
+    return {t * h * d, h * d, d};
+  }
+};
+
 /// One call's tensors and attributes. Pointers are device pointers; unused ones are null
 /// (the forward's leave the backward's null and the other way round).
 struct AttentionParams {
@@ -31,6 +47,9 @@ struct AttentionParams {
   void* dv;             // (B, S, G, D)
   float* dq_acc;        // (B, T, H, D) f32 workspace of the tensor-core backward, else null
   float* delta;         // (B, H, T) f32 workspace: rowsum(dO * O)
+  // Row strides of the views above (dq_rows, dk_rows, dv_rows in the backward only); the
+  // workspaces dq_acc and dkv_acc are packed whatever dQ, dK and dV are.
+  RowStrides q_rows, k_rows, v_rows, dq_rows, dk_rows, dv_rows;
   // Tensor-core backward: blocks per (key tile, b, g), each over its share of the group's
   // query heads (attention_bwd_head_splits). With more than one, each block writes its
   // partial dK, dV into dkv_acc, (head_splits, 2, B, S, G, D) f32, and a last kernel sums
@@ -104,11 +123,14 @@ inline constexpr int64_t kAttentionTiledMaxD = 128;
 inline constexpr int64_t kAttentionGenericMaxD = 4096;
 
 // Tensor-core kernels: Q, K, V, O (dO, dQ, dK, dV) all of dtype `dt` (bf16 or f16), D in
-// {64, 128}, every pointer 16-byte aligned. Throw loom::Error on a launch failure.
+// {64, 128}, every pointer 16-byte aligned and every row stride a multiple of 8 elements
+// (so is every row: cp.async and the vector stores move 16 bytes). Throw loom::Error on a
+// launch failure.
 void launch_attention_fwd_tc(const AttentionParams& p, DType dt, cudaStream_t stream);
 void launch_attention_bwd_tc(const AttentionParams& p, DType dt, cudaStream_t stream);
 
-// Generic kernels: any float dtypes (per tensor, p.dt_*), any D <= kAttentionGenericMaxD.
+// Generic kernels: any float dtypes (per tensor, p.dt_*), any D <= kAttentionGenericMaxD,
+// any pointers and row strides (element accesses only).
 // The backward needs p.delta; it does not use p.dq_acc.
 void launch_attention_fwd_generic(const AttentionParams& p, cudaStream_t stream);
 void launch_attention_bwd_generic(const AttentionParams& p, cudaStream_t stream);

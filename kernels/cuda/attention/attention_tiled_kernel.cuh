@@ -49,6 +49,23 @@ __host__ __device__ constexpr int64_t tiled_bwd_floats(int64_t d) {
   return 4 * kTiledRows * tiled_ld(d) + 2 * kTiledRows * kTiledLdS + 2 * kTiledRows;
 }
 
+// Row j of a run of rows that starts at row0 and steps by `step` elements: the rows of
+// consecutive queries (or keys) of one (b, head) in a strided view (RowStrides) or a packed
+// tensor.
+struct TiledRows {
+  int64_t row0, step;
+  __device__ __forceinline__ int64_t operator()(int j) const { return row0 + j * step; }
+};
+// Rows t0, t0 + 1, ... of head h of batch entry b: of a view with row strides r
+// (tiled_rows), of the call's packed (B, T, H, D) O or dO (tiled_packed_rows).
+__device__ __forceinline__ TiledRows tiled_rows(RowStrides r, int64_t b, int64_t t0, int64_t h) {
+  return {r.at(b, t0, h), r.t_};
+}
+__device__ __forceinline__ TiledRows tiled_packed_rows(const AttentionParams& p, int64_t b,
+                                                       int64_t t0, int64_t h) {
+  return {((b * p.t + t0) * p.h + h) * p.d, p.h * p.d};
+}
+
 // Rows j < n of a tile from src (row j's first element at index row_of(j)), f32; rows
 // j >= n and the pad columns zero. Warp w fills rows w, w + 8, ...; consecutive lanes read
 // consecutive elements of a row (coalesced). The caller synchronises.
@@ -206,10 +223,9 @@ __global__ void __launch_bounds__(kTiledThreads)
   const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
   const TiledBlock tb = tiled_block(p.t);
   const int64_t b = tb.outer / p.h, h = tb.outer % p.h, g = h / p.group, t0 = tb.tile0;
-  auto q_row_of = [&](int j) { return ((b * p.t + t0 + j) * p.h + h) * p.d; };
   const TiledSegments seg = tiled_segments(p, b);
   const float scale_log2 = p.scale * kLog2e;
-  tiled_load<Io>(sq, p.q, p.dt_q, q_row_of, tb.rows, D);
+  tiled_load<Io>(sq, p.q, p.dt_q, tiled_rows(p.q_rows, b, t0, h), tb.rows, D);
 
   float m[4], l[4], acc[4][4 * kDv];
 #pragma unroll
@@ -222,10 +238,9 @@ __global__ void __launch_bounds__(kTiledThreads)
   const int64_t limit = tiled_key_limit(p, t0, tb.rows);
   for (int64_t k0 = 0; k0 < limit; k0 += kTiledRows) {
     const int nk = static_cast<int>(min64(kTiledRows, limit - k0));
-    auto kv_row_of = [&](int j) { return ((b * p.s + k0 + j) * p.g + g) * p.d; };
     __syncthreads();  // every thread is done with the previous tiles
-    tiled_load<Io>(sk, p.k, p.dt_k, kv_row_of, nk, D);
-    tiled_load<Io>(sv, p.v, p.dt_v, kv_row_of, nk, D);
+    tiled_load<Io>(sk, p.k, p.dt_k, tiled_rows(p.k_rows, b, k0, g), nk, D);
+    tiled_load<Io>(sv, p.v, p.dt_v, tiled_rows(p.v_rows, b, k0, g), nk, D);
     __syncthreads();
     float s[4][4] = {};
     tiled_dots(sq, sk, ld, ty, tx, s);
@@ -265,7 +280,7 @@ __global__ void __launch_bounds__(kTiledThreads)
   float inv[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) inv[i] = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
-  tiled_store<Io, kDv>(p.o, p.dt_o, q_row_of, tb.rows, D, ty, tx, acc, inv);
+  tiled_store<Io, kDv>(p.o, p.dt_o, tiled_packed_rows(p, b, t0, h), tb.rows, D, ty, tx, acc, inv);
   if (tx == 0)
 #pragma unroll
     for (int i = 0; i < 4; ++i)
@@ -304,10 +319,9 @@ __global__ void __launch_bounds__(kTiledThreads)
   const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
   const TiledBlock tb = tiled_block(p.s);
   const int64_t b = tb.outer / p.g, g = tb.outer % p.g, s0 = tb.tile0;
-  auto kv_row_of = [&](int j) { return ((b * p.s + s0 + j) * p.g + g) * p.d; };
   const TiledSegments seg = tiled_segments(p, b);
-  tiled_load<Io>(sk, p.k, p.dt_k, kv_row_of, tb.rows, D);
-  tiled_load<Io>(sv, p.v, p.dt_v, kv_row_of, tb.rows, D);
+  tiled_load<Io>(sk, p.k, p.dt_k, tiled_rows(p.k_rows, b, s0, g), tb.rows, D);
+  tiled_load<Io>(sv, p.v, p.dt_v, tiled_rows(p.v_rows, b, s0, g), tb.rows, D);
 
   float dk[4][4 * kDv] = {}, dv[4][4 * kDv] = {};
   // Queries that see the tile's first key: t >= s0 - (S - T) under the causal mask.
@@ -315,10 +329,9 @@ __global__ void __launch_bounds__(kTiledThreads)
   for (int64_t h = g * p.group; h < (g + 1) * p.group; ++h)
     for (int64_t q0 = t_begin; q0 < p.t; q0 += kTiledRows) {
       const int nq = static_cast<int>(min64(kTiledRows, p.t - q0));
-      auto q_row_of = [&](int j) { return ((b * p.t + q0 + j) * p.h + h) * p.d; };
       __syncthreads();
-      tiled_load<Io>(sq, p.q, p.dt_q, q_row_of, nq, D);
-      tiled_load<Io>(sdo, p.dout, p.dt_do, q_row_of, nq, D);
+      tiled_load<Io>(sq, p.q, p.dt_q, tiled_rows(p.q_rows, b, q0, h), nq, D);
+      tiled_load<Io>(sdo, p.dout, p.dt_do, tiled_packed_rows(p, b, q0, h), nq, D);
       tiled_load_row_scalars(p, b, h, q0, nq, slse, sdelta);
       __syncthreads();
       float qk[4][4] = {}, dp[4][4] = {};
@@ -344,8 +357,8 @@ __global__ void __launch_bounds__(kTiledThreads)
       tiled_accumulate<kDv>(sds, sq, ld, ty, tx, dk);
     }
   const float one[4] = {1.0f, 1.0f, 1.0f, 1.0f};
-  tiled_store<Io, kDv>(p.dk, p.dt_dk, kv_row_of, tb.rows, D, ty, tx, dk, one);
-  tiled_store<Io, kDv>(p.dv, p.dt_dv, kv_row_of, tb.rows, D, ty, tx, dv, one);
+  tiled_store<Io, kDv>(p.dk, p.dt_dk, tiled_rows(p.dk_rows, b, s0, g), tb.rows, D, ty, tx, dk, one);
+  tiled_store<Io, kDv>(p.dv, p.dt_dv, tiled_rows(p.dv_rows, b, s0, g), tb.rows, D, ty, tx, dv, one);
 }
 
 // Backward pass 2: block per (query tile, b, h); grid = ceil(T / 64) * B * H.
@@ -364,20 +377,18 @@ __global__ void __launch_bounds__(kTiledThreads)
   const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
   const TiledBlock tb = tiled_block(p.t);
   const int64_t b = tb.outer / p.h, h = tb.outer % p.h, g = h / p.group, t0 = tb.tile0;
-  auto q_row_of = [&](int j) { return ((b * p.t + t0 + j) * p.h + h) * p.d; };
   const TiledSegments seg = tiled_segments(p, b);
-  tiled_load<Io>(sq, p.q, p.dt_q, q_row_of, tb.rows, D);
-  tiled_load<Io>(sdo, p.dout, p.dt_do, q_row_of, tb.rows, D);
+  tiled_load<Io>(sq, p.q, p.dt_q, tiled_rows(p.q_rows, b, t0, h), tb.rows, D);
+  tiled_load<Io>(sdo, p.dout, p.dt_do, tiled_packed_rows(p, b, t0, h), tb.rows, D);
   tiled_load_row_scalars(p, b, h, t0, tb.rows, slse, sdelta);
 
   float dq[4][4 * kDv] = {};
   const int64_t limit = tiled_key_limit(p, t0, tb.rows);
   for (int64_t k0 = 0; k0 < limit; k0 += kTiledRows) {
     const int nk = static_cast<int>(min64(kTiledRows, limit - k0));
-    auto kv_row_of = [&](int j) { return ((b * p.s + k0 + j) * p.g + g) * p.d; };
     __syncthreads();
-    tiled_load<Io>(sk, p.k, p.dt_k, kv_row_of, nk, D);
-    tiled_load<Io>(sv, p.v, p.dt_v, kv_row_of, nk, D);
+    tiled_load<Io>(sk, p.k, p.dt_k, tiled_rows(p.k_rows, b, k0, g), nk, D);
+    tiled_load<Io>(sv, p.v, p.dt_v, tiled_rows(p.v_rows, b, k0, g), nk, D);
     __syncthreads();
     float qk[4][4] = {}, dp[4][4] = {};
     tiled_dots(sq, sk, ld, ty, tx, qk);
@@ -399,7 +410,7 @@ __global__ void __launch_bounds__(kTiledThreads)
     tiled_accumulate<kDv>(sds, sk, ld, ty, tx, dq);
   }
   const float one[4] = {1.0f, 1.0f, 1.0f, 1.0f};
-  tiled_store<Io, kDv>(p.dq, p.dt_dq, q_row_of, tb.rows, D, ty, tx, dq, one);
+  tiled_store<Io, kDv>(p.dq, p.dt_dq, tiled_rows(p.dq_rows, b, t0, h), tb.rows, D, ty, tx, dq, one);
 }
 
 }  // namespace loom::kernels::cuda::attn

@@ -4,9 +4,12 @@
 //
 // Layouts as cuDNN sees loom's tensors (dims in cuDNN's (B, H, S, D) order, strides of
 // loom's (B, S, H, D) storage):
-//   Q, O, dO, dQ  (B, H, T, D)  strides (T*H*D, D, H*D, 1)
-//   K, V, dK, dV  (B, G, S, D)  strides (S*G*D, D, G*D, 1)
+//   O, dO         (B, H, T, D)  strides (T*H*D, D, H*D, 1)
+//   Q, dQ         (B, H, T, D)  strides (sb, sh, st, 1) of the view's rows
+//   K, V, dK, dV  (B, G, S, D)  strides (sb, sh, st, 1) of the view's rows
 //   lse / Stats   (B, H, T, 1)  strides (H*T, T, 1, 1), f32
+// Q, K, V, dQ, dK and dV may be strided views (op_checks::RowStrides: e.g. of one fused QKV
+// projection); packed ones have strides (T*H*D, H*D, D), (S*G*D, G*D, D).
 #include "kernels/cuda/attention/cudnn_attention.h"
 
 #include <cudnn.h>
@@ -29,6 +32,7 @@
 #include <loom/cpp/op_checks/attention.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstring>
 #include <map>
@@ -47,6 +51,7 @@ namespace {
 
 namespace fe = cudnn_frontend;
 using op_checks::AttentionShape;
+using op_checks::RowStrides;
 
 enum class Pass { kFwd, kBwd };
 
@@ -93,6 +98,14 @@ bool contiguous(const TensorView& v) {
   return true;
 }
 
+// Every stride of 2-byte elements along a dimension of more than one element is a multiple of
+// 16 bytes (or the element stride 1).
+bool strides_aligned16(const TensorView& v) {
+  for (int32_t i = 0; i < v.ndim; ++i)
+    if (v.shape[i] > 1 && v.strides[i] != 1 && v.strides[i] % 8 != 0) return false;
+  return true;
+}
+
 // Why cuDNN cannot serve `call` ("" when it can, then *out holds the checked shape), from
 // shapes, dtypes, attributes and the device alone (pointers may be null).
 std::string ineligible(const OpCall* call, Pass pass, DType dt, AttentionShape* out) {
@@ -115,15 +128,26 @@ std::string ineligible(const OpCall* call, Pass pass, DType dt, AttentionShape* 
   if (s.b < 1 || s.t < 1 || s.s < 1 || s.h < 1 || s.g < 1) return "an empty dimension";
   if (s.attrs.causal != 0 && s.t > s.s) return "causal with T > S (fully masked rows)";
   // The float tensors: the forward's Q, K, V and O, the backward's dO, Q, K, V, O and dQ,
-  // dK, dV; every one of dtype dt and contiguous, lse f32 and contiguous.
+  // dK, dV; every one of dtype dt. O and dO contiguous, lse f32 and contiguous. Q, K, V, dQ,
+  // dK, dV may be views with strided rows (the checks saw their last dimension packed), but
+  // cuDNN moves 16 bytes at a time (vector loads, TMA) and needs every stride a multiple of
+  // 16 bytes: cudnn-frontend's validate refuses others, declined here with loom's reason.
   const int float_in = pass == Pass::kFwd ? 3 : 5, float_out = pass == Pass::kFwd ? 1 : 3;
   const TensorView& lse = pass == Pass::kFwd ? call->outputs[1] : call->inputs[5];
-  for (int i = 0; i < float_in; ++i)
-    if (call->inputs[i].dtype != dt || !contiguous(call->inputs[i]))
-      return "input " + std::to_string(i) + " is not contiguous " + dtype_name(dt);
-  for (int i = 0; i < float_out; ++i)
-    if (call->outputs[i].dtype != dt || !contiguous(call->outputs[i]))
-      return "output " + std::to_string(i) + " is not contiguous " + dtype_name(dt);
+  auto rows_view = [&](bool input, int i) {
+    return pass == Pass::kFwd ? input && i < 3 : (input ? i >= 1 && i <= 3 : true);
+  };
+  for (int side = 0; side < 2; ++side) {
+    const bool input = side == 0;
+    for (int i = 0; i < (input ? float_in : float_out); ++i) {
+      const TensorView& v = input ? call->inputs[i] : call->outputs[i];
+      const std::string what = std::string(input ? "input " : "output ") + std::to_string(i);
+      if (v.dtype != dt) return what + " is not " + dtype_name(dt);
+      if (!rows_view(input, i) && !contiguous(v)) return what + " is not contiguous";
+      if (rows_view(input, i) && !strides_aligned16(v))
+        return what + " has a row stride that is not a multiple of 8 elements";
+    }
+  }
   if (lse.dtype != DType::kF32 || !contiguous(lse)) return "lse is not contiguous f32";
   const int device = call->inputs[0].device.index;
   int current = -1;
@@ -151,9 +175,11 @@ struct GraphEntry {
   int64_t workspace = 0;
   std::string unsupported;  // cuDNN's reason when it rejected the key
 };
-// (pass, device, B, T, S, H, G, D, dtype, causal, scale bits): no stream, see handle_for.
-using GraphKey =
-    std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, uint32_t>;
+// (pass, device, B, T, S, H, G, D, dtype, causal, scale bits, the row strides of Q, K, V,
+// dQ, dK, dV): no stream, see handle_for. The strides are the graph's: a graph built for
+// packed tensors must not run strided ones.
+using GraphKey = std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int,
+                            int, uint32_t, std::array<int64_t, 18>>;
 
 std::mutex g_mutex;
 std::map<int, cudnnHandle_t> g_handles;
@@ -181,23 +207,27 @@ fe::DataType_t fe_dtype(DType dt) {
   return dt == DType::kBF16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF;
 }
 
-// A (B, T, heads, D) tensor in loom's layout as cuDNN's (B, heads, T, D) dims with strides.
+// cuDNN's (B, heads, T, D) strides of a (B, T, heads, D) tensor with row strides r.
+std::vector<int64_t> bhsd_stride(const RowStrides& r) { return {r.b_, r.h_, r.t_, 1}; }
+
+// A (B, T, heads, D) tensor with row strides r as cuDNN's (B, heads, T, D) dims with strides.
 std::shared_ptr<fe::graph::Tensor_attributes> bshd(fe::graph::Graph& g, const char* name, Uid uid,
-                                                   int64_t b, int64_t heads, int64_t t, int64_t d) {
+                                                   int64_t b, int64_t heads, int64_t t, int64_t d,
+                                                   const RowStrides& r) {
   return g.tensor(fe::graph::Tensor_attributes()
                       .set_name(name)
                       .set_uid(uid)
                       .set_dim({b, heads, t, d})
-                      .set_stride({t * heads * d, d, heads * d, 1}));
+                      .set_stride(bhsd_stride(r)));
 }
-// Q-shaped (B, T, H, D) and K-shaped (B, S, G, D) tensors of the call.
+// Q-shaped (B, T, H, D) and K-shaped (B, S, G, D) tensors of the call with row strides r.
 std::shared_ptr<fe::graph::Tensor_attributes> q_like(fe::graph::Graph& g, const char* name, Uid uid,
-                                                     const AttentionShape& s) {
-  return bshd(g, name, uid, s.b, s.h, s.t, s.d);
+                                                     const AttentionShape& s, const RowStrides& r) {
+  return bshd(g, name, uid, s.b, s.h, s.t, s.d, r);
 }
 std::shared_ptr<fe::graph::Tensor_attributes> k_like(fe::graph::Graph& g, const char* name, Uid uid,
-                                                     const AttentionShape& s) {
-  return bshd(g, name, uid, s.b, s.g, s.s, s.d);
+                                                     const AttentionShape& s, const RowStrides& r) {
+  return bshd(g, name, uid, s.b, s.g, s.s, s.d, r);
 }
 
 // Builds the graph of one pass; "" on success, else cuDNN's reason.
@@ -207,27 +237,25 @@ std::string build_graph(Pass pass, DType dt, const AttentionShape& s, cudnnHandl
   g->set_io_data_type(fe_dtype(dt))
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
-  auto q = q_like(*g, "Q", kQ, s);
-  auto k = k_like(*g, "K", kK, s);
-  auto v = k_like(*g, "V", kV, s);
+  const RowStrides packed_q = RowStrides::packed(s.t, s.h, s.d);  // O and dO
+  auto q = q_like(*g, "Q", kQ, s, s.q);
+  auto k = k_like(*g, "K", kK, s, s.k);
+  auto v = k_like(*g, "V", kV, s, s.v);
   const bool causal = s.attrs.causal != 0;
   if (pass == Pass::kFwd) {
     auto opts = fe::graph::SDPA_attributes().set_name("loom_sdpa_fwd").set_generate_stats(true);
     opts.set_attn_scale(s.attrs.scale);
     if (causal) opts.set_causal_mask_bottom_right(true);
     auto [o, stats] = g->sdpa(q, k, v, opts);
-    o->set_output(true)
-        .set_uid(kO)
-        .set_dim({s.b, s.h, s.t, s.d})
-        .set_stride({s.t * s.h * s.d, s.d, s.h * s.d, 1});
+    o->set_output(true).set_uid(kO).set_dim({s.b, s.h, s.t, s.d}).set_stride(bhsd_stride(packed_q));
     stats->set_output(true)
         .set_uid(kStats)
         .set_data_type(fe::DataType_t::FLOAT)
         .set_dim({s.b, s.h, s.t, 1})
         .set_stride({s.h * s.t, s.t, 1, 1});
   } else {
-    auto o = q_like(*g, "O", kO, s);
-    auto dout = q_like(*g, "dO", kDO, s);
+    auto o = q_like(*g, "O", kO, s, packed_q);
+    auto dout = q_like(*g, "dO", kDO, s, packed_q);
     auto stats = g->tensor(fe::graph::Tensor_attributes()
                                .set_name("Stats")
                                .set_uid(kStats)
@@ -238,18 +266,9 @@ std::string build_graph(Pass pass, DType dt, const AttentionShape& s, cudnnHandl
     opts.set_attn_scale(s.attrs.scale);
     if (causal) opts.set_causal_mask_bottom_right(true);
     auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, dout, stats, opts);
-    dq->set_output(true)
-        .set_uid(kDQ)
-        .set_dim({s.b, s.h, s.t, s.d})
-        .set_stride({s.t * s.h * s.d, s.d, s.h * s.d, 1});
-    dk->set_output(true)
-        .set_uid(kDK)
-        .set_dim({s.b, s.g, s.s, s.d})
-        .set_stride({s.s * s.g * s.d, s.d, s.g * s.d, 1});
-    dv->set_output(true)
-        .set_uid(kDV)
-        .set_dim({s.b, s.g, s.s, s.d})
-        .set_stride({s.s * s.g * s.d, s.d, s.g * s.d, 1});
+    dq->set_output(true).set_uid(kDQ).set_dim({s.b, s.h, s.t, s.d}).set_stride(bhsd_stride(s.dq));
+    dk->set_output(true).set_uid(kDK).set_dim({s.b, s.g, s.s, s.d}).set_stride(bhsd_stride(s.dk));
+    dv->set_output(true).set_uid(kDV).set_dim({s.b, s.g, s.s, s.d}).set_stride(bhsd_stride(s.dv));
   }
   auto failed = [](const char* step, fe::error_t err) {
     return std::string(step) + ": " + err.get_message();
@@ -279,9 +298,13 @@ std::shared_ptr<GraphEntry> graph_for(const OpCall* call, Pass pass, DType dt,
   cudaStream_t stream = stream_of(call);
   uint32_t scale_bits = 0;
   std::memcpy(&scale_bits, &s.attrs.scale, sizeof(scale_bits));
+  std::array<int64_t, 18> strides{};
+  int i = 0;
+  for (const RowStrides* r : {&s.q, &s.k, &s.v, &s.dq, &s.dk, &s.dv})
+    for (int64_t x : {r->b_, r->t_, r->h_}) strides[i++] = x;
   GraphKey key{
-      static_cast<int>(pass), device,    s.b, s.t, s.s, s.h, s.g, s.d, static_cast<int>(dt),
-      s.attrs.causal != 0,    scale_bits};
+      static_cast<int>(pass), device,     s.b,    s.t, s.s, s.h, s.g, s.d, static_cast<int>(dt),
+      s.attrs.causal != 0,    scale_bits, strides};
   *handle = handle_for(device, stream, why);
   if (*handle == nullptr) return nullptr;
   auto it = g_graphs.find(key);

@@ -11,8 +11,11 @@
 // it (same contract, same outputs up to rounding), inside the same call:
 //   - device of compute capability 9.0 (Hopper: tested on an H200 with cuDNN 9.14) and
 //     cuDNN >= 9.0 at run time (cudnnGetVersion);
-//   - Q, K, V, O (and dO, dQ, dK, dV) all bf16 or all f16, lse f32, contiguous, 16-byte
-//     aligned; head dim D a multiple of 8 and at most 128; B, T, S, H >= 1;
+//   - Q, K, V, O (and dO, dQ, dK, dV) all bf16 or all f16, lse f32, 16-byte aligned; O, dO
+//     and lse contiguous, Q, K, V (dQ, dK, dV) contiguous or views with strided rows
+//     (ops::kAttentionFwd) whose strides are multiples of 8 elements (cuDNN's graphs take
+//     the strides; the graph cache is keyed on them); head dim D a multiple of 8 and at
+//     most 128; B, T, S, H >= 1;
 //   - AttentionAttrs (not AttentionBlockAttrs: context parallelism stays on loom's kernels),
 //     dropout_p == 0 (cuDNN's dropout draws other random numbers than loom's Philox
 //     numbering), no segment ids (packed documents);

@@ -1,7 +1,9 @@
 // rope_fwd / rope_bwd (loom/ops.h): rotary position embedding, GPT-NeoX / Llama layout.
-// In each head of X (B, T, H, D), channel i < half = rotary_dim / 2 pairs with i + half and
-// the pair turns by the angle position * inv_freq[i] (backward: by minus that angle, a
-// rotation's gradient being its transpose); channels from rotary_dim on pass through.
+// X and Y (B, T, H, D) may have strided rows (q and k as views of a fused QKV projection,
+// turned in place: op_checks::RopeShape::x / y). In each head channel i < half =
+// rotary_dim / 2 pairs with i + half and the pair turns by the angle position * inv_freq[i]
+// (backward: by minus that angle, a rotation's gradient being its transpose); channels from
+// rotary_dim on pass through.
 //
 // Algorithm (rope_kernel.cuh has the kernels): the angle in f64, as the reference forms
 // it, and the rotation in f32. When X and Y share a dtype (the typed kernel), the angle is
@@ -13,12 +15,12 @@
 //
 // Launch: typed, one thread per (token, 4 heads, 8 bf16 / f16 or 4 f32 pair indices: one
 // 16-byte access per half when half and D are multiples of that and the tensors are 16-byte
-// aligned, else 1 pair index), its cosines and sines computed once for its 4 heads. General:
-// the grid strides over the B * T tokens, one token per block at a time; a block's 256
-// threads are (32..256 pair lanes i) x (256 / lanes head rows), so consecutive threads read
-// consecutive channels of a head. Each thread reads both channels of its pairs before
-// writing them, and a passed-through channel is read and written by one thread, so Y may
-// alias X.
+// aligned with every row, else 1 pair index), its cosines and sines computed once for its 4
+// heads. General: the grid strides over the B * T tokens, one token per block at a time; a
+// block's 256 threads are (32..256 pair lanes i) x (256 / lanes head rows), so consecutive
+// threads read consecutive channels of a head. Each thread reads both channels of its pairs
+// before writing them, and a passed-through channel is read and written by one thread, so Y
+// may alias X.
 //
 // Why the typed kernel: the general one took 5.2 ms of an H200 LLaMA 1.3B training step
 // (2026-11-27 profile), with an f64 sincos per (token, pair index, head row) and a dtype
@@ -33,12 +35,16 @@
 namespace loom::kernels::cuda::pointwise {
 namespace {
 
+RopeStrides strides_of(const op_checks::RopeShape& s) {
+  return {s.x.b_, s.x.t_, s.x.h_, s.y.b_, s.y.t_, s.y.h_};
+}
+
 template <class T>
 void launch_typed(const RopePlan& p, const TensorView& X, const int32_t* positions,
                   const float* inv_freq, const TensorView& Y, const op_checks::RopeShape& s,
                   bool bwd, cudaStream_t stream) {
-  const RopeTypedArgs<T> a =
-      rope_typed_args<T>(p, X.data, positions, inv_freq, Y.data, s.t, s.h, s.d, s.half, bwd);
+  const RopeTypedArgs<T> a = rope_typed_args<T>(p, X.data, positions, inv_freq, Y.data, s.t, s.h,
+                                                s.d, s.half, bwd, strides_of(s));
   const unsigned blocks = rope_typed_blocks(p);
   if (p.width == 1)
     rope_typed_kernel<T, 1><<<blocks, kFlatThreads, 0, stream>>>(a);
@@ -52,16 +58,17 @@ void launch_rope(const OpCall* call, const op_checks::RopeShape& s, bool bwd, co
   const TensorView &X = call->inputs[0], &Y = call->outputs[0];
   const int32_t* positions = static_cast<const int32_t*>(call->inputs[1].data);  // may be null
   const float* inv_freq = static_cast<const float*>(call->inputs[2].data);
-  const RopePlan p = rope_plan(X.data, X.dtype, Y.data, Y.dtype, tokens, s.h, s.d, s.half);
+  const RopePlan p =
+      rope_plan(X.data, X.dtype, Y.data, Y.dtype, tokens, s.t, s.h, s.d, s.half, strides_of(s));
   if (p.typed) {
     LOOM_CUDA_FLOAT_SWITCH(X.dtype, T, op, {
       launch_typed<T>(p, X, positions, inv_freq, Y, s, bwd, stream_of(call));
     });
   } else {
     unsigned grid = static_cast<unsigned>(std::min<int64_t>(tokens, kMaxGridBlocks));
-    rope_kernel<<<grid, kFlatThreads, 0, stream_of(call)>>>(X.data, X.dtype, positions, inv_freq,
-                                                            Y.data, Y.dtype, tokens, s.t, s.h, s.d,
-                                                            s.half, bwd ? -1.0 : 1.0, p.lanes);
+    rope_kernel<<<grid, kFlatThreads, 0, stream_of(call)>>>(
+        X.data, X.dtype, positions, inv_freq, Y.data, Y.dtype, tokens, s.t, s.h, s.d, s.half,
+        bwd ? -1.0 : 1.0, p.lanes, strides_of(s));
   }
   launch_check(op);
 }

@@ -2,9 +2,10 @@
 // the host-side choice between its two kernels (rope_plan), in a header so that
 // tests/kernels/cuda/pointwise_emulation runs both on the CPU.
 //
-// X, Y (B, T, H, D); in each head channel i < half = rotary_dim / 2 pairs with i + half and
-// turns by the angle a = position * inv_freq[i] (backward: by -a); channels from 2 * half
-// on pass through. Both kernels form a in f64 (the product the reference forms) and rotate
+// X, Y (B, T, H, D), each with its own row strides (RopeStrides: views of a fused QKV
+// projection rotated in place, or packed); in each head channel i < half = rotary_dim / 2 pairs
+// with i + half and turns by the angle a = position * inv_freq[i] (backward: by -a); channels from
+// 2 * half on pass through. Both kernels form a in f64 (the product the reference forms) and rotate
 // in f32 with the same expressions, y1 = x1 c - x2 s, y2 = x2 c + x1 s; they differ in how
 // they get c and s:
 //
@@ -45,35 +46,49 @@
 
 namespace loom::kernels::cuda::pointwise {
 
+// Row strides (elements) of X and Y: row (b, t, h) of X starts at b xb + t xt + h xh, its D
+// channels packed (op_checks::RopeShape::x / y).
+struct RopeStrides {
+  int64_t xb, xt, xh, yb, yt, yh;
+};
+// Those of packed X and Y (B, T, H, D).
+inline RopeStrides rope_packed_strides(int64_t t, int64_t h, int64_t d) {
+  return {t * h * d, h * d, d, t * h * d, h * d, d};
+}
+
 // ---- The general kernel -----------------------------------------------------------------------
 
-// x, y: (B * T = tokens, H, D); positions (tokens) or null (token % t); inv_freq (half).
-// sign: 1 forward, -1 backward.
+// x, y: (B * T = tokens, H, D) with row strides st; positions (tokens) or null (token % t);
+// inv_freq (half). sign: 1 forward, -1 backward.
 __global__ void rope_kernel(const void* x, DType xt, const int32_t* positions,
                             const float* inv_freq, void* y, DType yt, int64_t tokens, int64_t t,
-                            int64_t h, int64_t d, int64_t half, double sign, int lanes) {
+                            int64_t h, int64_t d, int64_t half, double sign, int lanes,
+                            RopeStrides st) {
   const int64_t rest = d - 2 * half;  // passed-through channels per head
   const int tid = threadIdx.x, threads = blockDim.x, rows = threads / lanes;
   const int lane = tid % lanes, row = tid / lanes;
   for (int64_t token = blockIdx.x; token < tokens; token += gridDim.x) {
     const double pos = positions != nullptr ? static_cast<double>(positions[token])
                                             : static_cast<double>(token % t);
-    const int64_t head0 = token * h * d;  // first element of the token's heads
+    // Channel 0 of the token's head 0 in X and in Y.
+    const int64_t x0 = token / t * st.xb + token % t * st.xt,
+                  y0 = token / t * st.yb + token % t * st.yt;
     for (int64_t i = lane; i < half; i += lanes) {
       double s, c;
       sincos(pos * static_cast<double>(inv_freq[i]), &s, &c);
       const float cs = static_cast<float>(c), sn = static_cast<float>(sign * s);
       for (int64_t k = row; k < h; k += rows) {
-        const int64_t e1 = head0 + k * d + i, e2 = e1 + half;
-        const float x1 = load_elem(x, xt, e1), x2 = load_elem(x, xt, e2);
-        store_elem(y, yt, e1, x1 * cs - x2 * sn);
-        store_elem(y, yt, e2, x2 * cs + x1 * sn);
+        const int64_t e1 = x0 + k * st.xh + i, f1 = y0 + k * st.yh + i;
+        const float x1 = load_elem(x, xt, e1), x2 = load_elem(x, xt, e1 + half);
+        store_elem(y, yt, f1, x1 * cs - x2 * sn);
+        store_elem(y, yt, f1 + half, x2 * cs + x1 * sn);
       }
     }
     if (rest > 0)
       for (int64_t j = tid; j < h * rest; j += threads) {
-        const int64_t e = head0 + (j / rest) * d + 2 * half + j % rest;
-        store_elem(y, yt, e, load_elem(x, xt, e));
+        const int64_t ch = 2 * half + j % rest;
+        store_elem(y, yt, y0 + (j / rest) * st.yh + ch,
+                   load_elem(x, xt, x0 + (j / rest) * st.xh + ch));
       }
   }
 }
@@ -107,6 +122,7 @@ struct RopeTypedArgs {
   const float* inv_freq;     // (half)
   T* y;                      // (tokens, H, D); may be x
   int64_t d;                 // D
+  RopeStrides st;            // row strides of x and y
   uint32_t t, h, half;       // T, H, rotary_dim / 2
   uint32_t vecs, groups;     // half / kW vectors; ceil(H / kRopeHeads) head groups
   uint32_t items;            // tokens * groups * vecs < 2^31
@@ -130,13 +146,15 @@ __global__ void __launch_bounds__(kFlatThreads) rope_typed_kernel(RopeTypedArgs<
   }
   const uint32_t k0 = grp * kRopeHeads;
   const int nh = static_cast<int>(a.h - k0 < kRopeHeads ? a.h - k0 : kRopeHeads);
-  const int64_t base = (static_cast<int64_t>(token) * a.h + k0) * a.d;  // head k0's channel 0
+  const int64_t b = token / a.t, tt = token % a.t;
+  const int64_t xbase = b * a.st.xb + tt * a.st.xt + k0 * a.st.xh;  // head k0's channel 0
+  const int64_t ybase = b * a.st.yb + tt * a.st.yt + k0 * a.st.yh;
   // Every load before any store: several accesses in flight, and Y may be X.
   P p1[kRopeHeads], p2[kRopeHeads];
 #pragma unroll
   for (int hh = 0; hh < kRopeHeads; ++hh)
     if (hh < nh) {
-      const T* xh = a.x + base + hh * a.d + i0;
+      const T* xh = a.x + xbase + hh * a.st.xh + i0;
       p1[hh] = *reinterpret_cast<const P*>(xh);
       p2[hh] = *reinterpret_cast<const P*>(xh + a.half);
     }
@@ -150,14 +168,14 @@ __global__ void __launch_bounds__(kFlatThreads) rope_typed_kernel(RopeTypedArgs<
         o1.v[e] = from_f32<T>(x1 * cs[e] - x2 * sn[e]);
         o2.v[e] = from_f32<T>(x2 * cs[e] + x1 * sn[e]);
       }
-      T* yh = a.y + base + hh * a.d + i0;
+      T* yh = a.y + ybase + hh * a.st.yh + i0;
       *reinterpret_cast<P*>(yh) = o1;
       *reinterpret_cast<P*>(yh + a.half) = o2;
     }
-  if (a.y != a.x)
+  if (a.y != a.x)  // (Y is X or does not overlap it: op_checks::check_rope)
     for (int hh = 0; hh < nh; ++hh)
       for (int64_t ch = 2 * static_cast<int64_t>(a.half) + v; ch < a.d; ch += a.vecs)
-        a.y[base + hh * a.d + ch] = a.x[base + hh * a.d + ch];
+        a.y[ybase + hh * a.st.yh + ch] = a.x[xbase + hh * a.st.xh + ch];
 }
 
 // ---- Which kernel (host) ----------------------------------------------------------------------
@@ -171,17 +189,25 @@ struct RopePlan {
   int lanes;        // general: pair lanes of a block (32..256)
 };
 
-// The kernel for X, Y (tokens, H, D) with half pairs a head: the typed one when X and Y
-// share a dtype, half > 0 and there are fewer than 2^31 items, else the general.
+// The kernel for X, Y (tokens = B T, H, D) with half pairs a head and row strides st: the
+// typed one when X and Y share a dtype, half > 0 and there are fewer than 2^31 items, else
+// the general. 16-byte vectors when every row of X and Y starts 16-byte aligned (the
+// pointers and the strides of the dimensions with more than one row) and half is a
+// multiple of the vector.
 inline RopePlan rope_plan(const void* x, DType xt, const void* y, DType yt, int64_t tokens,
-                          int64_t h, int64_t d, int64_t half) {
+                          int64_t t, int64_t h, int64_t d, int64_t half, const RopeStrides& st) {
   RopePlan p{};
   p.lanes = 32;
   while (p.lanes < 256 && p.lanes < half) p.lanes *= 2;
   if (xt != yt || half == 0) return p;
   const int w = static_cast<int>(16 / dtype_size(xt));
+  const int64_t bs = t > 0 ? tokens / t : 0;
+  auto rows_aligned = [&](int64_t sb, int64_t stt, int64_t sh) {
+    return (bs <= 1 || sb % w == 0) && (t <= 1 || stt % w == 0) && (h <= 1 || sh % w == 0);
+  };
   const bool vec = half % w == 0 && d % w == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
-                   reinterpret_cast<uintptr_t>(y) % 16 == 0;
+                   reinterpret_cast<uintptr_t>(y) % 16 == 0 && rows_aligned(st.xb, st.xt, st.xh) &&
+                   rows_aligned(st.yb, st.yt, st.yh);
   p.width = vec ? w : 1;
   const int64_t vecs = half / p.width, groups = (h + kRopeHeads - 1) / kRopeHeads;
   p.items = tokens * groups * vecs;
@@ -197,12 +223,13 @@ inline RopePlan rope_plan(const void* x, DType xt, const void* y, DType yt, int6
 template <class T>
 RopeTypedArgs<T> rope_typed_args(const RopePlan& p, const void* x, const int32_t* positions,
                                  const float* inv_freq, void* y, int64_t t, int64_t h, int64_t d,
-                                 int64_t half, bool bwd) {
+                                 int64_t half, bool bwd, const RopeStrides& st) {
   return {static_cast<const T*>(x),
           positions,
           inv_freq,
           static_cast<T*>(y),
           d,
+          st,
           static_cast<uint32_t>(t),
           static_cast<uint32_t>(h),
           static_cast<uint32_t>(half),

@@ -15,11 +15,13 @@ namespace loom::kinds {
 // backward_weight and step_end, so every module kind has them; the model kind also appends
 // info and cost. norm 1.2 (ABI 1.9): a calling convention, no new method: a residual input
 // fused into the norm and a second gradient added into the input's (loom/kinds/model.h,
-// INorm); a caller checks the minor before passing them.
+// INorm); a caller checks the minor before passing them. attention 1.2 (ABI 1.10): a calling
+// convention too: q, k, v may be the views of one fused QKV tensor (loom/cpp/nn/qkv_views.h,
+// loom/kinds/attention.h); a caller checks the minor before passing such views.
 inline constexpr InterfaceInfo kModel{"model", 1, 1};                   ///< whole network
 inline constexpr InterfaceInfo kLayer{"layer", 1, 1};                   ///< one transformer layer
 inline constexpr InterfaceInfo kModule{"module", 1, 1};                 ///< any other module
-inline constexpr InterfaceInfo kAttention{"attention", 1, 1};           ///< attention core
+inline constexpr InterfaceInfo kAttention{"attention", 1, 2};           ///< attention core
 inline constexpr InterfaceInfo kMlp{"mlp", 1, 1};                       ///< feed-forward block
 inline constexpr InterfaceInfo kNorm{"norm", 1, 2};                     ///< LayerNorm, RMSNorm, ...
 inline constexpr InterfaceInfo kMixer{"mixer", 1, 1};                   ///< sequence mixer (Mamba)

@@ -281,6 +281,142 @@ TEST_P(AttentionTest, KeySegmentIdsMaskAcrossDifferentLengths) {
   status_release(&st);
 }
 
+// Rows (b, t, h) of `buf` (B, T, H, W) from column `col` on, D wide: a strided (B, T, H, D)
+// view, as fused_qkv_views makes of a fused QKV projection (W = 3 D there; here W also has
+// spare columns that no kernel may touch).
+TensorView part_view(Tensor& buf, int64_t col, int64_t d) {
+  TensorView v = buf.view();
+  v.data = static_cast<char*>(v.data) + col * dtype_size(v.dtype);
+  v.shape[3] = d;
+  return v;  // the strides stay buf's: (T H W, H W, W, 1)
+}
+
+// Runs kernel `name` on views (the strided ones included); returns the status's code.
+Code run_views(const char* op, const char* name, DType dt, std::vector<TensorView> in,
+               std::vector<TensorView> out, const ops::AttentionAttrs& at) {
+  const KernelDesc& k = kernel(op, dt, name);
+  OpCall call{};
+  call.struct_size = sizeof(OpCall);
+  call.inputs = in.data(), call.num_inputs = static_cast<int32_t>(in.size());
+  call.outputs = out.data(), call.num_outputs = static_cast<int32_t>(out.size());
+  call.attrs = &at, call.attrs_size = sizeof(at);
+  if (k.supports != nullptr && !k.supports(&call)) return Code::kUnimplemented;
+  Status st = k.fn(&call);
+  Code code = st.code;
+  EXPECT_EQ(code, Code::kOk) << op << " " << name << ": " << take_message(&st);
+  status_release(&st);
+  return code;
+}
+
+// Q, K, V read in place from strided views of wider buffers (a fused QKV tensor for MHA,
+// two buffers for GQA) and dQ, dK, dV written into such views: the results equal those of
+// the same kernel on packed copies exactly (the same values in the same order), and the
+// buffers' spare columns are never written. Every dtype, both CPU kernels.
+TEST_P(AttentionTest, StridedViewsEqualPackedCalls) {
+  std::mt19937 rng(21);
+  const DType dt = GetParam();
+  for (const char* name : {"cpu.ref", "cpu.fast"})
+    for (const AttnCase& c :
+         {AttnCase{2, 9, 9, 3, 3, 5, true, false}, AttnCase{1, 70, 70, 4, 2, 8, true, true},
+          AttnCase{2, 6, 11, 2, 1, 4, false, false}}) {
+      const bool mha = c.h == c.g && c.t == c.s;
+      const int64_t wq = mha ? 3 * c.d + 2 : c.d + 3, wkv = 2 * c.d + 1;  // spare columns
+      Tensor xq = Tensor::random(dt, {c.b, c.t, c.h, wq}, rng, -2, 2);
+      Tensor xkv = Tensor::random(dt, {c.b, c.s, c.g, wkv}, rng, -2, 2);
+      Tensor& kv_buf = mha ? xq : xkv;
+      TensorView q = part_view(xq, 0, c.d);
+      TensorView k = part_view(kv_buf, mha ? c.d : 0, c.d);
+      TensorView v = part_view(kv_buf, mha ? 2 * c.d : c.d, c.d);
+      // Packed copies of the same values.
+      AttnInputs in{Tensor(dt, {c.b, c.t, c.h, c.d}), Tensor(dt, {c.b, c.s, c.g, c.d}),
+                    Tensor(dt, {c.b, c.s, c.g, c.d}), Tensor(), Tensor()};
+      auto gather = [&](const TensorView& from, const Tensor& buf, Tensor& to) {
+        const int64_t col =
+            (static_cast<const char*>(from.data) - static_cast<const char*>(buf.raw())) /
+            static_cast<int64_t>(dtype_size(dt));
+        const int64_t rows = to.numel() / c.d, w = from.strides[2];
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t i = 0; i < c.d; ++i) to.set(r * c.d + i, buf.get(r * w + col + i));
+      };
+      gather(q, xq, in.q), gather(k, kv_buf, in.k), gather(v, kv_buf, in.v);
+      if (c.segments) in.seg = make_inputs(c, dt, rng).seg;
+      const ops::AttentionAttrs at{0.8f / std::sqrt(static_cast<float>(c.d)), c.causal, 0.2f, 77,
+                                   5};
+      const std::string what = std::string(name) + " " + describe(c) + " " + dtype_name(dt);
+
+      Tensor o(dt, {c.b, c.t, c.h, c.d}), lse(DType::kF32, {c.b, c.h, c.t});
+      run(ops::kAttentionFwd, name, dt, {&in.q, &in.k, &in.v, &in.seg}, {&o, &lse}, &at);
+      Tensor o2(dt, {c.b, c.t, c.h, c.d}), lse2(DType::kF32, {c.b, c.h, c.t});
+      ASSERT_EQ(run_views(ops::kAttentionFwd, name, dt, {q, k, v, in.seg.view()},
+                          {o2.view(), lse2.view()}, at),
+                Code::kOk)
+          << what;
+      EXPECT_EQ(o2.values(), o.values()) << what << ": O from strided views";
+      EXPECT_EQ(lse2.values(), lse.values()) << what << ": lse from strided views";
+
+      Tensor dout = Tensor::random(dt, {c.b, c.t, c.h, c.d}, rng);
+      Tensor dq(dt, {c.b, c.t, c.h, c.d}), dk(dt, {c.b, c.s, c.g, c.d}),
+          dv(dt, {c.b, c.s, c.g, c.d});
+      run(ops::kAttentionBwd, name, dt, {&dout, &in.q, &in.k, &in.v, &o, &lse, &in.seg},
+          {&dq, &dk, &dv}, &at);
+      // The gradients into views of buffers filled with a sentinel (1024: exact in every dtype).
+      Tensor gq(dt, {c.b, c.t, c.h, wq}), gkv(dt, {c.b, c.s, c.g, wkv});
+      for (int64_t i = 0; i < gq.numel(); ++i) gq.set(i, 1024.0);
+      for (int64_t i = 0; i < gkv.numel(); ++i) gkv.set(i, 1024.0);
+      Tensor& gkv_buf = mha ? gq : gkv;
+      TensorView vdq = part_view(gq, 0, c.d);
+      TensorView vdk = part_view(gkv_buf, mha ? c.d : 0, c.d);
+      TensorView vdv = part_view(gkv_buf, mha ? 2 * c.d : c.d, c.d);
+      ASSERT_EQ(run_views(ops::kAttentionBwd, name, dt,
+                          {dout.view(), q, k, v, o.view(), lse.view(), in.seg.view()},
+                          {vdq, vdk, vdv}, at),
+                Code::kOk)
+          << what;
+      Tensor got_q(dt, {c.b, c.t, c.h, c.d}), got_k(dt, {c.b, c.s, c.g, c.d}),
+          got_v(dt, {c.b, c.s, c.g, c.d});
+      gather(vdq, gq, got_q), gather(vdk, gkv_buf, got_k), gather(vdv, gkv_buf, got_v);
+      EXPECT_EQ(got_q.values(), dq.values()) << what << ": dQ into a strided view";
+      EXPECT_EQ(got_k.values(), dk.values()) << what << ": dK into a strided view";
+      EXPECT_EQ(got_v.values(), dv.values()) << what << ": dV into a strided view";
+      // The spare columns keep the sentinel.
+      int64_t touched = 0;
+      for (Tensor* buf : {&gq, &gkv}) {
+        const int64_t w = buf->shape().back(),
+                      used = buf == &gq ? (mha ? 3 * c.d : c.d) : (mha ? 0 : 2 * c.d);
+        for (int64_t i = 0; i < buf->numel(); ++i)
+          if (i % w >= used && buf->get(i) != 1024.0) ++touched;
+      }
+      EXPECT_EQ(touched, 0) << what << ": elements written outside the views";
+    }
+}
+
+// A view whose rows are not packed (D stride 2) is refused by name.
+TEST(AttentionErrors, RowsMustBePacked) {
+  std::mt19937 rng(22);
+  Tensor x = Tensor::random(DType::kF32, {1, 4, 2, 8}, rng);
+  TensorView q = x.view();
+  q.shape[3] = 4, q.strides[3] = 2;  // every other element
+  Tensor k = Tensor::random(DType::kF32, {1, 4, 2, 4}, rng), v = k;
+  Tensor o(DType::kF32, {1, 4, 2, 4}), lse(DType::kF32, {1, 2, 4}), none;
+  std::vector<TensorView> in{q, k.view(), v.view(), none.view()}, out{o.view(), lse.view()};
+  const ops::AttentionAttrs at{0.5f, 1, 0.0f, 0, 0};
+  OpCall call{};
+  call.struct_size = sizeof(OpCall);
+  call.inputs = in.data(), call.num_inputs = 4, call.outputs = out.data(), call.num_outputs = 2;
+  call.attrs = &at, call.attrs_size = sizeof(at);
+  for (const char* name : {"cpu.ref", "cpu.fast"}) {
+    const KernelDesc& kd = kernel(ops::kAttentionFwd, DType::kF32, name);
+    EXPECT_FALSE(kd.supports(&call)) << name;
+    Status st = kd.fn(&call);
+    EXPECT_EQ(st.code, Code::kInvalidArgument) << name;
+    const std::string msg = take_message(&st);
+    EXPECT_NE(msg.find("attention_fwd: input 0 (Q) of shape (1, 4, 2, 4) has stride 2 along its "
+                       "last dimension: its rows must be packed (stride 1)"),
+              std::string::npos)
+        << msg;
+  }
+}
+
 // attention_merge's fast kernel against the reference, every dtype, with rows that have no
 // result yet and rows whose block sees nothing.
 TEST_P(AttentionTest, FastMergeMatchesReference) {
@@ -599,6 +735,199 @@ TEST(AttentionCuda, EveryKernelMatchesReferenceOnTensorCoreShapes) {
                          Tensor(dt, {c.b, c.s, c.g, c.d})},
                         {dq, dk, dv}, at, cc, hopper, what);
     }
+}
+
+
+// Device memory holding a copy of `t` (freed by the caller through `owned`).
+void* upload_tensor(::loom::kernels::testing::DeviceBackend& be, const Tensor& t,
+                    std::vector<void*>& owned) {
+  void* p = be.upload(t.raw(), static_cast<size_t>(t.numel()) * dtype_size(t.dtype()));
+  owned.push_back(p);
+  return p;
+}
+
+// A device view of rows (b, t, h) of the device copy `dev` of `buf` (B, T, H, W), from column
+// `col` on, D wide (part_view on the device): strides (T H W, H W, W, 1).
+TensorView device_part_view(Tensor& buf, void* dev, int64_t col, int64_t d) {
+  TensorView v = part_view(buf, col, d);
+  v.data = static_cast<char*>(dev) + col * dtype_size(v.dtype);
+  v.device = Device{DeviceType::kCuda, 0};
+  return v;
+}
+
+// Runs kernel k on device views, with a device workspace of its size; returns the code.
+Code run_device_views(::loom::kernels::testing::DeviceBackend& be, const KernelDesc& k,
+                      std::vector<TensorView> in, std::vector<TensorView> out,
+                      const ops::AttentionAttrs& at, std::vector<void*>& owned,
+                      const std::string& what) {
+  OpCall call{};
+  call.struct_size = sizeof(OpCall);
+  call.inputs = in.data(), call.num_inputs = static_cast<int32_t>(in.size());
+  call.outputs = out.data(), call.num_outputs = static_cast<int32_t>(out.size());
+  call.attrs = &at, call.attrs_size = sizeof(at);
+  if (k.workspace != nullptr) {
+    call.workspace_bytes = k.workspace(&call);
+    call.workspace = be.scratch(static_cast<size_t>(call.workspace_bytes));
+    owned.push_back(call.workspace);
+  }
+  if (k.supports != nullptr && !k.supports(&call)) {
+    ADD_FAILURE() << what << ": kernel " << k.name << " declines strided views";
+    return Code::kUnimplemented;
+  }
+  Status st = k.fn(&call);
+  const Code code = st.code;
+  EXPECT_EQ(code, Code::kOk) << what << ": " << take_message(&st);
+  status_release(&st);
+  return code;
+}
+
+// StridedViewsEqualPackedCalls on the device, for every CUDA kernel (loom's "cuda" and
+// cuDNN's "cuda.cudnn"): Q, K, V read from strided views of wider device buffers (one fused
+// QKV buffer for MHA, two for GQA) and dQ, dK, dV written into such views give what the same
+// kernel gives on packed copies, and never write the buffers' spare columns (a sentinel).
+// Spare columns of 8 keep every row 16-byte aligned (loom's tensor-core kernels and cuDNN
+// take the views); spare columns of 3 do not (both hand the call to loom's generic kernels,
+// cuDNN with the decline "row stride that is not a multiple of 8 elements"). Bit for bit
+// where the arithmetic is the same in both calls: loom's kernels on the same path, except the
+// tensor-core backward's dQ, which f32 atomics sum in a varying order; the rest (cuDNN, which
+// may pick another engine for other strides, and unaligned views that loom's generic kernels
+// serve where the packed call took the tensor cores) at the dtype's tolerance.
+TEST(AttentionCuda, StridedViewsEqualPackedCalls) {
+  std::string why;
+  ::loom::kernels::testing::DeviceBackend* be = cuda_device(&why);
+  if (be == nullptr) GTEST_SKIP() << "no CUDA device: " << why;
+  int cc_major = 0, cc_minor = 0;
+  cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, 0);
+  cudaDeviceGetAttribute(&cc_minor, cudaDevAttrComputeCapabilityMinor, 0);
+  const bool hopper = cc_major == 9 && cc_minor == 0;
+  std::mt19937 rng(23);
+  for (DType dt : {DType::kBF16, DType::kF16, DType::kF32})
+    for (const AttnCase& c : {AttnCase{2, 128, 128, 4, 4, 64, true, false},
+                              AttnCase{1, 96, 96, 2, 2, 128, false, false},
+                              AttnCase{1, 128, 160, 4, 2, 64, false, false},
+                              AttnCase{2, 70, 70, 3, 3, 40, true, false}})
+      for (int64_t spare : {8, 3}) {
+        const bool mha = c.h == c.g && c.t == c.s;
+        const int64_t wq = mha ? 3 * c.d + spare : c.d + spare, wkv = 2 * c.d + spare;
+        Tensor xq = Tensor::random(dt, {c.b, c.t, c.h, wq}, rng, -2, 2);
+        Tensor xkv = Tensor::random(dt, {c.b, c.s, c.g, wkv}, rng, -2, 2);
+        Tensor& kv_buf = mha ? xq : xkv;
+        const int64_t k_col = mha ? c.d : 0, v_col = mha ? 2 * c.d : c.d;
+        AttnInputs in{Tensor(dt, {c.b, c.t, c.h, c.d}), Tensor(dt, {c.b, c.s, c.g, c.d}),
+                      Tensor(dt, {c.b, c.s, c.g, c.d}), Tensor(), Tensor()};
+        // Rows of `buf` from column col on into the packed `to`.
+        auto gather = [&](const Tensor& buf, int64_t col, Tensor& to) {
+          const int64_t rows = to.numel() / c.d, w = buf.shape().back();
+          for (int64_t r = 0; r < rows; ++r)
+            for (int64_t i = 0; i < c.d; ++i) to.set(r * c.d + i, buf.get(r * w + col + i));
+        };
+        gather(xq, 0, in.q), gather(kv_buf, k_col, in.k), gather(kv_buf, v_col, in.v);
+        const ops::AttentionAttrs at{1.0f / std::sqrt(static_cast<float>(c.d)), c.causal, 0.0f, 77,
+                                     5};
+        Tensor dout = Tensor::random(dt, {c.b, c.t, c.h, c.d}, rng);
+        // loom's packed call takes the tensor cores (bf16, f16; D 64, 128), and so does the call
+        // on views whose rows are 16-byte aligned; on the others, the generic kernels.
+        const bool aligned = spare % 8 == 0;
+        const bool tc_shapes = dt != DType::kF32 && (c.d == 64 || c.d == 128);
+        const bool tensor_cores = tc_shapes && aligned, same_path = !tc_shapes || aligned;
+        for (const char* op : {ops::kAttentionFwd, ops::kAttentionBwd})
+          for (const KernelDesc& k : cuda_kernels_of(op, dt)) {
+            const bool cudnn = std::string(k.name) == ::loom::kernels::cuda::kCudnnAttentionName;
+            const std::string what = std::string(op) + " " + k.name + " " + describe(c) + " " +
+                                     dtype_name(dt) + " spare " + std::to_string(spare);
+            // The packed call: the forward's O and lse also feed both backward calls.
+            Tensor o(dt, {c.b, c.t, c.h, c.d}), lse(DType::kF32, {c.b, c.h, c.t});
+            run_ref(ops::kAttentionFwd, dt, {&in.q, &in.k, &in.v, &in.seg}, {&o, &lse}, &at);
+            const bool fwd = std::string(op) == ops::kAttentionFwd;
+            std::vector<Tensor> packed_in =
+                fwd ? std::vector<Tensor>{in.q, in.k, in.v, in.seg}
+                    : std::vector<Tensor>{dout, in.q, in.k, in.v, o, lse, in.seg};
+            std::vector<Tensor> packed_out =
+                fwd ? std::vector<Tensor>{Tensor(dt, {c.b, c.t, c.h, c.d}),
+                                          Tensor(DType::kF32, {c.b, c.h, c.t})}
+                    : std::vector<Tensor>{Tensor(dt, {c.b, c.t, c.h, c.d}),
+                                          Tensor(dt, {c.b, c.s, c.g, c.d}),
+                                          Tensor(dt, {c.b, c.s, c.g, c.d})};
+            std::vector<Tensor> want = run_on_device(*be, k, packed_in, packed_out, &at, what);
+            ASSERT_FALSE(want.empty()) << what;
+
+            // The same call on views of device copies of the buffers.
+            std::vector<void*> owned;
+            void* dxq = upload_tensor(*be, xq, owned);
+            void* dxkv = mha ? dxq : upload_tensor(*be, xkv, owned);
+            TensorView q = device_part_view(xq, dxq, 0, c.d);
+            TensorView kv = device_part_view(kv_buf, dxkv, k_col, c.d);
+            TensorView vv = device_part_view(kv_buf, dxkv, v_col, c.d);
+            auto packed_view = [&](Tensor& t) {
+              TensorView v = t.view();
+              v.device = Device{DeviceType::kCuda, 0};
+              if (v.data != nullptr) v.data = upload_tensor(*be, t, owned);
+              return v;
+            };
+            const auto before = ::loom::kernels::cuda::cudnn_attention_counters();
+            std::vector<Tensor> got;
+            int64_t touched = 0;
+            if (fwd) {
+              Tensor o2(dt, {c.b, c.t, c.h, c.d}), lse2(DType::kF32, {c.b, c.h, c.t});
+              TensorView vo = packed_view(o2), vlse = packed_view(lse2);
+              ASSERT_EQ(run_device_views(*be, k, {q, kv, vv, packed_view(in.seg)}, {vo, vlse}, at,
+                                         owned, what),
+                        Code::kOk);
+              be->download(o2.raw(), vo.data, o2.numel() * dtype_size(dt));
+              be->download(lse2.raw(), vlse.data, lse2.numel() * 4);
+              got = {o2, lse2};
+            } else {
+              // Gradient buffers of the inputs' shapes, filled with a sentinel (1024: exact in
+              // every dtype).
+              Tensor gq = Tensor::filled(dt, xq.shape(), 1024.0);
+              Tensor gkv = Tensor::filled(dt, xkv.shape(), 1024.0);
+              Tensor& gkv_buf = mha ? gq : gkv;
+              void* dgq = upload_tensor(*be, gq, owned);
+              void* dgkv = mha ? dgq : upload_tensor(*be, gkv, owned);
+              ASSERT_EQ(run_device_views(*be, k,
+                                         {packed_view(dout), q, kv, vv, packed_view(o),
+                                          packed_view(lse), packed_view(in.seg)},
+                                         {device_part_view(gq, dgq, 0, c.d),
+                                          device_part_view(gkv_buf, dgkv, k_col, c.d),
+                                          device_part_view(gkv_buf, dgkv, v_col, c.d)},
+                                         at, owned, what),
+                        Code::kOk);
+              be->download(gq.raw(), dgq, gq.numel() * dtype_size(dt));
+              if (!mha) be->download(gkv.raw(), dgkv, gkv.numel() * dtype_size(dt));
+              Tensor dq(dt, {c.b, c.t, c.h, c.d}), dk(dt, {c.b, c.s, c.g, c.d}),
+                  dv(dt, {c.b, c.s, c.g, c.d});
+              gather(gq, 0, dq), gather(gkv_buf, k_col, dk), gather(gkv_buf, v_col, dv);
+              got = {dq, dk, dv};
+              for (Tensor* buf : {&gq, &gkv}) {
+                const int64_t w = buf->shape().back(),
+                              used = buf == &gq ? (mha ? 3 * c.d : c.d) : (mha ? 0 : 2 * c.d);
+                for (int64_t i = 0; i < buf->numel(); ++i)
+                  if (i % w >= used && buf->get(i) != 1024.0) ++touched;
+              }
+            }
+            for (void* p : owned) be->release(p);
+            EXPECT_EQ(touched, 0) << what << ": elements written outside the views";
+            if (cudnn) {
+              const auto after = ::loom::kernels::cuda::cudnn_attention_counters();
+              const bool ran = after.cudnn_calls > before.cudnn_calls;
+              std::printf("[cudnn] %s: %s\n", what.c_str(),
+                          ran ? "ran on cuDNN" : ("fell back: " + after.last_decline).c_str());
+              if (!aligned) EXPECT_FALSE(ran) << what << ": cuDNN must decline unaligned rows";
+              if (aligned && hopper && dt != DType::kF32 && c.d % 8 == 0)
+                EXPECT_TRUE(ran) << what << ": " << after.last_decline;
+            }
+            for (size_t i = 0; i < got.size(); ++i) {
+              const std::string o_what = what + " output " + std::to_string(i);
+              report_error(got[i].values(), want[i].values(), o_what + " (views vs packed)");
+              const bool exact =  // i 0 of the backward: dQ
+                  !cudnn && same_path && !(tensor_cores && !fwd && i == 0);
+              if (exact)
+                EXPECT_EQ(got[i].values(), want[i].values()) << o_what;
+              else
+                expect_close(got[i], want[i].values(), dt, o_what);
+            }
+          }
+      }
 }
 
 // Without a device the cuDNN kernels still register, above loom's, for bf16 and f16 only.

@@ -2,6 +2,7 @@
 // differences (GQA, with and without dropout), the two cores against each other (dropout
 // included: the same Philox mask), and selective recomputation.
 #include <gtest/gtest.h>
+#include <loom/cpp/nn/qkv_views.h>
 
 #include "tests/plugins/transformer/module_check.h"
 
@@ -111,6 +112,51 @@ INSTANTIATE_TEST_SUITE_P(
                       Comparison{{1, 9, 6, 1, 4}, 0.f, false, true},    // MQA, segments
                       Comparison{{2, 7, 4, 2, 8}, 0.25f, true, false},  // GQA + dropout
                       Comparison{{1, 33, 2, 1, 16}, 0.1f, true, true}));
+
+// Attention 1.2: q, k, v passed as the views of one fused QKV tensor (loom/cpp/nn/qkv_views.h)
+// give the outputs and gradients of the same values passed packed; the fused core reads
+// them in place and returns its gradients as the same views of one new tensor, the
+// reference core copies them and returns packed gradients.
+TEST(FusedQkvViews, SameResultsAsPackedInputs) {
+  const Shape s{2, 7, 3, 3, 4};
+  for (const char* impl : {"dot_product", "fused"})
+    for (float dropout : {0.f, 0.2f}) {
+      const std::string what = std::string(impl) + " dropout " + std::to_string(dropout);
+      Comparison c{s, dropout, true, true};
+      Result packed = run_core(impl, c, RecomputePolicy::kNone);
+
+      ModuleHarness h(transformer_plugins());
+      IModule& core = build_resolved(h, kinds::kAttention, {{"impl", impl}, {"causal", true}},
+                                     {{"attention_dropout", dropout}});
+      // The fused tensor holding attention_call's q, k, v values (same seeds).
+      Call ref = attention_call(h, s, 31, true);
+      TensorView x = h.tensor(DType::kF32, {s.b, s.t, s.h, 3 * s.d});
+      nn::QkvViews views;
+      ASSERT_TRUE(nn::fused_qkv_views(x, &views));
+      std::vector<float> xv(static_cast<size_t>(numel(x)));
+      for (int part = 0; part < 3; ++part) {
+        std::vector<float> src = h.values(ref.inputs[part]);
+        for (int64_t r = 0; r < s.b * s.t * s.h; ++r)
+          for (int64_t i = 0; i < s.d; ++i) xv[r * 3 * s.d + part * s.d + i] = src[r * s.d + i];
+      }
+      h.set_values(x, xv);
+      ASSERT_TRUE(present(nn::fused_qkv_of(views.q, views.k, views.v)));
+      Call call = ref;
+      call.inputs[0] = views.q, call.inputs[1] = views.k, call.inputs[2] = views.v;
+      Result fused = ModuleCheck(h, core, call).run();
+      ASSERT_EQ(fused.outputs.size(), packed.outputs.size());
+      EXPECT_EQ(fused.outputs[0], packed.outputs[0]) << what;
+      expect_same_grads(fused, packed, 0.0, what + ": views vs packed");
+      // The gradients' layout, from one more forward and backward.
+      IForwardContext& ctx = h.new_context(true);
+      TensorView out{};
+      throw_if_error(core.forward(&ctx, call.inputs.data(), 5, &out, 1));
+      TensorView grads[3]{};
+      throw_if_error(core.backward(&ctx, &out, 1, grads, 3));
+      const bool fused_grads = present(nn::fused_qkv_of(grads[0], grads[1], grads[2]));
+      EXPECT_EQ(fused_grads, std::string(impl) == "fused") << what;
+    }
+}
 
 }  // namespace
 }  // namespace loom::testing

@@ -3,6 +3,8 @@
 // (dropout on), the fused core inside a layer matching the reference one, and parameters.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include "tests/plugins/transformer/module_check.h"
 
 namespace loom::testing {
@@ -69,6 +71,18 @@ TEST(TransformerLayer, LlamaStyleWithRopeAndGqaMatchesFiniteDifferences) {
   ModuleCheck(h, layer, layer_call(h, true, 2)).check_gradients();
 }
 
+// MHA with the fused core: q, k, v are views of the QKV projection's output (attention 1.2),
+// rope turns them in place, and the core's gradients come back as views of one tensor that
+// goes to the projection's backward without a merge.
+TEST(TransformerLayer, LlamaStyleMhaOnQkvViewsMatchesFiniteDifferences) {
+  ModuleHarness h(transformer_plugins());
+  json options = inherited(true);
+  options["num_query_groups"] = 4;
+  IModule& layer = build_resolved(h, kinds::kLayer, llama_layer("fused"), options);
+  randomize_params(h, 7, 0.3f);
+  ModuleCheck(h, layer, layer_call(h, true, 5)).check_gradients();
+}
+
 TEST(TransformerLayer, DropoutMatchesFiniteDifferences) {
   ModuleHarness h(transformer_plugins());
   IModule& layer = build_resolved(h, kinds::kLayer, gpt2_layer(), inherited(false, 0.2));
@@ -94,6 +108,33 @@ TEST(TransformerLayer, RecomputePoliciesGiveTheSameGradients) {
     EXPECT_EQ(none.outputs[0], full.outputs[0]);
     expect_same_grads(selective, none, 1e-6, "selective vs none");
     expect_same_grads(full, none, 1e-6, "full vs none");
+  }
+}
+
+// The fused core reads the views in place; the reference core copies them (split_qkv) and
+// returns packed gradients, which the layer merges: the same layer either way.
+TEST(TransformerLayer, QkvViewsGiveTheSameLayerWithEitherCore) {
+  json options = inherited(true, 0.2);
+  options["num_query_groups"] = 4;
+  Result dot = run_layer(llama_layer("dot_product"), options, RecomputePolicy::kNone);
+  Result fused = run_layer(llama_layer("fused"), options, RecomputePolicy::kNone);
+  EXPECT_LE(relative_diff(fused.outputs[0], dot.outputs[0]), 1e-5);
+  expect_same_grads(fused, dot, 1e-5, "fused vs dot_product MHA layer");
+  Result full = run_layer(llama_layer("fused"), options, RecomputePolicy::kFull);
+  EXPECT_EQ(full.outputs[0], fused.outputs[0]);
+  expect_same_grads(full, fused, 1e-6, "full recompute vs none, MHA layer on views");
+  // And the same as the copies (split_qkv, merge_qkv), which LOOM_QKV_VIEWS=split forces: the
+  // same numbers exactly, for both position embeddings.
+  for (bool rope : {true, false}) {
+    json o = inherited(rope, 0.2);
+    o["num_query_groups"] = 4;
+    const json node = rope ? llama_layer("fused") : gpt2_layer();
+    Result views = run_layer(node, o, RecomputePolicy::kNone);
+    setenv("LOOM_QKV_VIEWS", "split", 1);
+    Result split = run_layer(node, o, RecomputePolicy::kNone);
+    unsetenv("LOOM_QKV_VIEWS");
+    EXPECT_EQ(views.outputs[0], split.outputs[0]) << (rope ? "rope" : "learned");
+    expect_same_grads(views, split, 0.0, rope ? "views vs split, rope" : "views vs split");
   }
 }
 

@@ -137,6 +137,13 @@ class OpArgs {
   const TensorView& f32_out(int i) const { return tensor(false, i, DType::kF32); }
   const TensorView& f64_out(int i) const { return tensor(false, i, DType::kF64); }
   const TensorView& i32_out(int i) const { return tensor(false, i, DType::kI32); }
+  /// Required float tensors whose rows may be strided: the last dimension is packed (stride
+  /// 1, or extent 1) and the other strides are any non-negative values, e.g. a view of one
+  /// part of a wider tensor (attention's Q, K and V as views of a fused QKV projection).
+  /// Everything else as float_in / float_out. An output view must not overlap itself or
+  /// another output; that is the caller's to keep.
+  const TensorView& float_rows_in(int i) const { return tensor(true, i, DType::kInvalid, true); }
+  const TensorView& float_rows_out(int i) const { return tensor(false, i, DType::kInvalid, true); }
   /// Required FP8 tensors (e4m3 or e5m2).
   const TensorView& fp8_in(int i) const { return tensor(true, i, kAnyFp8); }
   const TensorView& fp8_out(int i) const { return tensor(false, i, kAnyFp8); }
@@ -198,7 +205,8 @@ class OpArgs {
   static constexpr DType kAnyFp8 = static_cast<DType>(-1);
 
   // kInvalid means "any float dtype", kAnyFp8 either FP8 format.
-  const TensorView& tensor(bool input, int i, DType want) const {
+  // `rows`: the rows may be strided (float_rows_in); else the tensor must be packed.
+  const TensorView& tensor(bool input, int i, DType want, bool rows = false) const {
     const TensorView& v = input ? call_->inputs[i] : call_->outputs[i];
     std::string label = input ? in_label(i) : out_label(i);
     if (!present(v)) fail(label + " is required but empty");
@@ -217,8 +225,18 @@ class OpArgs {
     if (v.ndim < 0 || v.ndim > kMaxDims) fail(label + " has ndim " + std::to_string(v.ndim));
     for (int32_t d = 0; d < v.ndim; ++d)
       if (v.shape[d] < 0) fail(label + " has a negative extent: " + view_shape_str(v));
-    if (!is_contiguous(v))
+    if (rows) {
+      for (int32_t d = 0; d < v.ndim; ++d)
+        if (v.strides[d] < 0)
+          fail(label + " has a negative stride along dimension " + std::to_string(d) +
+               ": pass a view with non-negative strides");
+      if (v.ndim > 0 && v.shape[v.ndim - 1] != 1 && v.strides[v.ndim - 1] != 1)
+        fail(label + " of shape " + view_shape_str(v) + " has stride " +
+             std::to_string(v.strides[v.ndim - 1]) +
+             " along its last dimension: its rows must be packed (stride 1)");
+    } else if (!is_contiguous(v)) {
       fail(label + " of shape " + view_shape_str(v) + " is not contiguous: pass a packed tensor");
+    }
     if (!shapes_only_ && v.data == nullptr && numel(v) > 0) fail(label + " has null data");
     return v;
   }
@@ -238,6 +256,18 @@ class OpArgs {
   std::vector<std::string> inputs_, outputs_;
   bool shapes_only_;
   DeviceType device_;
+};
+
+/// Strides (in elements) of the rows of a (B, T, H, D) tensor whose rows are packed
+/// (OpArgs::float_rows_in): row (b, t, h) starts at b * b_ + t * t_ + h * h_.
+struct RowStrides {
+  int64_t b_, t_, h_;
+  /// Offset of row (b, t, h).
+  int64_t at(int64_t b, int64_t t, int64_t h) const { return b * b_ + t * t_ + h * h_; }
+  /// The strides of a packed (B, T, H, D) tensor.
+  static RowStrides packed(int64_t t, int64_t h, int64_t d) { return {t * h * d, h * d, d}; }
+  /// Those of `v`, a 4-D view whose last dimension is packed.
+  static RowStrides of(const TensorView& v) { return {v.strides[0], v.strides[1], v.strides[2]}; }
 };
 
 /// Runs `check` and reports whether it passed (for a kernel's `supports`: never throws).

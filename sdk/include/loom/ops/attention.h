@@ -13,7 +13,8 @@ namespace loom::ops {
 
 /// "masked_softmax_fwd": P = softmax(scale * S + mask) over the last dimension, where the
 /// mask hides key s from query t when causal and s > t + (Sk - T), or when the segment ids
-/// of t and s differ (attention_fwd: the keys' own ids when given). A fully masked row gives zeros. (The reference attention core.)
+/// of t and s differ (attention_fwd: the keys' own ids when given). A fully masked row gives zeros.
+/// (The reference attention core.)
 ///   inputs:  [0] S float (B, H, T, Sk), [1] segment ids i32 (B, T) or empty (T == Sk)
 ///   outputs: [0] P float (B, H, T, Sk)
 /// "masked_softmax_bwd": dS = scale * P * (dP - sum(dP * P)).
@@ -38,6 +39,12 @@ struct SoftmaxAttrs {
 ///            from S (a block of a packed sequence's keys, context parallelism); without
 ///            them the keys' segments are [3]'s, which needs T == S
 ///   outputs: [0] O float (B, T, H, D), [1] lse f32 (B, H, T): log-sum-exp of each row
+/// Q, K and V (and attention_bwd's dQ, dK, dV) may be strided views whose rows are packed
+/// (OpArgs::float_rows_in: D has stride 1, B, T and H any non-negative strides), e.g. the
+/// parts of one fused QKV projection (loom/cpp/nn/qkv_views.h) read and written in place,
+/// with no split or merge copy; dQ, dK and dV must not overlap. O, dO and lse are packed.
+/// (Since ABI 1.10. A kernel library built against older headers refuses such views, "not
+/// contiguous", as its OpArgs checks did then: rebuild it.)
 /// "attention_bwd": the softmax gradient uses the given O and lse as those of each query's
 /// whole row (delta = rowsum(dO * O), P = exp(scale * Q K^T - lse)). A call over one block
 /// of a longer row's keys (context parallelism) with the row's merged O and lse (see

@@ -89,6 +89,8 @@ inline constexpr const char* kAddRmsNormBwd = "add_rmsnorm_bwd";
 ///   inputs:  [0] X float (B, T, H, D), [1] positions i32 (B, T) or empty (0..T-1),
 ///            [2] inv_freq f32 (rotary_dim / 2): already scaled (linear, Llama 3, ...)
 ///   outputs: [0] Y float (B, T, H, D); may alias X
+/// X and Y may be views with strided rows (OpArgs::float_rows_in), e.g. q and k as views of
+/// a fused QKV projection rotated in place (since ABI 1.10).
 inline constexpr const char* kRopeFwd = "rope_fwd";
 inline constexpr const char* kRopeBwd = "rope_bwd";
 struct RopeAttrs {

@@ -16,6 +16,11 @@
 // is repeated from the launchers (attention_fwd.cu, attention_bwd.cu,
 // attention_generic.cu), which cannot be compiled without nvcc. Usage: run.sh
 // (from the repository root).
+//
+// Q, K, V, dQ, dK and dV may be strided views (op_checks::RowStrides): the cases with a
+// Layout other than kPacked run each kernel family again on such views of wider buffers
+// and require the packed run's outputs bit for bit, untouched input buffers and untouched
+// spare elements around the gradients' rows.
 #include <loom/cpp/philox.h>
 
 #include <algorithm>
@@ -83,6 +88,17 @@ struct Buf {
 
 int64_t g_sm_count = 1;  // multiprocessors of the GPU the launch geometry is for
 
+// Where Q, K, V, dQ, dK, dV live (op_checks::RowStrides: they may be strided views):
+//   kPacked: packed tensors only;
+//   kFused (MHA, T == S, one dtype): also as views of one (B, T, H, 3 D + pad) buffer at
+//     columns 0, D, 2 D (loom/cpp/nn/qkv_views.h's layout, rows padded), and the gradients
+//     of another;
+//   kPadded: also as views of a buffer each, rows padded, in assorted dimension orders (heads
+//     before tokens, gaps between batch entries).
+// The views' pads are multiples of 8 elements for the tensor-core kernels (what attention.cu
+// requires of them), odd for the generic ones.
+enum class Layout { kPacked, kFused, kPadded };
+
 struct Case {
   std::string name;
   DType dt;
@@ -95,6 +111,7 @@ struct Case {
   // A block of a larger attention (AttentionBlockAttrs): its first query and key in the
   // whole; the whole has `more` queries and keys beyond the block's end.
   int64_t q_offset = 0, k_offset = 0, more = 0;
+  Layout layout = Layout::kPacked;
 };
 
 struct Tol {
@@ -130,6 +147,126 @@ void compare(const std::string& what, const Buf& got, const std::vector<double>&
   if (wi >= 0) printf(" (at %ld: got %.6g want %.6g)", wi, got.get(wi), want[wi]);
   printf("  bad=%ld/%zu\n", bad, want.size());
   if (bad) ++g_fail;
+}
+
+// ---- strided views ------------------------------------------------------------------------
+
+// A (B, rows, heads, D) view into `buf`: element (b, t, h, i) at off + rows_.at(b, t, h) + i.
+struct View {
+  Buf* buf;
+  int64_t off;
+  RowStrides rows_;
+  int64_t n, heads;  // extents of dimensions 1 and 2
+  int64_t at(int64_t b, int64_t t, int64_t h) const { return off + rows_.at(b, t, h); }
+};
+
+// Calls f(index in the packed tensor, index in the view's buffer) for every element.
+template <class F>
+void for_each_element(const View& v, int64_t B, int64_t D, F f) {
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < v.n; ++t)
+      for (int64_t h = 0; h < v.heads; ++h)
+        for (int64_t i = 0; i < D; ++i) f(((b * v.n + t) * v.heads + h) * D + i, v.at(b, t, h) + i);
+}
+
+size_t elem_size(DType dt) { return dt == DType::kF32 ? 4 : 2; }
+
+// Element i of a and element j of b have the same bits (same dtype).
+bool same_bits(const Buf& a, int64_t i, const Buf& b, int64_t j) {
+  const size_t e = elem_size(a.dt);
+  return memcmp(&a.bytes[i * e], &b.bytes[j * e], e) == 0;
+}
+
+// Q, K, V and dQ, dK, dV of a case as views (Layout), their buffers, and what the checks
+// need: the buffers' contents before the kernels and which gradient elements the views
+// cover. Not copyable: the views point at the buffers.
+struct Views {
+  static constexpr int64_t kLead = 8, kTail = 16;  // spare elements before and after
+  Buf in[3], out[3];                               // kFused: in[0] and out[0] only
+  View q, k, v, dq, dk, dv;
+  Buf in_before[3], out_before[3];
+  std::vector<char> covered[3];  // per gradient buffer
+  Views() = default;
+  Views(const Views&) = delete;
+};
+
+// Builds the views of case c (T, S, H, G, D; dt: Q's dtype, dto: K's and dK's) and copies
+// the packed q, k, v into them. Spare input elements are NaN (a kernel that reads one
+// poisons its output), spare gradient elements a sentinel that must survive.
+void make_views(const Case& c, DType dto, const Buf& q, const Buf& k, const Buf& v, Views& w) {
+  const int64_t B = c.B, T = c.T, S = c.S, H = c.H, G = c.G, D = c.D;
+  const int64_t lead = Views::kLead;
+  auto sized = [&](Buf& buf, DType dt, int64_t n) { buf = Buf(dt, lead + n + Views::kTail); };
+  if (c.layout == Layout::kFused) {
+    const int64_t W = 3 * D + (c.generic ? 3 : 8);  // a padded row of X: q, k, v, spare
+    const RowStrides rows{T * H * W, H * W, W};
+    sized(w.in[0], c.dt, B * T * H * W);
+    sized(w.out[0], c.dt, B * T * H * W);
+    w.q = {&w.in[0], lead, rows, T, H};
+    w.k = {&w.in[0], lead + D, rows, S, G};
+    w.v = {&w.in[0], lead + 2 * D, rows, S, G};
+    w.dq = {&w.out[0], lead, rows, T, H};
+    w.dk = {&w.out[0], lead + D, rows, S, G};
+    w.dv = {&w.out[0], lead + 2 * D, rows, S, G};
+  } else {
+    // Row widths and the gap between V's batch entries: odd for the generic kernels.
+    const int64_t wq = D + (c.generic ? 3 : 8), wk = D + (c.generic ? 1 : 16),
+                  wv = D + (c.generic ? 5 : 8), gap = c.generic ? 7 : 40;
+    sized(w.in[0], c.dt, B * T * H * wq);          // Q (B, T, H, wq)
+    sized(w.in[1], dto, B * G * S * wk);           // K (B, G, S, wk): heads first
+    sized(w.in[2], c.dt, B * (S * G * wv + gap));  // V (B, S, G, wv), gaps between entries
+    sized(w.out[0], c.dt, B * H * T * wq);         // dQ (B, H, T, wq): heads first
+    sized(w.out[1], dto, B * S * G * wk);          // dK (B, S, G, wk)
+    sized(w.out[2], c.dt, B * G * S * wv);         // dV (B, G, S, wv): heads first
+    w.q = {&w.in[0], lead, {T * H * wq, H * wq, wq}, T, H};
+    w.k = {&w.in[1], lead, {G * S * wk, wk, S * wk}, S, G};
+    w.v = {&w.in[2], lead, {S * G * wv + gap, G * wv, wv}, S, G};
+    w.dq = {&w.out[0], lead, {H * T * wq, wq, T * wq}, T, H};
+    w.dk = {&w.out[1], lead, {S * G * wk, G * wk, wk}, S, G};
+    w.dv = {&w.out[2], lead, {G * S * wv, wv, S * wv}, S, G};
+  }
+  for (Buf& b : w.in)
+    for (int64_t i = 0; i < b.n; ++i) b.set(i, NAN);
+  for (Buf& b : w.out)
+    for (int64_t i = 0; i < b.n; ++i) b.set(i, 7777.f);
+  for (auto [src, view] : {std::pair{&q, &w.q}, {&k, &w.k}, {&v, &w.v}})
+    for_each_element(*view, B, D, [&](int64_t i, int64_t j) {
+      memcpy(&view->buf->bytes[j * elem_size(src->dt)], &src->bytes[i * elem_size(src->dt)],
+             elem_size(src->dt));
+    });
+  for (int i = 0; i < 3; ++i) {
+    w.in_before[i] = w.in[i];
+    w.out_before[i] = w.out[i];
+    w.covered[i].assign(w.out[i].n, 0);
+  }
+  for (const View* view : {&w.dq, &w.dk, &w.dv}) {
+    const int which = view->buf == &w.out[0] ? 0 : view->buf == &w.out[1] ? 1 : 2;
+    for_each_element(*view, B, D, [&](int64_t, int64_t j) { w.covered[which][j] = 1; });
+  }
+}
+
+// The packed tensor of view v (dtype of its buffer).
+Buf gather(const View& v, int64_t B, int64_t D) {
+  Buf out(v.buf->dt, B * v.n * v.heads * D);
+  const size_t e = elem_size(v.buf->dt);
+  for_each_element(
+      v, B, D, [&](int64_t i, int64_t j) { memcpy(&out.bytes[i * e], &v.buf->bytes[j * e], e); });
+  return out;
+}
+
+// Elements of got that differ in their bits from want (same dtype and size); prints them.
+int64_t count_differing(const char* what, const Buf& got, const Buf& want) {
+  int64_t bad = 0, first = -1;
+  for (int64_t i = 0; i < want.n; ++i)
+    if (!same_bits(got, i, want, i)) {
+      if (first < 0) first = i;
+      ++bad;
+    }
+  if (bad)
+    printf(
+        "    %s: %ld/%ld elements differ from the packed run  FAIL (first at %ld: %.6g vs %.6g)\n",
+        what, bad, want.n, first, got.get(first), want.get(first));
+  return bad;
 }
 
 void run_case(const Case& c, std::mt19937& rng) {
@@ -248,6 +385,8 @@ void run_case(const Case& c, std::mt19937& rng) {
   p.q = q.data();
   p.k = k.data();
   p.v = v.data();
+  p.q_rows = p.dq_rows = RowStrides::packed(T, H, D);
+  p.k_rows = p.v_rows = p.dk_rows = p.dv_rows = RowStrides::packed(S, G, D);
   p.seg = c.seg ? seg.data() : nullptr;
   p.kseg = c.seg ? kseg.data() : nullptr;
   Buf o(c.dt, B * T * H * D), lse_out(DType::kF32, B * H * T);
@@ -284,137 +423,213 @@ void run_case(const Case& c, std::mt19937& rng) {
 
   printf("%s\n", c.name.c_str());
   const bool same = c.dt_other == DType::kInvalid;
-  auto compare_all = [&] {
-    compare("O", o, O, c.dt);
-    compare("lse", lse_out, lse, DType::kF32);
+  // tag: "" for the packed tensors, "v." for the views' (gathered).
+  auto compare_all = [&](const char* tag, const Buf& o_got, const Buf& lse_got, const Buf& dq_got,
+                         const Buf& dk_got, const Buf& dv_got) {
+    const std::string t = tag;
+    compare(t + "O", o_got, O, c.dt);
+    compare(t + "lse", lse_got, lse, DType::kF32);
     // bwd with the reference's O rounded (as the op would get it): compare grads
     // Gradients go through delta = dO . O with O rounded to Q's dtype: the
     // loosest tolerance.
-    compare("dQ", dq, dQ, c.dt);
-    compare("dK", dk, dK, same ? dto : c.dt);
-    compare("dV", dv, dV, c.dt);
+    compare(t + "dQ", dq_got, dQ, c.dt);
+    compare(t + "dK", dk_got, dK, same ? dto : c.dt);
+    compare(t + "dV", dv_got, dV, c.dt);
   };
-  if (!c.generic) {
-    // forward
-    const int64_t fwd_blocks = (T + 63) / 64 * B * H;
-    auto fwd_body = [&]() {
-      if (c.dt == DType::kBF16) {
-        if (D == 64)
-          attention_fwd_tc_kernel<__nv_bfloat16, 64, 4, 64>(p);
-        else
-          attention_fwd_tc_kernel<__nv_bfloat16, 128, 4, 64>(p);
-      } else {
-        if (D == 64)
-          attention_fwd_tc_kernel<__half, 64, 4, 64>(p);
-        else
-          attention_fwd_tc_kernel<__half, 128, 4, 64>(p);
-      }
-    };
-    if (fwd_blocks) emu::run_grid(fwd_blocks, 128, fwd_body);
-    // backward
-    p.dq_acc = dq_acc.data();
-    const int64_t rows = B * T * H;
-    if (rows)
-      emu::run_grid((rows + 7) / 8, 256, [&] {
-        if (c.dt == DType::kBF16)
-          attention_bwd_delta_kernel<TypedIo<__nv_bfloat16>>(p);
-        else
-          attention_bwd_delta_kernel<TypedIo<__half>>(p);
-      });
-    // Split heads as the launcher would on a GPU of g_sm_count multiprocessors.
-    p.head_splits = attention_bwd_head_splits(p, g_sm_count);
-    std::vector<float> dkv_acc(p.head_splits > 1 ? p.head_splits * 2 * B * S * G * D : 0, 999.f);
-    p.dkv_acc = p.head_splits > 1 ? dkv_acc.data() : nullptr;
-    printf("  tensor-core backward: %lld head split(s) per (key tile, b, g)\n",
-           (long long)p.head_splits);
-    const int64_t bwd_blocks = (S + 63) / 64 * B * G * p.head_splits;
-    if (bwd_blocks)
-      emu::run_grid(bwd_blocks, 128, [&] {
+  // The kernel families a launcher picks between for this case.
+  enum class Family { kTensorCore, kRows, kTiled };
+  auto with = [&](auto fn) {
+    if (!same)
+      fn(AnyIo{});
+    else if (c.dt == DType::kF32)
+      fn(TypedIo<float>{});
+    else if (c.dt == DType::kBF16)
+      fn(TypedIo<__nv_bfloat16>{});
+    else
+      fn(TypedIo<__half>{});
+  };
+  // Runs one family's kernels on p (forward, then backward).
+  auto run_family = [&](Family f) {
+    if (f == Family::kTensorCore) {
+      // forward
+      const int64_t fwd_blocks = (T + 63) / 64 * B * H;
+      auto fwd_body = [&]() {
         if (c.dt == DType::kBF16) {
           if (D == 64)
-            attention_bwd_tc_kernel<__nv_bfloat16, 64, 4, 64>(p);
+            attention_fwd_tc_kernel<__nv_bfloat16, 64, 4, 64>(p);
           else
-            attention_bwd_tc_kernel<__nv_bfloat16, 128, 4, 32>(p);
+            attention_fwd_tc_kernel<__nv_bfloat16, 128, 4, 64>(p);
         } else {
           if (D == 64)
-            attention_bwd_tc_kernel<__half, 64, 4, 64>(p);
+            attention_fwd_tc_kernel<__half, 64, 4, 64>(p);
           else
-            attention_bwd_tc_kernel<__half, 128, 4, 32>(p);
+            attention_fwd_tc_kernel<__half, 128, 4, 64>(p);
         }
+      };
+      if (fwd_blocks) emu::run_grid(fwd_blocks, 128, fwd_body);
+      // backward
+      p.dq_acc = dq_acc.data();
+      const int64_t rows = B * T * H;
+      if (rows)
+        emu::run_grid((rows + 7) / 8, 256, [&] {
+          if (c.dt == DType::kBF16)
+            attention_bwd_delta_kernel<TypedIo<__nv_bfloat16>>(p);
+          else
+            attention_bwd_delta_kernel<TypedIo<__half>>(p);
+        });
+      // Split heads as the launcher would on a GPU of g_sm_count multiprocessors.
+      p.head_splits = attention_bwd_head_splits(p, g_sm_count);
+      std::vector<float> dkv_acc(p.head_splits > 1 ? p.head_splits * 2 * B * S * G * D : 0, 999.f);
+      p.dkv_acc = p.head_splits > 1 ? dkv_acc.data() : nullptr;
+      printf("  tensor-core backward: %lld head split(s) per (key tile, b, g)\n",
+             (long long)p.head_splits);
+      const int64_t bwd_blocks = (S + 63) / 64 * B * G * p.head_splits;
+      if (bwd_blocks)
+        emu::run_grid(bwd_blocks, 128, [&] {
+          if (c.dt == DType::kBF16) {
+            if (D == 64)
+              attention_bwd_tc_kernel<__nv_bfloat16, 64, 4, 64>(p);
+            else
+              attention_bwd_tc_kernel<__nv_bfloat16, 128, 4, 32>(p);
+          } else {
+            if (D == 64)
+              attention_bwd_tc_kernel<__half, 64, 4, 64>(p);
+            else
+              attention_bwd_tc_kernel<__half, 128, 4, 32>(p);
+          }
+        });
+      // The reduce and convert kernels: a warp per row, 8 warps per block (attention_bwd.cu).
+      auto rows_grid = [](int64_t n) { return std::min<int64_t>((n + 7) / 8, 65536); };
+      const int64_t kv_rows = B * S * G;
+      if (p.head_splits > 1 && kv_rows)
+        emu::run_grid(rows_grid(kv_rows), 256, [&] {
+          if (c.dt == DType::kBF16) {
+            if (D == 64)
+              attention_dkv_reduce_kernel<__nv_bfloat16, 64>(p);
+            else
+              attention_dkv_reduce_kernel<__nv_bfloat16, 128>(p);
+          } else {
+            if (D == 64)
+              attention_dkv_reduce_kernel<__half, 64>(p);
+            else
+              attention_dkv_reduce_kernel<__half, 128>(p);
+          }
+        });
+      if (rows)
+        emu::run_grid(rows_grid(rows), 256, [&] {
+          if (c.dt == DType::kBF16) {
+            if (D == 64)
+              attention_dq_convert_kernel<__nv_bfloat16, 64>(p);
+            else
+              attention_dq_convert_kernel<__nv_bfloat16, 128>(p);
+          } else {
+            if (D == 64)
+              attention_dq_convert_kernel<__half, 64>(p);
+            else
+              attention_dq_convert_kernel<__half, 128>(p);
+          }
+        });
+      p.dkv_acc = nullptr;
+    } else if (f == Family::kRows) {
+      with([&](auto io) {
+        using Io = decltype(io);
+        printf("  warp-per-row kernels\n");
+        int64_t rows = B * H * T;
+        if (rows) emu::run_grid((rows + 3) / 4, 128, [&] { attention_fwd_generic_kernel<Io>(p); });
+        p.dq_acc = nullptr;
+        rows = B * T * H;
+        if (rows) emu::run_grid((rows + 7) / 8, 256, [&] { attention_bwd_delta_kernel<Io>(p); });
+        rows = B * S * G;
+        if (rows)
+          emu::run_grid((rows + 3) / 4, 128, [&] { attention_bwd_dkv_generic_kernel<Io>(p); });
+        rows = B * T * H;
+        if (rows)
+          emu::run_grid((rows + 3) / 4, 128, [&] { attention_bwd_dq_generic_kernel<Io>(p); });
       });
-    const int64_t n_kv = B * S * G * D;
-    if (p.head_splits > 1 && n_kv)
-      emu::run_grid(std::min<int64_t>((n_kv + 255) / 256, 65536), 256, [&] {
-        if (c.dt == DType::kBF16)
-          attention_dkv_reduce_kernel<__nv_bfloat16>(p.dkv_acc, p.head_splits, n_kv,
-                                                     (__nv_bfloat16*)p.dk, (__nv_bfloat16*)p.dv);
+    } else {
+      printf("  tiled kernels\n");
+      with([&](auto io) {
+        using Io = decltype(io);
+        const int64_t t_blocks = (T + kTiledRows - 1) / kTiledRows * B * H;
+        const int64_t s_blocks = (S + kTiledRows - 1) / kTiledRows * B * G;
+        auto tiled = [&](auto dv_groups) {
+          constexpr int kDv = decltype(dv_groups)::value;
+          if (t_blocks)
+            emu::run_grid(t_blocks, kTiledThreads, [&] { attention_fwd_tiled_kernel<Io, kDv>(p); });
+          if (B * T * H > 0)
+            emu::run_grid((B * T * H + 7) / 8, 256, [&] { attention_bwd_delta_kernel<Io>(p); });
+          if (s_blocks)
+            emu::run_grid(s_blocks, kTiledThreads,
+                          [&] { attention_bwd_dkv_tiled_kernel<Io, kDv>(p); });
+          if (t_blocks)
+            emu::run_grid(t_blocks, kTiledThreads,
+                          [&] { attention_bwd_dq_tiled_kernel<Io, kDv>(p); });
+        };
+        if (tiled_dv(D) == 1)
+          tiled(std::integral_constant<int, 1>{});
         else
-          attention_dkv_reduce_kernel<__half>(p.dkv_acc, p.head_splits, n_kv, (__half*)p.dk,
-                                              (__half*)p.dv);
+          tiled(std::integral_constant<int, 2>{});
       });
-    const int64_t n = B * T * H * D;
-    if (n)
-      emu::run_grid(std::min<int64_t>((n + 255) / 256, 65536), 256, [&] {
-        if (c.dt == DType::kBF16)
-          attention_dq_convert_kernel<__nv_bfloat16>(p.dq_acc, (__nv_bfloat16*)p.dq, n);
-        else
-          attention_dq_convert_kernel<__half>(p.dq_acc, (__half*)p.dq, n);
-      });
+    }
+  };
+  // Runs family f again with Q, K, V, dQ, dK, dV as views (c.layout) and checks that the
+  // outputs equal the packed run's bit for bit (the same arithmetic in the same order: only
+  // the addresses differ), that the inputs' buffers are untouched and that the gradients'
+  // writes stayed within their views' rows (the spare elements keep their sentinel).
+  auto run_views = [&](Family f) {
+    const Buf o_ref = o, lse_ref = lse_out, dq_ref = dq, dk_ref = dk, dv_ref = dv;
+    Views w;
+    make_views(c, dto, q, k, v, w);
+    const AttentionParams packed = p;
+    p.q = w.q.buf->bytes.data() + w.q.off * elem_size(c.dt);
+    p.k = w.k.buf->bytes.data() + w.k.off * elem_size(dto);
+    p.v = w.v.buf->bytes.data() + w.v.off * elem_size(c.dt);
+    p.dq = w.dq.buf->bytes.data() + w.dq.off * elem_size(c.dt);
+    p.dk = w.dk.buf->bytes.data() + w.dk.off * elem_size(dto);
+    p.dv = w.dv.buf->bytes.data() + w.dv.off * elem_size(c.dt);
+    p.q_rows = w.q.rows_, p.k_rows = w.k.rows_, p.v_rows = w.v.rows_;
+    p.dq_rows = w.dq.rows_, p.dk_rows = w.dk.rows_, p.dv_rows = w.dv.rows_;
+    poison();
+    printf("  as views (%s): row strides Q (%ld, %ld, %ld) K (%ld, %ld, %ld) dQ (%ld, %ld, %ld)\n",
+           c.layout == Layout::kFused ? "one fused QKV buffer" : "padded buffers", p.q_rows.b_,
+           p.q_rows.t_, p.q_rows.h_, p.k_rows.b_, p.k_rows.t_, p.k_rows.h_, p.dq_rows.b_,
+           p.dq_rows.t_, p.dq_rows.h_);
+    run_family(f);
+    p = packed;
+    const Buf gdq = gather(w.dq, B, D), gdk = gather(w.dk, B, D), gdv = gather(w.dv, B, D);
+    compare_all("v.", o, lse_out, gdq, gdk, gdv);
+    int64_t bad = count_differing("O", o, o_ref) + count_differing("lse", lse_out, lse_ref) +
+                  count_differing("dQ", gdq, dq_ref) + count_differing("dK", gdk, dk_ref) +
+                  count_differing("dV", gdv, dv_ref);
+    int64_t inputs_changed = 0, spare_written = 0;
+    for (int i = 0; i < 3; ++i) {
+      for (int64_t j = 0; j < w.in[i].n; ++j)
+        inputs_changed += !same_bits(w.in[i], j, w.in_before[i], j);
+      for (int64_t j = 0; j < w.out[i].n; ++j)
+        spare_written += !w.covered[i][j] && !same_bits(w.out[i], j, w.out_before[i], j);
+    }
+    printf(
+        "    views vs packed run: %ld elements differ; input buffers: %ld elements changed; "
+        "gradient buffers: %ld spare elements written%s\n",
+        bad, inputs_changed, spare_written, bad || inputs_changed || spare_written ? "  FAIL" : "");
+    if (bad || inputs_changed || spare_written) ++g_fail;
+  };
+
+  std::vector<Family> families;
+  if (!c.generic) {
+    families = {Family::kTensorCore};
   } else {
-    auto with = [&](auto fn) {
-      if (!same)
-        fn(AnyIo{});
-      else if (c.dt == DType::kF32)
-        fn(TypedIo<float>{});
-      else if (c.dt == DType::kBF16)
-        fn(TypedIo<__nv_bfloat16>{});
-      else
-        fn(TypedIo<__half>{});
-    };
     // The warp-per-row kernels first; the tiled ones (attention_generic.cu takes them for one
     // storage dtype and D <= kAttentionTiledMaxD) in a second round, compared in turn.
-    with([&](auto io) {
-      using Io = decltype(io);
-      printf("  warp-per-row kernels\n");
-      int64_t rows = B * H * T;
-      if (rows) emu::run_grid((rows + 3) / 4, 128, [&] { attention_fwd_generic_kernel<Io>(p); });
-      p.dq_acc = nullptr;
-      rows = B * T * H;
-      if (rows) emu::run_grid((rows + 7) / 8, 256, [&] { attention_bwd_delta_kernel<Io>(p); });
-      rows = B * S * G;
-      if (rows)
-        emu::run_grid((rows + 3) / 4, 128, [&] { attention_bwd_dkv_generic_kernel<Io>(p); });
-      rows = B * T * H;
-      if (rows) emu::run_grid((rows + 3) / 4, 128, [&] { attention_bwd_dq_generic_kernel<Io>(p); });
-    });
-    compare_all();
-    if (!same || D > kAttentionTiledMaxD) return;
-    poison();
-    printf("  tiled kernels\n");
-    with([&](auto io) {
-      using Io = decltype(io);
-      const int64_t t_blocks = (T + kTiledRows - 1) / kTiledRows * B * H;
-      const int64_t s_blocks = (S + kTiledRows - 1) / kTiledRows * B * G;
-      auto tiled = [&](auto dv_groups) {
-        constexpr int kDv = decltype(dv_groups)::value;
-        if (t_blocks)
-          emu::run_grid(t_blocks, kTiledThreads, [&] { attention_fwd_tiled_kernel<Io, kDv>(p); });
-        if (B * T * H > 0)
-          emu::run_grid((B * T * H + 7) / 8, 256, [&] { attention_bwd_delta_kernel<Io>(p); });
-        if (s_blocks)
-          emu::run_grid(s_blocks, kTiledThreads,
-                        [&] { attention_bwd_dkv_tiled_kernel<Io, kDv>(p); });
-        if (t_blocks)
-          emu::run_grid(t_blocks, kTiledThreads,
-                        [&] { attention_bwd_dq_tiled_kernel<Io, kDv>(p); });
-      };
-      if (tiled_dv(D) == 1)
-        tiled(std::integral_constant<int, 1>{});
-      else
-        tiled(std::integral_constant<int, 2>{});
-    });
+    families = {Family::kRows};
+    if (same && D <= kAttentionTiledMaxD) families.push_back(Family::kTiled);
   }
-  compare_all();
+  for (Family f : families) {
+    poison();
+    run_family(f);
+    compare_all("", o, lse_out, dq, dk, dv);
+    if (c.layout != Layout::kPacked) run_views(f);
+  }
 }
 
 int main(int argc, char** argv) {
@@ -490,6 +705,35 @@ int main(int argc, char** argv) {
       // On 3 multiprocessors (i % 3 == 2): 3 head splits of 2, 2 and 1 heads.
       {"bf16 D64 B1 T80 S80 H5 G1 causal (uneven head splits)", DType::kBF16, 1, 80, 80, 5, 1, 64,
        1, false, 0.f, false},
+      // Q, K, V, dQ, dK, dV as strided views (Layout), every family: the outputs must equal the
+      // packed run's bit for bit and stay within their rows. Generic: fused MHA in f32 (rows
+      // and tiled) and bf16 (two tiles), GQA in padded buffers (tiled with two column groups,
+      // per row for D > 128 and for mixed dtypes). Tensor cores: fused MHA (direct dK, dV
+      // stores, D = 64 and 128), GQA and MQA in padded buffers with split heads (the reduce
+      // kernel, D = 128 and 64), MHA and GQA in padded buffers without (direct stores, D = 64
+      // and 128), each at an index whose multiprocessor count splits it or not.
+      {"f32 D40 generic B2 T37 H3 causal dropout, fused QKV views", DType::kF32, 2, 37, 37, 3, 3,
+       40, 1, false, 0.15f, true, DType::kInvalid, 0, 0, 0, Layout::kFused},
+      {"bf16 D64 generic B1 T70 H2 seg, fused QKV views", DType::kBF16, 1, 70, 70, 2, 2, 64, 0,
+       true, 0.f, true, DType::kInvalid, 0, 0, 0, Layout::kFused},
+      {"f32 D72 generic B2 T50 S70 H4 G2 causal, padded views", DType::kF32, 2, 50, 70, 4, 2, 72, 1,
+       false, 0.f, true, DType::kInvalid, 0, 0, 0, Layout::kPadded},
+      {"f16 D200 generic B1 T20 S33 H4 G2 dropout, padded views", DType::kF16, 1, 20, 33, 4, 2, 200,
+       0, false, 0.2f, true, DType::kInvalid, 0, 0, 0, Layout::kPadded},
+      {"mixed bf16/f32 D64 generic B2 T30 S41 H4 G2 causal dropout, padded views", DType::kBF16, 2,
+       30, 41, 4, 2, 64, 1, false, 0.1f, true, DType::kF32, 0, 0, 0, Layout::kPadded},
+      {"bf16 D64 B2 T80 H3 causal, fused QKV views", DType::kBF16, 2, 80, 80, 3, 3, 64, 1, false,
+       0.f, false, DType::kInvalid, 0, 0, 0, Layout::kFused},
+      {"f16 D128 B1 T70 S100 H4 G2 dropout, padded views (head splits)", DType::kF16, 1, 70, 100, 4,
+       2, 128, 0, false, 0.1f, false, DType::kInvalid, 0, 0, 0, Layout::kPadded},
+      {"f16 D128 B1 T40 H2 seg, fused QKV views", DType::kF16, 1, 40, 40, 2, 2, 128, 0, true, 0.f,
+       false, DType::kInvalid, 0, 0, 0, Layout::kFused},
+      {"bf16 D64 B1 T65 S90 H4 G1 causal MQA, padded views (head splits)", DType::kBF16, 1, 65, 90,
+       4, 1, 64, 1, false, 0.f, false, DType::kInvalid, 0, 0, 0, Layout::kPadded},
+      {"bf16 D64 B2 T50 S70 H2 G2 causal, padded views", DType::kBF16, 2, 50, 70, 2, 2, 64, 1,
+       false, 0.f, false, DType::kInvalid, 0, 0, 0, Layout::kPadded},
+      {"f16 D128 B1 T40 S72 H4 G2 seg, padded views", DType::kF16, 1, 40, 72, 4, 2, 128, 0, true,
+       0.f, false, DType::kInvalid, 0, 0, 0, Layout::kPadded},
   };
   int only = argc > 2 ? atoi(argv[2]) : -1;
   for (bool deferred : modes) {

@@ -365,15 +365,18 @@ struct RopeCase {
 
 // rope.cu's launcher under emulation; `force_generic` runs the general kernel whatever the
 // plan says.
+// `st`: the row strides of X and Y (packed when not given).
 RopePlan run_rope(const Buf& x, const int32_t* positions, const float* inv_freq, Buf& y,
-                  const RopeCase& c, bool bwd, bool force_generic) {
+                  const RopeCase& c, bool bwd, bool force_generic,
+                  const RopeStrides* strides = nullptr) {
   const int64_t tokens = c.b * c.t, half = c.rot / 2;
-  RopePlan p = rope_plan(x.p, x.dt, y.p, y.dt, tokens, c.h, c.d, half);
+  const RopeStrides st = strides ? *strides : rope_packed_strides(c.t, c.h, c.d);
+  RopePlan p = rope_plan(x.p, x.dt, y.p, y.dt, tokens, c.t, c.h, c.d, half, st);
   if (p.typed && !force_generic) {
     with_type(x.dt, [&](auto* tag) {
       using T = std::remove_pointer_t<decltype(tag)>;
       const RopeTypedArgs<T> a =
-          rope_typed_args<T>(p, x.p, positions, inv_freq, y.p, c.t, c.h, c.d, half, bwd);
+          rope_typed_args<T>(p, x.p, positions, inv_freq, y.p, c.t, c.h, c.d, half, bwd, st);
       const unsigned blocks = rope_typed_blocks(p);
       if (p.width == 1)
         emu::run_grid(blocks, kFlatThreads, [&] { rope_typed_kernel<T, 1>(a); });
@@ -386,14 +389,17 @@ RopePlan run_rope(const Buf& x, const int32_t* positions, const float* inv_freq,
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tokens, kMaxGridBlocks));
   emu::run_grid(grid, kFlatThreads, [&] {
     rope_kernel(x.p, x.dt, positions, inv_freq, y.p, y.dt, tokens, c.t, c.h, c.d, half,
-                bwd ? -1.0 : 1.0, p.lanes);
+                bwd ? -1.0 : 1.0, p.lanes, st);
   });
   return p;
 }
 
-// Checks y (out of x0, the input as it was) against the f64 reference.
+// Checks y (out of x0, the input as it was) against the f64 reference; `st` gives the row
+// strides of x0 and y (packed when not given).
 Err check_rope(const Buf& x0, const int32_t* positions, const std::vector<float>& inv, const Buf& y,
-               const RopeCase& c, bool bwd, const std::string& what) {
+               const RopeCase& c, bool bwd, const std::string& what,
+               const RopeStrides* strides = nullptr) {
+  const RopeStrides st = strides ? *strides : rope_packed_strides(c.t, c.h, c.d);
   const double u = unit_roundoff(y.dt), fl = abs_floor(y.dt);
   const double f32_bound = kCosSinBound + std::ldexp(1.0, -23);  // times |x1| + |x2|
   const int64_t half = c.rot / 2;
@@ -401,14 +407,16 @@ Err check_rope(const Buf& x0, const int32_t* positions, const std::vector<float>
   for (int64_t tok = 0; tok < c.b * c.t; ++tok) {
     const double pos = positions ? positions[tok] : static_cast<double>(tok % c.t);
     for (int64_t k = 0; k < c.h; ++k) {
-      const int64_t base = (tok * c.h + k) * c.d;
+      const int64_t b = tok / c.t, t = tok % c.t;
+      const int64_t base = b * st.xb + t * st.xt + k * st.xh;   // of X's row
+      const int64_t ybase = b * st.yb + t * st.yt + k * st.yh;  // of Y's
       for (int64_t i = 0; i < half; ++i) {
         const double a = pos * static_cast<double>(inv[i]);
         const double cs = std::cos(a), sn = (bwd ? -1.0 : 1.0) * std::sin(a);
         const double x1 = x0.get(base + i), x2 = x0.get(base + i + half);
         const double want[2] = {x1 * cs - x2 * sn, x2 * cs + x1 * sn};
         for (int m = 0; m < 2; ++m) {
-          const double got = y.get(base + i + m * half);
+          const double got = y.get(ybase + i + m * half);
           const double mag = std::fabs(x1) + std::fabs(x2);
           const double tol = u * std::fabs(want[m]) + (1 + u) * f32_bound * mag + fl;
           const double err = std::fabs(got - want[m]);
@@ -425,9 +433,9 @@ Err check_rope(const Buf& x0, const int32_t* positions, const std::vector<float>
       for (int64_t i = 2 * half; i < c.d; ++i) {
         Buf one(y.dt, 1, 0);
         one.set(0, x0.get(base + i));
-        if (y.get(base + i) != one.get(0)) {
+        if (y.get(ybase + i) != one.get(0)) {
           ADD_FAILURE() << what << ": passed-through Y[token " << tok << ", head " << k
-                        << ", channel " << i << "] is " << y.get(base + i) << ", expected "
+                        << ", channel " << i << "] is " << y.get(ybase + i) << ", expected "
                         << one.get(0);
           return worst;
         }
@@ -542,6 +550,73 @@ TEST(PointwiseEmulation, RopeMixedDtypes) {
                   check_rope(x, pos.data(), inv, y, c, bwd, what));
         if (HasFailure()) return;
       }
+  worst.print();
+}
+
+// q and k as views of a fused QKV tensor (B, T, H, 3 D + pad), rotated in place (as the
+// transformer layer does since ABI 1.10), and X packed into a strided Y: both kernels
+// against the f64 reference; every element outside the rotated rows keeps its value.
+TEST(PointwiseEmulation, RopeStridedRows) {
+  std::mt19937 rng(9);
+  std::normal_distribution<double> nd(0.0, 1.0);
+  Worst worst;
+  for (DType dt : {DType::kBF16, DType::kF32})
+    for (const RopeCase& c :
+         {RopeCase{2, 5, 3, 64, 64}, RopeCase{1, 9, 4, 128, 96}, RopeCase{2, 3, 2, 20, 16}})
+      for (int pad : {0, 3})
+        for (int mode : {0, 1, 2})  // Y = X; Y a view with X's row pad; with the other pad
+          for (bool generic : {false, true})
+            for (bool bwd : {false, true}) {
+              const bool in_place = mode == 0;
+              const int ypad = mode == 2 ? 3 - pad : pad;
+              const int64_t w = 3 * c.d + pad, wy = 3 * c.d + ypad, tokens = c.b * c.t;
+              const int64_t numel = tokens * c.h * w, ynumel = tokens * c.h * wy;
+              const std::vector<float> inv = inv_freqs(c.rot);
+              std::vector<int32_t> pos(tokens);
+              for (auto& p : pos) p = static_cast<int32_t>(rng() % 65537);
+              Buf x(dt, numel, 0), x0(dt, numel, 0), y(dt, ynumel, 0), y0(dt, ynumel, 0);
+              for (int64_t i = 0; i < numel; ++i) x0.set(i, nd(rng));
+              for (int64_t i = 0; i < ynumel; ++i) y0.set(i, nd(rng));
+              std::memcpy(x.p, x0.p, numel * dtype_size(dt));
+              std::memcpy(y.p, y0.p, ynumel * dtype_size(dt));
+              // X: k's columns [D, 2D) of the fused rows; Y: X itself, or columns [2D, 3D)
+              // of another such tensor.
+              const int64_t col = c.d, ycol = in_place ? c.d : 2 * c.d;
+              Buf& out = in_place ? x : y;
+              const Buf& before = in_place ? x0 : y0;
+              const int64_t yw = in_place ? w : wy, out_numel = in_place ? numel : ynumel;
+              Buf xv(dt, 0, 0), yv(dt, 0, 0), x0v(dt, 0, 0);  // views: no storage of their own
+              xv.p = x.p + col * dtype_size(dt);
+              yv.p = out.p + ycol * dtype_size(dt);
+              x0v.p = x0.p + col * dtype_size(dt);
+              const RopeStrides st{c.t * c.h * w, c.h * w, w, c.t * c.h * yw, c.h * yw, yw};
+              const std::string what =
+                  std::string(bwd ? "rope_bwd " : "rope_fwd ") + name(dt) + " D " +
+                  std::to_string(c.d) + " rotary " + std::to_string(c.rot) + " pad " +
+                  std::to_string(pad) +
+                  (in_place ? " in place" : " into a view of pad " + std::to_string(ypad)) +
+                  (generic ? " general" : "");
+              const RopePlan p = run_rope(xv, pos.data(), inv.data(), yv, c, bwd, generic, &st);
+              // 16-byte vectors only with every row of X and Y aligned.
+              const int vw = static_cast<int>(16 / dtype_size(dt));
+              if (!generic) {
+                ASSERT_TRUE(p.typed) << what;
+                const bool aligned = pad == 0 && ypad == 0;
+                ASSERT_EQ(p.width, aligned && c.d % vw == 0 && c.rot / 2 % vw == 0 ? vw : 1)
+                    << what;
+              }
+              worst.add(std::string("rope strided ") + name(dt) + (generic ? " general" : ""),
+                        check_rope(x0v, pos.data(), inv, yv, c, bwd, what, &st));
+              // Nothing outside Y's rows changed.
+              int64_t changed = 0;
+              for (int64_t i = 0; i < out_numel; ++i) {
+                const int64_t cc = i % yw;
+                if (cc >= ycol && cc < ycol + c.d) continue;
+                if (out.get(i) != before.get(i)) ++changed;
+              }
+              EXPECT_EQ(changed, 0) << what << ": elements written outside Y's rows";
+              if (HasFailure()) return;
+            }
   worst.print();
 }
 

@@ -15,6 +15,10 @@
 
 namespace loom::op_checks {
 
+/// Q, K, V, dQ, dK and dV of an attention call may be views with strided rows
+/// (ops::kAttentionFwd), e.g. of one fused QKV projection; O, dO and lse are packed.
+using loom::RowStrides;
+
 /// The extents of one attention call and its attributes.
 struct AttentionShape {
   int64_t b, t, s, h, g, d;  ///< batch, queries, keys, query heads, kv heads, head dim
@@ -25,6 +29,8 @@ struct AttentionShape {
   /// The block's place in the whole for the dropout index (AttentionBlockAttrs; the call
   /// itself, 0, 0, T, S, with AttentionAttrs).
   int64_t q_offset = 0, k_offset = 0, q_total = 0, k_total = 0;
+  /// Row strides of Q, K, V (both passes) and of dQ, dK, dV (backward; zero in forward).
+  RowStrides q, k, v, dq{}, dk{}, dv{};
 };
 
 /// The segment id rows of batch entry b: the queries' (B, T) and the keys' ((B, S) when the
@@ -33,8 +39,8 @@ struct SegmentRows {
   const int32_t* q;
   const int32_t* k;
 };
-inline SegmentRows segment_rows(const AttentionShape& s, const int32_t* seg,
-                                const int32_t* key_seg, int64_t b) {
+inline SegmentRows segment_rows(const AttentionShape& s, const int32_t* seg, const int32_t* key_seg,
+                                int64_t b) {
   if (seg == nullptr) return {nullptr, nullptr};
   return {seg + b * s.t, key_seg != nullptr ? key_seg + b * s.s : seg + b * s.t};
 }
@@ -52,9 +58,9 @@ inline void check_attention_common(const OpCall* call, const OpArgs& a, Attentio
   } else {
     s.attrs = a.attrs<ops::AttentionAttrs>();
   }
-  const TensorView& Q = a.float_in(q);
-  const TensorView& K = a.float_in(k);
-  a.float_in(v);
+  const TensorView& Q = a.float_rows_in(q);
+  const TensorView& K = a.float_rows_in(k);
+  const TensorView& V = a.float_rows_in(v);
   if (Q.ndim != 4)
     a.fail(a.in_label(q) + " has shape " + view_shape_str(Q) + ", expected (B, T, H, D)");
   if (K.ndim != 4)
@@ -63,6 +69,7 @@ inline void check_attention_common(const OpCall* call, const OpArgs& a, Attentio
   s.s = K.shape[1], s.g = K.shape[2];
   a.shape_in(k, {s.b, s.s, s.g, s.d}, "(B, S, G, D) with Q's B and D");
   a.shape_in(v, {s.b, s.s, s.g, s.d}, "K's shape (B, S, G, D)");
+  s.q = RowStrides::of(Q), s.k = RowStrides::of(K), s.v = RowStrides::of(V);
   if (s.g <= 0 || s.h % s.g != 0)
     a.fail("query heads H = " + std::to_string(s.h) +
            " must be a multiple of key/value heads G = " + std::to_string(s.g));
@@ -130,11 +137,11 @@ inline AttentionShape check_attention_bwd(const OpCall* call, bool shapes_only, 
   a.shape_in(4, {s.b, s.t, s.h, s.d}, "Q's shape (B, T, H, D)");
   a.f32_in(5);
   a.shape_in(5, {s.b, s.h, s.t}, "(B, H, T)");
-  a.float_out(0);
+  s.dq = RowStrides::of(a.float_rows_out(0));
   a.shape_out(0, {s.b, s.t, s.h, s.d}, "Q's shape (B, T, H, D)");
-  a.float_out(1);
+  s.dk = RowStrides::of(a.float_rows_out(1));
   a.shape_out(1, {s.b, s.s, s.g, s.d}, "K's shape (B, S, G, D)");
-  a.float_out(2);
+  s.dv = RowStrides::of(a.float_rows_out(2));
   a.shape_out(2, {s.b, s.s, s.g, s.d}, "V's shape (B, S, G, D)");
   return s;
 }

@@ -11,18 +11,21 @@
 
 namespace loom::op_checks {
 
-/// X is (b, t, h, d); `half` = rotary_dim / 2 channel pairs are rotated.
+/// X is (b, t, h, d); `half` = rotary_dim / 2 channel pairs are rotated. X and Y may have
+/// strided rows (views of a fused QKV projection, rotated in place).
 struct RopeShape {
   int64_t b, t, h, d, half;
+  RowStrides x{}, y{};  ///< row strides of X and Y
 };
 
 /// Both directions: X float (B, T, H, D), positions i32 (B, T) or empty, inv_freq f32
-/// (rotary_dim / 2) -> Y float (B, T, H, D); RopeAttrs with an even rotary_dim <= D.
+/// (rotary_dim / 2) -> Y float (B, T, H, D); RopeAttrs with an even rotary_dim <= D. X and
+/// Y may have strided rows (OpArgs::float_rows_in); Y is X or does not overlap it.
 inline RopeShape check_rope(const OpCall* call, bool shapes_only, DeviceType device,
                             const char* op) {
   OpArgs a(call, op, {"X", "positions", "inv_freq"}, {"Y"}, shapes_only, device);
   const ops::RopeAttrs& at = a.attrs<ops::RopeAttrs>();
-  const TensorView& X = a.float_in(0);
+  const TensorView& X = a.float_rows_in(0);
   if (X.ndim != 4)
     a.fail(a.in_label(0) + " has shape " + view_shape_str(X) + ", expected (B, T, H, D)");
   RopeShape s{X.shape[0], X.shape[1], X.shape[2], X.shape[3], at.rotary_dim / 2};
@@ -32,8 +35,9 @@ inline RopeShape check_rope(const OpCall* call, bool shapes_only, DeviceType dev
   if (a.opt_i32_in(1)) a.shape_in(1, {s.b, s.t}, "(B, T)");
   a.f32_in(2);
   a.shape_in(2, {s.half}, "(rotary_dim / 2)");
-  a.float_out(0);
+  const TensorView& Y = a.float_rows_out(0);
   a.shape_out(0, {s.b, s.t, s.h, s.d}, "X's shape (B, T, H, D)");
+  s.x = RowStrides::of(X), s.y = RowStrides::of(Y);
   return s;
 }
 
