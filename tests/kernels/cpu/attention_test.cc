@@ -291,19 +291,30 @@ TensorView part_view(Tensor& buf, int64_t col, int64_t d) {
   return v;  // the strides stay buf's: (T H W, H W, W, 1)
 }
 
-// Runs kernel `name` on views (the strided ones included); returns the status's code.
-Code run_views(const char* op, const char* name, DType dt, std::vector<TensorView> in,
-               std::vector<TensorView> out, const ops::AttentionAttrs& at) {
-  const KernelDesc& k = kernel(op, dt, name);
+// Runs kernel k on views (strided ones included); returns the status's code. A device
+// kernel's workspace comes from `be` (freed by the caller through `owned`); a kernel that
+// declines the call is a test failure.
+Code run_views(const KernelDesc& k, std::vector<TensorView> in, std::vector<TensorView> out,
+               const ops::AttentionAttrs& at, const std::string& what,
+               ::loom::kernels::testing::DeviceBackend* be = nullptr,
+               std::vector<void*>* owned = nullptr) {
   OpCall call{};
   call.struct_size = sizeof(OpCall);
   call.inputs = in.data(), call.num_inputs = static_cast<int32_t>(in.size());
   call.outputs = out.data(), call.num_outputs = static_cast<int32_t>(out.size());
   call.attrs = &at, call.attrs_size = sizeof(at);
-  if (k.supports != nullptr && !k.supports(&call)) return Code::kUnimplemented;
+  if (be != nullptr && k.workspace != nullptr) {
+    call.workspace_bytes = k.workspace(&call);
+    call.workspace = be->scratch(static_cast<size_t>(call.workspace_bytes));
+    owned->push_back(call.workspace);
+  }
+  if (k.supports != nullptr && !k.supports(&call)) {
+    ADD_FAILURE() << what << ": kernel " << k.name << " declines strided views";
+    return Code::kUnimplemented;
+  }
   Status st = k.fn(&call);
-  Code code = st.code;
-  EXPECT_EQ(code, Code::kOk) << op << " " << name << ": " << take_message(&st);
+  const Code code = st.code;
+  EXPECT_EQ(code, Code::kOk) << what << ": kernel " << k.name << ": " << take_message(&st);
   status_release(&st);
   return code;
 }
@@ -347,10 +358,9 @@ TEST_P(AttentionTest, StridedViewsEqualPackedCalls) {
       Tensor o(dt, {c.b, c.t, c.h, c.d}), lse(DType::kF32, {c.b, c.h, c.t});
       run(ops::kAttentionFwd, name, dt, {&in.q, &in.k, &in.v, &in.seg}, {&o, &lse}, &at);
       Tensor o2(dt, {c.b, c.t, c.h, c.d}), lse2(DType::kF32, {c.b, c.h, c.t});
-      ASSERT_EQ(run_views(ops::kAttentionFwd, name, dt, {q, k, v, in.seg.view()},
-                          {o2.view(), lse2.view()}, at),
-                Code::kOk)
-          << what;
+      ASSERT_EQ(run_views(kernel(ops::kAttentionFwd, dt, name), {q, k, v, in.seg.view()},
+                          {o2.view(), lse2.view()}, at, what),
+                Code::kOk);
       EXPECT_EQ(o2.values(), o.values()) << what << ": O from strided views";
       EXPECT_EQ(lse2.values(), lse.values()) << what << ": lse from strided views";
 
@@ -360,18 +370,16 @@ TEST_P(AttentionTest, StridedViewsEqualPackedCalls) {
       run(ops::kAttentionBwd, name, dt, {&dout, &in.q, &in.k, &in.v, &o, &lse, &in.seg},
           {&dq, &dk, &dv}, &at);
       // The gradients into views of buffers filled with a sentinel (1024: exact in every dtype).
-      Tensor gq(dt, {c.b, c.t, c.h, wq}), gkv(dt, {c.b, c.s, c.g, wkv});
-      for (int64_t i = 0; i < gq.numel(); ++i) gq.set(i, 1024.0);
-      for (int64_t i = 0; i < gkv.numel(); ++i) gkv.set(i, 1024.0);
+      Tensor gq = Tensor::filled(dt, {c.b, c.t, c.h, wq}, 1024.0);
+      Tensor gkv = Tensor::filled(dt, {c.b, c.s, c.g, wkv}, 1024.0);
       Tensor& gkv_buf = mha ? gq : gkv;
       TensorView vdq = part_view(gq, 0, c.d);
       TensorView vdk = part_view(gkv_buf, mha ? c.d : 0, c.d);
       TensorView vdv = part_view(gkv_buf, mha ? 2 * c.d : c.d, c.d);
-      ASSERT_EQ(run_views(ops::kAttentionBwd, name, dt,
+      ASSERT_EQ(run_views(kernel(ops::kAttentionBwd, dt, name),
                           {dout.view(), q, k, v, o.view(), lse.view(), in.seg.view()},
-                          {vdq, vdk, vdv}, at),
-                Code::kOk)
-          << what;
+                          {vdq, vdk, vdv}, at, what),
+                Code::kOk);
       Tensor got_q(dt, {c.b, c.t, c.h, c.d}), got_k(dt, {c.b, c.s, c.g, c.d}),
           got_v(dt, {c.b, c.s, c.g, c.d});
       gather(vdq, gq, got_q), gather(vdk, gkv_buf, got_k), gather(vdv, gkv_buf, got_v);
@@ -690,14 +698,23 @@ void every_cuda_kernel(::loom::kernels::testing::DeviceBackend& be, const char* 
   }
 }
 
+// True on device 0 of compute capability 9.0 (Hopper: where cuDNN's attention must run);
+// its major and minor into the pointers when given.
+bool device_is_sm90(int* major = nullptr, int* minor = nullptr) {
+  int cc_major = 0, cc_minor = 0;
+  cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, 0);
+  cudaDeviceGetAttribute(&cc_minor, cudaDevAttrComputeCapabilityMinor, 0);
+  if (major != nullptr) *major = cc_major;
+  if (minor != nullptr) *minor = cc_minor;
+  return cc_major == 9 && cc_minor == 0;
+}
+
 TEST(AttentionCuda, EveryKernelMatchesReferenceOnTensorCoreShapes) {
   std::string why;
   ::loom::kernels::testing::DeviceBackend* be = cuda_device(&why);
   if (be == nullptr) GTEST_SKIP() << "no CUDA device: " << why;
   int cc_major = 0, cc_minor = 0;
-  cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, 0);
-  cudaDeviceGetAttribute(&cc_minor, cudaDevAttrComputeCapabilityMinor, 0);
-  const bool hopper = cc_major == 9 && cc_minor == 0;
+  const bool hopper = device_is_sm90(&cc_major, &cc_minor);
   std::printf("[cudnn] runtime version %lld, device sm_%d%d\n",
               static_cast<long long>(::loom::kernels::cuda::cudnn_runtime_version()), cc_major,
               cc_minor);
@@ -737,7 +754,6 @@ TEST(AttentionCuda, EveryKernelMatchesReferenceOnTensorCoreShapes) {
     }
 }
 
-
 // Device memory holding a copy of `t` (freed by the caller through `owned`).
 void* upload_tensor(::loom::kernels::testing::DeviceBackend& be, const Tensor& t,
                     std::vector<void*>& owned) {
@@ -755,32 +771,6 @@ TensorView device_part_view(Tensor& buf, void* dev, int64_t col, int64_t d) {
   return v;
 }
 
-// Runs kernel k on device views, with a device workspace of its size; returns the code.
-Code run_device_views(::loom::kernels::testing::DeviceBackend& be, const KernelDesc& k,
-                      std::vector<TensorView> in, std::vector<TensorView> out,
-                      const ops::AttentionAttrs& at, std::vector<void*>& owned,
-                      const std::string& what) {
-  OpCall call{};
-  call.struct_size = sizeof(OpCall);
-  call.inputs = in.data(), call.num_inputs = static_cast<int32_t>(in.size());
-  call.outputs = out.data(), call.num_outputs = static_cast<int32_t>(out.size());
-  call.attrs = &at, call.attrs_size = sizeof(at);
-  if (k.workspace != nullptr) {
-    call.workspace_bytes = k.workspace(&call);
-    call.workspace = be.scratch(static_cast<size_t>(call.workspace_bytes));
-    owned.push_back(call.workspace);
-  }
-  if (k.supports != nullptr && !k.supports(&call)) {
-    ADD_FAILURE() << what << ": kernel " << k.name << " declines strided views";
-    return Code::kUnimplemented;
-  }
-  Status st = k.fn(&call);
-  const Code code = st.code;
-  EXPECT_EQ(code, Code::kOk) << what << ": " << take_message(&st);
-  status_release(&st);
-  return code;
-}
-
 // StridedViewsEqualPackedCalls on the device, for every CUDA kernel (loom's "cuda" and
 // cuDNN's "cuda.cudnn"): Q, K, V read from strided views of wider device buffers (one fused
 // QKV buffer for MHA, two for GQA) and dQ, dK, dV written into such views give what the same
@@ -796,10 +786,7 @@ TEST(AttentionCuda, StridedViewsEqualPackedCalls) {
   std::string why;
   ::loom::kernels::testing::DeviceBackend* be = cuda_device(&why);
   if (be == nullptr) GTEST_SKIP() << "no CUDA device: " << why;
-  int cc_major = 0, cc_minor = 0;
-  cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, 0);
-  cudaDeviceGetAttribute(&cc_minor, cudaDevAttrComputeCapabilityMinor, 0);
-  const bool hopper = cc_major == 9 && cc_minor == 0;
+  const bool hopper = device_is_sm90();
   std::mt19937 rng(23);
   for (DType dt : {DType::kBF16, DType::kF16, DType::kF32})
     for (const AttnCase& c : {AttnCase{2, 128, 128, 4, 4, 64, true, false},
@@ -870,9 +857,9 @@ TEST(AttentionCuda, StridedViewsEqualPackedCalls) {
             if (fwd) {
               Tensor o2(dt, {c.b, c.t, c.h, c.d}), lse2(DType::kF32, {c.b, c.h, c.t});
               TensorView vo = packed_view(o2), vlse = packed_view(lse2);
-              ASSERT_EQ(run_device_views(*be, k, {q, kv, vv, packed_view(in.seg)}, {vo, vlse}, at,
-                                         owned, what),
-                        Code::kOk);
+              ASSERT_EQ(
+                  run_views(k, {q, kv, vv, packed_view(in.seg)}, {vo, vlse}, at, what, be, &owned),
+                  Code::kOk);
               be->download(o2.raw(), vo.data, o2.numel() * dtype_size(dt));
               be->download(lse2.raw(), vlse.data, lse2.numel() * 4);
               got = {o2, lse2};
@@ -884,13 +871,13 @@ TEST(AttentionCuda, StridedViewsEqualPackedCalls) {
               Tensor& gkv_buf = mha ? gq : gkv;
               void* dgq = upload_tensor(*be, gq, owned);
               void* dgkv = mha ? dgq : upload_tensor(*be, gkv, owned);
-              ASSERT_EQ(run_device_views(*be, k,
-                                         {packed_view(dout), q, kv, vv, packed_view(o),
-                                          packed_view(lse), packed_view(in.seg)},
-                                         {device_part_view(gq, dgq, 0, c.d),
-                                          device_part_view(gkv_buf, dgkv, k_col, c.d),
-                                          device_part_view(gkv_buf, dgkv, v_col, c.d)},
-                                         at, owned, what),
+              ASSERT_EQ(run_views(k,
+                                  {packed_view(dout), q, kv, vv, packed_view(o), packed_view(lse),
+                                   packed_view(in.seg)},
+                                  {device_part_view(gq, dgq, 0, c.d),
+                                   device_part_view(gkv_buf, dgkv, k_col, c.d),
+                                   device_part_view(gkv_buf, dgkv, v_col, c.d)},
+                                  at, what, be, &owned),
                         Code::kOk);
               be->download(gq.raw(), dgq, gq.numel() * dtype_size(dt));
               if (!mha) be->download(gkv.raw(), dgkv, gkv.numel() * dtype_size(dt));
