@@ -148,7 +148,8 @@ moe="--set train.steps=4 --set train.log_interval=1 --set train.micro_batch_size
 # the graph's replays must train as the direct steps do.
 graph_args="--set train.steps=12 --set train.log_interval=1 --set train.device=cuda --set 'data={\"mock\":true}' --set 'lr_schedule={\"impl\":\"constant\"}' --set train.cuda_graph_warmup_steps=2"
 job graph.gpt_tiny "$pool_limit" bash -c "./tools/loom train configs/gpt_tiny.json $graph_args --run-dir /tmp/graph_direct &&
-  ./tools/loom train configs/gpt_tiny.json $graph_args --set 'train.cuda_graph=\"forward_backward\"' --run-dir /tmp/graph_replayed"
+  ./tools/loom train configs/gpt_tiny.json $graph_args --set 'train.cuda_graph=\"forward_backward\"' --run-dir /tmp/graph_replayed &&
+  ./tools/loom train configs/gpt_tiny.json $graph_args --set 'train.cuda_graph=\"step\"' --run-dir /tmp/graph_step"
 moe_specs=(configs/mixtral_tiny.json configs/deepseek_tiny.json configs/qwen3_moe_tiny.json)
 for spec in "${moe_specs[@]}"; do
   name=$(basename "$spec" .json)
@@ -298,16 +299,21 @@ done
 say ""
 say "### CUDA graphs: the default spec graphed against direct (12 steps, mock data)"
 if [[ $(rc_of graph.gpt_tiny) == 0 ]]; then
-  python3 - /tmp/graph_direct/metrics.jsonl /tmp/graph_replayed/metrics.jsonl >>"$report" \
-    <<'PY' || status=1
+  python3 - /tmp/graph_direct/metrics.jsonl /tmp/graph_replayed/metrics.jsonl \
+    /tmp/graph_step/metrics.jsonl >>"$report" <<'PY' || status=1
 import json, sys
 def curve(path):
     return [(r["loss"], r["grad_norm"]) for r in map(json.loads, open(path)) if "loss" in r]
-a, b = curve(sys.argv[1]), curve(sys.argv[2])
-worst = max(max(abs(x[i] - y[i]) / abs(x[i]) for i in (0, 1)) for x, y in zip(a, b))
-print(f"- {len(a)} / {len(b)} steps, losses and gradient norms within {worst:.2e} (relative); "
-      f"losses direct {[round(x[0], 4) for x in a]}, graphed {[round(y[0], 4) for y in b]}")
-sys.exit(0 if len(a) == len(b) == 12 and worst < 1e-3 else 1)
+a = curve(sys.argv[1])
+ok = True
+for mode, path in (("forward_backward", sys.argv[2]), ("step", sys.argv[3])):
+    b = curve(path)
+    worst = max(max(abs(x[i] - y[i]) / abs(x[i]) for i in (0, 1)) for x, y in zip(a, b))
+    print(f"- {mode}: {len(a)} / {len(b)} steps, losses and gradient norms within {worst:.2e} "
+          f"(relative); losses direct {[round(x[0], 4) for x in a]}, graphed "
+          f"{[round(y[0], 4) for y in b]}")
+    ok = ok and len(a) == len(b) == 12 and worst < 1e-3
+sys.exit(0 if ok else 1)
 PY
   grep -h "cuda graph" "$logs/graph.gpt_tiny.log" | head -2 | sed 's/^/    /' >>"$report"
 else
@@ -331,6 +337,7 @@ items=(
   "llama_1b3_h100_fp8|loom|25|60" "gpt2_124m_h100|compile|25|90" "gpt2_124m_h100|unfused|20|60"
   "gpt_tiny|loom|15|40" "gpt_tiny|graph|15|40" "gpt2_124m_h100|graph|20|60"
   "gpt2_124m_h100|dgelu_unfused|20|60" "gpt2_124m_h100|dgelu_bgrad|20|60"
+  "gpt_tiny|graph_step|15|40" "gpt_tiny|graph_step_tf32|15|40"
   "gpt_tiny|attn_rows|15|40" "gpt2_124m_h100|qkv_split|20|60" "llama_1b3_h100|qkv_split|25|60"
   "mixtral_h100|loom|25|60"
   "llama_1b3_h100|eager|25|60" "mixtral_h100|eager|30|60"
@@ -352,6 +359,14 @@ for item in "${items[@]}"; do
     graph) timeout "$limit" ./tools/loom bench "$spec" --steps 6 --warmup 2 --json "${device[@]}" \
       --set 'train.cuda_graph="forward_backward"' --set train.cuda_graph_warmup_steps=1 \
       >"$bench/$name.graph.json" 2>"$bench/$name.graph.err" || rm -f "$bench/$name.graph.json" ;;
+    # The optimizer's step as a second graph (train.cuda_graph "step"); and that with the f32
+    # GEMMs in TF32 (the cuda.tf32 kernel, which only a pin selects: other numerics).
+    graph_step | graph_step_tf32)
+      pins=()
+      [[ $kind == graph_step_tf32 ]] && pins=(--set 'kernels.pin={"gemm":"cuda.tf32"}')
+      timeout "$limit" ./tools/loom bench "$spec" --steps 6 --warmup 2 --json "${device[@]}" \
+      --set 'train.cuda_graph="step"' --set train.cuda_graph_warmup_steps=1 "${pins[@]}" \
+      >"$bench/$name.$kind.json" 2>"$bench/$name.$kind.err" || rm -f "$bench/$name.$kind.json" ;;
     # The MLP's derivative GEMM through loom's gelu_bwd and bias_grad, or cuBLASLt's
     # DGELU_BGRAD, instead of cuBLASLt's DGELU then bias_grad (gemm_epilogue.cu, dgelu_mode).
     dgelu_unfused | dgelu_bgrad)

@@ -166,20 +166,7 @@ double DistributedOptimizer::grad_norm(double loss_scale) {
     TensorView acc =
         make_view(norm_acc_ != nullptr ? norm_acc_ : &sumsq, DType::kF64, {1}, setup_.device);
     throw_if_error(host_.fill_zero(setup_.device, acc.data, 8));
-    std::vector<TensorView> grads;
-    for (auto& st : states_) {
-      if ((st->param->info.flags & kParamFrozen) || !st->in_norm || st->expert != experts) continue;
-      grads.push_back(grad_sync_.grad_of(st->segment));
-    }
-    // One multi-tensor call where a kernel serves it (the CPU's equals these sumsq calls bit
-    // for bit; a GPU's launches once per few hundred tensors instead of once per tensor).
-    if (sumsq_multi_ && !grads.empty()) {
-      TensorView outs[1] = {acc};
-      sumsq_multi_.run(std::span<const TensorView>(grads), std::span<TensorView>(outs),
-                       ops::SumSqMultiAttrs{static_cast<int32_t>(grads.size())});
-    } else {
-      for (const TensorView& g : grads) sumsq_({g}, {acc});
-    }
+    add_sumsq(experts, acc);
     if (acc.data != &sumsq) copy_to_host(host_, acc, &sumsq);
     ICommunicator& group = experts ? world_ : grad_norm_group_;
     if (group.size() > 1) {
@@ -193,15 +180,44 @@ double DistributedOptimizer::grad_norm(double loss_scale) {
   return std::sqrt(total) / loss_scale;
 }
 
-void DistributedOptimizer::update(const OptimizerStep& hp) {
+void DistributedOptimizer::add_sumsq(bool experts, const TensorView& acc) {
+  std::vector<TensorView> grads;
+  for (auto& st : states_) {
+    if ((st->param->info.flags & kParamFrozen) || !st->in_norm || st->expert != experts) continue;
+    grads.push_back(grad_sync_.grad_of(st->segment));
+  }
+  // One multi-tensor call where a kernel serves it (the CPU's equals these sumsq calls bit
+  // for bit; a GPU's launches once per few hundred tensors instead of once per tensor).
+  if (sumsq_multi_ && !grads.empty()) {
+    TensorView outs[1] = {acc};
+    sumsq_multi_.run(std::span<const TensorView>(grads), std::span<TensorView>(outs),
+                     ops::SumSqMultiAttrs{static_cast<int32_t>(grads.size())});
+  } else {
+    for (const TensorView& g : grads) sumsq_({g}, {acc});
+  }
+}
+
+void DistributedOptimizer::grad_sumsq(const TensorView& acc) {
+  // grad_norm sums the dense and the experts' squares over two groups of ranks and adds
+  // the two totals on the host; a device-only sum is for one process without experts.
+  if (grad_norm_group_.size() > 1 || world_.size() > 1 || setup_.experts || local_experts_)
+    fail(Code::kFailedPrecondition,
+         "DistributedOptimizer::grad_sumsq: the gradient norm of several ranks, or of "
+         "experts' parameters, is summed on the host; a device-only norm is for one process "
+         "without experts");
+  throw_if_error(host_.fill_zero(setup_.device, acc.data, 8));
+  add_sumsq(false, acc);
+}
+
+void DistributedOptimizer::update(const OptimizerStep& hp, bool verify_cast) {
   if (has_update_many(optimizer_))
-    update_all(hp);
+    update_all(hp, verify_cast);
   else
     update_each(hp);
   grad_sync_.gather_values();
 }
 
-void DistributedOptimizer::update_all(const OptimizerStep& hp) {
+void DistributedOptimizer::update_all(const OptimizerStep& hp, bool verify_cast) {
   // Every shard in one call, so a GPU optimizer can update them in a few multi-tensor
   // launches; a non-f32 parameter's view receives its new master there (an f32 one is its
   // own master).
@@ -222,7 +238,7 @@ void DistributedOptimizer::update_all(const OptimizerStep& hp) {
   throw_if_error(
       optimizer_.update_many(&hp, static_cast<int32_t>(shards.size()), shards.data(), nullptr),
       "optimizer update");
-  if (!cast_checked_) {
+  if (!cast_checked_ && verify_cast) {
     cast_checked_ = true;
     for (auto& st : states_)
       if (!(st->param->info.flags & kParamFrozen) && st->param->info.dtype != DType::kF32 &&

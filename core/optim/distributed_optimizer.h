@@ -83,9 +83,16 @@ class DistributedOptimizer {
   /// The global L2 norm of the reduced gradients (every piece once, over every rank),
   /// divided by `loss_scale`.
   double grad_norm(double loss_scale);
-  /// Updates every shard with `hp` (clipping and unscaling in hp.grad_scale), then gathers
-  /// the updated shards (ZeRO-1).
-  void update(const OptimizerStep& hp);
+  /// The sum of squares of grad_norm, left on the device: zeroes `acc` (f64 (1) where the
+  /// gradients live) and adds every gradient piece's squares into it, reading nothing back,
+  /// so that it can be captured in a graph (/train/cuda_graph "step"). One process without
+  /// experts' parameters only (grad_norm adds those up on the host): throws
+  /// kFailedPrecondition otherwise.
+  void grad_sumsq(const TensorView& acc);
+  /// Updates every shard with `hp` (clipping and unscaling in hp.grad_scale, or in its step
+  /// scalars), then gathers the updated shards (ZeRO-1). `verify_cast`: read the first
+  /// updated bf16/f16 parameter back once (check_cast); false inside a graph's capture.
+  void update(const OptimizerStep& hp, bool verify_cast = true);
   /// Buckets handed over during the last backward in this step, and in all.
   size_t released_buckets() const { return readiness_.released(); }
   size_t bucket_count() const { return readiness_.bucket_count(); }
@@ -143,7 +150,11 @@ class DistributedOptimizer {
   void reduce_sequence_parallel_grads(size_t b);
   void reduce_tied_grads(size_t b);
   // One update_many call (optimizer 1.1), or update and a cast per shard (1.0).
-  void update_all(const OptimizerStep& hp);
+  void update_all(const OptimizerStep& hp, bool verify_cast);
+  // Adds the squares of the gradients of dense (experts = false) or experts' parameters
+  // counted on this rank into `acc` (f64 (1) where they live), in one multi-tensor call
+  // where a kernel serves it.
+  void add_sumsq(bool experts, const TensorView& acc);
   void update_each(const OptimizerStep& hp);
   // After the first update_many: the first bf16/f16 shard's parameter must hold its new
   // master rounded to nearest even (OptimizerShard::param). An optimizer that skips that

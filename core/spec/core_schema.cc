@@ -138,8 +138,8 @@ constexpr const char* kCoreSchema = R"json({
         "spiky_loss_factor": {"type": "number", "minimum": 1, "default": 10},
         "spiky_loss_samples": {"type": "integer", "minimum": 1, "default": 100},
         "recompute": {"enum": ["none", "selective", "full"], "default": "none"},
-        "cuda_graph": {"enum": ["none", "forward_backward"], "default": "none",
-                       "description": "forward_backward: after cuda_graph_warmup_steps steps run directly, each micro-batch's forward and backward run as one captured CUDA graph, replayed (Megatron's --enable-cuda-graph / --cuda-graph-scope); needs a device whose runtime captures graphs, one process, and no dropout"},
+        "cuda_graph": {"enum": ["none", "forward_backward", "step"], "default": "none",
+                       "description": "forward_backward: after cuda_graph_warmup_steps steps run directly, each micro-batch's forward and backward run as one captured CUDA graph, replayed (Megatron's --enable-cuda-graph / --cuda-graph-scope); needs a device whose runtime captures graphs, one process, and no dropout. step: that, and the optimizer's part of the step (gradient norm, clipping, update) as a second graph with the learning rate and step read on the device (Megatron's --optimizer-cuda-graph); also needs an optimizer of optimizer 1.3, no result validation and no experts"},
         "cuda_graph_warmup_steps": {"type": "integer", "minimum": 1, "default": 3,
                                     "description": "steps run directly before the capture, so lazily made kernel plans and buffers exist (Megatron's --cuda-graph-warmup-steps)"}
       }

@@ -20,27 +20,27 @@ enum Buffer { kTokens, kLabels, kLossMask, kPositions, kSegments, kLossGrad, kLo
 
 constexpr const char* kWhere = "/train/cuda_graph";
 
-IDeviceRuntime& graph_runtime(Host& host, Device device) {
+}  // namespace
+
+IDeviceRuntime& graph_runtime(Host& host, Device device, const char* mode) {
   if (device.type == DeviceType::kCpu)
-    throw InvalidArgument(fmt::format(
-        "{} 'forward_backward' needs a device whose runtime captures graphs, not the CPU: set "
-        "/train/device to \"cuda\", or /train/cuda_graph to \"none\"",
-        kWhere));
+    throw InvalidArgument(
+        fmt::format("{} '{}' needs a device whose runtime captures graphs, not the CPU: set "
+                    "/train/device to \"cuda\", or /train/cuda_graph to \"none\"",
+                    kWhere, mode));
   IDeviceRuntime& rt = host.runtime(device);
   const InterfaceInfo info = rt.interface_info();
   if (info.minor < 1)
-    throw InvalidArgument(fmt::format(
-        "{} 'forward_backward': the {} device runtime is device_runtime {}.{}, which has no "
-        "graphs (1.1 added them): rebuild its kernel library against this SDK, or set "
-        "/train/cuda_graph to \"none\"",
-        kWhere, device_type_name(device.type), info.major, info.minor));
+    throw InvalidArgument(
+        fmt::format("{} '{}': the {} device runtime is device_runtime {}.{}, which has no "
+                    "graphs (1.1 added them): rebuild its kernel library against this SDK, or set "
+                    "/train/cuda_graph to \"none\"",
+                    kWhere, mode, device_type_name(device.type), info.major, info.minor));
   return rt;
 }
 
-}  // namespace
-
-GraphedPass::GraphedPass(Host& host, Device device, IModel& model)
-    : host_(host), device_(device), model_(model), runtime_(graph_runtime(host, device)) {}
+GraphedPass::GraphedPass(Host& host, Device device, IModel& model, const char* mode)
+    : host_(host), device_(device), model_(model), runtime_(graph_runtime(host, device, mode)) {}
 
 GraphedPass::~GraphedPass() {
   runtime_.graph_destroy(device_.index, graph_);

@@ -33,13 +33,18 @@
 
 namespace loom::core {
 
+/// The runtime of `device` when it captures graphs (device_runtime 1.1); else throws
+/// InvalidArgument naming /train/cuda_graph and its value `mode` ("forward_backward").
+IDeviceRuntime& graph_runtime(Host& host, Device device, const char* mode);
+
 class GraphedPass {
  public:
   /// \param host    the core's host: its runtime for `device` must be device_runtime 1.1
   /// \param device  where the model runs (not the CPU)
   /// \param model   the whole model (one chunk, first and last stage)
+  /// \param mode    the value of /train/cuda_graph, for messages
   /// Throws InvalidArgument naming /train/cuda_graph when the device cannot capture graphs.
-  GraphedPass(Host& host, Device device, IModel& model);
+  GraphedPass(Host& host, Device device, IModel& model, const char* mode);
   ~GraphedPass();
   GraphedPass(const GraphedPass&) = delete;
   GraphedPass& operator=(const GraphedPass&) = delete;

@@ -197,7 +197,9 @@ RunConfig RunConfig::from_spec(const nlohmann::json& spec) {
   t.check_for_spiky_loss = at(spec, "train", "check_for_spiky_loss").get<bool>();
   t.spiky_loss_factor = at(spec, "train", "spiky_loss_factor").get<double>();
   t.spiky_loss_samples = at(spec, "train", "spiky_loss_samples").get<int64_t>();
-  t.cuda_graph = at(spec, "train", "cuda_graph").get<std::string>() == "forward_backward";
+  const std::string graph = at(spec, "train", "cuda_graph").get<std::string>();
+  t.cuda_graph = graph == "forward_backward" || graph == "step";
+  t.cuda_graph_update = graph == "step";
   t.cuda_graph_warmup_steps = at(spec, "train", "cuda_graph_warmup_steps").get<int64_t>();
   if (t.check_for_spiky_loss && !t.validate_results)
     throw SpecError("/train/check_for_spiky_loss",

@@ -85,9 +85,12 @@ struct TrainConfig {
   double spiky_loss_factor = 10;
   int64_t spiky_loss_samples = 100;
   RecomputePolicy recompute = RecomputePolicy::kNone;
-  /// /train/cuda_graph "forward_backward": each micro-batch's forward and backward replayed
-  /// as one captured device graph after `cuda_graph_warmup_steps` direct steps.
+  /// /train/cuda_graph "forward_backward" or "step": each micro-batch's forward and backward
+  /// replayed as one captured device graph after `cuda_graph_warmup_steps` direct steps.
   bool cuda_graph = false;
+  /// /train/cuda_graph "step": the optimizer's part of the step (gradient norm, clipping,
+  /// update) replayed as a second graph as well.
+  bool cuda_graph_update = false;
   int64_t cuda_graph_warmup_steps = 3;
 };
 

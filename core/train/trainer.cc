@@ -152,17 +152,37 @@ Trainer::Trainer(const nlohmann::json& spec, PluginManager& plugins,
   if (train.cuda_graph) {
     // One process, one chunk: no collective or pipeline transfer inside the captured pass,
     // and no gradient hooks (the overlapped reduction needs more than one rank anyway).
+    const char* mode = train.cuda_graph_update ? "step" : "forward_backward";
     if (parallel_ != nullptr)
       throw InvalidArgument(fmt::format(
-          "/train/cuda_graph 'forward_backward' runs on one process for now; this run has {} "
+          "/train/cuda_graph '{}' runs on one process for now; this run has {} "
           "(its collectives are not captured): set /train/cuda_graph to \"none\" or use one "
           "rank",
-          parallel_->grid().world_size()));
+          mode, parallel_->grid().world_size()));
     if (components_.chunks.size() != 1)
       throw InvalidArgument(
-          "/train/cuda_graph 'forward_backward' captures one model chunk; this run has virtual "
-          "pipeline chunks: set /train/cuda_graph to \"none\"");
-    graphed_ = std::make_unique<GraphedPass>(plugins_.host(), device_, *components_.chunks[0]);
+          fmt::format("/train/cuda_graph '{}' captures one model chunk; this run has virtual "
+                      "pipeline chunks: set /train/cuda_graph to \"none\"",
+                      mode));
+    graphed_ =
+        std::make_unique<GraphedPass>(plugins_.host(), device_, *components_.chunks[0], mode);
+  }
+  if (train.cuda_graph_update) {
+    // The update decides on the device what a direct step decides on the host: nothing may
+    // need the norm on the host before the update.
+    if (train.validate_results)
+      throw InvalidArgument(
+          "/train/cuda_graph 'step' decides on the device whether to update, where result "
+          "validation (/train/rerun_mode \"validate_results\") needs the gradient norm on the "
+          "host first: set /train/rerun_mode to \"disabled\" or /train/cuda_graph to "
+          "\"forward_backward\"");
+    if (setup.experts)
+      throw InvalidArgument(
+          "/train/cuda_graph 'step': the model has experts' parameters, whose gradient norm "
+          "is summed apart on the host (and whose routing reads token counts on the host, "
+          "which no graph replays): set /train/cuda_graph to \"none\"");
+    graphed_update_ = std::make_unique<GraphedUpdate>(plugins_.host(), device_, *optim_,
+                                                      *optimizer_, train.grad_clip);
   }
   metrics_ = std::make_unique<StepMetrics>(plugins_.host(), device_);
 
@@ -366,6 +386,10 @@ StepResult Trainer::step() {
   const int64_t micro_batches = config_.micro_batches();
   const int64_t start = data_->position();
   const int rank = parallel_ != nullptr ? parallel_->grid().rank() : 0;
+  // Under /train/cuda_graph "step", the optimizer's part of the step replays its graph from
+  // the step the passes' graph starts (GraphedUpdate).
+  const bool graph_update =
+      graphed_update_ != nullptr && direct_steps_ >= config_.train.cuda_graph_warmup_steps;
   // One run of the step's forward and backward passes, the gradient reduction and the
   // global loss and gradient norm; run again on the same data when result validation
   // rejects the first (`attempt` 1).
@@ -392,9 +416,15 @@ StepResult Trainer::step() {
     const bool graphed = graphed_ != nullptr && !step.logits &&
                          direct_steps_ >= config_.train.cuda_graph_warmup_steps;
     if (graphed && graphed_->replays() == 0)
-      log_info("cuda graph", fmt::format("step {}: capturing the forward and backward after {} "
-                                         "direct steps; replaying it from now on",
-                                         r.step, direct_steps_));
+      log_info("cuda graph",
+               graphed_update_ != nullptr
+                   ? fmt::format("step {}: capturing the forward and backward, and the "
+                                 "optimizer's step, after {} direct steps; replaying them from "
+                                 "now on",
+                                 r.step, direct_steps_)
+                   : fmt::format("step {}: capturing the forward and backward after {} "
+                                 "direct steps; replaying it from now on",
+                                 r.step, direct_steps_));
     StepLosses losses =
         graphed ? graphed_->run(static_cast<int32_t>(micro_batches), step)
                 : executor_->run(plan(static_cast<int32_t>(micro_batches)),
@@ -427,7 +457,8 @@ StepResult Trainer::step() {
     // reduction averaged over cp x dp ranks instead of adding over cp (ScheduleExecutor::
     // loss_of): unscaling multiplies them back by cp.
     const double cp = static_cast<double>(config_.parallel.cp);
-    r.grad_norm = optim_->grad_norm(scaler_.scale() / cp);
+    // A graphed update computes the norm on the device, with the update (below).
+    r.grad_norm = graph_update ? std::nan("") : optim_->grad_norm(scaler_.scale() / cp);
   };
   run_passes(0);
   // Result validation. The loss is global, and so is the gradient norm with the
@@ -450,9 +481,21 @@ StepResult Trainer::step() {
     r.rerun_reproduced = world ? sum_over(ParallelRole::kWorld, same ? 0.0 : 1.0) == 0 : same;
   }
   const double cp = static_cast<double>(config_.parallel.cp);
-  bool finite = std::isfinite(r.grad_norm) && std::isfinite(r.loss);
-  scaler_.update(!finite);
   r.lr = schedule_ != nullptr ? schedule_->lr(r.step) : components_.base_lr;
+  bool finite = true;
+  if (graph_update) {
+    // The norm, the clipping and the update on the device, as the direct branch below
+    // computes them: the same values to the bit.
+    GraphedUpdate::Result u = graphed_update_->run(
+        OptimizerStep{
+            sizeof(OptimizerStep), r.step, r.lr, components_.weight_decay, cp / r.loss_scale, {}},
+        scaler_.scale() / cp, std::isfinite(r.loss));
+    r.grad_norm = u.grad_norm;
+    finite = !u.skipped;
+  } else {
+    finite = std::isfinite(r.grad_norm) && std::isfinite(r.loss);
+  }
+  scaler_.update(!finite);
   if (!finite) {
     r.skipped = true;
     ++nonfinite_in_a_row_;
@@ -465,13 +508,15 @@ StepResult Trainer::step() {
                               r.step, nonfinite_in_a_row_, limit));
   } else {
     nonfinite_in_a_row_ = 0;
-    double grad_scale = cp / r.loss_scale;
-    if (config_.train.grad_clip > 0) {
-      double coeff = config_.train.grad_clip / (r.grad_norm + 1e-6);
-      if (coeff < 1) grad_scale *= coeff;
+    if (!graph_update) {
+      double grad_scale = cp / r.loss_scale;
+      if (config_.train.grad_clip > 0) {
+        double coeff = config_.train.grad_clip / (r.grad_norm + 1e-6);
+        if (coeff < 1) grad_scale *= coeff;
+      }
+      optim_->update(OptimizerStep{
+          sizeof(OptimizerStep), r.step, r.lr, components_.weight_decay, grad_scale, {}});
     }
-    optim_->update(
-        OptimizerStep{sizeof(OptimizerStep), r.step, r.lr, components_.weight_decay, grad_scale});
   }
   // FP8 scales for the next step from this step's amaxes, alike on every replica (reduced
   // over the ranks that quantise the same tensors: Megatron's amax reduction group).

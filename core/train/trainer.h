@@ -38,6 +38,7 @@
 #include "core/runtime/parameters.h"
 #include "core/train/components.h"
 #include "core/train/graphed_pass.h"
+#include "core/train/graphed_update.h"
 #include "core/train/loss_scaler.h"
 #include "core/train/memory_estimate.h"
 #include "core/train/progress.h"
@@ -193,6 +194,8 @@ class Trainer {
   std::unique_ptr<ScheduleExecutor> executor_;
   /// /train/cuda_graph "forward_backward": the captured pass, used after the warm-up.
   std::unique_ptr<GraphedPass> graphed_;
+  /// /train/cuda_graph "step": the captured optimizer's step, used with graphed_.
+  std::unique_ptr<GraphedUpdate> graphed_update_;
   int64_t direct_steps_ = 0;  ///< steps this process ran without the graph (the warm-up)
   std::unique_ptr<StepMetrics> metrics_;
   std::unique_ptr<DataSource> data_;

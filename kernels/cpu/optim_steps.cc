@@ -1,11 +1,14 @@
 // adamw_step, adamw_step_multi and sgd_step on contiguous f32 shards (loom/ops.h), keyed on
-// the grad's dtype.
+// the grad's dtype, and grad_norm_clip (keyed on f64).
 //   reference: element by element, bias corrections in f64.
 //   fast: OpenMP over chunks; the same f32 arithmetic, vectorised by the compiler.
 // adamw_step_multi runs each shard through adamw_step's own code (adamw_shard_ref,
-// adamw_chunk_fast), so its results are those of K adamw_step calls bit for bit.
+// adamw_chunk_fast), so its results are those of K adamw_step calls bit for bit. A call's
+// step scalars (its last input, when present) are read when it runs (loom/cpp/adamw_coef.h,
+// loom/cpp/step_scalars.h), as a device kernel reads them.
 #include <loom/cpp/adamw_coef.h>
 #include <loom/cpp/op_checks/optim.h>
+#include <loom/cpp/step_scalars.h>
 
 #include <algorithm>
 #include <vector>
@@ -67,6 +70,13 @@ inline void sgd_point(const ops::SgdAttrs& a, float g, float& w, float* buf) {
   w -= a.lr * update;
 }
 
+// The coefficients of an adamw_step call: its attrs', with lr, grad scale and step from its
+// step scalars `s` when it has them.
+AdamCoef call_coef(const ops::AdamWAttrs& a, const double* s) {
+  AdamCoef c = adamw_coef(a);
+  return s != nullptr ? adamw_coef(c, s) : c;
+}
+
 // adamw_step's reference over one shard.
 void adamw_shard_ref(const AdamCoef& c, const AdamShard& s) {
   bool cast = s.param.data != nullptr;
@@ -79,7 +89,9 @@ void adamw_shard_ref(const AdamCoef& c, const AdamShard& s) {
 Status adamw_step_ref(const OpCall* call) {
   return guard([&] {
     check_adamw(call, false);
-    adamw_shard_ref(adamw_coef(*static_cast<const ops::AdamWAttrs*>(call->attrs)),
+    const double* s = op_checks::step_scalars(call, 1);
+    if (step_skipped(s)) return;
+    adamw_shard_ref(call_coef(*static_cast<const ops::AdamWAttrs*>(call->attrs), s),
                     adam_shard(call, 0, 0));
   });
 }
@@ -88,15 +100,20 @@ Status adamw_step_multi_ref(const OpCall* call) {
   return guard([&] {
     check_adamw_multi(call, false);
     const auto& a = *static_cast<const ops::AdamWMultiAttrs*>(call->attrs);
+    const double* s = op_checks::step_scalars(call, a.count);
+    if (step_skipped(s)) return;
     for (int32_t i = 0; i < a.count; ++i)
-      adamw_shard_ref(adamw_coef(a, i), adam_shard(call, i, 4 * i));
+      adamw_shard_ref(s != nullptr ? adamw_coef(adamw_coef(a, i), s) : adamw_coef(a, i),
+                      adam_shard(call, i, 4 * i));
   });
 }
 
 Status sgd_step_ref(const OpCall* call) {
   return guard([&] {
     int64_t n = check_sgd(call, false);
-    const ops::SgdAttrs& a = *static_cast<const ops::SgdAttrs*>(call->attrs);
+    const double* s = op_checks::step_scalars(call, 1);
+    if (step_skipped(s)) return;
+    const ops::SgdAttrs a = sgd_attrs(*static_cast<const ops::SgdAttrs*>(call->attrs), s);
     float *w = f32_mut(call->outputs[0]), *buf = f32_mut(call->outputs[1]);
     bool cast = call->outputs[2].data != nullptr;
     for (int64_t i = 0; i < n; ++i) {
@@ -124,7 +141,9 @@ LOOM_CPU_FAST_BEGIN
 Status adamw_step_fast(const OpCall* call) {
   return guard([&] {
     int64_t n = check_adamw(call, false);
-    AdamCoef c = adamw_coef(*static_cast<const ops::AdamWAttrs*>(call->attrs));
+    const double* scalars = op_checks::step_scalars(call, 1);
+    if (step_skipped(scalars)) return;
+    AdamCoef c = call_coef(*static_cast<const ops::AdamWAttrs*>(call->attrs), scalars);
     AdamShard s = adam_shard(call, 0, 0);
 #pragma omp parallel for schedule(static)
     for (int64_t c0 = 0; c0 < n; c0 += kChunk) adamw_chunk_fast(c, s, c0);
@@ -137,11 +156,13 @@ Status adamw_step_multi_fast(const OpCall* call) {
   return guard([&] {
     check_adamw_multi(call, false);
     const auto& a = *static_cast<const ops::AdamWMultiAttrs*>(call->attrs);
+    const double* scalars = op_checks::step_scalars(call, a.count);
+    if (step_skipped(scalars)) return;
     std::vector<AdamCoef> coef;
     std::vector<AdamShard> shards;
     std::vector<int64_t> first_chunk{0};  // (K + 1) prefix sums of the shards' chunks
     for (int32_t i = 0; i < a.count; ++i) {
-      coef.push_back(adamw_coef(a, i));
+      coef.push_back(scalars != nullptr ? adamw_coef(adamw_coef(a, i), scalars) : adamw_coef(a, i));
       shards.push_back(adam_shard(call, i, 4 * i));
       first_chunk.push_back(first_chunk.back() + (shards.back().n + kChunk - 1) / kChunk);
     }
@@ -160,7 +181,9 @@ Status adamw_step_multi_fast(const OpCall* call) {
 Status sgd_step_fast(const OpCall* call) {
   return guard([&] {
     int64_t n = check_sgd(call, false);
-    const ops::SgdAttrs& a = *static_cast<const ops::SgdAttrs*>(call->attrs);
+    const double* s = op_checks::step_scalars(call, 1);
+    if (step_skipped(s)) return;
+    const ops::SgdAttrs a = sgd_attrs(*static_cast<const ops::SgdAttrs*>(call->attrs), s);
     float *w = f32_mut(call->outputs[0]), *buf = f32_mut(call->outputs[1]);
     const TensorView &G = call->inputs[0], &P = call->outputs[2];
 #pragma omp parallel for schedule(static)
@@ -191,12 +214,36 @@ Status adamw_step_multi_cost(const OpCall* c, OpCost* out) {
 }
 LOOM_CPU_HOOKS(sgd_step, check_sgd, 6)
 
+// grad_norm_clip: a few f64 operations on the step scalars (loom/cpp/step_scalars.h).
+Status grad_norm_clip_ref(const OpCall* call) {
+  return guard([&] {
+    op_checks::check_grad_norm_clip(call, false, DeviceType::kCpu);
+    const auto& a = *static_cast<const ops::GradNormClipAttrs*>(call->attrs);
+    grad_norm_clip(*static_cast<const double*>(call->inputs[0].data), a.max_norm,
+                   static_cast<double*>(call->outputs[0].data));
+  });
+}
+bool grad_norm_clip_supports(const OpCall* c) {
+  return passes([&] { op_checks::check_grad_norm_clip(c, true, DeviceType::kCpu); });
+}
+Status grad_norm_clip_cost(const OpCall* c, OpCost* out) {
+  return guard([&] {
+    op_checks::check_grad_norm_clip(c, true, DeviceType::kCpu);
+    *out = io_cost(c, 8.0);
+  });
+}
+
 }  // namespace
 
 void add_optim_kernels(std::vector<KernelDesc>& out) {
   LOOM_CPU_REGISTER(out, ops::kAdamWStep, adamw_step);
   LOOM_CPU_REGISTER(out, ops::kAdamWStepMulti, adamw_step_multi);
   LOOM_CPU_REGISTER(out, ops::kSgdStep, sgd_step);
+  // A few scalar operations: the fast kernel is the reference's code.
+  add_kernels(out, ops::kGradNormClip, kRefName, kRefPriority, grad_norm_clip_ref,
+              grad_norm_clip_supports, grad_norm_clip_cost, {DType::kF64});
+  add_kernels(out, ops::kGradNormClip, kFastName, kFastPriority, grad_norm_clip_ref,
+              grad_norm_clip_supports, grad_norm_clip_cost, {DType::kF64});
 }
 
 }  // namespace loom::kernels::cpu

@@ -64,8 +64,8 @@ Status AdamW::update(const OptimizerStep* hp, bool decay, TensorView* master,
     check_step(hp, "adamw");
     kernels_.check(master, grad, states, 2);
     // outputs: master, exp_avg, exp_avg_sq, param (empty: the core casts master itself)
-    kernels_.for_grad(grad->dtype)({*grad}, {*master, states[0], states[1], empty_view()},
-                                   attrs(*hp, decay), stream);
+    run_step(kernels_.for_grad(grad->dtype), *grad, step_scalars(hp, kernels_.device(), "adamw"),
+             {*master, states[0], states[1], empty_view()}, attrs(*hp, decay), stream);
   });
 }
 
@@ -73,6 +73,7 @@ Status AdamW::update_many(const OptimizerStep* hp, int32_t count, const Optimize
                           void* stream) noexcept {
   return guard([&] {
     check_step(hp, "adamw");
+    const TensorView* scalars = step_scalars(hp, kernels_.device(), "adamw");
     ShardArray all(shards, count, "adamw");
     for (int32_t i = 0; i < all.size(); ++i) kernels_.check_shard(all[i], i, 2);
     for (DType dtype : kernels_.grad_dtypes()) {
@@ -86,20 +87,21 @@ Status AdamW::update_many(const OptimizerStep* hp, int32_t count, const Optimize
         decay.push_back(attrs(*hp, s.decay != 0).weight_decay);
       }
       if (grads.empty()) continue;
+      if (scalars != nullptr) grads.push_back(*scalars);  // the op's last input
+      const int32_t shards_here = static_cast<int32_t>(decay.size());
       const Kernel& single = kernels_.for_grad(dtype);
       const Kernel* multi = multi_.find(dtype);
       if (multi != nullptr && std::strcmp(multi->name(), single.name()) == 0) {
         ops::AdamWAttrs a = attrs(*hp, true);
-        ops::AdamWMultiAttrs m{a.lr,   a.beta1,      a.beta2,
-                               a.eps,  a.grad_scale, static_cast<int32_t>(grads.size()),
-                               a.step, decay.data()};
+        ops::AdamWMultiAttrs m{a.lr,         a.beta1,     a.beta2, a.eps,
+                               a.grad_scale, shards_here, a.step,  decay.data()};
         multi->run(grads, outs, m, stream);
       } else {
-        for (size_t k = 0; k < grads.size(); ++k) {
+        for (int32_t k = 0; k < shards_here; ++k) {
           ops::AdamWAttrs a = attrs(*hp, true);
           a.weight_decay = decay[k];
-          single({grads[k]}, {outs[4 * k], outs[4 * k + 1], outs[4 * k + 2], outs[4 * k + 3]}, a,
-                 stream);
+          run_step(single, grads[k], scalars,
+                   {outs[4 * k], outs[4 * k + 1], outs[4 * k + 2], outs[4 * k + 3]}, a, stream);
         }
       }
     }

@@ -40,9 +40,9 @@ Status Sgd::update(const OptimizerStep* hp, bool decay, TensorView* master, cons
     int32_t count = state_count();
     kernels_.check(master, grad, states, count);
     // outputs: master, momentum buffer (empty without momentum), param (empty: the core casts)
-    kernels_.for_grad(grad->dtype)({*grad},
-                                   {*master, count > 0 ? states[0] : empty_view(), empty_view()},
-                                   attrs(*hp, decay), stream);
+    run_step(kernels_.for_grad(grad->dtype), *grad, step_scalars(hp, kernels_.device(), "sgd"),
+             {*master, count > 0 ? states[0] : empty_view(), empty_view()}, attrs(*hp, decay),
+             stream);
   });
 }
 
@@ -50,15 +50,16 @@ Status Sgd::update_many(const OptimizerStep* hp, int32_t count, const OptimizerS
                         void* stream) noexcept {
   return guard([&] {
     check_step(hp, "sgd");
+    const TensorView* scalars = step_scalars(hp, kernels_.device(), "sgd");
     ShardArray all(shards, count, "sgd");
     const int32_t states = state_count();
     for (int32_t i = 0; i < all.size(); ++i) kernels_.check_shard(all[i], i, states);
     for (int32_t i = 0; i < all.size(); ++i) {
       const OptimizerShard& s = all[i];
       // outputs: master, momentum buffer (empty without momentum), param (or empty)
-      kernels_.for_grad(s.grad.dtype)({s.grad},
-                                      {s.master, states > 0 ? s.states[0] : empty_view(), s.param},
-                                      attrs(*hp, s.decay != 0), stream);
+      run_step(kernels_.for_grad(s.grad.dtype), s.grad, scalars,
+               {s.master, states > 0 ? s.states[0] : empty_view(), s.param},
+               attrs(*hp, s.decay != 0), stream);
     }
   });
 }

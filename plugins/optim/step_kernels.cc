@@ -1,6 +1,9 @@
 #include "plugins/optim/step_kernels.h"
 
+#include <loom/cpp/op_args.h>
+
 #include <cmath>
+#include <cstddef>
 
 #include "plugins/optim/options.h"
 
@@ -134,6 +137,21 @@ void check_step(const OptimizerStep* hp, const char* who) {
   if (!std::isfinite(hp->grad_scale))
     fail(Code::kInvalidArgument,
          w + " update: grad_scale must be finite, got " + nlohmann::json(hp->grad_scale).dump());
+}
+
+const TensorView* step_scalars(const OptimizerStep* hp, DeviceType device, const char* who) {
+  if (hp->struct_size < offsetof(OptimizerStep, scalars) + sizeof(TensorView) ||
+      hp->scalars.data == nullptr)
+    return nullptr;
+  const TensorView& s = hp->scalars;
+  if (s.dtype != DType::kF64 || s.ndim != 1 || s.shape[0] != ops::kStepScalarCount ||
+      !is_contiguous(s) || s.device.type != device)
+    fail(Code::kInvalidArgument, std::string(who) + " update: the step scalars must be f64 (" +
+                                     std::to_string(ops::kStepScalarCount) + ") on the " +
+                                     device_type_name(device) + " device (loom/ops/optim.h), got " +
+                                     dtype_name(s.dtype) + " " + view_shape_str(s) + " on " +
+                                     device_type_name(s.device.type));
+  return &s;
 }
 
 }  // namespace loom::optim

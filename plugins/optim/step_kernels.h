@@ -73,4 +73,20 @@ class ShardArray {
 /// grad_scale finite. Throws kInvalidArgument prefixed with `who`.
 void check_step(const OptimizerStep* hp, const char* who);
 
+/// hp's step scalars (optimizer 1.3): the view, checked (f64 (ops::kStepScalarCount) on a
+/// `device` device), or null when hp has none (empty, or a caller older than the field).
+/// Throws kInvalidArgument prefixed with `who`.
+const TensorView* step_scalars(const OptimizerStep* hp, DeviceType device, const char* who);
+
+/// Runs a step op with one gradient: `kernel` on `grad`, then `scalars` as the op's last
+/// input when not null, and `outputs`.
+template <class Attrs>
+void run_step(const Kernel& kernel, const TensorView& grad, const TensorView* scalars,
+              std::initializer_list<TensorView> outputs, const Attrs& attrs, void* stream) {
+  const TensorView in[2] = {grad, scalars != nullptr ? *scalars : empty_view()};
+  std::vector<TensorView> out(outputs);
+  kernel.run(std::span<const TensorView>(in, scalars != nullptr ? 2 : 1),
+             std::span<TensorView>(out), attrs, stream);
+}
+
 }  // namespace loom::optim

@@ -1,4 +1,5 @@
-// adamw_step, adamw_step_multi and sgd_step (loom/ops.h) on CUDA, on contiguous f32 shards.
+// adamw_step, adamw_step_multi and sgd_step (loom/ops.h) on CUDA, on contiguous f32 shards,
+// and grad_norm_clip.
 //
 // Bandwidth-bound: each element reads grad and 2-3 f32 states and writes them back (plus
 // the cast parameter), ~28 bytes per element for AdamW with bf16 grad and parameter. So
@@ -14,9 +15,16 @@
 // block owns one chunk of kMultiChunk elements of one shard and finds it by a binary search
 // over the table's prefix of block starts. The elements go through adamw_range, the very
 // code of adamw_step's kernel, so the results are adamw_step's bit for bit.
+//
+// Step scalars (a call's optional last input, loom/ops/optim.h): every thread reads them when
+// the kernel runs and, unless the skip flag is set, computes the call's coefficients from
+// them with the host's code (loom/cpp/adamw_coef.h, loom/cpp/step_scalars.h: f64, powers by
+// repeated squaring), so a replayed graph's launch takes each step's values and gives what a
+// launch with those values in its attrs gives. grad_norm_clip is one thread.
 #include <loom/cpp/adamw_coef.h>
 #include <loom/cpp/error.h>
 #include <loom/cpp/op_checks/optim.h>
+#include <loom/cpp/step_scalars.h>
 
 #include <cmath>
 #include <string>
@@ -45,6 +53,10 @@ struct SgdCoef {
   float lr, momentum, wd, gs;
   bool nesterov, first;  // first: step 1 (buf = g)
 };
+
+__host__ __device__ inline SgdCoef sgd_coef(const ops::SgdAttrs& a) {
+  return SgdCoef{a.lr, a.momentum, a.weight_decay, a.grad_scale, a.nesterov != 0, a.step == 1};
+}
 
 __device__ __forceinline__ void sgd_point(const SgdCoef& c, float g, float& w, float* buf) {
   g = g * c.gs + c.wd * w;
@@ -95,10 +107,15 @@ __device__ __forceinline__ void adamw_range(const AdamCoef& c, const G* __restri
   }
 }
 
+// `scalars`: the call's step scalars, or null.
 template <class G, class P, bool kVec>
 __global__ void adamw_kernel(const G* __restrict__ grad, float* __restrict__ w,
                              float* __restrict__ m, float* __restrict__ v, P* __restrict__ param,
-                             int64_t n, AdamCoef c) {
+                             int64_t n, AdamCoef c, const double* __restrict__ scalars) {
+  if (scalars != nullptr) {
+    if (step_skipped(scalars)) return;
+    c = adamw_coef(c, scalars);
+  }
   adamw_range<G, P, kVec>(c, grad, w, m, v, param, 0, n,
                           int64_t{blockIdx.x} * blockDim.x + threadIdx.x,
                           int64_t{gridDim.x} * blockDim.x);
@@ -126,7 +143,8 @@ struct MultiShard {
 };
 
 struct MultiTable {
-  AdamCoef c;  // c.wd unused: each shard has its own
+  AdamCoef c;             // c.wd unused: each shard has its own
+  const double* scalars;  // the call's step scalars, or null
   int32_t count;
   // block_start[i]: the first block of shard i; block_start[count]: the launch's blocks. An
   // empty shard has no block (its start equals the next one's).
@@ -154,6 +172,10 @@ __global__ void __launch_bounds__(kThreads)
   }
   const MultiShard& s = table.shard[lo];
   AdamCoef c = table.c;
+  if (table.scalars != nullptr) {
+    if (step_skipped(table.scalars)) return;
+    c = adamw_coef(c, table.scalars);
+  }
   c.wd = s.wd;
   const int64_t begin = int64_t{b - table.block_start[lo]} * kMultiChunk;
   const int64_t end = begin + kMultiChunk < s.n ? begin + kMultiChunk : s.n;
@@ -168,7 +190,12 @@ __global__ void __launch_bounds__(kThreads)
 // `buf` may be null (momentum 0), `param` too.
 template <class G, class P, bool kVec>
 __global__ void sgd_kernel(const G* __restrict__ grad, float* __restrict__ w,
-                           float* __restrict__ buf, P* __restrict__ param, int64_t n, SgdCoef c) {
+                           float* __restrict__ buf, P* __restrict__ param, int64_t n, SgdCoef c,
+                           ops::SgdAttrs a, const double* __restrict__ scalars) {
+  if (scalars != nullptr) {
+    if (step_skipped(scalars)) return;
+    c = sgd_coef(sgd_attrs(a, scalars));
+  }
   const int64_t stride = int64_t{gridDim.x} * blockDim.x;
   const int64_t first = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   int64_t done = 0;
@@ -221,6 +248,8 @@ Status adamw_step(const OpCall* call) {
     current_device(ops::kAdamWStep, G);
     if (n == 0) return;
     const AdamCoef c = adamw_coef(*static_cast<const ops::AdamWAttrs*>(call->attrs));
+    const double* scalars = op_checks::step_scalars(call, 1);
+    if (scalars != nullptr) current_device(ops::kAdamWStep, call->inputs[1]);
     float* w = static_cast<float*>(call->outputs[0].data);
     float* m = static_cast<float*>(call->outputs[1].data);
     float* v = static_cast<float*>(call->outputs[2].data);
@@ -231,11 +260,11 @@ Status adamw_step(const OpCall* call) {
         const Tg* g = static_cast<const Tg*>(G.data);
         Tp* p = static_cast<Tp*>(Pv.data);
         if (packs_fit<Tg, Tp>(g, p, {w, m, v}))
-          adamw_kernel<Tg, Tp, true>
-              <<<grid_for(n / 4 + 1, kThreads), kThreads, 0, stream>>>(g, w, m, v, p, n, c);
+          adamw_kernel<Tg, Tp, true><<<grid_for(n / 4 + 1, kThreads), kThreads, 0, stream>>>(
+              g, w, m, v, p, n, c, scalars);
         else
           adamw_kernel<Tg, Tp, false>
-              <<<grid_for(n, kThreads), kThreads, 0, stream>>>(g, w, m, v, p, n, c);
+              <<<grid_for(n, kThreads), kThreads, 0, stream>>>(g, w, m, v, p, n, c, scalars);
       });
     });
     launch_check(ops::kAdamWStep);
@@ -268,6 +297,8 @@ Status adamw_step_multi(const OpCall* call) {
                         "] is on cuda:" + std::to_string(call->inputs[i].device.index) +
                         " but grad[0] on cuda:" + std::to_string(G0.device.index) +
                         ": one call updates the shards of one device");
+    const double* scalars = op_checks::step_scalars(call, a.count);
+    if (scalars != nullptr) current_device(ops::kAdamWStepMulti, call->inputs[a.count]);
     cudaStream_t stream = stream_of(call);
     // One table per dtype of the cast params (the kernel is templated on it; a shard without
     // a param joins any table), flushed when full. Usually every param has one dtype.
@@ -276,6 +307,7 @@ Status adamw_step_multi(const OpCall* call) {
     std::vector<bool> done(static_cast<size_t>(a.count), false);
     for (DType pt : param_types) {
       table.c = adamw_coef(a.lr, a.beta1, a.beta2, a.eps, 0.0f, a.grad_scale, a.step);
+      table.scalars = scalars;
       table.count = 0;
       table.block_start[0] = 0;
       for (int32_t i = 0; i < a.count; ++i) {
@@ -316,7 +348,9 @@ Status sgd_step(const OpCall* call) {
     current_device(ops::kSgdStep, G);
     if (n == 0) return;
     const auto& a = *static_cast<const ops::SgdAttrs*>(call->attrs);
-    const SgdCoef c{a.lr, a.momentum, a.weight_decay, a.grad_scale, a.nesterov != 0, a.step == 1};
+    const SgdCoef c = sgd_coef(a);
+    const double* scalars = op_checks::step_scalars(call, 1);
+    if (scalars != nullptr) current_device(ops::kSgdStep, call->inputs[1]);
     float* w = static_cast<float*>(call->outputs[0].data);
     float* buf = a.momentum != 0.0f ? static_cast<float*>(call->outputs[1].data) : nullptr;
     const TensorView& Pv = call->outputs[2];
@@ -326,14 +360,41 @@ Status sgd_step(const OpCall* call) {
         const Tg* g = static_cast<const Tg*>(G.data);
         Tp* p = static_cast<Tp*>(Pv.data);
         if (packs_fit<Tg, Tp>(g, p, {w, buf}))
-          sgd_kernel<Tg, Tp, true>
-              <<<grid_for(n / 4 + 1, kThreads), kThreads, 0, stream>>>(g, w, buf, p, n, c);
+          sgd_kernel<Tg, Tp, true><<<grid_for(n / 4 + 1, kThreads), kThreads, 0, stream>>>(
+              g, w, buf, p, n, c, a, scalars);
         else
           sgd_kernel<Tg, Tp, false>
-              <<<grid_for(n, kThreads), kThreads, 0, stream>>>(g, w, buf, p, n, c);
+              <<<grid_for(n, kThreads), kThreads, 0, stream>>>(g, w, buf, p, n, c, a, scalars);
       });
     });
     launch_check(ops::kSgdStep);
+  });
+}
+
+__global__ void grad_norm_clip_kernel(const double* __restrict__ sumsq, double* __restrict__ s,
+                                      ops::GradNormClipAttrs a) {
+  grad_norm_clip(*sumsq, a.max_norm, s);
+}
+
+Status grad_norm_clip_op(const OpCall* call) {
+  return guard([&] {
+    op_checks::check_grad_norm_clip(call, false, DeviceType::kCuda);
+    current_device(ops::kGradNormClip, call->inputs[0]);
+    current_device(ops::kGradNormClip, call->outputs[0]);
+    grad_norm_clip_kernel<<<1, 1, 0, stream_of(call)>>>(
+        static_cast<const double*>(call->inputs[0].data),
+        static_cast<double*>(call->outputs[0].data),
+        *static_cast<const ops::GradNormClipAttrs*>(call->attrs));
+    launch_check(ops::kGradNormClip);
+  });
+}
+bool grad_norm_clip_supports(const OpCall* call) {
+  return check_passes([&] { op_checks::check_grad_norm_clip(call, true, DeviceType::kCuda); });
+}
+Status grad_norm_clip_cost(const OpCall* call, OpCost* out) {
+  return guard([&] {
+    op_checks::check_grad_norm_clip(call, true, DeviceType::kCuda);
+    *out = io_cost(call, 8.0);
   });
 }
 
@@ -375,6 +436,8 @@ void add_step_kernels(std::vector<KernelDesc>& out) {
   add_cuda_kernels(out, ops::kAdamWStepMulti, adamw_step_multi, adamw_step_multi_supports,
                    adamw_step_multi_cost);
   add_cuda_kernels(out, ops::kSgdStep, sgd_step, sgd_step_supports, sgd_step_cost);
+  add_cuda_kernels(out, ops::kGradNormClip, grad_norm_clip_op, grad_norm_clip_supports,
+                   grad_norm_clip_cost, {DType::kF64});
 }
 
 }  // namespace loom::kernels::cuda::optim

@@ -17,7 +17,9 @@ namespace loom::kinds {
 // fused into the norm and a second gradient added into the input's (loom/kinds/model.h,
 // INorm); a caller checks the minor before passing them. attention 1.2 (ABI 1.10): a calling
 // convention too: q, k, v may be the views of one fused QKV tensor (loom/cpp/nn/qkv_views.h,
-// loom/kinds/attention.h); a caller checks the minor before passing such views.
+// loom/kinds/attention.h); a caller checks the minor before passing such views. optimizer 1.3
+// (ABI 1.11): OptimizerStep::scalars, the step's values in device memory
+// (loom/kinds/optimizer.h); a caller checks the minor (has_step_scalars) before passing them.
 inline constexpr InterfaceInfo kModel{"model", 1, 1};                   ///< whole network
 inline constexpr InterfaceInfo kLayer{"layer", 1, 1};                   ///< one transformer layer
 inline constexpr InterfaceInfo kModule{"module", 1, 1};                 ///< any other module
@@ -30,7 +32,7 @@ inline constexpr InterfaceInfo kMoeDispatcher{"moe_dispatcher", 1, 0};  ///< MoE
 // Numerics and training.
 inline constexpr InterfaceInfo kFp8Recipe{"fp8_recipe", 1, 0};
 /// 1.1: update_many (check has_update_many before calling it); 1.2: hyper (has_hyper).
-inline constexpr InterfaceInfo kOptimizer{"optimizer", 1, 2};
+inline constexpr InterfaceInfo kOptimizer{"optimizer", 1, 3};
 inline constexpr InterfaceInfo kLrSchedule{"lr_schedule", 1, 0};
 inline constexpr InterfaceInfo kPipelineSchedule{"pipeline_schedule", 1, 0};
 // Infrastructure.

@@ -146,7 +146,7 @@ TEST(DistributedOptimizer, GradientNormIsOverEveryElementOnceAndUnscaled) {
 TEST(DistributedOptimizer, UpdatesEveryShardWithTheStepsScaleAndDecay) {
   Fixture f(DType::kF32);
   const double lr = 0.1, wd = 0.5, scale = 0.25;
-  f.optimizer->update(OptimizerStep{sizeof(OptimizerStep), 1, lr, wd, scale});
+  f.optimizer->update(OptimizerStep{sizeof(OptimizerStep), 1, lr, wd, scale, {}});
   EXPECT_EQ(f.sgd->shard_calls, 1);  // one update_many call for every shard
   EXPECT_EQ(f.sgd->updates, 0);
   size_t k = 0;
@@ -165,7 +165,7 @@ TEST(DistributedOptimizer, UpdatesEveryShardWithTheStepsScaleAndDecay) {
 TEST(DistributedOptimizer, Bf16ParametersKeepF32MastersAndGetTheirCast) {
   Fixture f(DType::kBF16);
   const double lr = 0.1;
-  f.optimizer->update(OptimizerStep{sizeof(OptimizerStep), 1, lr, 0.0, 1.0});
+  f.optimizer->update(OptimizerStep{sizeof(OptimizerStep), 1, lr, 0.0, 1.0, {}});
   EXPECT_EQ(f.optimizer->master_bytes(), 13u * 4);
   // The masters started from the bf16 values (1, 2, ... are exact in bf16); the parameter
   // is the new master rounded to bf16.
@@ -180,7 +180,7 @@ TEST(DistributedOptimizer, Bf16ParametersKeepF32MastersAndGetTheirCast) {
 
 TEST(DistributedOptimizer, AnOptimizer10UpdatesEachShardAndTheCoreCasts) {
   Fixture a(DType::kBF16, 2), b(DType::kBF16, 0);
-  OptimizerStep hp{sizeof(OptimizerStep), 1, 0.1, 0.5, 1.0};
+  OptimizerStep hp{sizeof(OptimizerStep), 1, 0.1, 0.5, 1.0, {}};
   a.optimizer->update(hp);
   b.optimizer->update(hp);
   EXPECT_EQ(b.sgd->shard_calls, 0) << "update_many called on an optimizer 1.0";

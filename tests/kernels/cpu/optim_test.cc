@@ -156,7 +156,169 @@ TEST_P(OptimTest, AdamWMultiFastMatchesReference) {
   expect_fast_matches_ref(ops::kAdamWStepMulti, GetParam(), c.grads, c.outs, &c.attrs);
 }
 
+// Step scalars f64 (kStepScalarCount): lr, step and grad scale, the skip flag.
+Tensor step_scalars(double lr, int64_t step, double grad_scale, bool skip) {
+  Tensor s = Tensor::filled(DType::kF64, {ops::kStepScalarCount}, 0);
+  s.set(ops::kStepLr, lr);
+  s.set(ops::kStepIndex, static_cast<double>(step));
+  s.set(ops::kStepGradScale, grad_scale);
+  s.set(ops::kStepSkip, skip ? 1 : 0);
+  return s;
+}
+
+// With step scalars, every step op reads lr, step and grad scale there, not in its attrs
+// (which hold other values here): the results equal, to the bit, those of a call whose
+// attrs hold the scalars' values (lr and grad scale rounded to f32, as a caller rounds
+// them). With the skip flag set a call writes nothing. Both kernels, every grad dtype.
+TEST_P(OptimTest, StepScalarsReplaceTheAttrsValues) {
+  std::mt19937 rng(6);
+  const DType dt = GetParam();
+  const double lr = 2.5e-3 + 1e-12, gs = 0.37 + 1e-12;  // not f32 values: the rounding counts
+  const int64_t step = 5;
+  for (const char* name : {"cpu.ref", "cpu.fast"}) {
+    if (std::string(name) == "cpu.fast" &&
+        (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")))
+      continue;  // cpu.fast declines without AVX2: only the reference runs here
+    SCOPED_TRACE(name);
+    for (bool skip : {false, true}) {
+      SCOPED_TRACE(skip ? "skip" : "update");
+      Tensor scalars = step_scalars(lr, step, gs, skip);
+      const int64_t n = 4099;
+      Tensor g = Tensor::random(dt, {n}, rng), w = Tensor::random(DType::kF32, {n}, rng);
+      Tensor m = Tensor::random(DType::kF32, {n}, rng),
+             v = Tensor::random(DType::kF32, {n}, rng, 0, 1), p(dt, {n});
+      // adamw_step: attrs with other lr, grad scale and step, against attrs with the scalars'.
+      ops::AdamWAttrs stale{9e-1f, 0.9f, 0.95f, 1e-8f, 0.1f, 3.0f, 1};
+      ops::AdamWAttrs fresh{static_cast<float>(lr), 0.9f, 0.95f, 1e-8f, 0.1f,
+                            static_cast<float>(gs), step};
+      std::vector<Tensor> a = {w, m, v, p}, b = a;
+      run(ops::kAdamWStep, name, dt, {&g, &scalars}, {&a[0], &a[1], &a[2], &a[3]}, &stale);
+      if (!skip) run(ops::kAdamWStep, name, dt, {&g}, {&b[0], &b[1], &b[2], &b[3]}, &fresh);
+      for (size_t j = 0; j < a.size(); ++j)
+        EXPECT_TRUE(same_bits(a[j], b[j])) << "adamw_step output " << j;
+      if (!skip) {
+        EXPECT_FALSE(same_bits(a[0], w)) << "adamw_step: the master did not move";
+      }
+      // adamw_step_multi: every shard reads the one set of scalars.
+      MultiCase c(dt, 1, rng);
+      std::vector<Tensor> multi = c.outs, single = c.outs;
+      std::vector<Tensor*> in, out;
+      for (Tensor& t : c.grads) in.push_back(&t);
+      in.push_back(&scalars);
+      for (Tensor& t : multi) out.push_back(&t);
+      run(ops::kAdamWStepMulti, name, dt, in, out, &c.attrs);
+      for (int i = 0; i < c.attrs.count && !skip; ++i) {
+        ops::AdamWAttrs at = c.single(i);
+        at.lr = static_cast<float>(lr);
+        at.grad_scale = static_cast<float>(gs);
+        at.step = step;
+        run(ops::kAdamWStep, name, dt, {&c.grads[i]},
+            {&single[4 * i], &single[4 * i + 1], &single[4 * i + 2], &single[4 * i + 3]}, &at);
+      }
+      for (size_t j = 0; j < multi.size(); ++j)
+        EXPECT_TRUE(same_bits(multi[j], single[j]))
+            << "adamw_step_multi shard " << j / 4 << " output " << j % 4;
+      // sgd_step with momentum: step 1 starts the buffer, so the step must come from the
+      // scalars too (the stale attrs say step 1).
+      ops::SgdAttrs sgd_stale{0.5f, 0.9f, 0.01f, 3.0f, 1, 1};
+      ops::SgdAttrs sgd_fresh{static_cast<float>(lr), 0.9f, 0.01f, static_cast<float>(gs), 1, step};
+      std::vector<Tensor> sa = {w, m, p}, sb = sa;
+      run(ops::kSgdStep, name, dt, {&g, &scalars}, {&sa[0], &sa[1], &sa[2]}, &sgd_stale);
+      if (!skip) run(ops::kSgdStep, name, dt, {&g}, {&sb[0], &sb[1], &sb[2]}, &sgd_fresh);
+      for (size_t j = 0; j < sa.size(); ++j)
+        EXPECT_TRUE(same_bits(sa[j], sb[j])) << "sgd_step output " << j;
+    }
+  }
+}
+
+// The same calls with step scalars, fast against reference and (with a GPU) the CUDA kernels
+// against the reference: with the skip flag, and without.
+TEST_P(OptimTest, StepScalarsFastAndDeviceMatchReference) {
+  std::mt19937 rng(7);
+  const DType dt = GetParam();
+  for (bool skip : {false, true}) {
+    SCOPED_TRACE(skip ? "skip" : "update");
+    Tensor scalars = step_scalars(2.5e-3, 5, 0.37, skip);
+    const int64_t n = 4099;
+    Tensor g = Tensor::random(dt, {n}, rng), w = Tensor::random(DType::kF32, {n}, rng);
+    Tensor m = Tensor::random(DType::kF32, {n}, rng),
+           v = Tensor::random(DType::kF32, {n}, rng, 0, 1);
+    ops::AdamWAttrs aw{9e-1f, 0.9f, 0.95f, 1e-8f, 0.1f, 3.0f, 1};
+    expect_fast_matches_ref(ops::kAdamWStep, dt, {g, scalars}, {w, m, v, Tensor(dt, {n})}, &aw,
+                            "with step scalars");
+    ops::SgdAttrs sg{0.5f, 0.9f, 0.01f, 3.0f, 1, 1};
+    expect_fast_matches_ref(ops::kSgdStep, dt, {g, scalars}, {w, m, Tensor(dt, {n})}, &sg,
+                            "with step scalars");
+    MultiCase c(dt, 1, rng);
+    std::vector<Tensor> in = c.grads;
+    in.push_back(scalars);
+    expect_fast_matches_ref(ops::kAdamWStepMulti, dt, in, c.outs, &c.attrs, "with step scalars");
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, OptimTest, ::testing::ValuesIn(float_dtypes()), dtype_param_name);
+
+// grad_norm_clip against the formula written out here: norm = sqrt(sumsq) / divisor; the
+// gradient scale times max_norm / (norm + 1e-6) when that is below 1; the skip flag for a
+// non-finite norm or when already set (then the scale is left alone).
+TEST(GradNormClip, NormClippingAndSkipFollowTheFormula) {
+  struct Case {
+    double sumsq, divisor, max_norm, scale;
+    bool skip_in;
+  };
+  const Case cases[] = {
+      {16.0, 2.0, 1.0, 0.5, false},           // norm 2 > 1: clipped
+      {16.0, 2.0, 3.0, 0.5, false},           // norm 2 < 3: unclipped
+      {16.0, 2.0, 0.0, 0.5, false},           // no clipping
+      {0.0, 1.0, 1.0, 1.0, false},            // zero gradients
+      {1e300 * 1e300, 1.0, 1.0, 1.0, false},  // inf: skip
+      {NAN, 4.0, 1.0, 1.0, false},            // NaN: skip
+      {16.0, 2.0, 1.0, 0.5, true},            // the loss was not finite: skip, scale kept
+  };
+  for (const Case& c : cases) {
+    Tensor sumsq = Tensor::filled(DType::kF64, {1}, c.sumsq);
+    Tensor s = step_scalars(1e-3, 7, c.scale, c.skip_in);
+    s.set(ops::kStepNormDivisor, c.divisor);
+    ops::GradNormClipAttrs at{c.max_norm};
+    run_ref(ops::kGradNormClip, DType::kF64, {&sumsq}, {&s}, &at);
+    const double norm = std::sqrt(c.sumsq) / c.divisor;
+    const bool skip = c.skip_in || !std::isfinite(norm);
+    double scale = c.scale;
+    if (!skip && c.max_norm > 0 && c.max_norm / (norm + 1e-6) < 1)
+      scale *= c.max_norm / (norm + 1e-6);
+    std::printf("sumsq %g divisor %g max_norm %g: norm %g skip %g scale %.17g (expected %.17g)\n",
+                c.sumsq, c.divisor, c.max_norm, s.get(ops::kStepGradNorm), s.get(ops::kStepSkip),
+                s.get(ops::kStepGradScale), scale);
+    if (std::isnan(norm))
+      EXPECT_TRUE(std::isnan(s.get(ops::kStepGradNorm)));
+    else
+      EXPECT_EQ(s.get(ops::kStepGradNorm), norm);
+    EXPECT_EQ(s.get(ops::kStepSkip), skip ? 1.0 : 0.0);
+    EXPECT_EQ(s.get(ops::kStepGradScale), scale);
+    EXPECT_EQ(s.get(ops::kStepLr), 1e-3);  // the rest untouched
+    EXPECT_EQ(s.get(ops::kStepIndex), 7.0);
+  }
+  // The fast kernel and (with a GPU) the CUDA kernel on the clipped case.
+  Tensor clip_sumsq = Tensor::filled(DType::kF64, {1}, 16.0);
+  Tensor clip_s = step_scalars(1e-3, 7, 0.5, false);
+  clip_s.set(ops::kStepNormDivisor, 2.0);
+  ops::GradNormClipAttrs clip_at{1.0};
+  expect_fast_matches_ref(ops::kGradNormClip, DType::kF64, {clip_sumsq}, {clip_s}, &clip_at);
+  // A bad call is declined by supports and names the fix when run.
+  Tensor sumsq = Tensor::filled(DType::kF64, {1}, 1), small = Tensor::filled(DType::kF64, {5}, 0);
+  ops::GradNormClipAttrs at{1.0};
+  CallHolder h({&sumsq}, {&small}, &at);
+  const KernelDesc& kd = kernel(ops::kGradNormClip, DType::kF64, "cpu.ref");
+  EXPECT_FALSE(kd.supports(&h.call));
+  Status st = kd.fn(&h.call);
+  EXPECT_EQ(st.code, Code::kInvalidArgument);
+  std::string msg = take_message(&st);
+  std::printf("%s\n", msg.c_str());
+  EXPECT_NE(msg.find("grad_norm_clip: output 0 (step_scalars) has shape (5), expected "
+                     "(kStepScalarCount) = (6)"),
+            std::string::npos)
+      << msg;
+}
 
 TEST(OptimErrors, ZeroStepAndWrongStateShape) {
   Tensor g(DType::kF32, {4}), w(DType::kF32, {4}), m(DType::kF32, {4}), v(DType::kF32, {3}), none;

@@ -59,6 +59,7 @@ const std::vector<const char*> kAllOps = {
     ops::kAdamWStep,
     ops::kAdamWStepMulti,
     ops::kSgdStep,
+    ops::kGradNormClip,
     ops::kFp8Quantize,
     ops::kFp8Gemm,
     ops::kFp8ScaleUpdate,
@@ -83,7 +84,8 @@ const std::vector<const char*> kAllOps = {
 
 // The dtypes an op is keyed on: every float dtype, f32 alone for an op keyed on an
 // always-f32 input whatever the model's dtype, the two FP8 formats for fp8_gemm, and f64 for
-// the ops of the fp64 router (f32 and f64 for its top-k).
+// the ops of the fp64 router (f32 and f64 for its top-k) and for grad_norm_clip (the f64
+// step scalars).
 std::vector<DType> key_dtypes(const char* op) {
   std::string name = op;
   if (name == ops::kMoeTopk || name == ops::kMoeTopkBwd) return {DType::kF32, DType::kF64};
@@ -92,6 +94,7 @@ std::vector<DType> key_dtypes(const char* op) {
   if (name == ops::kCrossEntropyCombine || name == ops::kFp8ScaleUpdate || name == ops::kMaskedSum)
     return {DType::kF32};
   if (name == ops::kFp8Gemm) return {DType::kF8E4M3, DType::kF8E5M2};
+  if (name == ops::kGradNormClip) return {DType::kF64};
   return float_dtypes();
 }
 

@@ -98,9 +98,12 @@ TEST(FamilyRegistry, OneCudaKernelPerOpAndDtype) {
     EXPECT_NE(k->cost, nullptr);
   }
   for (DType dt : kFloats) EXPECT_EQ(find(ops::kFp8Gemm, dt), nullptr) << dtype_name(dt);
+  // grad_norm_clip works on the f64 step scalars: keyed on f64 alone.
+  ASSERT_NE(find(ops::kGradNormClip, DType::kF64), nullptr);
+  for (DType dt : kFloats) EXPECT_EQ(find(ops::kGradNormClip, dt), nullptr) << dtype_name(dt);
   for (const KernelDesc& k : family_kernels()) {
     bool known = std::string(k.op) == ops::kFp8Gemm || std::string(k.op) == ops::kGemmEpilogue ||
-                 std::string(k.op) == ops::kSumSqMulti;
+                 std::string(k.op) == ops::kSumSqMulti || std::string(k.op) == ops::kGradNormClip;
     for (const char* op : kOps) known = known || std::string(op) == k.op;
     EXPECT_TRUE(known) << k.op;
   }

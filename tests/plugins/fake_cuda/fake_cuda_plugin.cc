@@ -6,6 +6,7 @@
 // below 2^47, so a tagged pointer is not canonical and any load or store through it faults;
 // offsets into a block keep the tag, so views into device memory work as on a GPU.
 #include <loom/ops/moe.h>
+#include <loom/ops/optim.h>
 #include <loom/sdk.h>
 
 #include <array>
@@ -352,15 +353,17 @@ bool untag_attr_pointers(const char* op, HostCall& h, loom::ops::GroupedGemmAttr
   return true;
 }
 
-// A kernel call kept for replay: its own copies of the views, the attrs' bytes and the
-// grouped GEMM's pointer array, as a CUDA graph keeps a launch's arguments.
+// A kernel call kept for replay: its own copies of the views, the attrs' bytes, the
+// grouped GEMM's pointer array and adamw_step_multi's weight decays (host arrays the call
+// reads when it is made), as a CUDA graph keeps a launch's arguments.
 struct RecordedCall {
   std::vector<TensorView> in, out;
   std::vector<unsigned char> attrs;
   std::vector<void*> pointers;
+  std::vector<float> decays;
   OpCall call{};
 
-  RecordedCall(const OpCall& c, const std::vector<void*>& weights) : call(c) {
+  RecordedCall(const char* op, const OpCall& c, const std::vector<void*>& weights) : call(c) {
     if (c.inputs != nullptr) in.assign(c.inputs, c.inputs + c.num_inputs);
     if (c.outputs != nullptr) out.assign(c.outputs, c.outputs + c.num_outputs);
     if (c.attrs != nullptr && c.attrs_size > 0) {
@@ -368,6 +371,12 @@ struct RecordedCall {
       attrs.assign(bytes, bytes + c.attrs_size);
     }
     pointers = weights;
+    if (std::string(op) == loom::ops::kAdamWStepMulti &&
+        attrs.size() == sizeof(loom::ops::AdamWMultiAttrs)) {
+      const auto* a = reinterpret_cast<const loom::ops::AdamWMultiAttrs*>(attrs.data());
+      if (a->weight_decay != nullptr && a->count > 0)
+        decays.assign(a->weight_decay, a->weight_decay + a->count);
+    }
   }
   const OpCall* prepare() {
     call.inputs = call.inputs != nullptr ? in.data() : nullptr;
@@ -376,6 +385,8 @@ struct RecordedCall {
       call.attrs = attrs.data();
       if (!pointers.empty())  // untag_attr_pointers made these the GroupedGemmAttrs' weights
         reinterpret_cast<loom::ops::GroupedGemmAttrs*>(attrs.data())->weights = pointers.data();
+      if (!decays.empty())
+        reinterpret_cast<loom::ops::AdamWMultiAttrs*>(attrs.data())->weight_decay = decays.data();
     }
     return &call;
   }
@@ -389,7 +400,7 @@ Status run(const OpCall* c) {
   if (h.ok) untag_attr_pointers(g_cpu[I].op, h, attrs, pointers);
   if (!h.ok) return loom::make_status(Code::kInvalidArgument, h.error.c_str());
   if (g_runtime.capturing()) {
-    auto recorded = std::make_shared<RecordedCall>(h.call, pointers);
+    auto recorded = std::make_shared<RecordedCall>(g_cpu[I].op, h.call, pointers);
     if (g_runtime.record([recorded] { return g_cpu[I].fn(recorded->prepare()); }))
       return loom::ok_status();
   }

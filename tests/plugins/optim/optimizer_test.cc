@@ -66,7 +66,7 @@ class OptimizerTest : public ::testing::Test {
   static void run(IOptimizer& opt, Shard& shard, double wd, bool decay, double grad_scale,
                   DType grad_dtype = DType::kF32) {
     for (int t = 0; t < kSteps; ++t) {
-      OptimizerStep hp{sizeof(OptimizerStep), t + 1, kLr[t], wd, grad_scale};
+      OptimizerStep hp{sizeof(OptimizerStep), t + 1, kLr[t], wd, grad_scale, {}};
       TensorView master = make_view(shard.master.data(), DType::kF32, {kN});
       std::vector<uint16_t> bf16(kN);
       TensorView grad = make_view(shard.grads[t].data(), DType::kF32, {kN});
@@ -295,7 +295,7 @@ TEST_F(OptimizerErrorTest, BadUpdateCallsAreRefused) {
   TensorView grad = make_view(g.data(), DType::kF32, {kN});
   TensorView states[2] = {make_view(m.data(), DType::kF32, {kN}),
                           make_view(v.data(), DType::kF32, {kN})};
-  OptimizerStep hp{sizeof(OptimizerStep), 1, 1e-3, 0.0, 1.0};
+  OptimizerStep hp{sizeof(OptimizerStep), 1, 1e-3, 0.0, 1.0, {}};
   Code code = Code::kOk;
 
   OptimizerStep step0 = hp;

@@ -3,7 +3,9 @@
 // each shard followed by a cast of its master into its param gives (AdamW through
 // adamw_step_multi, or adamw_step per shard where a pin sends adamw_step to another kernel);
 // shards with f32 and bf16 gradients in one call; a newer caller's larger OptimizerShard;
-// and bad calls refused, naming the shard, before anything is written.
+// and bad calls refused, naming the shard, before anything is written. And the step scalars
+// (optimizer 1.3): the step's values read from them give the host values' bits, and their
+// skip flag leaves every shard as it was.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -14,6 +16,7 @@
 
 #include "loom/cpp/half.h"
 #include "loom/cpp/tensor.h"
+#include "loom/ops.h"
 #include "tests/plugins/optim/optim_env.h"
 
 namespace loom::testing {
@@ -87,7 +90,7 @@ std::vector<Shard> make_shards(int32_t state_count, bool bf16_grads) {
 }
 
 OptimizerStep step_hp(int t) {
-  return OptimizerStep{sizeof(OptimizerStep), t + 1, kLr[t], 0.1, t == 1 ? 0.5 : 1.0};
+  return OptimizerStep{sizeof(OptimizerStep), t + 1, kLr[t], 0.1, t == 1 ? 0.5 : 1.0, {}};
 }
 
 std::string failure(Status status, Code* code) {
@@ -113,11 +116,26 @@ void run_per_shard(IOptimizer& opt, std::vector<Shard>& shards) {
   }
 }
 
-// The new way: one update_many per step.
-void run_many(IOptimizer& opt, std::vector<Shard>& shards) {
+// The new way: one update_many per step. `scalars`: the step's lr, step and gradient scale
+// go in OptimizerStep::scalars (optimizer 1.3) and the host fields hold other values, which
+// must not be read; `skip`: the scalars' skip flag is set.
+void run_many(IOptimizer& opt, std::vector<Shard>& shards, bool scalars = false,
+              bool skip = false) {
   ASSERT_TRUE(has_update_many(opt));
   for (int t = 0; t < kSteps; ++t) {
     OptimizerStep hp = step_hp(t);
+    double s[ops::kStepScalarCount] = {};
+    if (scalars) {
+      ASSERT_TRUE(has_step_scalars(opt));
+      s[ops::kStepLr] = hp.lr;
+      s[ops::kStepIndex] = static_cast<double>(hp.step);
+      s[ops::kStepGradScale] = hp.grad_scale;
+      s[ops::kStepSkip] = skip ? 1.0 : 0.0;
+      hp.scalars = make_view(s, DType::kF64, {ops::kStepScalarCount});
+      hp.lr = 0.9;
+      hp.step = 1;
+      hp.grad_scale = 3.0;
+    }
     std::vector<std::vector<TensorView>> states;
     std::vector<OptimizerShard> many;
     for (Shard& s : shards) states.push_back(s.state_views());
@@ -196,6 +214,57 @@ TEST_F(UpdateManyTest, SgdEqualsUpdatePerShardAndCast) {
   check_equivalence({{"impl", "sgd"}, {"weight_decay", 0.01}}, json::object(), 1, false);
   check_equivalence({{"impl", "sgd"}, {"nesterov", true}}, {{"params_dtype", "bf16"}}, 1, true);
   check_equivalence({{"impl", "sgd"}, {"momentum", 0.0}}, json::object(), 0, false);
+}
+
+// The step scalars give the host values' results bit for bit: AdamW through
+// adamw_step_multi and through adamw_step per shard (pinned), SGD with momentum (whose
+// first step starts the buffer: the step must come from the scalars too).
+TEST_F(UpdateManyTest, StepScalarsGiveTheHostValuesBits) {
+  struct Case {
+    json node, inherited;
+    int32_t states;
+    bool bf16, pin;
+  };
+  const Case cases[] = {
+      {{{"impl", "adamw"}}, {{"params_dtype", "bf16"}}, 2, true, false},
+      {{{"impl", "adamw"}}, {{"params_dtype", "bf16"}}, 2, true, true},
+      {{{"impl", "sgd"}, {"momentum", 0.9}}, json::object(), 1, false, false},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.node.dump() + (c.pin ? " adamw_step pinned" : ""));
+    if (c.pin) env_.plugins().host().set_pins({{"adamw_step", "cpu.ref"}});
+    IOptimizer& host = build(c.node, c.inherited);
+    IOptimizer& device = build(c.node, c.inherited);
+    std::vector<Shard> a = make_shards(c.states, c.bf16), b = a;
+    run_many(host, a);
+    run_many(device, b, /*scalars=*/true);
+    expect_same_bits(a, b);
+    EXPECT_NE(b[2].master, make_shards(c.states, c.bf16)[2].master);
+    // Skipped: nothing written, not even the params' casts.
+    IOptimizer& skipping = build(c.node, c.inherited);
+    std::vector<Shard> d = make_shards(c.states, c.bf16);
+    const std::vector<Shard> before = d;
+    run_many(skipping, d, /*scalars=*/true, /*skip=*/true);
+    expect_same_bits(before, d);
+    env_.plugins().host().set_pins({});
+  }
+}
+
+TEST_F(UpdateManyTest, BadStepScalarsAreRefusedWithTheirShape) {
+  IOptimizer& opt = build({{"impl", "adamw"}});
+  std::vector<Shard> shards = make_shards(2, false);
+  std::vector<TensorView> states = shards[0].state_views();
+  OptimizerShard one{sizeof(OptimizerShard),  1,
+                     shards[0].master_view(), shards[0].grad_view(0),
+                     states.data(),           shards[0].param_view()};
+  OptimizerStep hp = step_hp(0);
+  float wrong[ops::kStepScalarCount] = {};
+  hp.scalars = make_view(wrong, DType::kF32, {ops::kStepScalarCount});
+  Code code = Code::kOk;
+  EXPECT_EQ(failure(opt.update_many(&hp, 1, &one, nullptr), &code),
+            "adamw update: the step scalars must be f64 (6) on the cpu device "
+            "(loom/ops/optim.h), got f32 (6) on cpu");
+  EXPECT_EQ(code, Code::kInvalidArgument);
 }
 
 TEST_F(UpdateManyTest, ANewerCallersLargerShardsAreReadWithItsStride) {

@@ -135,6 +135,7 @@ class OpArgs {
   const TensorView& f32_in(int i) const { return tensor(true, i, DType::kF32); }
   const TensorView& float_out(int i) const { return tensor(false, i, DType::kInvalid); }
   const TensorView& f32_out(int i) const { return tensor(false, i, DType::kF32); }
+  const TensorView& f64_in(int i) const { return tensor(true, i, DType::kF64); }
   const TensorView& f64_out(int i) const { return tensor(false, i, DType::kF64); }
   const TensorView& i32_out(int i) const { return tensor(false, i, DType::kI32); }
   /// Required float tensors whose rows may be strided: the last dimension is packed (stride

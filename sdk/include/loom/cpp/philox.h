@@ -15,16 +15,7 @@
 
 #include <stdint.h>
 
-// LOOM_HOST_DEVICE, LOOM_FORCEINLINE: under nvcc (__CUDACC__) the functions below are
-// compiled for the host and the device, and the hot ones always inlined (kernels draw a block
-// per 4 elements in their inner loops); elsewhere they are plain inline functions.
-#ifdef __CUDACC__
-#define LOOM_HOST_DEVICE __host__ __device__
-#define LOOM_FORCEINLINE __forceinline__
-#else
-#define LOOM_HOST_DEVICE
-#define LOOM_FORCEINLINE inline
-#endif
+#include "loom/cpp/host_device.h"
 
 namespace loom {
 

@@ -4,7 +4,10 @@
 // GPU: one multi-tensor kernel launch per table of shards instead of an update and a cast
 // launch per parameter). A caller checks `has_update_many` (below) before calling it: an
 // optimizer built against older headers has no such method. Optimizer 1.2 (ABI 1.5) appends
-// IOptimizer::hyper.
+// IOptimizer::hyper. Optimizer 1.3 (ABI 1.11) appends OptimizerStep::scalars: the step's
+// learning rate, step, gradient scale and skip flag in device memory, read by the kernels
+// when they run, so that the update can be captured once in a graph and replayed every step
+// (/train/cuda_graph "step"); a caller checks `has_step_scalars` before passing them.
 //
 // What loom hands an optimizer and what it reads back (the whole contract; nothing else is
 // read by name):
@@ -39,6 +42,13 @@ struct OptimizerStep {
   double lr;            ///< learning rate for this step
   double weight_decay;  ///< decoupled weight decay for params without kParamNoWeightDecay
   double grad_scale;    ///< gradients are multiplied by this first (clipping, 1/loss scale)
+  /// Optimizer 1.3: the step scalars (loom/ops/optim.h, f64 (ops::kStepScalarCount)) on the
+  /// optimizer's device, or empty (data null). When present, the update's kernels read the
+  /// learning rate, the step and the gradient scale there, and write nothing when its skip
+  /// flag is set; the fields above must still hold valid values (weight_decay is read from
+  /// them either way). Pass them to the step ops as their last input (ops::kAdamWStep ...).
+  /// Read it only when struct_size covers it (a caller built against older headers).
+  TensorView scalars;
 };
 
 /// What an optimizer was configured with (IOptimizer::hyper, optimizer 1.2).
@@ -117,6 +127,12 @@ inline bool has_update_many(const IOptimizer& optimizer) noexcept {
 inline bool has_hyper(const IOptimizer& optimizer) noexcept {
   InterfaceInfo info = optimizer.interface_info();
   return info.major == 1 && info.minor >= 2;
+}
+
+/// Whether `optimizer` implements optimizer 1.3, i.e. honours OptimizerStep::scalars.
+inline bool has_step_scalars(const IOptimizer& optimizer) noexcept {
+  InterfaceInfo info = optimizer.interface_info();
+  return info.major == 1 && info.minor >= 3;
 }
 
 /// A learning-rate schedule: a pure function of the step (resume needs no other state).

@@ -11,9 +11,43 @@ namespace loom::ops {
 // Optimizer steps (on contiguous f32 shards)
 // ---------------------------------------------------------------------------------------
 
+// Step scalars (ABI 1.11): the optimizer ops below take an optional last input, the
+// step's scalars in device memory, f64 (kStepScalarCount) on the op's device:
+//   [kStepLr] learning rate, [kStepIndex] the 1-based step, [kStepGradScale] the gradient
+//   scale, [kStepSkip] nonzero: the call writes nothing (a non-finite gradient norm or
+//   loss); and for grad_norm_clip: [kStepNormDivisor] the loss scale the gradients carry
+//   (1 without one), [kStepGradNorm] the gradient norm it writes.
+// With them a call reads lr, step and grad_scale there, when it runs, in place of its attrs'
+// (which must still be valid): a captured graph of the optimizer's step (/train/cuda_graph
+// "step") replays the same launches with each step's values. The kernel converts them as
+// a caller converts the host's doubles into the attrs (lr and grad_scale rounded to f32,
+// the step truncated), so a call gives the same bits either way. A kernel library built
+// against older headers refuses the extra input (its input count): rebuild it.
+inline constexpr int kStepScalarCount = 6;
+enum StepScalar : int {
+  kStepLr = 0,
+  kStepIndex = 1,
+  kStepGradScale = 2,
+  kStepSkip = 3,
+  kStepNormDivisor = 4,
+  kStepGradNorm = 5,
+};
+
+/// "grad_norm_clip": the gradient norm and clipping of a step on the device, in f64:
+/// norm = sqrt(sumsq[0]) / S[kStepNormDivisor]; S[kStepGradNorm] = norm; S[kStepSkip] = 1
+/// when it was nonzero or norm is not finite; else, when max_norm > 0 and
+/// c = max_norm / (norm + 1e-6) < 1, S[kStepGradScale] *= c (Megatron's clip_grad_norm).
+///   inputs:  [0] sumsq f64 (1): the gradients' sum of squares (sumsq_multi)
+///   outputs: [0] S f64 (kStepScalarCount): the step scalars, read and written
+///   attrs:   GradNormClipAttrs (required)
+inline constexpr const char* kGradNormClip = "grad_norm_clip";
+struct GradNormClipAttrs {
+  double max_norm;  ///< clip to this global norm; 0: no clipping
+};
+
 /// "adamw_step": g = grad * grad_scale; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
 /// w -= lr * (m / (1 - b1^t) / (sqrt(v / (1 - b2^t)) + eps) + weight_decay * w).
-///   inputs:  [0] grad float (n)
+///   inputs:  [0] grad float (n); [1] optional: step scalars (above)
 ///   outputs: [0] master f32 (n), [1] exp_avg f32 (n), [2] exp_avg_sq f32 (n), all read and
 ///            written; [3] param float (n) or empty: receives the new master, cast
 /// Keyed on the dtype of grad.
@@ -34,7 +68,8 @@ struct AdamWAttrs {
 /// with weight decay weight_decay[i]: its results are bit-identical to K adamw_step calls
 /// of the same kernel library.
 ///   inputs:  [i] grad_i float (n_i), i in [0, K); every grad of one dtype (the op is keyed
-///            on it: shards with f32 and bf16 gradients take one call per dtype)
+///            on it: shards with f32 and bf16 gradients take one call per dtype); [K]
+///            optional: step scalars (above), for every shard
 ///   outputs: 4K views, for shard i: [4i] master_i f32 (n_i), [4i+1] exp_avg_i f32 (n_i),
 ///            [4i+2] exp_avg_sq_i f32 (n_i), all read and written; [4i+3] param_i float
 ///            (n_i) or empty: receives the new master, cast (adamw_step's output [3])
@@ -48,7 +83,7 @@ struct AdamWMultiAttrs {
   float beta2;
   float eps;
   float grad_scale;
-  int32_t count;  ///< K, the number of shards: must equal the call's num_inputs
+  int32_t count;  ///< K, the number of shards: the call's num_inputs (K + 1 with scalars)
   int64_t step;   ///< 1-based, for bias correction
   /// [count] floats in host memory (whatever device the tensors are on): shard i's weight
   /// decay, 0 for parameters without decay. Read during the call only.
@@ -57,7 +92,7 @@ struct AdamWMultiAttrs {
 
 /// "sgd_step": g = grad * grad_scale + weight_decay * w; buf = momentum * buf + g (buf = g
 /// at step 1); w -= lr * (nesterov ? g + momentum * buf : buf).
-///   inputs:  [0] grad float (n)
+///   inputs:  [0] grad float (n); [1] optional: step scalars (above; step 1 starts buf)
 ///   outputs: [0] master f32 (n), [1] momentum buffer f32 (n) (empty when momentum == 0),
 ///            [2] param float (n) or empty
 inline constexpr const char* kSgdStep = "sgd_step";

@@ -1,7 +1,7 @@
 // Argument checks of the optimizer steps of loom/ops.h (adamw_step, adamw_step_multi,
-// sgd_step), shared by every kernel library so that the CPU and CUDA kernels reject a bad
-// call with the same words (header-only; see loom/cpp/op_args.h). Each returns n, the
-// elements of the shard (adamw_step_multi: of every shard together).
+// sgd_step, grad_norm_clip), shared by every kernel library so that the CPU and CUDA kernels
+// reject a bad call with the same words (header-only; see loom/cpp/op_args.h). The steps'
+// checks return n, the elements of the shard (adamw_step_multi: of every shard together).
 //   call:         the call
 //   shapes_only:  true inside `supports` (data may be null)
 //   device:       the device family of the kernel
@@ -34,14 +34,37 @@ inline void check_step(const OpArgs& a, int64_t step) {
   if (step < 1) a.fail("step = " + std::to_string(step) + " must be >= 1 (1-based)");
 }
 
+/// Input `i`, the step scalars (loom/ops/optim.h), when the call has it.
+inline void check_step_scalars(const OpArgs& a, const OpCall* call, int i) {
+  if (call->num_inputs <= i) return;
+  a.f64_in(i);
+  a.shape_in(i, {ops::kStepScalarCount}, "(kStepScalarCount)");
+}
+
+/// The input names of a step op with one gradient: "grad", and "step_scalars" when the call
+/// has a second input.
+inline std::vector<std::string> step_inputs(const OpCall* call) {
+  std::vector<std::string> in{"grad"};
+  if (call != nullptr && call->struct_size >= sizeof(OpCall) && call->num_inputs == 2)
+    in.push_back("step_scalars");
+  return in;
+}
+
 }  // namespace detail
 
-/// adamw_step: AdamWAttrs (step >= 1), grad float (n), master / exp_avg / exp_avg_sq f32
-/// (n), param float (n) or empty.
+/// The step scalars of an optimizer call (input `i`, loom/ops/optim.h) where the kernel runs,
+/// or null when the call has none. Call after the op's check.
+inline const double* step_scalars(const OpCall* call, int i) {
+  return call->num_inputs > i ? static_cast<const double*>(call->inputs[i].data) : nullptr;
+}
+
+/// adamw_step: AdamWAttrs (step >= 1), grad float (n), step scalars f64 (5) or none,
+/// master / exp_avg / exp_avg_sq f32 (n), param float (n) or empty.
 inline int64_t check_adamw_step(const OpCall* call, bool shapes_only, DeviceType device) {
-  OpArgs a(call, ops::kAdamWStep, {"grad"}, {"master", "exp_avg", "exp_avg_sq", "param"},
-           shapes_only, device);
+  OpArgs a(call, ops::kAdamWStep, detail::step_inputs(call),
+           {"master", "exp_avg", "exp_avg_sq", "param"}, shapes_only, device);
   detail::check_step(a, a.attrs<ops::AdamWAttrs>().step);
+  detail::check_step_scalars(a, call, 1);
   return detail::check_adamw_shard(a, 0, 0, "grad's shape");
 }
 
@@ -51,9 +74,16 @@ inline int64_t check_adamw_step(const OpCall* call, bool shapes_only, DeviceType
 /// the elements of all shards.
 inline int64_t check_adamw_step_multi(const OpCall* call, bool shapes_only, DeviceType device) {
   const std::string op = ops::kAdamWStepMulti;
-  // The counts come first: the names below are built from them.
-  int32_t k = call != nullptr && call->struct_size >= sizeof(OpCall) ? call->num_inputs : 0;
-  if (call != nullptr && call->struct_size >= sizeof(OpCall)) {
+  // The counts come first: the names below are built from them. K shards take K grads and
+  // 4K outputs; a (K + 1)-th input is the step scalars.
+  const bool counted = call != nullptr && call->struct_size >= sizeof(OpCall);
+  int32_t k = counted ? call->num_inputs : 0;
+  bool scalars = false;
+  if (counted) {
+    if (k >= 2 && call->num_outputs == 4 * static_cast<int64_t>(k - 1)) {
+      --k;
+      scalars = true;
+    }
     if (k < 1)
       throw Error(Code::kInvalidArgument,
                   op + ": needs at least one shard (got " + std::to_string(k) +
@@ -72,12 +102,14 @@ inline int64_t check_adamw_step_multi(const OpCall* call, bool shapes_only, Devi
     in.push_back("grad" + at);
     for (const char* name : {"master", "exp_avg", "exp_avg_sq", "param"}) out.push_back(name + at);
   }
+  if (scalars) in.push_back("step_scalars");
   OpArgs a(call, ops::kAdamWStepMulti, std::move(in), std::move(out), shapes_only, device);
   const ops::AdamWMultiAttrs& at = a.attrs<ops::AdamWMultiAttrs>();
   detail::check_step(a, at.step);
   if (at.count != k)
     a.fail("attrs count = " + std::to_string(at.count) + " but the call has " + std::to_string(k) +
            " grads (inputs): set count to the number of shards");
+  if (scalars) detail::check_step_scalars(a, call, k);
   if (at.weight_decay == nullptr)
     a.fail(
         "attrs weight_decay is null: point it to count floats in host memory, one per shard "
@@ -97,10 +129,11 @@ inline int64_t check_adamw_step_multi(const OpCall* call, bool shapes_only, Devi
 /// sgd_step: SgdAttrs (step >= 1), grad float (n), master f32 (n), momentum buffer f32 (n)
 /// (required when momentum != 0), param float (n) or empty.
 inline int64_t check_sgd_step(const OpCall* call, bool shapes_only, DeviceType device) {
-  OpArgs a(call, ops::kSgdStep, {"grad"}, {"master", "momentum_buffer", "param"}, shapes_only,
-           device);
+  OpArgs a(call, ops::kSgdStep, detail::step_inputs(call), {"master", "momentum_buffer", "param"},
+           shapes_only, device);
   const ops::SgdAttrs& at = a.attrs<ops::SgdAttrs>();
   detail::check_step(a, at.step);
+  detail::check_step_scalars(a, call, 1);
   int64_t n = numel(a.float_in(0));
   a.f32_out(0);
   a.numel_out(0, n, "grad's shape");
@@ -110,6 +143,19 @@ inline int64_t check_sgd_step(const OpCall* call, bool shapes_only, DeviceType d
   }
   if (a.opt_float_out(2)) a.numel_out(2, n, "grad's shape");
   return n;
+}
+
+/// grad_norm_clip: GradNormClipAttrs (max_norm >= 0), sumsq f64 (1), step scalars f64
+/// (kStepScalarCount).
+inline void check_grad_norm_clip(const OpCall* call, bool shapes_only, DeviceType device) {
+  OpArgs a(call, ops::kGradNormClip, {"sumsq"}, {"step_scalars"}, shapes_only, device);
+  const ops::GradNormClipAttrs& at = a.attrs<ops::GradNormClipAttrs>();
+  if (!(at.max_norm >= 0))
+    a.fail("max_norm = " + std::to_string(at.max_norm) + " must be >= 0 (0: no clipping)");
+  a.f64_in(0);
+  a.shape_in(0, {1}, "(1)");
+  a.f64_out(0);
+  a.shape_out(0, {ops::kStepScalarCount}, "(kStepScalarCount)");
 }
 
 }  // namespace loom::op_checks
