@@ -334,7 +334,9 @@ mkdir -p "$bench"
 reserve=75
 items=(
   "gpt2_124m_h100|loom|20|60" "gpt2_124m_h100|eager|20|60" "llama_1b3_h100|loom|25|60"
-  "llama_1b3_h100_fp8|loom|25|60" "gpt2_124m_h100|compile|25|90" "gpt2_124m_h100|unfused|20|60"
+  "llama_1b3_h100_fp8|loom|25|60" "gpt2_124m_h100|compile|25|90"
+  "llama_1b3_h100|graph_step|25|60" "llama_1b3_h100_fp8|graph_step|25|60"
+  "gpt2_124m_h100|graph_step|20|60" "gpt2_124m_h100|unfused|20|60"
   "gpt_tiny|loom|15|40" "gpt_tiny|graph|15|40" "gpt2_124m_h100|graph|20|60"
   "gpt2_124m_h100|dgelu_unfused|20|60" "gpt2_124m_h100|dgelu_bgrad|20|60"
   "gpt_tiny|graph_step|15|40" "gpt_tiny|graph_step_tf32|15|40"
