@@ -54,7 +54,7 @@ struct SgdCoef {
   bool nesterov, first;  // first: step 1 (buf = g)
 };
 
-__host__ __device__ inline SgdCoef sgd_coef(const ops::SgdAttrs& a) {
+__device__ __forceinline__ SgdCoef sgd_coef(const ops::SgdAttrs& a) {
   return SgdCoef{a.lr, a.momentum, a.weight_decay, a.grad_scale, a.nesterov != 0, a.step == 1};
 }
 
@@ -190,12 +190,11 @@ __global__ void __launch_bounds__(kThreads)
 // `buf` may be null (momentum 0), `param` too.
 template <class G, class P, bool kVec>
 __global__ void sgd_kernel(const G* __restrict__ grad, float* __restrict__ w,
-                           float* __restrict__ buf, P* __restrict__ param, int64_t n, SgdCoef c,
+                           float* __restrict__ buf, P* __restrict__ param, int64_t n,
                            ops::SgdAttrs a, const double* __restrict__ scalars) {
-  if (scalars != nullptr) {
-    if (step_skipped(scalars)) return;
-    c = sgd_coef(sgd_attrs(a, scalars));
-  }
+  // sgd_attrs: `a` itself when the call has no step scalars.
+  if (step_skipped(scalars)) return;
+  const SgdCoef c = sgd_coef(sgd_attrs(a, scalars));
   const int64_t stride = int64_t{gridDim.x} * blockDim.x;
   const int64_t first = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   int64_t done = 0;
@@ -348,7 +347,6 @@ Status sgd_step(const OpCall* call) {
     current_device(ops::kSgdStep, G);
     if (n == 0) return;
     const auto& a = *static_cast<const ops::SgdAttrs*>(call->attrs);
-    const SgdCoef c = sgd_coef(a);
     const double* scalars = op_checks::step_scalars(call, 1);
     if (scalars != nullptr) current_device(ops::kSgdStep, call->inputs[1]);
     float* w = static_cast<float*>(call->outputs[0].data);
@@ -360,11 +358,11 @@ Status sgd_step(const OpCall* call) {
         const Tg* g = static_cast<const Tg*>(G.data);
         Tp* p = static_cast<Tp*>(Pv.data);
         if (packs_fit<Tg, Tp>(g, p, {w, buf}))
-          sgd_kernel<Tg, Tp, true><<<grid_for(n / 4 + 1, kThreads), kThreads, 0, stream>>>(
-              g, w, buf, p, n, c, a, scalars);
+          sgd_kernel<Tg, Tp, true>
+              <<<grid_for(n / 4 + 1, kThreads), kThreads, 0, stream>>>(g, w, buf, p, n, a, scalars);
         else
           sgd_kernel<Tg, Tp, false>
-              <<<grid_for(n, kThreads), kThreads, 0, stream>>>(g, w, buf, p, n, c, a, scalars);
+              <<<grid_for(n, kThreads), kThreads, 0, stream>>>(g, w, buf, p, n, a, scalars);
       });
     });
     launch_check(ops::kSgdStep);
