@@ -29,7 +29,8 @@
 #   3. ncu: per-kernel GPU time of one GPT-2 124M step (CSV in $OUT, top 15 here), and, as the
 #      budget allows, of the same step unfused, of one default-spec step, of one LLaMA 1.3B
 #      step and of one LLaMA 1.3B FP8 step;
-#   4. cuBLASLt GEMMs against cuBLAS, and the attention bench when the bundle has it.
+#   4. cuBLASLt GEMMs against cuBLAS, and the attention, norm and FP8 quantize benches when
+#      the bundle has them.
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cd "$here" || exit 2
@@ -467,6 +468,15 @@ section "Norms: plain, the unfused residual add + norm, and the fused add_*norm 
 if (($(left) < 10)); then say "- not run (budget)"; else
   timeout $(($(left) > 20 ? 20 : $(left))) ./tools/bench/norm_bench >>"$report" 2>&1 ||
     say "- norm_bench: exit $?"
+fi
+section "FP8 quantize + transpose: the typed kernel and the general one (LLaMA 1.3B FP8 shapes)"
+if [[ ! -x ./tools/bench/fp8_quantize_bench ]]; then say "- not in this bundle"
+elif (($(left) < 10)); then say "- not run (budget)"; else
+  for v in typed general; do
+    timeout $(($(left) > 15 ? 15 : $(left))) env LOOM_FP8_QUANTIZE=$v \
+      ./tools/bench/fp8_quantize_bench >>"$report" 2>&1 || say "- fp8_quantize_bench ($v): exit $?"
+    say ""
+  done
 fi
 
 section ""

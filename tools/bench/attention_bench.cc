@@ -95,13 +95,7 @@ int main(int argc, char** argv) {
       die(std::string("unknown argument ") + argv[i] +
           " (usage: attention_bench [--iterations N])");
   }
-  int devices = 0;
-  cudaError_t e = cudaGetDeviceCount(&devices);
-  if (e != cudaSuccess || devices == 0)
-    die(std::string("no CUDA device (") +
-        (e != cudaSuccess ? cudaGetErrorString(e) : "no devices") + ")");
-  cudaDeviceProp prop{};
-  check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+  const cudaDeviceProp prop = loom::bench::require_device();
   std::vector<KernelDesc> all;
   loom::kernels::cuda::add_attention_kernels(all);
   loom::kernels::cuda::add_cudnn_attention_kernels(all);

@@ -1,5 +1,6 @@
-// What the CUDA kernel benches (attention_bench, norm_bench) share: failing with one line,
-// device tensors filled with reproducible bf16 values, and CUDA-event timing.
+// What the CUDA kernel benches (attention_bench, norm_bench, fp8_quantize_bench) share:
+// failing with one line, the device check, device tensors filled with reproducible bf16
+// values, one kernel's call with its workspace, and CUDA-event timing.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -10,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace loom::bench {
@@ -29,6 +31,18 @@ inline void check(cudaError_t e, const char* what) {
 inline void check(Status s, const char* what) {
   if (s.code != Code::kOk)
     die(std::string(what) + " failed (status " + std::to_string(static_cast<int>(s.code)) + ")");
+}
+
+/// Device 0's properties; without a device, fails naming the CUDA runtime's reason.
+inline cudaDeviceProp require_device() {
+  int devices = 0;
+  cudaError_t e = cudaGetDeviceCount(&devices);
+  if (e != cudaSuccess || devices == 0)
+    die(std::string("no CUDA device (") +
+        (e != cudaSuccess ? cudaGetErrorString(e) : "no devices") + ")");
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+  return prop;
 }
 
 /// bf16 bits of x (round to nearest even).
@@ -66,6 +80,52 @@ struct DeviceTensor {
   ~DeviceTensor() { cudaFree(v.data); }
   DeviceTensor(const DeviceTensor&) = delete;
   DeviceTensor& operator=(const DeviceTensor&) = delete;
+};
+
+/// The kernel of `op` keyed `dtype` among `all`; fails when there is none.
+inline const KernelDesc& find_kernel(const std::vector<KernelDesc>& all, const char* op,
+                                     DType dtype) {
+  for (const KernelDesc& k : all)
+    if (std::strcmp(k.op, op) == 0 && k.dtype == dtype) return k;
+  die(std::string("no CUDA kernel for ") + op);
+}
+
+/// One kernel's call with its own workspace (cudaMalloc'd once); fails when the kernel
+/// declines it.
+struct KernelCall {
+  const KernelDesc* k;
+  std::vector<TensorView> in, out;
+  OpCall call{};
+  void* ws = nullptr;
+  KernelCall(const KernelDesc& kd, std::vector<TensorView> i, std::vector<TensorView> o,
+             const void* attrs, uint64_t attrs_size)
+      : k(&kd), in(std::move(i)), out(std::move(o)) {
+    call = OpCall{sizeof(OpCall),
+                  in.data(),
+                  static_cast<int32_t>(in.size()),
+                  out.data(),
+                  static_cast<int32_t>(out.size()),
+                  attrs,
+                  attrs_size,
+                  nullptr,
+                  nullptr,
+                  0};
+    if (k->supports != nullptr && !k->supports(&call)) die(std::string(k->op) + " declines");
+    const uint64_t bytes = k->workspace != nullptr ? k->workspace(&call) : 0;
+    if (bytes > 0) check(cudaMalloc(&ws, bytes), "cudaMalloc workspace");
+    call.workspace = ws;
+    call.workspace_bytes = bytes;
+  }
+  ~KernelCall() { cudaFree(ws); }
+  KernelCall(const KernelCall&) = delete;
+  KernelCall& operator=(const KernelCall&) = delete;
+  void run() { check(k->fn(&call), k->op); }
+  /// The ideal bytes of the call (the kernel's cost function: read + written).
+  double bytes() {
+    OpCost c{};
+    check(k->cost(&call, &c), "cost");
+    return c.bytes_read + c.bytes_written;
+  }
 };
 
 /// Milliseconds per iteration of `body` on the legacy stream (3 warm-up runs first).

@@ -28,8 +28,6 @@ namespace {
 
 using loom::DType;
 using loom::KernelDesc;
-using loom::OpCall;
-using loom::OpCost;
 using loom::TensorView;
 using loom::bench::check;
 using loom::bench::DeviceTensor;
@@ -38,46 +36,9 @@ using loom::bench::time_ms;
 
 // The CUDA kernel of `op` keyed bf16.
 const KernelDesc& find(const std::vector<KernelDesc>& all, const char* op) {
-  for (const KernelDesc& k : all)
-    if (std::strcmp(k.op, op) == 0 && k.dtype == DType::kBF16) return k;
-  die(std::string("no CUDA kernel for ") + op);
+  return loom::bench::find_kernel(all, op, DType::kBF16);
 }
-
-// One kernel's call with its own workspace (cudaMalloc'd once).
-struct Call {
-  const KernelDesc* k;
-  std::vector<TensorView> in, out;
-  OpCall call{};
-  void* ws = nullptr;
-  Call(const KernelDesc& kd, std::vector<TensorView> i, std::vector<TensorView> o,
-       const void* attrs, uint64_t attrs_size)
-      : k(&kd), in(std::move(i)), out(std::move(o)) {
-    call = OpCall{sizeof(OpCall),
-                  in.data(),
-                  static_cast<int32_t>(in.size()),
-                  out.data(),
-                  static_cast<int32_t>(out.size()),
-                  attrs,
-                  attrs_size,
-                  nullptr,
-                  nullptr,
-                  0};
-    if (k->supports != nullptr && !k->supports(&call)) die(std::string(k->op) + " declines");
-    const uint64_t bytes = k->workspace != nullptr ? k->workspace(&call) : 0;
-    if (bytes > 0) check(cudaMalloc(&ws, bytes), "cudaMalloc workspace");
-    call.workspace = ws;
-    call.workspace_bytes = bytes;
-  }
-  ~Call() { cudaFree(ws); }
-  Call(const Call&) = delete;
-  Call& operator=(const Call&) = delete;
-  void run() { check(k->fn(&call), k->op); }
-  double bytes() {
-    OpCost c{};
-    check(k->cost(&call, &c), "cost");
-    return c.bytes_read + c.bytes_written;
-  }
-};
+using Call = loom::bench::KernelCall;
 
 struct Shape {
   const char* model;
@@ -108,13 +69,7 @@ int main(int argc, char** argv) {
     else
       die(std::string("unknown argument ") + argv[i] + " (usage: norm_bench [--iterations N])");
   }
-  int devices = 0;
-  cudaError_t e = cudaGetDeviceCount(&devices);
-  if (e != cudaSuccess || devices == 0)
-    die(std::string("no CUDA device (") +
-        (e != cudaSuccess ? cudaGetErrorString(e) : "no devices") + ")");
-  cudaDeviceProp prop{};
-  check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+  const cudaDeviceProp prop = loom::bench::require_device();
   std::vector<KernelDesc> all;
   loom::kernels::cuda::add_all_kernels(all);
   std::printf(

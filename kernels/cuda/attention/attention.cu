@@ -19,6 +19,7 @@
 #include "kernels/cuda/attention/attention_params.cuh"
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/registration.h"
+#include "kernels/cuda/common/resources.cuh"
 
 namespace loom::kernels::cuda {
 
@@ -129,21 +130,11 @@ Status attention_fwd_cost(const OpCall* call, OpCost* out) {
 
 // ---- attention_bwd -----------------------------------------------------------------------
 
-// Multiprocessors of CUDA device `index`; 0 when the runtime cannot tell (no head splits).
-int64_t sm_count(int index) {
-  int count = 0;
-  if (cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, index) != cudaSuccess) {
-    cudaGetLastError();  // clear it: the caller only asked
-    return 0;
-  }
-  return count;
-}
-
 // The backward's parameters from the shapes alone, head splits included (the workspace
 // depends on them; the call's device decides them).
 AttentionParams bwd_params(const OpCall* call, const AttentionShape& s) {
   AttentionParams p = make_params(s);
-  p.head_splits = attention_bwd_head_splits(p, sm_count(call->inputs[1].device.index));
+  p.head_splits = attention_bwd_head_splits(p, multiprocessor_count(call->inputs[1].device.index));
   return p;
 }
 

@@ -22,20 +22,41 @@ int current_device(const char* op, const TensorView& t) {
   return device;
 }
 
-int compute_capability(int device) noexcept {
+namespace {
+
+// The value `ask` gives for `device`, asked once per (device, ask) and kept (also a 0 the
+// runtime could not tell: it will not later either).
+int cached_device_value(int device, int (*ask)(int)) noexcept {
   static std::mutex mutex;
-  static auto* known = new std::map<int, int>();  // leaked
+  static auto* known = new std::map<std::pair<int, int (*)(int)>, int>();  // leaked
   std::lock_guard<std::mutex> lock(mutex);
-  auto it = known->find(device);
+  auto it = known->find({device, ask});
   if (it != known->end()) return it->second;
-  int major = 0, minor = 0;
-  int cc = 0;  // also kept when the runtime cannot tell: it will not later either
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess)
-    cc = major * 10 + minor;
-  else
-    cudaGetLastError();  // clear it: the caller only asked
-  return (*known)[device] = cc;
+  return (*known)[{device, ask}] = ask(device);
+}
+
+// A device attribute, 0 when the runtime cannot tell (the error cleared: the caller only
+// asked).
+int attribute(cudaDeviceAttr a, int device) noexcept {
+  int v = 0;
+  if (cudaDeviceGetAttribute(&v, a, device) == cudaSuccess) return v;
+  cudaGetLastError();
+  return 0;
+}
+
+}  // namespace
+
+int compute_capability(int device) noexcept {
+  return cached_device_value(device, [](int d) {
+    const int major = attribute(cudaDevAttrComputeCapabilityMajor, d);
+    const int minor = attribute(cudaDevAttrComputeCapabilityMinor, d);
+    return major > 0 ? major * 10 + minor : 0;
+  });
+}
+
+int multiprocessor_count(int device) noexcept {
+  return cached_device_value(device,
+                             [](int d) { return attribute(cudaDevAttrMultiProcessorCount, d); });
 }
 
 Scratch stream_scratch(int device, cudaStream_t stream) {

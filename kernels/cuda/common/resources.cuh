@@ -19,6 +19,10 @@ int current_device(const char* op, const TensorView& t);
 /// driver, no such ordinal). Never throws.
 int compute_capability(int device) noexcept;
 
+/// The multiprocessors of `device`, asked of the CUDA runtime once per device; 0 when the
+/// runtime cannot tell. Never throws.
+int multiprocessor_count(int device) noexcept;
+
 /// Device memory owned by one (device, stream) pair: cuBLASLt's workspace and the scratch of
 /// the ops that run as several kernels (cross_entropy_bwd's mask total, bias_grad's
 /// partial sums). Work on one stream runs in order, so the ops on a stream share it

@@ -266,6 +266,8 @@ TEST_P(Fp8QuantizeGpu, EveryOutputSetShapeAndAlignmentBitForBit) {
       {200, 3, true, true, true, 0},
       {17, 64, true, false, false, 1},
       {4096, 48, true, true, true, 0},
+      // The typed transpose kernel on partial tiles (M % 16 == 0, K a multiple of 8).
+      {80, 136, true, true, true, 0},
       {0, 8, true, true, true, 0},
       // More tiles (1056) and chunks than the launches have blocks: the grid-stride loops.
       {2048, 2112, true, true, true, 0},

@@ -84,6 +84,33 @@ inline float __shfl_xor_sync(unsigned, float x, int m) {
   emu::warp_barrier();
   return r;
 }
+// CUDA's device overloads of max and isnan (kernels/cuda/common/amax.cuh and the fp8 kernels).
+inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
+using std::isnan;
+inline unsigned __reduce_max_sync(unsigned, unsigned x) {
+  emu::my_slot().a[0] = x;
+  emu::warp_barrier();
+  unsigned r = 0;
+  for (int l = 0; l < 32; ++l) r = r > emu::slot(l).a[0] ? r : emu::slot(l).a[0];
+  emu::warp_barrier();
+  return r;
+}
+inline unsigned __float_as_uint(float x) {
+  unsigned u;
+  std::memcpy(&u, &x, 4);
+  return u;
+}
+inline float __uint_as_float(unsigned u) {
+  float x;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+// One block runs at a time and fibers switch only at barriers: every atomic is uncontended.
+inline unsigned atomicCAS(unsigned* p, unsigned compare, unsigned value) {
+  const unsigned old = *p;
+  if (old == compare) *p = value;
+  return old;
+}
 inline float atomicAdd(float* p, float x) {
   float o = *p;
   *p += x;

@@ -1,0 +1,105 @@
+// fp8_quantize_bench: the CUDA fp8_quantize kernel on the calls of one training step of
+// configs/gpu/llama_1b3_h100_fp8.json (B * T = 8192 tokens, hidden 2048, FFN 5632, 24 layers):
+// X bf16 to Y and Yt with amax, E4M3 for the four GEMM inputs and the four weights of a layer,
+// E5M2 for the four output gradients, timed by CUDA events. Prints a Markdown table: each
+// shape's milliseconds per call and the ideal bytes of its cost function (X read, Y and Yt
+// written) per second, then the step's total, 24 layers of every row. The step total is what
+// an ncu profile of a step shows as quantize_transpose_kernel (BENCHMARKS.md).
+//
+//   fp8_quantize_bench [--iterations N]
+//   LOOM_FP8_QUANTIZE=general fp8_quantize_bench    the general transpose kernel
+//
+// Without a GPU it prints "fp8_quantize_bench: no CUDA device (...)" and exits 1, as gemm_bench.
+#include <cuda_runtime.h>
+#include <loom/kernel.h>
+#include <loom/ops.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/kernel_families.h"
+#include "tools/bench/device_bench.h"
+
+namespace {
+
+using loom::DType;
+using loom::KernelDesc;
+using loom::bench::check;
+using loom::bench::DeviceTensor;
+using loom::bench::die;
+using loom::bench::KernelCall;
+using loom::bench::time_ms;
+
+struct Row {
+  const char* what;
+  int64_t m, k;
+  DType fp8;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  loom::bench::tool_name = "fp8_quantize_bench";
+  int iterations = 50;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--iterations") == 0 && i + 1 < argc)
+      iterations = std::max(1, std::atoi(argv[++i]));
+    else
+      die(std::string("unknown argument ") + argv[i] +
+          " (usage: fp8_quantize_bench [--iterations N])");
+  }
+  const cudaDeviceProp prop = loom::bench::require_device();
+  std::vector<KernelDesc> all;
+  loom::kernels::cuda::add_all_kernels(all);
+  const KernelDesc& kernel = loom::bench::find_kernel(all, loom::ops::kFp8Quantize, DType::kBF16);
+  const char* env = std::getenv("LOOM_FP8_QUANTIZE");
+  const std::string variant = env != nullptr && *env != '\0' ? env : "typed";
+  std::printf(
+      "fp8_quantize_bench: %s (sm_%d%d), X bf16 -> Y, Yt and amax, kernel %s "
+      "(LOOM_FP8_QUANTIZE), %d iterations; GB/s = the kernel's ideal bytes (cost function) per "
+      "second\n\n",
+      prop.name, prop.major, prop.minor, variant.c_str(), iterations);
+  std::printf("| X of LLaMA 1.3B FP8 (M, K) | format | kernel | ms | GB/s |\n");
+  std::printf("|---|---|---|---|---|\n");
+  const DType e4 = DType::kF8E4M3, e5 = DType::kF8E5M2;
+  const int64_t n = 8192, c = 2048, f = 5632;  // tokens, hidden, FFN
+  const std::vector<Row> rows = {
+      {"input of qkv, out proj, gate_up", n, c, e4},
+      {"input of down", n, f, e4},
+      {"weight qkv", 3 * c, c, e4},
+      {"weight out proj", c, c, e4},
+      {"weight gate_up", 2 * f, c, e4},
+      {"weight down", c, f, e4},
+      {"grad of qkv", n, 3 * c, e5},
+      {"grad of out proj, down", n, c, e5},
+      {"grad of gate_up", n, 2 * f, e5},
+  };
+  // Calls of each row in a layer: the first input feeds three GEMMs; dY of out proj and of down
+  // have one shape.
+  const int per_layer[] = {3, 1, 1, 1, 1, 1, 1, 2, 1};
+  constexpr int kLayers = 24;
+  double step_ms = 0, step_bytes = 0;
+  const float one = 1.0f;
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const Row& row = rows[r];
+    DeviceTensor x(DType::kBF16, {row.m, row.k}, 11 + r), scale(DType::kF32, {1}, 0),
+        y(row.fp8, {row.m, row.k}, 0), yt(row.fp8, {row.k, row.m}, 0), amax(DType::kF32, {1}, 0);
+    check(cudaMemcpy(scale.v.data, &one, sizeof(one), cudaMemcpyHostToDevice), "cudaMemcpy");
+    KernelCall call(kernel, {x.v, scale.v}, {y.v, yt.v, amax.v}, nullptr, 0);
+    const double ms = time_ms(iterations, [&] { call.run(); });
+    const double bytes = call.bytes();
+    std::printf("| %s (%lld, %lld) | %s | %s | %.4f | %.0f |\n", row.what,
+                static_cast<long long>(row.m), static_cast<long long>(row.k),
+                row.fp8 == e4 ? "E4M3" : "E5M2", variant.c_str(), ms, bytes / (ms * 1e6));
+    step_ms += kLayers * per_layer[r] * ms;
+    step_bytes += kLayers * per_layer[r] * bytes;
+    check(cudaDeviceSynchronize(), "fp8_quantize");
+  }
+  std::printf("| one step: 24 layers of the rows above (%d calls) | | %s | %.3f | %.0f |\n",
+              kLayers * 12, variant.c_str(), step_ms, step_bytes / (step_ms * 1e6));
+  return 0;
+}
