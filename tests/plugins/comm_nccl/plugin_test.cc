@@ -76,10 +76,8 @@ TEST(Plugin, BadRankAndMissingStoreAreInvalidArgument) {
 TEST(Plugin, WithoutAGpuCreatingACommunicatorSaysWhy) {
   std::string reason;
   if (cuda_devices(&reason) > 0) {
-    std::printf(
-        "[no-device path] not reachable: this machine has a GPU; the no-device message is "
-        "checked where there is none\n");
-    GTEST_SKIP();
+    GTEST_SKIP() << "a CUDA device is present; the no-device message is checked where there is "
+                    "none";
   }
   ObjectPtr backend = make_nccl_backend();
   CommPtr comm;
