@@ -1,7 +1,8 @@
 """cuda_library: CUDA sources compiled by nvcc, linked like any other cc_library.
 
 Bazel's C++ rules do not know nvcc, so each `.cu` file is compiled by a small rule into an
-object file, and a `cc_library` of the same name wraps those objects. Everything else (tests,
+object file (in one configuration for every build: see _cuda_hop1), and a `cc_library` of the
+same name wraps those objects. Everything else (tests,
 `cc_binary(linkshared = True)` plugins) depends on that `cc_library` as usual.
 
     load("//tools/bazel:cuda.bzl", "cuda_library")
@@ -31,7 +32,7 @@ _GENCODE = [
 # the objects are plain `.o` files that cc_library uses for both PIC and non-PIC links.
 _NVCC_FLAGS = ["-std=c++20", "-O3", "-Xcompiler=-fPIC"] + _GENCODE
 
-def _cuda_objects_impl(ctx):
+def _nvcc_objects_impl(ctx):
     cc_toolchain = find_cpp_toolchain(ctx)
     contexts = [dep[CcInfo].compilation_context for dep in ctx.attr.deps]
 
@@ -91,8 +92,58 @@ def _cuda_objects_impl(ctx):
 
     return [DefaultInfo(files = depset(objects))]
 
+# nvcc's command line does not depend on the build's configuration (_NVCC_FLAGS, not --copt or
+# --compilation_mode), yet each configuration has its own output folder, so the default, the
+# sanitizer and the opt passes of `tools/loom test` would each compile every .cu file again:
+# the slowest part of a cold run. The objects are therefore built in one configuration,
+# whatever the build's: compilation mode opt and no --copt. Bazel names a transitioned
+# configuration's folder by a hash of the options that transitions changed, so the mode must
+# be changed in every pass, opt's included: the first hop (into _cuda_objects) moves it off
+# its value, the second (into _nvcc_objects) sets it to opt. Every pass then has the same
+# folder and command lines, and the second and third passes find the objects in the disk
+# cache.
+def _cuda_hop1_impl(settings, attr):
+    mode = settings["//command_line_option:compilation_mode"]
+    return {"//command_line_option:compilation_mode": "fastbuild" if mode != "fastbuild" else "dbg"}
+
+_cuda_hop1 = transition(
+    implementation = _cuda_hop1_impl,
+    inputs = ["//command_line_option:compilation_mode"],
+    outputs = ["//command_line_option:compilation_mode"],
+)
+
+def _cuda_hop2_impl(settings, attr):
+    return {
+        "//command_line_option:compilation_mode": "opt",
+        "//command_line_option:copt": [],
+    }
+
+_cuda_hop2 = transition(
+    implementation = _cuda_hop2_impl,
+    inputs = [],
+    outputs = [
+        "//command_line_option:compilation_mode",
+        "//command_line_option:copt",
+    ],
+)
+
+def _cuda_objects_impl(ctx):
+    return [DefaultInfo(files = ctx.attr.objects[0][DefaultInfo].files)]
+
 _cuda_objects = rule(
     implementation = _cuda_objects_impl,
+    doc = "The objects of an _nvcc_objects target, built in the one configuration above.",
+    cfg = _cuda_hop1,
+    attrs = {
+        "objects": attr.label(cfg = _cuda_hop2, mandatory = True),
+        "_allowlist_function_transition": attr.label(
+            default = "@bazel_tools//tools/allowlists/function_transition_allowlist",
+        ),
+    },
+)
+
+_nvcc_objects = rule(
+    implementation = _nvcc_objects_impl,
     doc = "Compiles each .cu source with nvcc into one PIC object file (see cuda_library).",
     attrs = {
         "srcs": attr.label_list(
@@ -128,7 +179,8 @@ def cuda_library(name, srcs, hdrs = [], deps = [], copts = [], visibility = None
     """A cc_library whose sources are CUDA, compiled by nvcc for sm_90, sm_90a and compute_90.
 
     Args:
-      name: name of the resulting cc_library; the nvcc objects are `<name>_cuda_objects`.
+      name: name of the resulting cc_library; the nvcc objects are `<name>_nvcc_objects`,
+        reached through `<name>_cuda_objects` (the configuration hops above).
       srcs: `.cu` files, one object each, and private `.cuh` headers they include.
       hdrs: public headers, exported by the cc_library. Keep them plain C++ (no CUDA types)
         so that .cc code and plugins can include them without nvcc.
@@ -139,12 +191,19 @@ def cuda_library(name, srcs, hdrs = [], deps = [], copts = [], visibility = None
       **kwargs: passed to the cc_library (e.g. alwayslink); `tags` and `testonly` go to
         both targets. The cc_library is always `linkstatic`.
     """
-    _cuda_objects(
-        name = name + "_cuda_objects",
+    _nvcc_objects(
+        name = name + "_nvcc_objects",
         srcs = srcs,
         hdrs = hdrs,
         deps = deps,
         copts = copts,
+        visibility = ["//visibility:private"],
+        tags = kwargs.get("tags"),
+        testonly = kwargs.get("testonly"),
+    )
+    _cuda_objects(
+        name = name + "_cuda_objects",
+        objects = ":" + name + "_nvcc_objects",
         visibility = ["//visibility:private"],
         tags = kwargs.get("tags"),
         testonly = kwargs.get("testonly"),
