@@ -159,8 +159,12 @@ void check_case(const Case& c, bool specials, uint64_t seed) {
     return true;
   };
   const int64_t y0 = y.p - y.raw.data(), yt0 = yt.p - yt.raw.data();
-  if (!c.y) EXPECT_TRUE(untouched(y, 0, static_cast<int64_t>(y.raw.size()))) << "Y written";
-  if (!c.yt) EXPECT_TRUE(untouched(yt, 0, static_cast<int64_t>(yt.raw.size()))) << "Yt written";
+  if (!c.y) {
+    EXPECT_TRUE(untouched(y, 0, static_cast<int64_t>(y.raw.size()))) << "Y written";
+  }
+  if (!c.yt) {
+    EXPECT_TRUE(untouched(yt, 0, static_cast<int64_t>(yt.raw.size()))) << "Yt written";
+  }
   EXPECT_TRUE(untouched(y, 0, y0) && untouched(y, y0 + n, static_cast<int64_t>(y.raw.size())))
       << "bytes around Y written";
   EXPECT_TRUE(untouched(yt, 0, yt0) && untouched(yt, yt0 + n, static_cast<int64_t>(yt.raw.size())))
