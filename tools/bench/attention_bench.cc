@@ -27,8 +27,6 @@ namespace {
 
 using loom::DType;
 using loom::KernelDesc;
-using loom::OpCall;
-using loom::OpCost;
 using loom::TensorView;
 using loom::bench::check;
 using loom::bench::DeviceTensor;
@@ -49,52 +47,19 @@ const KernelDesc* find(const std::vector<KernelDesc>& all, const char* op, const
   return nullptr;
 }
 
-// One kernel's call with its own workspace (cudaMalloc'd once).
-struct Call {
-  const KernelDesc* k;
-  std::vector<TensorView> in, out;
-  OpCall call{};
-  void* ws = nullptr;
+// One kernel's call with its own workspace; flops() by the kernel's cost model.
+struct Call : loom::bench::KernelCall {
   Call(const KernelDesc* kd, std::vector<TensorView> i, std::vector<TensorView> o,
        const loom::ops::AttentionAttrs* at)
-      : k(kd), in(std::move(i)), out(std::move(o)) {
-    call = OpCall{sizeof(OpCall),
-                  in.data(),
-                  static_cast<int32_t>(in.size()),
-                  out.data(),
-                  static_cast<int32_t>(out.size()),
-                  at,
-                  sizeof(*at),
-                  nullptr,
-                  nullptr,
-                  0};
-    if (k->supports != nullptr && !k->supports(&call)) die(std::string(k->name) + " declines");
-    const uint64_t bytes = k->workspace != nullptr ? k->workspace(&call) : 0;
-    if (bytes > 0) check(cudaMalloc(&ws, bytes), "cudaMalloc workspace");
-    call.workspace = ws;
-    call.workspace_bytes = bytes;
-  }
-  ~Call() { cudaFree(ws); }
-  void run() { check(k->fn(&call), k->name); }
-  double flops() {
-    OpCost c{};
-    check(k->cost(&call, &c), "cost");
-    return c.flops;
-  }
+      : KernelCall(*kd, std::move(i), std::move(o), at, sizeof(*at)) {}
+  double flops() { return cost().flops; }
 };
 
 }  // namespace
 
 int main(int argc, char** argv) {
   loom::bench::tool_name = "attention_bench";
-  int iterations = 20;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--iterations") == 0 && i + 1 < argc)
-      iterations = std::max(1, std::atoi(argv[++i]));
-    else
-      die(std::string("unknown argument ") + argv[i] +
-          " (usage: attention_bench [--iterations N])");
-  }
+  const int iterations = loom::bench::parse_iterations(argc, argv, 20);
   const cudaDeviceProp prop = loom::bench::require_device();
   std::vector<KernelDesc> all;
   loom::kernels::cuda::add_attention_kernels(all);

@@ -7,6 +7,7 @@
 #include <loom/cpp/tensor.h>
 #include <loom/kernel.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -31,6 +32,20 @@ inline void check(cudaError_t e, const char* what) {
 inline void check(Status s, const char* what) {
   if (s.code != Code::kOk)
     die(std::string(what) + " failed (status " + std::to_string(static_cast<int>(s.code)) + ")");
+}
+
+/// The N of `--iterations N`, the benches' one argument (`fallback` without it); fails naming
+/// the usage on anything else.
+inline int parse_iterations(int argc, char** argv, int fallback) {
+  int iterations = fallback;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--iterations") == 0 && i + 1 < argc)
+      iterations = std::max(1, std::atoi(argv[++i]));
+    else
+      die(std::string("unknown argument ") + argv[i] + " (usage: " + tool_name +
+          " [--iterations N])");
+  }
+  return iterations;
 }
 
 /// Device 0's properties; without a device, fails naming the CUDA runtime's reason.
@@ -110,7 +125,8 @@ struct KernelCall {
                   nullptr,
                   nullptr,
                   0};
-    if (k->supports != nullptr && !k->supports(&call)) die(std::string(k->op) + " declines");
+    if (k->supports != nullptr && !k->supports(&call))
+      die(std::string(k->op) + " (" + k->name + ") declines");
     const uint64_t bytes = k->workspace != nullptr ? k->workspace(&call) : 0;
     if (bytes > 0) check(cudaMalloc(&ws, bytes), "cudaMalloc workspace");
     call.workspace = ws;
@@ -120,10 +136,15 @@ struct KernelCall {
   KernelCall(const KernelCall&) = delete;
   KernelCall& operator=(const KernelCall&) = delete;
   void run() { check(k->fn(&call), k->op); }
-  /// The ideal bytes of the call (the kernel's cost function: read + written).
-  double bytes() {
+  /// The call's cost by the kernel's cost function.
+  OpCost cost() {
     OpCost c{};
     check(k->cost(&call, &c), "cost");
+    return c;
+  }
+  /// The ideal bytes of the call (read + written).
+  double bytes() {
+    const OpCost c = cost();
     return c.bytes_read + c.bytes_written;
   }
 };

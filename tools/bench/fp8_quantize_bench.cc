@@ -44,14 +44,7 @@ struct Row {
 
 int main(int argc, char** argv) {
   loom::bench::tool_name = "fp8_quantize_bench";
-  int iterations = 50;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--iterations") == 0 && i + 1 < argc)
-      iterations = std::max(1, std::atoi(argv[++i]));
-    else
-      die(std::string("unknown argument ") + argv[i] +
-          " (usage: fp8_quantize_bench [--iterations N])");
-  }
+  const int iterations = loom::bench::parse_iterations(argc, argv, 50);
   const cudaDeviceProp prop = loom::bench::require_device();
   std::vector<KernelDesc> all;
   loom::kernels::cuda::add_all_kernels(all);

@@ -62,13 +62,7 @@ void row(const Shape& s, const char* pass, const char* variant, std::vector<Call
 
 int main(int argc, char** argv) {
   loom::bench::tool_name = "norm_bench";
-  int iterations = 50;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--iterations") == 0 && i + 1 < argc)
-      iterations = std::max(1, std::atoi(argv[++i]));
-    else
-      die(std::string("unknown argument ") + argv[i] + " (usage: norm_bench [--iterations N])");
-  }
+  const int iterations = loom::bench::parse_iterations(argc, argv, 50);
   const cudaDeviceProp prop = loom::bench::require_device();
   std::vector<KernelDesc> all;
   loom::kernels::cuda::add_all_kernels(all);

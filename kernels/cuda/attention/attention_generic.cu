@@ -28,7 +28,6 @@
 #include <loom/cpp/error.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <string>
 #include <type_traits>
 
@@ -36,6 +35,7 @@
 #include "kernels/cuda/attention/attention_params.cuh"
 #include "kernels/cuda/attention/attention_tiled_kernel.cuh"
 #include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/env_choice.h"
 
 namespace loom::kernels::cuda {
 namespace {
@@ -90,15 +90,8 @@ void with_io(const AttentionParams& p, bool same, F&& f) {
 // tiled ones against them: gpu_bundle_run.sh's "attn_rows" bench); unset or "tiled", the
 // default choice below.
 bool rows_forced() {
-  static const bool rows = [] {
-    const char* e = std::getenv("LOOM_ATTENTION_GENERIC");
-    const std::string v = e != nullptr ? e : "";
-    if (v.empty() || v == "tiled") return false;
-    if (v == "rows") return true;
-    throw Error(Code::kInvalidArgument,
-                "attention: environment variable LOOM_ATTENTION_GENERIC is '" + v +
-                    "': use tiled (or leave it unset) or rows");
-  }();
+  static const bool rows =
+      env_choice("attention", "LOOM_ATTENTION_GENERIC", {"tiled", "rows"}) == 1;
   return rows;
 }
 

@@ -38,7 +38,6 @@
 
 #include <array>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <set>
@@ -47,6 +46,7 @@
 
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_util.cuh"
+#include "kernels/cuda/common/env_choice.h"
 #include "kernels/cuda/common/registration.h"
 #include "kernels/cuda/common/resources.cuh"
 #include "kernels/cuda/elementwise/elementwise.h"
@@ -244,14 +244,14 @@ __global__ void accumulate_kernel(const T* __restrict__ grad, float* __restrict_
 enum class DGeluMode { kUnfused, kDGelu, kDGeluBgrad };
 DGeluMode dgelu_mode() {
   static const DGeluMode mode = [] {
-    const char* e = std::getenv("LOOM_CUBLASLT_DGELU");
-    const std::string v = e != nullptr ? e : "";
-    if (v.empty() || v == "dgelu") return DGeluMode::kDGelu;
-    if (v == "unfused") return DGeluMode::kUnfused;
-    if (v == "dgelu_bgrad") return DGeluMode::kDGeluBgrad;
-    throw Error(Code::kInvalidArgument,
-                std::string(kOp) + ": environment variable LOOM_CUBLASLT_DGELU is '" + v +
-                    "': use dgelu (or leave it unset), unfused or dgelu_bgrad");
+    switch (env_choice(kOp, "LOOM_CUBLASLT_DGELU", {"dgelu", "unfused", "dgelu_bgrad"})) {
+      case 1:
+        return DGeluMode::kUnfused;
+      case 2:
+        return DGeluMode::kDGeluBgrad;
+      default:
+        return DGeluMode::kDGelu;
+    }
   }();
   return mode;
 }

@@ -8,10 +8,8 @@
 // plan's choice.
 #include <loom/cpp/op_checks/fp8.h>
 
-#include <cstdlib>
-#include <string>
-
 #include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/env_choice.h"
 #include "kernels/cuda/common/resources.cuh"
 #include "kernels/cuda/pointwise/common.cuh"
 #include "kernels/cuda/pointwise/fp8_quantize_kernel.cuh"
@@ -20,15 +18,8 @@ namespace loom::kernels::cuda::pointwise {
 namespace {
 
 bool general_forced() {
-  static const bool general = [] {
-    const char* e = std::getenv("LOOM_FP8_QUANTIZE");
-    const std::string v = e != nullptr ? e : "";
-    if (v.empty() || v == "typed") return false;
-    if (v == "general") return true;
-    throw Error(Code::kInvalidArgument,
-                "fp8_quantize: environment variable LOOM_FP8_QUANTIZE is '" + v +
-                    "': use typed (or leave it unset) or general");
-  }();
+  static const bool general =
+      env_choice("fp8_quantize", "LOOM_FP8_QUANTIZE", {"typed", "general"}) == 1;
   return general;
 }
 

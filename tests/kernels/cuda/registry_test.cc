@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cuda/common/env_choice.h"
 #include "kernels/cuda/elementwise/elementwise.h"
 #include "kernels/cuda/gemm/gemm.h"
 #include "kernels/cuda/loss/loss.h"
@@ -513,6 +514,41 @@ TEST(FamilyRegistry, Fp8BadCallsFailWithTheSharedChecksWords) {
   const ops::Fp8ScaleAttrs good{0, 2, 0, 0.0f};
   scale.call.attrs = &good;
   EXPECT_TRUE(find(ops::kFp8ScaleUpdate, f)->supports(&scale.call));
+}
+
+// The kernels' environment switches (LOOM_ATTENTION_GENERIC, LOOM_CUBLASLT_DGELU,
+// LOOM_FP8_QUANTIZE): unset or empty is the first value; a value not listed fails naming the
+// op, the variable, the value and every value it takes.
+TEST(FamilyRegistry, EnvironmentSwitches) {
+  const char* var = "LOOM_TEST_ENV_CHOICE";
+  ::unsetenv(var);
+  EXPECT_EQ(env_choice("op", var, {"a", "b", "c"}), 0u);
+  ::setenv(var, "", 1);
+  EXPECT_EQ(env_choice("op", var, {"a", "b", "c"}), 0u);
+  ::setenv(var, "a", 1);
+  EXPECT_EQ(env_choice("op", var, {"a", "b", "c"}), 0u);
+  ::setenv(var, "c", 1);
+  EXPECT_EQ(env_choice("op", var, {"a", "b", "c"}), 2u);
+  ::setenv(var, "d", 1);
+  try {
+    env_choice("op", var, {"a", "b", "c"});
+    ADD_FAILURE() << "no error for an unknown value";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Code::kInvalidArgument);
+    EXPECT_STREQ(e.what(),
+                 "op: environment variable LOOM_TEST_ENV_CHOICE is 'd': use a (or leave it "
+                 "unset), b or c");
+  }
+  ::setenv(var, "x", 1);
+  try {
+    env_choice("op", var, {"a", "b"});
+    ADD_FAILURE() << "no error for an unknown value";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(),
+                 "op: environment variable LOOM_TEST_ENV_CHOICE is 'x': use a (or leave it "
+                 "unset) or b");
+  }
+  ::unsetenv(var);
 }
 
 TEST(FamilyRegistry, WithoutADeviceAGoodCallFailsCleanly) {
