@@ -93,20 +93,13 @@ int main(int argc, char** argv) {
   std::vector<int64_t> seqs = {512, 2048, 8192};
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string key = argv[i], value = argv[i + 1];
-    if (key == "--batch")
-      batch = std::stol(value);
-    else if (key == "--heads")
-      heads = std::stol(value);
-    else if (key == "--head-dim")
-      head_dim = std::stol(value);
-    else if (key == "--state")
-      state = std::stol(value);
-    else if (key == "--groups")
-      groups = std::stol(value);
-    else if (key == "--chunk")
-      chunk = std::stol(value);
-    else if (key == "--repeat")
-      repeat = std::stoi(value);
+    if (key == "--batch") batch = std::stol(value);
+    else if (key == "--heads") heads = std::stol(value);
+    else if (key == "--head-dim") head_dim = std::stol(value);
+    else if (key == "--state") state = std::stol(value);
+    else if (key == "--groups") groups = std::stol(value);
+    else if (key == "--chunk") chunk = std::stol(value);
+    else if (key == "--repeat") repeat = std::stoi(value);
     else if (key == "--seq") {
       seqs.clear();
       std::stringstream ss(value);
@@ -119,14 +112,14 @@ int main(int argc, char** argv) {
   }
   const int64_t width = heads / groups * head_dim + 2 * state;
   const loom::ops::SsdScanAttrs attrs{static_cast<int32_t>(head_dim), static_cast<int32_t>(state),
-                                      static_cast<int32_t>(groups), static_cast<int32_t>(chunk), 1};
+                                      static_cast<int32_t>(groups), static_cast<int32_t>(chunk),
+                                      1};
   std::printf("B = %ld, H = %ld, P = %ld, N = %ld, G = %ld, chunk %ld, f32, best of %d\n\n",
               static_cast<long>(batch), static_cast<long>(heads), static_cast<long>(head_dim),
               static_cast<long>(state), static_cast<long>(groups), static_cast<long>(chunk),
               repeat);
-  std::printf(
-      "| T | forward ref (ms) | forward fast (ms) | speedup | backward ref (ms) | "
-      "backward fast (ms) | speedup |\n|---|---|---|---|---|---|---|\n");
+  std::printf("| T | forward ref (ms) | forward fast (ms) | speedup | backward ref (ms) | "
+              "backward fast (ms) | speedup |\n|---|---|---|---|---|---|---|\n");
   for (int64_t t : seqs) {
     Buffer xbc({batch, t, groups, width}, true, 1, 0.5f), dt({batch, t, heads}, true, 2, 0.5f);
     Buffer a_log({heads}, true, 3, 0.5f), d({heads}, true, 4), dt_bias({heads}, true, 5, 0.5f);
@@ -138,8 +131,8 @@ int main(int argc, char** argv) {
     const char* names[2] = {"cpu.ref", "cpu.fast"};
     for (int k = 0; k < 2; ++k) {
       fwd[k] = call_ms(find(loom::ops::kSsdScan, names[k]),
-                       {xbc.view, dt.view, a_log.view, d.view, dt_bias.view, none}, {y.view, none},
-                       attrs, repeat);
+                       {xbc.view, dt.view, a_log.view, d.view, dt_bias.view, none},
+                       {y.view, none}, attrs, repeat);
       bwd[k] = call_ms(find(loom::ops::kSsdScanBwd, names[k]),
                        {dy.view, xbc.view, dt.view, a_log.view, d.view, dt_bias.view, none},
                        {dxbc.view, ddt.view, da.view, dd.view, ddtb.view}, attrs, repeat);
