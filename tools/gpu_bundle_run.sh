@@ -30,7 +30,9 @@
 #      budget allows, of the same step unfused, of one default-spec step, of one LLaMA 1.3B
 #      step and of one LLaMA 1.3B FP8 step;
 #   4. cuBLASLt GEMMs against cuBLAS, and the attention, norm and FP8 quantize benches when
-#      the bundle has them.
+#      the bundle has them; attention also with cuDNN's graphs given the bottom-right form
+#      of the causal mask (LOOM_CUDNN_CAUSAL), and PyTorch's SDPA (cuDNN and flash) at the
+#      same shapes (tools/bench/torch_sdpa.py).
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cd "$here" || exit 2
@@ -464,10 +466,22 @@ if (($(left) < 15)); then
 else
   timeout $(($(left) > 30 ? 30 : $(left))) ./tools/bench/gemm_bench --markdown >>"$report" 2>&1 || say "- gemm_bench: exit $?"
 fi
-section "Attention: loom's kernel and cuDNN's (bf16, causal)"
+section "Attention: loom's kernel and cuDNN's (bf16, causal), and PyTorch's SDPA on the same GPU"
 if (($(left) < 15)); then say "- not run (budget)"; else
   timeout $(($(left) > 40 ? 40 : $(left))) ./tools/bench/attention_bench >>"$report" 2>&1 ||
     say "- attention_bench: exit $?"
+  # cuDNN's graphs with the bottom-right form of the (same) causal mask at T == S.
+  if (($(left) >= 12)); then
+    say ""
+    timeout $(($(left) > 25 ? 25 : $(left))) env LOOM_CUDNN_CAUSAL=bottom_right \
+      ./tools/bench/attention_bench --kernel cuda.cudnn >>"$report" 2>&1 ||
+      say "- attention_bench (bottom-right): exit $?"
+  fi
+  if ((have_torch)) && (($(left) >= 12)); then
+    say ""
+    timeout $(($(left) > 30 ? 30 : $(left))) python3 tools/bench/torch_sdpa.py >>"$report" 2>&1 ||
+      say "- torch_sdpa: exit $?"
+  fi
 fi
 section "Norms: plain, the unfused residual add + norm, and the fused add_*norm ops (bf16)"
 if (($(left) < 10)); then say "- not run (budget)"; else

@@ -5,7 +5,11 @@
 // call and TFLOP/s by loom's cost model (the kernels' cost functions: 4 * pairs * D forward,
 // 8 * pairs * D backward, pairs = the visible (query, key) pairs).
 //
-//   attention_bench [--iterations N]
+//   attention_bench [--iterations N] [--kernel cuda|cuda.cudnn]
+//
+// The header line says which form of the causal mask cuDNN's graphs ask for when T == S
+// (cudnn_attention.cc: top-left, or bottom-right with LOOM_CUDNN_CAUSAL=bottom_right; the
+// same mask either way), so that two runs compare the forms.
 //
 // Without a GPU it prints "attention_bench: no CUDA device (...)" and exits 1, as gemm_bench.
 #include <cuda_runtime.h>
@@ -59,14 +63,31 @@ struct Call : loom::bench::KernelCall {
 
 int main(int argc, char** argv) {
   loom::bench::tool_name = "attention_bench";
-  const int iterations = loom::bench::parse_iterations(argc, argv, 20);
+  // --kernel NAME (only that kernel's rows); the rest goes to parse_iterations.
+  std::string only;
+  std::vector<char*> rest = {argv[0]};
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--kernel") == 0 && i + 1 < argc)
+      only = argv[++i];
+    else
+      rest.push_back(argv[i]);
+  }
+  if (!only.empty() && only != "cuda" && only != loom::kernels::cuda::kCudnnAttentionName)
+    die("--kernel " + only + ": use cuda or " + loom::kernels::cuda::kCudnnAttentionName);
+  const int iterations =
+      loom::bench::parse_iterations(static_cast<int>(rest.size()), rest.data(), 20);
+  const char* form = std::getenv("LOOM_CUDNN_CAUSAL");
   const cudaDeviceProp prop = loom::bench::require_device();
   std::vector<KernelDesc> all;
   loom::kernels::cuda::add_attention_kernels(all);
   loom::kernels::cuda::add_cudnn_attention_kernels(all);
-  std::printf("attention_bench: %s (sm_%d%d), cuDNN %lld, bf16, causal, %d iterations\n\n",
-              prop.name, prop.major, prop.minor,
-              static_cast<long long>(loom::kernels::cuda::cudnn_runtime_version()), iterations);
+  std::printf(
+      "attention_bench: %s (sm_%d%d), cuDNN %lld, bf16, causal (cuDNN's graphs: %s for T == S), "
+      "%d iterations\n\n",
+      prop.name, prop.major, prop.minor,
+      static_cast<long long>(loom::kernels::cuda::cudnn_runtime_version()),
+      form != nullptr && std::strcmp(form, "bottom_right") == 0 ? "bottom-right" : "top-left",
+      iterations);
   std::printf(
       "| B, T, H, D | kernel | fwd ms | fwd TFLOP/s | fwd+bwd ms | fwd+bwd TFLOP/s | note |\n");
   std::printf("|---|---|---|---|---|---|---|\n");
@@ -79,6 +100,7 @@ int main(int argc, char** argv) {
     TensorView none{};
     loom::ops::AttentionAttrs at{1.0f / std::sqrt(static_cast<float>(s.d)), 1, 0.0f, 0, 0};
     for (const char* name : {"cuda", loom::kernels::cuda::kCudnnAttentionName}) {
+      if (!only.empty() && only != name) continue;
       const KernelDesc* kf = find(all, loom::ops::kAttentionFwd, name);
       const KernelDesc* kb = find(all, loom::ops::kAttentionBwd, name);
       if (kf == nullptr || kb == nullptr) die(std::string("no kernel ") + name);

@@ -43,6 +43,7 @@
 
 #include "kernels/cuda/attention/attention.h"
 #include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/env_choice.h"
 #include "kernels/cuda/common/registration.h"
 #include "kernels/cuda/common/resources.cuh"
 
@@ -230,6 +231,26 @@ std::shared_ptr<fe::graph::Tensor_attributes> k_like(fe::graph::Graph& g, const 
   return bshd(g, name, uid, s.b, s.g, s.s, s.d, r);
 }
 
+// loom's causal mask hides key s from query t when s > t + (S - T): cuDNN's bottom-right
+// alignment. With T == S that is the top-left mask too, the one PyTorch's and
+// TransformerEngine's "causal" ask for (set_causal_mask), and the graph then says
+// top-left: the same mask, in the form cuDNN's most used engines are built and tuned for.
+// LOOM_CUDNN_CAUSAL=bottom_right keeps the bottom-right form for T == S as well, to measure
+// one against the other (tools/gpu_bundle_run.sh's attention_bench rows).
+bool causal_top_left(const AttentionShape& s) {
+  static const bool always_bottom_right =
+      env_choice("attention", "LOOM_CUDNN_CAUSAL", {"auto", "bottom_right"}) == 1;
+  return s.t == s.s && !always_bottom_right;
+}
+
+template <class Attributes>
+void set_causal(Attributes& opts, const AttentionShape& s) {
+  if (causal_top_left(s))
+    opts.set_causal_mask(true);
+  else
+    opts.set_causal_mask_bottom_right(true);
+}
+
 // Builds the graph of one pass; "" on success, else cuDNN's reason.
 std::string build_graph(Pass pass, DType dt, const AttentionShape& s, cudnnHandle_t handle,
                         GraphEntry* e) {
@@ -245,7 +266,7 @@ std::string build_graph(Pass pass, DType dt, const AttentionShape& s, cudnnHandl
   if (pass == Pass::kFwd) {
     auto opts = fe::graph::SDPA_attributes().set_name("loom_sdpa_fwd").set_generate_stats(true);
     opts.set_attn_scale(s.attrs.scale);
-    if (causal) opts.set_causal_mask_bottom_right(true);
+    if (causal) set_causal(opts, s);
     auto [o, stats] = g->sdpa(q, k, v, opts);
     o->set_output(true).set_uid(kO).set_dim({s.b, s.h, s.t, s.d}).set_stride(bhsd_stride(packed_q));
     stats->set_output(true)
@@ -264,7 +285,7 @@ std::string build_graph(Pass pass, DType dt, const AttentionShape& s, cudnnHandl
                                .set_data_type(fe::DataType_t::FLOAT));
     auto opts = fe::graph::SDPA_backward_attributes().set_name("loom_sdpa_bwd");
     opts.set_attn_scale(s.attrs.scale);
-    if (causal) opts.set_causal_mask_bottom_right(true);
+    if (causal) set_causal(opts, s);
     auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, dout, stats, opts);
     dq->set_output(true).set_uid(kDQ).set_dim({s.b, s.h, s.t, s.d}).set_stride(bhsd_stride(s.dq));
     dk->set_output(true).set_uid(kDK).set_dim({s.b, s.g, s.s, s.d}).set_stride(bhsd_stride(s.dk));

@@ -20,7 +20,9 @@
 //     dropout_p == 0 (cuDNN's dropout draws other random numbers than loom's Philox
 //     numbering), no segment ids (packed documents);
 //   - causal only with T <= S (bottom-right alignment, loom's `s > t + (S - T)`; T > S has
-//     fully masked rows, whose outputs cuDNN does not define as loom does);
+//     fully masked rows, whose outputs cuDNN does not define as loom does); with T == S the
+//     graph asks for the same mask in its top-left form, as PyTorch and TransformerEngine
+//     do (LOOM_CUDNN_CAUSAL=bottom_right keeps the bottom-right form, to compare);
 //   - cuDNN accepts the graph (validate, check_support and build_plans succeed); a rejected
 //     shape is remembered and not retried;
 //   - the call's workspace holds cuDNN's (the KernelDesc's workspace function reports the
