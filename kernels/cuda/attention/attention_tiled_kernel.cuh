@@ -13,6 +13,8 @@
 //             summed over the group's query heads and all query tiles in registers; then
 //             block per (query tile, b, h): dQ over the key tiles. Each output element has
 //             one writer (no atomics), so the result does not depend on scheduling.
+// Tiles reach shared memory through registers (TiledRegs): each loop issues the loads of its
+// next tiles before it computes on the current ones, and stores them after.
 // Thread (ty, tx) = (tid / 16, tid % 16) owns rows 4 ty .. 4 ty + 3 of every tile product;
 // of a 64 x 64 score tile the columns tx + 16 j (j < 4: spread, so that the 16 threads of a
 // row read 16 different operand rows without bank conflicts); of a 64 x D output the
@@ -66,19 +68,53 @@ __device__ __forceinline__ TiledRows tiled_packed_rows(const AttentionParams& p,
   return {((b * p.t + t0) * p.h + h) * p.d, p.h * p.d};
 }
 
-// Rows j < n of a tile from src (row j's first element at index row_of(j)), f32; rows
-// j >= n and the pad columns zero. Warp w fills rows w, w + 8, ...; consecutive lanes read
-// consecutive elements of a row (coalesced). The caller synchronises.
-template <class Io, class RowOf>
-__device__ __forceinline__ void tiled_load(float* tile, const void* src, DType dt, RowOf row_of,
-                                           int n, int d_model) {
+// A 64 x D operand tile on its way from global to shared memory, in the registers of the
+// block's threads: warp w holds rows w + 8 i (i < 8), lane l columns l + 32 j (j < 2 kDv,
+// the 64 kDv columns that cover D <= 64 kDv). Splitting the copy in two lets a thread issue
+// all of its loads before it waits for any (tiled_fetch), and lets the loops issue the next
+// tile's loads before they compute on the current one (tiled_put then stores them): a block
+// per multiprocessor, as the default spec's grids are, has no other warps to hide the
+// latency of one load after another.
+template <int kDv>
+struct TiledRegs {
+  float v[kTiledRows / (kTiledThreads / 32)][2 * kDv];
+};
+
+// Loads rows j < n of a tile from src (row j's first element at index row_of(j)) into r, as
+// f32; rows j >= n and the columns from d_model on are zero. Consecutive lanes read
+// consecutive elements of a row (coalesced).
+template <class Io, int kDv, class RowOf>
+__device__ __forceinline__ void tiled_fetch(TiledRegs<kDv>& r, const void* src, DType dt,
+                                            RowOf row_of, int n, int d_model) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+#pragma unroll
+  for (int i = 0; i < kTiledRows / (kTiledThreads / 32); ++i) {
+    const int row = warp + (kTiledThreads / 32) * i;
+    const bool valid = row < n;
+    const int64_t base = valid ? row_of(row) : 0;
+#pragma unroll
+    for (int j = 0; j < 2 * kDv; ++j) {
+      const int c = lane + 32 * j;
+      r.v[i][j] = valid && c < d_model ? Io::load(src, dt, base + c) : 0.0f;
+    }
+  }
+}
+
+// Stores r (tiled_fetch) into a tile of row stride tiled_ld(d_model): all 64 rows and the
+// tile's cols = ld - 4 columns (the pad and rows past the end zero, as fetched). The caller
+// synchronises.
+template <int kDv>
+__device__ __forceinline__ void tiled_put(float* tile, const TiledRegs<kDv>& r, int d_model) {
   const int ld = tiled_ld(d_model), cols = ld - 4;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int r = warp; r < kTiledRows; r += kTiledThreads / 32) {
-    const bool valid = r < n;
-    const int64_t base = valid ? row_of(r) : 0;
-    for (int c = lane; c < cols; c += 32)
-      tile[r * ld + c] = valid && c < d_model ? Io::load(src, dt, base + c) : 0.0f;
+#pragma unroll
+  for (int i = 0; i < kTiledRows / (kTiledThreads / 32); ++i) {
+    const int row = warp + (kTiledThreads / 32) * i;
+#pragma unroll
+    for (int j = 0; j < 2 * kDv; ++j) {
+      const int c = lane + 32 * j;
+      if (c < cols) tile[row * ld + c] = r.v[i][j];
+    }
   }
 }
 
@@ -210,6 +246,18 @@ __device__ __forceinline__ bool tiled_visible(const AttentionParams& p, TiledSeg
          !other_segment(seg.q, seg.k, t, key);
 }
 
+// The K and V rows of key tile [k0, k0 + n) of (b, g) into registers (tiled_fetch): the
+// forward's and the dQ kernel's next tile, issued before the current one's products.
+template <class Io, int kDv>
+__device__ __forceinline__ void tiled_fetch_kv(TiledRegs<kDv>& rk, TiledRegs<kDv>& rv,
+                                               const AttentionParams& p, int64_t b, int64_t g,
+                                               int64_t k0, int64_t limit) {
+  const int n = static_cast<int>(min64(kTiledRows, limit - k0));
+  const int D = static_cast<int>(p.d);
+  tiled_fetch<Io, kDv>(rk, p.k, p.dt_k, tiled_rows(p.k_rows, b, k0, g), n, D);
+  tiled_fetch<Io, kDv>(rv, p.v, p.dt_v, tiled_rows(p.v_rows, b, k0, g), n, D);
+}
+
 // Forward: block per (query tile, b, h); grid = ceil(T / 64) * B * H.
 template <class Io, int kDv>
 __global__ void __launch_bounds__(kTiledThreads)
@@ -225,7 +273,14 @@ __global__ void __launch_bounds__(kTiledThreads)
   const int64_t b = tb.outer / p.h, h = tb.outer % p.h, g = h / p.group, t0 = tb.tile0;
   const TiledSegments seg = tiled_segments(p, b);
   const float scale_log2 = p.scale * kLog2e;
-  tiled_load<Io>(sq, p.q, p.dt_q, tiled_rows(p.q_rows, b, t0, h), tb.rows, D);
+  const int64_t limit = tiled_key_limit(p, t0, tb.rows);
+  TiledRegs<kDv> rk, rv;  // the next key tile's K and V, on their way to shared memory
+  {
+    TiledRegs<kDv> rq;
+    tiled_fetch<Io, kDv>(rq, p.q, p.dt_q, tiled_rows(p.q_rows, b, t0, h), tb.rows, D);
+    if (limit > 0) tiled_fetch_kv<Io, kDv>(rk, rv, p, b, g, 0, limit);
+    tiled_put<kDv>(sq, rq, D);
+  }
 
   float m[4], l[4], acc[4][4 * kDv];
 #pragma unroll
@@ -235,13 +290,13 @@ __global__ void __launch_bounds__(kTiledThreads)
 #pragma unroll
     for (int c = 0; c < 4 * kDv; ++c) acc[i][c] = 0.0f;
   }
-  const int64_t limit = tiled_key_limit(p, t0, tb.rows);
   for (int64_t k0 = 0; k0 < limit; k0 += kTiledRows) {
     const int nk = static_cast<int>(min64(kTiledRows, limit - k0));
     __syncthreads();  // every thread is done with the previous tiles
-    tiled_load<Io>(sk, p.k, p.dt_k, tiled_rows(p.k_rows, b, k0, g), nk, D);
-    tiled_load<Io>(sv, p.v, p.dt_v, tiled_rows(p.v_rows, b, k0, g), nk, D);
+    tiled_put<kDv>(sk, rk, D);
+    tiled_put<kDv>(sv, rv, D);
     __syncthreads();
+    if (k0 + kTiledRows < limit) tiled_fetch_kv<Io, kDv>(rk, rv, p, b, g, k0 + kTiledRows, limit);
     float s[4][4] = {};
     tiled_dots(sq, sk, ld, ty, tx, s);
 #pragma unroll
@@ -289,16 +344,26 @@ __global__ void __launch_bounds__(kTiledThreads)
             l[i] > 0.0f ? (m[i] + log2f(l[i])) * kLn2 : -INFINITY;
 }
 
-// Loads rows j < n of the (b, h) lse and delta from query t0 on into shared memory; the
-// rest -inf and 0 (no probability).
-__device__ __forceinline__ void tiled_load_row_scalars(const AttentionParams& p, int64_t b,
-                                                       int64_t h, int64_t t0, int n, float* slse,
-                                                       float* sdelta) {
-  for (int j = threadIdx.x; j < kTiledRows; j += kTiledThreads) {
-    const int64_t r = (b * p.h + h) * p.t + t0 + j;
-    slse[j] = j < n ? p.lse_in[r] : -INFINITY;
-    sdelta[j] = j < n ? p.delta[r] : 0.0f;
-  }
+// The lse and delta of rows j < n of (b, h) from query t0 on, -inf and 0 (no probability)
+// for the rest, on their way to shared memory: thread j < 64 holds row j's.
+struct TiledRowScalars {
+  float lse, delta;
+};
+__device__ __forceinline__ void tiled_fetch_row_scalars(const AttentionParams& p, int64_t b,
+                                                        int64_t h, int64_t t0, int n,
+                                                        TiledRowScalars& r) {
+  const int j = threadIdx.x;
+  if (j >= kTiledRows) return;
+  const int64_t row = (b * p.h + h) * p.t + t0 + j;
+  r.lse = j < n ? p.lse_in[row] : -INFINITY;
+  r.delta = j < n ? p.delta[row] : 0.0f;
+}
+__device__ __forceinline__ void tiled_put_row_scalars(const TiledRowScalars& r, float* slse,
+                                                      float* sdelta) {
+  const int j = threadIdx.x;
+  if (j >= kTiledRows) return;
+  slse[j] = r.lse;
+  sdelta[j] = r.delta;
 }
 
 // Backward pass 1: block per (key tile, b, g); grid = ceil(S / 64) * B * G. Thread rows are
@@ -320,20 +385,45 @@ __global__ void __launch_bounds__(kTiledThreads)
   const TiledBlock tb = tiled_block(p.s);
   const int64_t b = tb.outer / p.g, g = tb.outer % p.g, s0 = tb.tile0;
   const TiledSegments seg = tiled_segments(p, b);
-  tiled_load<Io>(sk, p.k, p.dt_k, tiled_rows(p.k_rows, b, s0, g), tb.rows, D);
-  tiled_load<Io>(sv, p.v, p.dt_v, tiled_rows(p.v_rows, b, s0, g), tb.rows, D);
+  // Queries that see the tile's first key: t >= s0 - (S - T) under the causal mask. The
+  // block visits query tiles q0 = t_begin, t_begin + 64, ... < T of each head h of the group
+  // in turn, the next one's Q, dO, lse and delta in registers during the current products.
+  const int64_t t_begin = p.causal ? max64(0, s0 - (p.s - p.t)) : 0;
+  const int64_t h_end = (g + 1) * p.group;
+  int64_t h = g * p.group, q0 = t_begin;
+  TiledRegs<kDv> rq, rdo;
+  TiledRowScalars rs{};
+  auto fetch_queries = [&](int64_t hh, int64_t qq) {
+    const int n = static_cast<int>(min64(kTiledRows, p.t - qq));
+    tiled_fetch<Io, kDv>(rq, p.q, p.dt_q, tiled_rows(p.q_rows, b, qq, hh), n, D);
+    tiled_fetch<Io, kDv>(rdo, p.dout, p.dt_do, tiled_packed_rows(p, b, qq, hh), n, D);
+    tiled_fetch_row_scalars(p, b, hh, qq, n, rs);
+  };
+  if (q0 >= p.t) h = h_end;  // no query sees the tile
+  {
+    TiledRegs<kDv> rk, rv;
+    tiled_fetch<Io, kDv>(rk, p.k, p.dt_k, tiled_rows(p.k_rows, b, s0, g), tb.rows, D);
+    tiled_fetch<Io, kDv>(rv, p.v, p.dt_v, tiled_rows(p.v_rows, b, s0, g), tb.rows, D);
+    if (h < h_end) fetch_queries(h, q0);
+    tiled_put<kDv>(sk, rk, D);
+    tiled_put<kDv>(sv, rv, D);
+  }
 
   float dk[4][4 * kDv] = {}, dv[4][4 * kDv] = {};
-  // Queries that see the tile's first key: t >= s0 - (S - T) under the causal mask.
-  const int64_t t_begin = p.causal ? max64(0, s0 - (p.s - p.t)) : 0;
-  for (int64_t h = g * p.group; h < (g + 1) * p.group; ++h)
-    for (int64_t q0 = t_begin; q0 < p.t; q0 += kTiledRows) {
-      const int nq = static_cast<int>(min64(kTiledRows, p.t - q0));
-      __syncthreads();
-      tiled_load<Io>(sq, p.q, p.dt_q, tiled_rows(p.q_rows, b, q0, h), nq, D);
-      tiled_load<Io>(sdo, p.dout, p.dt_do, tiled_packed_rows(p, b, q0, h), nq, D);
-      tiled_load_row_scalars(p, b, h, q0, nq, slse, sdelta);
-      __syncthreads();
+  while (h < h_end) {
+    const int nq = static_cast<int>(min64(kTiledRows, p.t - q0));
+    __syncthreads();
+    tiled_put<kDv>(sq, rq, D);
+    tiled_put<kDv>(sdo, rdo, D);
+    tiled_put_row_scalars(rs, slse, sdelta);
+    __syncthreads();
+    int64_t h_next = h, q_next = q0 + kTiledRows;
+    if (q_next >= p.t) {
+      ++h_next;
+      q_next = t_begin;
+    }
+    if (h_next < h_end) fetch_queries(h_next, q_next);
+    {
       float qk[4][4] = {}, dp[4][4] = {};
       tiled_dots(sk, sq, ld, ty, tx, qk);
       tiled_dots(sv, sdo, ld, ty, tx, dp);
@@ -356,6 +446,9 @@ __global__ void __launch_bounds__(kTiledThreads)
       tiled_accumulate<kDv>(spz, sdo, ld, ty, tx, dv);
       tiled_accumulate<kDv>(sds, sq, ld, ty, tx, dk);
     }
+    h = h_next;
+    q0 = q_next;
+  }
   const float one[4] = {1.0f, 1.0f, 1.0f, 1.0f};
   tiled_store<Io, kDv>(p.dk, p.dt_dk, tiled_rows(p.dk_rows, b, s0, g), tb.rows, D, ty, tx, dk, one);
   tiled_store<Io, kDv>(p.dv, p.dt_dv, tiled_rows(p.dv_rows, b, s0, g), tb.rows, D, ty, tx, dv, one);
@@ -378,18 +471,28 @@ __global__ void __launch_bounds__(kTiledThreads)
   const TiledBlock tb = tiled_block(p.t);
   const int64_t b = tb.outer / p.h, h = tb.outer % p.h, g = h / p.group, t0 = tb.tile0;
   const TiledSegments seg = tiled_segments(p, b);
-  tiled_load<Io>(sq, p.q, p.dt_q, tiled_rows(p.q_rows, b, t0, h), tb.rows, D);
-  tiled_load<Io>(sdo, p.dout, p.dt_do, tiled_packed_rows(p, b, t0, h), tb.rows, D);
-  tiled_load_row_scalars(p, b, h, t0, tb.rows, slse, sdelta);
+  const int64_t limit = tiled_key_limit(p, t0, tb.rows);
+  TiledRegs<kDv> rk, rv;  // the next key tile's K and V, on their way to shared memory
+  {
+    TiledRegs<kDv> rq, rdo;
+    TiledRowScalars rs{};
+    tiled_fetch<Io, kDv>(rq, p.q, p.dt_q, tiled_rows(p.q_rows, b, t0, h), tb.rows, D);
+    tiled_fetch<Io, kDv>(rdo, p.dout, p.dt_do, tiled_packed_rows(p, b, t0, h), tb.rows, D);
+    tiled_fetch_row_scalars(p, b, h, t0, tb.rows, rs);
+    if (limit > 0) tiled_fetch_kv<Io, kDv>(rk, rv, p, b, g, 0, limit);
+    tiled_put<kDv>(sq, rq, D);
+    tiled_put<kDv>(sdo, rdo, D);
+    tiled_put_row_scalars(rs, slse, sdelta);
+  }
 
   float dq[4][4 * kDv] = {};
-  const int64_t limit = tiled_key_limit(p, t0, tb.rows);
   for (int64_t k0 = 0; k0 < limit; k0 += kTiledRows) {
     const int nk = static_cast<int>(min64(kTiledRows, limit - k0));
     __syncthreads();
-    tiled_load<Io>(sk, p.k, p.dt_k, tiled_rows(p.k_rows, b, k0, g), nk, D);
-    tiled_load<Io>(sv, p.v, p.dt_v, tiled_rows(p.v_rows, b, k0, g), nk, D);
+    tiled_put<kDv>(sk, rk, D);
+    tiled_put<kDv>(sv, rv, D);
     __syncthreads();
+    if (k0 + kTiledRows < limit) tiled_fetch_kv<Io, kDv>(rk, rv, p, b, g, k0 + kTiledRows, limit);
     float qk[4][4] = {}, dp[4][4] = {};
     tiled_dots(sq, sk, ld, ty, tx, qk);
     tiled_dots(sdo, sv, ld, ty, tx, dp);
