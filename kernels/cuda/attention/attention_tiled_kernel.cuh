@@ -207,19 +207,25 @@ __device__ __forceinline__ float row16_sum(float x) {
   return x;
 }
 
-// The block's place in a grid of (tiles of n rows) x outer blocks, tiles fastest.
+// The block's place in a grid of tiles (of n rows) x outers blocks, outers = gridDim.x /
+// tiles, started tile by tile from the one with the most work: under the causal mask the
+// last query tiles see the most keys (last_heaviest, the forward and dQ kernels) and the
+// first key tiles the most queries (the dK / dV kernel), so a grid of several waves ends
+// with its shortest blocks (longest processing time first). Each output element still has
+// one writer: the order changes no result.
 struct TiledBlock {
   int64_t tile0;  // first row of the tile
   int rows;       // rows of the tile (<= 64)
-  int64_t outer;  // blockIdx.x / tiles
+  int64_t outer;  // which of the outers (b, head) pairs
 };
-__device__ __forceinline__ TiledBlock tiled_block(int64_t n) {
+__device__ __forceinline__ TiledBlock tiled_block(int64_t n, bool last_heaviest) {
   const int64_t tiles = (n + kTiledRows - 1) / kTiledRows;
-  const int64_t blk = blockIdx.x;
+  const int64_t outers = gridDim.x / tiles;
+  const int64_t blk = blockIdx.x, rank = blk / outers;  // rank 0 starts first
   TiledBlock tb;
-  tb.tile0 = (blk % tiles) * kTiledRows;
+  tb.tile0 = (last_heaviest ? tiles - 1 - rank : rank) * kTiledRows;
   tb.rows = static_cast<int>(min64(kTiledRows, n - tb.tile0));
-  tb.outer = blk / tiles;
+  tb.outer = blk % outers;
   return tb;
 }
 
@@ -269,7 +275,7 @@ __global__ void __launch_bounds__(kTiledThreads)
   float* sv = sk + kTiledRows * ld;
   float* sp = sv + kTiledRows * ld;  // 64 x 64 probabilities (dropout applied)
   const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
-  const TiledBlock tb = tiled_block(p.t);
+  const TiledBlock tb = tiled_block(p.t, true);
   const int64_t b = tb.outer / p.h, h = tb.outer % p.h, g = h / p.group, t0 = tb.tile0;
   const TiledSegments seg = tiled_segments(p, b);
   const float scale_log2 = p.scale * kLog2e;
@@ -382,7 +388,7 @@ __global__ void __launch_bounds__(kTiledThreads)
   float* slse = sds + kTiledRows * kTiledLdS;
   float* sdelta = slse + kTiledRows;
   const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
-  const TiledBlock tb = tiled_block(p.s);
+  const TiledBlock tb = tiled_block(p.s, false);
   const int64_t b = tb.outer / p.g, g = tb.outer % p.g, s0 = tb.tile0;
   const TiledSegments seg = tiled_segments(p, b);
   // Queries that see the tile's first key: t >= s0 - (S - T) under the causal mask. The
@@ -468,7 +474,7 @@ __global__ void __launch_bounds__(kTiledThreads)
   float* slse = sds + kTiledRows * kTiledLdS;
   float* sdelta = slse + kTiledRows;
   const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
-  const TiledBlock tb = tiled_block(p.t);
+  const TiledBlock tb = tiled_block(p.t, true);
   const int64_t b = tb.outer / p.h, h = tb.outer % p.h, g = h / p.group, t0 = tb.tile0;
   const TiledSegments seg = tiled_segments(p, b);
   const int64_t limit = tiled_key_limit(p, t0, tb.rows);
