@@ -29,7 +29,9 @@
 #   3. ncu: per-kernel GPU time of one GPT-2 124M step (CSV in $OUT, top 15 here), and, as the
 #      budget allows, of the same step unfused, of one default-spec step, of one LLaMA 1.3B
 #      step and of one LLaMA 1.3B FP8 step;
-#   4. cuBLASLt GEMMs against cuBLAS, and the attention, norm and FP8 quantize benches when
+#   4. cuBLASLt GEMMs against cuBLAS (also the weight-gradient form, and the default spec's
+#      f32 GEMMs, each with split-K reductions as now and as before: LOOM_CUBLASLT_REDUCTION),
+#      and the attention, norm and FP8 quantize benches when
 #      the bundle has them; attention also with cuDNN's graphs given the bottom-right form
 #      of the causal mask (LOOM_CUDNN_CAUSAL), and PyTorch's SDPA (cuDNN and flash) at the
 #      same shapes (tools/bench/torch_sdpa.py).
@@ -460,11 +462,32 @@ else
 fi
 
 # ---- 5. Kernel benches -------------------------------------------------------------------
-section "GEMM against cuBLAS (bf16)"
+section "GEMM against cuBLAS (bf16; then weight gradients and the default spec's f32 GEMMs)"
 if (($(left) < 15)); then
   say "- not run (budget)"
 else
   timeout $(($(left) > 30 ? 30 : $(left))) ./tools/bench/gemm_bench --markdown >>"$report" 2>&1 || say "- gemm_bench: exit $?"
+  # Split-K reductions for an f32 Y (weight gradients, f32 GEMMs): every scheme (the default)
+  # against COMPUTE_TYPE only (LOOM_CUBLASLT_REDUCTION=compute_type, the earlier mask); the
+  # default spec's shapes (2048 tokens, C 256, V 4096) in each of a Linear's three forms.
+  f32_shapes=(--shape "2048,768,256" --shape "2048,256,256" --shape "2048,1024,256" --shape "2048,256,1024" --shape "2048,4096,256")
+  f32_wgrad=(--shape "768,256,2048" --shape "256,256,2048" --shape "1024,256,2048" --shape "256,1024,2048" --shape "4096,256,2048")
+  f32_dgrad=(--shape "2048,256,768" --shape "2048,256,256" --shape "2048,256,1024" --shape "2048,1024,256" --shape "2048,256,4096")
+  for reduction in auto compute_type; do
+    for run in "bf16 wgrad" "f32 fwd" "f32 dgrad" "f32 wgrad"; do
+      read -r dt form <<<"$run"
+      shapes=()
+      [[ $dt == f32 && $form == fwd ]] && shapes=("${f32_shapes[@]}")
+      [[ $dt == f32 && $form == dgrad ]] && shapes=("${f32_dgrad[@]}")
+      [[ $dt == f32 && $form == wgrad ]] && shapes=("${f32_wgrad[@]}")
+      (($(left) < 10)) && { say "- $dt $form ($reduction): not run (budget)"; continue; }
+      say ""
+      say "LOOM_CUBLASLT_REDUCTION=$reduction:"
+      timeout $(($(left) > 20 ? 20 : $(left))) env LOOM_CUBLASLT_REDUCTION=$reduction \
+        ./tools/bench/gemm_bench --markdown --iterations 20 --dtype "$dt" --form "$form" \
+        "${shapes[@]}" >>"$report" 2>&1 || say "- gemm_bench $dt $form ($reduction): exit $?"
+    done
+  done
 fi
 section "Attention: loom's kernel and cuDNN's (bf16, causal), and PyTorch's SDPA on the same GPU"
 if (($(left) < 15)); then say "- not run (budget)"; else

@@ -4,7 +4,16 @@
 // target: loom within 10% of cuBLAS on every shape. Run by tools/gpu_check.
 //
 //   gemm_bench [--markdown | --json] [--dtype bf16|f16|f32] [--iterations N]
-//              [--shape M,N,K]...
+//              [--form fwd|dgrad|wgrad] [--shape M,N,K]...
+//
+// --form: which of a Linear's three GEMMs, each as the training step calls it:
+//   fwd    Y (tokens, out) = X (tokens, in) @ W^T, W stored (out, in) (the default);
+//   dgrad  dX (tokens, in) = dY (tokens, out) @ W, W stored (out, in);
+//   wgrad  dW (out, in) += dY^T @ X, dY stored (tokens, out), X (tokens, in), dW f32, beta 1
+//          (the weight gradient accumulated in f32).
+// The model shapes below are given as (tokens, out, in) and become (M, N, K) of the form:
+// fwd (tokens, out, in), dgrad (tokens, in, out), wgrad (out, in, tokens). A --shape is taken
+// as the form's own M, N, K.
 #include "kernels/cuda/lab/gemm_bench.h"
 
 #include <cstdio>
@@ -35,7 +44,7 @@ const std::vector<Shape> kShapes = {
 [[noreturn]] void usage(const char* why) {
   std::fprintf(stderr,
                "gemm_bench: %s\nusage: gemm_bench [--markdown | --json] [--dtype bf16|f16|f32] "
-               "[--iterations N] [--shape M,N,K]...\n",
+               "[--iterations N] [--form fwd|dgrad|wgrad] [--shape M,N,K]...\n",
                why);
   std::exit(2);
 }
@@ -48,6 +57,7 @@ int main(int argc, char** argv) {
   loom::kernels::cuda::GemmBenchOptions options;
   std::vector<Shape> shapes;
   std::vector<std::string> names;
+  std::string form = "fwd";
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto value = [&]() -> std::string {
@@ -66,6 +76,10 @@ int main(int argc, char** argv) {
     } else if (a == "--iterations") {
       options.iterations = std::atoi(value().c_str());
       if (options.iterations < 1) usage("--iterations: expected an integer >= 1");
+    } else if (a == "--form") {
+      form = value();
+      if (form != "fwd" && form != "dgrad" && form != "wgrad")
+        usage(("--form: '" + form + "' is not fwd, dgrad or wgrad").c_str());
     } else if (a == "--shape") {
       std::string v = value();
       long long m = 0, n = 0, k = 0;
@@ -77,7 +91,24 @@ int main(int argc, char** argv) {
       usage(("unknown argument '" + a + "'").c_str());
     }
   }
-  if (shapes.empty()) shapes = kShapes;
+  if (shapes.empty()) {
+    for (const Shape& s : kShapes) {  // (tokens, out, in) -> the form's (M, N, K)
+      if (form == "dgrad" && s.trans_b)
+        shapes.push_back({s.what, s.m, s.k, s.n, false});
+      else if (form == "wgrad" && s.trans_b)
+        shapes.push_back({s.what, s.n, s.k, s.m, false});
+      else if (form == "fwd")
+        shapes.push_back(s);
+    }
+  }
+  // The form's operand layouts (gemm_bench.h): dgrad and wgrad read B as stored (K, N);
+  // wgrad reads A as stored (K, M) and accumulates into an f32 Y.
+  options.trans_a = form == "wgrad";
+  if (form == "wgrad") {
+    options.y_dtype = loom::DType::kF32;
+    options.beta = 1.0f;
+  }
+  if (!json) std::printf("form %s, %s operands\n\n", form.c_str(), loom::dtype_name(dtype));
   if (!json)
     std::printf(
         "| shape | M | N | K | loom TFLOP/s | cuBLAS TFLOP/s | loom / cuBLAS |\n"
@@ -86,7 +117,7 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < shapes.size(); ++i) {
     const Shape& s = shapes[i];
     std::string what = s.what != nullptr ? s.what : names[i];
-    options.trans_b = s.trans_b;
+    options.trans_b = form == "fwd" && s.trans_b;
     auto r = loom::kernels::cuda::gemm_bench(s.m, s.n, s.k, dtype, options);
     if (!r.error.empty()) {
       std::fprintf(stderr, "gemm_bench: %s (%lld, %lld, %lld): %s\n", what.c_str(),

@@ -7,6 +7,7 @@
 
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/device_util.cuh"
+#include "kernels/cuda/common/env_choice.h"
 #include "kernels/cuda/common/resources.cuh"
 #include "kernels/cuda/gemm/cublaslt.cuh"
 
@@ -58,22 +59,29 @@ uint32_t alignment_of(const void* p, int64_t stride_bytes) {
   return static_cast<uint32_t>(bits & (~bits + 1));  // lowest set bit
 }
 
+uint32_t split_k_reductions(cudaDataType_t y_type) {
+  static const bool compute_type_only =
+      env_choice("gemm", "LOOM_CUBLASLT_REDUCTION", {"auto", "compute_type"}) == 1;
+  if (!compute_type_only && (y_type == CUDA_R_32F || y_type == CUDA_R_64F))
+    return static_cast<uint32_t>(CUBLASLT_REDUCTION_SCHEME_MASK);
+  return static_cast<uint32_t>(CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE);
+}
+
 Preference::Preference(const char* op, uint32_t align_a, uint32_t align_b, uint32_t align_c,
-                       uint64_t max_workspace) {
+                       cudaDataType_t y_type, uint64_t max_workspace) {
   lt_check(cublasLtMatmulPreferenceCreate(&pref), op, "cublasLtMatmulPreferenceCreate");
   set_pref(op, pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, max_workspace);
   set_pref(op, pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a);
   set_pref(op, pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b);
   set_pref(op, pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_c);
   set_pref(op, pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_c);
-  // Split-K partial sums only in the compute type (f32): the in-place and output-type
-  // schemes add the parts in Y's dtype, against the ops' "compute in f32" (loom/ops.h). On
-  // an H200 (2026-11-27) the bf16 GELU_AUX epilogue's P at K = 65 and 127 was off by up to
-  // 0.0156 (one bf16 unit at magnitude 2) where |P| was 0.03-0.08, and f16's was not:
-  // consistent with bf16 partial sums (not yet rerun with this mask). Algorithms without
-  // split-K (scheme NONE) stay allowed.
-  set_pref(op, pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
-           static_cast<uint32_t>(CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE));
+  // Split-K partial sums in the compute type (split_k_reductions): with a bf16 or f16 Y the
+  // in-place and output-type schemes would add the parts in Y's dtype, against the ops'
+  // "compute in f32" (loom/ops.h). On an H200 (2026-11-27) the bf16 GELU_AUX epilogue's P at
+  // K = 65 and 127 was off by up to 0.0156 (one bf16 unit at magnitude 2) where |P| was
+  // 0.03-0.08, and f16's was not: consistent with bf16 partial sums (not yet rerun with this
+  // mask). Algorithms without split-K (scheme NONE) stay allowed.
+  set_pref(op, pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, split_k_reductions(y_type));
 }
 
 Preference::~Preference() {

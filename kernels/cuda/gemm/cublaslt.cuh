@@ -53,16 +53,29 @@ void set_pref(const char* op, cublasLtMatmulPreference_t p,
 
 /// The preference of a heuristic query: at most `max_workspace` bytes of workspace (by
 /// default the whole stream scratch), and the operands' real alignments in bytes (the default
-/// assumes 256-byte aligned operands; a view into a larger buffer may not be), and split-K
-/// reductions only in the compute type (f32). Destroyed at scope exit.
+/// assumes 256-byte aligned operands; a view into a larger buffer may not be), and which
+/// split-K reductions the algorithm may use (split_k_reductions). Destroyed at scope exit.
 struct Preference {
   cublasLtMatmulPreference_t pref = nullptr;
+  /// \param y_type  the data type of C and D (Y): it decides the reduction schemes
   Preference(const char* op, uint32_t align_a, uint32_t align_b, uint32_t align_c,
-             uint64_t max_workspace = kScratchBytes);
+             cudaDataType_t y_type, uint64_t max_workspace = kScratchBytes);
   Preference(const Preference&) = delete;
   Preference& operator=(const Preference&) = delete;
   ~Preference();
 };
+
+/// The split-K reduction schemes (cublasLtReductionScheme_t mask) an algorithm with f32
+/// (or, for f64 GEMMs, f64) compute may use when Y has data type `y_type`. The ops compute in
+/// f32 (loom/ops.h), so partial sums may not be added in a narrower Y's dtype: for a bf16 or
+/// f16 Y only COMPUTE_TYPE (partial sums in f32 in the workspace). For an f32 or f64 Y every
+/// scheme adds in the compute type (INPLACE and OUTPUT_TYPE add in Y's, which is it), so all
+/// are allowed, as cuBLAS's own GEMMs allow them: the f32 GEMMs and every weight gradient
+/// (f32, beta 1), whose small outputs and long K are what split-K is for. Every scheme adds
+/// its parts in a fixed order: results do not vary from run to run.
+/// LOOM_CUBLASLT_REDUCTION=compute_type restricts f32 / f64 Y to COMPUTE_TYPE as well, to
+/// measure one against the other (tools/gpu_bundle_run.sh's GEMM section).
+uint32_t split_k_reductions(cudaDataType_t y_type);
 
 /// A cached problem's descriptors and algorithm (`desc` may stay null when the kernel makes
 /// its matmul descriptor per call).

@@ -127,7 +127,7 @@ void make_plan(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, const Problem& p, 
   lt_check(cublasLtMatrixLayoutCreate(&plan->c, ty, p.m, p.n, p.m), kOp,
            "cublasLtMatrixLayoutCreate(C)");
   Preference pref(kOp, static_cast<uint32_t>(p.align_a), static_cast<uint32_t>(p.align_b),
-                  static_cast<uint32_t>(p.align_c));
+                  static_cast<uint32_t>(p.align_c), ty);
   cublasLtMatmulHeuristicResult_t result{};
   int count = 0;
   cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(h, desc, plan->a, plan->b, plan->c,

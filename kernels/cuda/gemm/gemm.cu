@@ -125,7 +125,7 @@ void make_plan(cublasLtHandle_t h, const Problem& p, Plan* out) {
     }
   }
   Preference pref(kOp, static_cast<uint32_t>(p.align_a), static_cast<uint32_t>(p.align_b),
-                  static_cast<uint32_t>(p.align_c));
+                  static_cast<uint32_t>(p.align_c), y);
   cublasLtMatmulHeuristicResult_t result{};
   int count = 0;
   cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(h, plan.desc, plan.a, plan.b, plan.c,

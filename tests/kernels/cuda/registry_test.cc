@@ -12,6 +12,7 @@
 #include <loom/kernel.h>
 #include <loom/ops.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -19,6 +20,7 @@
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cuda/common/env_choice.h"
 #include "kernels/cuda/elementwise/elementwise.h"
+#include "kernels/cuda/gemm/cublaslt.cuh"
 #include "kernels/cuda/gemm/gemm.h"
 #include "kernels/cuda/loss/loss.h"
 #include "kernels/cuda/optim/optim.h"
@@ -516,9 +518,8 @@ TEST(FamilyRegistry, Fp8BadCallsFailWithTheSharedChecksWords) {
   EXPECT_TRUE(find(ops::kFp8ScaleUpdate, f)->supports(&scale.call));
 }
 
-// The kernels' environment switches (LOOM_ATTENTION_GENERIC, LOOM_CUBLASLT_DGELU,
-// LOOM_FP8_QUANTIZE): unset or empty is the first value; a value not listed fails naming the
-// op, the variable, the value and every value it takes.
+// The kernels' environment switches (common/env_choice.h): unset or empty is the first value; a
+// value not listed fails naming the op, the variable, the value and every value it takes.
 TEST(FamilyRegistry, EnvironmentSwitches) {
   const char* var = "LOOM_TEST_ENV_CHOICE";
   ::unsetenv(var);
@@ -549,6 +550,20 @@ TEST(FamilyRegistry, EnvironmentSwitches) {
                  "unset) or b");
   }
   ::unsetenv(var);
+}
+
+// cuBLASLt's split-K reductions (gemm/cublaslt.cuh): partial sums always in f32, so with a
+// bf16 or f16 Y only the f32-workspace scheme; with an f32 (or f64) Y, whose own dtype is the
+// compute type's, every scheme, as cuBLAS allows them (LOOM_CUBLASLT_REDUCTION unset).
+TEST(FamilyRegistry, SplitKReductionsAddInTheComputeType) {
+  ASSERT_EQ(std::getenv("LOOM_CUBLASLT_REDUCTION"), nullptr) << "run without the switch set";
+  const auto compute_type = static_cast<uint32_t>(CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE);
+  const auto any = static_cast<uint32_t>(CUBLASLT_REDUCTION_SCHEME_MASK);
+  EXPECT_EQ(gemm::split_k_reductions(CUDA_R_16BF), compute_type);
+  EXPECT_EQ(gemm::split_k_reductions(CUDA_R_16F), compute_type);
+  EXPECT_EQ(gemm::split_k_reductions(CUDA_R_8F_E4M3), compute_type);
+  EXPECT_EQ(gemm::split_k_reductions(CUDA_R_32F), any);
+  EXPECT_EQ(gemm::split_k_reductions(CUDA_R_64F), any);
 }
 
 TEST(FamilyRegistry, WithoutADeviceAGoodCallFailsCleanly) {
