@@ -4,7 +4,11 @@
 // target: loom within 10% of cuBLAS on every shape. Run by tools/gpu_check.
 //
 //   gemm_bench [--markdown | --json] [--dtype bf16|f16|f32] [--iterations N]
-//              [--form fwd|dgrad|wgrad] [--shape M,N,K]...
+//              [--form fwd|dgrad|wgrad] [--candidates N] [--shape M,N,K]...
+//
+// --candidates N: also times the first N algorithms of cuBLASLt's heuristic list for each
+// shape (loom's plan takes the first) and prints the fastest, its place in the list and its
+// speed over loom's: what a measured choice of algorithm could gain.
 //
 // --form: which of a Linear's three GEMMs, each as the training step calls it:
 //   fwd    Y (tokens, out) = X (tokens, in) @ W^T, W stored (out, in) (the default);
@@ -44,7 +48,7 @@ const std::vector<Shape> kShapes = {
 [[noreturn]] void usage(const char* why) {
   std::fprintf(stderr,
                "gemm_bench: %s\nusage: gemm_bench [--markdown | --json] [--dtype bf16|f16|f32] "
-               "[--iterations N] [--form fwd|dgrad|wgrad] [--shape M,N,K]...\n",
+               "[--iterations N] [--form fwd|dgrad|wgrad] [--candidates N] [--shape M,N,K]...\n",
                why);
   std::exit(2);
 }
@@ -76,6 +80,9 @@ int main(int argc, char** argv) {
     } else if (a == "--iterations") {
       options.iterations = std::atoi(value().c_str());
       if (options.iterations < 1) usage("--iterations: expected an integer >= 1");
+    } else if (a == "--candidates") {
+      options.candidates = std::atoi(value().c_str());
+      if (options.candidates < 1) usage("--candidates: expected an integer >= 1");
     } else if (a == "--form") {
       form = value();
       if (form != "fwd" && form != "dgrad" && form != "wgrad")
@@ -109,10 +116,13 @@ int main(int argc, char** argv) {
     options.beta = 1.0f;
   }
   if (!json) std::printf("form %s, %s operands\n\n", form.c_str(), loom::dtype_name(dtype));
+  const bool cand = options.candidates > 0;
   if (!json)
     std::printf(
-        "| shape | M | N | K | loom TFLOP/s | cuBLAS TFLOP/s | loom / cuBLAS |\n"
-        "|---|---|---|---|---|---|---|\n");
+        "| shape | M | N | K | loom TFLOP/s | cuBLAS TFLOP/s | loom / cuBLAS |%s\n"
+        "|---|---|---|---|---|---|---|%s\n",
+        cand ? " best of cuBLASLt's list TFLOP/s (rank of N) | best / loom |" : "",
+        cand ? "---|---|" : "");
   int failures = 0;
   for (size_t i = 0; i < shapes.size(); ++i) {
     const Shape& s = shapes[i];
@@ -127,17 +137,33 @@ int main(int argc, char** argv) {
       continue;
     }
     double ratio = r.cublas_tflops > 0 ? r.loom_tflops / r.cublas_tflops : 0;
+    const double gain = r.loom_tflops > 0 ? r.best_tflops / r.loom_tflops : 0;
+    std::string extra;
+    if (cand) {
+      char buf[160];
+      if (json)
+        std::snprintf(buf, sizeof buf,
+                      ", \"candidates\": %d, \"best_rank\": %d, \"best_tflops\": %.2f",
+                      r.candidates, r.best_rank, r.best_tflops);
+      else if (r.best_rank < 0)
+        std::snprintf(buf, sizeof buf, " none of %d ran | - |", r.candidates);
+      else
+        std::snprintf(buf, sizeof buf, " %.1f (%d of %d) | %.3f |", r.best_tflops, r.best_rank,
+                      r.candidates, gain);
+      extra = buf;
+    }
     if (json)
       std::printf(
           "{\"shape\": \"%s\", \"m\": %lld, \"n\": %lld, \"k\": %lld, \"dtype\": \"%s\", "
-          "\"loom_tflops\": %.2f, \"cublas_tflops\": %.2f, \"ratio\": %.3f}\n",
+          "\"loom_tflops\": %.2f, \"cublas_tflops\": %.2f, \"ratio\": %.3f%s}\n",
           what.c_str(), static_cast<long long>(s.m), static_cast<long long>(s.n),
           static_cast<long long>(s.k), loom::dtype_name(dtype), r.loom_tflops, r.cublas_tflops,
-          ratio);
+          ratio, extra.c_str());
     else
-      std::printf("| %s | %lld | %lld | %lld | %.1f | %.1f | %.3f |\n", what.c_str(),
+      std::printf("| %s | %lld | %lld | %lld | %.1f | %.1f | %.3f |%s\n", what.c_str(),
                   static_cast<long long>(s.m), static_cast<long long>(s.n),
-                  static_cast<long long>(s.k), r.loom_tflops, r.cublas_tflops, ratio);
+                  static_cast<long long>(s.k), r.loom_tflops, r.cublas_tflops, ratio,
+                  extra.c_str());
   }
   return failures == 0 ? 0 : 1;
 }

@@ -7,6 +7,7 @@
 #include <loom/kernel.h>
 #include <loom/ops.h>
 
+#include <algorithm>
 #include <climits>
 #include <map>
 #include <mutex>
@@ -44,6 +45,7 @@ struct Resources {
   void* a = nullptr;
   void* b = nullptr;
   void* y = nullptr;
+  void* workspace = nullptr;  // the candidates' (kScratchBytes)
   cudaStream_t stream = nullptr;
   cudaEvent_t start = nullptr, stop = nullptr;
   cublasHandle_t cublas = nullptr;
@@ -55,6 +57,7 @@ struct Resources {
     cudaFree(a);
     cudaFree(b);
     cudaFree(y);
+    cudaFree(workspace);
   }
 };
 
@@ -110,6 +113,67 @@ double time_ms(Resources& r, int iterations, F&& body) {
   float ms = 0.0f;
   cuda_check(cudaEventElapsedTime(&ms, r.start, r.stop), "cudaEventElapsedTime");
   return static_cast<double>(ms) / iterations;
+}
+
+// Times the first o.candidates algorithms of cuBLASLt's heuristic list for the problem
+// (descriptors as gemm.cu builds them: cuBLAS's A is loom's B and its B loom's A, column-major,
+// the preference of the plan cache with 256-byte alignments), each on r's buffers after a
+// short warm-up; records the fastest in `out`.
+void time_candidates(Resources& r, int64_t m, int64_t n, int64_t k, DType dtype, DType y_dtype,
+                     const GemmBenchOptions& o, GemmBenchResult* out) {
+  constexpr const char* kOp = "gemm_bench";
+  constexpr int kMaxCandidates = 32;
+  cublasLtHandle_t h = gemm::lt_handle(kOp, o.device);
+  gemm::PlanOwner owner;  // destroys the descriptors at scope exit
+  gemm::Plan& p = owner.plan;
+  const cublasComputeType_t compute = o.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  gemm::lt_check(cublasLtMatmulDescCreate(&p.desc, compute, CUDA_R_32F), kOp,
+                 "cublasLtMatmulDescCreate");
+  const cublasOperation_t op_a = o.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_b = o.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  gemm::set_desc(kOp, p.desc, CUBLASLT_MATMUL_DESC_TRANSA, op_a);
+  gemm::set_desc(kOp, p.desc, CUBLASLT_MATMUL_DESC_TRANSB, op_b);
+  // cuBLAS's problem: (n x m) = op(A) (n x k) op(B) (k x m); stored shapes, ld = rows.
+  const uint64_t cm = static_cast<uint64_t>(n), cn = static_cast<uint64_t>(m),
+                 ck = static_cast<uint64_t>(k);
+  const uint64_t a_rows = op_a == CUBLAS_OP_N ? cm : ck, a_cols = op_a == CUBLAS_OP_N ? ck : cm;
+  const uint64_t b_rows = op_b == CUBLAS_OP_N ? ck : cn, b_cols = op_b == CUBLAS_OP_N ? cn : ck;
+  const cudaDataType_t ab = gemm::cuda_data_type(dtype), yt = gemm::cuda_data_type(y_dtype);
+  gemm::lt_check(cublasLtMatrixLayoutCreate(&p.a, ab, a_rows, a_cols, static_cast<int64_t>(a_rows)),
+                 kOp, "cublasLtMatrixLayoutCreate(A)");
+  gemm::lt_check(cublasLtMatrixLayoutCreate(&p.b, ab, b_rows, b_cols, static_cast<int64_t>(b_rows)),
+                 kOp, "cublasLtMatrixLayoutCreate(B)");
+  gemm::lt_check(cublasLtMatrixLayoutCreate(&p.c, yt, cm, cn, static_cast<int64_t>(cm)), kOp,
+                 "cublasLtMatrixLayoutCreate(C)");
+  gemm::Preference pref(kOp, 256, 256, 256, yt);
+  cublasLtMatmulHeuristicResult_t results[kMaxCandidates] = {};
+  int count = 0;
+  gemm::lt_check(
+      cublasLtMatmulAlgoGetHeuristic(h, p.desc, p.a, p.b, p.c, p.c, pref.pref,
+                                     std::min(o.candidates, kMaxCandidates), results, &count),
+      kOp, "cublasLtMatmulAlgoGetHeuristic");
+  if (r.workspace == nullptr)
+    cuda_check(cudaMalloc(&r.workspace, kScratchBytes), "cudaMalloc(workspace)");
+  const float alpha = 1.0f, beta = o.beta;
+  const double flops =
+      2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+  for (int i = 0; i < count; ++i) {
+    if (results[i].state != CUBLAS_STATUS_SUCCESS || results[i].workspaceSize > kScratchBytes)
+      continue;
+    auto run = [&] {
+      gemm::lt_check(cublasLtMatmul(h, p.desc, &alpha, r.b, p.a, r.a, p.b, &beta, r.y, p.c, r.y,
+                                    p.c, &results[i].algo, r.workspace, kScratchBytes, r.stream),
+                     kOp, "cublasLtMatmul");
+    };
+    for (int w = 0; w < 3; ++w) run();
+    const double ms = time_ms(r, o.iterations, run);
+    ++out->candidates;
+    if (out->best_rank < 0 || ms < out->best_ms) {
+      out->best_rank = i;
+      out->best_ms = ms;
+      out->best_tflops = flops / (ms * 1e-3) / 1e12;
+    }
+  }
 }
 
 void run_bench(int64_t m, int64_t n, int64_t k, DType dtype, const GemmBenchOptions& o,
@@ -182,6 +246,7 @@ void run_bench(int64_t m, int64_t n, int64_t k, DType dtype, const GemmBenchOpti
       2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
   out->loom_tflops = flops / (out->loom_ms * 1e-3) / 1e12;
   out->cublas_tflops = flops / (out->cublas_ms * 1e-3) / 1e12;
+  if (o.candidates > 0) time_candidates(r, m, n, k, dtype, y_dtype, o, out);
 }
 
 }  // namespace

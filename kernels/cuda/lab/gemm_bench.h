@@ -21,6 +21,10 @@ struct GemmBenchOptions {
   int warmup = 10;       ///< untimed calls of each before timing (plans, clocks)
   int iterations = 100;  ///< timed calls of each, back to back on one stream
   int device = 0;        ///< CUDA device ordinal
+  /// Also time the first `candidates` algorithms of cuBLASLt's heuristic list for the problem
+  /// (its ranking, best first; loom's plan takes the first): how much a measured choice could
+  /// gain over the heuristic's. 0: not timed.
+  int candidates = 0;
 };
 
 /// Times of one problem; TFLOP/s count 2 M N K floating-point operations per call.
@@ -29,6 +33,10 @@ struct GemmBenchResult {
   double cublas_ms = 0.0;      ///< mean time of one cublasGemmEx call
   double loom_tflops = 0.0;    ///< 2 M N K / loom_ms, in 10^12 per second
   double cublas_tflops = 0.0;  ///< 2 M N K / cublas_ms
+  int candidates = 0;          ///< heuristic algorithms timed (options.candidates or fewer)
+  int best_rank = -1;          ///< the fastest one's place in the heuristic's list (0: first)
+  double best_ms = 0.0;        ///< its mean time of one call
+  double best_tflops = 0.0;    ///< 2 M N K / best_ms
   std::string error;           ///< why nothing was measured; empty on success
 };
 
