@@ -513,8 +513,15 @@ if (($(left) < 15)); then say "- not run (budget)"; else
 fi
 section "Norms: plain, the unfused residual add + norm, and the fused add_*norm ops (bf16)"
 if (($(left) < 10)); then say "- not run (budget)"; else
-  timeout $(($(left) > 20 ? 20 : $(left))) ./tools/bench/norm_bench >>"$report" 2>&1 ||
-    say "- norm_bench: exit $?"
+  # The backward's weight gradients in the dX kernel (the default), then in their own kernel
+  # (LOOM_NORM_BWD=separate, norm.cuh).
+  for v in fused separate; do
+    (($(left) < 10)) && { say "- norm_bench ($v): not run (budget)"; continue; }
+    say ""
+    say "LOOM_NORM_BWD=$v:"
+    timeout $(($(left) > 20 ? 20 : $(left))) env LOOM_NORM_BWD=$v ./tools/bench/norm_bench \
+      >>"$report" 2>&1 || say "- norm_bench ($v): exit $?"
+  done
 fi
 section "FP8 quantize + transpose: the typed kernel and the general one (LLaMA 1.3B FP8 shapes)"
 if [[ ! -x ./tools/bench/fp8_quantize_bench ]]; then say "- not in this bundle"

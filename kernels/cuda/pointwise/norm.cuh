@@ -30,7 +30,12 @@
 
 #include <loom/cpp/op_checks/norms.h>
 
+#include <algorithm>
+#include <type_traits>
+
 #include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/env_choice.h"
+#include "kernels/cuda/common/resources.cuh"
 #include "kernels/cuda/pointwise/device_util.cuh"
 #include "kernels/cuda/pointwise/norm_warp.cuh"
 #include "kernels/cuda/pointwise/row_team.cuh"
@@ -319,12 +324,32 @@ inline int64_t norm_wgrad_cols_slices(int64_t rows, int64_t cols) {
   return std::clamp<int64_t>(1024 / x, 1, std::min<int64_t>((rows + 7) / 8, 65535));
 }
 
+// Blocks of the fused warp-per-row backward (norm_warp.cuh, kWgrad): two a multiprocessor
+// (one wave at either of its occupancies: the column sums' registers allow one or two
+// 256-thread blocks), never more than the workspace's partial rows
+// (kNormFusedMaxBlocks, which the workspace always holds) or than 8-row groups.
+inline constexpr int64_t kNormFusedMaxBlocks = 512;
+inline int64_t norm_fused_blocks(int64_t rows, int multiprocessors) {
+  return std::clamp<int64_t>(std::min<int64_t>(2 * static_cast<int64_t>(multiprocessors),
+                                               (rows + kWarpRowsPerBlock - 1) / kWarpRowsPerBlock),
+                             1, kNormFusedMaxBlocks);
+}
+
+// The weight gradients of the warp-per-row backward: fused into the dX kernel (the default),
+// or LOOM_NORM_BWD=separate for norm_wgrad_cols_kernel, to measure one against the other.
+inline bool norm_bwd_fused() {
+  static const bool separate =
+      env_choice("norm backward", "LOOM_NORM_BWD", {"fused", "separate"}) == 1;
+  return !separate;
+}
+
 // Workspace bytes of a backward call: one f32 partial row per block (block row, for the
 // warp-per-row backward) and gradient, for whichever kernel the call takes.
 inline uint64_t norm_bwd_workspace_bytes(int64_t rows, int64_t cols, int grads) {
   if (rows == 0 || cols == 0) return 0;
-  const int64_t blocks =
-      std::max<int64_t>(norm_bwd_geometry(rows, cols).grid, norm_wgrad_cols_slices(rows, cols));
+  const int64_t blocks = std::max({static_cast<int64_t>(norm_bwd_geometry(rows, cols).grid),
+                                   norm_wgrad_cols_slices(rows, cols),
+                                   std::min<int64_t>(kNormFusedMaxBlocks, (rows + 7) / 8)});
   return static_cast<uint64_t>(blocks) * grads * static_cast<uint64_t>(cols) * sizeof(float);
 }
 
@@ -521,7 +546,8 @@ bool try_norm_bwd_warp(const NormBwdTensors& t, const op_checks::NormShape& s, c
   if (t.partial == nullptr || !norm_warp_case({t.dy, t.x, t.w, t.dx, dz}, s.c, kWarpRowMaxBwdVecs))
     return false;
   const int grads = t.db != nullptr ? 2 : 1;
-  const int64_t slices = norm_wgrad_cols_slices(s.n, s.c);
+  const bool fused = norm_bwd_fused();
+  int64_t partial_rows = norm_wgrad_cols_slices(s.n, s.c);
   auto run = [&](auto tag) {
     using T = decltype(tag);
     NormBwdWarpArgs<T> a{};
@@ -534,35 +560,51 @@ bool try_norm_bwd_warp(const NormBwdTensors& t, const op_checks::NormShape& s, c
     a.dx = static_cast<T*>(t.dx->data);
     a.rows = s.n, a.cols = s.c;
     a.gamma_shift = s.attrs.zero_centered_gamma ? 1.0f : 0.0f;
+    a.partial = t.partial;
+    a.want_db = t.db != nullptr;
     const int vecs = static_cast<int>((s.c / 8 + 31) / 32);
-    const unsigned grid = static_cast<unsigned>(
-        std::clamp<int64_t>((s.n + kWarpRowsPerBlock - 1) / kWarpRowsPerBlock, 1, kMaxGridBlocks));
+    int64_t blocks = (s.n + kWarpRowsPerBlock - 1) / kWarpRowsPerBlock;
+    if (fused) {
+      blocks = norm_fused_blocks(s.n, multiprocessor_count(t.dx->device.index));
+      partial_rows = blocks;
+    }
+    const unsigned grid = static_cast<unsigned>(std::clamp<int64_t>(blocks, 1, kMaxGridBlocks));
     const int threads = kWarpRowsPerBlock * 32;
+    auto launch = [&](auto vec_count) {
+      constexpr int kVecs = decltype(vec_count)::value;
+      if (fused)
+        norm_bwd_warp_kernel<T, kRms, kVecs, kAdd, true><<<grid, threads, 0, stream>>>(a);
+      else
+        norm_bwd_warp_kernel<T, kRms, kVecs, kAdd, false><<<grid, threads, 0, stream>>>(a);
+    };
     switch (vecs) {
       case 1:
-        norm_bwd_warp_kernel<T, kRms, 1, kAdd><<<grid, threads, 0, stream>>>(a);
+        launch(std::integral_constant<int, 1>{});
         break;
       case 2:
-        norm_bwd_warp_kernel<T, kRms, 2, kAdd><<<grid, threads, 0, stream>>>(a);
+        launch(std::integral_constant<int, 2>{});
         break;
       case 3:
-        norm_bwd_warp_kernel<T, kRms, 3, kAdd><<<grid, threads, 0, stream>>>(a);
+        launch(std::integral_constant<int, 3>{});
         break;
       case 4:
-        norm_bwd_warp_kernel<T, kRms, 4, kAdd><<<grid, threads, 0, stream>>>(a);
+        launch(std::integral_constant<int, 4>{});
         break;
       case 5:
       case 6:
-        norm_bwd_warp_kernel<T, kRms, 6, kAdd><<<grid, threads, 0, stream>>>(a);
+        launch(std::integral_constant<int, 6>{});
         break;
       default:
-        norm_bwd_warp_kernel<T, kRms, 8, kAdd><<<grid, threads, 0, stream>>>(a);
+        launch(std::integral_constant<int, 8>{});
         break;
     }
     launch_check(op);
-    const dim3 cols_grid(static_cast<unsigned>((s.c / 8 + 31) / 32), static_cast<unsigned>(slices));
-    norm_wgrad_cols_kernel<T, kRms><<<cols_grid, 256, 0, stream>>>(a, t.db != nullptr, t.partial);
-    launch_check(op);
+    if (!fused) {
+      const dim3 cols_grid(static_cast<unsigned>((s.c / 8 + 31) / 32),
+                           static_cast<unsigned>(partial_rows));
+      norm_wgrad_cols_kernel<T, kRms><<<cols_grid, 256, 0, stream>>>(a, t.db != nullptr, t.partial);
+      launch_check(op);
+    }
   };
   if (t.x->dtype == DType::kBF16)
     run(__nv_bfloat16{});
@@ -572,7 +614,7 @@ bool try_norm_bwd_warp(const NormBwdTensors& t, const op_checks::NormShape& s, c
     run(float{});
   norm_wgrad_finalize_kernel<kRms>
       <<<dim3(static_cast<unsigned>((s.c + 31) / 32), grads), dim3(32, 32), 0, stream>>>(
-          t.partial, slices, grads, s.c, t.dw, t.db);
+          t.partial, partial_rows, grads, s.c, t.dw, t.db);
   launch_check(op);
   return true;
 }

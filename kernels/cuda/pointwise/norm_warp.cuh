@@ -137,13 +137,18 @@ __global__ void __launch_bounds__(kWarpRowsPerBlock * 32)
 
 // ---- Backward ---------------------------------------------------------------------------
 //
-// Two kernels instead of the general backward's one: norm_bwd_warp_kernel computes dX, a
-// warp per row with dY and X in registers (as the forward); norm_wgrad_cols_kernel the
-// weight gradients, column sums over the rows that read dY and X again (16-byte vectors,
-// 32 consecutive ones per warp), into one partial row per block row (blockIdx.y) that
-// norm.cuh's norm_wgrad_finalize_kernel adds in block order: deterministic, as the general
-// kernel with its workspace. Keeping the column sums in registers beside the row (the general
-// kernel's way) would double the registers a lane needs.
+// norm_bwd_warp_kernel computes dX, a warp per row with dY and X in registers (as the
+// forward). The weight gradients come one of two ways (norm.cuh picks; LOOM_NORM_BWD):
+//   - fused (kWgrad): the same kernel adds dY * xhat and dY into column sums that each lane
+//     keeps in registers for its columns over the rows its warp visits (grid-stride), then
+//     the block adds its warps' sums in warp order through shared memory and writes one
+//     partial row per block. dY and X are read once. The sums cost up to 2 * 8 * kVecs
+//     registers a lane, so a grid of about two blocks a multiprocessor strides over the rows;
+//   - separate: norm_wgrad_cols_kernel, column sums over the rows that read dY and X again
+//     (16-byte vectors, 32 consecutive ones per warp), one partial row per block row
+//     (blockIdx.y), at the lower register count of the dX kernel alone.
+// Either way norm.cuh's norm_wgrad_finalize_kernel adds the partial rows in block order:
+// deterministic, as the general kernel with its workspace.
 // The arithmetic is the general kernel's: xhat = (x - mean) * rstd, g = dY * (w + shift)
 // rounded once (no FMA contraction: C = 1 must give dX = 0 exactly),
 // dX = rstd * (g - mean(g) - xhat * mean(g * xhat)) (RMSNorm: no mean(g) term),
@@ -162,14 +167,20 @@ struct NormBwdWarpArgs {
   T* dx;               // (N, C)
   int64_t rows, cols;  // C a multiple of 8, at most 256 * kVecs
   float gamma_shift;
+  // kWgrad: the block's partial rows, partial[blockIdx.x][g][c] (g 0: dweight, 1: dbias when
+  // want_db), written whole.
+  float* partial;
+  bool want_db;
 };
 
-template <class T, bool kRms, int kVecs, bool kAdd = false>
+template <class T, bool kRms, int kVecs, bool kAdd = false, bool kWgrad = false>
 __global__ void __launch_bounds__(kWarpRowsPerBlock * 32)
     norm_bwd_warp_kernel(NormBwdWarpArgs<T> a) {
   const int lane = threadIdx.x % 32;
   const int64_t vecs = a.cols / 8;
   const float inv_c = 1.0f / static_cast<float>(a.cols);
+  // kWgrad: this lane's columns' sums of dY * xhat and (LayerNorm) dY over its warp's rows.
+  float wsum[kWgrad ? kVecs : 1][8] = {}, bsum[kWgrad && !kRms ? kVecs : 1][8] = {};
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpRowsPerBlock + threadIdx.x / 32;
        row < a.rows; row += static_cast<int64_t>(gridDim.x) * kWarpRowsPerBlock) {
     const int64_t off = row * a.cols;
@@ -194,6 +205,10 @@ __global__ void __launch_bounds__(kWarpRowsPerBlock * 32)
         const float xhat = (xk[e] - mu) * rs, g = __fmul_rn(d[k][e], w[e] + a.gamma_shift);
         s0 += g;
         s1 += g * xhat;
+        if constexpr (kWgrad) {
+          wsum[k][e] += d[k][e] * xhat;
+          if constexpr (!kRms) bsum[k][e] += d[k][e];
+        }
       }
     }
     s0 = cuda::warp_sum(s0);
@@ -219,6 +234,37 @@ __global__ void __launch_bounds__(kWarpRowsPerBlock * 32)
         for (int e = 0; e < 8; ++e) d[k][e] += dz[e];
       }
       store_pack<T, 8>(a.dx + off + j * 8, d[k]);
+    }
+  }
+  if constexpr (kWgrad) {
+    // The block's sums: warp 0's, then each next warp's added, in warp order; then one
+    // partial row per gradient.
+    __shared__ float block_sum[kRms ? 1 : 2][256 * kWarpRowMaxBwdVecs];
+    const int warp = threadIdx.x / 32;
+    for (int turn = 0; turn < kWarpRowsPerBlock; ++turn) {
+      if (warp == turn) {
+#pragma unroll
+        for (int k = 0; k < kVecs; ++k) {
+          const int64_t j = static_cast<int64_t>(k) * 32 + lane;
+          if (j >= vecs) continue;
+#pragma unroll
+          for (int e = 0; e < 8; ++e) {
+            float& acc = block_sum[0][j * 8 + e];
+            acc = turn == 0 ? wsum[k][e] : acc + wsum[k][e];
+            if constexpr (!kRms) {
+              float& bacc = block_sum[kRms ? 0 : 1][j * 8 + e];
+              bacc = turn == 0 ? bsum[k][e] : bacc + bsum[k][e];
+            }
+          }
+        }
+      }
+      __syncthreads();
+    }
+    const int grads = !kRms && a.want_db ? 2 : 1;
+    for (int64_t i = threadIdx.x; i < grads * a.cols; i += blockDim.x) {
+      const int g = static_cast<int>(i / a.cols);
+      const int64_t c = i % a.cols;
+      a.partial[(static_cast<int64_t>(blockIdx.x) * grads + g) * a.cols + c] = block_sum[g][c];
     }
   }
 }

@@ -2,8 +2,10 @@
 // emulation (emu_prelude.h, emu_runner.h: one fiber per CUDA thread, shuffles through
 // per-lane slots, barriers between fibers) and compares them with an f64 reference of
 // loom/ops.h's layernorm / rmsnorm: the forward's Y = (x - mean) * rstd * (w + shift) + b,
-// mean and rstd; the backward's dX, and dweight / dbias from norm_wgrad_cols_kernel's
-// partial rows added in block order (as norm.cuh's finalize kernel). Over every lane count
+// mean and rstd; the backward's dX, and dweight / dbias from the partial rows added in block
+// order (as norm.cuh's finalize kernel), both ways: norm_wgrad_cols_kernel's rows and the
+// dX kernel's own (kWgrad, the fused form, whose warps may stride over several rows or have
+// none, and whose blocks add their warps in order through shared memory). Over every lane count
 // the launchers pick, partial last vectors of a lane, grids smaller than the rows (the
 // grid-stride loops), with and without bias and zero-centred gamma, in bf16, f16 and f32.
 // Tolerance: the op tests' for the dtype (Y and dX rounded once to it).
@@ -199,16 +201,18 @@ void check(const Case& c, double rtol, double atol, std::mt19937& rng, ZAt z_at 
               worst, worst_stat);
 }
 
-template <class T, bool kRms, int kVecs, bool kAdd>
+template <class T, bool kRms, int kVecs, bool kAdd, bool kWgrad>
 void launch_bwd(const NormBwdWarpArgs<T>& a, unsigned grid) {
   emu::run_grid(grid, kWarpRowsPerBlock * 32,
-                [&] { norm_bwd_warp_kernel<T, kRms, kVecs, kAdd>(a); });
+                [&] { norm_bwd_warp_kernel<T, kRms, kVecs, kAdd, kWgrad>(a); });
 }
 
-// The backward of one case: dX, then the weight gradients (cols kernel, then the partial
-// rows summed in block order here, as norm_wgrad_finalize_kernel does). kAdd: x is Z and
-// dX also gets dZ.
-template <class T, bool kRms, bool kAdd = false>
+// The backward of one case: dX, then the weight gradients, whose partial rows are summed in
+// block order here, as norm_wgrad_finalize_kernel does. Separate (kWgrad false): the cols
+// kernel writes them; fused (kWgrad true): the dX kernel, one row per block of its grid
+// (the case's, or 3 blocks: warps that stride over several rows and warps with none).
+// kAdd: x is Z and dX also gets dZ.
+template <class T, bool kRms, bool kAdd = false, bool kWgrad = false>
 void check_bwd(const Case& c, double rtol, double atol, std::mt19937& rng) {
   if (c.cols > 256 * kWarpRowMaxBwdVecs) return;  // the general kernel's (norm.cuh)
   std::normal_distribution<float> nd(0.5f, 2.0f);
@@ -242,39 +246,46 @@ void check_bwd(const Case& c, double rtol, double atol, std::mt19937& rng) {
   a.rows = c.rows;
   a.cols = c.cols;
   a.gamma_shift = c.shift;
+  const bool want_db = !kRms && c.bias;
+  const int grads = want_db ? 2 : 1;
+  // Separate: as many blocks as 8-row groups; fused: the case's grid or 3.
   const unsigned grid =
-      c.grid ? c.grid : static_cast<unsigned>((c.rows + kWarpRowsPerBlock - 1) / kWarpRowsPerBlock);
+      c.grid   ? c.grid
+      : kWgrad ? 3u
+               : static_cast<unsigned>((c.rows + kWarpRowsPerBlock - 1) / kWarpRowsPerBlock);
+  const unsigned slices = c.grid ? c.grid : 3;  // partial rows: block rows, or the fused grid
+  std::vector<float> partial(static_cast<size_t>(slices) * grads * c.cols, NAN);
+  a.partial = partial.data();
+  a.want_db = want_db;
   switch (static_cast<int>((c.cols / 8 + 31) / 32)) {
     case 1:
-      launch_bwd<T, kRms, 1, kAdd>(a, grid);
+      launch_bwd<T, kRms, 1, kAdd, kWgrad>(a, grid);
       break;
     case 2:
-      launch_bwd<T, kRms, 2, kAdd>(a, grid);
+      launch_bwd<T, kRms, 2, kAdd, kWgrad>(a, grid);
       break;
     case 3:
-      launch_bwd<T, kRms, 3, kAdd>(a, grid);
+      launch_bwd<T, kRms, 3, kAdd, kWgrad>(a, grid);
       break;
     case 4:
-      launch_bwd<T, kRms, 4, kAdd>(a, grid);
+      launch_bwd<T, kRms, 4, kAdd, kWgrad>(a, grid);
       break;
     case 5:
     case 6:
-      launch_bwd<T, kRms, 6, kAdd>(a, grid);
+      launch_bwd<T, kRms, 6, kAdd, kWgrad>(a, grid);
       break;
     default:
-      launch_bwd<T, kRms, 8, kAdd>(a, grid);
+      launch_bwd<T, kRms, 8, kAdd, kWgrad>(a, grid);
       break;
   }
-  const bool want_db = !kRms && c.bias;
-  const int grads = want_db ? 2 : 1;
-  const unsigned slices = c.grid ? c.grid : 3;  // block rows: several, or the case's grid
-  const unsigned xblocks = static_cast<unsigned>((c.cols / 8 + 31) / 32);
-  std::vector<float> partial(static_cast<size_t>(slices) * grads * c.cols, NAN);
-  emu::run_grid(
-      xblocks, 256, [&] { norm_wgrad_cols_kernel<T, kRms>(a, want_db, partial.data()); }, slices);
+  if (!kWgrad) {
+    const unsigned xblocks = static_cast<unsigned>((c.cols / 8 + 31) / 32);
+    emu::run_grid(
+        xblocks, 256, [&] { norm_wgrad_cols_kernel<T, kRms>(a, want_db, partial.data()); }, slices);
+  }
   const std::string what = std::string(kAdd ? "add_" : "") + (kRms ? "rmsnorm" : "layernorm") +
                            " backward rows " + std::to_string(c.rows) + " cols " +
-                           std::to_string(c.cols);
+                           std::to_string(c.cols) + (kWgrad ? " (fused weight gradients)" : "");
   std::vector<double> dw_ref(c.cols, 0.0), db_ref(c.cols, 0.0);
   double worst = 0;
   for (int64_t r = 0; r < c.rows; ++r) {
@@ -329,33 +340,51 @@ std::vector<Case> cases() {
 TEST(NormWarpEmulation, LayerNormBf16) {
   std::mt19937 rng(1);
   for (const Case& c : cases()) check<__nv_bfloat16, false>(c, 1.6e-2, 1e-2, rng);
-  for (const Case& c : cases()) check_bwd<__nv_bfloat16, false>(c, 1.6e-2, 1e-2, rng);
+  for (const Case& c : cases()) {
+    check_bwd<__nv_bfloat16, false>(c, 1.6e-2, 1e-2, rng);
+    check_bwd<__nv_bfloat16, false, false, true>(c, 1.6e-2, 1e-2, rng);
+  }
 }
 TEST(NormWarpEmulation, LayerNormF16) {
   std::mt19937 rng(2);
   for (const Case& c : cases()) check<__half, false>(c, 2e-3, 1e-3, rng);
-  for (const Case& c : cases()) check_bwd<__half, false>(c, 2e-3, 1e-3, rng);
+  for (const Case& c : cases()) {
+    check_bwd<__half, false>(c, 2e-3, 1e-3, rng);
+    check_bwd<__half, false, false, true>(c, 2e-3, 1e-3, rng);
+  }
 }
 TEST(NormWarpEmulation, LayerNormF32) {
   std::mt19937 rng(9);
   for (const Case& c : cases()) check<float, false>(c, 1e-4, 1e-5, rng);
-  for (const Case& c : cases()) check_bwd<float, false>(c, 1e-4, 1e-5, rng);
+  for (const Case& c : cases()) {
+    check_bwd<float, false>(c, 1e-4, 1e-5, rng);
+    check_bwd<float, false, false, true>(c, 1e-4, 1e-5, rng);
+  }
 }
 TEST(NormWarpEmulation, RmsNormBf16) {
   std::mt19937 rng(3);
   for (const Case& c : cases()) check<__nv_bfloat16, true>(c, 1.6e-2, 1e-2, rng);
-  for (const Case& c : cases()) check_bwd<__nv_bfloat16, true>(c, 1.6e-2, 1e-2, rng);
+  for (const Case& c : cases()) {
+    check_bwd<__nv_bfloat16, true>(c, 1.6e-2, 1e-2, rng);
+    check_bwd<__nv_bfloat16, true, false, true>(c, 1.6e-2, 1e-2, rng);
+  }
 }
 TEST(NormWarpEmulation, RmsNormF16) {
   std::mt19937 rng(4);
   for (const Case& c : cases()) check<__half, true>(c, 2e-3, 1e-3, rng);
-  for (const Case& c : cases()) check_bwd<__half, true>(c, 2e-3, 1e-3, rng);
+  for (const Case& c : cases()) {
+    check_bwd<__half, true>(c, 2e-3, 1e-3, rng);
+    check_bwd<__half, true, false, true>(c, 2e-3, 1e-3, rng);
+  }
 }
 
 TEST(NormWarpEmulation, RmsNormF32) {
   std::mt19937 rng(10);
   for (const Case& c : cases()) check<float, true>(c, 1e-4, 1e-5, rng);
-  for (const Case& c : cases()) check_bwd<float, true>(c, 1e-4, 1e-5, rng);
+  for (const Case& c : cases()) {
+    check_bwd<float, true>(c, 1e-4, 1e-5, rng);
+    check_bwd<float, true, false, true>(c, 1e-4, 1e-5, rng);
+  }
 }
 
 // The residual-add forms: every case with Z in its own buffer, over X and over R.
@@ -363,7 +392,10 @@ template <class T, bool kRms>
 void check_add_norm(double rtol, double atol, std::mt19937& rng) {
   for (const Case& c : cases())
     for (ZAt z_at : {ZAt::kOwn, ZAt::kX, ZAt::kR}) check<T, kRms, true>(c, rtol, atol, rng, z_at);
-  for (const Case& c : cases()) check_bwd<T, kRms, true>(c, rtol, atol, rng);
+  for (const Case& c : cases()) {
+    check_bwd<T, kRms, true>(c, rtol, atol, rng);
+    check_bwd<T, kRms, true, true>(c, rtol, atol, rng);
+  }
 }
 TEST(NormWarpEmulation, AddLayerNormBf16) {
   std::mt19937 rng(5);
