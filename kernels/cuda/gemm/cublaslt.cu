@@ -84,6 +84,18 @@ Preference::Preference(const char* op, uint32_t align_a, uint32_t align_b, uint3
   set_pref(op, pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, split_k_reductions(y_type));
 }
 
+void make_layouts(const char* op, cublasOperation_t op_a, cublasOperation_t op_b, cudaDataType_t ab,
+                  cudaDataType_t y, uint64_t m, uint64_t n, uint64_t k, Plan* plan) {
+  const uint64_t a_rows = op_a == CUBLAS_OP_N ? m : k, a_cols = op_a == CUBLAS_OP_N ? k : m;
+  const uint64_t b_rows = op_b == CUBLAS_OP_N ? k : n, b_cols = op_b == CUBLAS_OP_N ? n : k;
+  lt_check(cublasLtMatrixLayoutCreate(&plan->a, ab, a_rows, a_cols, static_cast<int64_t>(a_rows)),
+           op, "cublasLtMatrixLayoutCreate(A)");
+  lt_check(cublasLtMatrixLayoutCreate(&plan->b, ab, b_rows, b_cols, static_cast<int64_t>(b_rows)),
+           op, "cublasLtMatrixLayoutCreate(B)");
+  lt_check(cublasLtMatrixLayoutCreate(&plan->c, y, m, n, static_cast<int64_t>(m)), op,
+           "cublasLtMatrixLayoutCreate(C)");
+}
+
 Preference::~Preference() {
   if (pref != nullptr) cublasLtMatmulPreferenceDestroy(pref);
 }

@@ -86,6 +86,12 @@ struct Plan {
   size_t workspace = 0;
 };
 
+/// Creates plan->a, plan->b and plan->c for cuBLAS's column-major problem C (m, n) =
+/// op_a(A) (m, k) op_b(B) (k, n): A and B of data type `ab` stored before their op (ld = rows),
+/// C of data type `y` with ld = m. Throws naming `op` when cuBLASLt refuses one.
+void make_layouts(const char* op, cublasOperation_t op_a, cublasOperation_t op_b, cudaDataType_t ab,
+                  cudaDataType_t y, uint64_t m, uint64_t n, uint64_t k, Plan* plan);
+
 /// Destroys the plan's descriptors at scope exit unless `keep` (it went into the cache).
 struct PlanOwner {
   Plan plan;

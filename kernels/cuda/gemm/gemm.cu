@@ -106,16 +106,8 @@ void make_plan(cublasLtHandle_t h, const Problem& p, Plan* out) {
   auto op_a = static_cast<cublasOperation_t>(p.op_a), op_b = static_cast<cublasOperation_t>(p.op_b);
   set_desc(kOp, plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, op_a);
   set_desc(kOp, plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, op_b);
-  // Stored (before op) shapes: op(A) is (m, k), op(B) is (k, n); column-major, ld = rows.
-  uint64_t a_rows = op_a == CUBLAS_OP_N ? p.m : p.k, a_cols = op_a == CUBLAS_OP_N ? p.k : p.m;
-  uint64_t b_rows = op_b == CUBLAS_OP_N ? p.k : p.n, b_cols = op_b == CUBLAS_OP_N ? p.n : p.k;
   auto ab = static_cast<cudaDataType_t>(p.ab_type), y = static_cast<cudaDataType_t>(p.y_type);
-  lt_check(cublasLtMatrixLayoutCreate(&plan.a, ab, a_rows, a_cols, static_cast<int64_t>(a_rows)),
-           kOp, "cublasLtMatrixLayoutCreate(A)");
-  lt_check(cublasLtMatrixLayoutCreate(&plan.b, ab, b_rows, b_cols, static_cast<int64_t>(b_rows)),
-           kOp, "cublasLtMatrixLayoutCreate(B)");
-  lt_check(cublasLtMatrixLayoutCreate(&plan.c, y, p.m, p.n, p.m), kOp,
-           "cublasLtMatrixLayoutCreate(C)");
+  make_layouts(kOp, op_a, op_b, ab, y, p.m, p.n, p.k, &plan);
   if (p.batch > 1) {
     const std::pair<cublasLtMatrixLayout_t, int64_t> layouts[] = {
         {plan.a, p.stride_a}, {plan.b, p.stride_b}, {plan.c, p.stride_c}};

@@ -174,15 +174,8 @@ cublasLtMatmulDesc_t make_desc(cublasLtMatmulDescOpaque_t* storage, const Proble
 // Fills `plan` (layouts, algorithm); leaves plan->a null when cuBLASLt has no algorithm.
 void make_plan(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, const Problem& p, Plan* plan) {
   auto op_a = static_cast<cublasOperation_t>(p.op_a), op_b = static_cast<cublasOperation_t>(p.op_b);
-  uint64_t a_rows = op_a == CUBLAS_OP_N ? p.m : p.k, a_cols = op_a == CUBLAS_OP_N ? p.k : p.m;
-  uint64_t b_rows = op_b == CUBLAS_OP_N ? p.k : p.n, b_cols = op_b == CUBLAS_OP_N ? p.n : p.k;
   auto ab = static_cast<cudaDataType_t>(p.ab_type), y = static_cast<cudaDataType_t>(p.y_type);
-  lt_check(cublasLtMatrixLayoutCreate(&plan->a, ab, a_rows, a_cols, static_cast<int64_t>(a_rows)),
-           kOp, "cublasLtMatrixLayoutCreate(A)");
-  lt_check(cublasLtMatrixLayoutCreate(&plan->b, ab, b_rows, b_cols, static_cast<int64_t>(b_rows)),
-           kOp, "cublasLtMatrixLayoutCreate(B)");
-  lt_check(cublasLtMatrixLayoutCreate(&plan->c, y, p.m, p.n, p.m), kOp,
-           "cublasLtMatrixLayoutCreate(C)");
+  make_layouts(kOp, op_a, op_b, ab, y, p.m, p.n, p.k, plan);
   Preference pref(kOp, static_cast<uint32_t>(p.align_a), static_cast<uint32_t>(p.align_b),
                   static_cast<uint32_t>(p.align_c), y, kWorkspaceBytes);
   cublasLtMatmulHeuristicResult_t result{};

@@ -133,18 +133,10 @@ void time_candidates(Resources& r, int64_t m, int64_t n, int64_t k, DType dtype,
   const cublasOperation_t op_b = o.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   gemm::set_desc(kOp, p.desc, CUBLASLT_MATMUL_DESC_TRANSA, op_a);
   gemm::set_desc(kOp, p.desc, CUBLASLT_MATMUL_DESC_TRANSB, op_b);
-  // cuBLAS's problem: (n x m) = op(A) (n x k) op(B) (k x m); stored shapes, ld = rows.
-  const uint64_t cm = static_cast<uint64_t>(n), cn = static_cast<uint64_t>(m),
-                 ck = static_cast<uint64_t>(k);
-  const uint64_t a_rows = op_a == CUBLAS_OP_N ? cm : ck, a_cols = op_a == CUBLAS_OP_N ? ck : cm;
-  const uint64_t b_rows = op_b == CUBLAS_OP_N ? ck : cn, b_cols = op_b == CUBLAS_OP_N ? cn : ck;
-  const cudaDataType_t ab = gemm::cuda_data_type(dtype), yt = gemm::cuda_data_type(y_dtype);
-  gemm::lt_check(cublasLtMatrixLayoutCreate(&p.a, ab, a_rows, a_cols, static_cast<int64_t>(a_rows)),
-                 kOp, "cublasLtMatrixLayoutCreate(A)");
-  gemm::lt_check(cublasLtMatrixLayoutCreate(&p.b, ab, b_rows, b_cols, static_cast<int64_t>(b_rows)),
-                 kOp, "cublasLtMatrixLayoutCreate(B)");
-  gemm::lt_check(cublasLtMatrixLayoutCreate(&p.c, yt, cm, cn, static_cast<int64_t>(cm)), kOp,
-                 "cublasLtMatrixLayoutCreate(C)");
+  // cuBLAS's problem: (n x m) = op(A) (n x k) op(B) (k x m).
+  const cudaDataType_t yt = gemm::cuda_data_type(y_dtype);
+  gemm::make_layouts(kOp, op_a, op_b, gemm::cuda_data_type(dtype), yt, static_cast<uint64_t>(n),
+                     static_cast<uint64_t>(m), static_cast<uint64_t>(k), &p);
   gemm::Preference pref(kOp, 256, 256, 256, yt);
   cublasLtMatmulHeuristicResult_t results[kMaxCandidates] = {};
   int count = 0;

@@ -546,8 +546,12 @@ bool try_norm_bwd_warp(const NormBwdTensors& t, const op_checks::NormShape& s, c
   if (t.partial == nullptr || !norm_warp_case({t.dy, t.x, t.w, t.dx, dz}, s.c, kWarpRowMaxBwdVecs))
     return false;
   const int grads = t.db != nullptr ? 2 : 1;
+  // Fused: a grid of norm_fused_blocks, one partial row each; separate: a block per 8 rows,
+  // then the cols kernel's block rows.
   const bool fused = norm_bwd_fused();
-  int64_t partial_rows = norm_wgrad_cols_slices(s.n, s.c);
+  const int64_t blocks = fused ? norm_fused_blocks(s.n, multiprocessor_count(t.dx->device.index))
+                               : (s.n + kWarpRowsPerBlock - 1) / kWarpRowsPerBlock;
+  const int64_t partial_rows = fused ? blocks : norm_wgrad_cols_slices(s.n, s.c);
   auto run = [&](auto tag) {
     using T = decltype(tag);
     NormBwdWarpArgs<T> a{};
@@ -563,11 +567,6 @@ bool try_norm_bwd_warp(const NormBwdTensors& t, const op_checks::NormShape& s, c
     a.partial = t.partial;
     a.want_db = t.db != nullptr;
     const int vecs = static_cast<int>((s.c / 8 + 31) / 32);
-    int64_t blocks = (s.n + kWarpRowsPerBlock - 1) / kWarpRowsPerBlock;
-    if (fused) {
-      blocks = norm_fused_blocks(s.n, multiprocessor_count(t.dx->device.index));
-      partial_rows = blocks;
-    }
     const unsigned grid = static_cast<unsigned>(std::clamp<int64_t>(blocks, 1, kMaxGridBlocks));
     const int threads = kWarpRowsPerBlock * 32;
     auto launch = [&](auto vec_count) {
@@ -602,7 +601,7 @@ bool try_norm_bwd_warp(const NormBwdTensors& t, const op_checks::NormShape& s, c
     if (!fused) {
       const dim3 cols_grid(static_cast<unsigned>((s.c / 8 + 31) / 32),
                            static_cast<unsigned>(partial_rows));
-      norm_wgrad_cols_kernel<T, kRms><<<cols_grid, 256, 0, stream>>>(a, t.db != nullptr, t.partial);
+      norm_wgrad_cols_kernel<T, kRms><<<cols_grid, 256, 0, stream>>>(a, a.want_db, t.partial);
       launch_check(op);
     }
   };

@@ -252,7 +252,7 @@ __global__ void __launch_bounds__(kWarpRowsPerBlock * 32)
             float& acc = block_sum[0][j * 8 + e];
             acc = turn == 0 ? wsum[k][e] : acc + wsum[k][e];
             if constexpr (!kRms) {
-              float& bacc = block_sum[kRms ? 0 : 1][j * 8 + e];
+              float& bacc = block_sum[1][j * 8 + e];
               bacc = turn == 0 ? bsum[k][e] : bacc + bsum[k][e];
             }
           }
