@@ -38,6 +38,7 @@ void ForwardContext::reset() {
   blocks_.clear();
   saved_.clear();
   bytes_ = 0;
+  loss_grad_ = {};  // its memory may have been one of the blocks
 }
 
 void ForwardContext::set_kv_cache(IKvCache* cache) {

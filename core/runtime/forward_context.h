@@ -86,6 +86,10 @@ class ForwardContext final : public IForwardContext {
   /// The weight of the micro-batch's own loss terms (aux_loss_weight; 0 by default, and
   /// always 0 outside training): the trainer's per-micro-batch loss weight.
   void set_aux_loss_weight(double weight) { aux_loss_weight_ = weight; }
+  /// The loss's gradient seed of this micro-batch, already holding its value (loss_grad;
+  /// none by default): the caller passes this same view as the model's grad_outputs[0] in
+  /// backward, and keeps its memory alive until then. Only a training context hands it out.
+  void set_loss_grad(const TensorView& grad) { loss_grad_ = grad; }
   /// Marks the pass as captured into a device graph (train.cuda_graph): a replay repeats
   /// what the capture saw, so random streams (which differ per step) and metric reports
   /// (host-side) cannot be served. rng still answers but notes the first such request in
@@ -110,6 +114,9 @@ class ForwardContext final : public IForwardContext {
   bool defer_weight_grads() const noexcept override { return defer_weight_grads_; }
   Status metric(StringView name, const TensorView* value, MetricReduce reduce) noexcept override;
   double aux_loss_weight() const noexcept override { return training_ ? aux_loss_weight_ : 0.0; }
+  const TensorView* loss_grad() const noexcept override {
+    return training_ && loss_grad_.data != nullptr ? &loss_grad_ : nullptr;
+  }
 
  private:
   IHost& host_;
@@ -140,6 +147,7 @@ class ForwardContext final : public IForwardContext {
 
   Blocks blocks_;
   double aux_loss_weight_ = 0.0;
+  TensorView loss_grad_{};
   std::map<std::pair<const void*, int32_t>, Saved> saved_;
   uint64_t bytes_ = 0;
   IKvCache* kv_cache_ = nullptr;

@@ -113,12 +113,14 @@ void GraphedPass::pass(ForwardContext& ctx) {
                       shape_.segments ? buffer(kSegments, DType::kI32, {b, t}) : empty_view()};
   const int32_t n_out = model_.interface_info().minor >= 1 ? 5 : 1;
   TensorView outputs[5] = {};
+  const TensorView loss_grad = buffer(kLossGrad, DType::kF32, {});
+  ctx.set_loss_grad(loss_grad);  // loaded before each replay, read by the backward below
   throw_if_error(model_.forward(&ctx, in, 5, outputs, n_out), "model forward");
   if (outputs[0].data == nullptr || outputs[0].dtype != DType::kF32)
     throw Error(Code::kInternal, "model forward gave no f32 loss");
   throw_if_error(host_.copy(device_, buffers_[kLoss], device_, outputs[0].data, 4),
                  "copying the loss out");
-  TensorView grad_outputs[3] = {buffer(kLossGrad, DType::kF32, {}), {}, {}};
+  TensorView grad_outputs[3] = {loss_grad, {}, {}};
   TensorView grad_inputs[6] = {};
   throw_if_error(model_.backward(&ctx, grad_outputs, 1, grad_inputs, 0), "model backward");
 }

@@ -45,7 +45,8 @@ TensorView input_view(IHost& host, ForwardContext& ctx, const void* data, DType 
       for (int64_t half = 0; half < 2; ++half)
         for (int64_t i = 0; i < c; ++i) {
           const int64_t from = chunks[static_cast<size_t>(half)] * c + i;
-          out[(s * 2 + half) * c + i] = in != nullptr ? in[s * t + from] : static_cast<int32_t>(from);
+          out[(s * 2 + half) * c + i] =
+              in != nullptr ? in[s * t + from] : static_cast<int32_t>(from);
         }
     v = local;
   }
@@ -166,12 +167,12 @@ StepLosses ScheduleExecutor::run(const std::vector<PipelineAction>& plan, int32_
     buffer = allocate_like(*f.ctx, info(a.chunk).hidden, device_);
     const int32_t sender = virtual_stage(a.chunk) + (activation ? -1 : 1);
     ICommWork* work = nullptr;
-    throw_if_error(step.pipeline->recv_async(&buffer, activation ? prev : next,
-                                             tag(a.micro_batch, sender, !activation), nullptr,
-                                             &work),
-                   fmt::format("pipeline schedule '{}': posting action {} ({} of micro-batch {}, "
-                               "chunk {})",
-                               schedule, j, pipeline_op_name(a.op), a.micro_batch, a.chunk));
+    throw_if_error(
+        step.pipeline->recv_async(&buffer, activation ? prev : next,
+                                  tag(a.micro_batch, sender, !activation), nullptr, &work),
+        fmt::format("pipeline schedule '{}': posting action {} ({} of micro-batch {}, "
+                    "chunk {})",
+                    schedule, j, pipeline_op_name(a.op), a.micro_batch, a.chunk));
     posted[j] = CommWorkPtr(work);
   };
   auto post_from = [&](size_t from) {  // the first receive at or after `from` not posted yet
@@ -341,6 +342,15 @@ void ScheduleExecutor::forward(InFlight& f, int32_t m, int32_t c, const StepPlan
   ForwardContext& ctx = *f.ctx;
   TensorView in[6];
   forward_inputs(ctx, *inputs_[static_cast<size_t>(m)].batch, f.received, step, in);
+  // The loss's gradient, known before the forward unless context-parallel ranks share the
+  // micro-batch (loss_of): handed to the model now (IForwardContext::loss_grad) and passed
+  // to its backward as the same view.
+  if (where.last_stage != 0 && (step.context == nullptr || step.context->size() == 1)) {
+    const float dloss = static_cast<float>(step.loss_weight);
+    TensorView seed = allocate(ctx, DType::kF32, {}, device_);
+    copy_from_host(host_, &dloss, seed);
+    ctx.set_loss_grad(seed);
+  }
   // A model 1.1 gives up to five outputs; one built against SDK 1.4 the loss and logits.
   const bool v11 = model.interface_info().minor >= 1;
   const int32_t n_out = v11 ? 5 : (step.logits ? 2 : 1);
@@ -377,9 +387,8 @@ std::optional<double> ScheduleExecutor::forward_only(const Batch& batch,
         throw InvalidArgument(what + ": a pipeline stage without a pipeline group");
       received = allocate_like(ctx, where.hidden, device_);
       ICommWork* work = nullptr;
-      throw_if_error(step.pipeline->recv_async(&received, prev,
-                                               kForwardOnlyTag + virtual_stage(c) - 1, nullptr,
-                                               &work),
+      throw_if_error(step.pipeline->recv_async(
+                         &received, prev, kForwardOnlyTag + virtual_stage(c) - 1, nullptr, &work),
                      what + ": receiving its input");
       throw_if_error(CommWorkPtr(work)->wait(), what + ": receiving its input");
     }
@@ -414,9 +423,13 @@ void ScheduleExecutor::backward(InFlight& f, int32_t c, bool split, bool last_fo
   TensorView grad_outputs[3] = {};
   int32_t n_grad_outputs = 3;
   if (where.last_stage != 0) {
-    float dloss = static_cast<float>(f.grad_weight);
-    grad_outputs[0] = allocate(ctx, DType::kF32, {}, device_);
-    copy_from_host(host_, &dloss, grad_outputs[0]);
+    if (const TensorView* seed = ctx.loss_grad()) {  // set in forward: f.grad_weight's value
+      grad_outputs[0] = *seed;
+    } else {
+      float dloss = static_cast<float>(f.grad_weight);
+      grad_outputs[0] = allocate(ctx, DType::kF32, {}, device_);
+      copy_from_host(host_, &dloss, grad_outputs[0]);
+    }
     n_grad_outputs = 1;
   } else {
     grad_outputs[2] = f.received_grad;

@@ -23,7 +23,9 @@
 // num_layers_at_start_in_bf16 / num_layers_at_end_in_bf16 layers are not FP8. After the last
 // layer come the final norm's input and output, its statistics, the logits n Vl s and their
 // log-sum-exp 4 n. The peak is reached when backward starts, with the logits' gradient (n Vl
-// s) beside all of that, or in the top layer's backward when that is larger, with the other
+// s) beside all of that (with the loss fused, GptModel::fuses_loss, that gradient is the
+// logits' memory, and the output layer's input gradient n C s, less the log-sum-exp, takes
+// its place), or in the top layer's backward when that is larger, with the other
 // layers' saves beside it and the final norm's and the logits' gone:
 //   inside its MLP's backward, all the layer saved beside dy, da, d(fc1 out), dx:
 //     n (2 C + Fl + fc1) s, plus n C s for hidden dropout;
@@ -76,7 +78,7 @@ double number_of(const nlohmann::json& node, const char* key, double otherwise) 
 // that, the MLP's output gradient included, and all the layer holds (its output gradient
 // included) at the end of its attention core's backward, when the MLP half's saves are gone.
 struct LayerBytes {
-  double kept = 0, kept_fp8 = 0, top_mlp = 0, attention = 0, attention_fp8 = 0;
+  double kept = 0, kept_fp8 = 0, top_mlp = 0, top_mlp_fp8 = 0, attention = 0, attention_fp8 = 0;
 };
 
 // The shapes a mixture-of-experts layer's estimate needs (the model's, on this rank).
@@ -196,6 +198,7 @@ std::optional<LayerBytes> moe_layer_bytes(const nlohmann::json& moe, const MoeSh
                             (s < 4 ? nm * e * s : 0) + nm * c * s;
   out.top_mlp = nm * c * s + m.dropout +
                 std::max({shared_bwd, combine_bwd, experts_bwd, dispatch_bwd, router_bwd});
+  out.top_mlp_fp8 = out.top_mlp;  // the experts' GEMMs are not FP8
   return out;
 }
 
@@ -214,7 +217,7 @@ double GptModel::activation_bytes(const CostQuery& query) const {
   auto known_norm = [](const std::string& n) { return n == "layernorm" || n == "rmsnorm"; };
   if (impl_of(layer) != "transformer_layer" || !known_norm(norm) || !known_norm(final_norm) ||
       (attention != "fused" && attention != "dot_product"))
-    return -1;  // a child from elsewhere: its memory is not known here
+    return -1;                          // a child from elsewhere: its memory is not known here
   if (c.mtp_num_layers > 0) return -1;  // multi-token prediction's depths: not modelled here
   if (!c.hybrid_layer_pattern.empty())
     return -1;  // a hybrid's layers differ (Mamba, attention-only, MLP-only): not modelled here
@@ -291,8 +294,11 @@ double GptModel::activation_bytes(const CostQuery& query) const {
     // sites' transposes instead of the MLP input and the activation output.
     l.kept = kept_attention + n * cc * s + n * (fc1 + fl) * s;
     l.kept_fp8 = l.kept + fp8_attention + n * (cc + fl) + cc * (fc1 + fl) - n * (cc + fl) * s;
-    // Backward's extra inside the MLP: dy, da, d(fc1 out), dx (and dropout's copy of dy).
+    // Backward's extra inside the MLP: dy, da, d(fc1 out), dx (and dropout's copy of dy);
+    // an FP8 layer's fc1 backward also holds d(fc1 out) quantized and its transpose, one
+    // byte an element each (nn::Linear::backward).
     l.top_mlp = n * (2 * cc + fl + fc1) * s + dropout;
+    l.top_mlp_fp8 = l.top_mlp + 2 * n * fc1;
     l.attention = attention_bwd;
     l.attention_fp8 = attention_bwd + fp8_attention;
     return l;
@@ -310,7 +316,7 @@ double GptModel::activation_bytes(const CostQuery& query) const {
     const bool fp8 = query.fp8 != 0 && i >= c.layers_at_start_in_bf16 &&
                      i < c.num_layers - c.layers_at_end_in_bf16;
     top_kept = fp8 ? l->kept_fp8 : l->kept;
-    top_mlp = l->top_mlp;
+    top_mlp = fp8 ? l->top_mlp_fp8 : l->top_mlp;
     top_attention = fp8 ? l->attention_fp8 : l->attention;
     saved += full ? edge : top_kept;
   }
@@ -328,8 +334,11 @@ double GptModel::activation_bytes(const CostQuery& query) const {
   // log-sum-exp: kept until the loss's, the output layer's and the final norm's backward.
   const double head = edge + n * cc * s + stats(final_norm) + n * vl * s + 4 * n;
   // Backward starts with the logits' gradient beside everything saved; in the top layer's
-  // backward the head's saves are gone.
-  return std::max(saved + head + n * vl * s, saved + top_layer);
+  // backward the head's saves are gone. With the loss in one pass (fuses_loss) the gradient
+  // is in the logits' memory, and the peak comes in the output layer's backward: its input's
+  // gradient beside it, the log-sum-exp dropped.
+  const double loss_peak = fuses_loss() ? head + n * cc * s - 4 * n : head + n * vl * s;
+  return std::max(saved + loss_peak, saved + top_layer);
 }
 
 }  // namespace loom::transformer

@@ -9,7 +9,9 @@
 namespace loom::transformer {
 namespace {
 
-enum Slot : int32_t { kLogits, kLabels, kMask, kLse };
+// kLogits: the logits (two-op loss) or empty; kDlogits: their gradient, computed in the
+// forward in the logits' memory (fused loss), or empty.
+enum Slot : int32_t { kLogits, kLabels, kMask, kLse, kDlogits };
 
 }  // namespace
 
@@ -96,12 +98,19 @@ GptModel::GptModel(const nlohmann::json& options, IBuildContext& ctx)
   }
   loss_fwd_ = Kernel(host, ops::kCrossEntropyFwd, c.device, c.params_dtype);
   loss_bwd_ = Kernel(host, ops::kCrossEntropyBwd, c.device, c.params_dtype);
+  if (tp_.size() == 1)
+    loss_fwd_bwd_ = Kernel::optional(host, ops::kCrossEntropyFwdBwd, c.device, c.params_dtype);
   add_ = Kernel(host, ops::kAdd, c.device, c.params_dtype);
   masked_sum_ = Kernel(host, ops::kMaskedSum, c.device, DType::kF32);
   if (tp_.size() > 1) {
     shard_stats_ = Kernel(host, ops::kCrossEntropyShardStats, c.device, c.params_dtype);
     combine_ = Kernel(host, ops::kCrossEntropyCombine, c.device, DType::kF32);
   }
+}
+
+bool GptModel::fuses_loss() const {
+  return tp_.size() == 1 && cp_size_ == 1 && !config_.return_logits &&
+         static_cast<bool>(loss_fwd_bwd_);
 }
 
 Status GptModel::info(ModelInfo* out) const noexcept {
@@ -259,7 +268,13 @@ void GptModel::run_forward(IForwardContext& ctx, const TensorView* inputs, int32
   TensorView mean = allocate(ctx, DType::kF32, {1}, c.device);
   TensorView totals = allocate(ctx, DType::kF32, {2}, c.device);  // loss sum, token count
   TensorView flat_mask = present(mask) ? reshape(mask, {n}) : empty_view();
-  if (tp_.size() == 1) {  // the vocabulary's columns (a padded one's padding takes no part)
+  const bool logits_out = num_outputs > 1 && c.return_logits;
+  const TensorView* seed = fuses_loss() && !logits_out ? loss_grad_of(ctx) : nullptr;
+  if (seed != nullptr) {  // the gradient too, in place: the logits become d loss / d logits
+    loss_fwd_bwd_({rows(logits, v), reshape(labels, {n}), flat_mask,
+                   make_view(seed->data, DType::kF32, {1}, seed->device)},
+                  {loss, lse, mean, rows(logits, v)}, ops::CrossEntropyShardAttrs{0, c.vocab_size});
+  } else if (tp_.size() == 1) {  // the vocabulary's columns (a padded one's padding: no part)
     loss_fwd_({rows(logits, v), reshape(labels, {n}), flat_mask}, {loss, lse, mean},
               ops::CrossEntropyShardAttrs{0, c.vocab_size});
   } else {  // vocab-parallel: per-row statistics of each shard, gathered and combined
@@ -274,19 +289,20 @@ void GptModel::run_forward(IForwardContext& ctx, const TensorView* inputs, int32
   }
   masked_sum_({loss, flat_mask}, {totals});
   if (ctx.training()) {
-    save(ctx, this, kLogits, logits);
+    save(ctx, this, kLogits, seed != nullptr ? empty_view() : logits);
+    save(ctx, this, kDlogits, seed != nullptr ? logits : empty_view());
     save(ctx, this, kLabels, labels);
     save(ctx, this, kMask, mask);
     save(ctx, this, kLse, lse);
   }
   outputs[0] = make_view(mean.data, DType::kF32, nullptr, 0, c.device);  // scalar
-  bool logits_out = num_outputs > 1 && c.return_logits;
   if (logits_out) outputs[1] = logits;
   if (num_outputs > 3) outputs[3] = make_view(totals.data, DType::kF32, nullptr, 0, c.device);
   if (num_outputs > 4)
     outputs[4] = make_view(static_cast<float*>(totals.data) + 1, DType::kF32, nullptr, 0, c.device);
-  // The saves keep theirs; mean and totals are the caller's.
-  release_all(ctx, {loss, lse, logits_out ? empty_view() : logits});
+  // The saves keep theirs; mean and totals are the caller's. The logits' gradient stays
+  // unreleased: backward hands it to the output layer after dropping the saves.
+  release_all(ctx, {loss, lse, logits_out || seed != nullptr ? empty_view() : logits});
 }
 
 void GptModel::run_backward(IForwardContext& ctx, const TensorView* grad_outputs,
@@ -323,19 +339,31 @@ void GptModel::run_backward(IForwardContext& ctx, const TensorView* grad_outputs
 
 TensorView GptModel::loss_backward(IForwardContext& ctx, const TensorView* grad_outputs,
                                    int32_t num_grad_outputs) {
-  TensorView logits = load(ctx, this, kLogits), labels = load(ctx, this, kLabels);
-  TensorView mask = load(ctx, this, kMask), lse = load(ctx, this, kLse);
-  int64_t b = logits.shape[0], t = logits.shape[1], n = b * t, v = logits.shape[2];
+  TensorView logits = load(ctx, this, kLogits), dlogits = load(ctx, this, kDlogits);
   const TensorView& dloss = grad_outputs[0];
   if (dloss.data == nullptr || dloss.dtype != DType::kF32 || numel(dloss) != 1)
     fail(Code::kInvalidArgument, "gpt backward: grad_outputs[0] must be the f32 scalar d(loss)");
-  TensorView dlogits = allocate_like(ctx, logits);
-  std::initializer_list<TensorView> loss_inputs = {
-      rows(logits, v), reshape(labels, {n}), present(mask) ? reshape(mask, {n}) : mask, lse,
-      make_view(dloss.data, DType::kF32, {1}, dloss.device)};
-  // This rank's columns (padding: gradient 0), with the lse of the whole vocabulary.
-  loss_bwd_(loss_inputs, {rows(dlogits, v)},
-            ops::CrossEntropyShardAttrs{tp_.rank() * v, config_.vocab_size});
+  if (present(dlogits)) {  // computed by the forward with the context's loss_grad
+    const TensorView* seed = loss_grad_of(ctx);
+    if (seed == nullptr || seed->data != dloss.data)
+      fail(Code::kInvalidArgument,
+           "gpt backward: the forward computed the logits' gradient from the context's "
+           "loss_grad(), but grad_outputs[0] is another tensor; pass loss_grad() itself "
+           "(IForwardContext::loss_grad), or pin cross_entropy_fwd_bwd to \"none\" "
+           "(/kernels/pin)");
+  } else {
+    TensorView labels = load(ctx, this, kLabels);
+    TensorView mask = load(ctx, this, kMask), lse = load(ctx, this, kLse);
+    int64_t n = logits.shape[0] * logits.shape[1], v = logits.shape[2];
+    dlogits = allocate_like(ctx, logits);
+    std::initializer_list<TensorView> loss_inputs = {
+        rows(logits, v), reshape(labels, {n}), present(mask) ? reshape(mask, {n}) : mask, lse,
+        make_view(dloss.data, DType::kF32, {1}, dloss.device)};
+    // This rank's columns (padding: gradient 0), with the lse of the whole vocabulary.
+    loss_bwd_(loss_inputs, {rows(dlogits, v)},
+              ops::CrossEntropyShardAttrs{tp_.rank() * v, config_.vocab_size});
+  }
+  int64_t b = dlogits.shape[0], t = dlogits.shape[1], v = dlogits.shape[2];
   if (num_grad_outputs > 1 && present(grad_outputs[1])) {
     expect(grad_outputs[1], {b, t, v}, config_.params_dtype, "gpt logits gradient");
     add_({dlogits, grad_outputs[1]}, {dlogits});

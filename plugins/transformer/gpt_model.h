@@ -25,6 +25,13 @@
 // ("decoder.layers.<i>"), so checkpoints name the same tensor alike in every layout.
 // Split backward: every weight-holding child defers its GEMMs' weight gradients when the
 // context says so (backward_weight runs them, the output layer first, the embedding last).
+// The loss in one pass: when the context gives the loss's gradient during the forward
+// (IForwardContext::loss_grad, forward_context 1.7) and a kernel library serves
+// cross_entropy_fwd_bwd (fuses_loss), the forward computes the logits' gradient too, in the
+// logits' own memory, which backward then hands to the output layer: the logits are read
+// once instead of twice, and no second (N, V) buffer is needed. Pinning the op to "none"
+// (/kernels/pin) keeps the two ops; so does tensor parallelism (the vocab-parallel loss),
+// context parallelism (no gradient before the forward) and return_logits.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -54,6 +61,10 @@ class GptModel final : public ModuleBase<IModel> {
   // The loss's backward down to the final norm's input gradient (the last stage).
   TensorView loss_backward(IForwardContext& ctx, const TensorView* grad_outputs,
                            int32_t num_grad_outputs);
+  // True when a training forward with the context's loss_grad computes the logits' gradient
+  // too (cross_entropy_fwd_bwd, in place): one tensor-parallel rank, one context-parallel
+  // rank, no logits returned, and a kernel that serves the op.
+  bool fuses_loss() const;
   // Activation bytes of one micro-batch at its peak (gpt_cost.cc), or < 0 when a child's
   // impl is not one whose memory it knows.
   double activation_bytes(const CostQuery& query) const;
@@ -70,6 +81,7 @@ class GptModel final : public ModuleBase<IModel> {
   OutputLayer* output_layer_ = nullptr;
   MultiTokenPrediction* mtp_ = nullptr;  // child "mtp", with mtp_num_layers > 0
   Kernel loss_fwd_, loss_bwd_, add_, masked_sum_, shard_stats_, combine_;
+  Kernel loss_fwd_bwd_;  // cross_entropy_fwd_bwd, optional
 };
 
 }  // namespace loom::transformer

@@ -248,6 +248,7 @@ struct ForwardContext final : IForwardContext {
     return ok_status();
   }
   double aux_loss_weight() const noexcept override { return 0.0; }
+  const TensorView* loss_grad() const noexcept override { return nullptr; }
 };
 
 TensorView cpu_f32(float* data, int64_t b, int64_t c) {  // (B, C) contiguous

@@ -59,6 +59,11 @@ int multiprocessor_count(int device) noexcept {
                              [](int d) { return attribute(cudaDevAttrMultiProcessorCount, d); });
 }
 
+int shared_memory_per_multiprocessor(int device) noexcept {
+  return cached_device_value(
+      device, [](int d) { return attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor, d); });
+}
+
 Scratch stream_scratch(int device, cudaStream_t stream) {
   static std::mutex mutex;
   static auto* buffers = new std::map<std::pair<int, cudaStream_t>, void*>();  // leaked

@@ -23,6 +23,10 @@ int compute_capability(int device) noexcept;
 /// runtime cannot tell. Never throws.
 int multiprocessor_count(int device) noexcept;
 
+/// The shared memory of one multiprocessor of `device` in bytes (what its resident blocks
+/// share), asked once per device; 0 when the runtime cannot tell.
+int shared_memory_per_multiprocessor(int device) noexcept;
+
 /// Device memory owned by one (device, stream) pair: cuBLASLt's workspace and the scratch of
 /// the ops that run as several kernels (cross_entropy_bwd's mask total, bias_grad's
 /// partial sums). Work on one stream runs in order, so the ops on a stream share it

@@ -1,4 +1,5 @@
-// cross_entropy_fwd / cross_entropy_bwd (loom/ops.h) on CUDA.
+// cross_entropy_fwd / cross_entropy_bwd / cross_entropy_fwd_bwd (loom/ops.h) on CUDA; the row
+// kernels are in cross_entropy_kernel.cuh.
 //
 // Forward: one block per row (grid-stride beyond 2^20 rows) folds the row's V logits into
 // an online (max, sum of exp) in one pass of 16-byte loads (cross_entropy.cuh); thread 0
@@ -15,6 +16,16 @@
 // inside this shard, and labels are checked against the whole vocabulary. Padding columns
 // (CeShape::valid, loom/ops/loss.h) are left out of the fold and get gradient 0.
 //
+// Forward and backward in one pass (cross_entropy_fwd_bwd, when the loss's gradient dmean is
+// known before the forward): one block per row folds the row, thread 0 writes lse and loss
+// and hands lse to the block through shared memory, then the block writes the row's gradient.
+// Where two blocks' rows fit in a multiprocessor's shared memory (GPT-2's padded 50304 bf16
+// logits: 98 KiB a row), the block first copies its row there and both passes read that copy,
+// so the logits leave device memory once; otherwise the second pass reads them again (mostly
+// from L2). Same fold, same lse and same formula as the two kernels above: bit for bit their
+// results. In place (dlogits = logits) a row is read whole (thread 0's label read included)
+// before the barrier that precedes its writes.
+//
 // Labels outside the vocabulary with mask != 0 never index the logits; they are reported
 // lazily as kOutOfRange (label_errors.cuh): the forward writes NaN for that row's loss,
 // the backward leaves out its onehot term.
@@ -26,6 +37,7 @@
 #include "kernels/cuda/common/registration.h"
 #include "kernels/cuda/common/resources.cuh"
 #include "kernels/cuda/loss/cross_entropy.cuh"
+#include "kernels/cuda/loss/cross_entropy_kernel.cuh"
 #include "kernels/cuda/loss/label_errors.cuh"
 #include "kernels/cuda/loss/registry.cuh"
 
@@ -35,31 +47,6 @@ namespace {
 using op_checks::CeShape;
 
 constexpr int kReduceThreads = 1024;  // the one-block reductions over N rows
-
-template <class T>
-__global__ void ce_fwd_kernel(const T* __restrict__ logits, const int32_t* __restrict__ labels,
-                              const float* __restrict__ mask, float* __restrict__ loss,
-                              float* __restrict__ lse, int64_t N, int64_t V, int64_t valid,
-                              LabelErrorSink sink) {
-  for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
-    const T* row = logits + n * V;  // columns [valid, V) are padding
-    const MaxSum ms = block_max_sum(row_max_sum(row, valid));
-    if (threadIdx.x == 0) {
-      const float log_sum = logf(ms.s);
-      lse[n] = ms.m + log_sum;
-      const int32_t label = labels[n];
-      const float w = mask != nullptr ? mask[n] : 1.0f;
-      if (label >= 0 && label < valid) {
-        loss[n] = (ms.m - to_f32<T>(row[label])) + log_sum;
-      } else if (w != 0.0f) {
-        report_label_error(sink, LabelOp::kFwd, n, label, valid);
-        loss[n] = NAN;
-      } else {
-        loss[n] = 0.0f;
-      }
-    }
-  }
-}
 
 __global__ void masked_mean_kernel(const float* __restrict__ loss, const float* __restrict__ mask,
                                    int64_t N, float* __restrict__ mean) {
@@ -82,53 +69,15 @@ __global__ void mask_total_kernel(const float* __restrict__ mask, int64_t N,
   if (threadIdx.x == 0) total[0] = acc;
 }
 
-// One row of the backward: y[j] = w * (exp(x[j] - lse) - (j == col)), or 0 when w == 0 or
-// j >= valid (padding).
-template <class T, class D>
-__device__ void ce_bwd_row(const T* __restrict__ x, D* __restrict__ y, int64_t V, int64_t valid,
-                           float w, float lse, int64_t col) {
-  constexpr int W = 16 / sizeof(T) > 16 / sizeof(D) ? 16 / sizeof(T) : 16 / sizeof(D);
-  auto grad = [&](int64_t j, float v) {
-    if (w == 0.0f || j >= valid) return 0.0f;
-    return w * (exp2f((v - lse) * kLog2e) - (j == col ? 1.0f : 0.0f));
-  };
-  int64_t head = head_to_16(x, sizeof(T));
-  if (head != head_to_16(y, sizeof(D))) head = V;  // rows aligned differently: all scalar
-  if (head > V) head = V;
-  for (int64_t j = threadIdx.x; j < head; j += blockDim.x)
-    y[j] = from_f32<D>(grad(j, to_f32<T>(x[j])));
-  const int64_t packs = (V - head) / W;
-#pragma unroll 2
-  for (int64_t p = threadIdx.x; p < packs; p += blockDim.x) {
-    const int64_t j0 = head + p * W;
-    float v[W];
-    load_pack<T, W>(x + j0, v);
-#pragma unroll
-    for (int i = 0; i < W; ++i) v[i] = grad(j0 + i, v[i]);
-    store_pack<D, W>(y + j0, v);
-  }
-  for (int64_t j = head + packs * W + threadIdx.x; j < V; j += blockDim.x)
-    y[j] = from_f32<D>(grad(j, to_f32<T>(x[j])));
-}
-
-template <class T, class D>
-__global__ void ce_bwd_kernel(const T* __restrict__ logits, const int32_t* __restrict__ labels,
-                              const float* __restrict__ mask, const float* __restrict__ lse,
-                              const float* __restrict__ dmean, const double* mask_total_dev,
-                              double mask_total_host, D* __restrict__ dlogits, int64_t N, int64_t V,
-                              int64_t valid, int64_t start, int64_t vocab, LabelErrorSink sink) {
-  // The same few scalars in every thread: broadcast loads, no barrier needed.
-  const double total = mask_total_dev != nullptr ? *mask_total_dev : mask_total_host;
-  const double dm = dmean[0];
-  for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
-    const float mk = mask != nullptr ? mask[n] : 1.0f;
-    const float w = total != 0.0 ? static_cast<float>(dm * mk / total) : 0.0f;
-    const int32_t label = labels[n];
-    const int64_t col = label - start >= 0 && label - start < valid ? label - start : -1;
-    if (threadIdx.x == 0 && mk != 0.0f && (label < 0 || label >= vocab))
-      report_label_error(sink, LabelOp::kBwd, n, label, vocab);
-    ce_bwd_row<T, D>(logits + n * V, dlogits + n * V, V, valid, w, lse[n], col);
-  }
+// The dynamic shared memory of a staged row of V elements of `elem` bytes, or 0 when two
+// blocks' rows would not fit in a multiprocessor of `device` (then the rows are read twice).
+size_t staged_row_bytes(int device, int64_t V, size_t elem) {
+  const size_t bytes = static_cast<size_t>(V) * elem + 16;
+  // Two blocks a multiprocessor, each with ~1 KiB the runtime reserves and the kernel's
+  // static shared memory (block_max_sum's partials, row_lse) besides its row.
+  constexpr size_t kPerBlockExtra = 2048;
+  const size_t per_sm = static_cast<size_t>(shared_memory_per_multiprocessor(device));
+  return 2 * (bytes + kPerBlockExtra) <= per_sm ? bytes : 0;
 }
 
 Status cross_entropy_fwd(const OpCall* call) {
@@ -185,6 +134,46 @@ Status cross_entropy_bwd(const OpCall* call) {
   });
 }
 
+Status cross_entropy_fwd_bwd(const OpCall* call) {
+  return guard([&] {
+    CeShape s = op_checks::check_cross_entropy_fwd_bwd(call, false, DeviceType::kCuda);
+    const TensorView &X = call->inputs[0], &dX = call->outputs[3];
+    int device = current_device(ops::kCrossEntropyFwdBwd, X);
+    cudaStream_t stream = stream_of(call);
+    LabelErrorSink sink = label_error_sink(device, stream);
+    const float* mask = static_cast<const float*>(call->inputs[2].data);
+    float* loss = static_cast<float*>(call->outputs[0].data);
+    if (s.n > 0) {
+      double* total_dev = nullptr;
+      if (mask != nullptr) {  // every row's weight needs sum(mask) before any row is written
+        total_dev = static_cast<double*>(stream_scratch(device, stream).data);
+        mask_total_kernel<<<1, kReduceThreads, 0, stream>>>(mask, s.n, total_dev);
+        launch_check(ops::kCrossEntropyFwdBwd);
+      }
+      const int threads = row_threads(s.v);
+      const unsigned blocks = static_cast<unsigned>(s.n < kMaxRowBlocks ? s.n : kMaxRowBlocks);
+      const size_t staged = staged_row_bytes(device, s.v, dtype_size(X.dtype));
+      LOOM_CUDA_FLOAT_SWITCH(X.dtype, T, ops::kCrossEntropyFwdBwd, {
+        LOOM_CUDA_FLOAT_SWITCH(dX.dtype, D, ops::kCrossEntropyFwdBwd, {
+          auto kernel = staged > 0 ? ce_fwd_bwd_kernel<T, D, true> : ce_fwd_bwd_kernel<T, D, false>;
+          if (staged > 48 * 1024)
+            cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(staged)),
+                       "cross_entropy_fwd_bwd: cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+          kernel<<<blocks, threads, staged, stream>>>(
+              static_cast<const T*>(X.data), static_cast<const int32_t*>(call->inputs[1].data),
+              mask, loss, static_cast<float*>(call->outputs[1].data),
+              static_cast<const float*>(call->inputs[3].data), total_dev, static_cast<double>(s.n),
+              static_cast<D*>(dX.data), s.n, s.v, s.valid, sink);
+        });
+      });
+      launch_check(ops::kCrossEntropyFwdBwd);
+    }
+    launch_masked_mean(loss, mask, s.n, static_cast<float*>(call->outputs[2].data), stream,
+                       ops::kCrossEntropyFwdBwd);
+  });
+}
+
 bool cross_entropy_fwd_supports(const OpCall* call) {
   return check_passes([&] { op_checks::check_cross_entropy_fwd(call, true, DeviceType::kCuda); });
 }
@@ -197,6 +186,16 @@ Status cross_entropy_fwd_cost(const OpCall* call, OpCost* out) {
   return guard([&] {
     op_checks::check_cross_entropy_fwd(call, true, DeviceType::kCuda);
     *out = io_cost(call, 4.0 * static_cast<double>(max_numel(call)));
+  });
+}
+bool cross_entropy_fwd_bwd_supports(const OpCall* call) {
+  return check_passes(
+      [&] { op_checks::check_cross_entropy_fwd_bwd(call, true, DeviceType::kCuda); });
+}
+Status cross_entropy_fwd_bwd_cost(const OpCall* call, OpCost* out) {
+  return guard([&] {
+    op_checks::check_cross_entropy_fwd_bwd(call, true, DeviceType::kCuda);
+    *out = io_cost(call, 8.0 * static_cast<double>(max_numel(call)));
   });
 }
 Status cross_entropy_bwd_cost(const OpCall* call, OpCost* out) {
@@ -219,6 +218,8 @@ void add_cross_entropy_kernels(std::vector<KernelDesc>& out) {
                    cross_entropy_fwd_cost);
   add_cuda_kernels(out, ops::kCrossEntropyBwd, cross_entropy_bwd, cross_entropy_bwd_supports,
                    cross_entropy_bwd_cost);
+  add_cuda_kernels(out, ops::kCrossEntropyFwdBwd, cross_entropy_fwd_bwd,
+                   cross_entropy_fwd_bwd_supports, cross_entropy_fwd_bwd_cost);
 }
 
 }  // namespace loom::kernels::cuda::loss

@@ -42,6 +42,8 @@ const char* op_name(int32_t op) {
       return ops::kCrossEntropyShardStats;
     case LabelOp::kCombine:
       return ops::kCrossEntropyCombine;
+    case LabelOp::kFwdBwd:
+      return ops::kCrossEntropyFwdBwd;
   }
   return "cross_entropy";
 }

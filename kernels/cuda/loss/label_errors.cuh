@@ -24,7 +24,7 @@
 namespace loom::kernels::cuda::loss {
 
 /// The ops that check labels (index into the names of label_errors.cu).
-enum class LabelOp : int32_t { kFwd = 0, kBwd = 1, kShardStats = 2, kCombine = 3 };
+enum class LabelOp : int32_t { kFwd = 0, kBwd = 1, kShardStats = 2, kCombine = 3, kFwdBwd = 4 };
 
 /// What the device writes, in mapped pinned host memory.
 struct LabelErrorRecord {

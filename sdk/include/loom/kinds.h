@@ -20,6 +20,7 @@ namespace loom::kinds {
 // loom/kinds/attention.h); a caller checks the minor before passing such views. optimizer 1.3
 // (ABI 1.11): OptimizerStep::scalars, the step's values in device memory
 // (loom/kinds/optimizer.h); a caller checks the minor (has_step_scalars) before passing them.
+// forward_context 1.7 (ABI 1.12): loss_grad, the loss's gradient while the forward runs.
 inline constexpr InterfaceInfo kModel{"model", 1, 1};                   ///< whole network
 inline constexpr InterfaceInfo kLayer{"layer", 1, 1};                   ///< one transformer layer
 inline constexpr InterfaceInfo kModule{"module", 1, 1};                 ///< any other module
@@ -48,8 +49,8 @@ inline constexpr InterfaceInfo kRegistry{"registry", 1, 1};
 /// 1.1: fp8_recipe.
 inline constexpr InterfaceInfo kBuildContext{"build_context", 1, 1};
 /// 1.1: kv_cache; 1.2: grads_ready; 1.3: release, drop_saved; 1.4: defer_weight_grads,
-/// metric; 1.5: aux_loss_weight; 1.6: its kv_cache() has IKvCache::state.
-inline constexpr InterfaceInfo kForwardContext{"forward_context", 1, 6};
+/// metric; 1.5: aux_loss_weight; 1.6: its kv_cache() has IKvCache::state; 1.7: loss_grad.
+inline constexpr InterfaceInfo kForwardContext{"forward_context", 1, 7};
 /// 1.1: asynchronous collectives returning ICommWork (check the minor before calling them).
 inline constexpr InterfaceInfo kCommunicator{"communicator", 1, 1};
 inline constexpr InterfaceInfo kKernel{"kernel", 1, 0};       ///< op kernels, loom/kernel.h

@@ -899,9 +899,12 @@ TEST(AttentionCuda, StridedViewsEqualPackedCalls) {
               const bool ran = after.cudnn_calls > before.cudnn_calls;
               std::printf("[cudnn] %s: %s\n", what.c_str(),
                           ran ? "ran on cuDNN" : ("fell back: " + after.last_decline).c_str());
-              if (!aligned) EXPECT_FALSE(ran) << what << ": cuDNN must decline unaligned rows";
-              if (aligned && hopper && dt != DType::kF32 && c.d % 8 == 0)
+              if (!aligned) {
+                EXPECT_FALSE(ran) << what << ": cuDNN must decline unaligned rows";
+              }
+              if (aligned && hopper && dt != DType::kF32 && c.d % 8 == 0) {
                 EXPECT_TRUE(ran) << what << ": " << after.last_decline;
+              }
             }
             for (size_t i = 0; i < got.size(); ++i) {
               const std::string o_what = what + " output " + std::to_string(i);

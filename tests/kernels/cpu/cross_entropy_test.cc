@@ -1,7 +1,8 @@
 // cross_entropy: the reference against f64, fast against reference over dtypes and odd
 // vocabularies, backward of the reference against finite differences, masks and labels
-// out of range; vocab-parallel cross entropy (shard stats, combine, backward of a shard)
-// against the unsplit ops; a padded vocabulary against the unpadded one.
+// out of range; the one-pass cross_entropy_fwd_bwd against the two ops and f64, in place;
+// vocab-parallel cross entropy (shard stats, combine, backward of a shard) against the unsplit ops;
+// a padded vocabulary against the unpadded one.
 #include <cmath>
 
 #include "tests/kernels/cpu/op_test_util.h"
@@ -124,6 +125,107 @@ TEST(CrossEntropyMask, AllZeroMaskGivesZeroMeanAndGradient) {
     run(ops::kCrossEntropyBwd, name, DType::kF32, {&in.logits, &in.labels, &in.mask, &lse, &dmean},
         {&dx});
     for (int64_t j = 0; j < 18; ++j) EXPECT_EQ(dx.get(j), 0.0) << name << " " << j;
+  }
+}
+
+// ---- One pass: cross_entropy_fwd_bwd -----------------------------------------------------
+
+class CrossEntropyFwdBwdTest : public ::testing::TestWithParam<DType> {};
+
+// The fused op against the two ops of the same kernel (bit for bit: each kernel computes a
+// row the same way in both) and against the f64 gradient dmean * mask / sum(mask) *
+// (softmax - onehot); in place (dlogits = logits) the same bits again. With and without
+// padding columns (vocab_size < V: their gradient is 0) and masks.
+TEST_P(CrossEntropyFwdBwdTest, OnePassEqualsTheTwoOpsAndTheF64Gradient) {
+  std::mt19937 rng(7);
+  DType dt = GetParam();
+  std::vector<const char*> names = {"cpu.ref"};
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) names.push_back("cpu.fast");
+  for (int64_t n : {1, 7, 33})
+    for (int64_t v : {1, 7, 65, 1000})
+      for (int64_t pad : {0, 3})
+        for (bool with_mask : {false, true}) {
+          const int64_t vocab = v, cols = v + pad;  // columns [vocab, cols) are padding
+          CeInputs in = make(dt, n, vocab, with_mask, rng);
+          Tensor logits = Tensor::random(dt, {n, cols}, rng, -5, 5);
+          for (int64_t i = 0; i < n; ++i)
+            for (int64_t j = 0; j < vocab; ++j)
+              logits.set(i * cols + j, in.logits.get(i * vocab + j));
+          ops::CrossEntropyShardAttrs at{0, vocab};
+          Tensor dmean = Tensor::filled(DType::kF32, {1}, 1.7);
+          const std::string what = "N " + std::to_string(n) + ", V " + std::to_string(vocab) +
+                                   ", padding " + std::to_string(pad) + (with_mask ? ", mask" : "");
+          // The f64 oracle.
+          std::vector<double> grad(static_cast<size_t>(n * cols), 0.0);
+          double total = 0;
+          for (int64_t i = 0; i < n; ++i) total += with_mask ? in.mask.get(i) : 1.0;
+          for (int64_t i = 0; i < n; ++i) {
+            double m = -INFINITY, sum = 0;
+            for (int64_t j = 0; j < vocab; ++j) m = std::max(m, logits.get(i * cols + j));
+            for (int64_t j = 0; j < vocab; ++j) sum += std::exp(logits.get(i * cols + j) - m);
+            double w = 1.7 * (with_mask ? in.mask.get(i) : 1.0) / total;
+            for (int64_t j = 0; j < vocab; ++j)
+              grad[static_cast<size_t>(i * cols + j)] =
+                  w * (std::exp(logits.get(i * cols + j) - m) / sum -
+                       (j == static_cast<int64_t>(in.labels.get(i)) ? 1.0 : 0.0));
+          }
+          for (const char* name : names) {
+            Tensor loss(DType::kF32, {n}), lse(DType::kF32, {n}), mean(DType::kF32, {1});
+            Tensor dx(dt, {n, cols});
+            run(ops::kCrossEntropyFwd, name, dt, {&logits, &in.labels, &in.mask},
+                {&loss, &lse, &mean}, &at);
+            run(ops::kCrossEntropyBwd, name, dt, {&logits, &in.labels, &in.mask, &lse, &dmean},
+                {&dx}, &at);
+            Tensor floss(DType::kF32, {n}), flse(DType::kF32, {n}), fmean(DType::kF32, {1});
+            Tensor fdx = Tensor::filled(dt, {n, cols}, 3.0);
+            run(ops::kCrossEntropyFwdBwd, name, dt, {&logits, &in.labels, &in.mask, &dmean},
+                {&floss, &flse, &fmean, &fdx}, &at);
+            EXPECT_EQ(floss.values(), loss.values()) << name << " loss, " << what;
+            EXPECT_EQ(flse.values(), lse.values()) << name << " lse, " << what;
+            EXPECT_EQ(fmean.values(), mean.values()) << name << " mean, " << what;
+            EXPECT_EQ(fdx.values(), dx.values()) << name << " dlogits, " << what;
+            expect_close(fdx, grad, dt, std::string(name) + " dlogits against f64, " + what);
+            Tensor inplace = logits;  // its own copy, overwritten by its gradient
+            run(ops::kCrossEntropyFwdBwd, name, dt, {&inplace, &in.labels, &in.mask, &dmean},
+                {&floss, &flse, &fmean, &inplace}, &at);
+            EXPECT_EQ(inplace.values(), dx.values()) << name << " in place, " << what;
+            EXPECT_EQ(floss.values(), loss.values()) << name << " in-place loss, " << what;
+          }
+          expect_fast_matches_ref(ops::kCrossEntropyFwdBwd, dt, {logits, in.labels, in.mask, dmean},
+                                  {Tensor(DType::kF32, {n}), Tensor(DType::kF32, {n}),
+                                   Tensor(DType::kF32, {1}), Tensor(dt, {n, cols})},
+                                  &at, what);
+        }
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, CrossEntropyFwdBwdTest, ::testing::ValuesIn(float_dtypes()),
+                         dtype_param_name);
+
+TEST(CrossEntropyFwdBwd, LabelsOutOfRangeAndOverlappingOutputsAreRefused) {
+  Tensor logits = Tensor::filled(DType::kF32, {3, 4}, 0.5), none;
+  Tensor labels = Tensor::i32({3}, {1, 4, -100}), dmean = Tensor::filled(DType::kF32, {1}, 1.0);
+  for (const char* name : {"cpu.ref", "cpu.fast"}) {
+    Tensor loss(DType::kF32, {3}), lse(DType::kF32, {3}), mean(DType::kF32, {1});
+    Tensor dx(DType::kF32, {3, 4});
+    Status s = call_kernel(ops::kCrossEntropyFwdBwd, name, DType::kF32,
+                           {&logits, &labels, &none, &dmean}, {&loss, &lse, &mean, &dx});
+    EXPECT_EQ(s.code, Code::kOutOfRange) << name;
+    std::string msg = take_message(&s);
+    EXPECT_NE(msg.find("cross_entropy_fwd_bwd: labels[1] = 4 is outside [0, 4)"), std::string::npos)
+        << msg;
+    // dlogits one element into the logits: neither in place nor apart.
+    Tensor mask = Tensor::filled(DType::kF32, {3}, 1.0);
+    CallHolder h({&logits, &labels, &mask, &dmean}, {&loss, &lse, &mean, &logits},
+                 static_cast<const NoAttrs*>(nullptr));
+    h.out[3].data = static_cast<float*>(h.out[3].data) + 1;
+    h.out[3].shape[0] = 3;
+    s = kernel(ops::kCrossEntropyFwdBwd, DType::kF32, name).fn(&h.call);
+    EXPECT_EQ(s.code, Code::kInvalidArgument) << name;
+    msg = take_message(&s);
+    EXPECT_NE(msg.find("cross_entropy_fwd_bwd: outputs[3] (dlogits) overlaps inputs[0] (logits) "
+                       "without being them"),
+              std::string::npos)
+        << msg;
   }
 }
 
@@ -260,8 +362,8 @@ TEST_P(CrossEntropyPaddingTest, PaddingTakesNoPartAndGetsZeroGradient) {
               &vocab, what);
           // The gradient: the unpadded one, and 0 in the padding (the filler is not 0).
           Tensor dwide = Tensor::filled(dt, {n, vp}, 3.0);
-          run_ref(ops::kCrossEntropyBwd, dt, {&wide, &in.labels, &in.mask, &plse, &dmean},
-                  {&dwide}, &vocab);
+          run_ref(ops::kCrossEntropyBwd, dt, {&wide, &in.labels, &in.mask, &plse, &dmean}, {&dwide},
+                  &vocab);
           expect_close(columns(dwide, 0, v), dx.values(), dt, "padded dlogits, " + what);
           expect_close(columns(dwide, v, vp), std::vector<double>(n * pad, 0.0), DType::kF32,
                        "padding's dlogits, " + what);
@@ -278,11 +380,11 @@ TEST_P(CrossEntropyPaddingTest, PaddingTakesNoPartAndGetsZeroGradient) {
               ops::CrossEntropyShardAttrs at{k * w, v};
               parts.push_back(columns(wide, k * w, (k + 1) * w));
               Tensor stats(DType::kF32, {n, 3});
-              run_ref(ops::kCrossEntropyShardStats, dt, {&parts[k], &in.labels, &in.mask},
-                      {&stats}, &at);
+              run_ref(ops::kCrossEntropyShardStats, dt, {&parts[k], &in.labels, &in.mask}, {&stats},
+                      &at);
               expect_fast_matches_ref(ops::kCrossEntropyShardStats, dt,
-                                      {parts[k], in.labels, in.mask},
-                                      {Tensor(DType::kF32, {n, 3})}, &at, what);
+                                      {parts[k], in.labels, in.mask}, {Tensor(DType::kF32, {n, 3})},
+                                      &at, what);
               for (int64_t i = 0; i < 3 * n; ++i) stacked.set(k * 3 * n + i, stats.get(i));
             }
             Tensor closs(DType::kF32, {n}), clse(DType::kF32, {n}), cmean(DType::kF32, {1});
@@ -297,8 +399,8 @@ TEST_P(CrossEntropyPaddingTest, PaddingTakesNoPartAndGetsZeroGradient) {
               run_ref(ops::kCrossEntropyBwd, dt, {&parts[k], &in.labels, &in.mask, &clse, &dmean},
                       {&dpart}, &at);
               std::vector<double> expected = columns(dwide, k * w, (k + 1) * w).values();
-              expect_close(dpart, expected, dt, "dlogits of shard " + std::to_string(k) + ", " +
-                                                    shards);
+              expect_close(dpart, expected, dt,
+                           "dlogits of shard " + std::to_string(k) + ", " + shards);
               expect_fast_matches_ref(ops::kCrossEntropyBwd, dt,
                                       {parts[k], in.labels, in.mask, clse, dmean},
                                       {Tensor::filled(dt, {n, w}, 3.0)}, &at, shards);
@@ -312,16 +414,16 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, CrossEntropyPaddingTest, ::testing::ValuesIn(fl
 
 TEST(CrossEntropyPadding, LabelsInThePaddingAreOutOfRange) {
   // Vocabulary 3 padded to 4 columns: label 3 is padding, an error unless masked.
-  Tensor logits = Tensor::filled(DType::kF32, {2, 4}, 0.5), none,
-         labels = Tensor::i32({2}, {0, 3}), loss(DType::kF32, {2}), lse(DType::kF32, {2}),
-         mean(DType::kF32, {1});
+  Tensor logits = Tensor::filled(DType::kF32, {2, 4}, 0.5), none, labels = Tensor::i32({2}, {0, 3}),
+         loss(DType::kF32, {2}), lse(DType::kF32, {2}), mean(DType::kF32, {1});
   ops::CrossEntropyShardAttrs vocab{0, 3};
   for (const char* name : {"cpu.ref", "cpu.fast"}) {
     Status s = call_kernel(ops::kCrossEntropyFwd, name, DType::kF32, {&logits, &labels, &none},
                            {&loss, &lse, &mean}, &vocab);
     EXPECT_EQ(s.code, Code::kOutOfRange) << name;
-    EXPECT_EQ(take_message(&s), "cross_entropy_fwd: labels[1] = 3 is outside [0, 3) (the "
-                                "vocabulary); fix the data or set its mask to 0");
+    EXPECT_EQ(take_message(&s),
+              "cross_entropy_fwd: labels[1] = 3 is outside [0, 3) (the "
+              "vocabulary); fix the data or set its mask to 0");
     Tensor mask = Tensor::filled(DType::kF32, {2}, 1.0);
     mask.set(1, 0.0);
     run(ops::kCrossEntropyFwd, name, DType::kF32, {&logits, &labels, &mask}, {&loss, &lse, &mean},
@@ -382,10 +484,9 @@ TEST(CrossEntropyShardAttrs, BadOrMissingAttrsAreRefused) {
       EXPECT_FALSE(k.supports(&h.call)) << name;
       Status s = k.fn(&h.call);
       EXPECT_EQ(s.code, Code::kInvalidArgument);
-      EXPECT_EQ(take_message(&s), "cross_entropy_shard_stats: attrs vocab_start = " +
-                                      std::to_string(at.vocab_start) +
-                                      ", vocab_size = " + std::to_string(at.vocab_size) +
-                                      ": both must be >= 0");
+      EXPECT_EQ(take_message(&s),
+                "cross_entropy_shard_stats: attrs vocab_start = " + std::to_string(at.vocab_start) +
+                    ", vocab_size = " + std::to_string(at.vocab_size) + ": both must be >= 0");
       Tensor lse(DType::kF32, {2}), dmean(DType::kF32, {1}), dx(DType::kF32, {2, 3});
       CallHolder hb({&logits, &labels, &none, &lse, &dmean}, {&dx}, &at);
       EXPECT_FALSE(kernel(ops::kCrossEntropyBwd, DType::kF32, name).supports(&hb.call)) << name;
@@ -400,10 +501,10 @@ TEST(CrossEntropyShardAttrs, BadOrMissingAttrsAreRefused) {
       EXPECT_FALSE(f.supports(&hf.call)) << name;
       Status s = f.fn(&hf.call);
       EXPECT_EQ(s.code, Code::kInvalidArgument);
-      EXPECT_NE(take_message(&s).find("cross_entropy_fwd: attrs vocab_start = " +
-                                      std::to_string(at.vocab_start) + ", vocab_size = " +
-                                      std::to_string(at.vocab_size) +
-                                      ": the forward takes the whole vocabulary, padded or not"),
+      EXPECT_NE(take_message(&s).find(
+                    "cross_entropy_fwd: attrs vocab_start = " + std::to_string(at.vocab_start) +
+                    ", vocab_size = " + std::to_string(at.vocab_size) +
+                    ": the forward takes the whole vocabulary, padded or not"),
                 std::string::npos);
     }
     // Shard stats need their attrs (the shard's place in the vocabulary).

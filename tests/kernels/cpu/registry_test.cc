@@ -53,6 +53,7 @@ const std::vector<const char*> kAllOps = {
     ops::kAttentionMerge,
     ops::kCrossEntropyFwd,
     ops::kCrossEntropyBwd,
+    ops::kCrossEntropyFwdBwd,
     ops::kCrossEntropyShardStats,
     ops::kCrossEntropyCombine,
     ops::kMaskedSum,

@@ -58,6 +58,7 @@ const std::vector<const char*> kOps = {
     ops::kAmax,
     ops::kCrossEntropyFwd,
     ops::kCrossEntropyBwd,
+    ops::kCrossEntropyFwdBwd,
     ops::kCrossEntropyShardStats,
     ops::kCrossEntropyCombine,
     ops::kMaskedSum,
@@ -196,6 +197,11 @@ std::vector<Case> good_calls() {
   c.push_back({ops::kCrossEntropyBwd, Call({view(bf, {4, 16}, cu), view(DType::kI32, {4}, cu),
                                             none(), view(f, {4}, cu), view(f, {1}, cu)},
                                            {view(bf, {4, 16}, cu)}, &kShard)});
+  c.push_back(
+      {ops::kCrossEntropyFwdBwd,
+       Call({view(bf, {4, 40}, cu), view(DType::kI32, {4}, cu), view(f, {4}, cu), view(f, {1}, cu)},
+            {view(f, {4}, cu), view(f, {4}, cu), view(f, {1}, cu), view(bf, {4, 40}, cu)},
+            static_cast<const int*>(nullptr))});
   c.push_back({ops::kCrossEntropyShardStats,
                Call({view(bf, {4, 16}, cu), view(DType::kI32, {4}, cu), view(f, {4}, cu)},
                     {view(f, {4, 3}, cu)}, &kShard)});

@@ -208,6 +208,58 @@ TEST(Gpt, GradsReadySignalsFinalGradientsOnceInBackwardOrder) {
     }
 }
 
+// The loss in one pass (cross_entropy_fwd_bwd, when the context holds the loss's gradient
+// during the forward, as the trainer's does): the loss and every gradient equal those of the
+// two ops (the op pinned to "none") bit for bit, since the CPU kernels compute each row the
+// same way; a seed other than 1 shows the kernel reads the context's value.
+TEST(Gpt, LossInOnePassGivesTheTwoOpsResultsBitForBit) {
+  for (bool use_llama : {false, true}) {
+    Result results[2];
+    for (int fused = 0; fused < 2; ++fused) {
+      ModuleHarness h(transformer_plugins());
+      if (!fused) h.plugins().host().set_pins({{"cross_entropy_fwd_bwd", "none"}});
+      IModule& model = build_resolved(h, kinds::kModel, use_llama ? llama() : gpt2(), root());
+      randomize_params(h, 15, 0.3f);
+      Call call = model_call(h, use_llama, false);
+      call.loss_grad_in_forward = 0.37f;
+      results[fused] = ModuleCheck(h, model, call).run();
+    }
+    ASSERT_EQ(results[1].outputs[0], results[0].outputs[0]) << "the loss, llama " << use_llama;
+    ASSERT_EQ(results[1].param_grads.size(), results[0].param_grads.size());
+    for (const auto& [name, grad] : results[0].param_grads)
+      EXPECT_EQ(results[1].param_grads.at(name), grad) << name << ", llama " << use_llama;
+  }
+}
+
+// The forward that computed the logits' gradient from the context's loss_grad refuses a
+// backward given another tensor as the loss's gradient (its value is already in the logits'
+// gradient); with the op pinned to "none" the same calls run the two ops and succeed.
+TEST(Gpt, LossInOnePassRefusesAnotherGradientTensor) {
+  for (bool fused : {true, false}) {
+    ModuleHarness h(transformer_plugins());
+    if (!fused) h.plugins().host().set_pins({{"cross_entropy_fwd_bwd", "none"}});
+    IModule& model = build_resolved(h, kinds::kModel, gpt2(), root());
+    Call call = model_call(h, false, false);
+    TensorView seed = h.tensor(DType::kF32, {}), other = h.tensor(DType::kF32, {});
+    h.set_values(seed, {1.f});
+    h.set_values(other, {1.f});
+    core::ForwardContext& ctx = h.new_context(true);
+    ctx.set_loss_grad(seed);
+    TensorView loss{};
+    throw_if_error(model.forward(&ctx, call.inputs.data(), 4, &loss, 1));
+    Status s = model.backward(&ctx, &other, 1, nullptr, 0);
+    std::string message = s.code == Code::kOk ? "" : take_message(&s);
+    if (fused) {
+      EXPECT_EQ(s.code, Code::kInvalidArgument);
+      EXPECT_NE(message.find("grad_outputs[0] is another tensor; pass loss_grad() itself"),
+                std::string::npos)
+          << message;
+    } else {
+      EXPECT_EQ(s.code, Code::kOk) << message;
+    }
+  }
+}
+
 TEST(Gpt, EvaluationNeedsNoBackwardState) {
   ModuleHarness h(transformer_plugins());
   json node = gpt2();

@@ -63,20 +63,18 @@ std::vector<TensorView> ModuleCheck::forward(IForwardContext& ctx) {
 }
 
 double ModuleCheck::weigh(const std::vector<TensorView>& outputs, Result* result) {
-  if (weights_.empty()) {
-    for (size_t o = 0; o < outputs.size(); ++o) {
-      const TensorView& out = outputs[o];
-      std::vector<int64_t> shape(out.shape, out.shape + out.ndim);
-      TensorView w = h_.tensor(DType::kF32, shape);
-      if (out.data == nullptr) {
-        w = TensorView{};
-      } else if (numel(out) == 1) {
-        h_.set_values(w, {1.f});
-      } else {
-        h_.fill_random(w, 1000 + o);
-      }
-      weights_.push_back(w);
+  for (size_t o = weights_.size(); o < outputs.size(); ++o) {  // made once, on first use
+    const TensorView& out = outputs[o];
+    std::vector<int64_t> shape(out.shape, out.shape + out.ndim);
+    TensorView w = h_.tensor(DType::kF32, shape);
+    if (out.data == nullptr) {
+      w = TensorView{};
+    } else if (numel(out) == 1) {
+      h_.set_values(w, {1.f});
+    } else {
+      h_.fill_random(w, 1000 + o);
     }
+    weights_.push_back(w);
   }
   double total = 0;
   for (size_t o = 0; o < outputs.size(); ++o) {
@@ -94,7 +92,15 @@ double ModuleCheck::weigh(const std::vector<TensorView>& outputs, Result* result
 Result ModuleCheck::run() {
   Result r;
   h_.params().zero_grads();
-  IForwardContext& ctx = h_.new_context(call_.training, call_.policy);
+  core::ForwardContext& ctx = h_.new_context(call_.training, call_.policy);
+  if (call_.loss_grad_in_forward != 0) {
+    if (weights_.empty()) {
+      TensorView w = h_.tensor(DType::kF32, {});
+      h_.set_values(w, {call_.loss_grad_in_forward});
+      weights_.push_back(w);
+    }
+    ctx.set_loss_grad(weights_[0]);
+  }
   std::vector<TensorView> outputs = forward(ctx);
   r.objective = weigh(outputs, &r);
   std::vector<TensorView> grad_inputs(static_cast<size_t>(call_.num_grad_inputs), TensorView{});

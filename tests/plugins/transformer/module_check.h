@@ -36,6 +36,10 @@ struct Call {
   int32_t num_grad_inputs = 1;
   bool training = true;
   RecomputePolicy policy = RecomputePolicy::kNone;
+  /// Nonzero: output 0 (a scalar loss) weighs this much in the objective, and the context
+  /// holds that weight before the forward as the loss's gradient (IForwardContext::loss_grad),
+  /// as the trainer does; backward then gets that same view.
+  float loss_grad_in_forward = 0;
 };
 
 /// Outputs, analytic gradients and the objective of one forward + backward.

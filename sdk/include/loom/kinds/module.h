@@ -9,10 +9,12 @@
 //
 // Module kinds 1.1 (ABI 1.5) append to IModule backward_weight (the deferred weight-gradient
 // pass of zero-bubble schedules) and step_end (a per-step hook); forward_context 1.4
-// appends defer_weight_grads and metric, forward_context 1.5 (ABI 1.6) aux_loss_weight, forward_context 1.6 (ABI 1.7) IKvCache::state
-// (the decoding state of layers other than attention). The core calls a 1.1 method only on an object
-// whose interface_info() says 1.1 or later, and a module checks the context's minor before
-// calling a 1.4 method (loom/cpp/nn/views.h has the checks).
+// appends defer_weight_grads and metric, forward_context 1.5 (ABI 1.6) aux_loss_weight,
+// forward_context 1.6 (ABI 1.7) IKvCache::state (the decoding state of layers other than
+// attention), forward_context 1.7 (ABI 1.12) loss_grad (the loss's gradient, known during
+// the forward). The core calls a 1.1 method only on an object whose interface_info() says
+// 1.1 or later, and a module checks the context's minor before calling a 1.4 method or a
+// later one (loom/cpp/nn/views.h has the checks).
 #pragma once
 
 #include <stdint.h>
@@ -227,6 +229,19 @@ class IForwardContext {
   /// micro-batches. Each rank adds its own share of a term (its tokens' part); the core
   /// averages the data-parallel replicas as it does for the loss. 0 outside training.
   virtual double aux_loss_weight() const noexcept = 0;
+
+  // ---- forward_context 1.7 (ABI 1.12): check interface_info().minor >= 7 first. ----
+
+  /// The gradient this micro-batch's backward will receive for the model's loss (the
+  /// model's grad_outputs[0], an f32 scalar on the model's device), already holding its
+  /// value while the forward runs; null when it is not known before the forward: outside
+  /// training, on a pipeline stage other than the last, and under context parallelism (each
+  /// rank's share of it depends on every rank's token count, known after the forward). The
+  /// core then passes this very view as grad_outputs[0]. A model may compute its loss's
+  /// gradient during the forward with it (the fused cross_entropy_fwd_bwd, which frees the
+  /// logits' memory for their gradient), and checks in backward that grad_outputs[0] is this
+  /// view (loom::nn::loss_grad_of).
+  virtual const TensorView* loss_grad() const noexcept = 0;
 };
 
 /// Base of every trainable module. Inputs and outputs are positional; each kind's header

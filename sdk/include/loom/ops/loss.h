@@ -37,6 +37,20 @@ namespace loom::ops {
 /// vocab_size: stats (-inf, 0, 0), gradient 0).
 inline constexpr const char* kCrossEntropyFwd = "cross_entropy_fwd";
 inline constexpr const char* kCrossEntropyBwd = "cross_entropy_bwd";
+/// "cross_entropy_fwd_bwd" (ABI 1.12): cross_entropy_fwd and cross_entropy_bwd in one pass
+/// over the logits, for a caller that knows the loss's gradient dmean before the forward
+/// (IForwardContext::loss_grad): outputs [0..2] are cross_entropy_fwd's, and dlogits is
+/// exactly what cross_entropy_bwd of the same kernel library gives from those logits, that
+/// lse and dmean. dlogits may be the logits themselves (in place: the logits' memory holds
+/// their gradient afterwards, as Megatron's fused cross entropy does), which saves the
+/// (N, V) buffer of the gradient; it must otherwise not overlap any input. A library may
+/// leave the op out: the caller then runs the two ops.
+///   inputs:  [0] logits float (N, V), [1] labels i32 (N), [2] mask f32 (N) or empty,
+///            [3] dmean f32 (1) (device memory, read when the kernel runs)
+///   outputs: [0] loss f32 (N), [1] lse f32 (N), [2] mean f32 (1), [3] dlogits float (N, V)
+///   attrs:   optional CrossEntropyShardAttrs, as cross_entropy_fwd's (padding only)
+/// Keyed on the dtype of input [0].
+inline constexpr const char* kCrossEntropyFwdBwd = "cross_entropy_fwd_bwd";
 struct CrossEntropyShardAttrs {
   int64_t vocab_start;  ///< first vocabulary column held by this shard of the logits
   int64_t vocab_size;   ///< columns of the whole vocabulary

@@ -60,6 +60,9 @@ class ContextForwarder : public IForwardContext {
   double aux_loss_weight() const noexcept override {
     return context_has(const_cast<IForwardContext&>(inner_), 5) ? inner_.aux_loss_weight() : 0.0;
   }
+  const TensorView* loss_grad() const noexcept override {
+    return context_has(const_cast<IForwardContext&>(inner_), 7) ? inner_.loss_grad() : nullptr;
+  }
 
  protected:
   IForwardContext& inner_;

@@ -96,9 +96,9 @@ inline TensorView kv_state_of(IForwardContext& ctx, IKvCache& cache, const void*
          "this layer keeps a decoding state in the kv cache (forward_context 1.6, ABI 1.7); "
          "the core running it is older: decode with a newer loom");
   TensorView out{};
-  throw_if_error(cache.state(owner, slot, dtype, static_cast<int32_t>(shape.size()),
-                             shape.data(), &out),
-                 "kv cache state");
+  throw_if_error(
+      cache.state(owner, slot, dtype, static_cast<int32_t>(shape.size()), shape.data(), &out),
+      "kv cache state");
   return out;
 }
 
@@ -125,6 +125,15 @@ inline void report_metric(IForwardContext& ctx, const char* name, const TensorVi
                  std::string("reporting metric ") + name);
 }
 
+/// ctx.loss_grad() (forward_context 1.7): the f32 scalar the backward will receive as the
+/// loss's gradient, already set during the forward; null on an older core, outside training,
+/// or where the core cannot know it before the forward (IForwardContext::loss_grad).
+inline const TensorView* loss_grad_of(IForwardContext& ctx) {
+  if (!ctx.training() || !context_has(ctx, 7)) return nullptr;
+  const TensorView* g = ctx.loss_grad();
+  return g != nullptr && g->data != nullptr ? g : nullptr;
+}
+
 /// ctx.aux_loss_weight() (forward_context 1.5): the factor a module's own loss term's
 /// gradient is seeded with. Throws when training on an older core, which cannot say it (a
 /// term without its gradient would train silently wrong).
@@ -133,8 +142,9 @@ inline double aux_loss_weight_of(IForwardContext& ctx, const char* what) {
   if (!ctx.training()) return 0.0;
   if (!context_has(ctx, 5))
     fail(Code::kFailedPrecondition,
-         std::string(what) + ": this loom core's forward context predates forward_context 1.5 "
-                             "(aux_loss_weight): use a loom built with SDK ABI 1.6 or later");
+         std::string(what) +
+             ": this loom core's forward context predates forward_context 1.5 "
+             "(aux_loss_weight): use a loom built with SDK ABI 1.6 or later");
   return ctx.aux_loss_weight();
 }
 

@@ -52,14 +52,14 @@ inline CeShape check_ce_inputs(const OpArgs& a) {
 inline void apply_shard_attrs(const OpArgs& a, const ops::CrossEntropyShardAttrs* at, CeShape* s) {
   if (at == nullptr) return;
   if (at->vocab_start < 0 || at->vocab_size < 0)
-    a.fail("attrs vocab_start = " + std::to_string(at->vocab_start) + ", vocab_size = " +
-           std::to_string(at->vocab_size) + ": both must be >= 0");
+    a.fail("attrs vocab_start = " + std::to_string(at->vocab_start) +
+           ", vocab_size = " + std::to_string(at->vocab_size) + ": both must be >= 0");
   s->start = at->vocab_start;
   s->vocab = at->vocab_size;
   // vocab - start < v rather than start + v > vocab: no overflow.
   s->valid = at->vocab_size - at->vocab_start >= s->v ? s->v
-             : at->vocab_size > at->vocab_start   ? at->vocab_size - at->vocab_start
-                                                  : 0;
+             : at->vocab_size > at->vocab_start       ? at->vocab_size - at->vocab_start
+                                                      : 0;
 }
 
 /// cross_entropy_fwd: logits, labels, mask -> loss f32 (N), lse f32 (N), mean f32 (1);
@@ -77,10 +77,52 @@ inline CeShape check_cross_entropy_fwd(const OpCall* call, bool shapes_only, Dev
   a.shape_out(2, {1}, "(1)");
   const auto* at = a.opt_attrs<ops::CrossEntropyShardAttrs>();
   if (at != nullptr && (at->vocab_start != 0 || at->vocab_size < 1 || at->vocab_size > s.v))
-    a.fail("attrs vocab_start = " + std::to_string(at->vocab_start) + ", vocab_size = " +
-           std::to_string(at->vocab_size) + ": the forward takes the whole vocabulary, padded "
-           "or not (vocab_start 0, 1 <= vocab_size <= V = " + std::to_string(s.v) +
-           "); a shard of it goes through cross_entropy_shard_stats");
+    a.fail("attrs vocab_start = " + std::to_string(at->vocab_start) +
+           ", vocab_size = " + std::to_string(at->vocab_size) +
+           ": the forward takes the whole vocabulary, padded "
+           "or not (vocab_start 0, 1 <= vocab_size <= V = " +
+           std::to_string(s.v) + "); a shard of it goes through cross_entropy_shard_stats");
+  apply_shard_attrs(a, at, &s);
+  return s;
+}
+
+/// cross_entropy_fwd_bwd: logits, labels, mask, dmean f32 (1) -> loss f32 (N), lse f32 (N),
+/// mean f32 (1), dlogits float (N, V) (may be the logits themselves, else apart from every
+/// input); attrs as cross_entropy_fwd's.
+inline CeShape check_cross_entropy_fwd_bwd(const OpCall* call, bool shapes_only,
+                                           DeviceType device) {
+  OpArgs a(call, ops::kCrossEntropyFwdBwd, {"logits", "labels", "mask", "dmean"},
+           {"loss", "lse", "mean", "dlogits"}, shapes_only, device);
+  CeShape s = check_ce_inputs(a);
+  a.f32_in(3);
+  a.shape_in(3, {1}, "(1)");
+  a.f32_out(0);
+  a.numel_out(0, s.n, "(N)");
+  a.f32_out(1);
+  a.numel_out(1, s.n, "(N)");
+  a.f32_out(2);
+  a.shape_out(2, {1}, "(1)");
+  a.float_out(3);
+  a.numel_out(3, s.n * s.v, "logits' shape (N, V)");
+  if (!shapes_only) {
+    const TensorView &x = call->inputs[0], &dx = call->outputs[3];
+    const auto* lo = static_cast<const char*>(x.data);
+    const auto* dlo = static_cast<const char*>(dx.data);
+    const auto* hi = lo + s.n * s.v * static_cast<int64_t>(dtype_size(x.dtype));
+    const auto* dhi = dlo + s.n * s.v * static_cast<int64_t>(dtype_size(dx.dtype));
+    const bool in_place = lo == dlo && x.dtype == dx.dtype;
+    if (!in_place && lo < dhi && dlo < hi)
+      a.fail(
+          "outputs[3] (dlogits) overlaps inputs[0] (logits) without being them: pass the "
+          "logits' own view to compute in place, or a buffer apart from them");
+  }
+  const auto* at = a.opt_attrs<ops::CrossEntropyShardAttrs>();
+  if (at != nullptr && (at->vocab_start != 0 || at->vocab_size < 1 || at->vocab_size > s.v))
+    a.fail("attrs vocab_start = " + std::to_string(at->vocab_start) +
+           ", vocab_size = " + std::to_string(at->vocab_size) +
+           ": the fused op takes the whole vocabulary, padded "
+           "or not (vocab_start 0, 1 <= vocab_size <= V = " +
+           std::to_string(s.v) + ")");
   apply_shard_attrs(a, at, &s);
   return s;
 }
