@@ -504,7 +504,7 @@ TEST(CrossEntropyShardAttrs, BadOrMissingAttrsAreRefused) {
       EXPECT_NE(take_message(&s).find(
                     "cross_entropy_fwd: attrs vocab_start = " + std::to_string(at.vocab_start) +
                     ", vocab_size = " + std::to_string(at.vocab_size) +
-                    ": the forward takes the whole vocabulary, padded or not"),
+                    ": the op takes the whole vocabulary, padded or not"),
                 std::string::npos);
     }
     // Shard stats need their attrs (the shard's place in the vocabulary).

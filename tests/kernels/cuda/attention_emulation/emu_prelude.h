@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #define __launch_bounds__(...)
@@ -51,6 +52,27 @@ struct Slot {
   float f;
 };
 inline std::vector<Slot> g_slots;  // [warp * 32 + lane]
+
+// A stored value of a kernel's dtype as f32, and f32 rounded to nearest into one: the
+// emulation tests' conversions of their inputs and results.
+template <class T>
+float to_f(T v) {
+  if constexpr (std::is_same_v<T, float>)
+    return v;
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    return __bfloat162float(v);
+  else
+    return __half2float(v);
+}
+template <class T>
+T from_f(float v) {
+  if constexpr (std::is_same_v<T, float>)
+    return v;
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    return __float2bfloat16_rn(v);
+  else
+    return __float2half_rn(v);
+}
 
 inline void yield() { swapcontext(&g_cur->ctx, &g_sched); }
 inline int warp_of() { return g_cur->tidx.x / 32; }

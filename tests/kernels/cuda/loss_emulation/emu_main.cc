@@ -36,24 +36,8 @@ uint4* ce_stage_words() { return g_stage; }
 
 namespace {
 
-template <class T>
-float to_f(T v) {
-  if constexpr (std::is_same_v<T, float>)
-    return v;
-  else if constexpr (std::is_same_v<T, __nv_bfloat16>)
-    return __bfloat162float(v);
-  else
-    return __half2float(v);
-}
-template <class T>
-T from_f(float v) {
-  if constexpr (std::is_same_v<T, float>)
-    return v;
-  else if constexpr (std::is_same_v<T, __nv_bfloat16>)
-    return __float2bfloat16_rn(v);
-  else
-    return __float2half_rn(v);
-}
+using emu::from_f;
+using emu::to_f;
 
 // Unit roundoff of the dtype: the op tests' tolerance scale.
 template <class T>

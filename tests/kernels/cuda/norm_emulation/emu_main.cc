@@ -40,24 +40,8 @@ extern "C" float __fmul_rn(float x, float y) { return x * y; }
 namespace loom::kernels::cuda::pointwise {
 namespace {
 
-template <class T>
-float to_f(T v) {
-  if constexpr (std::is_same_v<T, float>)
-    return v;
-  else if constexpr (std::is_same_v<T, __nv_bfloat16>)
-    return __bfloat162float(v);
-  else
-    return __half2float(v);
-}
-template <class T>
-T from_f(float v) {
-  if constexpr (std::is_same_v<T, float>)
-    return v;
-  else if constexpr (std::is_same_v<T, __nv_bfloat16>)
-    return __float2bfloat16_rn(v);
-  else
-    return __float2half_rn(v);
-}
+using emu::from_f;
+using emu::to_f;
 
 struct Case {
   int64_t rows, cols;

@@ -62,6 +62,28 @@ inline void apply_shard_attrs(const OpArgs& a, const ops::CrossEntropyShardAttrs
                                                       : 0;
 }
 
+/// Outputs [0..2] loss f32 (N), lse f32 (N), mean f32 (1): the forward's, the one pass's and
+/// the combine's.
+inline void check_loss_outputs(const OpArgs& a, int64_t n) {
+  a.f32_out(0);
+  a.numel_out(0, n, "(N)");
+  a.f32_out(1);
+  a.numel_out(1, n, "(N)");
+  a.f32_out(2);
+  a.shape_out(2, {1}, "(1)");
+}
+
+/// The optional CrossEntropyShardAttrs of an op over the whole vocabulary, padded or not
+/// (vocab_start 0, 1 <= vocab_size <= V), applied to `s`; `shards` tells where a shard goes.
+inline void apply_whole_vocab_attrs(const OpArgs& a, CeShape* s, const char* shards) {
+  const auto* at = a.opt_attrs<ops::CrossEntropyShardAttrs>();
+  if (at != nullptr && (at->vocab_start != 0 || at->vocab_size < 1 || at->vocab_size > s->v))
+    a.fail("attrs vocab_start = " + std::to_string(at->vocab_start) + ", vocab_size = " +
+           std::to_string(at->vocab_size) + ": the op takes the whole vocabulary, padded or not " +
+           "(vocab_start 0, 1 <= vocab_size <= V = " + std::to_string(s->v) + ")" + shards);
+  apply_shard_attrs(a, at, s);
+}
+
 /// cross_entropy_fwd: logits, labels, mask -> loss f32 (N), lse f32 (N), mean f32 (1);
 /// optional CrossEntropyShardAttrs with vocab_start 0 and 1 <= vocab_size <= V: columns
 /// [vocab_size, V) are padding.
@@ -69,20 +91,8 @@ inline CeShape check_cross_entropy_fwd(const OpCall* call, bool shapes_only, Dev
   OpArgs a(call, ops::kCrossEntropyFwd, {"logits", "labels", "mask"}, {"loss", "lse", "mean"},
            shapes_only, device);
   CeShape s = check_ce_inputs(a);
-  a.f32_out(0);
-  a.numel_out(0, s.n, "(N)");
-  a.f32_out(1);
-  a.numel_out(1, s.n, "(N)");
-  a.f32_out(2);
-  a.shape_out(2, {1}, "(1)");
-  const auto* at = a.opt_attrs<ops::CrossEntropyShardAttrs>();
-  if (at != nullptr && (at->vocab_start != 0 || at->vocab_size < 1 || at->vocab_size > s.v))
-    a.fail("attrs vocab_start = " + std::to_string(at->vocab_start) +
-           ", vocab_size = " + std::to_string(at->vocab_size) +
-           ": the forward takes the whole vocabulary, padded "
-           "or not (vocab_start 0, 1 <= vocab_size <= V = " +
-           std::to_string(s.v) + "); a shard of it goes through cross_entropy_shard_stats");
-  apply_shard_attrs(a, at, &s);
+  check_loss_outputs(a, s.n);
+  apply_whole_vocab_attrs(a, &s, "; a shard of it goes through cross_entropy_shard_stats");
   return s;
 }
 
@@ -96,12 +106,7 @@ inline CeShape check_cross_entropy_fwd_bwd(const OpCall* call, bool shapes_only,
   CeShape s = check_ce_inputs(a);
   a.f32_in(3);
   a.shape_in(3, {1}, "(1)");
-  a.f32_out(0);
-  a.numel_out(0, s.n, "(N)");
-  a.f32_out(1);
-  a.numel_out(1, s.n, "(N)");
-  a.f32_out(2);
-  a.shape_out(2, {1}, "(1)");
+  check_loss_outputs(a, s.n);
   a.float_out(3);
   a.numel_out(3, s.n * s.v, "logits' shape (N, V)");
   if (!shapes_only) {
@@ -116,14 +121,7 @@ inline CeShape check_cross_entropy_fwd_bwd(const OpCall* call, bool shapes_only,
           "outputs[3] (dlogits) overlaps inputs[0] (logits) without being them: pass the "
           "logits' own view to compute in place, or a buffer apart from them");
   }
-  const auto* at = a.opt_attrs<ops::CrossEntropyShardAttrs>();
-  if (at != nullptr && (at->vocab_start != 0 || at->vocab_size < 1 || at->vocab_size > s.v))
-    a.fail("attrs vocab_start = " + std::to_string(at->vocab_start) +
-           ", vocab_size = " + std::to_string(at->vocab_size) +
-           ": the fused op takes the whole vocabulary, padded "
-           "or not (vocab_start 0, 1 <= vocab_size <= V = " +
-           std::to_string(s.v) + ")");
-  apply_shard_attrs(a, at, &s);
+  apply_whole_vocab_attrs(a, &s, "");
   return s;
 }
 
@@ -176,12 +174,7 @@ inline CombineShape check_cross_entropy_combine(const OpCall* call, bool shapes_
     a.fail(a.in_label(0) + " has shape " + view_shape_str(stats) +
            ", expected (P, N, 3) with P >= 1 shards and N = " + std::to_string(n) +
            " (the labels)");
-  a.f32_out(0);
-  a.numel_out(0, n, "(N)");
-  a.f32_out(1);
-  a.numel_out(1, n, "(N)");
-  a.f32_out(2);
-  a.shape_out(2, {1}, "(1)");
+  check_loss_outputs(a, n);
   const auto& at = a.attrs<ops::CrossEntropyShardAttrs>();
   if (at.vocab_size < 0)
     a.fail("attrs vocab_size = " + std::to_string(at.vocab_size) + " is negative");
