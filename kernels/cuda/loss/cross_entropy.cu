@@ -156,10 +156,15 @@ Status cross_entropy_fwd_bwd(const OpCall* call) {
       LOOM_CUDA_FLOAT_SWITCH(X.dtype, T, ops::kCrossEntropyFwdBwd, {
         LOOM_CUDA_FLOAT_SWITCH(dX.dtype, D, ops::kCrossEntropyFwdBwd, {
           auto kernel = staged > 0 ? ce_fwd_bwd_kernel<T, D, true> : ce_fwd_bwd_kernel<T, D, false>;
-          if (staged > 48 * 1024)
+          if (staged > 0) {  // room for two rows a multiprocessor: all of it shared memory
             cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             static_cast<int>(staged)),
                        "cross_entropy_fwd_bwd: cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+            cuda_check(
+                cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                     cudaSharedmemCarveoutMaxShared),
+                "cross_entropy_fwd_bwd: cudaFuncSetAttribute(PreferredSharedMemoryCarveout)");
+          }
           kernel<<<blocks, threads, staged, stream>>>(
               static_cast<const T*>(X.data), static_cast<const int32_t*>(call->inputs[1].data),
               mask, loss, static_cast<float*>(call->outputs[1].data),
