@@ -69,6 +69,17 @@ __global__ void mask_total_kernel(const float* __restrict__ mask, int64_t N,
   if (threadIdx.x == 0) total[0] = acc;
 }
 
+// sum(mask) in f64 in the stream's scratch, which every row's gradient weight needs before
+// any row is written; null without a mask (the total is then N, known on the host).
+const double* launch_mask_total(const float* mask, int64_t n, int device, cudaStream_t stream,
+                                const char* op) {
+  if (mask == nullptr) return nullptr;
+  auto* total = static_cast<double*>(stream_scratch(device, stream).data);
+  mask_total_kernel<<<1, kReduceThreads, 0, stream>>>(mask, n, total);
+  launch_check(op);
+  return total;
+}
+
 // The dynamic shared memory of a staged row of V elements of `elem` bytes, or 0 when two
 // blocks' rows would not fit in a multiprocessor of `device` (then the rows are read twice).
 size_t staged_row_bytes(int device, int64_t V, size_t elem) {
@@ -113,12 +124,7 @@ Status cross_entropy_bwd(const OpCall* call) {
     LabelErrorSink sink = label_error_sink(device, stream);
     if (s.n == 0) return;
     const float* mask = static_cast<const float*>(call->inputs[2].data);
-    double* total_dev = nullptr;
-    if (mask != nullptr) {
-      total_dev = static_cast<double*>(stream_scratch(device, stream).data);
-      mask_total_kernel<<<1, kReduceThreads, 0, stream>>>(mask, s.n, total_dev);
-      launch_check(ops::kCrossEntropyBwd);
-    }
+    const double* total_dev = launch_mask_total(mask, s.n, device, stream, ops::kCrossEntropyBwd);
     const int threads = row_threads(s.v);
     const unsigned blocks = static_cast<unsigned>(s.n < kMaxRowBlocks ? s.n : kMaxRowBlocks);
     LOOM_CUDA_FLOAT_SWITCH(X.dtype, T, ops::kCrossEntropyBwd, {
@@ -144,12 +150,8 @@ Status cross_entropy_fwd_bwd(const OpCall* call) {
     const float* mask = static_cast<const float*>(call->inputs[2].data);
     float* loss = static_cast<float*>(call->outputs[0].data);
     if (s.n > 0) {
-      double* total_dev = nullptr;
-      if (mask != nullptr) {  // every row's weight needs sum(mask) before any row is written
-        total_dev = static_cast<double*>(stream_scratch(device, stream).data);
-        mask_total_kernel<<<1, kReduceThreads, 0, stream>>>(mask, s.n, total_dev);
-        launch_check(ops::kCrossEntropyFwdBwd);
-      }
+      const double* total_dev =
+          launch_mask_total(mask, s.n, device, stream, ops::kCrossEntropyFwdBwd);
       const int threads = row_threads(s.v);
       const unsigned blocks = static_cast<unsigned>(s.n < kMaxRowBlocks ? s.n : kMaxRowBlocks);
       const size_t staged = staged_row_bytes(device, s.v, dtype_size(X.dtype));
@@ -185,6 +187,10 @@ bool cross_entropy_fwd_supports(const OpCall* call) {
 bool cross_entropy_bwd_supports(const OpCall* call) {
   return check_passes([&] { op_checks::check_cross_entropy_bwd(call, true, DeviceType::kCuda); });
 }
+bool cross_entropy_fwd_bwd_supports(const OpCall* call) {
+  return check_passes(
+      [&] { op_checks::check_cross_entropy_fwd_bwd(call, true, DeviceType::kCuda); });
+}
 
 // Forward: max, exp, sum per logit; backward: exp, scale, store (the CPU kernels' counts).
 Status cross_entropy_fwd_cost(const OpCall* call, OpCost* out) {
@@ -193,20 +199,17 @@ Status cross_entropy_fwd_cost(const OpCall* call, OpCost* out) {
     *out = io_cost(call, 4.0 * static_cast<double>(max_numel(call)));
   });
 }
-bool cross_entropy_fwd_bwd_supports(const OpCall* call) {
-  return check_passes(
-      [&] { op_checks::check_cross_entropy_fwd_bwd(call, true, DeviceType::kCuda); });
-}
-Status cross_entropy_fwd_bwd_cost(const OpCall* call, OpCost* out) {
-  return guard([&] {
-    op_checks::check_cross_entropy_fwd_bwd(call, true, DeviceType::kCuda);
-    *out = io_cost(call, 8.0 * static_cast<double>(max_numel(call)));
-  });
-}
 Status cross_entropy_bwd_cost(const OpCall* call, OpCost* out) {
   return guard([&] {
     op_checks::check_cross_entropy_bwd(call, true, DeviceType::kCuda);
     *out = io_cost(call, 4.0 * static_cast<double>(max_numel(call)));
+  });
+}
+// Both in one pass: the two ops' counts.
+Status cross_entropy_fwd_bwd_cost(const OpCall* call, OpCost* out) {
+  return guard([&] {
+    op_checks::check_cross_entropy_fwd_bwd(call, true, DeviceType::kCuda);
+    *out = io_cost(call, 8.0 * static_cast<double>(max_numel(call)));
   });
 }
 
