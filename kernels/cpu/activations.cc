@@ -4,6 +4,8 @@
 //   fast: OpenMP over chunks, AVX2 with a polynomial exp; Phi(x) from Abramowitz & Stegun
 //         7.1.26 (|error| < 1.5e-7) written as erfc so that gelu(x) keeps its relative
 //         accuracy for negative x.
+#include "kernels/cpu/activations.h"
+
 #include <immintrin.h>
 #include <loom/cpp/op_checks/activations.h>
 
@@ -79,17 +81,14 @@ SwigluShape check_swiglu_bwd(const OpCall* call, bool shapes_only) {
   return op_checks::check_swiglu_bwd(call, shapes_only, DeviceType::kCpu);
 }
 
-double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
-
 Status swiglu_fwd_ref(const OpCall* call) {
   return guard([&] {
     SwigluShape s = check_swiglu_fwd(call, false);
     const TensorView &X = call->inputs[0], &Y = call->outputs[0];
     for (int64_t n = 0; n < s.n; ++n)
-      for (int64_t j = 0; j < s.f; ++j) {
-        double g = load(X, n * 2 * s.f + j), u = load(X, n * 2 * s.f + s.f + j);
-        store(Y, n * s.f + j, static_cast<float>(g * sigmoid(g) * u));
-      }
+      for (int64_t j = 0; j < s.f; ++j)
+        store(Y, n * s.f + j,
+              swiglu_fwd_ref_value(load(X, n * 2 * s.f + j), load(X, n * 2 * s.f + s.f + j)));
   });
 }
 
@@ -99,10 +98,11 @@ Status swiglu_bwd_ref(const OpCall* call) {
     const TensorView &dY = call->inputs[0], &X = call->inputs[1], &dX = call->outputs[0];
     for (int64_t n = 0; n < s.n; ++n)
       for (int64_t j = 0; j < s.f; ++j) {
-        double g = load(X, n * 2 * s.f + j), u = load(X, n * 2 * s.f + s.f + j);
-        double dy = load(dY, n * s.f + j), sg = sigmoid(g);
-        store(dX, n * 2 * s.f + j, static_cast<float>(dy * u * sg * (1.0 + g * (1.0 - sg))));
-        store(dX, n * 2 * s.f + s.f + j, static_cast<float>(dy * g * sg));
+        float dg, du;
+        swiglu_bwd_ref_values(load(X, n * 2 * s.f + j), load(X, n * 2 * s.f + s.f + j),
+                              load(dY, n * s.f + j), &dg, &du);
+        store(dX, n * 2 * s.f + j, dg);
+        store(dX, n * 2 * s.f + s.f + j, du);
       }
   });
 }
@@ -224,11 +224,7 @@ Status swiglu_fwd_fast(const OpCall* call) {
       for (int64_t n = 0; n < s.n; ++n) {
         load_row(X.data, X.dtype, n * 2 * s.f, s.f, g.data());
         load_row(X.data, X.dtype, n * 2 * s.f + s.f, s.f, u.data());
-        for (int64_t j = 0; j < padded; j += 8) {
-          __m256 gv = _mm256_loadu_ps(&g[j]);
-          __m256 y = _mm256_mul_ps(_mm256_mul_ps(gv, sigmoid8(gv)), _mm256_loadu_ps(&u[j]));
-          _mm256_storeu_ps(&g[j], y);
-        }
+        swiglu_fwd_row_fast(g.data(), u.data(), padded);
         store_row(Y.data, Y.dtype, n * s.f, s.f, g.data());
       }
     }
@@ -248,16 +244,7 @@ Status swiglu_bwd_fast(const OpCall* call) {
         load_row(X.data, X.dtype, n * 2 * s.f, s.f, g.data());
         load_row(X.data, X.dtype, n * 2 * s.f + s.f, s.f, u.data());
         load_row(dY.data, dY.dtype, n * s.f, s.f, dy.data());
-        const __m256 one = _mm256_set1_ps(1.0f);
-        for (int64_t j = 0; j < padded; j += 8) {
-          __m256 gv = _mm256_loadu_ps(&g[j]), uv = _mm256_loadu_ps(&u[j]);
-          __m256 d = _mm256_loadu_ps(&dy[j]), sg = sigmoid8(gv);
-          // dgate = dy * u * s * (1 + g (1 - s)); dup = dy * g * s
-          __m256 dgate = _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(d, uv), sg),
-                                       _mm256_fmadd_ps(gv, _mm256_sub_ps(one, sg), one));
-          _mm256_storeu_ps(&u[j], _mm256_mul_ps(_mm256_mul_ps(d, gv), sg));
-          _mm256_storeu_ps(&g[j], dgate);
-        }
+        swiglu_bwd_row_fast(g.data(), u.data(), dy.data(), padded);
         store_row(dX.data, dX.dtype, n * 2 * s.f, s.f, g.data());
         store_row(dX.data, dX.dtype, n * 2 * s.f + s.f, s.f, u.data());
       }
@@ -273,6 +260,41 @@ LOOM_CPU_HOOKS(swiglu_fwd, check_swiglu_fwd, 8)
 LOOM_CPU_HOOKS(swiglu_bwd, check_swiglu_bwd, 8)
 
 }  // namespace
+
+double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+
+float swiglu_fwd_ref_value(double g, double u) { return static_cast<float>(g * sigmoid(g) * u); }
+
+void swiglu_bwd_ref_values(double g, double u, double dy, float* dg, float* du) {
+  const double sg = sigmoid(g);
+  *dg = static_cast<float>(dy * u * sg * (1.0 + g * (1.0 - sg)));
+  *du = static_cast<float>(dy * g * sg);
+}
+
+LOOM_CPU_FAST_BEGIN
+
+void swiglu_fwd_row_fast(float* g, const float* u, int64_t padded) {
+  for (int64_t j = 0; j < padded; j += 8) {
+    __m256 gv = _mm256_loadu_ps(&g[j]);
+    __m256 y = _mm256_mul_ps(_mm256_mul_ps(gv, sigmoid8(gv)), _mm256_loadu_ps(&u[j]));
+    _mm256_storeu_ps(&g[j], y);
+  }
+}
+
+void swiglu_bwd_row_fast(float* g, float* u, const float* dy, int64_t padded) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  for (int64_t j = 0; j < padded; j += 8) {
+    __m256 gv = _mm256_loadu_ps(&g[j]), uv = _mm256_loadu_ps(&u[j]);
+    __m256 d = _mm256_loadu_ps(&dy[j]), sg = sigmoid8(gv);
+    // dgate = dy * u * s * (1 + g (1 - s)); dup = dy * g * s
+    __m256 dgate = _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(d, uv), sg),
+                                 _mm256_fmadd_ps(gv, _mm256_sub_ps(one, sg), one));
+    _mm256_storeu_ps(&u[j], _mm256_mul_ps(_mm256_mul_ps(d, gv), sg));
+    _mm256_storeu_ps(&g[j], dgate);
+  }
+}
+
+LOOM_CPU_FAST_END
 
 void add_activation_kernels(std::vector<KernelDesc>& out) {
   LOOM_CPU_REGISTER(out, ops::kGeluFwd, gelu_fwd);

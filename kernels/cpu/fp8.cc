@@ -4,6 +4,8 @@
 //   fast:      the same conversions over rows in parallel (the transpose in cache tiles);
 //              the GEMM decodes each operand once to f32 (every FP8 value is exact in f32)
 //              and runs OpenBLAS's sgemm, then applies the scales.
+#include "kernels/cpu/fp8.h"
+
 #include <cblas.h>
 #include <loom/cpp/fp8.h>
 #include <loom/cpp/op_checks/fp8.h>
@@ -45,17 +47,10 @@ Status fp8_quantize_ref(const OpCall* call) {
   return guard([&] {
     Fp8QuantizeShape s = check_fp8_quantize(call, false);
     const TensorView& X = call->inputs[0];
-    const float scale = f32(call->inputs[1])[0];
-    float amax = s.amax ? f32(call->outputs[2])[0] : 0.0f;
-    for (int64_t i = 0; i < s.m; ++i)
-      for (int64_t j = 0; j < s.k; ++j) {
-        const float x = load(X, i * s.k + j);
-        const uint8_t q = f32_to_fp8(x * scale, s.out_dtype);
-        if (s.y) bytes_mut(call->outputs[0])[i * s.k + j] = q;
-        if (s.yt) bytes_mut(call->outputs[1])[j * s.m + i] = q;
-        amax = nan_max(amax, std::fabs(x));
-      }
-    if (s.amax && s.m * s.k > 0) f32_mut(call->outputs[2])[0] = amax;
+    quantize_elements_ref(
+        s.m, s.k, f32(call->inputs[1])[0], s.out_dtype, s.y ? bytes_mut(call->outputs[0]) : nullptr,
+        s.yt ? bytes_mut(call->outputs[1]) : nullptr, s.amax ? f32_mut(call->outputs[2]) : nullptr,
+        [&](int64_t i, int64_t j) { return load(X, i * s.k + j); });
   });
 }
 
@@ -130,42 +125,10 @@ Status fp8_quantize_fast(const OpCall* call) {
   return guard([&] {
     Fp8QuantizeShape s = check_fp8_quantize(call, false);
     const TensorView& X = call->inputs[0];
-    const float scale = f32(call->inputs[1])[0];
-    if (s.m * s.k == 0) return;
-    uint8_t* y = s.y ? bytes_mut(call->outputs[0]) : nullptr;
-    uint8_t* yt = s.yt ? bytes_mut(call->outputs[1]) : nullptr;
-    // Tiles of kTile rows: each converts its rows once, writes Y's rows and Yt's columns.
-    constexpr int64_t kTile = 32;
-    uint32_t bits = 0;  // amax as the bits of |x| (see "amax" in elementwise.cc)
-#pragma omp parallel reduction(max : bits)
-    {
-      std::vector<float> row(static_cast<size_t>(s.k));
-      std::vector<uint8_t> tile(static_cast<size_t>(kTile * s.k));
-#pragma omp for schedule(static)
-      for (int64_t i0 = 0; i0 < s.m; i0 += kTile) {
-        const int64_t rows = std::min(kTile, s.m - i0);
-        for (int64_t r = 0; r < rows; ++r) {
-          load_row(X.data, X.dtype, (i0 + r) * s.k, s.k, row.data());
-          uint8_t* out = tile.data() + r * s.k;
-          for (int64_t j = 0; j < s.k; ++j) {
-            uint32_t b;
-            std::memcpy(&b, &row[j], sizeof(b));
-            bits = std::max(bits, b & 0x7fffffffu);
-            out[j] = f32_to_fp8(row[j] * scale, s.out_dtype);
-          }
-          if (y != nullptr) std::memcpy(y + (i0 + r) * s.k, out, static_cast<size_t>(s.k));
-        }
-        if (yt != nullptr)
-          for (int64_t j = 0; j < s.k; ++j)
-            for (int64_t r = 0; r < rows; ++r) yt[j * s.m + i0 + r] = tile[r * s.k + j];
-      }
-    }
-    if (s.amax) {
-      float amax;
-      std::memcpy(&amax, &bits, sizeof(amax));
-      float* out = f32_mut(call->outputs[2]);
-      out[0] = nan_max(out[0], amax);
-    }
+    quantize_rows_fast(
+        s.m, s.k, f32(call->inputs[1])[0], s.out_dtype, s.y ? bytes_mut(call->outputs[0]) : nullptr,
+        s.yt ? bytes_mut(call->outputs[1]) : nullptr, s.amax ? f32_mut(call->outputs[2]) : nullptr,
+        [&](int64_t i, float* out) { load_row(X.data, X.dtype, i * s.k, s.k, out); });
   });
 }
 
@@ -238,6 +201,57 @@ Status fp8_scale_update_cost(const OpCall* call, OpCost* out) {
 }
 
 }  // namespace
+
+void quantize_elements_ref(int64_t m, int64_t k, float scale, DType out_dtype, uint8_t* y,
+                           uint8_t* yt, float* amax,
+                           const std::function<float(int64_t, int64_t)>& value) {
+  float folded = amax != nullptr ? amax[0] : 0.0f;
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < k; ++j) {
+      const float x = value(i, j);
+      const uint8_t q = f32_to_fp8(x * scale, out_dtype);
+      if (y != nullptr) y[i * k + j] = q;
+      if (yt != nullptr) yt[j * m + i] = q;
+      folded = nan_max(folded, std::fabs(x));
+    }
+  if (amax != nullptr && m * k > 0) amax[0] = folded;
+}
+
+void quantize_rows_fast(int64_t m, int64_t k, float scale, DType out_dtype, uint8_t* y, uint8_t* yt,
+                        float* amax, const std::function<void(int64_t, float*)>& row_of) {
+  if (m * k == 0) return;
+  // Tiles of kTile rows: each converts its rows once, writes Y's rows and Yt's columns.
+  constexpr int64_t kTile = 32;
+  uint32_t bits = 0;  // amax as the bits of |x| (see "amax" in elementwise.cc)
+#pragma omp parallel reduction(max : bits)
+  {
+    std::vector<float> row(static_cast<size_t>(k));
+    std::vector<uint8_t> tile(static_cast<size_t>(kTile * k));
+#pragma omp for schedule(static)
+    for (int64_t i0 = 0; i0 < m; i0 += kTile) {
+      const int64_t rows = std::min(kTile, m - i0);
+      for (int64_t r = 0; r < rows; ++r) {
+        row_of(i0 + r, row.data());
+        uint8_t* out = tile.data() + r * k;
+        for (int64_t j = 0; j < k; ++j) {
+          uint32_t b;
+          std::memcpy(&b, &row[j], sizeof(b));
+          bits = std::max(bits, b & 0x7fffffffu);
+          out[j] = f32_to_fp8(row[j] * scale, out_dtype);
+        }
+        if (y != nullptr) std::memcpy(y + (i0 + r) * k, out, static_cast<size_t>(k));
+      }
+      if (yt != nullptr)
+        for (int64_t j = 0; j < k; ++j)
+          for (int64_t r = 0; r < rows; ++r) yt[j * m + i0 + r] = tile[r * k + j];
+    }
+  }
+  if (amax != nullptr) {
+    float folded;
+    std::memcpy(&folded, &bits, sizeof(folded));
+    amax[0] = nan_max(amax[0], folded);
+  }
+}
 
 void add_fp8_kernels(std::vector<KernelDesc>& out) {
   LOOM_CPU_REGISTER(out, ops::kFp8Quantize, fp8_quantize);

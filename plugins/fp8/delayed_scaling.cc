@@ -58,9 +58,16 @@ void DelayedScaling::sync_position() {
 void DelayedScaling::quantize_impl(int32_t id, const TensorView& x, const TensorView& y,
                                    const TensorView& yt, const TensorView& scale_inv, bool record,
                                    void* stream) {
-  TensorView amax_slot = record ? element(amax_now_, id) : empty_view();
-  quantize_kernel(x.dtype)({x, element(scale_, id)}, {y, yt, amax_slot}, stream);
-  copy_scale_inv(element(scale_inv_, id), scale_inv, stream);
+  TensorView scale{}, amax_slot{};
+  producer_impl(id, scale_inv, record, stream, &scale, &amax_slot);
+  quantize_kernel(x.dtype)({x, scale}, {y, yt, amax_slot}, stream);
+}
+
+void DelayedScaling::producer_impl(int32_t id, const TensorView& scale_inv, bool record,
+                                   void* stream, TensorView* scale, TensorView* amax) {
+  *scale = element(scale_, id);
+  *amax = record ? element(amax_now_, id) : empty_view();
+  if (present(scale_inv)) copy_scale_inv(element(scale_inv_, id), scale_inv, stream);
 }
 
 Status DelayedScaling::step_end(ICommunicator* amax_group, void* stream) noexcept {

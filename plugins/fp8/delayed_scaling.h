@@ -30,6 +30,9 @@ class DelayedScaling final : public ScalingRecipe {
  private:
   void quantize_impl(int32_t id, const TensorView& x, const TensorView& y, const TensorView& yt,
                      const TensorView& scale_inv, bool record, void* stream) override;
+  /// The scale and the amax slot quantize_impl hands its kernel.
+  void producer_impl(int32_t id, const TensorView& scale_inv, bool record, void* stream,
+                     TensorView* scale, TensorView* amax) override;
   void allocate_state() override;
 
   int32_t history_len_;

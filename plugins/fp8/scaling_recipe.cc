@@ -75,6 +75,33 @@ Status ScalingRecipe::quantize(int32_t id, const TensorView* input, TensorView* 
   });
 }
 
+Status ScalingRecipe::producer(int32_t id, Device device, uint32_t flags, TensorView* scale,
+                               TensorView* amax, TensorView* scale_inv, void* stream) noexcept {
+  return guard([&] {
+    if (scale == nullptr || amax == nullptr || scale_inv == nullptr)
+      fail(Code::kInvalidArgument, "fp8 producer: null view pointer");
+    if (id < 0 || id >= quantizer_count())
+      fail(Code::kInvalidArgument, "fp8 producer: quantiser id " + std::to_string(id) +
+                                       " was not handed out by this recipe (it has " +
+                                       std::to_string(quantizer_count()) + ")");
+    if (!started_) start(device);
+    if (device.type != device_.type || device.index != device_.index ||
+        (present(*scale_inv) &&
+         (scale_inv->device.type != device_.type || scale_inv->device.index != device_.index)))
+      fail(Code::kInvalidArgument,
+           "fp8 producer: tensors on two devices; the recipe keeps its scales on the device of "
+           "the first tensor it quantised");
+    producer_impl(id, *scale_inv, (flags & kFp8NoAmaxRecord) == 0, stream, scale, amax);
+  });
+}
+
+void ScalingRecipe::producer_impl(int32_t, const TensorView&, bool, void*, TensorView*,
+                                  TensorView*) {
+  fail(Code::kUnimplemented,
+       "fp8 producer: this recipe computes a tensor's scale from the tensor itself, so no kernel "
+       "can quantise its own result with it; quantise with `quantize`");
+}
+
 void ScalingRecipe::start(Device device) {
   if (started_) {
     if (device.type != device_.type || device.index != device_.index)

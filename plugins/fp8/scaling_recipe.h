@@ -33,6 +33,11 @@ class ScalingRecipe : public Object<IFp8Recipe> {
   Status quantize(int32_t id, const TensorView* input, TensorView* output, TensorView* output_t,
                   TensorView* scale_inv, uint32_t flags, void* stream) noexcept override;
 
+  /// Checks the call (id, views) and runs the recipe's producer_impl: kUnimplemented unless
+  /// the recipe overrides it.
+  Status producer(int32_t id, Device device, uint32_t flags, TensorView* scale, TensorView* amax,
+                  TensorView* scale_inv, void* stream) noexcept override;
+
   /// No state by default (a recipe whose scales carry over steps overrides both).
   int32_t state_count() const noexcept override { return 0; }
   Status state(int32_t index, Device device, const char** name, TensorView* view) noexcept override;
@@ -47,6 +52,11 @@ class ScalingRecipe : public Object<IFp8Recipe> {
   virtual void quantize_impl(int32_t id, const TensorView& x, const TensorView& y,
                              const TensorView& yt, const TensorView& scale_inv, bool record,
                              void* stream) = 0;
+  /// quantiser `id`'s scale and, when `record`, its amax slot (else an empty view), for a
+  /// kernel that quantises its own result; writes the scale's inverse into `scale_inv`.
+  /// The state exists. By default: fails with kUnimplemented (the scale needs the tensor).
+  virtual void producer_impl(int32_t id, const TensorView& scale_inv, bool record, void* stream,
+                             TensorView* scale, TensorView* amax);
   /// Allocates the recipe's own state on `device` (called once, at the first quantize).
   virtual void allocate_state() = 0;
 

@@ -28,7 +28,8 @@
 // its place), or in the top layer's backward when that is larger, with the other
 // layers' saves beside it and the final norm's and the logits' gone:
 //   inside its MLP's backward, all the layer saved beside dy, da, d(fc1 out), dx:
-//     n (2 C + Fl + fc1) s, plus n C s for hidden dropout;
+//     n (2 C + Fl + fc1) s, plus n C s for hidden dropout; in FP8 also d(fc1 out) quantised
+//     and transposed, 2 n fc1, where swiglu_fp8_bwd writes only those (no n fc1 s);
 //   at the end of its attention core's backward (the core releases its buffers only then),
 //     the attention half of its saves (less the residual and the pre-MLP norm's statistics,
 //     the MLP half's) beside dy, the residual's gradient, d(core out) (2 n C s + n Hl D s)
@@ -57,6 +58,7 @@
 #include <string>
 
 #include "plugins/transformer/gpt_model.h"
+#include "plugins/transformer/mlp.h"
 
 namespace loom::transformer {
 namespace {
@@ -271,6 +273,7 @@ double GptModel::activation_bytes(const CostQuery& query) const {
   const double attention_bwd =
       kept_attention - edge - stats(norm) + 2 * edge + n * hl * d * s + core_bwd;
   // A layer with `node` as its MLP, or unset when its memory is not known here.
+  const bool swiglu_grad_fp8 = query.fp8 != 0 && quantizes_swiglu_grad();
   auto layer_bytes = [&](const nlohmann::json& node) -> std::optional<LayerBytes> {
     const std::string impl = impl_of(node);
     if (impl == "moe") {
@@ -298,7 +301,8 @@ double GptModel::activation_bytes(const CostQuery& query) const {
     // an FP8 layer's fc1 backward also holds d(fc1 out) quantized and its transpose, one
     // byte an element each (nn::Linear::backward).
     l.top_mlp = n * (2 * cc + fl + fc1) * s + dropout;
-    l.top_mlp_fp8 = l.top_mlp + 2 * n * fc1;
+    // With swiglu_fp8_bwd (Mlp::quantizes_swiglu_grad) that gradient exists only quantised.
+    l.top_mlp_fp8 = l.top_mlp + 2 * n * fc1 - (swiglu_grad_fp8 ? n * fc1 * s : 0);
     l.attention = attention_bwd;
     l.attention_fp8 = attention_bwd + fp8_attention;
     return l;
@@ -339,6 +343,14 @@ double GptModel::activation_bytes(const CostQuery& query) const {
   // gradient beside it, the log-sum-exp dropped.
   const double loss_peak = fuses_loss() ? head + n * cc * s - 4 * n : head + n * vl * s;
   return std::max(saved + loss_peak, saved + top_layer);
+}
+
+bool GptModel::quantizes_swiglu_grad() const {
+  for (const auto& [name, module] : modules_of(*this)) {
+    const auto* mlp = dynamic_cast<const Mlp*>(module);
+    if (mlp != nullptr && mlp->quantizes_swiglu_grad()) return true;
+  }
+  return false;
 }
 
 }  // namespace loom::transformer

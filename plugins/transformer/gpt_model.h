@@ -68,6 +68,9 @@ class GptModel final : public ModuleBase<IModel> {
   // Activation bytes of one micro-batch at its peak (gpt_cost.cc), or < 0 when a child's
   // impl is not one whose memory it knows.
   double activation_bytes(const CostQuery& query) const;
+  // True when this stage's FP8 MLPs quantise fc1's output gradient in swiglu's kernel
+  // (Mlp::quantizes_swiglu_grad; every FP8 dense layer's MLP has one configuration).
+  bool quantizes_swiglu_grad() const;
 
   GptConfig config_;
   nlohmann::json options_;  // the node as built (the children's impls, for cost)

@@ -80,6 +80,10 @@ Mlp::Mlp(const nlohmann::json& options, IBuildContext& ctx)
     linear_.enable_fp8(ctx, {this, kFc1Fp8});
     linear_.enable_fp8(ctx, {this, kFc2Fp8});
   }
+  if (swiglu && linear_.fp8({this, kFc2Fp8})) {
+    swiglu_fp8_fwd_ = Kernel::optional(host, ops::kSwigluFp8Fwd, device_, dtype_);
+    swiglu_fp8_bwd_ = Kernel::optional(host, ops::kSwigluFp8Bwd, device_, dtype_);
+  }
 }
 
 void Mlp::run_forward(IForwardContext& ctx, const TensorView* inputs, int32_t num_inputs,
@@ -94,8 +98,10 @@ void Mlp::run_forward(IForwardContext& ctx, const TensorView* inputs, int32_t nu
                         "), got ", dtype_name(x_in.dtype), shape_string(x_in)));
   TensorView x = tp_.enter(ctx, x_in);  // the whole sequence with sequence parallelism
   int64_t n = numel(x) / hidden_;
-  TensorView h1 = allocate(ctx, dtype_, {n, fc1_out_}, device_);   // (N, F | 2F)
-  TensorView a = allocate(ctx, dtype_, {n, local_ffn_}, device_);  // (N, F/P)
+  TensorView h1 = allocate(ctx, dtype_, {n, fc1_out_}, device_);  // (N, F | 2F)
+  // The activation (N, F/P): in the parameter dtype, or straight into FP8 for fc2.
+  const bool a_fp8 = quantizes_swiglu();
+  TensorView a = a_fp8 ? empty_view() : allocate(ctx, dtype_, {n, local_ffn_}, device_);
   const TensorView fc1_bias = bias_ ? reshape(value(fc1_bias_), {fc1_out_}) : empty_view();
   if (fused_gelu(kFc1Fp8)) {  // h1 = x W1^T + b1 and a = gelu(h1) in one GEMM
     linear_.forward_gelu(rows(x, hidden_), rows(value(fc1_weight_), hidden_), fc1_bias,
@@ -103,16 +109,26 @@ void Mlp::run_forward(IForwardContext& ctx, const TensorView* inputs, int32_t nu
   } else {
     linear_.forward(ctx, {this, kFc1Fp8}, rows(x, hidden_), rows(value(fc1_weight_), hidden_),
                     fc1_bias, h1);
-    if (activation_ == Activation::kSwiglu)
-      act_fwd_({h1}, {a});
-    else
-      act_fwd_({h1}, {a}, ops::GeluAttrs{gelu_approximate()});
+    if (!a_fp8) {
+      if (activation_ == Activation::kSwiglu)
+        act_fwd_({h1}, {a});
+      else
+        act_fwd_({h1}, {a}, ops::GeluAttrs{gelu_approximate()});
+    }
   }
   TensorView y_partial = allocate_like(ctx, x);
   // fc2's bias is added to the sum over the group; with one rank that is fc2's own output,
   // so it rides on the GEMM.
-  linear_.forward(ctx, {this, kFc2Fp8}, a, value(fc2_weight_),
-                  fc2_bias_on_gemm() ? value(fc2_bias_) : empty_view(), rows(y_partial, hidden_));
+  const TensorView fc2_bias = fc2_bias_on_gemm() ? value(fc2_bias_) : empty_view();
+  if (a_fp8) {
+    const Linear::Fp8Producer aq = fp8_producer(ctx, kFc2Fp8, Fp8Role::kActivation, n, local_ffn_);
+    swiglu_fp8_fwd_({h1, aq.scale}, {aq.operand.q, aq.operand.t, aq.amax});
+    linear_.forward_fp8(ctx, {this, kFc2Fp8}, aq.operand, value(fc2_weight_), fc2_bias,
+                        rows(y_partial, hidden_));
+  } else {
+    linear_.forward(ctx, {this, kFc2Fp8}, a, value(fc2_weight_), fc2_bias,
+                    rows(y_partial, hidden_));
+  }
   TensorView y = tp_.exit(ctx, y_partial);  // summed over the group: like x_in
   if (bias_ && !fc2_bias_on_gemm()) linear_.add_bias(value(fc2_bias_), rows(y, hidden_));
   if (ctx.training()) {
@@ -152,7 +168,10 @@ void Mlp::run_backward(IForwardContext& ctx, const TensorView* grad_outputs,
   const void* deferred = weight_grads_deferred(ctx) ? deferred_owner() : nullptr;
   TensorView dy = tp_.exit_backward(ctx, dy_in);
   int64_t n = numel(h1) / fc1_out_;
-  TensorView dh1 = allocate(ctx, dtype_, {n, fc1_out_}, device_);
+  // d(fc1 out) (N, F | 2F): in the parameter dtype, or straight into FP8 for fc1's GEMMs.
+  const bool dh1_fp8 = quantizes_swiglu_grad();
+  TensorView dh1 = dh1_fp8 ? empty_view() : allocate(ctx, dtype_, {n, fc1_out_}, device_);
+  Linear::Fp8Operand dh1q{};
   TensorView da{};
   // fc1's bias gradient: from dh1 in fc1's weight pass, unless dgelu's GEMM sums it (when
   // the weight pass runs now).
@@ -168,18 +187,28 @@ void Mlp::run_backward(IForwardContext& ctx, const TensorView* grad_outputs,
     da = allocate(ctx, dtype_, {n, local_ffn_}, device_);
     linear_.backward(ctx, {this, kFc2Fp8}, rows(dy, hidden_), a, value(fc2_weight_),
                      grad(fc2_weight_), fc2_bias_grad(), da, deferred);
-    if (activation_ == Activation::kSwiglu)
+    if (dh1_fp8) {
+      const Linear::Fp8Producer q = fp8_producer(ctx, kFc1Fp8, Fp8Role::kGradOutput, n, fc1_out_);
+      swiglu_fp8_bwd_({da, h1, q.scale}, {q.operand.q, q.operand.t, q.amax});
+      dh1q = q.operand;
+    } else if (activation_ == Activation::kSwiglu) {
       act_bwd_({da, h1}, {dh1});
-    else
+    } else {
       act_bwd_({da, h1}, {dh1}, ops::GeluAttrs{gelu_approximate()});
+    }
   }
   TensorView dx_partial{};
   throw_if_error(ctx.allocate(dtype_, static_cast<int32_t>(x_shape.size()), x_shape.data(), device_,
                               &dx_partial),
                  "mlp backward");
-  linear_.backward(ctx, {this, kFc1Fp8}, dh1, present(x) ? rows(x, hidden_) : empty_view(),
-                   rows(value(fc1_weight_), hidden_), rows(grad(fc1_weight_), hidden_), fc1_dbias,
-                   rows(dx_partial, hidden_), deferred);
+  if (dh1_fp8) {
+    linear_.backward_fp8(ctx, {this, kFc1Fp8}, dh1q, rows(grad(fc1_weight_), hidden_),
+                         rows(dx_partial, hidden_), deferred);
+  } else {
+    linear_.backward(ctx, {this, kFc1Fp8}, dh1, present(x) ? rows(x, hidden_) : empty_view(),
+                     rows(value(fc1_weight_), hidden_), rows(grad(fc1_weight_), hidden_), fc1_dbias,
+                     rows(dx_partial, hidden_), deferred);
+  }
   grad_inputs[0] = tp_.enter_backward(ctx, dx_partial);
   release_all(ctx, {dy, da, dh1, dx_partial}, {dy_in, grad_inputs[0]});
 }
@@ -206,5 +235,21 @@ bool Mlp::fused_gelu(int32_t site) const {
 }
 
 int32_t Mlp::gelu_approximate() const { return activation_ == Activation::kGeluTanh ? 1 : 0; }
+
+bool Mlp::quantizes_swiglu() const {
+  return swiglu_fp8_fwd_ && linear_.fp8_produces({this, kFc2Fp8});
+}
+
+bool Mlp::quantizes_swiglu_grad() const {
+  return !bias_ && swiglu_fp8_bwd_ && linear_.fp8_produces({this, kFc1Fp8});
+}
+
+Linear::Fp8Producer Mlp::fp8_producer(IForwardContext& ctx, int32_t site, Fp8Role role, int64_t m,
+                                      int64_t k) const {
+  Linear::Fp8Producer p{};
+  if (!linear_.fp8_producer(ctx, {this, site}, role, m, k, &p))
+    fail(Code::kInternal, "mlp: the FP8 recipe stopped giving producers during the run");
+  return p;
+}
 
 }  // namespace loom::transformer

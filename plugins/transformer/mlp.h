@@ -9,7 +9,9 @@
 // (rank r holds units [r F/P, (r + 1) F/P) of the gate and of the up projection alike),
 // fc2 row-parallel (its output summed over the group, the bias added after the sum). With
 // sequence parallelism x and y are sequence shards (B, T/P, C): x is gathered before fc1
-// and the output reduce-scattered.
+// and the output reduce-scattered. In FP8 under delayed scaling, swiglu writes fc2's input
+// straight into FP8 (swiglu_fp8_fwd) and, without biases, fc1's output gradient too
+// (swiglu_fp8_bwd): the same bits as swiglu then quantisation, without the tensor between.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -21,6 +23,12 @@ namespace loom::transformer {
 class Mlp final : public ModuleBase<IMlp> {
  public:
   Mlp(const nlohmann::json& options, IBuildContext& ctx);
+
+  /// True when backward quantises fc1's output gradient in swiglu's own kernel
+  /// (swiglu_fp8_bwd), so no (N, 2F) gradient in the parameter dtype exists: an FP8 swiglu
+  /// MLP without biases whose recipe gives producers (delayed scaling) and whose device has
+  /// the kernel. The model's memory estimate asks.
+  bool quantizes_swiglu_grad() const;
 
  private:
   void run_forward(IForwardContext& ctx, const TensorView* inputs, int32_t num_inputs,
@@ -44,6 +52,12 @@ class Mlp final : public ModuleBase<IMlp> {
   bool fused_gelu(int32_t site) const;
   // gelu's variant: 0 erf, 1 tanh.
   int32_t gelu_approximate() const;
+  // A swiglu MLP that quantises the activation for fc2 in swiglu's kernel (swiglu_fp8_fwd):
+  // fc2 is FP8 under a recipe that gives producers, and the device has the kernel.
+  bool quantizes_swiglu() const;
+  // Linear::fp8_producer for site `site` (kFc1Fp8, kFc2Fp8) of an MLP that quantizes_swiglu.
+  Linear::Fp8Producer fp8_producer(IForwardContext& ctx, int32_t site, Fp8Role role, int64_t m,
+                                   int64_t k) const;
 
   enum class Activation { kGelu, kGeluTanh, kSwiglu };
   Activation activation_;
@@ -56,6 +70,7 @@ class Mlp final : public ModuleBase<IMlp> {
   int32_t fc1_weight_, fc1_bias_ = -1, fc2_weight_, fc2_bias_ = -1;
   Linear linear_;
   Kernel act_fwd_, act_bwd_;
+  Kernel swiglu_fp8_fwd_, swiglu_fp8_bwd_;  // resolved for an FP8 swiglu MLP where served
 };
 
 }  // namespace loom::transformer

@@ -5,6 +5,9 @@
 // shape's milliseconds per call and the ideal bytes of its cost function (X read, Y and Yt
 // written) per second, then the step's total, 24 layers of every row. The step total is what
 // an ncu profile of a step shows as quantize_transpose_kernel (BENCHMARKS.md).
+// A second table times swiglu with its result quantised in one pass (swiglu_fp8_fwd,
+// swiglu_fp8_bwd) against swiglu_fwd / swiglu_bwd into bf16 then fp8_quantize, at the MLP's
+// shape (the step's "input of down" and "grad of gate_up" rows, which the fused ops replace).
 //
 //   fp8_quantize_bench [--iterations N]
 //   LOOM_FP8_QUANTIZE=general fp8_quantize_bench    the general transpose kernel
@@ -28,6 +31,7 @@ namespace {
 
 using loom::DType;
 using loom::KernelDesc;
+using loom::TensorView;
 using loom::bench::check;
 using loom::bench::DeviceTensor;
 using loom::bench::die;
@@ -94,5 +98,40 @@ int main(int argc, char** argv) {
   }
   std::printf("| one step: 24 layers of the rows above (%d calls) | | %s | %.3f | %.0f |\n",
               kLayers * 12, variant.c_str(), step_ms, step_bytes / (step_ms * 1e6));
+
+  // swiglu and the quantisation of its result: two kernels against one.
+  std::printf(
+      "\n| swiglu of LLaMA 1.3B FP8, X (%lld, %lld) bf16 | swiglu then fp8_quantize, ms | "
+      "swiglu_fp8 in one pass, ms | one pass faster | a step (24 layers) saves, ms |\n",
+      static_cast<long long>(n), static_cast<long long>(2 * f));
+  std::printf("|---|---|---|---|---|\n");
+  for (bool bwd : {false, true}) {
+    const int64_t k = bwd ? 2 * f : f;
+    const DType fp8 = bwd ? e5 : e4;
+    DeviceTensor x(DType::kBF16, {n, 2 * f}, 31), dy(DType::kBF16, {n, f}, 32),
+        mid(DType::kBF16, {n, k}, 0), scale(DType::kF32, {1}, 0), y(fp8, {n, k}, 0),
+        yt(fp8, {k, n}, 0), amax(DType::kF32, {1}, 0);
+    check(cudaMemcpy(scale.v.data, &one, sizeof(one), cudaMemcpyHostToDevice), "cudaMemcpy");
+    const KernelDesc& act = loom::bench::find_kernel(
+        all, bwd ? loom::ops::kSwigluBwd : loom::ops::kSwigluFwd, DType::kBF16);
+    const KernelDesc& fused = loom::bench::find_kernel(
+        all, bwd ? loom::ops::kSwigluFp8Bwd : loom::ops::kSwigluFp8Fwd, DType::kBF16);
+    std::vector<TensorView> act_in =
+        bwd ? std::vector<TensorView>{dy.v, x.v} : std::vector<TensorView>{x.v};
+    std::vector<TensorView> fused_in =
+        bwd ? std::vector<TensorView>{dy.v, x.v, scale.v} : std::vector<TensorView>{x.v, scale.v};
+    KernelCall a(act, act_in, {mid.v}, nullptr, 0);
+    KernelCall q(kernel, {mid.v, scale.v}, {y.v, yt.v, amax.v}, nullptr, 0);
+    KernelCall one_pass(fused, fused_in, {y.v, yt.v, amax.v}, nullptr, 0);
+    const double two_ms = time_ms(iterations, [&] {
+      a.run();
+      q.run();
+    });
+    const double one_ms = time_ms(iterations, [&] { one_pass.run(); });
+    std::printf("| %s (%s) | %.4f | %.4f | %.2fx | %.3f |\n", bwd ? "backward" : "forward",
+                bwd ? "E5M2, dX (N, 2F)" : "E4M3, Y (N, F)", two_ms, one_ms, two_ms / one_ms,
+                kLayers * (two_ms - one_ms));
+    check(cudaDeviceSynchronize(), "swiglu_fp8");
+  }
   return 0;
 }

@@ -49,5 +49,6 @@ void add_qkv_kernels(std::vector<KernelDesc>& out);
 void add_swap_axes_kernels(std::vector<KernelDesc>& out);
 void add_softmax_kernels(std::vector<KernelDesc>& out);
 void add_fp8_quantize_kernels(std::vector<KernelDesc>& out);
+void add_swiglu_fp8_kernels(std::vector<KernelDesc>& out);
 
 }  // namespace loom::kernels::cuda::pointwise

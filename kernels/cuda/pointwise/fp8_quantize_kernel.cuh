@@ -1,5 +1,6 @@
-// Device code of fp8_quantize (fp8_quantize.cu has the op's contract and the launches), and the
-// host-side choice between its kernels (fp8_quantize_plan), in a header so that
+// Device code of fp8_quantize (fp8_quantize.cu has the op's contract and the launches) and of
+// swiglu_fp8_fwd / swiglu_fp8_bwd (swiglu_fp8.cu), and the host-side choice between the
+// kernels (fp8_quantize_plan, swiglu_fp8_plan), in a header so that
 // tests/kernels/cuda/pointwise_emulation runs every kernel on the CPU.
 //
 // Y = fp8(X * scale[0]) and its transpose Yt, each optional, and amax[0] = max(amax[0],
@@ -37,6 +38,13 @@
 //   LLaMA 1.3B FP8). The plan takes it when X is 16-byte aligned with K a multiple of the
 //   chunk (8 bf16 / f16, 4 f32), Y (when asked) aligned to a chunk's codes, and Yt 16-byte
 //   aligned with M a multiple of 16: every chunk of the tile is then whole or wholly outside X.
+//   Its loop is quantize_tiles, over a "source" of chunks (PlainSource: X itself).
+// - swiglu_fp8_kernel<T, kBwd, kVec> (swiglu_fp8_fwd / _bwd): quantize_tiles over
+//   SwigluSource, which loads a chunk's gate, up (and dY) and computes swiglu (or its two
+//   gradients, as two outputs of one tile) with swiglu_kernel.cuh's expressions, rounded to
+//   T as swiglu's kernels store it: the bits of swiglu then fp8_quantize. kVec false (any
+//   alignment, F not a multiple of the chunk, N % 16 != 0) loads and stores element by
+//   element.
 //
 // amax: each thread keeps an unsigned max over the bits of |x| over everything it read; the
 // block folds it into amax[0] once, at the end (kernels/cuda/common/amax.cuh, the same as the
@@ -222,30 +230,71 @@ __device__ __forceinline__ void store_chunk_codes(uint8_t* p, const uint32_t (&c
     *reinterpret_cast<uint32_t*>(p) = w[0];
 }
 
-template <class T, bool kE5M2>
-__global__ void __launch_bounds__(kFp8TileThreads, fp8_typed_blocks_per_sm(sizeof(T)))
-    quantize_transpose_typed_kernel(QuantizeTransposeArgs<T> a) {
-  constexpr int kW = kFp8Width<T>;
-  constexpr int kRowChunks = kFp8Tile / kW;                      // 16-byte chunks a tile row
+// ---- The tile loop of the typed kernel and of the fused swiglu kernels ----------------------
+
+// A source of quantize_tiles: the values of a result of kOut * Kc columns and M rows, read as
+// chunks of kW consecutive columns of one row: chunk (row, col), col a multiple of kW in
+// [0, Kc), holds columns col + o * Kc of the result for o < kOut.
+//   Raw                        the chunk's loads, kept in registers until it is converted
+//   load(row, col, raw)        issues them (row < M, col < Kc; with kVec false, elements
+//                              at or past Kc are zeros)
+//   values(raw, v)             v[o][e]: the result at (row, col + o * Kc + e), in f32
+// A chunk outside the result is Raw{} (zeros), whose values must be 0.
+
+// fp8_quantize: X (M, K) of storage type T itself, 16-byte chunks, aligned (kVec).
+template <class T>
+struct PlainSource {
+  static constexpr int kW = kFp8Width<T>;
+  static constexpr int kOut = 1;
+  static constexpr bool kVec = true;
+  struct Raw {
+    Pack<T, kW> x;
+  };
+  const T* x;
+  int64_t k;
+  __device__ __forceinline__ void load(int64_t row, int64_t col, Raw& r) const {
+    r.x = *reinterpret_cast<const Pack<T, kW>*>(x + row * k + col);
+  }
+  __device__ __forceinline__ void values(const Raw& r, float (&v)[kOut][kW]) const {
+#pragma unroll
+    for (int e = 0; e < kW; ++e) v[0][e] = to_f32<T>(r.x.v[e]);
+  }
+};
+
+// Quantises the result `src` describes, (M, kOut * Kc), with scale[0]: its codes into Y
+// (M, kOut * Kc) unless y is null, their transpose into Yt (kOut * Kc, M), and the bits of
+// |value| folded into amax unless it is null. The typed kernel's tiles and phases (64 x 64
+// tiles of chunks, each of the kOut outputs through its own shared tile), the next tile's
+// loads issued before this one's Yt rows are stored. y and yt may be null (not both: one of
+// them is the point). With Src::kVec: Y aligned to a chunk's codes, Kc a multiple of kW, Yt
+// 16-byte aligned and M % 16 == 0; without, any of them.
+template <class Src, bool kE5M2>
+__device__ __forceinline__ void quantize_tiles(const Src& src, const float* __restrict__ scale,
+                                               uint8_t* __restrict__ y, uint8_t* __restrict__ yt,
+                                               float* __restrict__ amax, int64_t m, int64_t kc) {
+  constexpr int kW = Src::kW, kOut = Src::kOut;
+  constexpr int kRowChunks = kFp8Tile / kW;                      // chunks a tile row
   constexpr int kPer = kFp8Tile * kRowChunks / kFp8TileThreads;  // a thread's: 2 bf16, 4 f32
   static_assert(kPer * kFp8TileThreads == kFp8Tile * kRowChunks);
-  __shared__ __align__(16) uint8_t tile[kFp8Tile * kFp8TileStride];
-  const float s = *a.scale;
-  const int64_t tiles_k = (a.k + kFp8Tile - 1) / kFp8Tile;
-  const int64_t tiles = tiles_k * ((a.m + kFp8Tile - 1) / kFp8Tile);
+  // tile[o][c * kFp8TileStride + r]: the code of output o's (m0 + r, k0 + c).
+  __shared__ __align__(16) uint8_t tile[kOut][kFp8Tile * kFp8TileStride];
+  const float s = *scale;
+  const int64_t ktot = kOut * kc;  // Y's row length
+  const int64_t tiles_k = (kc + kFp8Tile - 1) / kFp8Tile;
+  const int64_t tiles = tiles_k * ((m + kFp8Tile - 1) / kFp8Tile);
   // Chunk j of this thread in a tile: row (c / kRowChunks), columns (c % kRowChunks) * kW on,
-  // c = threadIdx.x + j * kFp8TileThreads. Outside X it holds zeros (codes 0, |x| 0).
-  Pack<T, kW> raw[kPer];
+  // c = threadIdx.x + j * kFp8TileThreads. Outside the result it holds zeros.
+  typename Src::Raw raw[kPer];
   auto load_tile = [&](int64_t t) {
     const int64_t m0 = (t / tiles_k) * kFp8Tile, k0 = (t % tiles_k) * kFp8Tile;
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
       const int c = static_cast<int>(threadIdx.x) + j * kFp8TileThreads;
       const int64_t row = m0 + c / kRowChunks, col = k0 + (c % kRowChunks) * kW;
-      if (row < a.m && col < a.k)
-        raw[j] = *reinterpret_cast<const Pack<T, kW>*>(a.x + row * a.k + col);
+      if (row < m && col < kc)
+        src.load(row, col, raw[j]);
       else
-        raw[j] = Pack<T, kW>{};
+        raw[j] = typename Src::Raw{};
     }
   };
   uint32_t bits = 0u;
@@ -253,30 +302,124 @@ __global__ void __launch_bounds__(kFp8TileThreads, fp8_typed_blocks_per_sm(sizeo
   if (t < tiles) load_tile(t);
   for (; t < tiles; t += gridDim.x) {
     const int64_t m0 = (t / tiles_k) * kFp8Tile, k0 = (t % tiles_k) * kFp8Tile;
-    // Phase 1: the loaded chunks -> Y and the transposed tile.
+    // Phase 1: the loaded chunks -> Y and the transposed tiles.
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
       const int c = static_cast<int>(threadIdx.x) + j * kFp8TileThreads;
       const int r = c / kRowChunks, col = (c % kRowChunks) * kW;
-      float v[kW];
-      uint32_t code[kW];
+      const int64_t row = m0 + r, kcol = k0 + col;
+      float v[kOut][kW];
+      src.values(raw[j], v);
 #pragma unroll
-      for (int e = 0; e < kW; ++e) v[e] = to_f32<T>(raw[j].v[e]);
-      quantize_n<kE5M2>(v, s, code, bits);
-      const int64_t row = m0 + r, kc = k0 + col;
-      if (a.y != nullptr && row < a.m && kc < a.k)
-        store_chunk_codes<kW>(a.y + row * a.k + kc, code);
+      for (int o = 0; o < kOut; ++o) {
+        uint32_t code[kW];
+        quantize_n<kE5M2>(v[o], s, code, bits);
+        if (y != nullptr && row < m && kcol < kc) {
+          uint8_t* out = y + row * ktot + o * kc + kcol;
+          if constexpr (Src::kVec) {
+            store_chunk_codes<kW>(out, code);
+          } else {
 #pragma unroll
-      for (int e = 0; e < kW; ++e)
-        tile[(col + e) * kFp8TileStride + r] = static_cast<uint8_t>(code[e]);
+            for (int e = 0; e < kW; ++e)
+              if (kcol + e < kc) out[e] = static_cast<uint8_t>(code[e]);
+          }
+        }
+#pragma unroll
+        for (int e = 0; e < kW; ++e)
+          tile[o][(col + e) * kFp8TileStride + r] = static_cast<uint8_t>(code[e]);
+      }
     }
     __syncthreads();
     // The next tile's loads, in flight while this one's Yt rows are stored.
     if (t + gridDim.x < tiles) load_tile(t + gridDim.x);
-    store_yt_tile(tile, a.yt, a.m, a.k, m0, k0, true);
+    if (yt != nullptr) {
+#pragma unroll
+      for (int o = 0; o < kOut; ++o)
+        store_yt_tile(tile[o], yt + o * kc * m, m, kc, m0, k0, Src::kVec);
+    }
     __syncthreads();  // the next tile overwrites `tile`
   }
-  if (a.amax != nullptr) block_amax_fold(bits, a.amax);
+  if (amax != nullptr) block_amax_fold(bits, amax);
+}
+
+template <class T, bool kE5M2>
+__global__ void __launch_bounds__(kFp8TileThreads, fp8_typed_blocks_per_sm(sizeof(T)))
+    quantize_transpose_typed_kernel(QuantizeTransposeArgs<T> a) {
+  quantize_tiles<PlainSource<T>, kE5M2>(PlainSource<T>{a.x, a.k}, a.scale, a.y, a.yt, a.amax, a.m,
+                                        a.k);
+}
+
+// ---- swiglu_fp8_fwd / swiglu_fp8_bwd ----------------------------------------------------------
+
+// swiglu's result (X (N, 2F): gate then up; dY (N, F) in the backward) as swiglu's kernels
+// compute it (swiglu_kernel.cuh: the same f32 expressions), rounded to T as they store it,
+// for quantize_tiles: forward Y (N, F), one output; backward dX (N, 2F) as two outputs, the
+// gate's gradient (columns j) and the up projection's (F + j), from one load of a chunk's
+// gate, up and dY. kVec: every chunk whole and 16-byte aligned (F % kW == 0, X and dY
+// aligned); else element by element up to F.
+template <class T, bool kBwd, bool kVec_>
+struct SwigluSource {
+  static constexpr int kW = kFp8Width<T>;
+  static constexpr int kOut = kBwd ? 2 : 1;
+  static constexpr bool kVec = kVec_;
+  struct Raw {
+    Pack<T, kW> g, u, d;  // d: the backward's dY
+  };
+  const T* x;
+  const T* dy;  // null in the forward
+  int64_t f;
+  __device__ __forceinline__ void load_one(const T* p, int64_t col, Pack<T, kW>& r) const {
+    if constexpr (kVec) {
+      r = *reinterpret_cast<const Pack<T, kW>*>(p + col);
+    } else {
+#pragma unroll
+      for (int e = 0; e < kW; ++e) r.v[e] = col + e < f ? p[col + e] : T{};
+    }
+  }
+  __device__ __forceinline__ void load(int64_t row, int64_t col, Raw& r) const {
+    load_one(x + row * 2 * f, col, r.g);
+    load_one(x + row * 2 * f + f, col, r.u);
+    if constexpr (kBwd) load_one(dy + row * f, col, r.d);
+  }
+  static __device__ __forceinline__ float rounded(float v) { return to_f32<T>(from_f32<T>(v)); }
+  __device__ __forceinline__ void values(const Raw& r, float (&v)[kOut][kW]) const {
+#pragma unroll
+    for (int e = 0; e < kW; ++e) {
+      const float g = to_f32<T>(r.g.v[e]), u = to_f32<T>(r.u.v[e]);
+      if constexpr (kBwd) {
+        const float d = to_f32<T>(r.d.v[e]);
+        const float s = 1.0f / (1.0f + expf(-g));
+        v[0][e] = rounded(d * u * s * (1.0f + g * (1.0f - s)));
+        v[kOut - 1][e] = rounded(d * g * s);
+      } else {
+        v[0][e] = rounded(g / (1.0f + expf(-g)) * u);
+      }
+    }
+  }
+};
+
+template <class T>
+struct SwigluFp8Args {
+  const T* x;          // (N, 2F)
+  const T* dy;         // (N, F); null in the forward
+  const float* scale;  // (1)
+  uint8_t* y;          // forward Y (N, F), backward dX (N, 2F), or null
+  uint8_t* yt;         // its transpose, or null
+  float* amax;         // (1) or null
+  int64_t n, f;
+};
+
+// Blocks of the swiglu kernels a multiprocessor keeps resident (their __launch_bounds__
+// minimum): 3 forward (at most 85 registers a thread; ptxas, CUDA 13.0, sm_90a: 60-80, no
+// spills), 2 backward (its three loads a chunk and two outputs: 78-128 registers, no spills;
+// at 3 it spilled).
+constexpr int swiglu_fp8_blocks_per_sm(bool bwd) { return bwd ? 2 : 3; }
+
+template <class T, bool kBwd, bool kVec, bool kE5M2>
+__global__ void __launch_bounds__(kFp8TileThreads, swiglu_fp8_blocks_per_sm(kBwd))
+    swiglu_fp8_kernel(SwigluFp8Args<T> a) {
+  quantize_tiles<SwigluSource<T, kBwd, kVec>, kE5M2>(SwigluSource<T, kBwd, kVec>{a.x, a.dy, a.f},
+                                                     a.scale, a.y, a.yt, a.amax, a.n, a.f);
 }
 
 // ---- Which kernel (host) ----------------------------------------------------------------------
@@ -325,6 +468,32 @@ inline Fp8QuantizePlan fp8_quantize_plan(const void* x, DType xt, const void* y,
   p.vec = aligned(x, 4 * e) && k % 4 == 0;
   p.vec_y = aligned(y, 4) && k % 4 == 0;
   p.vec_yt = aligned(yt, 16) && m % 16 == 0;
+  return p;
+}
+
+// The swiglu kernels' plan for X (N, 2F) of dtype xt, dY (null in the forward), Y and Yt
+// (either null; dY present means the backward): kVec when X and dY are 16-byte aligned with F a
+// multiple of the chunk, Y (when asked) aligned to a chunk's codes and Yt (when asked) to 16 bytes
+// with N % 16 == 0; the grid is one wave of resident blocks (swiglu_fp8_blocks_per_sm a
+// multiprocessor; at most kFp8MaxBlocks when `sms` is 0, unknown) or one block a tile where there
+// are fewer.
+struct SwigluFp8Plan {
+  bool vec;
+  unsigned blocks;  // of kFp8TileThreads threads
+};
+inline SwigluFp8Plan swiglu_fp8_plan(const void* x, const void* dy, const void* y, const void* yt,
+                                     DType xt, int64_t n, int64_t f, int sms) {
+  auto aligned = [](const void* p, size_t bytes) {
+    return reinterpret_cast<uintptr_t>(p) % bytes == 0;  // null (absent) counts
+  };
+  const int64_t w = 16 / static_cast<int64_t>(dtype_size(xt));
+  SwigluFp8Plan p{};
+  p.vec = aligned(x, 16) && aligned(dy, 16) && f % w == 0 && aligned(y, static_cast<size_t>(w)) &&
+          aligned(yt, 16) && (yt == nullptr || n % 16 == 0);
+  const int64_t tiles = ((n + kFp8Tile - 1) / kFp8Tile) * ((f + kFp8Tile - 1) / kFp8Tile);
+  const int64_t wave =
+      sms > 0 ? int64_t{sms} * swiglu_fp8_blocks_per_sm(dy != nullptr) : kFp8MaxBlocks;
+  p.blocks = static_cast<unsigned>(std::clamp<int64_t>(tiles, 1, wave));
   return p;
 }
 

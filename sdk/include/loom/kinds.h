@@ -21,6 +21,8 @@ namespace loom::kinds {
 // (ABI 1.11): OptimizerStep::scalars, the step's values in device memory
 // (loom/kinds/optimizer.h); a caller checks the minor (has_step_scalars) before passing them.
 // forward_context 1.7 (ABI 1.12): loss_grad, the loss's gradient while the forward runs.
+// fp8_recipe 1.1 (ABI 1.13): producer, a quantiser's scale and amax for a kernel that
+// quantises its own result.
 inline constexpr InterfaceInfo kModel{"model", 1, 1};                   ///< whole network
 inline constexpr InterfaceInfo kLayer{"layer", 1, 1};                   ///< one transformer layer
 inline constexpr InterfaceInfo kModule{"module", 1, 1};                 ///< any other module
@@ -31,7 +33,7 @@ inline constexpr InterfaceInfo kMixer{"mixer", 1, 1};                   ///< seq
 inline constexpr InterfaceInfo kRouter{"router", 1, 1};                 ///< MoE router
 inline constexpr InterfaceInfo kMoeDispatcher{"moe_dispatcher", 1, 0};  ///< MoE token moves
 // Numerics and training.
-inline constexpr InterfaceInfo kFp8Recipe{"fp8_recipe", 1, 0};
+inline constexpr InterfaceInfo kFp8Recipe{"fp8_recipe", 1, 1};
 /// 1.1: update_many (check has_update_many before calling it); 1.2: hyper (has_hyper).
 inline constexpr InterfaceInfo kOptimizer{"optimizer", 1, 3};
 inline constexpr InterfaceInfo kLrSchedule{"lr_schedule", 1, 0};

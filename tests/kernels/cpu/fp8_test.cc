@@ -1,11 +1,14 @@
 // FP8 ops: the host conversions against a brute-force nearest-value search over all codes,
 // fp8_quantize / fp8_gemm / fp8_scale_update references against computations written here,
+// swiglu_fp8_fwd / _bwd against swiglu then fp8_quantize on each kernel library, bit for bit,
 // fast against reference (and every device linked in, op_test_util.h; for fp8_gemm, the
 // devices against the oracle at the bound of loom/ops/fp8.h, declines only where its rule
 // allows), and bad calls.
 #include <cfloat>
 #include <cmath>
 #include <cstdio>
+#include <string>
+#include <tuple>
 
 #include "tests/kernels/cpu/op_test_util.h"
 #include "tests/kernels/device_backend.h"
@@ -160,6 +163,205 @@ TEST_P(Fp8QuantizeTest, NonFiniteInputs) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, Fp8QuantizeTest, ::testing::ValuesIn(float_dtypes()),
+                         dtype_param_name);
+
+// ---- swiglu_fp8_fwd / swiglu_fp8_bwd --------------------------------------------------
+// The contract (loom/ops/fp8.h): the bits of swiglu_fwd (swiglu_bwd) into a tensor of X's
+// dtype followed by fp8_quantize, on the same library. Each kernel (cpu.ref, cpu.fast, and
+// every device linked in) against those two ops of its own; the two ops themselves are
+// checked against f64 (elementwise_test) and the brute-force conversion (above).
+
+struct Fp8Result {
+  Tensor y, yt, amax;
+};
+
+// Inputs of a swiglu call: X (..., 2F) with a NaN gate, sigmoid's limits and ups past
+// E4M3's range at the scale; dY (..., F).
+struct SwigluInputs {
+  Tensor x, dy, scale;
+};
+SwigluInputs swiglu_inputs(DType dt, const std::vector<int64_t>& rows, int64_t f, float scale,
+                           std::mt19937& rng) {
+  std::vector<int64_t> xs = rows, ds = rows;
+  xs.push_back(2 * f);
+  ds.push_back(f);
+  SwigluInputs in{Tensor::random(dt, xs, rng, -6.0, 6.0), Tensor::random(dt, ds, rng, -40.0, 40.0),
+                  Tensor::filled(DType::kF32, {1}, scale)};
+  const int64_t n = in.dy.numel() / f;
+  const double gates[] = {-100.0, 100.0, 30.0};
+  for (int64_t k = 0; k < 3 && k < n * f; ++k) in.x.set((k % n) * 2 * f + k % f, gates[k]);
+  in.x.set(2 * f - 1, 3000.0);  // the up projection of row 0's last element
+  if (n * f > 4) in.x.set((n - 1) * 2 * f + f / 2, NAN);
+  return in;
+}
+
+// The fused op (kernel `name`), or `name`'s swiglu into X's dtype then its fp8_quantize.
+Fp8Result swiglu_fp8(const char* name, bool bwd, bool fused, SwigluInputs& in, DType out,
+                     bool want_y, bool want_yt) {
+  const DType dt = in.x.dtype();
+  const int64_t f = in.dy.shape().back(), n = in.dy.numel() / f, k = bwd ? 2 * f : f;
+  Fp8Result r{want_y ? Tensor(out, {n, k}) : Tensor(), want_yt ? Tensor(out, {k, n}) : Tensor(),
+              Tensor::filled(DType::kF32, {1}, 0.25)};
+  std::vector<Tensor*> outs{&r.y, &r.yt, &r.amax};
+  if (fused) {
+    if (bwd)
+      run(ops::kSwigluFp8Bwd, name, dt, {&in.dy, &in.x, &in.scale}, outs);
+    else
+      run(ops::kSwigluFp8Fwd, name, dt, {&in.x, &in.scale}, outs);
+    return r;
+  }
+  Tensor mid(dt, {n, k});
+  if (bwd)
+    run(ops::kSwigluBwd, name, dt, {&in.dy, &in.x}, {&mid});
+  else
+    run(ops::kSwigluFwd, name, dt, {&in.x}, {&mid});
+  run(ops::kFp8Quantize, name, dt, {&mid, &in.scale}, outs);
+  return r;
+}
+
+// Bit for bit; NaN amaxes are equal.
+void expect_same_bits(const Fp8Result& a, const Fp8Result& b, const std::string& what) {
+  for (auto [x, y, label] : {std::tuple{&a.y, &b.y, "Y"}, {&a.yt, &b.yt, "Yt"}}) {
+    ASSERT_EQ(x->empty(), y->empty()) << what;
+    if (x->empty()) continue;
+    int64_t differ = 0;
+    for (int64_t i = 0; i < x->numel(); ++i)
+      differ +=
+          static_cast<const uint8_t*>(x->raw())[i] != static_cast<const uint8_t*>(y->raw())[i];
+    EXPECT_EQ(differ, 0) << what << ": " << label << " codes differ";
+  }
+  const double p = a.amax.get(0), q = b.amax.get(0);
+  EXPECT_TRUE(p == q || (std::isnan(p) && std::isnan(q))) << what << ": amax " << p << " vs " << q;
+}
+
+class SwigluFp8Test : public ::testing::TestWithParam<DType> {};
+
+TEST_P(SwigluFp8Test, EachKernelGivesItsTwoOpsBits) {
+  std::mt19937 rng(21);
+  int64_t checked = 0;
+  for (bool bwd : {false, true})
+    for (DType out : kFp8)
+      for (auto [rows, f] : {std::pair<std::vector<int64_t>, int64_t>{{1}, 1},
+                             {{7}, 33},
+                             {{65}, 20},
+                             {{3, 5}, 17}}) {
+        const float scale = out == DType::kF8E4M3 ? 2.0f : 300.0f;  // some values saturate
+        SwigluInputs in = swiglu_inputs(GetParam(), rows, f, scale, rng);
+        for (const char* name : {"cpu.ref", "cpu.fast"}) {
+          if (std::string(name) == "cpu.fast" &&
+              (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))) {
+            std::printf("[ SKIPPED ] cpu.fast: this CPU lacks AVX2/FMA\n");
+            continue;
+          }
+          const std::string what = std::string(name) + (bwd ? " bwd " : " fwd ") + dtype_name(out) +
+                                   " F " + std::to_string(f);
+          for (auto [y, yt] : {std::pair{true, true}, {true, false}, {false, true}})
+            expect_same_bits(swiglu_fp8(name, bwd, true, in, out, y, yt),
+                             swiglu_fp8(name, bwd, false, in, out, y, yt), what);
+          ++checked;
+        }
+      }
+  std::printf("swiglu_fp8 %s: %lld calls bit-identical to swiglu + fp8_quantize\n",
+              dtype_name(GetParam()), static_cast<long long>(checked));
+}
+
+// The value amax holds is the max of the rounded swiglu values, NaN included: a NaN gate
+// gives a NaN code and a NaN amax; an empty call leaves amax alone.
+TEST_P(SwigluFp8Test, NanAndEmpty) {
+  std::mt19937 rng(22);
+  SwigluInputs in = swiglu_inputs(GetParam(), {4}, 8, 1.0f, rng);
+  for (const char* name : {"cpu.ref", "cpu.fast"})
+    for (bool bwd : {false, true}) {
+      Fp8Result r = swiglu_fp8(name, bwd, true, in, DType::kF8E4M3, true, false);
+      EXPECT_TRUE(std::isnan(r.amax.get(0))) << name;
+      EXPECT_TRUE(std::isnan(r.y.get(3 * (bwd ? 16 : 8) + 4))) << name << ": the NaN gate's code";
+    }
+  Tensor x(GetParam(), {0, 6}), y(DType::kF8E4M3, {0, 3}), none;
+  Tensor s = Tensor::filled(DType::kF32, {1}, 1.0), amax = Tensor::filled(DType::kF32, {1}, 0.5);
+  for (const char* name : {"cpu.ref", "cpu.fast"}) {
+    run(ops::kSwigluFp8Fwd, name, GetParam(), {&x, &s}, {&y, &none, &amax});
+    EXPECT_EQ(amax.get(0), 0.5) << name << ": no rows, amax unchanged";
+  }
+}
+
+// On every device linked in (the CUDA kernels with a GPU): the fused kernel against that
+// device's swiglu and fp8_quantize kernels, bit for bit.
+TEST_P(SwigluFp8Test, DevicesGiveTheirTwoOpsBits) {
+  std::mt19937 rng(23);
+  std::string skipped;
+  int ran = 0;
+  for (::loom::kernels::testing::DeviceBackend* b : ::loom::kernels::testing::device_backends()) {
+    std::string why;
+    if (!b->available(&why)) {
+      skipped += std::string(b->name()) + ": " + why + "; ";
+      continue;
+    }
+    ++ran;
+    for (bool bwd : {false, true})
+      for (DType out : kFp8)
+        for (auto [n, f] : {std::pair<int64_t, int64_t>{128, 192}, {80, 136}, {37, 50}}) {
+          SwigluInputs in =
+              swiglu_inputs(GetParam(), {n}, f, out == DType::kF8E4M3 ? 2.0f : 300.0f, rng);
+          const int64_t k = bwd ? 2 * f : f;
+          const std::string label = std::string(b->name()) + (bwd ? " bwd " : " fwd ") +
+                                    dtype_name(out) + " (" + std::to_string(n) + ", " +
+                                    std::to_string(f) + ")";
+          std::vector<Tensor> fused_in = bwd ? std::vector<Tensor>{in.dy, in.x, in.scale}
+                                             : std::vector<Tensor>{in.x, in.scale};
+          const std::vector<Tensor> outs{Tensor(out, {n, k}), Tensor(out, {k, n}),
+                                         Tensor::filled(DType::kF32, {1}, 0.25)};
+          const KernelDesc* fk =
+              b->kernel(bwd ? ops::kSwigluFp8Bwd : ops::kSwigluFp8Fwd, GetParam());
+          const KernelDesc* sk = b->kernel(bwd ? ops::kSwigluBwd : ops::kSwigluFwd, GetParam());
+          const KernelDesc* qk = b->kernel(ops::kFp8Quantize, GetParam());
+          ASSERT_TRUE(fk && sk && qk) << label << ": a kernel is missing";
+          std::vector<Tensor> fused = run_on_device(*b, *fk, fused_in, outs, kNone, label);
+          std::vector<Tensor> act_in =
+              bwd ? std::vector<Tensor>{in.dy, in.x} : std::vector<Tensor>{in.x};
+          std::vector<Tensor> mid =
+              run_on_device(*b, *sk, act_in, {Tensor(GetParam(), {n, k})}, kNone, label);
+          ASSERT_FALSE(fused.empty() || mid.empty()) << label;
+          std::vector<Tensor> q_in{mid[0], in.scale};
+          std::vector<Tensor> two = run_on_device(*b, *qk, q_in, outs, kNone, label);
+          ASSERT_FALSE(two.empty()) << label;
+          expect_same_bits({fused[0], fused[1], fused[2]}, {two[0], two[1], two[2]}, label);
+        }
+  }
+  if (ran == 0) GTEST_SKIP() << "no device: " << skipped;
+}
+
+TEST(SwigluFp8, BadCallsNameTheProblem) {
+  Tensor s = Tensor::filled(DType::kF32, {1}, 1.0), none;
+  auto message = [](const char* op, const std::vector<Tensor*>& in,
+                    const std::vector<Tensor*>& out) {
+    CallHolder h(in, out, kNone);
+    Status st = kernel(op, DType::kBF16, "cpu.ref").fn(&h.call);
+    return take_message(&st);
+  };
+  Tensor odd(DType::kBF16, {4, 7}), y(DType::kF8E4M3, {4, 3});
+  EXPECT_NE(message(ops::kSwigluFp8Fwd, {&odd, &s}, {&y, &none, &none}).find("must be even"),
+            std::string::npos);
+  Tensor x(DType::kBF16, {4, 8}), y4(DType::kF8E4M3, {4, 4});
+  EXPECT_NE(message(ops::kSwigluFp8Fwd, {&x, &s}, {&none, &none, &none}).find("both empty"),
+            std::string::npos);
+  Tensor yt_wrong(DType::kF8E4M3, {3, 4});
+  EXPECT_NE(message(ops::kSwigluFp8Fwd, {&x, &s}, {&y4, &yt_wrong, &none}).find("(K, M)"),
+            std::string::npos);
+  Tensor y_e5(DType::kF8E5M2, {4, 4});
+  EXPECT_NE(message(ops::kSwigluFp8Fwd, {&x, &s}, {&y4, &y_e5, &none}).find("one FP8 dtype"),
+            std::string::npos);
+  Tensor dy32(DType::kF32, {4, 4}), dx(DType::kF8E5M2, {4, 8});
+  const std::string m = message(ops::kSwigluFp8Bwd, {&dy32, &x, &s}, {&dx, &none, &none});
+  EXPECT_NE(m.find("swiglu_fp8_bwd: input 0 (dY) has dtype f32, expected X's bf16"),
+            std::string::npos)
+      << m;
+  Tensor dy_short(DType::kBF16, {4, 3});
+  EXPECT_NE(message(ops::kSwigluFp8Bwd, {&dy_short, &x, &s}, {&dx, &none, &none})
+                .find("expected (N, F) with N = 4, F = 4"),
+            std::string::npos);
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, SwigluFp8Test, ::testing::ValuesIn(float_dtypes()),
                          dtype_param_name);
 
 // ---- fp8_gemm -------------------------------------------------------------------------

@@ -62,6 +62,8 @@ const std::vector<const char*> kAllOps = {
     ops::kSgdStep,
     ops::kGradNormClip,
     ops::kFp8Quantize,
+    ops::kSwigluFp8Fwd,
+    ops::kSwigluFp8Bwd,
     ops::kFp8Gemm,
     ops::kFp8ScaleUpdate,
     ops::kMoeTopk,

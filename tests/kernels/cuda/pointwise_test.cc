@@ -49,7 +49,8 @@ const char* const kOps[] = {
     ops::kLayerNormFwd,    ops::kLayerNormBwd,     ops::kRmsNormFwd,       ops::kRmsNormBwd,
     ops::kRopeFwd,         ops::kRopeBwd,          ops::kSplitQkv,         ops::kMergeQkv,
     ops::kSwapAxes12,      ops::kMaskedSoftmaxFwd, ops::kMaskedSoftmaxBwd, ops::kFp8Quantize,
-    ops::kAddLayerNormFwd, ops::kAddLayerNormBwd,  ops::kAddRmsNormFwd,    ops::kAddRmsNormBwd};
+    ops::kAddLayerNormFwd, ops::kAddLayerNormBwd,  ops::kAddRmsNormFwd,    ops::kAddRmsNormBwd,
+    ops::kSwigluFp8Fwd,    ops::kSwigluFp8Bwd};
 
 // The call of `k` on views of the host tensors, every view marked as in `device` memory.
 template <class A>

@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <memory>
@@ -193,6 +194,51 @@ TEST_F(RecipeTest, EvaluationQuantisesWithoutRecordingAmaxes) {
   step_end(r);
   EXPECT_FLOAT_EQ(quantize(r, id, DType::kF8E4M3, tensor(1.0f)), 2.0f / 448.0f)
       << "history [2, 1]: the 100 seen in evaluation is not in it";
+}
+
+// fp8_recipe 1.1's producer: delayed scaling hands out the scale quantize would use and the
+// slot its amax goes into, so a kernel that quantises its own result (swiglu_fp8_fwd) records
+// into the same history; current scaling cannot (its scale needs the tensor).
+TEST_F(RecipeTest, DelayedProducerGivesQuantizesScaleAndAmaxSlot) {
+  IFp8Recipe& r = build({{"impl", "delayed"}, {"amax_history_len", 2}});
+  EXPECT_GE(r.interface_info().minor, 1);
+  int owner = 0;
+  int32_t id = -1;
+  Fp8QuantizerInfo info{};
+  ASSERT_EQ(r.quantizer(&owner, Fp8Role::kActivation, &id, &info).code, Code::kOk);
+  quantize(r, id, DType::kF8E4M3, tensor(2.0f));
+  step_end(r);
+  TensorView scale{}, amax{};
+  float scale_inv = -1;
+  TensorView sv = make_view(&scale_inv, DType::kF32, {1});
+  Status st =
+      r.producer(id, Device{DeviceType::kCpu, 0}, kFp8QuantizeDefault, &scale, &amax, &sv, nullptr);
+  ASSERT_EQ(st.code, Code::kOk) << take_message(&st);
+  ASSERT_NE(scale.data, nullptr);
+  ASSERT_NE(amax.data, nullptr);
+  EXPECT_FLOAT_EQ(*static_cast<float*>(scale.data), 448.0f / 2.0f);
+  EXPECT_FLOAT_EQ(scale_inv, 2.0f / 448.0f) << "1 / scale, as quantize writes it";
+  EXPECT_FLOAT_EQ(quantize(r, id, DType::kF8E4M3, tensor(1.0f)), 2.0f / 448.0f)
+      << "the scale quantize uses";
+  // A producer folds its tensor's amax, 8, into the slot: the next scale comes from it.
+  float* slot = static_cast<float*>(amax.data);
+  *slot = std::max(*slot, 8.0f);
+  step_end(r);
+  EXPECT_FLOAT_EQ(quantize(r, id, DType::kF8E4M3, tensor(1.0f)), 8.0f / 448.0f);
+  // Evaluation: no slot. Asking with no scale_inv (the probe nn::Linear makes) writes none.
+  TensorView none = empty_view();
+  st = r.producer(id, Device{DeviceType::kCpu, 0}, kFp8NoAmaxRecord, &scale, &amax, &none, nullptr);
+  ASSERT_EQ(st.code, Code::kOk) << take_message(&st);
+  EXPECT_EQ(amax.data, nullptr) << "nothing is recorded in evaluation";
+  st = r.producer(9, Device{DeviceType::kCpu, 0}, 0, &scale, &amax, &none, nullptr);
+  EXPECT_EQ(st.code, Code::kInvalidArgument);
+  EXPECT_THAT(take_message(&st), HasSubstr("quantiser id 9 was not handed out"));
+
+  IFp8Recipe& t = build({{"impl", "tensorwise"}});
+  ASSERT_EQ(t.quantizer(&owner, Fp8Role::kActivation, &id, &info).code, Code::kOk);
+  st = t.producer(id, Device{DeviceType::kCpu, 0}, 0, &scale, &amax, &none, nullptr);
+  EXPECT_EQ(st.code, Code::kUnimplemented);
+  EXPECT_THAT(take_message(&st), HasSubstr("quantise with `quantize`"));
 }
 
 // The state a checkpoint keeps: written into a fresh recipe, it continues exactly where the

@@ -6,7 +6,9 @@
 // builds (IBuildContext::fp8_recipe). A GEMM-bearing module asks it for a quantiser per
 // operand (by role) when it is built; the recipe owns the scaling state (amax history,
 // scale) of that quantiser. The module quantises with `quantize` and multiplies with the
-// "fp8_gemm" op (loom/ops.h), scaling by the scale_inv each quantize wrote.
+// "fp8_gemm" op (loom/ops.h), scaling by the scale_inv each quantize wrote. Under a recipe
+// whose scales are known in advance (1.1's `producer`), the kernel that computes a tensor may
+// quantise it itself.
 #pragma once
 
 #include <stdint.h>
@@ -88,6 +90,26 @@ class IFp8Recipe : public IObject {
   /// \param[out] view  the tensor
   virtual Status state(int32_t index, Device device, const char** name,
                        TensorView* view) noexcept = 0;
+
+  /// 1.1 (check interface_info().minor first). What a producer needs to quantise its own
+  /// result with quantiser `id` in the same kernel (the "swiglu_fp8_fwd" family of ops):
+  /// `quantize`'s work without its input. Only a recipe whose scale is known before the data
+  /// (delayed scaling) can give it; one that computes the scale from the tensor (current
+  /// scaling) returns kUnimplemented, and the caller quantises with `quantize` instead.
+  /// \param id          a quantiser from `quantizer`
+  /// \param device      the device the producer runs on
+  /// \param flags       Fp8QuantizeFlags, as for `quantize`
+  /// \param[out] scale  f32 (1), the recipe's memory: the factor to multiply by (step_end
+  ///                    updates it in place, so a captured graph may keep the view)
+  /// \param[out] amax   f32 (1), the recipe's memory: where the producer folds max |x| (the
+  ///                    op's amax output, read and written), or an empty view when `flags`
+  ///                    has kFp8NoAmaxRecord
+  /// \param scale_inv   f32 (1), the caller's: receives 1 / scale, as `quantize` writes it;
+  ///                    or an empty view (nothing written: a caller asking whether the
+  ///                    recipe gives producers at all)
+  /// \param stream      the device's compute stream (null: the default)
+  virtual Status producer(int32_t id, Device device, uint32_t flags, TensorView* scale,
+                          TensorView* amax, TensorView* scale_inv, void* stream) noexcept = 0;
 
  protected:
   ~IFp8Recipe() = default;

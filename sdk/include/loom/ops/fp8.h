@@ -1,6 +1,6 @@
-// FP8 ops (per-tensor scaling): quantisation, FP8 GEMM and the delayed-scaling update. Part of the
-// op catalogue: loom/ops.h states the conventions every op follows (layouts, dtypes, "+=" outputs,
-// the random stream) and includes every family.
+// FP8 ops (per-tensor scaling): quantisation (alone and fused into swiglu), FP8 GEMM and the
+// delayed-scaling update. Part of the op catalogue: loom/ops.h states the conventions every op
+// follows (layouts, dtypes, "+=" outputs, the random stream) and includes every family.
 #pragma once
 
 #include <stdint.h>
@@ -21,6 +21,24 @@ namespace loom::ops {
 ///            [2] amax f32 (1), read and written, or empty
 /// Y and Yt have one fp8 dtype (e4m3 or e5m2). At least one of Y and Yt is present.
 inline constexpr const char* kFp8Quantize = "fp8_quantize";
+
+/// "swiglu_fp8_fwd" / "swiglu_fp8_bwd": swiglu_fwd / swiglu_bwd (loom/ops/elementwise.h)
+/// whose result goes straight into FP8, as fp8_quantize would write it, for an FP8 GEMM
+/// that consumes it (an MLP's fc2 input in the forward, fc1's output gradient in the
+/// backward; Transformer Engine fuses its activations' casts the same way). The result is
+/// rounded to X's dtype first, then quantised: Y, Yt and amax are, bit for bit, what
+/// swiglu_fwd (or swiglu_bwd) into a tensor of X's dtype followed by fp8_quantize gives on
+/// the same kernel library; the intermediate tensor is never written.
+///   fwd inputs:  [0] X float (N, 2F) (gate then up), [1] scale f32 (1)
+///       outputs: [0] Y fp8 (N, F) or empty, [1] Yt fp8 (F, N) or empty, [2] amax f32 (1),
+///                read and written, or empty
+///   bwd inputs:  [0] dY (N, F) of X's dtype, [1] X float (N, 2F), [2] scale f32 (1)
+///       outputs: [0] dX fp8 (N, 2F) or empty, [1] dXt fp8 (2F, N) or empty, [2] amax f32
+///                (1), read and written, or empty
+/// As for fp8_quantize: the outputs have one fp8 dtype, at least one of the first two is
+/// present, amax is of the values before scaling (NaN propagates). Keyed on X's dtype.
+inline constexpr const char* kSwigluFp8Fwd = "swiglu_fp8_fwd";
+inline constexpr const char* kSwigluFp8Bwd = "swiglu_fp8_bwd";
 
 /// "fp8_gemm": Y = alpha * (A * a_scale_inv[0]) @ (B * b_scale_inv[0])^T + beta * Y: the
 /// one layout cuBLASLt runs FP8 in (both operands K-contiguous; a Linear's forward

@@ -1,6 +1,7 @@
-// What the pointwise emulation tests share (emu_main.cc, fp8_quantize_emu.cc): host buffers of
-// any float dtype placed off a 16-byte boundary on purpose, and a switch from a run-time
-// DType to its storage type. Compiled with emu_prelude.h forced in first, like the kernels.
+// What the pointwise emulation tests share (emu_main.cc, fp8_quantize_emu.cc,
+// swiglu_fp8_emu.cc): host buffers of any float dtype and of FP8 codes placed off a 16-byte
+// boundary on purpose, and a switch from a run-time DType to its storage type. Compiled with
+// emu_prelude.h forced in first, like the kernels.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -74,6 +75,26 @@ struct Buf {
 inline const char* name(DType dt) {
   return dt == DType::kF32 ? "f32" : dt == DType::kBF16 ? "bf16" : "f16";
 }
+// ---- FP8 codes `off` bytes past a 16-byte boundary --------------------------------------
+// The rest of the buffer holds 0xAB, which a correct kernel never writes where it must not:
+// the FP8 tests check those bytes.
+struct Codes {
+  std::vector<uint8_t> raw;
+  uint8_t* p = nullptr;
+  int64_t n = 0;
+  Codes(int64_t count, int off) : raw(count + off + 32, 0xAB), n(count) {
+    const uintptr_t a = reinterpret_cast<uintptr_t>(raw.data());
+    p = raw.data() + (16 - a % 16) % 16 + off;
+  }
+  // True when no byte outside the first `written` codes at p was written.
+  bool untouched_outside(int64_t written) const {
+    const int64_t at = p - raw.data();
+    for (int64_t i = 0; i < static_cast<int64_t>(raw.size()); ++i)
+      if ((i < at || i >= at + written) && raw[i] != 0xAB) return false;
+    return true;
+  }
+};
+
 // Runs `fn(T*)` with T the storage type of dt (a null T* only picks the type).
 template <class F>
 void with_type(DType dt, F&& fn) {

@@ -32,20 +32,9 @@ namespace loom::kernels::cuda::pointwise {
 namespace {
 
 using emu_test::Buf;
+using emu_test::Codes;
 using emu_test::name;
 using emu_test::with_type;
-
-// FP8 codes placed `off` bytes past a 16-byte boundary, filled with 0xAB (never written by a
-// correct kernel where it must not write: the test checks the bytes it expects unwritten).
-struct Codes {
-  std::vector<uint8_t> raw;
-  uint8_t* p = nullptr;
-  int64_t n = 0;
-  Codes(int64_t count, int off) : raw(count + off + 32, 0xAB), n(count) {
-    const uintptr_t a = reinterpret_cast<uintptr_t>(raw.data());
-    p = raw.data() + (16 - a % 16) % 16 + off;
-  }
-};
 
 struct Case {
   DType x_dtype;

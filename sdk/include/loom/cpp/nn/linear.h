@@ -11,7 +11,10 @@
 // (keeping their transposes for backward, saved in the forward context under the site's
 // slots), multiplies them with "fp8_gemm" into y in the module's dtype, and its backward
 // quantises dy and runs the two backward GEMMs in FP8 as well (Transformer Engine's Linear
-// with fp8_wgrad). Bias terms stay in the module's dtype.
+// with fp8_wgrad). Bias terms stay in the module's dtype. Under a recipe that gives
+// producers (fp8_recipe 1.1, delayed scaling), the kernel that computes x (or dy) may
+// quantise it itself: fp8_producer hands out the buffers, scale and amax slot, and
+// forward_fp8 / backward_fp8 take the result (an MLP's swiglu_fp8_fwd / _bwd).
 //
 // Deferred weight gradients (zero-bubble schedules; ModuleBase explains the protocol):
 // backward with a `deferred` owner id computes dx only and keeps dW's operands (x and dy,
@@ -87,20 +90,73 @@ class Linear {
                const TensorView& bias, const TensorView& y) const {
     const Fp8Site* s = fp8_site(site);
     if (s == nullptr) return forward(x, w, bias, y);
+    // x (N, in) -> xq (N, in) for this GEMM, xq^T (in, N) for dW.
+    auto [xq, xt, xs] = quantize(ctx, s->act, s->act_dtype, x, true, ctx.training());
+    forward_fp8(ctx, site, Fp8Operand{xq, xt, xs}, w, bias, y);
+  }
+
+  /// An FP8 site's operand, quantised: q (M, K) for the GEMM, its transpose t (K, M) for
+  /// the other pass's GEMM, either empty where not needed, and scale_inv f32 (1): the
+  /// operand ~ q * scale_inv.
+  struct Fp8Operand {
+    TensorView q, t, scale_inv;
+  };
+  /// What a kernel that computes a site's operand and quantises it in one pass (the ops of
+  /// the swiglu_fp8_fwd family) writes: `operand`'s q and t (allocated; scale_inv already
+  /// holds 1 / scale) and the op's amax output, and what it reads: the quantiser's scale.
+  struct Fp8Producer {
+    Fp8Operand operand;
+    TensorView scale;  ///< f32 (1), the recipe's
+    TensorView amax;   ///< f32 (1), the recipe's; empty when nothing is recorded (evaluation)
+  };
+  /// For an FP8 site whose recipe gives producers (fp8_recipe 1.1: delayed scaling), fills
+  /// `out` for the site's operand of `role`, an (m, k) tensor: kActivation, forward's x
+  /// (q, and t when training); kGradOutput, backward's dy (q and t). Returns false and
+  /// allocates nothing otherwise (not an FP8 site, an older recipe, or one whose scale needs
+  /// the tensor: current scaling); the caller then computes the tensor in the module's dtype
+  /// and calls forward / backward. The buffers go to forward_fp8 / backward_fp8, which
+  /// release them.
+  bool fp8_producer(IForwardContext& ctx, LinearSite site, Fp8Role role, int64_t m, int64_t k,
+                    Fp8Producer* out) const {
+    if (!fp8_produces(site)) return false;
+    const Fp8Site* s = fp8_site(site);
+    const bool grad = role == Fp8Role::kGradOutput;
+    if (!grad && role != Fp8Role::kActivation)
+      fail(Code::kInvalidArgument, "linear: fp8_producer serves kActivation and kGradOutput");
+    const DType dtype = grad ? s->grad_dtype : s->act_dtype;
+    Fp8Producer p{};
+    p.operand.scale_inv = allocate(ctx, DType::kF32, {1}, device_);
+    p.operand.q = allocate(ctx, dtype, {m, k}, device_);
+    if (grad || ctx.training()) p.operand.t = allocate(ctx, dtype, {k, m}, device_);
+    const uint32_t flags = ctx.training() ? kFp8QuantizeDefault : kFp8NoAmaxRecord;
+    throw_if_error(recipe_->producer(grad ? s->grad : s->act, device_, flags, &p.scale, &p.amax,
+                                     &p.operand.scale_inv, nullptr),
+                   "linear: FP8 producer");
+    *out = p;
+    return true;
+  }
+  /// True when fp8_producer serves `site` (an FP8 site whose recipe gives producers).
+  bool fp8_produces(LinearSite site) const {
+    return fp8_site(site) != nullptr && recipe_gives_producers();
+  }
+  /// forward of an FP8 site with x already quantised (fp8_producer's kActivation operand):
+  /// y (N, out) = x @ w^T (out, in) + bias (out) when present. Saves what backward reads
+  /// when training and releases x's buffers.
+  void forward_fp8(IForwardContext& ctx, LinearSite site, const Fp8Operand& x, const TensorView& w,
+                   const TensorView& bias, const TensorView& y) const {
+    const Fp8Site& s = expect_fp8_site(site, "forward_fp8");
     const bool training = ctx.training();
-    // x (N, in) -> xq (N, in) for this GEMM, xq^T (in, N) for dW; w (out, in) -> wq for
-    // this GEMM, wq^T (in, out) for dx.
-    auto [xq, xt, xs] = quantize(ctx, s->act, s->act_dtype, x, true, training);
-    auto [wq, wt, ws] = quantize(ctx, s->weight, s->weight_dtype, w, true, training);
-    fp8_gemm(s->act_dtype)({xq, wq, xs, ws}, {y}, ops::Fp8GemmAttrs{1.f, 0.f, 1});
+    // w (out, in) -> wq for this GEMM, wq^T (in, out) for dx.
+    auto [wq, wt, ws] = quantize(ctx, s.weight, s.weight_dtype, w, true, training);
+    fp8_gemm(s.act_dtype)({x.q, wq, x.scale_inv, ws}, {y}, ops::Fp8GemmAttrs{1.f, 0.f, 1});
     if (present(bias)) bias_add_({bias}, {y});
     if (training) {
-      save(ctx, site.owner, site.slot + kXt, xt);
+      save(ctx, site.owner, site.slot + kXt, x.t);
       save(ctx, site.owner, site.slot + kWt, wt);
-      save(ctx, site.owner, site.slot + kXScaleInv, xs);
+      save(ctx, site.owner, site.slot + kXScaleInv, x.scale_inv);
       save(ctx, site.owner, site.slot + kWScaleInv, ws);
     }
-    release_all(ctx, {xq, wq, xt, wt, xs, ws});  // the saves keep what backward reads
+    release_all(ctx, {x.q, wq, x.t, wt, x.scale_inv, ws});  // the saves keep what backward reads
   }
   /// dw (out, in) += dy^T @ x; dbias (out) += sum_n dy when present; dx (N, in) = dy @ w
   /// when present (overwritten). In FP8, x and w are not read (the saved quantised
@@ -119,27 +175,19 @@ class Linear {
       if (present(dx)) gemm_({dy, w}, {dx}, ops::GemmAttrs{0, 0, 1.f, 0.f});
       return;
     }
-    TensorView xt = load(ctx, site.owner, site.slot + kXt);  // (in, N)
-    TensorView wt = load(ctx, site.owner, site.slot + kWt);  // (in, out)
-    TensorView xs = load(ctx, site.owner, site.slot + kXScaleInv);
-    TensorView ws = load(ctx, site.owner, site.slot + kWScaleInv);
     // dy (N, out) -> dyq (N, out) for dx, dyq^T (out, N) for dW.
     auto [dyq, dyt, gs] = quantize(ctx, s->grad, s->grad_dtype, dy, present(dx), true);
-    if (deferred == nullptr) {
-      fp8_weight_grad(*s, dyt, xt, gs, xs, dw);
-      if (present(dbias)) bias_grad_({dy}, {dbias});
-    } else {
-      save(ctx, deferred, deferred_slot(site, kDyt), dyt);
-      save(ctx, deferred, deferred_slot(site, kXtDeferred), xt);
-      save(ctx, deferred, deferred_slot(site, kGradScaleInv), gs);
-      save(ctx, deferred, deferred_slot(site, kXScaleInvDeferred), xs);
-      if (present(dbias))
-        save(ctx, deferred, deferred_slot(site, kDy), dy);  // dbias needs dy itself
-    }
-    // dx (N, in) = dy (N, out) @ W (out, in): both operands out-contiguous.
-    if (present(dx))
-      fp8_gemm(s->grad_dtype)({dyq, wt, gs, ws}, {dx}, ops::Fp8GemmAttrs{1.f, 0.f, 0});
-    release_all(ctx, {dyq, dyt, gs});  // a deferred save keeps dyt and gs
+    backward_quantized(ctx, site, *s, Fp8Operand{dyq, dyt, gs}, dy, dw, dbias, dx, deferred);
+  }
+  /// backward of an FP8 site with dy already quantised (fp8_producer's kGradOutput
+  /// operand): dw (out, in) += dy^T @ x, dx (N, in) = dy @ w when present, as backward does
+  /// (`deferred` likewise). No bias gradient: that needs dy in the module's dtype (use
+  /// backward). Releases dy's buffers.
+  void backward_fp8(IForwardContext& ctx, LinearSite site, const Fp8Operand& dy,
+                    const TensorView& dw, const TensorView& dx,
+                    const void* deferred = nullptr) const {
+    backward_quantized(ctx, site, expect_fp8_site(site, "backward_fp8"), dy, empty_view(), dw,
+                       empty_view(), dx, deferred);
   }
   /// The weight gradients backward deferred for `site` (same `deferred` id): dw (out, in)
   /// += dy^T @ x; dbias (out) += sum_n dy when present.
@@ -230,6 +278,61 @@ class Linear {
     return it == sites_.end() ? nullptr : &it->second;
   }
   const Kernel& fp8_gemm(DType a_dtype) const { return fp8_gemm_.at(a_dtype); }
+  const Fp8Site& expect_fp8_site(LinearSite site, const char* what) const {
+    const Fp8Site* s = fp8_site(site);
+    if (s == nullptr)
+      fail(Code::kFailedPrecondition,
+           std::string("linear: ") + what + " on a site that is not FP8 (check fp8(site) first)");
+    return *s;
+  }
+  // True when the recipe is 1.1 or newer and its producer answers (asked once: the answer is
+  // the recipe's kind, delayed or current scaling).
+  bool recipe_gives_producers() const {
+    if (producers_ < 0) {
+      producers_ = 0;
+      if (recipe_->interface_info().minor >= 1) {
+        TensorView scale{}, amax{}, none = empty_view();
+        const Fp8Site& s = sites_.begin()->second;
+        // A probe without a scale_inv to write and without recording: nothing changes.
+        Status st =
+            recipe_->producer(s.act, device_, kFp8NoAmaxRecord, &scale, &amax, &none, nullptr);
+        if (st.code == Code::kOk)
+          producers_ = 1;
+        else if (st.code != Code::kUnimplemented)
+          throw_if_error(st, "linear: FP8 producer");
+        else
+          status_release(&st);
+      }
+    }
+    return producers_ == 1;
+  }
+  // The tail of both FP8 backwards: dy quantised; dy_dtype (the module's dtype) only for
+  // dbias, which needs it.
+  void backward_quantized(IForwardContext& ctx, LinearSite site, const Fp8Site& s,
+                          const Fp8Operand& dy, const TensorView& dy_dtype, const TensorView& dw,
+                          const TensorView& dbias, const TensorView& dx,
+                          const void* deferred) const {
+    TensorView xt = load(ctx, site.owner, site.slot + kXt);  // (in, N)
+    TensorView wt = load(ctx, site.owner, site.slot + kWt);  // (in, out)
+    TensorView xs = load(ctx, site.owner, site.slot + kXScaleInv);
+    TensorView ws = load(ctx, site.owner, site.slot + kWScaleInv);
+    if (deferred == nullptr) {
+      fp8_weight_grad(s, dy.t, xt, dy.scale_inv, xs, dw);
+      if (present(dbias)) bias_grad_({dy_dtype}, {dbias});
+    } else {
+      save(ctx, deferred, deferred_slot(site, kDyt), dy.t);
+      save(ctx, deferred, deferred_slot(site, kXtDeferred), xt);
+      save(ctx, deferred, deferred_slot(site, kGradScaleInv), dy.scale_inv);
+      save(ctx, deferred, deferred_slot(site, kXScaleInvDeferred), xs);
+      if (present(dbias))
+        save(ctx, deferred, deferred_slot(site, kDy), dy_dtype);  // dbias needs dy itself
+    }
+    // dx (N, in) = dy (N, out) @ W (out, in): both operands out-contiguous.
+    if (present(dx))
+      fp8_gemm(s.grad_dtype)({dy.q, wt, dy.scale_inv, ws}, {dx}, ops::Fp8GemmAttrs{1.f, 0.f, 0});
+    release_all(ctx, {dy.q, dy.t, dy.scale_inv});  // a deferred save keeps dy.t and scale_inv
+  }
+
   // dW (out, in) += dy^T (out, N) @ x (N, in): both operands N-contiguous.
   void fp8_weight_grad(const Fp8Site& s, const TensorView& dyt, const TensorView& xt,
                        const TensorView& gs, const TensorView& xs, const TensorView& dw) const {
@@ -260,6 +363,7 @@ class Linear {
   IFp8Recipe* recipe_ = nullptr;
   std::map<std::pair<const void*, int32_t>, Fp8Site> sites_;
   std::map<DType, Kernel> fp8_gemm_;
+  mutable int producers_ = -1;  // recipe_gives_producers: -1 not asked yet, 0 no, 1 yes
 };
 
 }  // namespace loom::nn

@@ -1,7 +1,7 @@
-// Argument checks of the FP8 ops of loom/ops.h (fp8_quantize, fp8_gemm, fp8_scale_update),
-// shared by every kernel library so that the CPU and CUDA kernels reject a bad call with the
-// same words (header-only; see loom/cpp/op_args.h). Each throws loom::Error(kInvalidArgument)
-// naming the op and the tensor.
+// Argument checks of the FP8 ops of loom/ops.h (fp8_quantize, swiglu_fp8_fwd / _bwd, fp8_gemm,
+// fp8_scale_update), shared by every kernel library so that the CPU and CUDA kernels reject a
+// bad call with the same words (header-only; see loom/cpp/op_args.h). Each throws
+// loom::Error(kInvalidArgument) naming the op and the tensor.
 //   call:         the call
 //   shapes_only:  true inside `supports` (data may be null)
 //   device:       the device family of the kernel
@@ -21,6 +21,53 @@ struct Fp8QuantizeShape {
   bool y, yt, amax;  ///< which outputs are present
 };
 
+namespace detail {
+
+/// The FP8 outputs of a quantising op writing an (M, K) result: [first] Y fp8 of `y_like`'s
+/// shape when given, else any shape of M rows of K, [first + 1] Yt fp8 (K, M), [first + 2]
+/// amax f32 (1), each optional, Y or Yt present, one fp8 dtype.
+inline Fp8QuantizeShape check_fp8_outputs(const OpArgs& a, int first, int64_t m, int64_t k,
+                                          const TensorView* y_like) {
+  Fp8QuantizeShape s{};
+  s.m = m;
+  s.k = k;
+  s.y = a.has_out(first);
+  s.yt = a.has_out(first + 1);
+  s.amax = a.has_out(first + 2);
+  if (!s.y && !s.yt)
+    a.fail(a.out_label(first) + " and " + a.out_label(first + 1) +
+           " are both empty: pass at least one");
+  if (s.y) {
+    const TensorView& Y = a.fp8_out(first);
+    if (y_like != nullptr) {
+      bool same = Y.ndim == y_like->ndim;
+      for (int32_t d = 0; same && d < Y.ndim; ++d) same = Y.shape[d] == y_like->shape[d];
+      if (!same)
+        a.fail(a.out_label(first) + " has shape " + view_shape_str(Y) + ", expected X's " +
+               view_shape_str(*y_like));
+    } else if (Y.ndim < 1 || rows_of(Y) != m || last_dim(Y) != k) {
+      a.fail(a.out_label(first) + " has shape " + view_shape_str(Y) +
+             ", expected (M, K) with M = " + std::to_string(m) + ", K = " + std::to_string(k));
+    }
+    s.out_dtype = Y.dtype;
+  }
+  if (s.yt) {
+    const TensorView& Yt = a.fp8_out(first + 1);
+    a.shape_out(first + 1, {k, m}, "(K, M), the (M, K) result transposed");
+    if (s.y && Yt.dtype != s.out_dtype)
+      a.fail(a.out_label(first + 1) + " has dtype " + dtype_name(Yt.dtype) + ", " +
+             a.out_label(first) + " has " + dtype_name(s.out_dtype) + ": give both one FP8 dtype");
+    s.out_dtype = Yt.dtype;
+  }
+  if (s.amax) {
+    a.f32_out(first + 2);
+    a.shape_out(first + 2, {1}, "(1)");
+  }
+  return s;
+}
+
+}  // namespace detail
+
 /// fp8_quantize: X float (M, K), scale f32 (1); Y fp8 (X's shape), Yt fp8 (K, M), amax f32
 /// (1), each optional, Y or Yt present, Y and Yt of one dtype.
 inline Fp8QuantizeShape check_fp8_quantize(const OpCall* call, bool shapes_only,
@@ -29,34 +76,44 @@ inline Fp8QuantizeShape check_fp8_quantize(const OpCall* call, bool shapes_only,
   const TensorView& X = a.float_in(0);
   a.f32_in(1);
   a.shape_in(1, {1}, "(1)");
-  Fp8QuantizeShape s{};
-  s.m = rows_of(X);
-  s.k = last_dim(X);
-  s.y = a.has_out(0);
-  s.yt = a.has_out(1);
-  s.amax = a.has_out(2);
-  if (!s.y && !s.yt) a.fail("output 0 (Y) and output 1 (Yt) are both empty: pass at least one");
-  if (s.y) {
-    const TensorView& Y = a.fp8_out(0);
-    bool same = Y.ndim == X.ndim;
-    for (int32_t d = 0; same && d < X.ndim; ++d) same = Y.shape[d] == X.shape[d];
-    if (!same)
-      a.fail(a.out_label(0) + " has shape " + view_shape_str(Y) + ", expected X's " +
-             view_shape_str(X));
-    s.out_dtype = Y.dtype;
+  return detail::check_fp8_outputs(a, 0, rows_of(X), last_dim(X), &X);
+}
+
+/// What a swiglu_fp8_fwd / swiglu_fp8_bwd call does: the quantised result's (M, K) is
+/// (N, F) forward and (N, 2F) backward.
+struct SwigluFp8Shape {
+  int64_t n, f;          ///< X viewed as (N, 2F)
+  Fp8QuantizeShape out;  ///< the FP8 outputs
+};
+
+/// swiglu_fp8_fwd: X float (N, 2F), scale f32 (1); Y fp8 (N, F), Yt fp8 (F, N), amax f32 (1)
+/// as fp8_quantize's. swiglu_fp8_bwd (bwd): dY (N, F) of X's dtype first, then X and scale;
+/// dX fp8 (N, 2F), dXt (2F, N), amax.
+inline SwigluFp8Shape check_swiglu_fp8(const OpCall* call, bool shapes_only, DeviceType device,
+                                       bool bwd) {
+  OpArgs a = bwd ? OpArgs(call, ops::kSwigluFp8Bwd, {"dY", "X", "scale"}, {"dX", "dXt", "amax"},
+                          shapes_only, device)
+                 : OpArgs(call, ops::kSwigluFp8Fwd, {"X", "scale"}, {"Y", "Yt", "amax"},
+                          shapes_only, device);
+  const int xi = bwd ? 1 : 0;
+  const TensorView& X = a.float_in(xi);
+  a.rank_in(xi, 1, "(N, 2F)");
+  if (last_dim(X) % 2 != 0)
+    a.fail(a.in_label(xi) + " has shape " + view_shape_str(X) +
+           ": its last dimension (2F: gate then up projection) must be even");
+  a.f32_in(xi + 1);
+  a.shape_in(xi + 1, {1}, "(1)");
+  SwigluFp8Shape s{rows_of(X), last_dim(X) / 2, {}};
+  if (bwd) {
+    const TensorView& dY = a.float_in(0);
+    if (dY.ndim < 1 || rows_of(dY) != s.n || last_dim(dY) != s.f)
+      a.fail(a.in_label(0) + " has shape " + view_shape_str(dY) +
+             ", expected (N, F) with N = " + std::to_string(s.n) + ", F = " + std::to_string(s.f));
+    if (dY.dtype != X.dtype)
+      a.fail(a.in_label(0) + " has dtype " + dtype_name(dY.dtype) + ", expected X's " +
+             dtype_name(X.dtype));
   }
-  if (s.yt) {
-    const TensorView& Yt = a.fp8_out(1);
-    a.shape_out(1, {s.k, s.m}, "(K, M), X's (M, K) transposed");
-    if (s.y && Yt.dtype != s.out_dtype)
-      a.fail(a.out_label(1) + " has dtype " + dtype_name(Yt.dtype) + ", Y has " +
-             dtype_name(s.out_dtype) + ": give both one FP8 dtype");
-    s.out_dtype = Yt.dtype;
-  }
-  if (s.amax) {
-    a.f32_out(2);
-    a.shape_out(2, {1}, "(1)");
-  }
+  s.out = detail::check_fp8_outputs(a, 0, s.n, bwd ? 2 * s.f : s.f, nullptr);
   return s;
 }
 

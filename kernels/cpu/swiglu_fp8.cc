@@ -1,0 +1,149 @@
+// swiglu_fp8_fwd / swiglu_fp8_bwd (loom/ops/fp8.h): swiglu's result quantised as fp8_quantize
+// would quantise it, without the tensor in between. Forward and backward side by side.
+//   reference: one element at a time: swiglu_fwd's (or swiglu_bwd's) reference value
+//              (activations.h), rounded to X's dtype, then fp8_quantize's reference loop
+//              (fp8.h);
+//   fast:      swiglu's fast rows (AVX2), rounded to X's dtype as its store does, through
+//              fp8_quantize's fast tiles.
+// Each therefore gives the bits of the two ops of its own name, one after the other.
+#include <loom/cpp/op_checks/fp8.h>
+
+#include <vector>
+
+#include "kernels/cpu/activations.h"
+#include "kernels/cpu/common.h"
+#include "kernels/cpu/fp8.h"
+
+namespace loom::kernels::cpu {
+namespace {
+
+using op_checks::SwigluFp8Shape;
+
+SwigluFp8Shape check_swiglu_fp8_fwd(const OpCall* call, bool shapes_only) {
+  return op_checks::check_swiglu_fp8(call, shapes_only, DeviceType::kCpu, false);
+}
+SwigluFp8Shape check_swiglu_fp8_bwd(const OpCall* call, bool shapes_only) {
+  return op_checks::check_swiglu_fp8(call, shapes_only, DeviceType::kCpu, true);
+}
+
+// v as a tensor of dtype t stores it (what the unfused op's output holds).
+float rounded(DType t, float v) {
+  uint32_t slot = 0;
+  store(&slot, t, 0, v);
+  return load(&slot, t, 0);
+}
+// The same over a row, through store_row / load_row as the fast kernels convert.
+void round_row(DType t, float* v, int64_t n, std::vector<uint16_t>& scratch) {
+  if (t == DType::kF32) return;
+  scratch.resize(static_cast<size_t>(n));
+  store_row(scratch.data(), t, 0, n, v);
+  load_row(scratch.data(), t, 0, n, v);
+}
+
+// The outputs of a call: Y / dX, Yt / dXt, amax; null where absent.
+struct Fp8Outs {
+  uint8_t* y;
+  uint8_t* yt;
+  float* amax;
+};
+Fp8Outs outs_of(const OpCall* call, const op_checks::Fp8QuantizeShape& s) {
+  return {s.y ? static_cast<uint8_t*>(call->outputs[0].data) : nullptr,
+          s.yt ? static_cast<uint8_t*>(call->outputs[1].data) : nullptr,
+          s.amax ? f32_mut(call->outputs[2]) : nullptr};
+}
+
+// ---- reference ----------------------------------------------------------------------------
+
+Status swiglu_fp8_fwd_ref(const OpCall* call) {
+  return guard([&] {
+    const SwigluFp8Shape s = check_swiglu_fp8_fwd(call, false);
+    const TensorView& X = call->inputs[0];
+    const Fp8Outs o = outs_of(call, s.out);
+    // y[n, j] = swiglu(X[n, j], X[n, F + j]) as X's dtype holds it.
+    quantize_elements_ref(s.n, s.f, f32(call->inputs[1])[0], s.out.out_dtype, o.y, o.yt, o.amax,
+                          [&](int64_t n, int64_t j) {
+                            const int64_t gate = n * 2 * s.f + j;
+                            return rounded(
+                                X.dtype, swiglu_fwd_ref_value(load(X, gate), load(X, gate + s.f)));
+                          });
+  });
+}
+
+Status swiglu_fp8_bwd_ref(const OpCall* call) {
+  return guard([&] {
+    const SwigluFp8Shape s = check_swiglu_fp8_bwd(call, false);
+    const TensorView &dY = call->inputs[0], &X = call->inputs[1];
+    const Fp8Outs o = outs_of(call, s.out);
+    // dX[n, c] for c < F the gate's gradient, else the up projection's (of j = c - F).
+    quantize_elements_ref(s.n, 2 * s.f, f32(call->inputs[2])[0], s.out.out_dtype, o.y, o.yt, o.amax,
+                          [&](int64_t n, int64_t c) {
+                            const int64_t j = c < s.f ? c : c - s.f, gate = n * 2 * s.f + j;
+                            float dg, du;
+                            swiglu_bwd_ref_values(load(X, gate), load(X, gate + s.f),
+                                                  load(dY, n * s.f + j), &dg, &du);
+                            return rounded(X.dtype, c < s.f ? dg : du);
+                          });
+  });
+}
+
+// ---- fast ---------------------------------------------------------------------------------
+
+LOOM_CPU_FAST_BEGIN
+
+Status swiglu_fp8_fwd_fast(const OpCall* call) {
+  return guard([&] {
+    const SwigluFp8Shape s = check_swiglu_fp8_fwd(call, false);
+    const TensorView& X = call->inputs[0];
+    const Fp8Outs o = outs_of(call, s.out);
+    const int64_t padded = (s.f + 7) / 8 * 8;
+    quantize_rows_fast(s.n, s.f, f32(call->inputs[1])[0], s.out.out_dtype, o.y, o.yt, o.amax,
+                       [&](int64_t n, float* out) {
+                         std::vector<float> g(static_cast<size_t>(padded)),
+                             u(static_cast<size_t>(padded));
+                         std::vector<uint16_t> scratch;
+                         load_row(X.data, X.dtype, n * 2 * s.f, s.f, g.data());
+                         load_row(X.data, X.dtype, n * 2 * s.f + s.f, s.f, u.data());
+                         swiglu_fwd_row_fast(g.data(), u.data(), padded);
+                         round_row(X.dtype, g.data(), s.f, scratch);
+                         std::copy(g.begin(), g.begin() + s.f, out);
+                       });
+  });
+}
+
+Status swiglu_fp8_bwd_fast(const OpCall* call) {
+  return guard([&] {
+    const SwigluFp8Shape s = check_swiglu_fp8_bwd(call, false);
+    const TensorView &dY = call->inputs[0], &X = call->inputs[1];
+    const Fp8Outs o = outs_of(call, s.out);
+    const int64_t padded = (s.f + 7) / 8 * 8;
+    quantize_rows_fast(s.n, 2 * s.f, f32(call->inputs[2])[0], s.out.out_dtype, o.y, o.yt, o.amax,
+                       [&](int64_t n, float* out) {
+                         std::vector<float> g(static_cast<size_t>(padded)),
+                             u(static_cast<size_t>(padded)), dy(static_cast<size_t>(padded));
+                         std::vector<uint16_t> scratch;
+                         load_row(X.data, X.dtype, n * 2 * s.f, s.f, g.data());
+                         load_row(X.data, X.dtype, n * 2 * s.f + s.f, s.f, u.data());
+                         load_row(dY.data, dY.dtype, n * s.f, s.f, dy.data());
+                         swiglu_bwd_row_fast(g.data(), u.data(), dy.data(), padded);
+                         round_row(X.dtype, g.data(), s.f, scratch);
+                         round_row(X.dtype, u.data(), s.f, scratch);
+                         std::copy(g.begin(), g.begin() + s.f, out);
+                         std::copy(u.begin(), u.begin() + s.f, out + s.f);
+                       });
+  });
+}
+
+LOOM_CPU_FAST_END
+
+// swiglu's 8 (fwd) FLOPs an element plus the quantisation's 2.
+LOOM_CPU_HOOKS(swiglu_fp8_fwd, check_swiglu_fp8_fwd, 10)
+LOOM_CPU_HOOKS(swiglu_fp8_bwd, check_swiglu_fp8_bwd, 10)
+
+}  // namespace
+
+void add_swiglu_fp8_kernels(std::vector<KernelDesc>& out) {
+  LOOM_CPU_REGISTER(out, ops::kSwigluFp8Fwd, swiglu_fp8_fwd);
+  LOOM_CPU_REGISTER(out, ops::kSwigluFp8Bwd, swiglu_fp8_bwd);
+}
+
+}  // namespace loom::kernels::cpu
