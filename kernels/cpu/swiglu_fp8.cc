@@ -8,6 +8,7 @@
 // Each therefore gives the bits of the two ops of its own name, one after the other.
 #include <loom/cpp/op_checks/fp8.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "kernels/cpu/activations.h"
@@ -39,6 +40,24 @@ void round_row(DType t, float* v, int64_t n, std::vector<uint16_t>& scratch) {
   store_row(scratch.data(), t, 0, n, v);
   load_row(scratch.data(), t, 0, n, v);
 }
+
+// One thread's row buffers for the fast kernels: quantize_rows_fast calls `row` from its
+// OpenMP threads, one row at a time, so each thread keeps its buffers from row to row (and
+// from call to call) instead of allocating them per row.
+struct RowScratch {
+  std::vector<float> g, u, dy;
+  std::vector<uint16_t> rounding;
+  static RowScratch& of_this_thread(int64_t padded) {
+    thread_local RowScratch s;
+    const size_t n = static_cast<size_t>(padded);
+    if (s.g.size() < n) {
+      s.g.resize(n);
+      s.u.resize(n);
+      s.dy.resize(n);
+    }
+    return s;
+  }
+};
 
 // The outputs of a call: Y / dX, Yt / dXt, amax; null where absent.
 struct Fp8Outs {
@@ -98,14 +117,15 @@ Status swiglu_fp8_fwd_fast(const OpCall* call) {
     const int64_t padded = (s.f + 7) / 8 * 8;
     quantize_rows_fast(s.n, s.f, f32(call->inputs[1])[0], s.out.out_dtype, o.y, o.yt, o.amax,
                        [&](int64_t n, float* out) {
-                         std::vector<float> g(static_cast<size_t>(padded)),
-                             u(static_cast<size_t>(padded));
-                         std::vector<uint16_t> scratch;
-                         load_row(X.data, X.dtype, n * 2 * s.f, s.f, g.data());
-                         load_row(X.data, X.dtype, n * 2 * s.f + s.f, s.f, u.data());
-                         swiglu_fwd_row_fast(g.data(), u.data(), padded);
-                         round_row(X.dtype, g.data(), s.f, scratch);
-                         std::copy(g.begin(), g.begin() + s.f, out);
+                         RowScratch& r = RowScratch::of_this_thread(padded);
+                         float *g = r.g.data(), *u = r.u.data();
+                         load_row(X.data, X.dtype, n * 2 * s.f, s.f, g);
+                         load_row(X.data, X.dtype, n * 2 * s.f + s.f, s.f, u);
+                         std::fill(g + s.f, g + padded, 0.f);  // the pad lanes, as before
+                         std::fill(u + s.f, u + padded, 0.f);
+                         swiglu_fwd_row_fast(g, u, padded);
+                         round_row(X.dtype, g, s.f, r.rounding);
+                         std::copy(g, g + s.f, out);
                        });
   });
 }
@@ -118,17 +138,19 @@ Status swiglu_fp8_bwd_fast(const OpCall* call) {
     const int64_t padded = (s.f + 7) / 8 * 8;
     quantize_rows_fast(s.n, 2 * s.f, f32(call->inputs[2])[0], s.out.out_dtype, o.y, o.yt, o.amax,
                        [&](int64_t n, float* out) {
-                         std::vector<float> g(static_cast<size_t>(padded)),
-                             u(static_cast<size_t>(padded)), dy(static_cast<size_t>(padded));
-                         std::vector<uint16_t> scratch;
-                         load_row(X.data, X.dtype, n * 2 * s.f, s.f, g.data());
-                         load_row(X.data, X.dtype, n * 2 * s.f + s.f, s.f, u.data());
-                         load_row(dY.data, dY.dtype, n * s.f, s.f, dy.data());
-                         swiglu_bwd_row_fast(g.data(), u.data(), dy.data(), padded);
-                         round_row(X.dtype, g.data(), s.f, scratch);
-                         round_row(X.dtype, u.data(), s.f, scratch);
-                         std::copy(g.begin(), g.begin() + s.f, out);
-                         std::copy(u.begin(), u.begin() + s.f, out + s.f);
+                         RowScratch& r = RowScratch::of_this_thread(padded);
+                         float *g = r.g.data(), *u = r.u.data(), *dy = r.dy.data();
+                         load_row(X.data, X.dtype, n * 2 * s.f, s.f, g);
+                         load_row(X.data, X.dtype, n * 2 * s.f + s.f, s.f, u);
+                         load_row(dY.data, dY.dtype, n * s.f, s.f, dy);
+                         std::fill(g + s.f, g + padded, 0.f);  // the pad lanes, as before
+                         std::fill(u + s.f, u + padded, 0.f);
+                         std::fill(dy + s.f, dy + padded, 0.f);
+                         swiglu_bwd_row_fast(g, u, dy, padded);
+                         round_row(X.dtype, g, s.f, r.rounding);
+                         round_row(X.dtype, u, s.f, r.rounding);
+                         std::copy(g, g + s.f, out);
+                         std::copy(u, u + s.f, out + s.f);
                        });
   });
 }
