@@ -23,15 +23,6 @@
 
 namespace loom::kernels::cuda {
 
-void attention_allow_smem(const void* kernel, size_t bytes, const char* op) {
-  if (bytes <= 48 * 1024) return;
-  // Per launch rather than once: the attribute belongs to the current device's context,
-  // and a process may drive several devices; the call costs about a microsecond.
-  cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(bytes)),
-             (std::string(op) + ": cudaFuncSetAttribute(MaxDynamicSharedMemorySize)").c_str());
-}
-
 namespace {
 
 using op_checks::AttentionShape;

@@ -43,6 +43,7 @@
 #include "kernels/cuda/attention/attention_bwd_kernel.cuh"
 #include "kernels/cuda/attention/attention_params.cuh"
 #include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/resources.cuh"
 
 namespace loom::kernels::cuda {
 namespace {
@@ -65,7 +66,7 @@ void launch_bwd(const AttentionParams& p, cudaStream_t stream) {
   if (blocks > 0) {
     const size_t smem = Tile::template smem_bytes<T>();
     auto kernel = attention_bwd_tc_kernel<T, D, kWarps, kBr>;
-    attention_allow_smem(reinterpret_cast<const void*>(kernel), smem, "attention_bwd");
+    allow_dynamic_smem(kernel, smem, "attention_bwd");
     kernel<<<static_cast<unsigned>(blocks), Tile::kThreads, smem, stream>>>(p);
     launch_check("attention_bwd");
   }

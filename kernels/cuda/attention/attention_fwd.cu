@@ -31,6 +31,7 @@
 #include "kernels/cuda/attention/attention_fwd_kernel.cuh"
 #include "kernels/cuda/attention/attention_params.cuh"
 #include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/resources.cuh"
 
 namespace loom::kernels::cuda {
 namespace {
@@ -44,7 +45,7 @@ void launch_fwd(const AttentionParams& p, cudaStream_t stream) {
   if (blocks == 0) return;
   const size_t smem = Tile::template smem_bytes<T>();
   auto kernel = attention_fwd_tc_kernel<T, D, kWarps, kBc>;
-  attention_allow_smem(reinterpret_cast<const void*>(kernel), smem, "attention_fwd");
+  allow_dynamic_smem(kernel, smem, "attention_fwd");
   kernel<<<static_cast<unsigned>(blocks), Tile::kThreads, smem, stream>>>(p);
   launch_check("attention_fwd");
 }

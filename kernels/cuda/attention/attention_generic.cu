@@ -36,6 +36,7 @@
 #include "kernels/cuda/attention/attention_tiled_kernel.cuh"
 #include "kernels/cuda/common/cuda_check.h"
 #include "kernels/cuda/common/env_choice.h"
+#include "kernels/cuda/common/resources.cuh"
 
 namespace loom::kernels::cuda {
 namespace {
@@ -68,7 +69,7 @@ void launch_rows(Kernel kernel, const AttentionParams& p, int64_t rows, int64_t 
   const size_t per_warp = sizeof(float) * static_cast<size_t>(floats_per_warp);
   const int warps = warps_for(per_warp, op);
   const size_t smem = per_warp * warps;
-  attention_allow_smem(reinterpret_cast<const void*>(kernel), smem, op);
+  allow_dynamic_smem(kernel, smem, op);
   kernel<<<static_cast<unsigned>((rows + warps - 1) / warps), 32 * warps, smem, stream>>>(p);
   launch_check(op);
 }
@@ -112,7 +113,7 @@ void launch_tiled(Kernel kernel, const AttentionParams& p, int64_t rows, int64_t
   const int64_t blocks = (rows + kTiledRows - 1) / kTiledRows * outer;
   if (blocks == 0) return;
   const size_t smem = sizeof(float) * static_cast<size_t>(floats);
-  attention_allow_smem(reinterpret_cast<const void*>(kernel), smem, op);
+  allow_dynamic_smem(kernel, smem, op);
   kernel<<<static_cast<unsigned>(blocks), kTiledThreads, smem, stream>>>(p);
   launch_check(op);
 }

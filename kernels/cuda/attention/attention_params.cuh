@@ -138,8 +138,4 @@ void launch_attention_bwd_generic(const AttentionParams& p, cudaStream_t stream)
 // delta = rowsum(dO * O) into p.delta, and p.dq_acc zeroed when not null (attention_bwd.cu).
 void launch_attention_bwd_delta(const AttentionParams& p, cudaStream_t stream);
 
-// Sets the dynamic shared-memory limit of `kernel` when a block needs more than 48 KB
-// (attention.cu).
-void attention_allow_smem(const void* kernel, size_t bytes, const char* op);
-
 }  // namespace loom::kernels::cuda

@@ -22,6 +22,15 @@ int current_device(const char* op, const TensorView& t) {
   return device;
 }
 
+void allow_dynamic_smem(const void* kernel, size_t bytes, const char* op) {
+  if (bytes <= 48 * 1024) return;
+  cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(bytes)),
+             (std::string(op) + ": cudaFuncSetAttribute(MaxDynamicSharedMemorySize, " +
+              std::to_string(bytes) + " bytes)")
+                 .c_str());
+}
+
 namespace {
 
 // The value `ask` gives for `device`, asked once per (device, ask) and kept (also a 0 the

@@ -27,6 +27,18 @@ int multiprocessor_count(int device) noexcept;
 /// share), asked once per device; 0 when the runtime cannot tell.
 int shared_memory_per_multiprocessor(int device) noexcept;
 
+/// Lets `kernel` launch with `bytes` of dynamic shared memory a block. Past 48 KiB a kernel
+/// must opt in (cudaFuncAttributeMaxDynamicSharedMemorySize); at or below it this does
+/// nothing. Call it before every such launch, not once: the attribute belongs to the current
+/// device's context, a process may drive several devices, and the call costs about a
+/// microsecond. Throws Error naming `op` when the runtime refuses (more than the device's
+/// limit a block).
+void allow_dynamic_smem(const void* kernel, size_t bytes, const char* op);
+template <class... Args>
+void allow_dynamic_smem(void (*kernel)(Args...), size_t bytes, const char* op) {
+  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), bytes, op);
+}
+
 /// Device memory owned by one (device, stream) pair: cuBLASLt's workspace and the scratch of
 /// the ops that run as several kernels (cross_entropy_bwd's mask total, bias_grad's
 /// partial sums). Work on one stream runs in order, so the ops on a stream share it

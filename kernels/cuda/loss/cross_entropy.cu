@@ -159,9 +159,7 @@ Status cross_entropy_fwd_bwd(const OpCall* call) {
         LOOM_CUDA_FLOAT_SWITCH(dX.dtype, D, ops::kCrossEntropyFwdBwd, {
           auto kernel = staged > 0 ? ce_fwd_bwd_kernel<T, D, true> : ce_fwd_bwd_kernel<T, D, false>;
           if (staged > 0) {  // room for two rows a multiprocessor: all of it shared memory
-            cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(staged)),
-                       "cross_entropy_fwd_bwd: cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+            allow_dynamic_smem(kernel, staged, ops::kCrossEntropyFwdBwd);
             cuda_check(
                 cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                      cudaSharedmemCarveoutMaxShared),

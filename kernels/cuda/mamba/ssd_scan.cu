@@ -71,11 +71,7 @@ template <class T>
 void launch_fwd(const SsdArgs& a, const op_checks::SsdScanShape& s, cudaStream_t stream,
                 const char* op) {
   const size_t smem = static_cast<size_t>(ssd_smem(a.chunk, a.n, false).total) * sizeof(float);
-  if (smem > 48 * 1024)
-    cuda_check(
-        cudaFuncSetAttribute(ssd_scan_fwd_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(smem)),
-        (std::string(op) + ": cudaFuncSetAttribute").c_str());
+  allow_dynamic_smem(ssd_scan_fwd_kernel<T>, smem, op);
   ssd_scan_fwd_kernel<T><<<tile_grid(s), kSsdThreads, smem, stream>>>(a);
   launch_check(op);
 }
@@ -153,11 +149,7 @@ Status ssd_scan_bwd(const OpCall* call) {
     LOOM_CUDA_FLOAT_SWITCH(xbc.dtype, T, op, {
       launch_fwd<T>(a, s, stream, op);  // y and fin null: the chunk states only
       const size_t smem = static_cast<size_t>(ssd_smem(len, s.n, true).total) * sizeof(float);
-      if (smem > 48 * 1024)
-        cuda_check(cudaFuncSetAttribute(ssd_scan_bwd_kernel<T>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(smem)),
-                   "ssd_scan_bwd: cudaFuncSetAttribute");
+      allow_dynamic_smem(ssd_scan_bwd_kernel<T>, smem, op);
       ssd_scan_bwd_kernel<T><<<tile_grid(s), kSsdThreads, smem, stream>>>(a);
       launch_check(op);
       const int64_t items = s.b * s.t * (s.g * 2 * s.n + s.h);
