@@ -50,6 +50,7 @@ Status fp8_quantize_ref(const OpCall* call) {
     quantize_elements_ref(
         s.m, s.k, f32(call->inputs[1])[0], s.out_dtype, s.y ? bytes_mut(call->outputs[0]) : nullptr,
         s.yt ? bytes_mut(call->outputs[1]) : nullptr, s.amax ? f32_mut(call->outputs[2]) : nullptr,
+        scale_inv_out(call, s.scale_inv),
         [&](int64_t i, int64_t j) { return load(X, i * s.k + j); });
   });
 }
@@ -128,6 +129,7 @@ Status fp8_quantize_fast(const OpCall* call) {
     quantize_rows_fast(
         s.m, s.k, f32(call->inputs[1])[0], s.out_dtype, s.y ? bytes_mut(call->outputs[0]) : nullptr,
         s.yt ? bytes_mut(call->outputs[1]) : nullptr, s.amax ? f32_mut(call->outputs[2]) : nullptr,
+        scale_inv_out(call, s.scale_inv),
         [&](int64_t i, float* out) { load_row(X.data, X.dtype, i * s.k, s.k, out); });
   });
 }
@@ -202,9 +204,14 @@ Status fp8_scale_update_cost(const OpCall* call, OpCost* out) {
 
 }  // namespace
 
+float* scale_inv_out(const OpCall* call, bool present) {
+  return present ? f32_mut(call->outputs[3]) : nullptr;
+}
+
 void quantize_elements_ref(int64_t m, int64_t k, float scale, DType out_dtype, uint8_t* y,
-                           uint8_t* yt, float* amax,
+                           uint8_t* yt, float* amax, float* scale_inv,
                            const std::function<float(int64_t, int64_t)>& value) {
+  if (scale_inv != nullptr) scale_inv[0] = 1.0f / scale;  // as fp8_scale_update writes it
   float folded = amax != nullptr ? amax[0] : 0.0f;
   for (int64_t i = 0; i < m; ++i)
     for (int64_t j = 0; j < k; ++j) {
@@ -218,7 +225,9 @@ void quantize_elements_ref(int64_t m, int64_t k, float scale, DType out_dtype, u
 }
 
 void quantize_rows_fast(int64_t m, int64_t k, float scale, DType out_dtype, uint8_t* y, uint8_t* yt,
-                        float* amax, const std::function<void(int64_t, float*)>& row_of) {
+                        float* amax, float* scale_inv,
+                        const std::function<void(int64_t, float*)>& row_of) {
+  if (scale_inv != nullptr) scale_inv[0] = 1.0f / scale;  // as fp8_scale_update writes it
   if (m * k == 0) return;
   // Tiles of kTile rows: each converts its rows once, writes Y's rows and Yt's columns.
   constexpr int64_t kTile = 32;

@@ -59,16 +59,17 @@ struct RowScratch {
   }
 };
 
-// The outputs of a call: Y / dX, Yt / dXt, amax; null where absent.
+// The outputs of a call: Y / dX, Yt / dXt, amax, scale_inv; null where absent.
 struct Fp8Outs {
   uint8_t* y;
   uint8_t* yt;
   float* amax;
+  float* scale_inv;
 };
 Fp8Outs outs_of(const OpCall* call, const op_checks::Fp8QuantizeShape& s) {
   return {s.y ? static_cast<uint8_t*>(call->outputs[0].data) : nullptr,
           s.yt ? static_cast<uint8_t*>(call->outputs[1].data) : nullptr,
-          s.amax ? f32_mut(call->outputs[2]) : nullptr};
+          s.amax ? f32_mut(call->outputs[2]) : nullptr, scale_inv_out(call, s.scale_inv)};
 }
 
 // ---- reference ----------------------------------------------------------------------------
@@ -80,7 +81,7 @@ Status swiglu_fp8_fwd_ref(const OpCall* call) {
     const Fp8Outs o = outs_of(call, s.out);
     // y[n, j] = swiglu(X[n, j], X[n, F + j]) as X's dtype holds it.
     quantize_elements_ref(s.n, s.f, f32(call->inputs[1])[0], s.out.out_dtype, o.y, o.yt, o.amax,
-                          [&](int64_t n, int64_t j) {
+                          o.scale_inv, [&](int64_t n, int64_t j) {
                             const int64_t gate = n * 2 * s.f + j;
                             return rounded(
                                 X.dtype, swiglu_fwd_ref_value(load(X, gate), load(X, gate + s.f)));
@@ -95,7 +96,7 @@ Status swiglu_fp8_bwd_ref(const OpCall* call) {
     const Fp8Outs o = outs_of(call, s.out);
     // dX[n, c] for c < F the gate's gradient, else the up projection's (of j = c - F).
     quantize_elements_ref(s.n, 2 * s.f, f32(call->inputs[2])[0], s.out.out_dtype, o.y, o.yt, o.amax,
-                          [&](int64_t n, int64_t c) {
+                          o.scale_inv, [&](int64_t n, int64_t c) {
                             const int64_t j = c < s.f ? c : c - s.f, gate = n * 2 * s.f + j;
                             float dg, du;
                             swiglu_bwd_ref_values(load(X, gate), load(X, gate + s.f),
@@ -116,7 +117,7 @@ Status swiglu_fp8_fwd_fast(const OpCall* call) {
     const Fp8Outs o = outs_of(call, s.out);
     const int64_t padded = (s.f + 7) / 8 * 8;
     quantize_rows_fast(s.n, s.f, f32(call->inputs[1])[0], s.out.out_dtype, o.y, o.yt, o.amax,
-                       [&](int64_t n, float* out) {
+                       o.scale_inv, [&](int64_t n, float* out) {
                          RowScratch& r = RowScratch::of_this_thread(padded);
                          float *g = r.g.data(), *u = r.u.data();
                          load_row(X.data, X.dtype, n * 2 * s.f, s.f, g);
@@ -137,7 +138,7 @@ Status swiglu_fp8_bwd_fast(const OpCall* call) {
     const Fp8Outs o = outs_of(call, s.out);
     const int64_t padded = (s.f + 7) / 8 * 8;
     quantize_rows_fast(s.n, 2 * s.f, f32(call->inputs[2])[0], s.out.out_dtype, o.y, o.yt, o.amax,
-                       [&](int64_t n, float* out) {
+                       o.scale_inv, [&](int64_t n, float* out) {
                          RowScratch& r = RowScratch::of_this_thread(padded);
                          float *g = r.g.data(), *u = r.u.data(), *dy = r.dy.data();
                          load_row(X.data, X.dtype, n * 2 * s.f, s.f, g);

@@ -59,8 +59,10 @@ void DelayedScaling::quantize_impl(int32_t id, const TensorView& x, const Tensor
                                    const TensorView& yt, const TensorView& scale_inv, bool record,
                                    void* stream) {
   TensorView scale{}, amax_slot{};
-  producer_impl(id, scale_inv, record, stream, &scale, &amax_slot);
-  quantize_kernel(x.dtype)({x, scale}, {y, yt, amax_slot}, stream);
+  producer_impl(id, empty_view(), record, stream, &scale, &amax_slot);
+  // The kernel writes scale_inv = 1 / scale: the bits of this quantiser's scale_inv state
+  // (fp8_scale_update's same division), without a copy kernel of its own.
+  quantize_kernel(x.dtype)({x, scale}, {y, yt, amax_slot, scale_inv}, stream);
 }
 
 void DelayedScaling::producer_impl(int32_t id, const TensorView& scale_inv, bool record,

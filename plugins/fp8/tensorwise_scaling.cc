@@ -21,8 +21,8 @@ void TensorwiseScaling::quantize_impl(int32_t id, const TensorView& x, const Ten
   // A one-row history holding this amax: its "most recent" entry gives the scale.
   scale_update_kernel()({element(fp8_max(), id)}, {reshape(amax, {1, 1}), scale, scale_inv_q},
                         ops::Fp8ScaleAttrs{1, 0, -1, margin()}, stream);
-  quantize_kernel(x.dtype)({x, scale}, {y, yt, empty_view()}, stream);
-  copy_scale_inv(scale_inv_q, scale_inv, stream);
+  // The kernel writes scale_inv = 1 / scale, the bits scale_update just gave scale_inv_q.
+  quantize_kernel(x.dtype)({x, scale}, {y, yt, empty_view(), scale_inv}, stream);
 }
 
 Status TensorwiseScaling::step_end(ICommunicator*, void*) noexcept { return ok_status(); }

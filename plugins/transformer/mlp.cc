@@ -122,7 +122,7 @@ void Mlp::run_forward(IForwardContext& ctx, const TensorView* inputs, int32_t nu
   const TensorView fc2_bias = fc2_bias_on_gemm() ? value(fc2_bias_) : empty_view();
   if (a_fp8) {
     const Linear::Fp8Producer aq = fp8_producer(ctx, kFc2Fp8, Fp8Role::kActivation, n, local_ffn_);
-    swiglu_fp8_fwd_({h1, aq.scale}, {aq.operand.q, aq.operand.t, aq.amax});
+    swiglu_fp8_fwd_({h1, aq.scale}, {aq.operand.q, aq.operand.t, aq.amax, aq.operand.scale_inv});
     linear_.forward_fp8(ctx, {this, kFc2Fp8}, aq.operand, value(fc2_weight_), fc2_bias,
                         rows(y_partial, hidden_));
   } else {
@@ -189,7 +189,7 @@ void Mlp::run_backward(IForwardContext& ctx, const TensorView* grad_outputs,
                      grad(fc2_weight_), fc2_bias_grad(), da, deferred);
     if (dh1_fp8) {
       const Linear::Fp8Producer q = fp8_producer(ctx, kFc1Fp8, Fp8Role::kGradOutput, n, fc1_out_);
-      swiglu_fp8_bwd_({da, h1, q.scale}, {q.operand.q, q.operand.t, q.amax});
+      swiglu_fp8_bwd_({da, h1, q.scale}, {q.operand.q, q.operand.t, q.amax, q.operand.scale_inv});
       dh1q = q.operand;
     } else if (activation_ == Activation::kSwiglu) {
       act_bwd_({da, h1}, {dh1});

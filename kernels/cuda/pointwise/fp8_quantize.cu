@@ -17,6 +17,14 @@
 namespace loom::kernels::cuda::pointwise {
 namespace {
 
+// scale_inv = 1 / scale alone (an empty call): quantize_kernel over no elements.
+void launch_scale_inv(const TensorView& scale, const TensorView& scale_inv, cudaStream_t stream) {
+  quantize_kernel<false>
+      <<<1, 32, 0, stream>>>(nullptr, DType::kF32, static_cast<const float*>(scale.data), nullptr,
+                             nullptr, static_cast<float*>(scale_inv.data), 0, false);
+  launch_check(ops::kFp8Quantize);
+}
+
 bool general_forced() {
   static const bool general =
       env_choice("fp8_quantize", "LOOM_FP8_QUANTIZE", {"typed", "general"}) == 1;
@@ -25,8 +33,10 @@ bool general_forced() {
 
 template <class T, bool kE5M2>
 void launch_typed(const void* x, const float* scale, uint8_t* y, uint8_t* yt, float* amax,
-                  const op_checks::Fp8QuantizeShape& s, unsigned blocks, cudaStream_t stream) {
-  const QuantizeTransposeArgs<T> a{static_cast<const T*>(x), scale, y, yt, amax, s.m, s.k};
+                  float* scale_inv, const op_checks::Fp8QuantizeShape& s, unsigned blocks,
+                  cudaStream_t stream) {
+  const QuantizeTransposeArgs<T> a{
+      static_cast<const T*>(x), scale, y, yt, amax, scale_inv, s.m, s.k};
   quantize_transpose_typed_kernel<T, kE5M2><<<blocks, kFp8TileThreads, 0, stream>>>(a);
 }
 
@@ -37,6 +47,7 @@ void launch(const OpCall* call, const op_checks::Fp8QuantizeShape& s) {
   uint8_t* y = s.y ? static_cast<uint8_t*>(call->outputs[0].data) : nullptr;
   uint8_t* yt = s.yt ? static_cast<uint8_t*>(call->outputs[1].data) : nullptr;
   float* amax = s.amax ? static_cast<float*>(call->outputs[2].data) : nullptr;
+  float* scale_inv = s.scale_inv ? static_cast<float*>(call->outputs[3].data) : nullptr;
   const cudaStream_t stream = stream_of(call);
   const Fp8QuantizePlan p =
       fp8_quantize_plan(X.data, X.dtype, y, yt, s.m, s.k, yt != nullptr && general_forced(),
@@ -44,21 +55,23 @@ void launch(const OpCall* call, const op_checks::Fp8QuantizeShape& s) {
   switch (p.kernel) {
     case Fp8Kernel::kFlat:
       quantize_kernel<kE5M2><<<p.blocks, kFlatThreads, 0, stream>>>(X.data, X.dtype, scale, y, amax,
-                                                                    s.m * s.k, p.vec);
+                                                                    scale_inv, s.m * s.k, p.vec);
       return;
     case Fp8Kernel::kTranspose:
       quantize_transpose_kernel<kE5M2><<<p.blocks, kFp8TileThreads, 0, stream>>>(
-          X.data, X.dtype, scale, y, yt, amax, s.m, s.k, p.vec, p.vec_y, p.vec_yt);
+          X.data, X.dtype, scale, y, yt, amax, scale_inv, s.m, s.k, p.vec, p.vec_y, p.vec_yt);
       return;
     case Fp8Kernel::kTransposeTyped:
       switch (X.dtype) {
         case DType::kF32:
-          return launch_typed<float, kE5M2>(X.data, scale, y, yt, amax, s, p.blocks, stream);
+          return launch_typed<float, kE5M2>(X.data, scale, y, yt, amax, scale_inv, s, p.blocks,
+                                            stream);
         case DType::kBF16:
-          return launch_typed<__nv_bfloat16, kE5M2>(X.data, scale, y, yt, amax, s, p.blocks,
-                                                    stream);
+          return launch_typed<__nv_bfloat16, kE5M2>(X.data, scale, y, yt, amax, scale_inv, s,
+                                                    p.blocks, stream);
         default:
-          return launch_typed<__half, kE5M2>(X.data, scale, y, yt, amax, s, p.blocks, stream);
+          return launch_typed<__half, kE5M2>(X.data, scale, y, yt, amax, scale_inv, s, p.blocks,
+                                             stream);
       }
   }
 }
@@ -67,7 +80,10 @@ Status fp8_quantize(const OpCall* call) {
   return guard([&] {
     const op_checks::Fp8QuantizeShape s =
         op_checks::check_fp8_quantize(call, false, DeviceType::kCuda);
-    if (s.m * s.k == 0) return;  // nothing to write; amax[0] unchanged
+    if (s.m * s.k == 0) {  // nothing to quantise, amax[0] unchanged; scale_inv still written
+      if (s.scale_inv) launch_scale_inv(call->inputs[1], call->outputs[3], stream_of(call));
+      return;
+    }
     if (s.out_dtype == DType::kF8E5M2)
       launch<true>(call, s);
     else

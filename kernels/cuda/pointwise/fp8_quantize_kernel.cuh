@@ -48,7 +48,9 @@
 //
 // amax: each thread keeps an unsigned max over the bits of |x| over everything it read; the
 // block folds it into amax[0] once, at the end (kernels/cuda/common/amax.cuh, the same as the
-// "amax" op).
+// "amax" op). scale_inv (the ops' optional output [3]): 1 / scale, written by thread 0 of
+// block 0 before its loop (write_scale_inv); an empty call launches quantize_kernel with
+// n = 0 for it alone.
 //
 // Plain CUDA C++ without host-only code in the kernels.
 #pragma once
@@ -112,14 +114,23 @@ __device__ __forceinline__ void store_codes(uint8_t* p, int64_t i, int64_t end, 
     if (i + e < end) p[i + e] = static_cast<uint8_t>(code[e]);
 }
 
+// scale_inv[0] = 1 / s, by one thread of the grid, when scale_inv is not null: the f32
+// division fp8_scale_update writes its scale_inv with (kernels/cuda/optim/fp8_scale_update.cu),
+// so the two give the same bits.
+__device__ __forceinline__ void write_scale_inv(float s, float* __restrict__ scale_inv) {
+  if (scale_inv != nullptr && blockIdx.x == 0 && threadIdx.x == 0) *scale_inv = 1.0f / s;
+}
+
 // ---- The general kernels ------------------------------------------------------------------------
 
-// Y only: X and Y flat, n elements. amax may be null.
+// Y only: X and Y flat, n elements (0: scale_inv alone). amax and scale_inv may be null.
 template <bool kE5M2>
 __global__ void quantize_kernel(const void* __restrict__ x, DType xt,
                                 const float* __restrict__ scale, uint8_t* __restrict__ y,
-                                float* __restrict__ amax, int64_t n, bool vec) {
+                                float* __restrict__ amax, float* __restrict__ scale_inv, int64_t n,
+                                bool vec) {
   const float s = *scale;
+  write_scale_inv(s, scale_inv);
   uint32_t bits = 0u;
   const int64_t chunks = (n + 3) / 4;
   for (int64_t q = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; q < chunks;
@@ -153,19 +164,20 @@ __device__ __forceinline__ void store_yt_tile(const uint8_t* tile, uint8_t* __re
   }
 }
 
-// X (M, K) -> Yt (K, M) and, when y is not null, Y (M, K); amax may be null. vec_x: X aligned
-// to 4 elements and K % 4 == 0; vec_y: Y aligned to 4 bytes and K % 4 == 0; vec_yt: Yt
+// X (M, K) -> Yt (K, M) and, when y is not null, Y (M, K); amax and scale_inv may be null. vec_x: X
+// aligned to 4 elements and K % 4 == 0; vec_y: Y aligned to 4 bytes and K % 4 == 0; vec_yt: Yt
 // aligned to 16 bytes and M % 16 == 0.
 template <bool kE5M2>
 __global__ void __launch_bounds__(kFp8TileThreads)
     quantize_transpose_kernel(const void* __restrict__ x, DType xt, const float* __restrict__ scale,
                               uint8_t* __restrict__ y, uint8_t* __restrict__ yt,
-                              float* __restrict__ amax, int64_t m, int64_t k, bool vec_x,
-                              bool vec_y, bool vec_yt) {
+                              float* __restrict__ amax, float* __restrict__ scale_inv, int64_t m,
+                              int64_t k, bool vec_x, bool vec_y, bool vec_yt) {
   constexpr int kChunksPerRow = kFp8Tile / 4;
   // tile[c * kFp8TileStride + r]: the code of X[m0 + r, k0 + c].
   __shared__ __align__(16) uint8_t tile[kFp8Tile * kFp8TileStride];
   const float s = *scale;
+  write_scale_inv(s, scale_inv);
   const int64_t tiles_k = (k + kFp8Tile - 1) / kFp8Tile;
   const int64_t tiles = tiles_k * ((m + kFp8Tile - 1) / kFp8Tile);
   uint32_t bits = 0u;
@@ -214,6 +226,7 @@ struct QuantizeTransposeArgs {
   uint8_t* y;          // (M, K) or null; aligned to kFp8Width<T> bytes
   uint8_t* yt;         // (K, M), 16-byte aligned, M % 16 == 0
   float* amax;         // (1) or null
+  float* scale_inv;    // (1) or null
   int64_t m, k;
 };
 
@@ -263,15 +276,17 @@ struct PlainSource {
 
 // Quantises the result `src` describes, (M, kOut * Kc), with scale[0]: its codes into Y
 // (M, kOut * Kc) unless y is null, their transpose into Yt (kOut * Kc, M), and the bits of
-// |value| folded into amax unless it is null. The typed kernel's tiles and phases (64 x 64
-// tiles of chunks, each of the kOut outputs through its own shared tile), the next tile's
-// loads issued before this one's Yt rows are stored. y and yt may be null (not both: one of
-// them is the point). With Src::kVec: Y aligned to a chunk's codes, Kc a multiple of kW, Yt
-// 16-byte aligned and M % 16 == 0; without, any of them.
+// |value| folded into amax unless it is null (1 / scale into scale_inv likewise). The typed
+// kernel's tiles and phases (64 x 64 tiles of chunks, each of the kOut outputs through its own
+// shared tile), the next tile's loads issued before this one's Yt rows are stored. y and yt may be
+// null (not both: one of them is the point). With Src::kVec: Y aligned to a chunk's codes, Kc a
+// multiple of kW, Yt 16-byte aligned and M % 16 == 0; without, any of them.
 template <class Src, bool kE5M2>
 __device__ __forceinline__ void quantize_tiles(const Src& src, const float* __restrict__ scale,
                                                uint8_t* __restrict__ y, uint8_t* __restrict__ yt,
-                                               float* __restrict__ amax, int64_t m, int64_t kc) {
+                                               float* __restrict__ amax,
+                                               float* __restrict__ scale_inv, int64_t m,
+                                               int64_t kc) {
   constexpr int kW = Src::kW, kOut = Src::kOut;
   constexpr int kRowChunks = kFp8Tile / kW;                      // chunks a tile row
   constexpr int kPer = kFp8Tile * kRowChunks / kFp8TileThreads;  // a thread's: 2 bf16, 4 f32
@@ -279,6 +294,7 @@ __device__ __forceinline__ void quantize_tiles(const Src& src, const float* __re
   // tile[o][c * kFp8TileStride + r]: the code of output o's (m0 + r, k0 + c).
   __shared__ __align__(16) uint8_t tile[kOut][kFp8Tile * kFp8TileStride];
   const float s = *scale;
+  write_scale_inv(s, scale_inv);
   const int64_t ktot = kOut * kc;  // Y's row length
   const int64_t tiles_k = (kc + kFp8Tile - 1) / kFp8Tile;
   const int64_t tiles = tiles_k * ((m + kFp8Tile - 1) / kFp8Tile);
@@ -345,8 +361,8 @@ __device__ __forceinline__ void quantize_tiles(const Src& src, const float* __re
 template <class T, bool kE5M2>
 __global__ void __launch_bounds__(kFp8TileThreads, fp8_typed_blocks_per_sm(sizeof(T)))
     quantize_transpose_typed_kernel(QuantizeTransposeArgs<T> a) {
-  quantize_tiles<PlainSource<T>, kE5M2>(PlainSource<T>{a.x, a.k}, a.scale, a.y, a.yt, a.amax, a.m,
-                                        a.k);
+  quantize_tiles<PlainSource<T>, kE5M2>(PlainSource<T>{a.x, a.k}, a.scale, a.y, a.yt, a.amax,
+                                        a.scale_inv, a.m, a.k);
 }
 
 // ---- swiglu_fp8_fwd / swiglu_fp8_bwd ----------------------------------------------------------
@@ -406,6 +422,7 @@ struct SwigluFp8Args {
   uint8_t* y;          // forward Y (N, F), backward dX (N, 2F), or null
   uint8_t* yt;         // its transpose, or null
   float* amax;         // (1) or null
+  float* scale_inv;    // (1) or null
   int64_t n, f;
 };
 
@@ -419,7 +436,8 @@ template <class T, bool kBwd, bool kVec, bool kE5M2>
 __global__ void __launch_bounds__(kFp8TileThreads, swiglu_fp8_blocks_per_sm(kBwd))
     swiglu_fp8_kernel(SwigluFp8Args<T> a) {
   quantize_tiles<SwigluSource<T, kBwd, kVec>, kE5M2>(SwigluSource<T, kBwd, kVec>{a.x, a.dy, a.f},
-                                                     a.scale, a.y, a.yt, a.amax, a.n, a.f);
+                                                     a.scale, a.y, a.yt, a.amax, a.scale_inv, a.n,
+                                                     a.f);
 }
 
 // ---- Which kernel (host) ----------------------------------------------------------------------

@@ -32,10 +32,18 @@ void launch_typed(const SwigluFp8Plan& p, const SwigluFp8Args<T>& a, cudaStream_
 }
 
 void launch(const OpCall* call, const op_checks::SwigluFp8Shape& s, bool bwd, const char* op) {
-  if (s.n * s.f == 0) return;  // nothing to write; amax[0] unchanged
   const TensorView& X = call->inputs[bwd ? 1 : 0];
   const void* dy = bwd ? call->inputs[0].data : nullptr;
   const float* scale = static_cast<const float*>(call->inputs[bwd ? 2 : 1].data);
+  float* scale_inv = s.out.scale_inv ? static_cast<float*>(call->outputs[3].data) : nullptr;
+  if (s.n * s.f == 0) {  // nothing to quantise, amax[0] unchanged; scale_inv still written
+    if (scale_inv != nullptr) {
+      quantize_kernel<false><<<1, 32, 0, stream_of(call)>>>(nullptr, DType::kF32, scale, nullptr,
+                                                            nullptr, scale_inv, 0, false);
+      launch_check(op);
+    }
+    return;
+  }
   uint8_t* y = s.out.y ? static_cast<uint8_t*>(call->outputs[0].data) : nullptr;
   uint8_t* yt = s.out.yt ? static_cast<uint8_t*>(call->outputs[1].data) : nullptr;
   float* amax = s.out.amax ? static_cast<float*>(call->outputs[2].data) : nullptr;
@@ -44,8 +52,15 @@ void launch(const OpCall* call, const op_checks::SwigluFp8Shape& s, bool bwd, co
   const bool e5m2 = s.out.out_dtype == DType::kF8E5M2;
   const cudaStream_t stream = stream_of(call);
   LOOM_CUDA_FLOAT_SWITCH(X.dtype, T, op, {
-    const SwigluFp8Args<T> a{
-        static_cast<const T*>(X.data), static_cast<const T*>(dy), scale, y, yt, amax, s.n, s.f};
+    const SwigluFp8Args<T> a{static_cast<const T*>(X.data),
+                             static_cast<const T*>(dy),
+                             scale,
+                             y,
+                             yt,
+                             amax,
+                             scale_inv,
+                             s.n,
+                             s.f};
     if (bwd && e5m2)
       launch_typed<T, true, true>(p, a, stream);
     else if (bwd)

@@ -136,9 +136,10 @@ TEST_P(Fp8QuantizeTest, FastMatchesReference) {
       Tensor x = Tensor::random(GetParam(), shape, rng, -3.0, 3.0);
       Tensor s = Tensor::filled(DType::kF32, {1}, out == DType::kF8E4M3 ? 150.0 : 20000.0);
       Tensor amax = Tensor::filled(DType::kF32, {1}, 0.0);
-      expect_fast_matches_ref(ops::kFp8Quantize, GetParam(), {x, s},
-                              {Tensor(out, shape), Tensor(out, {k, m}), amax}, kNone,
-                              "both outputs");
+      expect_fast_matches_ref(
+          ops::kFp8Quantize, GetParam(), {x, s},
+          {Tensor(out, shape), Tensor(out, {k, m}), amax, Tensor::filled(DType::kF32, {1}, -7.0)},
+          kNone, "both outputs and scale_inv");
       expect_fast_matches_ref(ops::kFp8Quantize, GetParam(), {x, s},
                               {Tensor(out, shape), Tensor(), Tensor()}, kNone, "Y only");
       expect_fast_matches_ref(ops::kFp8Quantize, GetParam(), {x, s},
@@ -316,7 +317,8 @@ TEST_P(SwigluFp8Test, DevicesGiveTheirTwoOpsBits) {
           std::vector<Tensor> fused_in = bwd ? std::vector<Tensor>{in.dy, in.x, in.scale}
                                              : std::vector<Tensor>{in.x, in.scale};
           const std::vector<Tensor> outs{Tensor(out, {n, k}), Tensor(out, {k, n}),
-                                         Tensor::filled(DType::kF32, {1}, 0.25)};
+                                         Tensor::filled(DType::kF32, {1}, 0.25),
+                                         Tensor::filled(DType::kF32, {1}, -7.0)};
           const KernelDesc* fk =
               b->kernel(bwd ? ops::kSwigluFp8Bwd : ops::kSwigluFp8Fwd, GetParam());
           const KernelDesc* sk = b->kernel(bwd ? ops::kSwigluBwd : ops::kSwigluFwd, GetParam());
@@ -332,9 +334,98 @@ TEST_P(SwigluFp8Test, DevicesGiveTheirTwoOpsBits) {
           std::vector<Tensor> two = run_on_device(*b, *qk, q_in, outs, kNone, label);
           ASSERT_FALSE(two.empty()) << label;
           expect_same_bits({fused[0], fused[1], fused[2]}, {two[0], two[1], two[2]}, label);
+          const float inv = 1.0f / static_cast<float>(in.scale.get(0));  // fp8_scale_update's
+          EXPECT_EQ(fused[3].get(0), inv) << label << ": the fused op's scale_inv";
+          EXPECT_EQ(two[3].get(0), inv) << label << ": fp8_quantize's scale_inv";
         }
   }
   if (ran == 0) GTEST_SKIP() << "no device: " << skipped;
+}
+
+// ---- scale_inv, the quantising ops' optional output [3] (ABI 1.14) ----------------------
+
+// The scale_inv fp8_scale_update writes for `scales` (kernel cpu.ref): a history of zeros
+// keeps every scale, and the op writes 1 / scale beside it: the recipe state a quantising
+// op's scale_inv must equal bit for bit.
+std::vector<float> scale_update_inverses(const std::vector<float>& scales) {
+  const int64_t q = static_cast<int64_t>(scales.size());
+  Tensor fp8_max = Tensor::filled(DType::kF32, {q}, 448.0), history(DType::kF32, {1, q});
+  Tensor scale(DType::kF32, {q}), scale_inv(DType::kF32, {q});
+  for (int64_t i = 0; i < q; ++i) {
+    history.set(i, 0.0);
+    scale.set(i, scales[static_cast<size_t>(i)]);
+  }
+  ops::Fp8ScaleAttrs at{0, 0, -1, 0.0f};
+  run_ref(ops::kFp8ScaleUpdate, DType::kF32, {&fp8_max}, {&history, &scale, &scale_inv}, &at);
+  std::vector<float> out(static_cast<size_t>(q));
+  for (int64_t i = 0; i < q; ++i)
+    out[static_cast<size_t>(i)] = static_cast<float>(scale_inv.get(i));
+  return out;
+}
+
+// Every kernel of every quantising op: with output [3] the call writes scale_inv with the
+// bits fp8_scale_update gives the same scale (and 1 / scale in f32), also for an empty X;
+// its other outputs are those of the three-output call; an empty [3] stays unwritten.
+TEST(Fp8ScaleInv, EachQuantisingOpWritesTheScaleUpdatesInverse) {
+  const std::vector<float> scales{0.75f, 3.0f, 448.0f / 3.7f, 1e-30f, 57344.0f / 0.3f};
+  const std::vector<float> inverses = scale_update_inverses(scales);
+  std::vector<const char*> names{"cpu.ref"};
+  if (cpu_fast_runs()) names.push_back("cpu.fast");
+  std::mt19937 rng(31);
+  int checked = 0;
+  for (const char* name : names)
+    for (const char* op : {ops::kFp8Quantize, ops::kSwigluFp8Fwd, ops::kSwigluFp8Bwd})
+      for (size_t i = 0; i < scales.size(); ++i)
+        for (int64_t n : {int64_t{5}, int64_t{0}}) {
+          const bool swiglu = op != ops::kFp8Quantize, bwd = op == ops::kSwigluFp8Bwd;
+          const int64_t f = 6, k = bwd ? 2 * f : f;
+          Tensor x = Tensor::random(DType::kBF16, {n, swiglu ? 2 * f : k}, rng, -2.0, 2.0);
+          Tensor dy = Tensor::random(DType::kBF16, {n, f}, rng, -2.0, 2.0);
+          Tensor s = Tensor::filled(DType::kF32, {1}, scales[i]);
+          std::vector<Tensor*> in =
+              bwd ? std::vector<Tensor*>{&dy, &x, &s} : std::vector<Tensor*>{&x, &s};
+          const std::string what = std::string(name) + " " + op + " scale " +
+                                   std::to_string(scales[i]) + " N " + std::to_string(n);
+          Tensor y4(DType::kF8E4M3, {n, k}), yt4(DType::kF8E4M3, {k, n});
+          Tensor amax4 = Tensor::filled(DType::kF32, {1}, 0.5);
+          Tensor inv = Tensor::filled(DType::kF32, {1}, -7.0);
+          run(op, name, DType::kBF16, in, {&y4, &yt4, &amax4, &inv});
+          EXPECT_EQ(inv.get(0), inverses[i]) << what << ": not fp8_scale_update's scale_inv";
+          EXPECT_EQ(static_cast<float>(inv.get(0)), 1.0f / scales[i]) << what;
+          Tensor y3(DType::kF8E4M3, {n, k}), yt3(DType::kF8E4M3, {k, n});
+          Tensor amax3 = Tensor::filled(DType::kF32, {1}, 0.5), none;  // none: an empty view
+          run(op, name, DType::kBF16, in, {&y3, &yt3, &amax3});
+          expect_same_bits({y4, yt4, amax4}, {y3, yt3, amax3}, what + " (4 outputs vs 3)");
+          Tensor y5(DType::kF8E4M3, {n, k}), yt5(DType::kF8E4M3, {k, n});
+          Tensor amax5 = Tensor::filled(DType::kF32, {1}, 0.5);
+          run(op, name, DType::kBF16, in, {&y5, &yt5, &amax5, &none});  // [3] passed empty
+          expect_same_bits({y5, yt5, amax5}, {y3, yt3, amax3}, what + " ([3] empty vs 3)");
+          ++checked;
+        }
+  std::printf("scale_inv: %d calls give fp8_scale_update's bits\n", checked);
+}
+
+TEST(Fp8ScaleInv, BadScaleInvNamesTheProblem) {
+  Tensor x(DType::kBF16, {4, 8}), y(DType::kF8E4M3, {4, 8}), none;
+  Tensor s = Tensor::filled(DType::kF32, {1}, 1.0), amax = Tensor::filled(DType::kF32, {1}, 0.0);
+  auto message = [](const std::vector<Tensor*>& in, const std::vector<Tensor*>& out) {
+    CallHolder h(in, out, kNone);
+    Status st = kernel(ops::kFp8Quantize, DType::kBF16, "cpu.ref").fn(&h.call);
+    return take_message(&st);
+  };
+  std::string m = message({&x, &s}, {&y, &none, &amax, &s});
+  EXPECT_NE(m.find("fp8_quantize: output 3 (scale_inv) is the memory of scale"), std::string::npos)
+      << m;
+  m = message({&x, &s}, {&y, &none, &amax, &amax});
+  EXPECT_NE(m.find("is the memory of output 2 (amax)"), std::string::npos) << m;
+  Tensor two(DType::kF32, {2}), f16(DType::kF16, {1});
+  m = message({&x, &s}, {&y, &none, &amax, &two});
+  EXPECT_NE(m.find("output 3 (scale_inv)"), std::string::npos) << m;
+  EXPECT_NE(m.find("(1)"), std::string::npos) << m;
+  m = message({&x, &s}, {&y, &none, &amax, &f16});
+  EXPECT_NE(m.find("output 3 (scale_inv)"), std::string::npos) << m;
+  m = message({&x, &s}, {&y, &none, &amax, &none, &none});
+  EXPECT_NE(m.find("4 outputs"), std::string::npos) << m;
 }
 
 TEST(SwigluFp8, BadCallsNameTheProblem) {

@@ -105,8 +105,9 @@ class IFp8Recipe : public IObject {
   ///                    op's amax output, read and written), or an empty view when `flags`
   ///                    has kFp8NoAmaxRecord
   /// \param scale_inv   f32 (1), the caller's: receives 1 / scale, as `quantize` writes it;
-  ///                    or an empty view (nothing written: a caller asking whether the
-  ///                    recipe gives producers at all)
+  ///                    or an empty view: nothing written (a caller asking whether the
+  ///                    recipe gives producers at all, or one whose op writes scale_inv
+  ///                    itself: the quantising ops' output [3], ABI 1.14)
   /// \param stream      the device's compute stream (null: the default)
   virtual Status producer(int32_t id, Device device, uint32_t flags, TensorView* scale,
                           TensorView* amax, TensorView* scale_inv, void* stream) noexcept = 0;

@@ -18,7 +18,11 @@ namespace loom::ops {
 /// amax[0] = max(amax[0], max |X|) (of X, before scaling; NaN propagates as in "amax").
 ///   inputs:  [0] X float (M, K) (leading dimensions flatten into M), [1] scale f32 (1)
 ///   outputs: [0] Y fp8 (X's shape) or empty, [1] Yt fp8 (K, M) = Y transposed, or empty,
-///            [2] amax f32 (1), read and written, or empty
+///            [2] amax f32 (1), read and written, or empty, [3] (ABI 1.14, optional: a call
+///            may pass three outputs) scale_inv f32 (1) or empty: 1 / scale[0], the f32
+///            division fp8_scale_update writes its scale_inv with, so the GEMM that reads the
+///            codes gets its factor from this kernel and needs no copy of it; written also
+///            when X is empty. Not the memory of scale or amax.
 /// Y and Yt have one fp8 dtype (e4m3 or e5m2). At least one of Y and Yt is present.
 inline constexpr const char* kFp8Quantize = "fp8_quantize";
 
@@ -31,12 +35,15 @@ inline constexpr const char* kFp8Quantize = "fp8_quantize";
 /// the same kernel library; the intermediate tensor is never written.
 ///   fwd inputs:  [0] X float (N, 2F) (gate then up), [1] scale f32 (1)
 ///       outputs: [0] Y fp8 (N, F) or empty, [1] Yt fp8 (F, N) or empty, [2] amax f32 (1),
-///                read and written, or empty
+///                read and written, or empty, [3] (ABI 1.14, optional) scale_inv f32 (1)
+///                or empty
 ///   bwd inputs:  [0] dY (N, F) of X's dtype, [1] X float (N, 2F), [2] scale f32 (1)
 ///       outputs: [0] dX fp8 (N, 2F) or empty, [1] dXt fp8 (2F, N) or empty, [2] amax f32
-///                (1), read and written, or empty
+///                (1), read and written, or empty, [3] (ABI 1.14, optional) scale_inv
+///                f32 (1) or empty
 /// As for fp8_quantize: the outputs have one fp8 dtype, at least one of the first two is
-/// present, amax is of the values before scaling (NaN propagates). Keyed on X's dtype.
+/// present, amax is of the values before scaling (NaN propagates), scale_inv = 1 / scale[0].
+/// Keyed on X's dtype.
 inline constexpr const char* kSwigluFp8Fwd = "swiglu_fp8_fwd";
 inline constexpr const char* kSwigluFp8Bwd = "swiglu_fp8_bwd";
 

@@ -92,25 +92,29 @@ void check_case(const Case& c, bool specials, uint64_t seed) {
   uint8_t* yp = c.y ? y.p : nullptr;
   uint8_t* ytp = c.yt ? yt.p : nullptr;
   float* ap = c.amax ? &amax : nullptr;
+  // scale_inv (output [3]) where amax is asked for too, absent elsewhere: either way a case.
+  const float scale_inv_before = -7.0f;
+  float scale_inv = scale_inv_before;
+  float* sp = c.amax ? &scale_inv : nullptr;
   const bool e5m2 = c.out_dtype == DType::kF8E5M2;
   auto run = [&](auto e5) {
     constexpr bool kE5M2 = decltype(e5)::value;
     switch (p.kernel) {
       case Fp8Kernel::kFlat:
         emu::run_grid(grid, kFlatThreads,
-                      [&] { quantize_kernel<kE5M2>(x.p, x.dt, &scale, yp, ap, n, p.vec); });
+                      [&] { quantize_kernel<kE5M2>(x.p, x.dt, &scale, yp, ap, sp, n, p.vec); });
         break;
       case Fp8Kernel::kTranspose:
         emu::run_grid(grid, kFp8TileThreads, [&] {
-          quantize_transpose_kernel<kE5M2>(x.p, x.dt, &scale, yp, ytp, ap, c.m, c.k, p.vec, p.vec_y,
-                                           p.vec_yt);
+          quantize_transpose_kernel<kE5M2>(x.p, x.dt, &scale, yp, ytp, ap, sp, c.m, c.k, p.vec,
+                                           p.vec_y, p.vec_yt);
         });
         break;
       case Fp8Kernel::kTransposeTyped:
         with_type(x.dt, [&](auto* tp) {
           using T = std::remove_pointer_t<decltype(tp)>;
           const QuantizeTransposeArgs<T> a{
-              reinterpret_cast<const T*>(x.p), &scale, yp, ytp, ap, c.m, c.k};
+              reinterpret_cast<const T*>(x.p), &scale, yp, ytp, ap, sp, c.m, c.k};
           emu::run_grid(grid, kFp8TileThreads,
                         [&] { quantize_transpose_typed_kernel<T, kE5M2>(a); });
         });
@@ -166,6 +170,11 @@ void check_case(const Case& c, bool specials, uint64_t seed) {
   } else {
     EXPECT_EQ(amax, amax_before) << "amax written though absent";
   }
+  // fp8_scale_update's scale_inv of the same scale: 1 / scale in f32.
+  if (sp != nullptr)
+    EXPECT_EQ(scale_inv, 1.0f / scale) << "scale_inv";
+  else
+    EXPECT_EQ(scale_inv, scale_inv_before) << "scale_inv written though absent";
 }
 
 constexpr Fp8Kernel kTyped = Fp8Kernel::kTransposeTyped;

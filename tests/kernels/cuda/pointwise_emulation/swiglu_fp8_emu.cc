@@ -81,6 +81,9 @@ void check(const Case& c, uint64_t seed) {
   Codes y(c.n * k, c.y_off), yt(c.n * k, c.yt_off);
   const float amax_before = 0.25f;
   float amax = amax_before;
+  // scale_inv (output [3]) where amax is asked for too, absent elsewhere.
+  const float scale_inv_before = -7.0f;
+  float scale_inv = scale_inv_before;
   uint8_t* yp = c.y ? y.p : nullptr;
   uint8_t* ytp = c.yt ? yt.p : nullptr;
   const void* dyp = c.bwd ? static_cast<const void*>(dy.p) : nullptr;
@@ -89,14 +92,9 @@ void check(const Case& c, uint64_t seed) {
   const unsigned grid = c.grid != 0 ? c.grid : p.blocks;
   with_type(c.dt, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    const SwigluFp8Args<T> a{reinterpret_cast<const T*>(x.p),
-                             reinterpret_cast<const T*>(dyp),
-                             &scale,
-                             yp,
-                             ytp,
-                             c.amax ? &amax : nullptr,
-                             c.n,
-                             c.f};
+    const SwigluFp8Args<T> a{
+        reinterpret_cast<const T*>(x.p), reinterpret_cast<const T*>(dyp), &scale, yp, ytp,
+        c.amax ? &amax : nullptr,        c.amax ? &scale_inv : nullptr,   c.n,    c.f};
     auto go = [&](auto bwd, auto vec, auto e5) {
       emu::run_grid(grid, kFp8TileThreads, [&] {
         swiglu_fp8_kernel<T, decltype(bwd)::value, decltype(vec)::value, decltype(e5)::value>(a);
@@ -152,6 +150,8 @@ void check(const Case& c, uint64_t seed) {
     EXPECT_TRUE(std::isnan(amax)) << "amax " << amax << ", want NaN";
   else
     EXPECT_EQ(amax, want_amax) << "amax";
+  // fp8_scale_update's scale_inv of the same scale: 1 / scale in f32.
+  EXPECT_EQ(scale_inv, c.amax ? 1.0f / scale : scale_inv_before) << "scale_inv";
   std::printf("swiglu_fp8 %s: %s, %lld codes, amax %g\n", describe(c).c_str(),
               bad_y + bad_yt == 0 ? "bit-exact" : "MISMATCH", static_cast<long long>(c.n * k),
               amax);

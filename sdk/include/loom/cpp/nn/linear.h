@@ -102,8 +102,9 @@ class Linear {
     TensorView q, t, scale_inv;
   };
   /// What a kernel that computes a site's operand and quantises it in one pass (the ops of
-  /// the swiglu_fp8_fwd family) writes: `operand`'s q and t (allocated; scale_inv already
-  /// holds 1 / scale) and the op's amax output, and what it reads: the quantiser's scale.
+  /// the swiglu_fp8_fwd family) writes: `operand`'s q, t and scale_inv (allocated; the op's
+  /// outputs [0], [1] and [3], ABI 1.14: scale_inv = 1 / scale is the op's to write) and its
+  /// amax output, and what it reads: the quantiser's scale.
   struct Fp8Producer {
     Fp8Operand operand;
     TensorView scale;  ///< f32 (1), the recipe's
@@ -129,8 +130,9 @@ class Linear {
     p.operand.q = allocate(ctx, dtype, {m, k}, device_);
     if (grad || ctx.training()) p.operand.t = allocate(ctx, dtype, {k, m}, device_);
     const uint32_t flags = ctx.training() ? kFp8QuantizeDefault : kFp8NoAmaxRecord;
+    TensorView none = empty_view();  // the op writes scale_inv (its output [3])
     throw_if_error(recipe_->producer(grad ? s->grad : s->act, device_, flags, &p.scale, &p.amax,
-                                     &p.operand.scale_inv, nullptr),
+                                     &none, nullptr),
                    "linear: FP8 producer");
     *out = p;
     return true;

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "loom/cpp/op_args.h"
 #include "loom/ops.h"
@@ -19,15 +20,28 @@ struct Fp8QuantizeShape {
   int64_t m, k;      ///< X viewed as (M, K)
   DType out_dtype;   ///< the FP8 dtype of Y / Yt
   bool y, yt, amax;  ///< which outputs are present
+  bool scale_inv;    ///< output [3] present (ABI 1.14; a call may pass three outputs)
 };
 
 namespace detail {
 
-/// The FP8 outputs of a quantising op writing an (M, K) result: [first] Y fp8 of `y_like`'s
-/// shape when given, else any shape of M rows of K, [first + 1] Yt fp8 (K, M), [first + 2]
-/// amax f32 (1), each optional, Y or Yt present, one fp8 dtype.
-inline Fp8QuantizeShape check_fp8_outputs(const OpArgs& a, int first, int64_t m, int64_t k,
-                                          const TensorView* y_like) {
+/// The output names of a quantising op: Y, Yt, amax, and scale_inv when the call passes a
+/// fourth output (ABI 1.14). A call with another count is refused by OpArgs, which names the
+/// count these give.
+inline std::vector<std::string> fp8_output_names(const OpCall* call, const char* y,
+                                                 const char* yt) {
+  std::vector<std::string> names{y, yt, "amax"};
+  if (call != nullptr && call->num_outputs >= 4) names.push_back("scale_inv");
+  return names;
+}
+
+/// The FP8 outputs of a quantising op writing an (M, K) result, from output 0 on: Y fp8 of
+/// `y_like`'s shape when given, else any shape of M rows of K, Yt fp8 (K, M), amax f32 (1),
+/// scale_inv f32 (1) when the call has it; each optional, Y or Yt present, one fp8 dtype,
+/// scale_inv not the memory of `scale` (nor of amax).
+inline Fp8QuantizeShape check_fp8_outputs(const OpArgs& a, const OpCall* call, int64_t m, int64_t k,
+                                          const TensorView* y_like, const TensorView& scale) {
+  constexpr int first = 0;
   Fp8QuantizeShape s{};
   s.m = m;
   s.k = k;
@@ -63,6 +77,16 @@ inline Fp8QuantizeShape check_fp8_outputs(const OpArgs& a, int first, int64_t m,
     a.f32_out(first + 2);
     a.shape_out(first + 2, {1}, "(1)");
   }
+  s.scale_inv = call->num_outputs > first + 3 && a.has_out(first + 3);
+  if (s.scale_inv) {
+    const TensorView& si = a.f32_out(first + 3);
+    a.shape_out(first + 3, {1}, "(1)");
+    if (si.data != nullptr &&
+        (si.data == scale.data || (s.amax && si.data == call->outputs[first + 2].data)))
+      a.fail(a.out_label(first + 3) + " is the memory of " +
+             (si.data == scale.data ? std::string("scale") : a.out_label(first + 2)) +
+             ": the kernel reads scale while it writes scale_inv; give it its own (1) tensor");
+  }
   return s;
 }
 
@@ -72,11 +96,12 @@ inline Fp8QuantizeShape check_fp8_outputs(const OpArgs& a, int first, int64_t m,
 /// (1), each optional, Y or Yt present, Y and Yt of one dtype.
 inline Fp8QuantizeShape check_fp8_quantize(const OpCall* call, bool shapes_only,
                                            DeviceType device) {
-  OpArgs a(call, ops::kFp8Quantize, {"X", "scale"}, {"Y", "Yt", "amax"}, shapes_only, device);
+  OpArgs a(call, ops::kFp8Quantize, {"X", "scale"}, detail::fp8_output_names(call, "Y", "Yt"),
+           shapes_only, device);
   const TensorView& X = a.float_in(0);
-  a.f32_in(1);
+  const TensorView& scale = a.f32_in(1);
   a.shape_in(1, {1}, "(1)");
-  return detail::check_fp8_outputs(a, 0, rows_of(X), last_dim(X), &X);
+  return detail::check_fp8_outputs(a, call, rows_of(X), last_dim(X), &X, scale);
 }
 
 /// What a swiglu_fp8_fwd / swiglu_fp8_bwd call does: the quantised result's (M, K) is
@@ -91,10 +116,10 @@ struct SwigluFp8Shape {
 /// dX fp8 (N, 2F), dXt (2F, N), amax.
 inline SwigluFp8Shape check_swiglu_fp8(const OpCall* call, bool shapes_only, DeviceType device,
                                        bool bwd) {
-  OpArgs a = bwd ? OpArgs(call, ops::kSwigluFp8Bwd, {"dY", "X", "scale"}, {"dX", "dXt", "amax"},
-                          shapes_only, device)
-                 : OpArgs(call, ops::kSwigluFp8Fwd, {"X", "scale"}, {"Y", "Yt", "amax"},
-                          shapes_only, device);
+  OpArgs a = bwd ? OpArgs(call, ops::kSwigluFp8Bwd, {"dY", "X", "scale"},
+                          detail::fp8_output_names(call, "dX", "dXt"), shapes_only, device)
+                 : OpArgs(call, ops::kSwigluFp8Fwd, {"X", "scale"},
+                          detail::fp8_output_names(call, "Y", "Yt"), shapes_only, device);
   const int xi = bwd ? 1 : 0;
   const TensorView& X = a.float_in(xi);
   a.rank_in(xi, 1, "(N, 2F)");
@@ -113,7 +138,8 @@ inline SwigluFp8Shape check_swiglu_fp8(const OpCall* call, bool shapes_only, Dev
       a.fail(a.in_label(0) + " has dtype " + dtype_name(dY.dtype) + ", expected X's " +
              dtype_name(X.dtype));
   }
-  s.out = detail::check_fp8_outputs(a, 0, s.n, bwd ? 2 * s.f : s.f, nullptr);
+  s.out =
+      detail::check_fp8_outputs(a, call, s.n, bwd ? 2 * s.f : s.f, nullptr, call->inputs[xi + 1]);
   return s;
 }
 
