@@ -1,7 +1,6 @@
 #include "plugins/fp8/delayed_scaling.h"
 
 #include <string>
-#include <vector>
 
 namespace loom::fp8 {
 
@@ -23,9 +22,6 @@ void DelayedScaling::allocate_state() {
   scale_inv_ = device_f32({quantizer_count()}, 1.0f);
   position_ = device_f32({1}, 0.0f);
   amax_now_ = device_f32({quantizer_count()}, 0.0f);
-  std::vector<float> rows(static_cast<size_t>(history_len_));
-  for (int32_t r = 0; r < history_len_; ++r) rows[static_cast<size_t>(r)] = static_cast<float>(r);
-  row_numbers_ = device_f32(rows);
 }
 
 Status DelayedScaling::state(int32_t index, Device device, const char** name,
@@ -96,12 +92,9 @@ Status DelayedScaling::step_end(ICommunicator* amax_group, void* stream) noexcep
     scale_update_kernel()({fp8_max()}, {history_, scale_, scale_inv_},
                           ops::Fp8ScaleAttrs{algo_, current_, next, margin()}, stream);
     current_ = next;
-    // position_ = current_ as a device-to-device copy from the table of row numbers: ordered
-    // on the stream like the work above, where a copy from the host would wait for all of it
-    // (the optimizer's step, just issued) before the host could go on to the next step.
-    throw_if_error(
-        host().copy(device(), position_.data, device(), element(row_numbers_, current_).data, 4),
-        "fp8 delayed scaling: the history position");
+    const float position = static_cast<float>(current_);
+    throw_if_error(host().copy(device(), position_.data, kCpu, &position, 4),
+                   "fp8 delayed scaling: the history position");
   });
 }
 

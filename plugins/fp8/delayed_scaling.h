@@ -44,8 +44,7 @@ class DelayedScaling final : public ScalingRecipe {
   int32_t current_ = 0;                           ///< the history row of this step
   TensorView history_{}, scale_{}, scale_inv_{};  ///< (L, Q), (Q), (Q) on the device
   TensorView position_{};                         ///< (1): current_ as a float, on the device
-  TensorView row_numbers_{};  ///< (L): 0, 1, ..., L - 1, the values position_ takes
-  TensorView amax_now_{};     ///< (Q): this step's amaxes so far (zero between steps)
+  TensorView amax_now_{};  ///< (Q): this step's amaxes so far (zero between steps)
   bool reread_position_ = false;
 };
 
