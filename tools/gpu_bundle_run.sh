@@ -22,7 +22,7 @@
 #      with the fused ops pinned to "none" (gemm_epilogue, add_layernorm_*,
 #      cross_entropy_fwd_bwd, swiglu_fp8_*: the unfused kernels) and with its loss alone in two
 #      passes (two_op_loss), LLaMA FP8 with swiglu and its quantisation as two kernels
-#      (swiglu_two_op), the default spec
+#      (swiglu_two_op), LLaMA 1.3B with AdamW's moments in bf16 (bf16_moments), the default spec
 #      (configs/gpt_tiny.json on the GPU), the default spec and GPT-2 with
 #      train.cuda_graph, GPT-2's GELU derivative the other two ways (LOOM_CUBLASLT_DGELU), the
 #      default spec with its f32 attention on the warp-per-row kernels (LOOM_ATTENTION_GENERIC
@@ -33,7 +33,7 @@
 #      step and of one LLaMA 1.3B FP8 step;
 #   4. cuBLASLt GEMMs against cuBLAS (also the weight-gradient form, and the default spec's
 #      f32 GEMMs, each with split-K reductions as now and as before: LOOM_CUBLASLT_REDUCTION),
-#      and the attention, norm and FP8 quantize benches when
+#      and the attention, norm, AdamW (f32 and bf16 moments) and FP8 quantize benches when
 #      the bundle has them; attention also with cuDNN's graphs given the bottom-right form
 #      of the causal mask (LOOM_CUDNN_CAUSAL), and PyTorch's SDPA (cuDNN and flash) at the
 #      same shapes (tools/bench/torch_sdpa.py).
@@ -349,7 +349,7 @@ items=(
   "llama_1b3_h100_fp8|loom|25|60" "gpt2_124m_h100|compile|25|90"
   "llama_1b3_h100|graph_step|25|60" "llama_1b3_h100_fp8|graph_step|25|60"
   "gpt2_124m_h100|graph_step|20|60" "gpt2_124m_h100|two_op_loss|20|60"
-  "llama_1b3_h100_fp8|swiglu_two_op|25|60"
+  "llama_1b3_h100_fp8|swiglu_two_op|25|60" "llama_1b3_h100|bf16_moments|25|60"
   "gpt2_124m_h100|unfused|20|60"
   "gpt_tiny|loom|15|40" "gpt_tiny|graph|15|40" "gpt2_124m_h100|graph|20|60"
   "gpt2_124m_h100|dgelu_unfused|20|60" "gpt2_124m_h100|dgelu_bgrad|20|60"
@@ -411,6 +411,13 @@ for item in "${items[@]}"; do
     # kernels instead of swiglu_fp8_fwd / _bwd's one.
     swiglu_two_op) timeout "$limit" ./tools/loom bench "$spec" --steps 6 --warmup 2 --json \
       --set 'kernels.pin={"swiglu_fp8_fwd":"none","swiglu_fp8_bwd":"none"}' \
+      >"$bench/$name.$kind.json" 2>"$bench/$name.$kind.err" || rm -f "$bench/$name.$kind.json" ;;
+    # AdamW's moments in bf16 (Megatron's precision-aware optimizer), with the optimizer's
+    # step as a graph: 8 bytes a parameter less to read and write each step (other numerics
+    # than the PyTorch side's f32 moments).
+    bf16_moments) timeout "$limit" ./tools/loom bench "$spec" --steps 6 --warmup 2 --json \
+      --set 'optimizer.exp_avg_dtype="bf16"' --set 'optimizer.exp_avg_sq_dtype="bf16"' \
+      --set 'train.cuda_graph="step"' --set train.cuda_graph_warmup_steps=1 \
       >"$bench/$name.$kind.json" 2>"$bench/$name.$kind.err" || rm -f "$bench/$name.$kind.json" ;;
     # The same without the fused ops (the unfused bias, GELU, bias-gradient, residual-add and
     # norm kernels, the two-pass loss).
@@ -536,6 +543,12 @@ if (($(left) < 10)); then say "- not run (budget)"; else
     timeout $(($(left) > 20 ? 20 : $(left))) env LOOM_NORM_BWD=$v ./tools/bench/norm_bench \
       >>"$report" 2>&1 || say "- norm_bench ($v): exit $?"
   done
+fi
+section "AdamW step over LLaMA 1.3B's parameters: f32 and bf16 moments (adamw_step_multi)"
+if [[ ! -x ./tools/bench/optim_bench ]]; then say "- not in this bundle"
+elif (($(left) < 15)); then say "- not run (budget)"; else
+  timeout $(($(left) > 30 ? 30 : $(left))) ./tools/bench/optim_bench >>"$report" 2>&1 ||
+    say "- optim_bench: exit $?"
 fi
 section "FP8 quantize + transpose: the typed kernel and the general one (LLaMA 1.3B FP8 shapes)"
 if [[ ! -x ./tools/bench/fp8_quantize_bench ]]; then say "- not in this bundle"

@@ -26,6 +26,7 @@ DistributedOptimizer::DistributedOptimizer(IHost& host, ParameterSet& params, IO
       readiness_(params, embedding_.size() > 1) {
   // The destructor does not run when the constructor throws: whatever was allocated is
   // freed here then.
+  state_dtypes_ = state_dtypes(optimizer_);
   try {
     const Device device = setup_.device;
     for (const Segment& seg : grad_sync_.segments()) {
@@ -44,23 +45,23 @@ DistributedOptimizer::DistributedOptimizer(IHost& host, ParameterSet& params, IO
         st->in_norm = (p.info.tp_split_dim >= 0 || setup_.tp_rank == 0) &&
                       !(setup_.tied_replica && (p.info.flags & kParamTiedEmbedding) != 0);
       int64_t n = seg.length;
-      auto alloc_f32 = [&]() {
+      auto alloc = [&](DType dtype) {  // zeroed
         void* mem = nullptr;
-        throw_if_error(host_.allocate(device, static_cast<uint64_t>(n) * 4, 64, &mem));
+        const uint64_t bytes = static_cast<uint64_t>(n) * dtype_size(dtype);
+        throw_if_error(host_.allocate(device, bytes, 64, &mem));
         st->owned.push_back(mem);
-        if (mem != nullptr)
-          throw_if_error(host_.fill_zero(device, mem, static_cast<uint64_t>(n) * 4));
-        return make_view(mem, DType::kF32, {n}, device);
+        if (mem != nullptr) throw_if_error(host_.fill_zero(device, mem, bytes));
+        return make_view(mem, dtype, {n}, device);
       };
       if (p.info.dtype == DType::kF32) {
         st->master = param_shard(*st);
       } else {
-        st->master = alloc_f32();
+        st->master = alloc(DType::kF32);
         std::vector<float> staging(static_cast<size_t>(n));
         load_floats(host_, param_shard(*st), staging.data());
         copy_from_host(host_, staging.data(), st->master);
       }
-      for (int32_t s = 0; s < optimizer_.state_count(); ++s) st->states.push_back(alloc_f32());
+      for (DType dtype : state_dtypes_) st->states.push_back(alloc(dtype));
     }
     sumsq_ = Kernel(host_, ops::kSumSq, device, DType::kF32);
     sumsq_multi_ = Kernel::optional(host_, ops::kSumSqMulti, device, DType::kF32);
@@ -99,8 +100,26 @@ uint64_t DistributedOptimizer::master_bytes() const {
 uint64_t DistributedOptimizer::state_bytes() const {
   uint64_t n = 0;
   for (const auto& st : states_)
-    n += st->states.size() * static_cast<uint64_t>(st->segment.length) * sizeof(float);
+    for (const TensorView& s : st->states) n += nbytes(s);
   return n;
+}
+
+std::vector<DType> state_dtypes(const IOptimizer& optimizer) {
+  std::vector<DType> dtypes;
+  const bool asked = has_state_dtype(optimizer);
+  for (int32_t s = 0; s < optimizer.state_count(); ++s) {
+    const DType dtype = asked ? optimizer.state_dtype(s) : DType::kF32;
+    if (dtype != DType::kF32 && dtype != DType::kBF16) {
+      const char* name = optimizer.state_name(s);
+      fail(Code::kInvalidArgument,
+           fmt::format("the optimizer's state {} ('{}') has dtype {}: loom keeps optimizer "
+                       "states in f32 or bf16 (IOptimizer::state_dtype, "
+                       "sdk/include/loom/kinds/optimizer.h); fix the optimizer plugin",
+                       s, name != nullptr ? name : "?", dtype_name(dtype)));
+    }
+    dtypes.push_back(dtype);
+  }
+  return dtypes;
 }
 
 void DistributedOptimizer::begin_step() {

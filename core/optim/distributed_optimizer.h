@@ -56,6 +56,11 @@ struct OptimizerSetup {
   SplitRanks split_ranks() const { return {tp_rank, expert_tp_rank}; }
 };
 
+/// The dtype of each of `optimizer`'s states (IOptimizer::state_dtype; f32 for an optimizer
+/// older than 1.4). Throws kInvalidArgument, naming the state, for a dtype other than f32
+/// and bf16.
+std::vector<DType> state_dtypes(const IOptimizer& optimizer);
+
 class DistributedOptimizer {
  public:
   /// Allocates the master weights (copied from the parameters) and zeroed states of this
@@ -136,12 +141,14 @@ class DistributedOptimizer {
     Parameter* param = nullptr;
     Segment segment;
     TensorView master{};             // f32 (n,)
-    std::vector<TensorView> states;  // f32 (n,) each
+    std::vector<TensorView> states;  // (n,) each, of state_dtypes_
     std::vector<void*> owned;        // allocations to free
     bool decay = true;
     bool in_norm = true;  // counted in the grad norm on this rank (replicas count once)
     bool expert = false;  // an expert's: its squares are summed over every rank
   };
+  // The dtype of checkpoint kind `kind`: 0, the master weights: f32; s + 1: state s's.
+  DType kind_dtype(int32_t kind) const;
   // The parameter's own memory of a shard: (segment.length) in the parameter's dtype.
   TensorView param_shard(const ParamState& st) const;
   // Bucket `b`'s gradients are final: its sequence-parallel ones over the tensor group,
@@ -174,13 +181,15 @@ class DistributedOptimizer {
   GradSync grad_sync_;
   BucketReadiness readiness_;
   std::vector<std::unique_ptr<ParamState>> states_;
+  std::vector<DType> state_dtypes_;  // [state_count()]: each state's dtype (state_dtypes)
   Kernel sumsq_, cast_;
   Kernel sumsq_multi_;        // unresolved where no kernel serves it: sumsq_ per tensor
   void* norm_acc_ = nullptr;  // (1) f64 on a device: the gradient norm's sum of squares
-  std::vector<std::vector<float>> checkpoint_scratch_;  // gathered states (host)
-  std::vector<const float*> checkpoint_data_;  // [param * (states + 1) + kind], kind 0: master
-  bool checkpoint_on_host_ = false;            // checkpoint_data_ points into the scratch
-  bool cast_checked_ = false;                  // check_cast ran (on the first update_many)
+  // Gathered master weights and states (host), each in its own dtype's bytes.
+  std::vector<std::vector<uint64_t>> checkpoint_scratch_;
+  std::vector<const void*> checkpoint_data_;  // [param * (states + 1) + kind], kind 0: master
+  bool checkpoint_on_host_ = false;           // checkpoint_data_ points into the scratch
+  bool cast_checked_ = false;                 // check_cast ran (on the first update_many)
 };
 
 }  // namespace loom::core

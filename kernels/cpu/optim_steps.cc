@@ -1,7 +1,10 @@
-// adamw_step, adamw_step_multi and sgd_step on contiguous f32 shards (loom/ops.h), keyed on
-// the grad's dtype, and grad_norm_clip (keyed on f64).
+// adamw_step, adamw_step_multi and sgd_step on contiguous shards of f32 master weights
+// (loom/ops.h), keyed on the grad's dtype, and grad_norm_clip (keyed on f64).
 //   reference: element by element, bias corrections in f64.
 //   fast: OpenMP over chunks; the same f32 arithmetic, vectorised by the compiler.
+// AdamW's moments may be bf16: both kernels widen them to f32, run the f32 code unchanged
+// and round the results back (the fast kernel through a chunk of f32 scratch), so a bf16
+// moment gets the f32 moment's arithmetic followed by a cast, bit for bit.
 // adamw_step_multi runs each shard through adamw_step's own code (adamw_shard_ref,
 // adamw_chunk_fast), so its results are those of K adamw_step calls bit for bit. A call's
 // step scalars (its last input, when present) are read when it runs (loom/cpp/adamw_coef.h,
@@ -35,21 +38,18 @@ int64_t check_sgd(const OpCall* call, bool shapes_only) {
 using AdamCoef = AdamWCoef;  // loom/cpp/adamw_coef.h: shared with every kernel library
 
 // The tensors of one AdamW shard of a call: grad = input `in`, master, exp_avg, exp_avg_sq
-// and param (empty or not) = outputs [out, out + 4).
+// and param (empty or not) = outputs [out, out + 4). The moments are f32 or bf16.
 struct AdamShard {
   const TensorView& grad;
-  float *w, *m, *v;
+  float* w;
+  const TensorView &m, &v;
   const TensorView& param;
   int64_t n;
 };
 
 AdamShard adam_shard(const OpCall* call, int32_t in, int32_t out) {
-  return AdamShard{call->inputs[in],
-                   f32_mut(call->outputs[out]),
-                   f32_mut(call->outputs[out + 1]),
-                   f32_mut(call->outputs[out + 2]),
-                   call->outputs[out + 3],
-                   numel(call->inputs[in])};
+  return AdamShard{call->inputs[in],       f32_mut(call->outputs[out]), call->outputs[out + 1],
+                   call->outputs[out + 2], call->outputs[out + 3],      numel(call->inputs[in])};
 }
 
 // One element: the same f32 arithmetic in both kernels.
@@ -81,7 +81,10 @@ AdamCoef call_coef(const ops::AdamWAttrs& a, const double* s) {
 void adamw_shard_ref(const AdamCoef& c, const AdamShard& s) {
   bool cast = s.param.data != nullptr;
   for (int64_t i = 0; i < s.n; ++i) {
-    adam_point(c, load(s.grad, i), s.w[i], s.m[i], s.v[i]);
+    float m = load(s.m, i), v = load(s.v, i);
+    adam_point(c, load(s.grad, i), s.w[i], m, v);
+    store(s.m, i, m);
+    store(s.v, i, v);
     if (cast) store(s.param, i, s.w[i]);
   }
 }
@@ -130,11 +133,19 @@ LOOM_CPU_FAST_BEGIN
 // contracts a * b + c into FMAs in this AVX2 code, and an inlined copy could decide
 // otherwise in another caller), which keeps them bit-identical.
 [[gnu::noinline]] void adamw_chunk_fast(const AdamCoef& c, const AdamShard& s, int64_t c0) {
-  float g[kChunk];
+  float g[kChunk], m_buf[kChunk], v_buf[kChunk];
   int64_t len = std::min(kChunk, s.n - c0);
   load_row(s.grad.data, s.grad.dtype, c0, len, g);
-  float *w = s.w + c0, *m = s.m + c0, *v = s.v + c0;
+  // A moment in place when f32, else widened into its scratch (and rounded back below).
+  auto moment = [&](const TensorView& t, float* buf) {
+    if (t.dtype == DType::kF32) return f32_mut(t) + c0;
+    load_row(t.data, t.dtype, c0, len, buf);
+    return buf;
+  };
+  float *w = s.w + c0, *m = moment(s.m, m_buf), *v = moment(s.v, v_buf);
   for (int64_t i = 0; i < len; ++i) adam_point(c, g[i], w[i], m[i], v[i]);
+  if (m == m_buf) store_row(s.m.data, s.m.dtype, c0, len, m_buf);
+  if (v == v_buf) store_row(s.v.data, s.v.dtype, c0, len, v_buf);
   if (s.param.data != nullptr) store_row(s.param.data, s.param.dtype, c0, len, w);
 }
 

@@ -24,6 +24,16 @@ void check_options(const nlohmann::json& options) {
   check_range("weight_decay", number(options, "weight_decay"), 0, std::nullopt, "0.01 or 0.1");
 }
 
+// A moment's dtype option: "f32" (absent) or "bf16".
+DType moment_dtype(const nlohmann::json& options, const char* name) {
+  const std::string value = string_or(options, name, "f32");
+  if (value == "f32") return DType::kF32;
+  if (value == "bf16") return DType::kBF16;
+  bad_option(name, "must be \"f32\" or \"bf16\", got \"" + value +
+                       "\" (Megatron's fp16 and fp8 moments need a scale per tensor, which "
+                       "loom's AdamW does not keep)");
+}
+
 }  // namespace
 
 AdamW::AdamW(const nlohmann::json& options, IBuildContext& ctx) : hyper_(hyper_of(options)) {
@@ -31,6 +41,8 @@ AdamW::AdamW(const nlohmann::json& options, IBuildContext& ctx) : hyper_(hyper_o
   beta1_ = static_cast<float>(number(options, "beta1"));
   beta2_ = static_cast<float>(number(options, "beta2"));
   eps_ = static_cast<float>(number(options, "eps"));
+  state_dtypes_ = {moment_dtype(options, "exp_avg_dtype"),
+                   moment_dtype(options, "exp_avg_sq_dtype")};
   kernels_ = StepKernels(*ctx.host(), ops::kAdamWStep, options);
   multi_ = StepKernels(*ctx.host(), ops::kAdamWStepMulti, options, /*optional=*/true);
 }
@@ -44,6 +56,10 @@ const char* AdamW::state_name(int32_t index) const noexcept {
     default:
       return nullptr;
   }
+}
+
+DType AdamW::state_dtype(int32_t index) const noexcept {
+  return index >= 0 && index < 2 ? state_dtypes_[static_cast<size_t>(index)] : DType::kInvalid;
 }
 
 ops::AdamWAttrs AdamW::attrs(const OptimizerStep& hp, bool decay) const {
@@ -62,7 +78,7 @@ Status AdamW::update(const OptimizerStep* hp, bool decay, TensorView* master,
                      const TensorView* grad, TensorView* states, void* stream) noexcept {
   return guard([&] {
     check_step(hp, "adamw");
-    kernels_.check(master, grad, states, 2);
+    kernels_.check(master, grad, states, state_dtypes_);
     // outputs: master, exp_avg, exp_avg_sq, param (empty: the core casts master itself)
     run_step(kernels_.for_grad(grad->dtype), *grad, step_scalars(hp, kernels_.device(), "adamw"),
              {*master, states[0], states[1], empty_view()}, attrs(*hp, decay), stream);
@@ -75,7 +91,7 @@ Status AdamW::update_many(const OptimizerStep* hp, int32_t count, const Optimize
     check_step(hp, "adamw");
     const TensorView* scalars = step_scalars(hp, kernels_.device(), "adamw");
     ShardArray all(shards, count, "adamw");
-    for (int32_t i = 0; i < all.size(); ++i) kernels_.check_shard(all[i], i, 2);
+    for (int32_t i = 0; i < all.size(); ++i) kernels_.check_shard(all[i], i, state_dtypes_);
     for (DType dtype : kernels_.grad_dtypes()) {
       std::vector<TensorView> grads, outs;  // (K) and (4K): adamw_step_multi's views
       std::vector<float> decay;

@@ -5,6 +5,7 @@
 #include <loom/sdk.h>
 
 #include <nlohmann/json.hpp>
+#include <vector>
 
 #include "plugins/optim/options.h"
 #include "plugins/optim/step_kernels.h"
@@ -12,7 +13,9 @@
 namespace loom::optim {
 
 /// Options (manifest "adamw"): lr (1e-3), beta1 (0.9), beta2 (0.999), eps (1e-8),
-/// weight_decay (0.01), device and params_dtype (set by the core).
+/// weight_decay (0.01), exp_avg_dtype and exp_avg_sq_dtype ("f32", or "bf16": the moment is
+/// stored in bf16 and computed in f32, Megatron-Core's precision-aware optimizer with
+/// --exp-avg-dtype / --exp-avg-sq-dtype bf16), device and params_dtype (set by the core).
 ///
 /// The core reads lr and weight_decay from the same spec node and hands them to every
 /// update in OptimizerStep (lr from the schedule when there is one); update uses
@@ -40,6 +43,8 @@ class AdamW final : public Object<IOptimizer> {
                      void* stream) noexcept override;
   /// The options' lr and weight_decay (optimizer 1.2).
   Status hyper(OptimizerHyper* out) const noexcept override { return fill_hyper(hyper_, out); }
+  /// exp_avg_dtype, exp_avg_sq_dtype (optimizer 1.4).
+  DType state_dtype(int32_t index) const noexcept override;
 
  private:
   /// adamw_step's attributes for one shard.
@@ -48,6 +53,7 @@ class AdamW final : public Object<IOptimizer> {
   float beta1_ = 0.9f;
   float beta2_ = 0.999f;
   float eps_ = 1e-8f;
+  std::vector<DType> state_dtypes_{DType::kF32, DType::kF32};  ///< exp_avg, exp_avg_sq
   OptimizerHyper hyper_{};
   StepKernels kernels_;
   StepKernels multi_;  ///< adamw_step_multi; unresolved where no kernel serves it

@@ -38,7 +38,8 @@ Status Sgd::update(const OptimizerStep* hp, bool decay, TensorView* master, cons
   return guard([&] {
     check_step(hp, "sgd");
     int32_t count = state_count();
-    kernels_.check(master, grad, states, count);
+    kernels_.check(master, grad, states,
+                   std::vector<DType>(static_cast<size_t>(count), DType::kF32));
     // outputs: master, momentum buffer (empty without momentum), param (empty: the core casts)
     run_step(kernels_.for_grad(grad->dtype), *grad, step_scalars(hp, kernels_.device(), "sgd"),
              {*master, count > 0 ? states[0] : empty_view(), empty_view()}, attrs(*hp, decay),
@@ -53,7 +54,8 @@ Status Sgd::update_many(const OptimizerStep* hp, int32_t count, const OptimizerS
     const TensorView* scalars = step_scalars(hp, kernels_.device(), "sgd");
     ShardArray all(shards, count, "sgd");
     const int32_t states = state_count();
-    for (int32_t i = 0; i < all.size(); ++i) kernels_.check_shard(all[i], i, states);
+    const std::vector<DType> dtypes(static_cast<size_t>(states), DType::kF32);
+    for (int32_t i = 0; i < all.size(); ++i) kernels_.check_shard(all[i], i, dtypes);
     for (int32_t i = 0; i < all.size(); ++i) {
       const OptimizerShard& s = all[i];
       // outputs: master, momentum buffer (empty without momentum), param (or empty)

@@ -35,6 +35,10 @@ class Sgd final : public Object<IOptimizer> {
                      void* stream) noexcept override;
   /// The options' lr and weight_decay (optimizer 1.2).
   Status hyper(OptimizerHyper* out) const noexcept override { return fill_hyper(hyper_, out); }
+  /// The momentum buffer is f32 (optimizer 1.4).
+  DType state_dtype(int32_t index) const noexcept override {
+    return index >= 0 && index < state_count() ? DType::kF32 : DType::kInvalid;
+  }
 
  private:
   /// sgd_step's attributes for one shard.

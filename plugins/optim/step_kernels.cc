@@ -61,7 +61,8 @@ std::vector<DType> StepKernels::grad_dtypes() const {
 }
 
 void StepKernels::check(const TensorView* master, const TensorView* grad, const TensorView* states,
-                        int32_t state_count) const {
+                        const std::vector<DType>& state_dtypes) const {
+  const int32_t state_count = static_cast<int32_t>(state_dtypes.size());
   if (master == nullptr || grad == nullptr || (state_count > 0 && states == nullptr))
     fail(Code::kInvalidArgument, op_ + ": master, grad and states must not be null");
   if (master->dtype != DType::kF32)
@@ -75,17 +76,21 @@ void StepKernels::check(const TensorView* master, const TensorView* grad, const 
     fail(Code::kInvalidArgument, op_ + ": grad has " + std::to_string(numel(*grad)) +
                                      " elements, master " + std::to_string(n));
   for (int32_t i = 0; i < state_count; ++i) {
-    if (states[i].dtype != DType::kF32 || numel(states[i]) != n)
-      fail(Code::kInvalidArgument, op_ + ": state " + std::to_string(i) + " must be f32 with " +
-                                       std::to_string(n) + " elements");
+    const DType want = state_dtypes[static_cast<size_t>(i)];
+    if (states[i].dtype != want || numel(states[i]) != n || states[i].device.type != device_)
+      fail(Code::kInvalidArgument,
+           op_ + ": state " + std::to_string(i) + " must be " + dtype_name(want) + " with " +
+               std::to_string(n) + " elements on the master weights' device (got " +
+               dtype_name(states[i].dtype) + " with " + std::to_string(numel(states[i])) +
+               "): the optimizer's state_dtype");
   }
 }
 
 void StepKernels::check_shard(const OptimizerShard& shard, int32_t index,
-                              int32_t state_count) const {
+                              const std::vector<DType>& state_dtypes) const {
   std::string at = op_ + ": shard " + std::to_string(index) + ": ";
   try {
-    check(&shard.master, &shard.grad, shard.states, state_count);
+    check(&shard.master, &shard.grad, shard.states, state_dtypes);
     for_grad(shard.grad.dtype);  // a dtype no kernel was resolved for
   } catch (const Error& e) {
     // "adamw_step: grad has 36 elements, master 37" -> "adamw_step: shard 3: grad has ..."

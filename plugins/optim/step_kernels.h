@@ -35,13 +35,15 @@ class StepKernels {
   std::vector<DType> grad_dtypes() const;
 
   /// Checks one update's tensors: master f32 (n) on the kernels' device, grad (n) of a
-  /// resolved dtype, and `states` f32 (n) each. Throws kInvalidArgument naming the tensor.
+  /// resolved dtype, and `states` (n) each, state i of `state_dtypes`[i] (the optimizer's
+  /// state_dtype). Throws kInvalidArgument naming the tensor.
   void check(const TensorView* master, const TensorView* grad, const TensorView* states,
-             int32_t state_count) const;
+             const std::vector<DType>& state_dtypes) const;
   /// check() of one update_many shard, its gradient dtype (one the kernels were resolved
   /// for), and its param: empty, or a float tensor of the master's element count on the
   /// kernels' device. Messages name shard `index`.
-  void check_shard(const OptimizerShard& shard, int32_t index, int32_t state_count) const;
+  void check_shard(const OptimizerShard& shard, int32_t index,
+                   const std::vector<DType>& state_dtypes) const;
 
  private:
   std::string op_;

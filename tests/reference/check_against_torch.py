@@ -1029,6 +1029,13 @@ def main():
     # AdamW steps with loom's recorded learning rates (the schedule has its own tests).
     opt = spec["optimizer"]
     b1, b2, eps, wd = opt["beta1"], opt["beta2"], opt["eps"], opt["weight_decay"]
+    # Moments kept in bf16 (Megatron's precision-aware optimizer, Transformer Engine's
+    # FusedAdam): the f32 update, then each moment rounded to bf16, every step.
+    def moment_store(name):
+        if opt.get(name, "f32") == "f32":
+            return lambda x: x
+        return lambda x: x.to(torch.float32).to(torch.bfloat16).to(x.dtype)
+    store_m, store_v = moment_store("exp_avg_dtype"), moment_store("exp_avg_sq_dtype")
     clip = spec["train"].get("grad_clip", 1.0)
     steps = json.load(open(f"{dump}/train.json"))
     B, T = tokens.shape
@@ -1116,8 +1123,8 @@ def main():
                     nonzero = g.abs()[compared(k) & (g != 0)]
                     if nonzero.numel() and float(nonzero.min()) < smallest[0]:
                         smallest = (float(nonzero.min()), k, t)
-                    m[k] = b1 * m[k] + (1 - b1) * g
-                    v2[k] = b2 * v2[k] + (1 - b2) * g * g
+                    m[k] = store_m(b1 * m[k] + (1 - b1) * g)
+                    v2[k] = store_v(b2 * v2[k] + (1 - b2) * g * g)
                     mhat = m[k] / (1 - b1 ** t)
                     vhat = v2[k] / (1 - b2 ** t)
                     decay = wd if p[k].dim() >= 2 else 0.0  # no decay on norms and biases

@@ -119,6 +119,27 @@ TEST_F(MemoryTest, Bf16ParametersWithMasterWeights) {
   expect_near_estimate("gpt_bf16", s);
 }
 
+// AdamW's moments in bf16 (Megatron's precision-aware optimizer): the optimizer part of the
+// estimate is 4 bytes a parameter (two bf16 moments), half the f32 moments', and the measured
+// peak is still where the estimate puts it.
+TEST_F(MemoryTest, Bf16MomentsHalveTheOptimizerStates) {
+  nlohmann::json s = gpt_spec();
+  s["precision"] = {{"params", "bf16"}};
+  nlohmann::json f32 = expect_near_estimate("gpt_bf16_f32_moments", s);
+  s["optimizer"]["exp_avg_dtype"] = "bf16";
+  s["optimizer"]["exp_avg_sq_dtype"] = "bf16";
+  nlohmann::json bf16 = expect_near_estimate("gpt_bf16_bf16_moments", s);
+  ASSERT_TRUE(f32.contains("estimated_mem_parts") && bf16.contains("estimated_mem_parts"));
+  auto part = [](const nlohmann::json& j, const char* key) {
+    return j.at("estimated_mem_parts").at(key).get<uint64_t>();
+  };
+  const uint64_t n = part(f32, "weights") / 2;  // bf16 parameters
+  EXPECT_EQ(part(f32, "optimizer"), 8 * n);
+  EXPECT_EQ(part(bf16, "optimizer"), 4 * n);
+  EXPECT_EQ(part(bf16, "master"), part(f32, "master"));
+  EXPECT_LT(bf16.at("peak_mem_bytes").get<double>(), f32.at("peak_mem_bytes").get<double>());
+}
+
 TEST_F(MemoryTest, LlamaWithRmsNormSwigluAndGroupedQueries) {
   expect_near_estimate("llama", llama_spec());
 }

@@ -12,15 +12,15 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <thread>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <sstream>
-#include <cstring>
-#include <map>
+#include <thread>
 
 #include "loom/cpp/safetensors.h"
 #include "tests/util/test_plugins.h"
@@ -124,9 +124,7 @@ std::map<std::string, std::vector<float>> read_tensors(const fs::path& file) {
 
 class ParallelTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fresh_dir("parallel_test");
-  }
+  void SetUp() override { dir_ = fresh_dir("parallel_test"); }
   // Multi-rank processes (threads of Gloo and of the gradient reduction alive) crash
   // LeakSanitizer's tracer now and then (testing::WithoutLeakCheck says more).
   testing::WithoutLeakCheck no_leak_scan_;
@@ -140,8 +138,7 @@ class ParallelTest : public ::testing::Test {
   // `args` (the layout), into its own run dir, writing nothing; checks it resumed at step 3
   // and continued with `whole`'s losses and grad norms.
   void expect_resumes_like(const nlohmann::json& body, const fs::path& ckpts,
-                           const std::string& name, const std::string& args,
-                           const Curve& whole) {
+                           const std::string& name, const std::string& args, const Curve& whole) {
     write_file(ckpts / "latest", "iter_0000003\n");
     fs::path again = dir_ / ("resume_" + name);
     auto r = run_loom("train " + q(spec("resume_" + name + ".json", body)) + " --run-dir " +
@@ -194,8 +191,8 @@ class ParallelTest : public ::testing::Test {
                                  const std::string& layout, const std::string& group) {
     body["train"]["steps"] = 50;
     body["checkpoint"] = {{"save_at_end", false}};
-    TwoRanks r = two_ranks_with_a_fault(name, body, layout + " --set parallel.timeout_s=60",
-                                        "kill:1:3");
+    TwoRanks r =
+        two_ranks_with_a_fault(name, body, layout + " --set parallel.timeout_s=60", "kill:1:3");
     std::printf("%s: the surviving rank, after %.1f s: %s", name.c_str(), r.seconds,
                 r.err0.c_str());
     EXPECT_EQ(r.code1, -SIGKILL) << name;
@@ -264,8 +261,8 @@ class ParallelTest : public ::testing::Test {
   bool loom_names_ = false;  // step_one reads loom's names (models HF cannot hold)
   // Per-parameter gradients of step 1: (reference - run) / lr elementwise, against the
   // grad norm of step 1 (the gradients' size).
-  void expect_same_gradients(const std::string& reference, const std::string& run,
-                             double grad_norm, double tolerance = kGradTolerance) {
+  void expect_same_gradients(const std::string& reference, const std::string& run, double grad_norm,
+                             double tolerance = kGradTolerance) {
     auto a = step_one(reference), b = step_one(run);
     ASSERT_EQ(a.size(), b.size()) << run;
     ASSERT_GT(a.size(), 10u);
@@ -280,9 +277,10 @@ class ParallelTest : public ::testing::Test {
         if (d > worst) worst = d, where = name;
       }
     }
-    std::printf("%s: per-parameter gradients of step 1 differ by at most %.3g (%s), grad norm "
-                "%.3g\n",
-                run.c_str(), worst, where.c_str(), grad_norm);
+    std::printf(
+        "%s: per-parameter gradients of step 1 differ by at most %.3g (%s), grad norm "
+        "%.3g\n",
+        run.c_str(), worst, where.c_str(), grad_norm);
     EXPECT_LE(worst, tolerance * grad_norm) << run << ": " << where;
   }
   // Relative to the gradient's norm: f32 sums in another order.
@@ -356,6 +354,33 @@ TEST_F(ParallelTest, DistributedOptimizerMatchesOneRank) {
                                   "parallel.bucket_size=3001");
 }
 
+// AdamW's moments in bf16 (Megatron's precision-aware optimizer) with the distributed
+// optimizer: the ranks' shards of the bf16 states update as one rank's whole ones (the same
+// curve); the checkpoint gathers them into bf16 tensors, and a run resharded to one rank
+// (the states sliced back out of them) continues with the uninterrupted run's losses.
+TEST_F(ParallelTest, Bf16MomentsWithTheDistributedOptimizerMatchOneRankAndReshard) {
+  nlohmann::json s = tiny_spec();
+  s["optimizer"]["exp_avg_dtype"] = "bf16";
+  s["optimizer"]["exp_avg_sq_dtype"] = "bf16";
+  Curve one = train("bf16m_one", s, "");
+  s["checkpoint"] = {{"interval", 3}, {"save_at_end", true}};
+  Curve zero = train("bf16m_zero1", s,
+                     "--nproc 2 --set parallel.dp=2 --set parallel.distributed_optimizer=true "
+                     "--set parallel.bucket_size=3001");
+  expect_same_curve(one, zero, "dp2 + distributed optimizer, bf16 moments");
+  fs::path ckpts = dir_ / "bf16m_zero1" / "checkpoints";
+  nlohmann::json meta = nlohmann::json::parse(read_file(ckpts / "iter_0000003" / "metadata.json"));
+  int moments = 0;
+  for (const auto& [name, t] : meta["loom"]["tensors"].items())
+    if (name.rfind("optim.exp_avg", 0) == 0) {
+      EXPECT_EQ(t["dtype"], "bf16") << name;
+      ++moments;
+    }
+  EXPECT_GT(moments, 10);
+  fs::remove_all(ckpts / "iter_0000006");
+  expect_resumes_like(s, ckpts, "bf16m_tp1", "", zero);
+}
+
 // Tensor parallelism: heads, MLP units and the vocabulary split over 2 ranks (the loss
 // through vocab-parallel cross entropy); with sequence parallelism the norms and residuals
 // run on sequence halves too.
@@ -393,11 +418,11 @@ TEST_F(ParallelTest, PaddedVocabularyTrainsAsTheUnpadded) {
   Curve tp2 = train("vocab61_tp2", s, "--nproc 2 --set parallel.tp=2");
   expect_same_curve(one, tp2, "61 padded to 256 over tp 2");
   expect_gradients_match_one_rank("sgd_vocab61", unpadded, "sgd_vocab61_padded", "");
-  for (const auto& [name, args] :
-       std::vector<std::pair<std::string, std::string>>{
+  for (const auto& [name, args] : std::vector<std::pair<std::string, std::string>>{
            {"sgd_vocab61_tp2", "--nproc 2 --set parallel.tp=2"},
-           {"sgd_vocab61_tp2_by1", "--nproc 2 --set parallel.tp=2 --set "
-                                   "model.make_vocab_size_divisible_by=1"}})
+           {"sgd_vocab61_tp2_by1",
+            "--nproc 2 --set parallel.tp=2 --set "
+            "model.make_vocab_size_divisible_by=1"}})
     expect_gradients_match_one_rank("sgd_vocab61", s, name, args);
 }
 
@@ -553,14 +578,14 @@ TEST_F(ParallelTest, Fp8DataAndTensorParallelMatchOneRank) {
       } else {
         worst_forward = std::max(worst_forward, std::abs(ratio - 1));
       }
-      worst_scale = std::max(
-          worst_scale, std::abs(static_cast<double>(scale[q]) * amax[q] / fp8_max - 1));
+      worst_scale =
+          std::max(worst_scale, std::abs(static_cast<double>(scale[q]) * amax[q] / fp8_max - 1));
     }
-    std::printf("%s: FP8 state after step 1 against one rank's: forward amaxes within %.3g, "
-                "gradient amaxes / %g within %.3g (%d of %d exactly), scale * amax = fp8_max "
-                "within %.3g\n",
-                name.c_str(), worst_forward, dp, worst_gradient, exact_gradients, gradients,
-                worst_scale);
+    std::printf(
+        "%s: FP8 state after step 1 against one rank's: forward amaxes within %.3g, "
+        "gradient amaxes / %g within %.3g (%d of %d exactly), scale * amax = fp8_max "
+        "within %.3g\n",
+        name.c_str(), worst_forward, dp, worst_gradient, exact_gradients, gradients, worst_scale);
     EXPECT_LE(worst_forward, std::ldexp(1.0, -7)) << name << ": forward amaxes";
     EXPECT_LE(worst_gradient, 0.10) << name << ": gradient amaxes / dp";
     EXPECT_GE(2 * exact_gradients, gradients) << name << ": gradient amaxes exactly dp x one's";
@@ -674,8 +699,7 @@ TEST_F(PipelineTest, EverySchedulesMatchesOneRankToEachGradient) {
   const std::vector<Layout> layouts = {
       {"pp2", "--nproc 2 --set parallel.pp=2", "pipeline: 1f1b"},
       {"pp4", "--nproc 4 --set parallel.pp=4", "pipeline: 1f1b"},
-      {"pp2vpp2", "--nproc 2 --set parallel.pp=2 --set parallel.vpp=2",
-       "pipeline: interleaved"},
+      {"pp2vpp2", "--nproc 2 --set parallel.pp=2 --set parallel.vpp=2", "pipeline: interleaved"},
       {"pp2zb", "--nproc 2 --set parallel.pp=2 --set parallel.pipeline_schedule.impl=zb_h1",
        "pipeline: zb_h1"},
       {"pp2tp2sp",
@@ -685,7 +709,8 @@ TEST_F(PipelineTest, EverySchedulesMatchesOneRankToEachGradient) {
       // with the loss alone, vpp 2 inferred (4 stages / pp 2).
       {"pp2layout", "--nproc 2 --set parallel.pp=2 --set 'parallel.pipeline_layout=\"Ett||tt|L\"'",
        "pipeline: interleaved, 2 stages x 2 virtual chunks"},
-      {"pp2first1", "--nproc 2 --set parallel.pp=2 --set parallel.num_layers_in_first_pipeline_stage=1",
+      {"pp2first1",
+       "--nproc 2 --set parallel.pp=2 --set parallel.num_layers_in_first_pipeline_stage=1",
        "pipeline: 1f1b"},
       {"pp2dp2zero",
        "--nproc 4 --set parallel.pp=2 --set parallel.dp=2 --set "
@@ -710,7 +735,7 @@ TEST_F(PipelineTest, EverySchedulesMatchesOneRankToEachGradient) {
       EXPECT_GE(e["dur"].get<double>(), 0.0);
     }
   for (int rank : {0, 1}) {
-    EXPECT_EQ((count[{rank, "forward"}]), 3 * 4) << rank;   // 3 steps x 4 micro-batches
+    EXPECT_EQ((count[{rank, "forward"}]), 3 * 4) << rank;  // 3 steps x 4 micro-batches
     EXPECT_EQ((count[{rank, "backward"}]), 3 * 4) << rank;
   }
   EXPECT_EQ((count[{0, "send_activation"}]), 12);
@@ -757,8 +782,7 @@ TEST_F(PipelineTest, ContextParallelMatchesOneRankToEachGradient) {
   };
   for (const Layout& layout : layouts) {
     Curve c = train(layout.name, gpt, layout.args);
-    EXPECT_THAT(last_out_, HasSubstr("cp=" + std::string(layout.name.substr(2, 1))))
-        << layout.name;
+    EXPECT_THAT(last_out_, HasSubstr("cp=" + std::string(layout.name.substr(2, 1)))) << layout.name;
     expect_same_curve(one, c, layout.name);
     expect_same_gradients("cp_one", layout.name, one.grad_norm[0]);
   }
@@ -848,8 +872,7 @@ TEST_F(PipelineTest, MambaHybridMatchesOneRankToEachGradient) {
   };
   const std::vector<Layout> layouts = {
       {"hybrid_tp2sp", "--nproc 2 --set parallel.tp=2 --set parallel.sequence_parallel=true"},
-      {"hybrid_dp2zero",
-       "--nproc 2 --set parallel.dp=2 --set parallel.distributed_optimizer=true"},
+      {"hybrid_dp2zero", "--nproc 2 --set parallel.dp=2 --set parallel.distributed_optimizer=true"},
       {"hybrid_pp2", "--nproc 2 --set parallel.pp=2"},
   };
   for (const Layout& layout : layouts) {
@@ -978,25 +1001,31 @@ TEST_F(PipelineTest, ExpertParallelMatchesOneRankToEachGradient) {
   EXPECT_THAT(read_file(dir_ / "moe_one" / "metrics.jsonl"), HasSubstr("moe/aux_loss/layer_1"));
   const std::vector<Layout> layouts = {
       {"ep2", "--nproc 2 --set parallel.ep=2"},
-      {"ep2gather", "--nproc 2 --set parallel.ep=2 --set "
-                    "'model.layer.mlp.dispatcher.impl=\"allgather\"'"},
+      {"ep2gather",
+       "--nproc 2 --set parallel.ep=2 --set "
+       "'model.layer.mlp.dispatcher.impl=\"allgather\"'"},
       {"ep4", "--nproc 4 --set parallel.ep=4"},
-      {"ep2tp2sp", "--nproc 4 --set parallel.ep=2 --set parallel.tp=2 --set "
-                   "parallel.sequence_parallel=true --set parallel.etp=1"},
-      {"ep2dp2zero", "--nproc 4 --set parallel.ep=2 --set parallel.dp=2 --set "
-                     "parallel.distributed_optimizer=true"},
+      {"ep2tp2sp",
+       "--nproc 4 --set parallel.ep=2 --set parallel.tp=2 --set "
+       "parallel.sequence_parallel=true --set parallel.etp=1"},
+      {"ep2dp2zero",
+       "--nproc 4 --set parallel.ep=2 --set parallel.dp=2 --set "
+       "parallel.distributed_optimizer=true"},
       {"ep2cp2", "--nproc 4 --set parallel.ep=2 --set parallel.cp=2"},
       // Expert tensor parallelism: etp != tp (each expert's F over the two data ranks), etp
       // = tp (the default) under sequence parallelism, and with ep and the allgather
       // dispatcher.
       {"etp2dp2", "--nproc 2 --set parallel.dp=2 --set parallel.etp=2"},
       // Full recomputation reruns routing, dispatch and the etp exchanges in backward.
-      {"ep2etp2full", "--nproc 4 --set parallel.ep=2 --set parallel.dp=2 --set parallel.etp=2 "
-                      "--set 'train.recompute=\"full\"'"},
-      {"ep2tp2etp2", "--nproc 4 --set parallel.ep=2 --set parallel.tp=2 --set "
-                     "parallel.sequence_parallel=true"},
-      {"ep2etp2gather", "--nproc 4 --set parallel.ep=2 --set parallel.dp=2 --set parallel.etp=2 "
-                        "--set 'model.layer.mlp.dispatcher.impl=\"allgather\"'"},
+      {"ep2etp2full",
+       "--nproc 4 --set parallel.ep=2 --set parallel.dp=2 --set parallel.etp=2 "
+       "--set 'train.recompute=\"full\"'"},
+      {"ep2tp2etp2",
+       "--nproc 4 --set parallel.ep=2 --set parallel.tp=2 --set "
+       "parallel.sequence_parallel=true"},
+      {"ep2etp2gather",
+       "--nproc 4 --set parallel.ep=2 --set parallel.dp=2 --set parallel.etp=2 "
+       "--set 'model.layer.mlp.dispatcher.impl=\"allgather\"'"},
   };
   for (const Layout& layout : layouts) {
     Curve c = train(layout.name, mixtral, layout.args);
@@ -1035,16 +1064,16 @@ TEST_F(PipelineTest, ExpertParallelMatchesOneRankToEachGradient) {
   Curve cap_one = train("moe_cap1_one", capacity1, "");
   nlohmann::json padded = capacity1;
   padded["model"]["layer"]["mlp"]["pad_to_capacity"] = true;
-  Curve pad_ep2 = train("moe_pad_ep2", padded,
-                        "--nproc 2 --set parallel.ep=2 --set 'log.level=\"debug\"'");
+  Curve pad_ep2 =
+      train("moe_pad_ep2", padded, "--nproc 2 --set parallel.ep=2 --set 'log.level=\"debug\"'");
   expect_same_curve(cap_one, pad_ep2, "padded to capacity at ep2");
   expect_same_gradients("moe_cap1_one", "moe_pad_ep2", cap_one.grad_norm[0]);
   {
     std::string log = last_out_ + last_err_;
     const std::regex line(R"(received (\d+) rows \((\d+) (\d+) per local expert\))");
     int lines = 0;
-    for (auto it = std::sregex_iterator(log.begin(), log.end(), line);
-         it != std::sregex_iterator(); ++it, ++lines) {
+    for (auto it = std::sregex_iterator(log.begin(), log.end(), line); it != std::sregex_iterator();
+         ++it, ++lines) {
       EXPECT_EQ((*it)[2], (*it)[3]) << "padded experts receive equal rows: " << (*it)[0];
     }
     EXPECT_GT(lines, 0) << "the dispatcher's debug lines";
@@ -1065,7 +1094,8 @@ TEST_F(PipelineTest, ExpertParallelMatchesOneRankToEachGradient) {
     "bias_update_rate": 10.0})");
   starving["train"]["steps"] = 5;
   Curve starve_one = train("moe_starve_one", starving, "");
-  Curve starve_ep4 = train("moe_starve_ep4", starving, "--nproc 4 --set parallel.ep=4 --set 'log.level=\"debug\"'");
+  Curve starve_ep4 = train("moe_starve_ep4", starving,
+                           "--nproc 4 --set parallel.ep=4 --set 'log.level=\"debug\"'");
   expect_same_curve(starve_one, starve_ep4, "ep4 with ranks that receive no token");
   expect_same_gradients("moe_starve_one", "moe_starve_ep4", starve_one.grad_norm[0]);
   EXPECT_THAT(last_out_ + last_err_,
@@ -1101,7 +1131,8 @@ TEST_F(ParallelTest, BadMixtureOfExpertsOptionsAreRefusedBeforeStart) {
     std::string args, message;
   };
   for (const Case& c : std::vector<Case>{
-           {"--set model.layer.mlp.router.topk=5", "spec /model/layer/mlp/router/topk: 5 must be in [1, num_experts = 4]"},
+           {"--set model.layer.mlp.router.topk=5",
+            "spec /model/layer/mlp/router/topk: 5 must be in [1, num_experts = 4]"},
            {"--nproc 3 --set parallel.ep=3 --set train.global_batch_size=6",
             "spec /model/layer/mlp/num_experts: 4 is not divisible by the expert-parallel size 3"},
            {"--set model.layer.mlp.expert_capacity_factor=0",
@@ -1191,8 +1222,9 @@ TEST_F(PipelineTest, CheckpointsReshardAcrossPipelineLayouts) {
   for (const Layout& layout :
        {Layout{"pp1", ""}, Layout{"pp4", "--nproc 4 --set parallel.pp=4"},
         Layout{"pp2tp2", "--nproc 4 --set parallel.pp=2 --set parallel.tp=2"},
-        Layout{"pp2dp2zero", "--nproc 4 --set parallel.pp=2 --set parallel.dp=2 --set "
-                             "parallel.distributed_optimizer=true"}})
+        Layout{"pp2dp2zero",
+               "--nproc 4 --set parallel.pp=2 --set parallel.dp=2 --set "
+               "parallel.distributed_optimizer=true"}})
     expect_resumes_like(pipeline_spec(), ckpts, layout.name, layout.args, one);
 }
 
@@ -1244,11 +1276,9 @@ TEST_F(ParallelTest, APipelineStageThatFailsStopsBothWithinTheTimeout) {
   nlohmann::json s = pipeline_spec();
   s["train"]["steps"] = 50;
   s["checkpoint"] = {{"save_at_end", false}};
-  TwoRanks r = two_ranks_with_a_fault("pp_throw", s,
-                                      "--set parallel.pp=2 --set parallel.timeout_s=15",
-                                      "throw:1:3");
-  std::printf("after %.1f s:\n  rank 0: %s  rank 1: %s", r.seconds, r.err0.c_str(),
-              r.err1.c_str());
+  TwoRanks r = two_ranks_with_a_fault(
+      "pp_throw", s, "--set parallel.pp=2 --set parallel.timeout_s=15", "throw:1:3");
+  std::printf("after %.1f s:\n  rank 0: %s  rank 1: %s", r.seconds, r.err0.c_str(), r.err1.c_str());
   EXPECT_NE(r.code1, 0);
   EXPECT_THAT(r.err1, HasSubstr("LOOM_TEST_FAULT: rank 1 fails at step 3")) << r.err1;
   EXPECT_EQ(r.code0, 6) << r.err0;
@@ -1320,12 +1350,12 @@ TEST_F(ParallelTest, RanksWithDifferentSpecsRefuseToStart) {
   fs::path rdzv = dir_ / "rdzv_specs";
   std::vector<testing::Background> ranks;
   for (int rank = 0; rank < 2; ++rank)
-    ranks.push_back(testing::start_loom(
-        "train " + q(sp) + " --run-dir " + q(dir_ / "specs_run") +
-            " --set parallel.dp=2 --set parallel.timeout_s=20" +
-            (rank == 1 ? " --set optimizer.lr=0.02" : std::string()),
-        "LOOM_RANK=" + std::to_string(rank) + " LOOM_WORLD_SIZE=2 LOOM_RDZV=" + q(rdzv) +
-            " LOOM_RUN_ID=specs"));
+    ranks.push_back(
+        testing::start_loom("train " + q(sp) + " --run-dir " + q(dir_ / "specs_run") +
+                                " --set parallel.dp=2 --set parallel.timeout_s=20" +
+                                (rank == 1 ? " --set optimizer.lr=0.02" : std::string()),
+                            "LOOM_RANK=" + std::to_string(rank) +
+                                " LOOM_WORLD_SIZE=2 LOOM_RDZV=" + q(rdzv) + " LOOM_RUN_ID=specs"));
   for (int rank = 0; rank < 2; ++rank) {
     int code = testing::wait_loom(ranks[rank]);
     std::string err = read_file(ranks[rank].err);
@@ -1384,12 +1414,12 @@ TEST_F(ParallelTest, SigtermStopsEveryRankAfterTheSameStepAndSavesTogether) {
                 latest.substr(0, latest.size() - 1).c_str(),
                 static_cast<long long>(last_step_logged(logs[0])),
                 static_cast<long long>(last_step_logged(logs[1])));
-    EXPECT_THAT(logs[0], HasSubstr("stopped by SIGTERM at iteration " + std::to_string(saved) +
-                                   ";"))
-        << how << ":\n" << logs[0];
+    EXPECT_THAT(logs[0],
+                HasSubstr("stopped by SIGTERM at iteration " + std::to_string(saved) + ";"))
+        << how << ":\n"
+        << logs[0];
     fs::path ckpt = run / "checkpoints" / latest.substr(0, latest.size() - 1);
-    EXPECT_EQ(nlohmann::json::parse(read_file(ckpt / "metadata.json"))["loom"]["iteration"],
-              saved)
+    EXPECT_EQ(nlohmann::json::parse(read_file(ckpt / "metadata.json"))["loom"]["iteration"], saved)
         << how;
     for (int r = 0; r < 2; ++r) {
       EXPECT_EQ(last_step_logged(logs[r]), saved) << how << ", rank " << r << ":\n" << logs[r];
@@ -1406,8 +1436,8 @@ TEST_F(ParallelTest, SigtermStopsEveryRankAfterTheSameStepAndSavesTogether) {
     for (int rank = 0; rank < 2; ++rank)
       ranks.push_back(testing::start_loom(
           "train " + q(sp) + " --run-dir " + q(run) + layout,
-          "LOOM_RANK=" + std::to_string(rank) + " LOOM_WORLD_SIZE=2 LOOM_RDZV=" +
-              q(dir_ / "rdzv_term") + " LOOM_RUN_ID=term"));
+          "LOOM_RANK=" + std::to_string(rank) +
+              " LOOM_WORLD_SIZE=2 LOOM_RDZV=" + q(dir_ / "rdzv_term") + " LOOM_RUN_ID=term"));
     wait_for_steps(run / "metrics.jsonl");
     ::kill(ranks[1].pid, SIGTERM);
     std::vector<std::string> logs;
@@ -1419,9 +1449,9 @@ TEST_F(ParallelTest, SigtermStopsEveryRankAfterTheSameStepAndSavesTogether) {
   }
   {  // The launcher: its output has both ranks' lines, prefixed "[rank R] ".
     fs::path run = dir_ / "term_launcher";
-    testing::Background launcher = testing::start_loom(
-        "train " + q(spec("term_launcher.json", s)) + " --run-dir " + q(run) + " --nproc 2" +
-        layout);
+    testing::Background launcher =
+        testing::start_loom("train " + q(spec("term_launcher.json", s)) + " --run-dir " + q(run) +
+                            " --nproc 2" + layout);
     wait_for_steps(run / "metrics.jsonl");
     ::kill(launcher.pid, SIGTERM);
     EXPECT_EQ(testing::wait_loom(launcher), 0) << read_file(launcher.err);
@@ -1462,19 +1492,23 @@ TEST_F(ParallelTest, LayoutsThatDoNotFitAreRefusedBeforeStart) {
            {"Et|tx|L|", "has 'x': the symbols are E (embedding), t (decoder layer)"},
            {"Et|tt||", "must end with L (the loss) and hold it once"},
            {"Et|ttL", "places 3 decoder layers (t), but the model has 2"}}) {
-    r = run_loom("train " + q(sp) + " --nproc 2 --set parallel.pp=2 --set 'parallel.pipeline_layout=\"" +
-                 layout + "\"'");
+    r = run_loom("train " + q(sp) +
+                 " --nproc 2 --set parallel.pp=2 --set 'parallel.pipeline_layout=\"" + layout +
+                 "\"'");
     EXPECT_EQ(r.exit_code, 3) << layout << "\n" << r.out << r.err;
     EXPECT_THAT(r.err, HasSubstr(rule)) << layout;
   }
-  r = run_loom("train " + q(sp) + " --nproc 2 --set parallel.pp=2 --set "
-               "'parallel.pipeline_layout=\"Et|tL\"' --set parallel.num_layers_in_first_pipeline_stage=1");
+  r = run_loom(
+      "train " + q(sp) +
+      " --nproc 2 --set parallel.pp=2 --set "
+      "'parallel.pipeline_layout=\"Et|tL\"' --set parallel.num_layers_in_first_pipeline_stage=1");
   EXPECT_EQ(r.exit_code, 3) << r.out << r.err;
   EXPECT_THAT(r.err, HasSubstr("cannot be combined with parallel.pipeline_layout"));
   r = run_loom("train " + q(sp) + " --nproc 4 --set parallel.pp=4");
   EXPECT_EQ(r.exit_code, 3) << r.out << r.err;
   EXPECT_THAT(r.err, HasSubstr("2 layers do not split evenly over 4 pipeline stages"));
-  r = run_loom("train " + q(sp) + " --nproc 2 --set parallel.pp=2 --set parallel.vpp=2 "
+  r = run_loom("train " + q(sp) +
+               " --nproc 2 --set parallel.pp=2 --set parallel.vpp=2 "
                "--set model.num_layers=4 --set train.global_batch_size=6");
   EXPECT_NE(r.exit_code, 0) << r.out << r.err;
   EXPECT_THAT(r.err, HasSubstr("3 micro-batches per step leave 1 after groups of 2"));
@@ -1485,10 +1519,8 @@ TEST_F(ParallelTest, LayoutsThatDoNotFitAreRefusedBeforeStart) {
   EXPECT_THAT(r.err, HasSubstr("/train/seq_length: 15 is not divisible by parallel.tp 2"));
   // What the model splits: heads, key/value groups, the MLP's units. (A vocabulary tp does
   // not divide is padded: PaddedVocabularyTrainsAsTheUnpadded.)
-  for (auto [key, value] :
-       std::vector<std::pair<std::string, std::string>>{{"num_attention_heads", "3"},
-                                                        {"num_query_groups", "1"},
-                                                        {"ffn_hidden_size", "33"}}) {
+  for (auto [key, value] : std::vector<std::pair<std::string, std::string>>{
+           {"num_attention_heads", "3"}, {"num_query_groups", "1"}, {"ffn_hidden_size", "33"}}) {
     r = run_loom("train " + q(sp) + " --nproc 2 --set parallel.tp=2 --set model." + key + "=" +
                  value + (key == "num_attention_heads" ? " --set model.kv_channels=8" : ""));
     EXPECT_EQ(r.exit_code, 3) << key << "\n" << r.out << r.err;

@@ -1,26 +1,9 @@
-// adamw_step, adamw_step_multi and sgd_step (loom/ops.h) on CUDA, on contiguous f32 shards,
-// and grad_norm_clip.
-//
-// Bandwidth-bound: each element reads grad and 2-3 f32 states and writes them back (plus
-// the cast parameter), ~28 bytes per element for AdamW with bf16 grad and parameter. So
-// each thread handles packs of 4 elements (16-byte f32 accesses, 8-byte 16-bit ones)
-// when every pointer is aligned for them, else single elements (still coalesced); grid-
-// stride with at most 4096 blocks of 256 threads, 64-bit indices. The arithmetic is the CPU
-// kernels' f32 arithmetic element for element (bias corrections computed on the host in
-// f64, as there); only FMA contraction may differ in the last bit.
-//
-// adamw_step_multi is the multi-tensor step (apex's multi_tensor_apply): one launch updates
-// up to kMultiMaxShards shards, whose pointers, lengths and weight decays travel in the
-// kernel's parameter (a __grid_constant__ table, no copy to device memory first). Each
-// block owns one chunk of kMultiChunk elements of one shard and finds it by a binary search
-// over the table's prefix of block starts. The elements go through adamw_range, the very
-// code of adamw_step's kernel, so the results are adamw_step's bit for bit.
-//
-// Step scalars (a call's optional last input, loom/ops/optim.h): every thread reads them when
-// the kernel runs and, unless the skip flag is set, computes the call's coefficients from
-// them with the host's code (loom/cpp/adamw_coef.h, loom/cpp/step_scalars.h: f64, powers by
-// repeated squaring), so a replayed graph's launch takes each step's values and gives what a
-// launch with those values in its attrs gives. grad_norm_clip is one thread.
+// adamw_step, adamw_step_multi and sgd_step (loom/ops.h) on CUDA, on contiguous shards of f32
+// master weights, and grad_norm_clip. AdamW's device code is adamw_kernel.cuh's (shared with
+// the emulation test); SGD's is here, built the same way: packs of 4 elements when every
+// pointer is aligned for them, grid-stride with at most 4096 blocks of 256 threads, 64-bit
+// indices, the CPU kernels' f32 arithmetic element for element. grad_norm_clip is one
+// thread.
 #include <loom/cpp/adamw_coef.h>
 #include <loom/cpp/error.h>
 #include <loom/cpp/op_checks/optim.h>
@@ -34,20 +17,11 @@
 #include "kernels/cuda/common/device_util.cuh"
 #include "kernels/cuda/common/registration.h"
 #include "kernels/cuda/common/resources.cuh"
+#include "kernels/cuda/optim/adamw_kernel.cuh"
 #include "kernels/cuda/optim/registry.cuh"
 
 namespace loom::kernels::cuda::optim {
 namespace {
-
-using AdamCoef = AdamWCoef;  // loom/cpp/adamw_coef.h: shared with every kernel library
-
-__device__ __forceinline__ void adam_point(const AdamCoef& c, float g, float& w, float& m,
-                                           float& v) {
-  g *= c.gs;
-  m = c.b1 * m + (1.0f - c.b1) * g;
-  v = c.b2 * v + (1.0f - c.b2) * g * g;
-  w -= c.lr * (m * c.bc1 / (sqrtf(v) * c.bc2_sqrt + c.eps) + c.wd * w);
-}
 
 struct SgdCoef {
   float lr, momentum, wd, gs;
@@ -66,125 +40,6 @@ __device__ __forceinline__ void sgd_point(const SgdCoef& c, float g, float& w, f
     update = c.nesterov ? g + c.momentum * *buf : *buf;
   }
   w -= c.lr * update;
-}
-
-// AdamW over elements [begin, end) of one shard by thread `first` of `stride` threads: packs
-// of 4 when kVec (begin a multiple of 4, every pointer aligned for packs), then the rest one
-// by one. `param` (P) may be null: no cast copy. The one per-element code of both AdamW
-// kernels: adamw_kernel runs it over a whole shard, grid-stride; adamw_multi_kernel over
-// one chunk per block.
-template <class G, class P, bool kVec>
-__device__ __forceinline__ void adamw_range(const AdamCoef& c, const G* __restrict__ grad,
-                                            float* __restrict__ w, float* __restrict__ m,
-                                            float* __restrict__ v, P* __restrict__ param,
-                                            int64_t begin, int64_t end, int64_t first,
-                                            int64_t stride) {
-  int64_t done = begin;
-  if (kVec) {
-    const int64_t pack_end = begin + (end - begin) / 4 * 4;
-    for (int64_t i = begin + first * 4; i < pack_end; i += stride * 4) {
-      float g[4], wv[4], mv[4], vv[4];
-      load_pack<G, 4>(grad + i, g);
-      load_pack<float, 4>(w + i, wv);
-      load_pack<float, 4>(m + i, mv);
-      load_pack<float, 4>(v + i, vv);
-#pragma unroll
-      for (int k = 0; k < 4; ++k) adam_point(c, g[k], wv[k], mv[k], vv[k]);
-      store_pack<float, 4>(w + i, wv);
-      store_pack<float, 4>(m + i, mv);
-      store_pack<float, 4>(v + i, vv);
-      if (param != nullptr) store_pack<P, 4>(param + i, wv);
-    }
-    done = pack_end;
-  }
-  for (int64_t i = done + first; i < end; i += stride) {
-    float wi = w[i], mi = m[i], vi = v[i];
-    adam_point(c, to_f32<G>(grad[i]), wi, mi, vi);
-    w[i] = wi;
-    m[i] = mi;
-    v[i] = vi;
-    if (param != nullptr) param[i] = from_f32<P>(wi);
-  }
-}
-
-// `scalars`: the call's step scalars, or null.
-template <class G, class P, bool kVec>
-__global__ void adamw_kernel(const G* __restrict__ grad, float* __restrict__ w,
-                             float* __restrict__ m, float* __restrict__ v, P* __restrict__ param,
-                             int64_t n, AdamCoef c, const double* __restrict__ scalars) {
-  if (scalars != nullptr) {
-    if (step_skipped(scalars)) return;
-    c = adamw_coef(c, scalars);
-  }
-  adamw_range<G, P, kVec>(c, grad, w, m, v, param, 0, n,
-                          int64_t{blockIdx.x} * blockDim.x + threadIdx.x,
-                          int64_t{gridDim.x} * blockDim.x);
-}
-
-// ---- adamw_step_multi ------------------------------------------------------------------
-
-// Shards per launch. The table below travels as the kernel's parameter, at most 32764 bytes
-// on sm_70+ with CUDA 12.1 or newer (4 KB before): 256 shards take about 15 KB. A call with
-// more shards launches once per 256.
-inline constexpr int kMultiMaxShards = 256;
-// Elements per block: 4 packs of 4 per thread of a 256-thread block. A chunk starts at a
-// multiple of 4, so a shard whose pointers fit packs keeps them aligned in every chunk.
-inline constexpr int64_t kMultiChunk = 4096;
-
-struct MultiShard {
-  const void* grad;  // (n) of the call's gradient dtype
-  float* w;          // master (n)
-  float* m;          // exp_avg (n)
-  float* v;          // exp_avg_sq (n)
-  void* param;       // (n) of the launch's param dtype, or null
-  int64_t n;
-  float wd;     // this shard's weight decay
-  int32_t vec;  // 1: every pointer is aligned for 4-element packs
-};
-
-struct MultiTable {
-  AdamCoef c;             // c.wd unused: each shard has its own
-  const double* scalars;  // the call's step scalars, or null
-  int32_t count;
-  // block_start[i]: the first block of shard i; block_start[count]: the launch's blocks. An
-  // empty shard has no block (its start equals the next one's).
-  int32_t block_start[kMultiMaxShards + 1];
-  MultiShard shard[kMultiMaxShards];
-};
-static_assert(sizeof(MultiTable) <= 32764,
-              "adamw_step_multi's table exceeds the 32764 bytes of kernel parameters: lower "
-              "kMultiMaxShards");
-
-// One block per chunk. __grid_constant__: the table is read in place from the parameter
-// space (dynamic indexing would otherwise copy all of it to each thread's local memory).
-template <class G, class P>
-__global__ void __launch_bounds__(kThreads)
-    adamw_multi_kernel(const __grid_constant__ MultiTable table) {
-  const int32_t b = static_cast<int32_t>(blockIdx.x);
-  // The shard holding block b: the last one whose first block is <= b (block_start[0] = 0).
-  int lo = 0, hi = table.count - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (table.block_start[mid] <= b)
-      lo = mid;
-    else
-      hi = mid - 1;
-  }
-  const MultiShard& s = table.shard[lo];
-  AdamCoef c = table.c;
-  if (table.scalars != nullptr) {
-    if (step_skipped(table.scalars)) return;
-    c = adamw_coef(c, table.scalars);
-  }
-  c.wd = s.wd;
-  const int64_t begin = int64_t{b - table.block_start[lo]} * kMultiChunk;
-  const int64_t end = begin + kMultiChunk < s.n ? begin + kMultiChunk : s.n;
-  const G* g = static_cast<const G*>(s.grad);
-  P* p = static_cast<P*>(s.param);
-  if (s.vec)
-    adamw_range<G, P, true>(c, g, s.w, s.m, s.v, p, begin, end, threadIdx.x, blockDim.x);
-  else
-    adamw_range<G, P, false>(c, g, s.w, s.m, s.v, p, begin, end, threadIdx.x, blockDim.x);
 }
 
 // `buf` may be null (momentum 0), `param` too.
@@ -234,11 +89,17 @@ bool packs_fit(const void* grad, const void* param, std::initializer_list<const 
 // DType of the optional cast output (f32 when absent: the pointer is null then).
 DType param_dtype(const TensorView& p) { return p.data != nullptr ? p.dtype : DType::kF32; }
 
-// Bytes a pointer to `t` must be aligned to for a 4-element pack (pack_alignment<T, 4>).
-uintptr_t pack_bytes(DType t) {
-  const uintptr_t b = 4 * static_cast<uintptr_t>(dtype_size(t));
-  return b < 16 ? b : 16;
-}
+// A moment's dtype (f32 or bf16: op_checks refused others) as its storage type T.
+#define LOOM_MOMENT_SWITCH(dt, T, ...) \
+  do {                                 \
+    if ((dt) == DType::kBF16) {        \
+      using T = __nv_bfloat16;         \
+      __VA_ARGS__;                     \
+    } else {                           \
+      using T = float;                 \
+      __VA_ARGS__;                     \
+    }                                  \
+  } while (0)
 
 Status adamw_step(const OpCall* call) {
   return guard([&] {
@@ -250,34 +111,46 @@ Status adamw_step(const OpCall* call) {
     const double* scalars = op_checks::step_scalars(call, 1);
     if (scalars != nullptr) current_device(ops::kAdamWStep, call->inputs[1]);
     float* w = static_cast<float*>(call->outputs[0].data);
-    float* m = static_cast<float*>(call->outputs[1].data);
-    float* v = static_cast<float*>(call->outputs[2].data);
-    const TensorView& Pv = call->outputs[3];
+    const TensorView &Mv = call->outputs[1], &Vv = call->outputs[2], &Pv = call->outputs[3];
     cudaStream_t stream = stream_of(call);
     LOOM_CUDA_FLOAT_SWITCH(G.dtype, Tg, ops::kAdamWStep, {
       LOOM_CUDA_FLOAT_SWITCH(param_dtype(Pv), Tp, ops::kAdamWStep, {
-        const Tg* g = static_cast<const Tg*>(G.data);
-        Tp* p = static_cast<Tp*>(Pv.data);
-        if (packs_fit<Tg, Tp>(g, p, {w, m, v}))
-          adamw_kernel<Tg, Tp, true><<<grid_for(n / 4 + 1, kThreads), kThreads, 0, stream>>>(
-              g, w, m, v, p, n, c, scalars);
-        else
-          adamw_kernel<Tg, Tp, false>
-              <<<grid_for(n, kThreads), kThreads, 0, stream>>>(g, w, m, v, p, n, c, scalars);
+        LOOM_MOMENT_SWITCH(Mv.dtype, Tm, {
+          LOOM_MOMENT_SWITCH(Vv.dtype, Tv, {
+            const Tg* g = static_cast<const Tg*>(G.data);
+            Tp* p = static_cast<Tp*>(Pv.data);
+            Tm* m = static_cast<Tm*>(Mv.data);
+            Tv* v = static_cast<Tv*>(Vv.data);
+            const bool vec = packs_fit<Tg, Tp>(g, p, {w}) &&
+                             is_aligned(m, pack_alignment<Tm, 4>()) &&
+                             is_aligned(v, pack_alignment<Tv, 4>());
+            if (vec)
+              adamw_kernel<Tg, Tp, Tm, Tv, true>
+                  <<<grid_for(n / 4 + 1, kThreads), kThreads, 0, stream>>>(g, w, m, v, p, n, c,
+                                                                           scalars);
+            else
+              adamw_kernel<Tg, Tp, Tm, Tv, false>
+                  <<<grid_for(n, kThreads), kThreads, 0, stream>>>(g, w, m, v, p, n, c, scalars);
+          });
+        });
       });
     });
     launch_check(ops::kAdamWStep);
   });
 }
 
-// Launches adamw_multi_kernel over `table` (count >= 1, block starts filled) with gradients
-// of `grad` and params of `param` (the dtype of every present param in the table).
-void launch_multi(const MultiTable& table, DType grad, DType param, cudaStream_t stream) {
-  const int32_t blocks = table.block_start[table.count];
-  if (blocks == 0) return;  // every shard empty
+// Launches adamw_multi_kernel over `table` (blocks > 0) with gradients of `grad` and the
+// group's params and moments.
+void launch_multi(const MultiTable& table, DType grad, const MultiGroup& group,
+                  cudaStream_t stream) {
+  const unsigned blocks = static_cast<unsigned>(table.block_start[table.count]);
   LOOM_CUDA_FLOAT_SWITCH(grad, Tg, ops::kAdamWStepMulti, {
-    LOOM_CUDA_FLOAT_SWITCH(param, Tp, ops::kAdamWStepMulti, {
-      adamw_multi_kernel<Tg, Tp><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(table);
+    LOOM_CUDA_FLOAT_SWITCH(group.param, Tp, ops::kAdamWStepMulti, {
+      LOOM_MOMENT_SWITCH(group.m, Tm, {
+        LOOM_MOMENT_SWITCH(group.v, Tv, {
+          adamw_multi_kernel<Tg, Tp, Tm, Tv><<<blocks, kThreads, 0, stream>>>(table);
+        });
+      });
     });
   });
   launch_check(ops::kAdamWStepMulti);
@@ -296,47 +169,14 @@ Status adamw_step_multi(const OpCall* call) {
                         "] is on cuda:" + std::to_string(call->inputs[i].device.index) +
                         " but grad[0] on cuda:" + std::to_string(G0.device.index) +
                         ": one call updates the shards of one device");
-    const double* scalars = op_checks::step_scalars(call, a.count);
-    if (scalars != nullptr) current_device(ops::kAdamWStepMulti, call->inputs[a.count]);
+    if (call->num_inputs > a.count) current_device(ops::kAdamWStepMulti, call->inputs[a.count]);
     cudaStream_t stream = stream_of(call);
-    // One table per dtype of the cast params (the kernel is templated on it; a shard without
-    // a param joins any table), flushed when full. Usually every param has one dtype.
+    // One table per group of params' and moments' dtypes (the kernel is templated on them),
+    // flushed when full. Usually every shard has the same.
     MultiTable table;  // ~15 KB: copied into the launch's parameters, so reused between them
-    const DType param_types[] = {DType::kF32, DType::kBF16, DType::kF16};
-    std::vector<bool> done(static_cast<size_t>(a.count), false);
-    for (DType pt : param_types) {
-      table.c = adamw_coef(a.lr, a.beta1, a.beta2, a.eps, 0.0f, a.grad_scale, a.step);
-      table.scalars = scalars;
-      table.count = 0;
-      table.block_start[0] = 0;
-      for (int32_t i = 0; i < a.count; ++i) {
-        const TensorView& P = call->outputs[4 * i + 3];
-        if (done[i] || (P.data != nullptr && P.dtype != pt)) continue;
-        done[i] = true;
-        const int64_t n = numel(call->inputs[i]);
-        const int64_t blocks = (n + kMultiChunk - 1) / kMultiChunk;
-        const int64_t start = table.block_start[table.count];
-        if (table.count > 0 && (table.count == kMultiMaxShards || start + blocks > INT32_MAX)) {
-          launch_multi(table, G0.dtype, pt, stream);
-          table.count = 0;
-        }
-        MultiShard& s = table.shard[table.count];
-        s.grad = call->inputs[i].data;
-        s.w = static_cast<float*>(call->outputs[4 * i].data);
-        s.m = static_cast<float*>(call->outputs[4 * i + 1].data);
-        s.v = static_cast<float*>(call->outputs[4 * i + 2].data);
-        s.param = P.data;
-        s.n = n;
-        s.wd = a.weight_decay[i];
-        s.vec = is_aligned(s.grad, pack_bytes(G0.dtype)) && is_aligned(s.w, 16) &&
-                is_aligned(s.m, 16) && is_aligned(s.v, 16) &&
-                (s.param == nullptr || is_aligned(s.param, pack_bytes(pt)));
-        table.block_start[table.count + 1] =
-            static_cast<int32_t>(table.block_start[table.count] + blocks);
-        ++table.count;
-      }
-      if (table.count > 0) launch_multi(table, G0.dtype, pt, stream);
-    }
+    plan_multi(call, table, [&](const MultiTable& t, const MultiGroup& group) {
+      launch_multi(t, G0.dtype, group, stream);
+    });
   });
 }
 

@@ -35,7 +35,7 @@ inline constexpr InterfaceInfo kMoeDispatcher{"moe_dispatcher", 1, 0};  ///< MoE
 // Numerics and training.
 inline constexpr InterfaceInfo kFp8Recipe{"fp8_recipe", 1, 1};
 /// 1.1: update_many (check has_update_many before calling it); 1.2: hyper (has_hyper).
-inline constexpr InterfaceInfo kOptimizer{"optimizer", 1, 3};
+inline constexpr InterfaceInfo kOptimizer{"optimizer", 1, 4};
 inline constexpr InterfaceInfo kLrSchedule{"lr_schedule", 1, 0};
 inline constexpr InterfaceInfo kPipelineSchedule{"pipeline_schedule", 1, 0};
 // Infrastructure.

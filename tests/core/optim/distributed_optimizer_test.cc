@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 
 #include "core/parallel/local_communicator.h"
 #include "core/plugin/host.h"
@@ -63,6 +64,10 @@ class Sgd final : public Object<IOptimizer> {
   Status hyper(OptimizerHyper* out) const noexcept override {
     copy_struct(OptimizerHyper{sizeof(OptimizerHyper), 0.1, 0.5}, out);
     return ok_status();
+  }
+  DType state_dtype(int32_t) const noexcept override {
+    if (minor_ < 4) std::abort();  // the core must not ask an older optimizer
+    return DType::kF32;
   }
 
  private:

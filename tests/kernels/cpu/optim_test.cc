@@ -3,6 +3,9 @@
 // adamw_step_multi: bit for bit what one adamw_step call per shard gives, with the same
 // kernel (ref and fast), over shards of many lengths, mixed decay and param outputs; and
 // its bad calls.
+// bf16 moments (Megatron's precision-aware optimizer): each kernel's update of a bf16 moment
+// is, bit for bit, its update of an f32 moment holding the same values followed by a cast to
+// bf16 (Transformer Engine's FusedAdam: widen, f32 step, copy back as bf16).
 #include <cmath>
 #include <cstring>
 
@@ -90,15 +93,20 @@ struct MultiCase {
   std::vector<float> decay;
   ops::AdamWMultiAttrs attrs{};
 
-  MultiCase(DType grad_dtype, int64_t step, std::mt19937& rng) {
+  // bf16_moments: the shards' moments cycle through (f32, f32), (bf16, bf16), (bf16, f32) and
+  // (f32, bf16) (exp_avg, exp_avg_sq); else all f32.
+  MultiCase(DType grad_dtype, int64_t step, std::mt19937& rng, bool bf16_moments = false) {
     const int64_t lengths[] = {1, 7, 0, 33, 4099, 2048, 5, 2049};
     const DType params[] = {grad_dtype, DType::kBF16, DType::kF32, DType::kInvalid};
     int k = 0;
     for (int64_t n : lengths) {
+      const int mix = bf16_moments ? (k + 1) % 4 : 0;
+      const DType m = mix == 1 || mix == 2 ? DType::kBF16 : DType::kF32;
+      const DType v = mix == 1 || mix == 3 ? DType::kBF16 : DType::kF32;
       grads.push_back(Tensor::random(grad_dtype, {n}, rng));
       outs.push_back(Tensor::random(DType::kF32, {n}, rng));
-      outs.push_back(Tensor::random(DType::kF32, {n}, rng, -0.1, 0.1));
-      outs.push_back(Tensor::random(DType::kF32, {n}, rng, 0, 0.01));
+      outs.push_back(Tensor::random(m, {n}, rng, -0.1, 0.1));
+      outs.push_back(Tensor::random(v, {n}, rng, 0, 0.01));
       DType p = params[k % 4];
       outs.push_back(p == DType::kInvalid ? Tensor() : Tensor(p, {n}));
       decay.push_back(k % 3 == 1 ? 0.0f : 0.1f * static_cast<float>(k + 1));
@@ -127,33 +135,93 @@ TEST_P(OptimTest, AdamWMultiIsBitIdenticalToOneAdamWStepPerShard) {
     if (std::string(name) == "cpu.fast" &&
         (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")))
       continue;  // cpu.fast declines without AVX2: only the reference runs here
-    for (int64_t step : {1, 4}) {
-      SCOPED_TRACE(std::string(name) + " step " + std::to_string(step));
-      MultiCase c(dt, step, rng);
-      std::vector<Tensor> multi = c.outs, single = c.outs;
-      std::vector<Tensor*> in, out;
-      for (Tensor& g : c.grads) in.push_back(&g);
-      for (Tensor& t : multi) out.push_back(&t);
-      run(ops::kAdamWStepMulti, name, dt, in, out, &c.attrs);
-      for (int i = 0; i < c.attrs.count; ++i) {
-        ops::AdamWAttrs at = c.single(i);
-        run(ops::kAdamWStep, name, dt, {&c.grads[i]},
-            {&single[4 * i], &single[4 * i + 1], &single[4 * i + 2], &single[4 * i + 3]}, &at);
+    for (int64_t step : {1, 4})
+      for (bool bf16_moments : {false, true}) {
+        SCOPED_TRACE(std::string(name) + " step " + std::to_string(step) +
+                     (bf16_moments ? " bf16 moments" : ""));
+        MultiCase c(dt, step, rng, bf16_moments);
+        std::vector<Tensor> multi = c.outs, single = c.outs;
+        std::vector<Tensor*> in, out;
+        for (Tensor& g : c.grads) in.push_back(&g);
+        for (Tensor& t : multi) out.push_back(&t);
+        run(ops::kAdamWStepMulti, name, dt, in, out, &c.attrs);
+        for (int i = 0; i < c.attrs.count; ++i) {
+          ops::AdamWAttrs at = c.single(i);
+          run(ops::kAdamWStep, name, dt, {&c.grads[i]},
+              {&single[4 * i], &single[4 * i + 1], &single[4 * i + 2], &single[4 * i + 3]}, &at);
+        }
+        for (size_t j = 0; j < multi.size(); ++j)
+          EXPECT_TRUE(same_bits(multi[j], single[j]))
+              << "shard " << j / 4 << " output " << j % 4 << " (n = " << c.grads[j / 4].numel()
+              << ") differs from adamw_step's";
+        // The update happened: the masters and the moments moved.
+        EXPECT_FALSE(same_bits(multi[4 * 4], c.outs[4 * 4]));
+        EXPECT_FALSE(same_bits(multi[4 * 4 + 1], c.outs[4 * 4 + 1]));
+        EXPECT_FALSE(same_bits(multi[4 * 4 + 2], c.outs[4 * 4 + 2]));
       }
-      for (size_t j = 0; j < multi.size(); ++j)
-        EXPECT_TRUE(same_bits(multi[j], single[j]))
-            << "shard " << j / 4 << " output " << j % 4 << " (n = " << c.grads[j / 4].numel()
-            << ") differs from adamw_step's";
-      // The update happened: the masters moved.
-      EXPECT_FALSE(same_bits(multi[4 * 4], c.outs[4 * 4]));
-    }
   }
 }
 
 TEST_P(OptimTest, AdamWMultiFastMatchesReference) {
   std::mt19937 rng(5);
-  MultiCase c(GetParam(), 3, rng);
-  expect_fast_matches_ref(ops::kAdamWStepMulti, GetParam(), c.grads, c.outs, &c.attrs);
+  for (bool bf16_moments : {false, true}) {
+    MultiCase c(GetParam(), 3, rng, bf16_moments);
+    expect_fast_matches_ref(ops::kAdamWStepMulti, GetParam(), c.grads, c.outs, &c.attrs,
+                            bf16_moments ? "bf16 moments" : "f32 moments");
+  }
+}
+
+// `t` (f32) rounded to bf16 (f32_to_bf16: to nearest even), as a bf16 tensor.
+Tensor to_bf16(const Tensor& t) {
+  Tensor r(DType::kBF16, {t.numel()});
+  for (int64_t i = 0; i < t.numel(); ++i) r.set(i, t.get(i));
+  return r;
+}
+
+// `t` (bf16) widened to f32, exactly.
+Tensor to_f32(const Tensor& t) {
+  Tensor r(DType::kF32, {t.numel()});
+  for (int64_t i = 0; i < t.numel(); ++i) r.set(i, t.get(i));
+  return r;
+}
+
+// A bf16 moment is an f32 moment rounded after each step: over six steps, each kernel's call
+// with bf16 moments (one or both) gives the master, the param cast and the moments that the
+// same kernel's call with f32 moments gives when those are rounded to bf16 after every step,
+// to the bit. Lengths 1, 7 (the reference's and the fast loop's tails) and 4099 (more than
+// one fast chunk). It fails when a kernel truncates instead of rounding to nearest even, or
+// rounds the master too.
+TEST_P(OptimTest, Bf16MomentsAreTheF32UpdateRoundedToBf16) {
+  std::mt19937 rng(8);
+  const DType dt = GetParam();
+  const bool fast = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  for (const char* name : {"cpu.ref", "cpu.fast"}) {
+    if (std::string(name) == "cpu.fast" && !fast) continue;  // reported below
+    for (int mix : {1, 2, 3})  // which moments are bf16: exp_avg, exp_avg_sq, both
+      for (int64_t n : {1, 7, 4099}) {
+        SCOPED_TRACE(std::string(name) + " mix " + std::to_string(mix) + " n " + std::to_string(n));
+        const bool bf_m = mix & 1, bf_v = mix & 2;
+        Tensor w = Tensor::random(DType::kF32, {n}, rng), w_ref = w;
+        Tensor m_ref = to_f32(to_bf16(Tensor::random(DType::kF32, {n}, rng, -0.1, 0.1)));
+        Tensor v_ref = to_f32(to_bf16(Tensor::random(DType::kF32, {n}, rng, 0, 0.01)));
+        Tensor m = bf_m ? to_bf16(m_ref) : m_ref, v = bf_v ? to_bf16(v_ref) : v_ref;
+        Tensor p(dt, {n}), p_ref(dt, {n});
+        for (int64_t step = 1; step <= 6; ++step) {
+          Tensor g = Tensor::random(dt, {n}, rng);
+          ops::AdamWAttrs at{1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, step};
+          run(ops::kAdamWStep, name, dt, {&g}, {&w, &m, &v, &p}, &at);
+          run(ops::kAdamWStep, name, dt, {&g}, {&w_ref, &m_ref, &v_ref, &p_ref}, &at);
+          if (bf_m) m_ref = to_f32(to_bf16(m_ref));  // the oracle's cast
+          if (bf_v) v_ref = to_f32(to_bf16(v_ref));
+        }
+        EXPECT_EQ(m.dtype(), bf_m ? DType::kBF16 : DType::kF32);
+        EXPECT_TRUE(same_bits(w, w_ref)) << "master";
+        EXPECT_TRUE(same_bits(p, p_ref)) << "param";
+        EXPECT_TRUE(same_bits(m, bf_m ? to_bf16(m_ref) : m_ref)) << "exp_avg";
+        EXPECT_TRUE(same_bits(v, bf_v ? to_bf16(v_ref) : v_ref)) << "exp_avg_sq";
+      }
+  }
+  if (!fast) GTEST_SKIP() << "this CPU lacks AVX2/FMA: cpu.fast not run (cpu.ref passed)";
 }
 
 // Step scalars f64 (kStepScalarCount): lr, step and grad scale, the skip flag.
@@ -336,6 +404,15 @@ TEST(OptimErrors, ZeroStepAndWrongStateShape) {
   CallHolder h2({&g}, {&w, &m, &v4, &none}, &at);
   s = k.fn(&h2.call);
   EXPECT_EQ(take_message(&s), "adamw_step: step = 0 must be >= 1 (1-based)");
+  // A moment in f16 (Megatron's f16 moments need a scale per tensor): refused by name.
+  Tensor m16(DType::kF16, {4});
+  at.step = 1;
+  CallHolder h3({&g}, {&w, &m16, &v4, &none}, &at);
+  EXPECT_FALSE(k.supports(&h3.call));
+  s = k.fn(&h3.call);
+  EXPECT_EQ(take_message(&s),
+            "adamw_step: output 1 (exp_avg) has dtype f16, expected f32 or bf16 (a moment is "
+            "kept in f32, or in bf16 as Megatron's precision-aware optimizer keeps it)");
 }
 
 }  // namespace

@@ -49,6 +49,10 @@ class LegacyOptimizer final : public loom::Object<loom::IOptimizer> {
     std::fprintf(stderr, "testlegacyoptim: hyper called on an optimizer 1.0 object\n");
     std::abort();
   }
+  loom::DType state_dtype(int32_t) const noexcept override {
+    std::fprintf(stderr, "testlegacyoptim: state_dtype called on an optimizer 1.0 object\n");
+    std::abort();
+  }
 
  private:
   loom::IOptimizer* inner_ = nullptr;
@@ -91,6 +95,9 @@ class CastlessOptimizer final : public loom::Object<loom::IOptimizer> {
     });
   }
   Status hyper(loom::OptimizerHyper* out) const noexcept override { return inner_->hyper(out); }
+  loom::DType state_dtype(int32_t index) const noexcept override {
+    return inner_->state_dtype(index);
+  }
 
  private:
   loom::IOptimizer* inner_ = nullptr;

@@ -169,6 +169,88 @@ TEST_F(OptimizerTest, AdamWTakesGradientsInTheParameterDtype) {
   expect_near(shard.states[1], ref.v, "exp_avg_sq");
 }
 
+// exp_avg_dtype / exp_avg_sq_dtype "bf16" (Megatron's precision-aware optimizer): the states
+// are bf16 (state_dtype), and each step is torch's AdamW from the stored moments, in double
+// here, the master updated with the unrounded new moments and each bf16 moment then stored
+// rounded to nearest (Transformer Engine's FusedAdam with bf16 moments: widen, f32 step,
+// copy back). Checked step by step from the optimizer's own state before the step: the
+// master to 2e-5, an f32 moment to 2e-5, a bf16 one within half a bf16 unit (2^-8 of its
+// value; truncation, up to 2^-7, fails).
+TEST_F(OptimizerTest, AdamWBf16MomentsAreTheUpdateWithMomentsRoundedEachStep) {
+  for (int mix : {1, 2, 3}) {  // bf16: exp_avg, exp_avg_sq, both
+    SCOPED_TRACE("mix " + std::to_string(mix));
+    json node = {{"impl", "adamw"}, {"beta2", 0.95}};
+    if (mix & 1) node["exp_avg_dtype"] = "bf16";
+    if (mix & 2) node["exp_avg_sq_dtype"] = "bf16";
+    ObjectPtr object = env_.build("optimizer", node);
+    IOptimizer& opt = optimizer(object);
+    ASSERT_TRUE(has_state_dtype(opt));
+    EXPECT_EQ(opt.state_dtype(0), mix & 1 ? DType::kBF16 : DType::kF32);
+    EXPECT_EQ(opt.state_dtype(1), mix & 2 ? DType::kBF16 : DType::kF32);
+    EXPECT_EQ(opt.state_dtype(2), DType::kInvalid);
+    Shard shard(2);
+    std::vector<std::vector<uint16_t>> bf16(2, std::vector<uint16_t>(kN, 0));
+    auto state = [&](int k, int64_t i) -> double {
+      return opt.state_dtype(k) == DType::kBF16 ? bf16_to_f32(bf16[k][i]) : shard.states[k][i];
+    };
+    double worst_w = 0, worst_bf16 = 0;
+    for (int t = 1; t <= kSteps; ++t) {
+      std::vector<double> w0(shard.master.begin(), shard.master.end()), m0(kN), v0(kN);
+      for (int64_t i = 0; i < kN; ++i) m0[i] = state(0, i), v0[i] = state(1, i);
+      OptimizerStep hp{sizeof(OptimizerStep), t, kLr[t - 1], 0.1, 1.0, {}};
+      TensorView master = make_view(shard.master.data(), DType::kF32, {kN});
+      TensorView grad = make_view(shard.grads[t - 1].data(), DType::kF32, {kN});
+      TensorView states[2];
+      for (int k = 0; k < 2; ++k)
+        states[k] = opt.state_dtype(k) == DType::kBF16
+                        ? make_view(bf16[k].data(), DType::kBF16, {kN})
+                        : make_view(shard.states[k].data(), DType::kF32, {kN});
+      Code code = Code::kOk;
+      std::string message = failure(opt.update(&hp, true, &master, &grad, states, nullptr), &code);
+      ASSERT_EQ(code, Code::kOk) << message;
+      const double lr = kLr[t - 1], bc1 = 1 - std::pow(0.9, t), bc2 = 1 - std::pow(0.95, t);
+      for (int64_t i = 0; i < kN; ++i) {
+        const double g = shard.grads[t - 1][i];
+        const double m = 0.9 * m0[i] + 0.1 * g, v = 0.95 * v0[i] + 0.05 * g * g;
+        const double w = w0[i] * (1 - lr * 0.1) - (lr / bc1) * m / (std::sqrt(v / bc2) + 1e-8);
+        ASSERT_NEAR(shard.master[i], w, 2e-6 + 2e-5 * std::abs(w))
+            << "master " << i << " step " << t;
+        worst_w = std::max(worst_w, std::abs(shard.master[i] - w) / (1e-3 + std::abs(w)));
+        // The f32 arithmetic's error is relative to the terms' size (m's two terms may
+        // cancel); the rounding's to the result's.
+        const double terms[2] = {0.9 * std::abs(m0[i]) + 0.1 * std::abs(g),
+                                 0.95 * v0[i] + 0.05 * g * g};
+        for (auto [k, want] : {std::pair{0, m}, {1, v}}) {
+          const double got = state(k, i);
+          const bool low = opt.state_dtype(k) == DType::kBF16;
+          const double half_unit = std::ldexp(1.0, -8);  // of |want|
+          ASSERT_LE(std::abs(got - want), (low ? half_unit : 0) * std::abs(want) + 1e-6 * terms[k])
+              << (k == 0 ? "exp_avg " : "exp_avg_sq ") << i << " step " << t;
+          if (low && want != 0)
+            worst_bf16 = std::max(worst_bf16, std::abs(got - want) / std::abs(want));
+        }
+      }
+    }
+    std::printf(
+        "mix %d: master within %.3g relative, bf16 moments within %.4g of their value "
+        "(half a unit: %.4g)\n",
+        mix, worst_w, worst_bf16, std::ldexp(1.0, -8));
+    // An f32 state where the optimizer said bf16 is refused, naming it.
+    if (mix == 3) {
+      OptimizerStep hp{sizeof(OptimizerStep), 1, 1e-3, 0.0, 1.0, {}};
+      TensorView master = make_view(shard.master.data(), DType::kF32, {kN});
+      TensorView grad = make_view(shard.grads[0].data(), DType::kF32, {kN});
+      TensorView states[2] = {make_view(shard.states[0].data(), DType::kF32, {kN}),
+                              make_view(bf16[1].data(), DType::kBF16, {kN})};
+      Code code = Code::kOk;
+      EXPECT_THAT(failure(opt.update(&hp, true, &master, &grad, states, nullptr), &code),
+                  HasSubstr("state 0 must be bf16 with 37 elements on the master weights' "
+                            "device (got f32 with 37)"));
+      EXPECT_EQ(code, Code::kInvalidArgument);
+    }
+  }
+}
+
 // torch.optim.SGD's update (dampening 0), in double.
 struct SgdRef {
   double momentum;
@@ -270,6 +352,13 @@ TEST_F(OptimizerErrorTest, BadOptionsNameTheOptionAndTheFix) {
   // Nesterov without momentum, as PyTorch refuses it.
   EXPECT_THAT(build_error({{"impl", "sgd"}, {"momentum", 0.0}, {"nesterov", true}}),
               HasSubstr("option 'nesterov' needs momentum > 0"));
+  // Moments in bf16 or f32 only (Megatron's f16 and fp8 ones need a scale per tensor).
+  EXPECT_THAT(build_error({{"impl", "adamw"}, {"exp_avg_dtype", "f16"}}),
+              HasSubstr("/optimizer/exp_avg_dtype"));
+  bad = adamw;
+  bad["exp_avg_sq_dtype"] = "fp8";
+  EXPECT_THAT(unchecked_error(bad),
+              HasSubstr("option 'exp_avg_sq_dtype' must be \"f32\" or \"bf16\", got \"fp8\""));
   // What the core hands down.
   EXPECT_THAT(build_error({{"impl", "adamw"}}, {{"params_dtype", "f8"}}),
               HasSubstr("option 'params_dtype' must be \"f32\", \"bf16\" or \"f16\""));

@@ -8,6 +8,10 @@
 // learning rate, step, gradient scale and skip flag in device memory, read by the kernels
 // when they run, so that the update can be captured once in a graph and replayed every step
 // (/train/cuda_graph "step"); a caller checks `has_step_scalars` before passing them.
+// Optimizer 1.4 (ABI 1.15) appends IOptimizer::state_dtype: the dtype the core allocates each
+// state tensor in (f32, or bf16 for AdamW's moments kept as Megatron's precision-aware
+// optimizer keeps them); the core checks `has_state_dtype` and allocates f32 states for an
+// older optimizer.
 //
 // What loom hands an optimizer and what it reads back (the whole contract; nothing else is
 // read by name):
@@ -68,10 +72,12 @@ struct OptimizerShard {
   /// caller's shards may be larger (fields are appended), so an optimizer steps through
   /// the array by shards[0].struct_size, not by its own sizeof.
   uint32_t struct_size;
-  int32_t decay;       ///< 1: weight decay (OptimizerStep::weight_decay) applies; 0: none
-  TensorView master;   ///< (n,) f32 master weights, updated in place
-  TensorView grad;     ///< (n,) gradient, f32 or the parameter dtype
-  TensorView* states;  ///< [state_count()] (n,) f32 state tensors, updated in place
+  int32_t decay;      ///< 1: weight decay (OptimizerStep::weight_decay) applies; 0: none
+  TensorView master;  ///< (n,) f32 master weights, updated in place
+  TensorView grad;    ///< (n,) gradient, f32 or the parameter dtype
+  /// [state_count()] (n,) state tensors, each of IOptimizer::state_dtype (f32 for an optimizer
+  /// older than 1.4), updated in place
+  TensorView* states;
   /// (n,) the parameter in its own dtype, overwritten with the new master weights cast to
   /// it (round to nearest even, as the "cast" op), or empty (data null): no cast (an f32
   /// parameter is its own master, or the caller casts).
@@ -79,8 +85,9 @@ struct OptimizerShard {
 };
 
 /// An optimizer updates fp32 master weights from gradients. The core owns every buffer;
-/// the optimizer says how many state tensors it wants per parameter and their dtype, and
-/// the core allocates them (sharded across DP ranks for the distributed optimizer).
+/// the optimizer says how many state tensors it wants per parameter and their dtype
+/// (state_dtype, optimizer 1.4), and the core allocates them (sharded across DP ranks for
+/// the distributed optimizer).
 class IOptimizer : public IObject {
  public:
   /// Number of state tensors per parameter (AdamW: 2, SGD with momentum: 1).
@@ -92,7 +99,8 @@ class IOptimizer : public IObject {
   /// \param decay      whether weight decay applies to this parameter
   /// \param master     (n,) f32 master weights, updated in place
   /// \param grad       (n,) gradient, f32 or the parameter dtype
-  /// \param states     [state_count()] (n,) f32 state tensors, updated in place
+  /// \param states     [state_count()] (n,) state tensors of state_dtype (f32 before 1.4),
+  ///                   updated in place
   /// \param stream     device stream or null
   virtual Status update(const OptimizerStep* hp, bool decay, TensorView* master,
                         const TensorView* grad, TensorView* states, void* stream) noexcept = 0;
@@ -111,6 +119,13 @@ class IOptimizer : public IObject {
   /// options, whatever their names). Optimizer 1.2 (ABI 1.5): check has_hyper() first.
   /// \param[out] out  filled up to out->struct_size
   virtual Status hyper(OptimizerHyper* out) const noexcept = 0;
+  /// The dtype of state `index` in [0, state_count()): kF32, or kBF16 for a state the
+  /// optimizer's kernels keep in bf16 and compute in f32. The core allocates the state
+  /// (zeroed) in it, counts its bytes in the memory estimate, and saves it in it in
+  /// checkpoints; a checkpoint with the state in another float dtype converts on loading
+  /// (bf16 to f32 exactly, f32 to bf16 rounded to nearest even). kInvalid for an index out
+  /// of range. Optimizer 1.4 (ABI 1.15): check has_state_dtype() first.
+  virtual DType state_dtype(int32_t index) const noexcept = 0;
 
  protected:
   ~IOptimizer() = default;
@@ -133,6 +148,13 @@ inline bool has_hyper(const IOptimizer& optimizer) noexcept {
 inline bool has_step_scalars(const IOptimizer& optimizer) noexcept {
   InterfaceInfo info = optimizer.interface_info();
   return info.major == 1 && info.minor >= 3;
+}
+
+/// Whether `optimizer` implements optimizer 1.4, i.e. has state_dtype. An older optimizer's
+/// states are f32.
+inline bool has_state_dtype(const IOptimizer& optimizer) noexcept {
+  InterfaceInfo info = optimizer.interface_info();
+  return info.major == 1 && info.minor >= 4;
 }
 
 /// A learning-rate schedule: a pure function of the step (resume needs no other state).

@@ -1,6 +1,6 @@
-// Optimizer steps on contiguous f32 shards (AdamW, multi-tensor AdamW, SGD). Part of the op
-// catalogue: loom/ops.h states the conventions every op follows (layouts, dtypes, "+=" outputs, the
-// random stream) and includes every family.
+// Optimizer steps on contiguous shards of f32 master weights (AdamW, multi-tensor AdamW, SGD). Part
+// of the op catalogue: loom/ops.h states the conventions every op follows (layouts, dtypes, "+="
+// outputs, the random stream) and includes every family.
 #pragma once
 
 #include <stdint.h>
@@ -48,9 +48,18 @@ struct GradNormClipAttrs {
 /// "adamw_step": g = grad * grad_scale; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
 /// w -= lr * (m / (1 - b1^t) / (sqrt(v / (1 - b2^t)) + eps) + weight_decay * w).
 ///   inputs:  [0] grad float (n); [1] optional: step scalars (above)
-///   outputs: [0] master f32 (n), [1] exp_avg f32 (n), [2] exp_avg_sq f32 (n), all read and
-///            written; [3] param float (n) or empty: receives the new master, cast
+///   outputs: [0] master f32 (n), [1] exp_avg f32 or bf16 (n), [2] exp_avg_sq f32 or bf16
+///            (n), all read and written; [3] param float (n) or empty: receives the new
+///            master, cast
 /// Keyed on the dtype of grad.
+/// A bf16 moment (ABI 1.15; each of the two on its own) is stored in bf16 and computed in f32:
+/// the kernel widens it, updates it with the f32 arithmetic of an f32 moment, and stores it
+/// rounded to nearest even. So a call with bf16 moments gives, bit for bit, what the same
+/// kernel gives with f32 moments holding the same values, followed by a cast of the new
+/// moments to bf16 (master and param alike). These are Megatron-Core's precision-aware
+/// optimizer's states (--exp-avg-dtype / --exp-avg-sq-dtype bf16, Transformer Engine's
+/// FusedAdam): 4 bytes an element less to read and 4 to write for both. A kernel library
+/// built with older headers refuses bf16 moments ("expected f32"): rebuild it.
 inline constexpr const char* kAdamWStep = "adamw_step";
 struct AdamWAttrs {
   float lr;
@@ -70,12 +79,13 @@ struct AdamWAttrs {
 ///   inputs:  [i] grad_i float (n_i), i in [0, K); every grad of one dtype (the op is keyed
 ///            on it: shards with f32 and bf16 gradients take one call per dtype); [K]
 ///            optional: step scalars (above), for every shard
-///   outputs: 4K views, for shard i: [4i] master_i f32 (n_i), [4i+1] exp_avg_i f32 (n_i),
-///            [4i+2] exp_avg_sq_i f32 (n_i), all read and written; [4i+3] param_i float
-///            (n_i) or empty: receives the new master, cast (adamw_step's output [3])
+///   outputs: 4K views, for shard i: [4i] master_i f32 (n_i), [4i+1] exp_avg_i f32 or bf16
+///            (n_i), [4i+2] exp_avg_sq_i f32 or bf16 (n_i), all read and written (a bf16
+///            moment as adamw_step's); [4i+3] param_i float (n_i) or empty: receives the new
+///            master, cast (adamw_step's output [3])
 ///   attrs:   AdamWMultiAttrs (required)
 /// K >= 1; n_i may be 0. Shards must not overlap one another (they run in any order, in
-/// parallel); params may differ in dtype.
+/// parallel); params may differ in dtype, and so may the moments.
 inline constexpr const char* kAdamWStepMulti = "adamw_step_multi";
 struct AdamWMultiAttrs {
   float lr;

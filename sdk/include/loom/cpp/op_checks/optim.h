@@ -22,8 +22,14 @@ namespace detail {
 /// outputs [out, out + 4). `grad_shape` names the grad in messages ("grad's shape").
 inline int64_t check_adamw_shard(const OpArgs& a, int in, int out, const std::string& grad_shape) {
   int64_t n = numel(a.float_in(in));
-  for (int i = out; i < out + 3; ++i) {
-    a.f32_out(i);
+  a.f32_out(out);
+  a.numel_out(out, n, grad_shape.c_str());
+  for (int i = out + 1; i < out + 3; ++i) {  // the moments: f32, or bf16 (ABI 1.15)
+    DType t = a.float_out(i).dtype;
+    if (t != DType::kF32 && t != DType::kBF16)
+      a.fail(a.out_label(i) + " has dtype " + dtype_name(t) +
+             ", expected f32 or bf16 (a moment is kept in f32, or in bf16 as Megatron's "
+             "precision-aware optimizer keeps it)");
     a.numel_out(i, n, grad_shape.c_str());
   }
   if (a.opt_float_out(out + 3)) a.numel_out(out + 3, n, grad_shape.c_str());
@@ -58,8 +64,8 @@ inline const double* step_scalars(const OpCall* call, int i) {
   return call->num_inputs > i ? static_cast<const double*>(call->inputs[i].data) : nullptr;
 }
 
-/// adamw_step: AdamWAttrs (step >= 1), grad float (n), step scalars f64 (5) or none,
-/// master / exp_avg / exp_avg_sq f32 (n), param float (n) or empty.
+/// adamw_step: AdamWAttrs (step >= 1), grad float (n), step scalars f64 (kStepScalarCount)
+/// or none, master f32 (n), exp_avg / exp_avg_sq f32 or bf16 (n), param float (n) or empty.
 inline int64_t check_adamw_step(const OpCall* call, bool shapes_only, DeviceType device) {
   OpArgs a(call, ops::kAdamWStep, detail::step_inputs(call),
            {"master", "exp_avg", "exp_avg_sq", "param"}, shapes_only, device);
