@@ -139,16 +139,19 @@ TEST_F(CudaGraphTest, GraphedStepsGiveTheDirectLossesAndGradientNorms) {
 // read on the device. Clipping is on and active (a small grad_clip); f16's dynamic loss
 // scale starts far too high and doubles after every finite step, so steps overflow and are
 // skipped on the device, graphed steps among them; SGD with momentum reads its step (its
-// first starts the buffer). Every step's loss and gradient norm, the validation losses and
-// the skipped steps must be the direct run's, to the bit.
+// first starts the buffer); AdamW with bf16 moments replays its bf16 kernels. Every step's
+// loss and gradient norm, the validation losses and the skipped steps must be the direct
+// run's, to the bit.
 TEST_F(CudaGraphTest, GraphedUpdateGivesTheDirectSteps) {
   struct Run {
     const char* name;
     const char* params;
     bool sgd;
+    bool bf16_moments = false;  // AdamW's moments in bf16 (precision-aware optimizer)
   };
-  for (const Run& run : {Run{"step_f32", "f32", false}, Run{"step_f16", "f16", false},
-                         Run{"step_sgd", "f32", true}}) {
+  for (const Run& run :
+       {Run{"step_f32", "f32", false}, Run{"step_f16", "f16", false}, Run{"step_sgd", "f32", true},
+        Run{"step_bf16_moments", "bf16", false, true}}) {
     SCOPED_TRACE(run.name);
     nlohmann::json body = tiny_spec(8);
     body["precision"] = {{"params", run.params}};
@@ -158,6 +161,10 @@ TEST_F(CudaGraphTest, GraphedUpdateGivesTheDirectSteps) {
       body["precision"]["loss_scale_window"] = 1;
     }
     if (run.sgd) body["optimizer"] = {{"impl", "sgd"}, {"lr", 0.05}, {"momentum", 0.9}};
+    if (run.bf16_moments) {
+      body["optimizer"]["exp_avg_dtype"] = "bf16";
+      body["optimizer"]["exp_avg_sq_dtype"] = "bf16";
+    }
     const std::string name = run.name;
     auto direct = train(name + "_direct", body);
     ASSERT_EQ(direct.exit_code, 0) << direct.out << direct.err;
