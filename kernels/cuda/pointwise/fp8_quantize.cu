@@ -17,14 +17,6 @@
 namespace loom::kernels::cuda::pointwise {
 namespace {
 
-// scale_inv = 1 / scale alone (an empty call): quantize_kernel over no elements.
-void launch_scale_inv(const TensorView& scale, const TensorView& scale_inv, cudaStream_t stream) {
-  quantize_kernel<false>
-      <<<1, 32, 0, stream>>>(nullptr, DType::kF32, static_cast<const float*>(scale.data), nullptr,
-                             nullptr, static_cast<float*>(scale_inv.data), 0, false);
-  launch_check(ops::kFp8Quantize);
-}
-
 bool general_forced() {
   static const bool general =
       env_choice("fp8_quantize", "LOOM_FP8_QUANTIZE", {"typed", "general"}) == 1;
@@ -76,12 +68,25 @@ void launch(const OpCall* call, const op_checks::Fp8QuantizeShape& s) {
   }
 }
 
+}  // namespace
+
+void launch_fp8_scale_inv(const float* scale, float* scale_inv, void* stream, const char* op) {
+  quantize_kernel<false><<<1, 32, 0, static_cast<cudaStream_t>(stream)>>>(
+      nullptr, DType::kF32, scale, nullptr, nullptr, scale_inv, 0, false);
+  launch_check(op);
+}
+
+namespace {
+
 Status fp8_quantize(const OpCall* call) {
   return guard([&] {
     const op_checks::Fp8QuantizeShape s =
         op_checks::check_fp8_quantize(call, false, DeviceType::kCuda);
     if (s.m * s.k == 0) {  // nothing to quantise, amax[0] unchanged; scale_inv still written
-      if (s.scale_inv) launch_scale_inv(call->inputs[1], call->outputs[3], stream_of(call));
+      if (s.scale_inv)
+        launch_fp8_scale_inv(static_cast<const float*>(call->inputs[1].data),
+                             static_cast<float*>(call->outputs[3].data), stream_of(call),
+                             ops::kFp8Quantize);
       return;
     }
     if (s.out_dtype == DType::kF8E5M2)

@@ -37,11 +37,7 @@ void launch(const OpCall* call, const op_checks::SwigluFp8Shape& s, bool bwd, co
   const float* scale = static_cast<const float*>(call->inputs[bwd ? 2 : 1].data);
   float* scale_inv = s.out.scale_inv ? static_cast<float*>(call->outputs[3].data) : nullptr;
   if (s.n * s.f == 0) {  // nothing to quantise, amax[0] unchanged; scale_inv still written
-    if (scale_inv != nullptr) {
-      quantize_kernel<false><<<1, 32, 0, stream_of(call)>>>(nullptr, DType::kF32, scale, nullptr,
-                                                            nullptr, scale_inv, 0, false);
-      launch_check(op);
-    }
+    if (scale_inv != nullptr) launch_fp8_scale_inv(scale, scale_inv, stream_of(call), op);
     return;
   }
   uint8_t* y = s.out.y ? static_cast<uint8_t*>(call->outputs[0].data) : nullptr;
