@@ -15,6 +15,7 @@ Sgd::Sgd(const nlohmann::json& options, IBuildContext& ctx) : hyper_(hyper_of(op
   if (nesterov_ && momentum == 0)
     bad_option("nesterov", "needs momentum > 0: set momentum (e.g. 0.9) or nesterov to false");
   momentum_ = static_cast<float>(momentum);
+  state_dtypes_.assign(static_cast<size_t>(state_count()), DType::kF32);
   kernels_ = StepKernels(*ctx.host(), ops::kSgdStep, options);
 }
 
@@ -38,8 +39,7 @@ Status Sgd::update(const OptimizerStep* hp, bool decay, TensorView* master, cons
   return guard([&] {
     check_step(hp, "sgd");
     int32_t count = state_count();
-    kernels_.check(master, grad, states,
-                   std::vector<DType>(static_cast<size_t>(count), DType::kF32));
+    kernels_.check(master, grad, states, state_dtypes_);
     // outputs: master, momentum buffer (empty without momentum), param (empty: the core casts)
     run_step(kernels_.for_grad(grad->dtype), *grad, step_scalars(hp, kernels_.device(), "sgd"),
              {*master, count > 0 ? states[0] : empty_view(), empty_view()}, attrs(*hp, decay),
@@ -54,8 +54,7 @@ Status Sgd::update_many(const OptimizerStep* hp, int32_t count, const OptimizerS
     const TensorView* scalars = step_scalars(hp, kernels_.device(), "sgd");
     ShardArray all(shards, count, "sgd");
     const int32_t states = state_count();
-    const std::vector<DType> dtypes(static_cast<size_t>(states), DType::kF32);
-    for (int32_t i = 0; i < all.size(); ++i) kernels_.check_shard(all[i], i, dtypes);
+    for (int32_t i = 0; i < all.size(); ++i) kernels_.check_shard(all[i], i, state_dtypes_);
     for (int32_t i = 0; i < all.size(); ++i) {
       const OptimizerShard& s = all[i];
       // outputs: master, momentum buffer (empty without momentum), param (or empty)

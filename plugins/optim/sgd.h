@@ -5,6 +5,7 @@
 #include <loom/sdk.h>
 
 #include <nlohmann/json.hpp>
+#include <vector>
 
 #include "plugins/optim/options.h"
 #include "plugins/optim/step_kernels.h"
@@ -37,7 +38,8 @@ class Sgd final : public Object<IOptimizer> {
   Status hyper(OptimizerHyper* out) const noexcept override { return fill_hyper(hyper_, out); }
   /// The momentum buffer is f32 (optimizer 1.4).
   DType state_dtype(int32_t index) const noexcept override {
-    return index >= 0 && index < state_count() ? DType::kF32 : DType::kInvalid;
+    return index >= 0 && index < state_count() ? state_dtypes_[static_cast<size_t>(index)]
+                                               : DType::kInvalid;
   }
 
  private:
@@ -46,6 +48,7 @@ class Sgd final : public Object<IOptimizer> {
 
   float momentum_ = 0.9f;
   bool nesterov_ = false;
+  std::vector<DType> state_dtypes_;  ///< f32 for the momentum buffer, when there is one
   OptimizerHyper hyper_{};
   StepKernels kernels_;
 };

@@ -171,19 +171,14 @@ TEST_P(OptimTest, AdamWMultiFastMatchesReference) {
   }
 }
 
-// `t` (f32) rounded to bf16 (f32_to_bf16: to nearest even), as a bf16 tensor.
-Tensor to_bf16(const Tensor& t) {
-  Tensor r(DType::kBF16, {t.numel()});
+// `t` in `dtype` (Tensor::set: f32 to bf16 rounds to nearest even, bf16 to f32 is exact).
+Tensor cast_to(const Tensor& t, DType dtype) {
+  Tensor r(dtype, {t.numel()});
   for (int64_t i = 0; i < t.numel(); ++i) r.set(i, t.get(i));
   return r;
 }
-
-// `t` (bf16) widened to f32, exactly.
-Tensor to_f32(const Tensor& t) {
-  Tensor r(DType::kF32, {t.numel()});
-  for (int64_t i = 0; i < t.numel(); ++i) r.set(i, t.get(i));
-  return r;
-}
+Tensor to_bf16(const Tensor& t) { return cast_to(t, DType::kBF16); }
+Tensor to_f32(const Tensor& t) { return cast_to(t, DType::kF32); }
 
 // A bf16 moment is an f32 moment rounded after each step: over six steps, each kernel's call
 // with bf16 moments (one or both) gives the master, the param cast and the moments that the
