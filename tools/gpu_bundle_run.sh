@@ -20,9 +20,9 @@
 #   2. benchmarks alone on the GPU, by priority while the budget lasts: loom bench (--steps 6
 #      --warmup 2), PyTorch eager and torch.compile (GPT-2 only) of the same model, GPT-2
 #      with the fused ops pinned to "none" (gemm_epilogue, add_layernorm_*,
-#      cross_entropy_fwd_bwd, swiglu_fp8_*: the unfused kernels) and with its loss alone in two
-#      passes (two_op_loss), LLaMA FP8 with swiglu and its quantisation as two kernels
-#      (swiglu_two_op), LLaMA 1.3B with AdamW's moments in bf16 (bf16_moments), the default spec
+#      cross_entropy_fwd_bwd, swiglu_fp8_*, rope_fp8_bwd: the unfused kernels) and with its loss
+#      alone in two passes (two_op_loss), LLaMA FP8 with swiglu and rope's backward each apart
+#      from the quantisation of its result (swiglu_two_op, rope_two_op), LLaMA 1.3B with AdamW's moments in bf16 (bf16_moments), the default spec
 #      (configs/gpt_tiny.json on the GPU), the default spec and GPT-2 with
 #      train.cuda_graph, GPT-2's GELU derivative the other two ways (LOOM_CUBLASLT_DGELU), the
 #      default spec with its f32 attention on the warp-per-row kernels (LOOM_ATTENTION_GENERIC
@@ -41,7 +41,7 @@ set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cd "$here" || exit 2
 # The spec pins that turn every fused op off (the modules then run the unfused kernels).
-unfused_pins='{"gemm_epilogue":"none","add_layernorm_fwd":"none","add_layernorm_bwd":"none","add_rmsnorm_fwd":"none","add_rmsnorm_bwd":"none","cross_entropy_fwd_bwd":"none","swiglu_fp8_fwd":"none","swiglu_fp8_bwd":"none"}'
+unfused_pins='{"gemm_epilogue":"none","add_layernorm_fwd":"none","add_layernorm_bwd":"none","add_rmsnorm_fwd":"none","add_rmsnorm_bwd":"none","cross_entropy_fwd_bwd":"none","swiglu_fp8_fwd":"none","swiglu_fp8_bwd":"none","rope_fp8_bwd":"none"}'
 sanitizers=1
 for arg in "$@"; do
   case "$arg" in
@@ -349,7 +349,8 @@ items=(
   "llama_1b3_h100_fp8|loom|25|60" "gpt2_124m_h100|compile|25|90"
   "llama_1b3_h100|graph_step|25|60" "llama_1b3_h100_fp8|graph_step|25|60"
   "gpt2_124m_h100|graph_step|20|60" "gpt2_124m_h100|two_op_loss|20|60"
-  "llama_1b3_h100_fp8|swiglu_two_op|25|60" "llama_1b3_h100|bf16_moments|25|60"
+  "llama_1b3_h100_fp8|swiglu_two_op|25|60" "llama_1b3_h100_fp8|rope_two_op|25|60"
+  "llama_1b3_h100|bf16_moments|25|60"
   "gpt2_124m_h100|unfused|20|60"
   "gpt_tiny|loom|15|40" "gpt_tiny|graph|15|40" "gpt2_124m_h100|graph|20|60"
   "gpt2_124m_h100|dgelu_unfused|20|60" "gpt2_124m_h100|dgelu_bgrad|20|60"
@@ -411,6 +412,11 @@ for item in "${items[@]}"; do
     # kernels instead of swiglu_fp8_fwd / _bwd's one.
     swiglu_two_op) timeout "$limit" ./tools/loom bench "$spec" --steps 6 --warmup 2 --json \
       --set 'kernels.pin={"swiglu_fp8_fwd":"none","swiglu_fp8_bwd":"none"}' \
+      >"$bench/$name.$kind.json" 2>"$bench/$name.$kind.err" || rm -f "$bench/$name.$kind.json" ;;
+    # rope's backward (q and k turned back in place) and the quantisation of the QKV output
+    # gradient as three kernels instead of rope_fp8_bwd's one.
+    rope_two_op) timeout "$limit" ./tools/loom bench "$spec" --steps 6 --warmup 2 --json \
+      --set 'kernels.pin={"rope_fp8_bwd":"none"}' \
       >"$bench/$name.$kind.json" 2>"$bench/$name.$kind.err" || rm -f "$bench/$name.$kind.json" ;;
     # AdamW's moments in bf16 (Megatron's precision-aware optimizer), with the optimizer's
     # step as a graph: 8 bytes a parameter less to read and write each step (other numerics

@@ -203,6 +203,7 @@ void add_cross_entropy_shard_kernels(std::vector<KernelDesc>& out);
 void add_optim_kernels(std::vector<KernelDesc>& out);
 void add_fp8_kernels(std::vector<KernelDesc>& out);
 void add_swiglu_fp8_kernels(std::vector<KernelDesc>& out);
+void add_rope_fp8_kernels(std::vector<KernelDesc>& out);
 void add_moe_topk_kernels(std::vector<KernelDesc>& out);
 void add_moe_permute_kernels(std::vector<KernelDesc>& out);
 void add_grouped_gemm_kernels(std::vector<KernelDesc>& out);

@@ -204,6 +204,24 @@ Status fp8_scale_update_cost(const OpCall* call, OpCost* out) {
 
 }  // namespace
 
+Fp8Outs fp8_outs(const OpCall* call, const op_checks::Fp8QuantizeShape& s) {
+  return {s.y ? bytes_mut(call->outputs[0]) : nullptr, s.yt ? bytes_mut(call->outputs[1]) : nullptr,
+          s.amax ? f32_mut(call->outputs[2]) : nullptr, scale_inv_out(call, s.scale_inv)};
+}
+
+float rounded_to(DType t, float v) {
+  uint32_t slot = 0;
+  store(&slot, t, 0, v);
+  return load(&slot, t, 0);
+}
+
+void round_row(DType t, float* v, int64_t n, std::vector<uint16_t>& scratch) {
+  if (t == DType::kF32) return;
+  scratch.resize(static_cast<size_t>(n));
+  store_row(scratch.data(), t, 0, n, v);
+  load_row(scratch.data(), t, 0, n, v);
+}
+
 float* scale_inv_out(const OpCall* call, bool present) {
   return present ? f32_mut(call->outputs[3]) : nullptr;
 }

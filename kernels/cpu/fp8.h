@@ -5,11 +5,13 @@
 // (the f32 division fp8_scale_update uses), written also when M K is 0.
 #pragma once
 
+#include <loom/cpp/op_checks/fp8.h>
 #include <loom/kernel.h>
 #include <loom/types.h>
 #include <stdint.h>
 
 #include <functional>
+#include <vector>
 
 namespace loom::kernels::cpu {
 
@@ -26,5 +28,20 @@ void quantize_rows_fast(int64_t m, int64_t k, float scale, DType out_dtype, uint
 /// Output [3] of a quantising op's call (its scale_inv, ABI 1.14), or null where the call has
 /// none.
 float* scale_inv_out(const OpCall* call, bool present);
+
+/// The outputs of a quantising op's call (Y, Yt, amax, scale_inv), null where absent.
+struct Fp8Outs {
+  uint8_t* y;
+  uint8_t* yt;
+  float* amax;
+  float* scale_inv;
+};
+Fp8Outs fp8_outs(const OpCall* call, const op_checks::Fp8QuantizeShape& s);
+
+/// For the ops that quantise a result they compute: v as a tensor of dtype t stores it (what
+/// the unfused op's output holds), one value (the references') or a row of n through
+/// store_row / load_row as the fast kernels convert (scratch: the thread's buffer).
+float rounded_to(DType t, float v);
+void round_row(DType t, float* v, int64_t n, std::vector<uint16_t>& scratch);
 
 }  // namespace loom::kernels::cpu

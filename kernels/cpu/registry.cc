@@ -28,6 +28,7 @@ const std::vector<KernelDesc>& all_kernels() {
     add_optim_kernels(k);
     add_fp8_kernels(k);
     add_swiglu_fp8_kernels(k);
+    add_rope_fp8_kernels(k);
     add_moe_topk_kernels(k);
     add_moe_permute_kernels(k);
     add_grouped_gemm_kernels(k);

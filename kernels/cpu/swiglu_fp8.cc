@@ -27,20 +27,6 @@ SwigluFp8Shape check_swiglu_fp8_bwd(const OpCall* call, bool shapes_only) {
   return op_checks::check_swiglu_fp8(call, shapes_only, DeviceType::kCpu, true);
 }
 
-// v as a tensor of dtype t stores it (what the unfused op's output holds).
-float rounded(DType t, float v) {
-  uint32_t slot = 0;
-  store(&slot, t, 0, v);
-  return load(&slot, t, 0);
-}
-// The same over a row, through store_row / load_row as the fast kernels convert.
-void round_row(DType t, float* v, int64_t n, std::vector<uint16_t>& scratch) {
-  if (t == DType::kF32) return;
-  scratch.resize(static_cast<size_t>(n));
-  store_row(scratch.data(), t, 0, n, v);
-  load_row(scratch.data(), t, 0, n, v);
-}
-
 // One thread's row buffers for the fast kernels: quantize_rows_fast calls `row` from its
 // OpenMP threads, one row at a time, so each thread keeps its buffers from row to row (and
 // from call to call) instead of allocating them per row.
@@ -59,31 +45,18 @@ struct RowScratch {
   }
 };
 
-// The outputs of a call: Y / dX, Yt / dXt, amax, scale_inv; null where absent.
-struct Fp8Outs {
-  uint8_t* y;
-  uint8_t* yt;
-  float* amax;
-  float* scale_inv;
-};
-Fp8Outs outs_of(const OpCall* call, const op_checks::Fp8QuantizeShape& s) {
-  return {s.y ? static_cast<uint8_t*>(call->outputs[0].data) : nullptr,
-          s.yt ? static_cast<uint8_t*>(call->outputs[1].data) : nullptr,
-          s.amax ? f32_mut(call->outputs[2]) : nullptr, scale_inv_out(call, s.scale_inv)};
-}
-
 // ---- reference ----------------------------------------------------------------------------
 
 Status swiglu_fp8_fwd_ref(const OpCall* call) {
   return guard([&] {
     const SwigluFp8Shape s = check_swiglu_fp8_fwd(call, false);
     const TensorView& X = call->inputs[0];
-    const Fp8Outs o = outs_of(call, s.out);
+    const Fp8Outs o = fp8_outs(call, s.out);
     // y[n, j] = swiglu(X[n, j], X[n, F + j]) as X's dtype holds it.
     quantize_elements_ref(s.n, s.f, f32(call->inputs[1])[0], s.out.out_dtype, o.y, o.yt, o.amax,
                           o.scale_inv, [&](int64_t n, int64_t j) {
                             const int64_t gate = n * 2 * s.f + j;
-                            return rounded(
+                            return rounded_to(
                                 X.dtype, swiglu_fwd_ref_value(load(X, gate), load(X, gate + s.f)));
                           });
   });
@@ -93,7 +66,7 @@ Status swiglu_fp8_bwd_ref(const OpCall* call) {
   return guard([&] {
     const SwigluFp8Shape s = check_swiglu_fp8_bwd(call, false);
     const TensorView &dY = call->inputs[0], &X = call->inputs[1];
-    const Fp8Outs o = outs_of(call, s.out);
+    const Fp8Outs o = fp8_outs(call, s.out);
     // dX[n, c] for c < F the gate's gradient, else the up projection's (of j = c - F).
     quantize_elements_ref(s.n, 2 * s.f, f32(call->inputs[2])[0], s.out.out_dtype, o.y, o.yt, o.amax,
                           o.scale_inv, [&](int64_t n, int64_t c) {
@@ -101,7 +74,7 @@ Status swiglu_fp8_bwd_ref(const OpCall* call) {
                             float dg, du;
                             swiglu_bwd_ref_values(load(X, gate), load(X, gate + s.f),
                                                   load(dY, n * s.f + j), &dg, &du);
-                            return rounded(X.dtype, c < s.f ? dg : du);
+                            return rounded_to(X.dtype, c < s.f ? dg : du);
                           });
   });
 }
@@ -114,7 +87,7 @@ Status swiglu_fp8_fwd_fast(const OpCall* call) {
   return guard([&] {
     const SwigluFp8Shape s = check_swiglu_fp8_fwd(call, false);
     const TensorView& X = call->inputs[0];
-    const Fp8Outs o = outs_of(call, s.out);
+    const Fp8Outs o = fp8_outs(call, s.out);
     const int64_t padded = (s.f + 7) / 8 * 8;
     quantize_rows_fast(s.n, s.f, f32(call->inputs[1])[0], s.out.out_dtype, o.y, o.yt, o.amax,
                        o.scale_inv, [&](int64_t n, float* out) {
@@ -135,7 +108,7 @@ Status swiglu_fp8_bwd_fast(const OpCall* call) {
   return guard([&] {
     const SwigluFp8Shape s = check_swiglu_fp8_bwd(call, false);
     const TensorView &dY = call->inputs[0], &X = call->inputs[1];
-    const Fp8Outs o = outs_of(call, s.out);
+    const Fp8Outs o = fp8_outs(call, s.out);
     const int64_t padded = (s.f + 7) / 8 * 8;
     quantize_rows_fast(s.n, 2 * s.f, f32(call->inputs[2])[0], s.out.out_dtype, o.y, o.yt, o.amax,
                        o.scale_inv, [&](int64_t n, float* out) {

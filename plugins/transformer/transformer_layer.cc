@@ -189,6 +189,15 @@ TransformerLayer::TransformerLayer(const nlohmann::json& options, IBuildContext&
     linear_.enable_fp8(ctx, {this, kQkvFp8});
     linear_.enable_fp8(ctx, {this, kProjFp8});
   }
+  // rope_fp8_bwd turns q and k back straight from the core's gradients: no q/k norms or YaRN
+  // scale in between, and no QKV bias (its gradient needs the tensor in the module's dtype).
+  if (inv_freq_ && !qk_layernorm_ && rope_mscale_ == 1.0f && !qkv_bias_ &&
+      linear_.fp8({this, kQkvFp8}))
+    rope_fp8_bwd_ = Kernel::optional(host, ops::kRopeFp8Bwd, device_, dtype_);
+}
+
+bool TransformerLayer::quantizes_rope_grad() const {
+  return rope_fp8_bwd_ && linear_.fp8_produces({this, kQkvFp8});
 }
 
 void TransformerLayer::dropout_forward(IForwardContext& ctx, const TensorView& x,
@@ -426,7 +435,8 @@ TensorView TransformerLayer::attention_backward(IForwardContext& ctx, const Tens
   release_all(ctx, {dattn, dattn_full}, {dresidual});
   std::vector<TensorView> dqkv3 = call_backward(*core_, ctx, {dcore_out}, 3, "attention");
   release(ctx, dcore_out);
-  if (inv_freq_) {
+  const bool dqkv_fp8 = quantizes_rope_grad();  // rope turned back inside the quantisation
+  if (inv_freq_ && !dqkv_fp8) {
     ops::RopeAttrs attrs{rotary_dim_};
     if (rope_mscale_ != 1.0f) {  // the transpose of m * R is R^T * m
       rope_scale_({dqkv3[0]}, {dqkv3[0]}, ops::ScaleAttrs{rope_mscale_});
@@ -452,10 +462,26 @@ TensorView TransformerLayer::attention_backward(IForwardContext& ctx, const Tens
   }
   TensorView dnormed_partial =
       allocate(ctx, dtype_, {b, t, hidden_}, device_);  // this rank's heads
-  linear_.backward(ctx, {this, kQkvFp8}, rows(dqkv, (h + 2 * g) * d),
-                   present(normed) ? rows(normed, hidden_) : empty_view(), value(qkv_weight_),
-                   grad(qkv_weight_), qkv_bias_ ? grad(qkv_bias_index_) : empty_view(),
-                   rows(dnormed_partial, hidden_), deferred);
+  if (dqkv_fp8) {
+    // dqkv (B, T, G, (H/G + 2) D), q and k not yet turned back -> its FP8 codes (B T, (H + 2G) D)
+    // and their transpose, as rope_bwd then the quantisation would write them.
+    Linear::Fp8Producer q{};
+    if (!linear_.fp8_producer(ctx, {this, kQkvFp8}, Fp8Role::kGradOutput, b * t, (h + 2 * g) * d,
+                              &q))
+      fail(Code::kInternal, "transformer_layer: the FP8 recipe stopped giving producers");
+    rope_fp8_bwd_({dqkv, positions, inv_freq_->view(), q.scale},
+                  {q.operand.q, q.operand.t, q.amax, q.operand.scale_inv},
+                  ops::RopeFp8Attrs{rotary_dim_, static_cast<int32_t>(d)});
+    release(ctx, dqkv);  // only the codes are read from here on
+    dqkv = empty_view();
+    linear_.backward_fp8(ctx, {this, kQkvFp8}, q.operand, grad(qkv_weight_),
+                         rows(dnormed_partial, hidden_), deferred);
+  } else {
+    linear_.backward(ctx, {this, kQkvFp8}, rows(dqkv, (h + 2 * g) * d),
+                     present(normed) ? rows(normed, hidden_) : empty_view(), value(qkv_weight_),
+                     grad(qkv_weight_), qkv_bias_ ? grad(qkv_bias_index_) : empty_view(),
+                     rows(dnormed_partial, hidden_), deferred);
+  }
   TensorView dnormed = tp_.enter_backward(ctx, dnormed_partial);  // like dy
   TensorView dx = input_norm_backward(ctx, dresidual, dnormed);
   release_all(ctx, {dqkv, dnormed_partial, dnormed});  // the caller's dresidual stays

@@ -33,6 +33,12 @@
 // pre_mlp_layernorm's residual input (it returns norm2(h) and h), and in backward each norm
 // adds the residual stream's gradient into its input gradient. A norm older than 1.2 gets
 // the unfused adds.
+// FP8 (a run with /precision/fp8): the QKV and output projections are FP8 sites of nn::Linear.
+// Under a recipe that gives producers (delayed scaling), on a device with the kernel, a rope
+// layer without q/k norms, YaRN's scale or a QKV bias turns the QKV output gradient back and
+// quantises it for the projection's FP8 GEMMs in one op (rope_fp8_bwd): the bits of rope_bwd
+// then the quantisation, without the rotated tensor. A spec pin "rope_fp8_bwd": "none"
+// restores the two.
 // Recompute kFull: only the input is saved; backward reruns forward, then goes back.
 // Split backward (IForwardContext::defer_weight_grads): the projections' weight gradients
 // wait for backward_weight.
@@ -84,6 +90,9 @@ class TransformerLayer final : public ModuleBase<ILayer> {
   TensorView attention_backward(IForwardContext& ctx, const TensorView& dresidual);
   // dropout(sum over tp of attn_partial + bias): the attention half's tail.
   TensorView attention_output(IForwardContext& ctx, const TensorView& attn_partial);
+  // True when backward turns the QKV output gradient back by rope and quantises it for the
+  // projection's FP8 GEMMs in one op (rope_fp8_bwd; the header comment says when).
+  bool quantizes_rope_grad() const;
   // The input norm's backward: dx = dresidual + d norm1(x) / dx, fused where the norm can.
   TensorView input_norm_backward(IForwardContext& ctx, const TensorView& dresidual,
                                  const TensorView& dnormed);
@@ -112,6 +121,7 @@ class TransformerLayer final : public ModuleBase<ILayer> {
   MlaSelfAttention* mla_ = nullptr;  // multi-latent attention (child "self_attention")
   Linear linear_;
   Kernel split_, merge_, rope_fwd_, rope_bwd_, rope_scale_, add_, dropout_fwd_, dropout_bwd_;
+  Kernel rope_fp8_bwd_;  // resolved for an FP8 rope layer where a kernel serves it
 };
 
 }  // namespace loom::transformer

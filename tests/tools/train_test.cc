@@ -175,53 +175,68 @@ TEST_F(TrainTest, Fp8RecipesTrackTheBf16Run) {
 }
 
 // Under delayed scaling a swiglu MLP quantises fc2's input and fc1's output gradient in
-// swiglu's own kernels (swiglu_fp8_fwd / _bwd): the same bits as swiglu then fp8_quantize,
-// so the run is the pinned-off run's to the last bit: every step's loss and gradient norm,
-// and the saved checkpoint (every parameter, the optimizer's moments and the amax history).
-TEST_F(TrainTest, Fp8SwigluQuantisedInItsKernelGivesTheTwoKernelsBits) {
-  auto train = [&](const std::string& name, bool pinned, std::string* out) {
-    nlohmann::json s = tiny_spec();
-    s["model"]["layer"]["norm"] = {{"impl", "rmsnorm"}};
-    s["model"]["final_norm"] = {{"impl", "rmsnorm"}};
-    s["model"]["layer"]["mlp"] = {{"impl", "mlp"}, {"activation", "swiglu"}};
-    s["model"]["add_bias_linear"] = false;
-    s["precision"] = {{"params", "bf16"}, {"fp8", {{"impl", "delayed"}, {"amax_history_len", 4}}}};
-    s["train"]["steps"] = 6;
-    s["train"]["log_interval"] = 1;
-    s["train"]["eval_interval"] = 3;
-    if (pinned) s["kernels"] = {{"pin", {{"swiglu_fp8_fwd", "none"}, {"swiglu_fp8_bwd", "none"}}}};
-    fs::path run = dir_ / name;
-    auto r = run_loom("train " + q(spec(name + ".json", s)) + " --run-dir " + q(run));
-    EXPECT_EQ(r.exit_code, kOk) << name << "\n" << r.out << r.err;
-    *out = r.out;
-    std::vector<nlohmann::json> steps;
-    for (const auto& m : read_jsonl(run / "metrics.jsonl"))
-      if (m.contains("loss")) steps.push_back(m);
-    return steps;
-  };
-  std::string fused_out, pinned_out;
-  std::vector<nlohmann::json> fused = train("fused", false, &fused_out);
-  std::vector<nlohmann::json> pinned = train("pinned", true, &pinned_out);
-  EXPECT_THAT(fused_out, HasSubstr("swiglu_fp8_fwd:bf16=cpu."));
-  EXPECT_THAT(fused_out, HasSubstr("swiglu_fp8_bwd:bf16=cpu."));
-  EXPECT_THAT(pinned_out, Not(HasSubstr("swiglu_fp8_fwd:bf16=cpu.")));
-  expect_same_steps(fused, pinned, 6);
-  // The checkpoints' tensors, file by file (their JSON metadata may carry times).
-  size_t compared = 0;
-  for (const auto& e : fs::recursive_directory_iterator(dir_ / "fused")) {
-    if (!e.is_regular_file() || e.path().extension() == ".json" ||
-        e.path().extension() == ".jsonl" || e.path().extension() == ".log")
-      continue;
-    const fs::path rel = fs::relative(e.path(), dir_ / "fused");
-    if (rel.begin()->string().rfind("checkpoint", 0) != 0) continue;
-    ASSERT_TRUE(fs::exists(dir_ / "pinned" / rel)) << rel;
-    EXPECT_EQ(read_file(e.path()), read_file(dir_ / "pinned" / rel)) << rel << " differs";
-    ++compared;
+// swiglu's own kernels (swiglu_fp8_fwd / _bwd), and a rope layer turns its QKV output gradient
+// back inside the quantisation (rope_fp8_bwd): the same bits as the unfused ops, so the run is
+// the pinned-off run's to the last bit: every step's loss and gradient norm, and the saved
+// checkpoint (every parameter, the optimizer's moments and the amax history). With q, k, v as
+// views of one tensor (MHA) and with merged copies (GQA).
+TEST_F(TrainTest, Fp8FusedQuantisationsGiveTheUnfusedKernelsBits) {
+  for (int groups : {4, 2}) {
+    SCOPED_TRACE("query groups " + std::to_string(groups));
+    const std::string tag = "g" + std::to_string(groups) + "_";
+    auto train = [&](const std::string& name, bool pinned, std::string* out) {
+      nlohmann::json s = tiny_spec();
+      s["model"]["layer"]["norm"] = {{"impl", "rmsnorm"}};
+      s["model"]["final_norm"] = {{"impl", "rmsnorm"}};
+      s["model"]["layer"]["mlp"] = {{"impl", "mlp"}, {"activation", "swiglu"}};
+      s["model"]["add_bias_linear"] = false;
+      s["model"]["position_embedding"] = "rope";
+      s["model"]["num_query_groups"] = groups;
+      s["precision"] = {{"params", "bf16"},
+                        {"fp8", {{"impl", "delayed"}, {"amax_history_len", 4}}}};
+      s["train"]["steps"] = 6;
+      s["train"]["log_interval"] = 1;
+      s["train"]["eval_interval"] = 3;
+      if (pinned)
+        s["kernels"] = {
+            {"pin",
+             {{"swiglu_fp8_fwd", "none"}, {"swiglu_fp8_bwd", "none"}, {"rope_fp8_bwd", "none"}}}};
+      fs::path run = dir_ / (tag + name);
+      auto r = run_loom("train " + q(spec(tag + name + ".json", s)) + " --run-dir " + q(run));
+      EXPECT_EQ(r.exit_code, kOk) << name << "\n" << r.out << r.err;
+      *out = r.out;
+      std::vector<nlohmann::json> steps;
+      for (const auto& m : read_jsonl(run / "metrics.jsonl"))
+        if (m.contains("loss")) steps.push_back(m);
+      return steps;
+    };
+    std::string fused_out, pinned_out;
+    std::vector<nlohmann::json> fused = train("fused", false, &fused_out);
+    std::vector<nlohmann::json> pinned = train("pinned", true, &pinned_out);
+    for (const char* op : {"swiglu_fp8_fwd", "swiglu_fp8_bwd", "rope_fp8_bwd"}) {
+      EXPECT_THAT(fused_out, HasSubstr(std::string(op) + ":bf16=cpu."));
+      EXPECT_THAT(pinned_out, Not(HasSubstr(std::string(op) + ":bf16=cpu.")));
+    }
+    expect_same_steps(fused, pinned, 6);
+    // The checkpoints' tensors, file by file (their JSON metadata may carry times).
+    size_t compared = 0;
+    const fs::path fused_dir = dir_ / (tag + "fused"), pinned_dir = dir_ / (tag + "pinned");
+    for (const auto& e : fs::recursive_directory_iterator(fused_dir)) {
+      if (!e.is_regular_file() || e.path().extension() == ".json" ||
+          e.path().extension() == ".jsonl" || e.path().extension() == ".log")
+        continue;
+      const fs::path rel = fs::relative(e.path(), fused_dir);
+      if (rel.begin()->string().rfind("checkpoint", 0) != 0) continue;
+      ASSERT_TRUE(fs::exists(pinned_dir / rel)) << rel;
+      EXPECT_EQ(read_file(e.path()), read_file(pinned_dir / rel)) << rel << " differs";
+      ++compared;
+    }
+    EXPECT_GT(compared, 0u) << "no checkpoint tensors found under " << fused_dir;
+    std::printf(
+        "fp8 swiglu and rope, %d query groups: 6 steps and %zu checkpoint files bit-identical "
+        "with the ops pinned off\n",
+        groups, compared);
   }
-  EXPECT_GT(compared, 0u) << "no checkpoint tensors found under " << (dir_ / "fused");
-  std::printf(
-      "fp8 swiglu: 6 steps and %zu checkpoint files bit-identical with the ops pinned off\n",
-      compared);
 }
 
 // Megatron's --num-layers-at-{start,end}-in-bf16: those layers' GEMMs stay in bf16. With

@@ -7,17 +7,21 @@
 // an ncu profile of a step shows as quantize_transpose_kernel (BENCHMARKS.md).
 // A second table times swiglu with its result quantised in one pass (swiglu_fp8_fwd,
 // swiglu_fp8_bwd) against swiglu_fwd / swiglu_bwd into bf16 then fp8_quantize, at the MLP's
-// shape (the step's "input of down" and "grad of gate_up" rows, which the fused ops replace).
+// shape (the step's "input of down" and "grad of gate_up" rows, which the fused ops replace),
+// and a third rope_bwd on q and k then fp8_quantize against rope_fp8_bwd at the attention's
+// (the "grad of qkv" row).
 //
 //   fp8_quantize_bench [--iterations N]
 //   LOOM_FP8_QUANTIZE=general fp8_quantize_bench    the general transpose kernel
 //
 // Without a GPU it prints "fp8_quantize_bench: no CUDA device (...)" and exits 1, as gemm_bench.
 #include <cuda_runtime.h>
+#include <loom/cpp/nn/qkv_views.h>
 #include <loom/kernel.h>
 #include <loom/ops.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -132,6 +136,55 @@ int main(int argc, char** argv) {
                 bwd ? "E5M2, dX (N, 2F)" : "E4M3, Y (N, F)", two_ms, one_ms, two_ms / one_ms,
                 kLayers * (two_ms - one_ms));
     check(cudaDeviceSynchronize(), "swiglu_fp8");
+  }
+
+  // rope's backward and the quantisation of the QKV gradient: three kernels (rope_bwd on the
+  // q and k views, in place, then fp8_quantize) against one, at LLaMA 1.3B's MHA shape.
+  const int64_t b = 4, t = n / b, heads = 16, d = c / heads;
+  std::printf(
+      "\n| rope backward of LLaMA 1.3B FP8, dQKV (%lld, %lld, %lld, %lld) bf16 -> E5M2 | "
+      "rope_bwd on q and k then fp8_quantize, ms | rope_fp8_bwd in one pass, ms | one pass "
+      "faster | a step (24 layers) saves, ms |\n",
+      static_cast<long long>(b), static_cast<long long>(t), static_cast<long long>(heads),
+      static_cast<long long>(3 * d));
+  std::printf("|---|---|---|---|---|\n");
+  {
+    DeviceTensor dqkv(DType::kBF16, {b, t, heads, 3 * d}, 41), scale(DType::kF32, {1}, 0),
+        y(e5, {n, 3 * c}, 0), yt(e5, {3 * c, n}, 0), amax(DType::kF32, {1}, 0),
+        inv_freq(DType::kF32, {d / 2}, 42);
+    check(cudaMemcpy(scale.v.data, &one, sizeof(one), cudaMemcpyHostToDevice), "cudaMemcpy");
+    std::vector<float> freq(static_cast<size_t>(d / 2));  // Llama's, base 10000
+    for (size_t i = 0; i < freq.size(); ++i)
+      freq[i] = static_cast<float>(std::pow(10000.0, -2.0 * static_cast<double>(i) / d));
+    check(cudaMemcpy(inv_freq.v.data, freq.data(), freq.size() * sizeof(float),
+                     cudaMemcpyHostToDevice),
+          "cudaMemcpy");
+    loom::nn::QkvViews views{};
+    if (!loom::nn::fused_qkv_views(dqkv.v, &views)) die("fused_qkv_views declined");
+    TensorView none{}, rows = dqkv.v;  // dQKV as the (B T, 3 C) matrix fp8_quantize reads
+    rows.ndim = 2;
+    rows.shape[0] = n;
+    rows.shape[1] = 3 * c;
+    rows.strides[0] = 3 * c;
+    rows.strides[1] = 1;
+    const loom::ops::RopeAttrs ra{static_cast<int32_t>(d)};
+    const loom::ops::RopeFp8Attrs fa{static_cast<int32_t>(d), static_cast<int32_t>(d)};
+    const KernelDesc& rope = loom::bench::find_kernel(all, loom::ops::kRopeBwd, DType::kBF16);
+    const KernelDesc& fused = loom::bench::find_kernel(all, loom::ops::kRopeFp8Bwd, DType::kBF16);
+    KernelCall rq(rope, {views.q, none, inv_freq.v}, {views.q}, &ra, sizeof(ra));
+    KernelCall rk(rope, {views.k, none, inv_freq.v}, {views.k}, &ra, sizeof(ra));
+    KernelCall q(kernel, {rows, scale.v}, {y.v, yt.v, amax.v}, nullptr, 0);
+    KernelCall one_pass(fused, {dqkv.v, none, inv_freq.v, scale.v}, {y.v, yt.v, amax.v}, &fa,
+                        sizeof(fa));
+    const double three_ms = time_ms(iterations, [&] {
+      rq.run();
+      rk.run();
+      q.run();
+    });
+    const double one_ms = time_ms(iterations, [&] { one_pass.run(); });
+    std::printf("| backward (E5M2, dQKV (B T, 3 C)) | %.4f | %.4f | %.2fx | %.3f |\n", three_ms,
+                one_ms, three_ms / one_ms, kLayers * (three_ms - one_ms));
+    check(cudaDeviceSynchronize(), "rope_fp8_bwd");
   }
   return 0;
 }

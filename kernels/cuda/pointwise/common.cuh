@@ -50,11 +50,12 @@ void add_swap_axes_kernels(std::vector<KernelDesc>& out);
 void add_softmax_kernels(std::vector<KernelDesc>& out);
 void add_fp8_quantize_kernels(std::vector<KernelDesc>& out);
 void add_swiglu_fp8_kernels(std::vector<KernelDesc>& out);
+void add_rope_fp8_kernels(std::vector<KernelDesc>& out);
 
 // scale_inv[0] = 1 / scale[0] for an FP8 quantising call with nothing to quantise
-// (fp8_quantize, swiglu_fp8_fwd / _bwd: their optional scale_inv output is written even then),
-// by one block of quantize_kernel over no elements on `stream` (a cudaStream_t: stream_of the
-// call). Errors name `op`. Defined in fp8_quantize.cu.
+// (fp8_quantize, swiglu_fp8_fwd / _bwd, rope_fp8_bwd: their optional scale_inv output is written
+// even then), by one block of quantize_kernel over no elements on `stream` (a cudaStream_t:
+// stream_of the call). Errors name `op`. Defined in fp8_quantize.cu.
 void launch_fp8_scale_inv(const float* scale, float* scale_inv, void* stream, const char* op);
 
 }  // namespace loom::kernels::cuda::pointwise

@@ -18,6 +18,7 @@ void add_pointwise_kernels(std::vector<KernelDesc>& out) {
   pointwise::add_softmax_kernels(out);
   pointwise::add_fp8_quantize_kernels(out);
   pointwise::add_swiglu_fp8_kernels(out);
+  pointwise::add_rope_fp8_kernels(out);
 }
 
 }  // namespace loom::kernels::cuda

@@ -1,9 +1,9 @@
 // The pointwise CUDA kernels: activations (gelu, swiglu), dropout, embedding, layernorm,
 // rmsnorm and their residual-add forms (add_layernorm_*, add_rmsnorm_*), rope, the head layout
-// ops (split_qkv, merge_qkv, swap_axes_12), the masked softmax, fp8_quantize and
-// swiglu_fp8_fwd / _bwd of loom/ops.h, for CUDA tensors of every float dtype (f32, bf16, f16
-// storage, f32 arithmetic; the FP8 ops write E4M3 or E5M2). Plain C++: no CUDA types, so .cc
-// code (the kernels_cuda plugin, the op tests) includes it without nvcc.
+// ops (split_qkv, merge_qkv, swap_axes_12), the masked softmax, fp8_quantize,
+// swiglu_fp8_fwd / _bwd and rope_fp8_bwd of loom/ops.h, for CUDA tensors of every float dtype (f32,
+// bf16, f16 storage, f32 arithmetic; the FP8 ops write E4M3 or E5M2). Plain C++: no CUDA types, so
+// .cc code (the kernels_cuda plugin, the op tests) includes it without nvcc.
 #pragma once
 
 #include <loom/kernel.h>

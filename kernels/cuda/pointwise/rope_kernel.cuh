@@ -6,8 +6,8 @@
 // projection rotated in place, or packed); in each head channel i < half = rotary_dim / 2 pairs
 // with i + half and turns by the angle a = position * inv_freq[i] (backward: by -a); channels from
 // 2 * half on pass through. Both kernels form a in f64 (the product the reference forms) and rotate
-// in f32 with the same expressions, y1 = x1 c - x2 s, y2 = x2 c + x1 s; they differ in how
-// they get c and s:
+// in f32 with the same expressions, y1 = x1 c - x2 s, y2 = x2 c + x1 s (rope_y1, rope_y2: one
+// rounded product and one fused multiply-add each); they differ in how they get c and s:
 //
 // - rope_kernel (general: X and Y of any dtypes, each switched at run time): sincos in f64,
 //   rounded to f32 (error <= 2^-25 ~ 3e-8). Launch: the grid strides over the B * T tokens,
@@ -43,6 +43,7 @@
 
 #include "kernels/cuda/common/device_util.cuh"
 #include "kernels/cuda/pointwise/device_util.cuh"
+#include "kernels/cuda/pointwise/rope_math.cuh"
 
 namespace loom::kernels::cuda::pointwise {
 
@@ -80,8 +81,8 @@ __global__ void rope_kernel(const void* x, DType xt, const int32_t* positions,
       for (int64_t k = row; k < h; k += rows) {
         const int64_t e1 = x0 + k * st.xh + i, f1 = y0 + k * st.yh + i;
         const float x1 = load_elem(x, xt, e1), x2 = load_elem(x, xt, e1 + half);
-        store_elem(y, yt, f1, x1 * cs - x2 * sn);
-        store_elem(y, yt, f1 + half, x2 * cs + x1 * sn);
+        store_elem(y, yt, f1, rope_y1(x1, x2, cs, sn));
+        store_elem(y, yt, f1 + half, rope_y2(x1, x2, cs, sn));
       }
     }
     if (rest > 0)
@@ -94,20 +95,6 @@ __global__ void rope_kernel(const void* x, DType xt, const int32_t* positions,
 }
 
 // ---- The typed kernel -------------------------------------------------------------------------
-
-// 2 pi = kTwoPiHi + kTwoPiLo, kTwoPiHi the f64 nearest 2 pi.
-inline constexpr double kTwoPiHi = 6.283185307179586232;
-inline constexpr double kTwoPiLo = 2.4492935982947064e-16;
-inline constexpr double kInvTwoPi = 0.15915494309189533577;
-
-// c, s = cos a, sin a of a = pos * inv_freq (formed in f64), each within 2^-22 (the header
-// comment's bound).
-__device__ __forceinline__ void rope_cos_sin(double pos, float inv_freq, float* c, float* s) {
-  const double a = pos * static_cast<double>(inv_freq);
-  const double k = rint(a * kInvTwoPi);
-  const double r = fma(-k, kTwoPiLo, fma(-k, kTwoPiHi, a));  // a - 2 pi k, in [-pi, pi]
-  sincosf(static_cast<float>(r), s, c);
-}
 
 // Heads a thread of the typed kernel rotates (with one set of kW cosines and sines).
 inline constexpr int kRopeHeads = 4;
@@ -165,8 +152,8 @@ __global__ void __launch_bounds__(kFlatThreads) rope_typed_kernel(RopeTypedArgs<
 #pragma unroll
       for (int e = 0; e < kW; ++e) {
         const float x1 = to_f32<T>(p1[hh].v[e]), x2 = to_f32<T>(p2[hh].v[e]);
-        o1.v[e] = from_f32<T>(x1 * cs[e] - x2 * sn[e]);
-        o2.v[e] = from_f32<T>(x2 * cs[e] + x1 * sn[e]);
+        o1.v[e] = from_f32<T>(rope_y1(x1, x2, cs[e], sn[e]));
+        o2.v[e] = from_f32<T>(rope_y2(x1, x2, cs[e], sn[e]));
       }
       T* yh = a.y + ybase + hh * a.st.yh + i0;
       *reinterpret_cast<P*>(yh) = o1;

@@ -1,12 +1,15 @@
 // FP8 ops: the host conversions against a brute-force nearest-value search over all codes,
 // fp8_quantize / fp8_gemm / fp8_scale_update references against computations written here,
 // swiglu_fp8_fwd / _bwd against swiglu then fp8_quantize on each kernel library, bit for bit,
+// rope_fp8_bwd against split_qkv, rope_bwd, merge_qkv and fp8_quantize likewise,
 // fast against reference (and every device linked in, op_test_util.h; for fp8_gemm, the
 // devices against the oracle at the bound of loom/ops/fp8.h, declines only where its rule
 // allows), and bad calls.
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <tuple>
 
@@ -342,6 +345,274 @@ TEST_P(SwigluFp8Test, DevicesGiveTheirTwoOpsBits) {
   }
   if (ran == 0) GTEST_SKIP() << "no device: " << skipped;
 }
+
+// ---- rope_fp8_bwd ---------------------------------------------------------------------
+// The contract (loom/ops/fp8.h): the bits of split_qkv, rope_bwd on the query and key heads,
+// merge_qkv and fp8_quantize, on the same library. Each kernel against those four ops of its
+// own; rope_bwd itself is checked against f64 and as rope_fwd's adjoint (layout_test).
+
+// A rope_fp8_bwd call's inputs: dX (B, T, G, (H/G + 2) D) with values past E4M3's range at
+// the scale and a NaN; positions (B, T) far past 2 pi, or none; Llama's inverse frequencies.
+struct RopeFp8Inputs {
+  Tensor x, positions, inv_freq, scale;
+  ops::RopeFp8Attrs attrs;
+  int64_t b, t, g, per_group;
+};
+RopeFp8Inputs rope_fp8_inputs(DType dt, int64_t b, int64_t t, int64_t g, int64_t per_group,
+                              int64_t d, int64_t rotary, bool positions, bool nan, float scale,
+                              std::mt19937& rng) {
+  const int64_t width = (per_group + 2) * d;
+  RopeFp8Inputs in{Tensor::random(dt, {b, t, g, width}, rng, -4.0, 4.0),
+                   Tensor(),
+                   Tensor(DType::kF32, {rotary / 2}),
+                   Tensor::filled(DType::kF32, {1}, scale),
+                   ops::RopeFp8Attrs{static_cast<int32_t>(rotary), static_cast<int32_t>(d)},
+                   b,
+                   t,
+                   g,
+                   per_group};
+  if (positions) {
+    std::vector<int32_t> pos(static_cast<size_t>(b * t));
+    for (int32_t& p : pos) p = static_cast<int32_t>(rng() % 100000);
+    in.positions = Tensor::i32({b, t}, pos);
+  }
+  for (int64_t i = 0; i < rotary / 2; ++i)
+    in.inv_freq.set(i, std::pow(10000.0, -2.0 * static_cast<double>(i) / rotary));
+  const int64_t n = b * t * g * width;
+  in.x.set(n - 1, 3000.0);                         // a value head's last channel
+  if (n > 2 * width) in.x.set(width + 1, 2000.0);  // group 1's first query (or token 1's), rotated
+  if (nan) in.x.set(n / 2 + d / 2, NAN);
+  return in;
+}
+
+// The bytes of `t` as an (m, k) tensor (merge_qkv's (B, T, G, W) as the (B T, G W) matrix the
+// QKV projection's GEMMs see).
+Tensor as_rows(const Tensor& t, int64_t m, int64_t k) {
+  Tensor r(t.dtype(), {m, k});
+  std::memcpy(r.raw(), t.raw(), static_cast<size_t>(m * k) * dtype_size(t.dtype()));
+  return r;
+}
+
+// The fused op (kernel `name`), or `name`'s split_qkv, rope_bwd, merge_qkv and fp8_quantize.
+Fp8Result rope_fp8(const char* name, bool fused, RopeFp8Inputs& in, DType out, bool want_y,
+                   bool want_yt) {
+  const DType dt = in.x.dtype();
+  const int64_t d = in.attrs.head_dim, m = in.b * in.t, k = in.x.numel() / m;
+  Fp8Result r{want_y ? Tensor(out, {m, k}) : Tensor(), want_yt ? Tensor(out, {k, m}) : Tensor(),
+              Tensor::filled(DType::kF32, {1}, 0.25)};
+  std::vector<Tensor*> outs{&r.y, &r.yt, &r.amax};
+  if (fused) {
+    run(ops::kRopeFp8Bwd, name, dt, {&in.x, &in.positions, &in.inv_freq, &in.scale}, outs,
+        &in.attrs);
+    return r;
+  }
+  const int64_t h = in.g * in.per_group;
+  Tensor q(dt, {in.b, in.t, h, d}), kk(dt, {in.b, in.t, in.g, d}), v(dt, {in.b, in.t, in.g, d});
+  run(ops::kSplitQkv, name, dt, {&in.x}, {&q, &kk, &v});
+  const ops::RopeAttrs ra{in.attrs.rotary_dim};
+  Tensor qr(dt, q.shape()), kr(dt, kk.shape()), mid(dt, in.x.shape());
+  run(ops::kRopeBwd, name, dt, {&q, &in.positions, &in.inv_freq}, {&qr}, &ra);
+  run(ops::kRopeBwd, name, dt, {&kk, &in.positions, &in.inv_freq}, {&kr}, &ra);
+  run(ops::kMergeQkv, name, dt, {&qr, &kr, &v}, {&mid});
+  Tensor rows = as_rows(mid, m, k);
+  run(ops::kFp8Quantize, name, dt, {&rows, &in.scale}, outs);
+  return r;
+}
+
+class RopeFp8Test : public ::testing::TestWithParam<DType> {};
+
+// Kernel `name` against its own library's four ops, bit for bit: MHA, GQA and one group; whole,
+// partial and no rotary channels; positions and none; 1 to 40 rows.
+void expect_four_ops_bits(const char* name, DType dtype) {
+  std::mt19937 rng(41);
+  struct Shape {
+    int64_t b, t, g, per_group, d, rotary;
+    bool positions;
+  };
+  int64_t checked = 0;
+  for (DType out : kFp8)
+    for (const Shape& sh : {Shape{1, 1, 1, 1, 2, 2, false},
+                            {2, 5, 2, 1, 8, 8, true},
+                            {1, 40, 2, 2, 16, 8, false},
+                            {3, 7, 1, 3, 6, 4, true},
+                            {2, 4, 3, 1, 8, 0, true}}) {
+      const float scale = out == DType::kF8E4M3 ? 2.0f : 300.0f;  // some values saturate
+      RopeFp8Inputs in = rope_fp8_inputs(dtype, sh.b, sh.t, sh.g, sh.per_group, sh.d, sh.rotary,
+                                         sh.positions, true, scale, rng);
+      const std::string what = std::string(name) + " " + dtype_name(out) + " B " +
+                               std::to_string(sh.b) + " T " + std::to_string(sh.t) + " G " +
+                               std::to_string(sh.g) + " H/G " + std::to_string(sh.per_group) +
+                               " D " + std::to_string(sh.d) + " rotary " +
+                               std::to_string(sh.rotary);
+      for (auto [y, yt] : {std::pair{true, true}, {true, false}, {false, true}})
+        expect_same_bits(rope_fp8(name, true, in, out, y, yt),
+                         rope_fp8(name, false, in, out, y, yt), what);
+      ++checked;
+    }
+  std::printf(
+      "rope_fp8_bwd %s %s: %lld calls bit-identical to split_qkv + rope_bwd + merge_qkv "
+      "+ fp8_quantize\n",
+      name, dtype_name(dtype), static_cast<long long>(checked));
+}
+
+TEST_P(RopeFp8Test, ReferenceGivesItsFourOpsBits) { expect_four_ops_bits("cpu.ref", GetParam()); }
+
+TEST_P(RopeFp8Test, FastGivesItsFourOpsBits) {
+  if (!cpu_fast_runs()) GTEST_SKIP() << "cpu.fast needs AVX2 and FMA";
+  expect_four_ops_bits("cpu.fast", GetParam());
+}
+
+// The codes are of the turned values: a pair (x1, x2) of a query channel at position p comes
+// out as (x1 c + x2 s, x2 c - x1 s), c = cos p w, s = sin p w (f64 here: cpu.ref's values, up to
+// one rounding to the dtype and the code's); a value head's channel is quantised as it is; a
+// NaN gives a NaN code and a NaN amax; an empty call leaves amax alone and writes scale_inv.
+TEST_P(RopeFp8Test, CodesAreOfTheTurnedValues) {
+  const DType dt = GetParam();
+  std::mt19937 rng(42);
+  RopeFp8Inputs in = rope_fp8_inputs(dt, 1, 3, 1, 1, 4, 4, true, false, 1.0f, rng);
+  Fp8Result r = rope_fp8("cpu.ref", true, in, DType::kF8E4M3, true, false);
+  const int64_t k = 12;  // (1 + 2) heads of 4
+  double worst = 0;
+  for (int64_t row = 0; row < 3; ++row) {
+    const double p = in.positions.get(row);
+    for (int64_t head = 0; head < 3; ++head)
+      for (int64_t ch = 0; ch < 4; ++ch) {
+        const int64_t at = row * k + head * 4 + ch, pair = ch < 2 ? ch : ch - 2;
+        const double a = p * static_cast<double>(static_cast<float>(in.inv_freq.get(pair)));
+        const double x1 = in.x.get(row * k + head * 4 + pair),
+                     x2 = in.x.get(row * k + head * 4 + pair + 2);
+        const double turned = head == 2 ? in.x.get(at)
+                              : ch < 2  ? x1 * std::cos(a) + x2 * std::sin(a)
+                                        : x2 * std::cos(a) - x1 * std::sin(a);
+        const double want = std::clamp(turned, -448.0, 448.0);  // E4M3 saturates
+        const double got = r.y.get(at);
+        // E4M3 keeps 3 mantissa bits: half a step of 2^-3, plus the dtype's rounding.
+        const double err = std::fabs(got - want) / std::max(std::fabs(want), std::ldexp(1.0, -6));
+        worst = std::max(worst, err);
+        EXPECT_LE(err, 0.0625 + 0.008) << "row " << row << " head " << head << " ch " << ch
+                                       << ": code " << got << ", turned value " << want;
+      }
+  }
+  std::printf("rope_fp8_bwd %s: codes within %.4f (relative) of the f64 turned values\n",
+              dtype_name(dt), worst);
+  RopeFp8Inputs bad = rope_fp8_inputs(dt, 2, 4, 1, 1, 4, 4, false, true, 1.0f, rng);
+  Fp8Result nan = rope_fp8("cpu.ref", true, bad, DType::kF8E4M3, true, false);
+  EXPECT_TRUE(std::isnan(nan.amax.get(0)));
+  Tensor x(dt, {0, 4, 1, 12}), y(DType::kF8E4M3, {0, 12}), none, freq(DType::kF32, {2});
+  Tensor s = Tensor::filled(DType::kF32, {1}, 4.0), amax = Tensor::filled(DType::kF32, {1}, 0.5);
+  Tensor inv = Tensor::filled(DType::kF32, {1}, -7.0);
+  const ops::RopeFp8Attrs at{4, 4};
+  for (const char* name : {"cpu.ref", "cpu.fast"}) {
+    if (std::string(name) == "cpu.fast" && !cpu_fast_runs()) continue;
+    run(ops::kRopeFp8Bwd, name, dt, {&x, &none, &freq, &s}, {&y, &none, &amax, &inv}, &at);
+    EXPECT_EQ(amax.get(0), 0.5) << name << ": no rows, amax unchanged";
+    EXPECT_EQ(inv.get(0), 0.25) << name << ": scale_inv written for an empty call";
+  }
+}
+
+// On every device linked in (the CUDA kernel with a GPU): the fused kernel against that
+// device's split_qkv, rope_bwd, merge_qkv and fp8_quantize kernels, bit for bit.
+TEST_P(RopeFp8Test, DevicesGiveTheirFourOpsBits) {
+  std::mt19937 rng(43);
+  std::string skipped;
+  int ran = 0;
+  const DType dt = GetParam();
+  for (::loom::kernels::testing::DeviceBackend* b : ::loom::kernels::testing::device_backends()) {
+    std::string why;
+    if (!b->available(&why)) {
+      skipped += std::string(b->name()) + ": " + why + "; ";
+      continue;
+    }
+    ++ran;
+    struct Shape {
+      int64_t b, t, g, per_group, d, rotary;
+    };
+    for (DType out : kFp8)
+      for (const Shape& sh :
+           {Shape{2, 64, 4, 1, 64, 64}, {1, 80, 2, 2, 32, 16}, {1, 37, 1, 3, 6, 4}}) {
+        RopeFp8Inputs in = rope_fp8_inputs(dt, sh.b, sh.t, sh.g, sh.per_group, sh.d, sh.rotary,
+                                           true, true, out == DType::kF8E4M3 ? 2.0f : 300.0f, rng);
+        const int64_t m = sh.b * sh.t, k = in.x.numel() / m, h = sh.g * sh.per_group;
+        const std::string label = std::string(b->name()) + " " + dtype_name(out) + " B " +
+                                  std::to_string(sh.b) + " T " + std::to_string(sh.t) + " G " +
+                                  std::to_string(sh.g) + " D " + std::to_string(sh.d);
+        const std::vector<Tensor> outs{Tensor(out, {m, k}), Tensor(out, {k, m}),
+                                       Tensor::filled(DType::kF32, {1}, 0.25),
+                                       Tensor::filled(DType::kF32, {1}, -7.0)};
+        const KernelDesc* fk = b->kernel(ops::kRopeFp8Bwd, dt);
+        const KernelDesc* sk = b->kernel(ops::kSplitQkv, dt);
+        const KernelDesc* rk = b->kernel(ops::kRopeBwd, dt);
+        const KernelDesc* mk = b->kernel(ops::kMergeQkv, dt);
+        const KernelDesc* qk = b->kernel(ops::kFp8Quantize, dt);
+        ASSERT_TRUE(fk && sk && rk && mk && qk) << label << ": a kernel is missing";
+        std::vector<Tensor> fused_in{in.x, in.positions, in.inv_freq, in.scale};
+        std::vector<Tensor> fused = run_on_device(*b, *fk, fused_in, outs, &in.attrs, label);
+        std::vector<Tensor> split_in{in.x};
+        std::vector<Tensor> qkv =
+            run_on_device(*b, *sk, split_in,
+                          {Tensor(dt, {sh.b, sh.t, h, sh.d}), Tensor(dt, {sh.b, sh.t, sh.g, sh.d}),
+                           Tensor(dt, {sh.b, sh.t, sh.g, sh.d})},
+                          kNone, label);
+        ASSERT_FALSE(fused.empty() || qkv.empty()) << label;
+        const ops::RopeAttrs ra{in.attrs.rotary_dim};
+        std::vector<Tensor> q_in{qkv[0], in.positions, in.inv_freq};
+        std::vector<Tensor> k_in{qkv[1], in.positions, in.inv_freq};
+        std::vector<Tensor> qr =
+            run_on_device(*b, *rk, q_in, {Tensor(dt, qkv[0].shape())}, &ra, label);
+        std::vector<Tensor> kr =
+            run_on_device(*b, *rk, k_in, {Tensor(dt, qkv[1].shape())}, &ra, label);
+        ASSERT_FALSE(qr.empty() || kr.empty()) << label;
+        std::vector<Tensor> merge_in{qr[0], kr[0], qkv[2]};
+        std::vector<Tensor> mid =
+            run_on_device(*b, *mk, merge_in, {Tensor(dt, in.x.shape())}, kNone, label);
+        ASSERT_FALSE(mid.empty()) << label;
+        std::vector<Tensor> quant_in{as_rows(mid[0], m, k), in.scale};
+        std::vector<Tensor> four = run_on_device(*b, *qk, quant_in, outs, kNone, label);
+        ASSERT_FALSE(four.empty()) << label;
+        expect_same_bits({fused[0], fused[1], fused[2]}, {four[0], four[1], four[2]}, label);
+        EXPECT_EQ(fused[3].get(0), 1.0f / static_cast<float>(in.scale.get(0))) << label;
+      }
+  }
+  if (ran == 0) GTEST_SKIP() << "no device: " << skipped;
+}
+
+TEST(RopeFp8, BadCallsNameTheProblem) {
+  Tensor s = Tensor::filled(DType::kF32, {1}, 1.0), none, freq(DType::kF32, {4});
+  auto message = [](const std::vector<Tensor*>& in, const std::vector<Tensor*>& out,
+                    const ops::RopeFp8Attrs& at) {
+    CallHolder h(in, out, &at);
+    Status st = kernel(ops::kRopeFp8Bwd, DType::kBF16, "cpu.ref").fn(&h.call);
+    return take_message(&st);
+  };
+  Tensor x(DType::kBF16, {2, 3, 1, 24}), y(DType::kF8E5M2, {6, 24});
+  std::string m = message({&x, &none, &freq, &s}, {&y, &none, &none}, {8, 5});
+  EXPECT_NE(m.find("rope_fp8_bwd: attrs.head_dim = 5 does not split input 0 (dX)'s last "
+                   "dimension 24"),
+            std::string::npos)
+      << m;
+  m = message({&x, &none, &freq, &s}, {&y, &none, &none}, {8, 12});  // 2 heads: no query
+  EXPECT_NE(m.find("H/G >= 1"), std::string::npos) << m;
+  m = message({&x, &none, &freq, &s}, {&y, &none, &none}, {7, 8});
+  EXPECT_NE(m.find("attrs.rotary_dim = 7 must be even and in [0, head_dim = 8]"), std::string::npos)
+      << m;
+  Tensor freq3(DType::kF32, {3});
+  m = message({&x, &none, &freq3, &s}, {&y, &none, &none}, {8, 8});
+  EXPECT_NE(m.find("(rotary_dim / 2)"), std::string::npos) << m;
+  Tensor pos = Tensor::i32({3, 2}, {0, 1, 2, 3, 4, 5});
+  m = message({&x, &pos, &freq, &s}, {&y, &none, &none}, {8, 8});
+  EXPECT_NE(m.find("(B, T)"), std::string::npos) << m;
+  Tensor flat(DType::kBF16, {6, 24});
+  m = message({&flat, &none, &freq, &s}, {&y, &none, &none}, {8, 8});
+  EXPECT_NE(m.find("expected (B, T, G, (H/G + 2) * D)"), std::string::npos) << m;
+  Tensor y_short(DType::kF8E5M2, {6, 12});
+  m = message({&x, &none, &freq, &s}, {&y_short, &none, &none}, {8, 8});
+  EXPECT_NE(m.find("expected (M, K) with M = 6, K = 24"), std::string::npos) << m;
+  m = message({&x, &none, &freq, &s}, {&none, &none, &none}, {8, 8});
+  EXPECT_NE(m.find("both empty"), std::string::npos) << m;
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, RopeFp8Test, ::testing::ValuesIn(float_dtypes()),
+                         dtype_param_name);
 
 // ---- scale_inv, the quantising ops' optional output [3] (ABI 1.14) ----------------------
 

@@ -64,6 +64,7 @@ const std::vector<const char*> kAllOps = {
     ops::kFp8Quantize,
     ops::kSwigluFp8Fwd,
     ops::kSwigluFp8Bwd,
+    ops::kRopeFp8Bwd,
     ops::kFp8Gemm,
     ops::kFp8ScaleUpdate,
     ops::kMoeTopk,

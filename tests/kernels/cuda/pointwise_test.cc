@@ -50,7 +50,7 @@ const char* const kOps[] = {
     ops::kRopeFwd,         ops::kRopeBwd,          ops::kSplitQkv,         ops::kMergeQkv,
     ops::kSwapAxes12,      ops::kMaskedSoftmaxFwd, ops::kMaskedSoftmaxBwd, ops::kFp8Quantize,
     ops::kAddLayerNormFwd, ops::kAddLayerNormBwd,  ops::kAddRmsNormFwd,    ops::kAddRmsNormBwd,
-    ops::kSwigluFp8Fwd,    ops::kSwigluFp8Bwd};
+    ops::kSwigluFp8Fwd,    ops::kSwigluFp8Bwd,     ops::kRopeFp8Bwd};
 
 // The call of `k` on views of the host tensors, every view marked as in `device` memory.
 template <class A>

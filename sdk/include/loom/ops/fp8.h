@@ -1,6 +1,7 @@
-// FP8 ops (per-tensor scaling): quantisation (alone and fused into swiglu), FP8 GEMM and the
-// delayed-scaling update. Part of the op catalogue: loom/ops.h states the conventions every op
-// follows (layouts, dtypes, "+=" outputs, the random stream) and includes every family.
+// FP8 ops (per-tensor scaling): quantisation (alone and fused into swiglu and rope's backward),
+// FP8 GEMM and the delayed-scaling update. Part of the op catalogue: loom/ops.h states the
+// conventions every op follows (layouts, dtypes, "+=" outputs, the random stream) and includes
+// every family.
 #pragma once
 
 #include <stdint.h>
@@ -46,6 +47,31 @@ inline constexpr const char* kFp8Quantize = "fp8_quantize";
 /// Keyed on X's dtype.
 inline constexpr const char* kSwigluFp8Fwd = "swiglu_fp8_fwd";
 inline constexpr const char* kSwigluFp8Bwd = "swiglu_fp8_bwd";
+
+/// "rope_fp8_bwd" (ABI 1.16): the backward of a rotary QKV projection's output, quantised for
+/// the projection's FP8 GEMMs (its output gradient dY, E5M2 under the usual recipes). dX is
+/// the gradient of the QKV projection's output after rope, in Megatron's grouped layout
+/// (each of the G groups holds its H/G query heads, then its key head, then its value head:
+/// split_qkv's X). The op turns the query and key heads back by rope_bwd's rotation (the
+/// value heads pass through), rounds the result to dX's dtype, and quantises it as
+/// fp8_quantize would: Y, Yt and amax are, bit for bit, what split_qkv, rope_bwd on the
+/// query and key heads, merge_qkv and fp8_quantize give on the same kernel library (a CUDA
+/// library's rope_bwd: its typed kernel, which serves every call with X and Y of one dtype
+/// and fewer than 2^31 work items). The rotated tensor is never written.
+///   inputs:  [0] dX float (B, T, G, (H/G + 2) * D), packed, [1] positions i32 (B, T) or
+///            empty (0..T-1), [2] inv_freq f32 (rotary_dim / 2), [3] scale f32 (1)
+///   outputs: [0] Y fp8 (B T, G (H/G + 2) D) or empty, [1] Yt fp8 (G (H/G + 2) D, B T) or
+///            empty, [2] amax f32 (1), read and written, or empty, [3] scale_inv f32 (1) or
+///            empty (as fp8_quantize's)
+///   attrs:   RopeFp8Attrs (required)
+/// As for fp8_quantize: the outputs have one fp8 dtype, at least one of the first two is
+/// present, amax is of the values before scaling (NaN propagates), scale_inv = 1 / scale[0].
+/// Keyed on dX's dtype.
+inline constexpr const char* kRopeFp8Bwd = "rope_fp8_bwd";
+struct RopeFp8Attrs {
+  int32_t rotary_dim;  ///< even, <= head_dim (rope_fwd's RopeAttrs::rotary_dim)
+  int32_t head_dim;    ///< D: dX's last dimension is (H/G + 2) * D with H/G >= 1
+};
 
 /// "fp8_gemm": Y = alpha * (A * a_scale_inv[0]) @ (B * b_scale_inv[0])^T + beta * Y: the
 /// one layout cuBLASLt runs FP8 in (both operands K-contiguous; a Linear's forward

@@ -1,7 +1,7 @@
-// Argument checks of the FP8 ops of loom/ops.h (fp8_quantize, swiglu_fp8_fwd / _bwd, fp8_gemm,
-// fp8_scale_update), shared by every kernel library so that the CPU and CUDA kernels reject a
-// bad call with the same words (header-only; see loom/cpp/op_args.h). Each throws
-// loom::Error(kInvalidArgument) naming the op and the tensor.
+// Argument checks of the FP8 ops of loom/ops.h (fp8_quantize, swiglu_fp8_fwd / _bwd,
+// rope_fp8_bwd, fp8_gemm, fp8_scale_update), shared by every kernel library so that the CPU
+// and CUDA kernels reject a bad call with the same words (header-only; see loom/cpp/op_args.h).
+// Each throws loom::Error(kInvalidArgument) naming the op and the tensor.
 //   call:         the call
 //   shapes_only:  true inside `supports` (data may be null)
 //   device:       the device family of the kernel
@@ -140,6 +140,45 @@ inline SwigluFp8Shape check_swiglu_fp8(const OpCall* call, bool shapes_only, Dev
   }
   s.out =
       detail::check_fp8_outputs(a, call, s.n, bwd ? 2 * s.f : s.f, nullptr, call->inputs[xi + 1]);
+  return s;
+}
+
+/// What a rope_fp8_bwd call does: dX (B, T, G, (H/G + 2) D) viewed as the (M, K) =
+/// (B T, G (H/G + 2) D) result it quantises.
+struct RopeFp8Shape {
+  int64_t b, t, g;       ///< dX's first three dimensions
+  int64_t heads;         ///< H/G + 2: the heads of a group (queries, then a key, then a value)
+  int64_t d, half;       ///< head_dim; rotary_dim / 2 channel pairs rotated in each head
+  Fp8QuantizeShape out;  ///< the FP8 outputs, over (B T, G (H/G + 2) D)
+};
+
+/// rope_fp8_bwd: dX float (B, T, G, (H/G + 2) D) packed, positions i32 (B, T) or empty,
+/// inv_freq f32 (rotary_dim / 2), scale f32 (1); RopeFp8Attrs with head_dim >= 1 dividing dX's
+/// last dimension into at least 3 heads, rotary_dim even in [0, head_dim]; outputs as
+/// fp8_quantize's over (B T, G (H/G + 2) D).
+inline RopeFp8Shape check_rope_fp8_bwd(const OpCall* call, bool shapes_only, DeviceType device) {
+  OpArgs a(call, ops::kRopeFp8Bwd, {"dX", "positions", "inv_freq", "scale"},
+           detail::fp8_output_names(call, "Y", "Yt"), shapes_only, device);
+  const ops::RopeFp8Attrs& at = a.attrs<ops::RopeFp8Attrs>();
+  const TensorView& X = a.float_in(0);
+  if (X.ndim != 4)
+    a.fail(a.in_label(0) + " has shape " + view_shape_str(X) +
+           ", expected (B, T, G, (H/G + 2) * D): the QKV projection's output gradient");
+  RopeFp8Shape s{X.shape[0], X.shape[1], X.shape[2], 0, at.head_dim, at.rotary_dim / 2, {}};
+  if (at.head_dim < 1 || X.shape[3] % at.head_dim != 0 || X.shape[3] / at.head_dim < 3)
+    a.fail("attrs.head_dim = " + std::to_string(at.head_dim) + " does not split " + a.in_label(0) +
+           "'s last dimension " + std::to_string(X.shape[3]) +
+           " into (H/G + 2) heads of D with H/G >= 1: pass the attention's head dimension");
+  s.heads = X.shape[3] / at.head_dim;
+  if (at.rotary_dim < 0 || at.rotary_dim % 2 != 0 || at.rotary_dim > at.head_dim)
+    a.fail("attrs.rotary_dim = " + std::to_string(at.rotary_dim) +
+           " must be even and in [0, head_dim = " + std::to_string(at.head_dim) + "]");
+  if (a.opt_i32_in(1)) a.shape_in(1, {s.b, s.t}, "(B, T)");
+  a.f32_in(2);
+  a.shape_in(2, {s.half}, "(rotary_dim / 2)");
+  const TensorView& scale = a.f32_in(3);
+  a.shape_in(3, {1}, "(1)");
+  s.out = detail::check_fp8_outputs(a, call, s.b * s.t, s.g * X.shape[3], nullptr, scale);
   return s;
 }
 
