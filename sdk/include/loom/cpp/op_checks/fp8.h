@@ -41,50 +41,48 @@ inline std::vector<std::string> fp8_output_names(const OpCall* call, const char*
 /// scale_inv not the memory of `scale` (nor of amax).
 inline Fp8QuantizeShape check_fp8_outputs(const OpArgs& a, const OpCall* call, int64_t m, int64_t k,
                                           const TensorView* y_like, const TensorView& scale) {
-  constexpr int first = 0;
   Fp8QuantizeShape s{};
   s.m = m;
   s.k = k;
-  s.y = a.has_out(first);
-  s.yt = a.has_out(first + 1);
-  s.amax = a.has_out(first + 2);
+  s.y = a.has_out(0);
+  s.yt = a.has_out(1);
+  s.amax = a.has_out(2);
   if (!s.y && !s.yt)
-    a.fail(a.out_label(first) + " and " + a.out_label(first + 1) +
-           " are both empty: pass at least one");
+    a.fail(a.out_label(0) + " and " + a.out_label(1) + " are both empty: pass at least one");
   if (s.y) {
-    const TensorView& Y = a.fp8_out(first);
+    const TensorView& Y = a.fp8_out(0);
     if (y_like != nullptr) {
       bool same = Y.ndim == y_like->ndim;
       for (int32_t d = 0; same && d < Y.ndim; ++d) same = Y.shape[d] == y_like->shape[d];
       if (!same)
-        a.fail(a.out_label(first) + " has shape " + view_shape_str(Y) + ", expected X's " +
+        a.fail(a.out_label(0) + " has shape " + view_shape_str(Y) + ", expected X's " +
                view_shape_str(*y_like));
     } else if (Y.ndim < 1 || rows_of(Y) != m || last_dim(Y) != k) {
-      a.fail(a.out_label(first) + " has shape " + view_shape_str(Y) +
+      a.fail(a.out_label(0) + " has shape " + view_shape_str(Y) +
              ", expected (M, K) with M = " + std::to_string(m) + ", K = " + std::to_string(k));
     }
     s.out_dtype = Y.dtype;
   }
   if (s.yt) {
-    const TensorView& Yt = a.fp8_out(first + 1);
-    a.shape_out(first + 1, {k, m}, "(K, M), the (M, K) result transposed");
+    const TensorView& Yt = a.fp8_out(1);
+    a.shape_out(1, {k, m}, "(K, M), the (M, K) result transposed");
     if (s.y && Yt.dtype != s.out_dtype)
-      a.fail(a.out_label(first + 1) + " has dtype " + dtype_name(Yt.dtype) + ", " +
-             a.out_label(first) + " has " + dtype_name(s.out_dtype) + ": give both one FP8 dtype");
+      a.fail(a.out_label(1) + " has dtype " + dtype_name(Yt.dtype) + ", " + a.out_label(0) +
+             " has " + dtype_name(s.out_dtype) + ": give both one FP8 dtype");
     s.out_dtype = Yt.dtype;
   }
   if (s.amax) {
-    a.f32_out(first + 2);
-    a.shape_out(first + 2, {1}, "(1)");
+    a.f32_out(2);
+    a.shape_out(2, {1}, "(1)");
   }
-  s.scale_inv = call->num_outputs > first + 3 && a.has_out(first + 3);
+  s.scale_inv = call->num_outputs > 3 && a.has_out(3);
   if (s.scale_inv) {
-    const TensorView& si = a.f32_out(first + 3);
-    a.shape_out(first + 3, {1}, "(1)");
+    const TensorView& si = a.f32_out(3);
+    a.shape_out(3, {1}, "(1)");
     if (si.data != nullptr &&
-        (si.data == scale.data || (s.amax && si.data == call->outputs[first + 2].data)))
-      a.fail(a.out_label(first + 3) + " is the memory of " +
-             (si.data == scale.data ? std::string("scale") : a.out_label(first + 2)) +
+        (si.data == scale.data || (s.amax && si.data == call->outputs[2].data)))
+      a.fail(a.out_label(3) + " is the memory of " +
+             (si.data == scale.data ? std::string("scale") : a.out_label(2)) +
              ": the kernel reads scale while it writes scale_inv; give it its own (1) tensor");
   }
   return s;
