@@ -146,6 +146,13 @@ TEST(PointwiseChecks, BadCallsFailWithTheCpuKernelsWords) {
   expect_same_refusal(ops::kAddLayerNormBwd, DType::kBF16, {&y, &z, &w, &mean, &rstd, &x},
                       {&x, &dw, &none}, &norm,
                       "dX aliases input 5 (dZ): give dX a buffer of its own");
+  // rope_fp8_bwd: a head dimension that does not split dX's last dimension into heads.
+  Tensor dqkv(DType::kBF16, {1, 2, 1, 24}), codes(DType::kF8E5M2, {2, 24}),
+      fp8_scale(DType::kF32, {1}), freq4(DType::kF32, {4});
+  ops::RopeFp8Attrs rope_fp8{8, 5};
+  expect_same_refusal(ops::kRopeFp8Bwd, DType::kBF16, {&dqkv, &none, &freq4, &fp8_scale},
+                      {&codes, &none, &none}, &rope_fp8,
+                      "rope_fp8_bwd: attrs.head_dim = 5 does not split input 0 (dX)");
   // A transpose cannot run in place: the same tensor as X and Y.
   Tensor square(DType::kF32, {1, 3, 3, 4});
   expect_same_refusal(ops::kSwapAxes12, DType::kF32, {&square}, {&square},
