@@ -593,6 +593,38 @@ TEST_F(ParallelTest, Fp8DataAndTensorParallelMatchOneRank) {
   }
 }
 
+// rope_fp8_bwd on a layout's share of the QKV gradient (this rank's heads under tp, half
+// sequences under cp, with their own position ids): the bits of rope_bwd then the
+// quantisation, so each layout's run is its pinned-off run's to the bit, loss and gradient
+// norm at every step.
+TEST_F(ParallelTest, Fp8RopeQuantisedInItsKernelGivesTheUnfusedBitsUnderTpAndCp) {
+  nlohmann::json s = tiny_spec();
+  s["model"]["position_embedding"] = "rope";
+  s["model"]["add_bias_linear"] = false;
+  s["precision"] = {{"params", "bf16"}, {"fp8", {{"impl", "delayed"}, {"amax_history_len", 2}}}};
+  s["train"]["steps"] = 3;
+  nlohmann::json pinned = s;
+  pinned["kernels"] = {{"pin", {{"rope_fp8_bwd", "none"}}}};
+  for (const char* layout : {"tp2", "cp2"}) {
+    const std::string args =
+        std::string("--nproc 2 --set parallel.") + layout[0] + layout[1] + "=2";
+    Curve fused = train(std::string("rope_fp8_") + layout, s, args);
+    EXPECT_THAT(last_out_, HasSubstr("rope_fp8_bwd:bf16=cpu.")) << layout;
+    Curve unfused = train(std::string("rope_fp8_pinned_") + layout, pinned, args);
+    EXPECT_THAT(last_out_, Not(HasSubstr("rope_fp8_bwd:bf16=cpu."))) << layout;
+    ASSERT_EQ(fused.loss.size(), 3u) << layout;
+    ASSERT_EQ(unfused.loss.size(), 3u) << layout;
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_EQ(fused.loss[i], unfused.loss[i]) << layout << " step " << i + 1;
+      EXPECT_EQ(fused.grad_norm[i], unfused.grad_norm[i]) << layout << " step " << i + 1;
+    }
+    std::printf(
+        "rope_fp8_bwd %s: 3 steps' losses and gradient norms bit-identical to rope_bwd + "
+        "fp8_quantize\n",
+        layout);
+  }
+}
+
 // Rank 0 writes the FP8 state for every rank of the amax group; before it does, the ranks
 // compare their copies. A rank whose scales were changed behind the recipe's back
 // (LOOM_TEST_FAULT fp8_skew) makes the save fail, naming the rank, instead of saving a state
