@@ -12,6 +12,15 @@
 // (sum g, sum g * xhat), g = dY * gamma, xhat = (x - mean) * rstd; then
 // dX = rstd * (g - mean(g) - xhat * mean(g * xhat)) (RMSNorm: no mean(g) term).
 //
+// Contraction. Every product that meets a sum is written as the fmaf it is meant to be
+// (sum = fmaf(x, x, sum), Y = fmaf((x - mean) * rstd, gamma, beta), dX = rstd * fmaf(-xhat,
+// mean(g * xhat), g - mean(g))) and g as __fmul_rn, so that no compiler chooses: nvcc's
+// contraction of a * b + c happens partly in NVVM and partly in ptxas, and the host compiler
+// that builds the CPU emulation of these kernels contracts at -O3 -march=haswell and not at
+// -O0. Left to them, two instantiations of one expression could round differently (the
+// add forms' Y is claimed to be the plain forward's of Z, bit for bit), and the emulation
+// would not compute what the GPU does.
+//
 // Weight gradients, two stages. Stage 1: each thread owns the same columns in every row its
 // team handles (the row-team layout), so it sums dY * xhat (dweight) and dY (dbias) over
 // those rows in registers, with no atomics; at the end the teams of a block combine in
@@ -91,7 +100,7 @@ __global__ void __launch_bounds__(kMaxTeam) norm_fwd_kernel(NormFwdArgs a) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         if (k >= 0) v[k][e] = t[e];
-        sum[0] += kRms ? t[e] * t[e] : t[e];
+        sum[0] = kRms ? fmaf(t[e], t[e], sum[0]) : sum[0] + t[e];
       }
     });
     team_sum(sum, a.tpr, scratch);
@@ -107,7 +116,7 @@ __global__ void __launch_bounds__(kMaxTeam) norm_fwd_kernel(NormFwdArgs a) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           float d = c + e < a.cols ? t[e] - mean : 0.0f;
-          sq[0] += d * d;
+          sq[0] = fmaf(d, d, sq[0]);
         }
       });
       team_sum(sq, a.tpr, scratch);
@@ -121,7 +130,7 @@ __global__ void __launch_bounds__(kMaxTeam) norm_fwd_kernel(NormFwdArgs a) {
         load4(a.w, a.wt, c, a.cols, a.vec, w);
         if (!kRms && a.b != nullptr) load4(a.b, a.bt, c, a.cols, a.vec, b);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) t[e] = (t[e] - mean) * rstd * (w[e] + a.gamma_shift) + b[e];
+        for (int e = 0; e < 4; ++e) t[e] = fmaf((t[e] - mean) * rstd, w[e] + a.gamma_shift, b[e]);
         store4(a.y, a.yt, off + c, end, a.vec, t);
       });
       if (lane == 0) {
@@ -204,15 +213,15 @@ __global__ void __launch_bounds__(kMaxTeam) norm_bwd_kernel(NormBwdArgs a) {
         // g rounded once (__fmul_rn: no FMA contraction), as in the second pass below.
         const float xhat = (x[e] - mu) * rs, g = __fmul_rn(d[e], w[e] + a.gamma_shift);
         sums[0] += g;  // d is 0 past the row's end, and so is g
-        sums[1] += g * xhat;
+        sums[1] = fmaf(g, xhat, sums[1]);
         if (k >= 0) {
           gs[k][e] = d[e];
           xs[k][e] = x[e];
-          dwa[k][e] += d[e] * xhat;
+          dwa[k][e] = fmaf(d[e], xhat, dwa[k][e]);
           dba[k][e] += d[e];
         } else if (active && c + e < a.cols) {
           if (part != nullptr) {
-            part[c + e] += d[e] * xhat;
+            part[c + e] = fmaf(d[e], xhat, part[c + e]);
             if (want_db) part[a.cols + c + e] += d[e];
           } else {
             atomicAdd(a.dw + c + e, d[e] * xhat);
@@ -233,7 +242,7 @@ __global__ void __launch_bounds__(kMaxTeam) norm_bwd_kernel(NormBwdArgs a) {
           // The g the sums saw: contracted into fma(d, w, -mg), g - mg would keep the
           // product's rounding error (times rstd) where it must be 0 (C = 1).
           const float xhat = (x[e] - mu) * rs, g = __fmul_rn(d[e], w[e] + a.gamma_shift);
-          d[e] = rs * (g - mg - xhat * mgx);
+          d[e] = rs * fmaf(-xhat, mgx, g - mg);
         }
         store4(a.dx, a.dxt, off + c, end, a.vec, d);
       });

@@ -16,7 +16,8 @@
 // (mean, then the mean of squared deviations; RMSNorm: the mean of squares),
 // rstd = 1 / sqrtf(var + eps), Y = (x - mean) * rstd * (w + gamma_shift) + b, rounded to T
 // once. Only the order of the partial sums differs (a lane's columns, then the warp's
-// butterfly).
+// butterfly). Every product that meets a sum is written as the fmaf nvcc contracts it into
+// (norm.cuh says why), so no compiler has a choice left.
 //
 // The residual-add forms (add_layernorm_* / add_rmsnorm_*, kAdd true) fuse the add into these
 // kernels: the forward loads a vector of X and of R, adds them in f32, rounds the sum to T,
@@ -95,7 +96,7 @@ __global__ void __launch_bounds__(kWarpRowsPerBlock * 32)
         for (int e = 0; e < 8; ++e) v[k][e] = 0.0f;
       }
 #pragma unroll
-      for (int e = 0; e < 8; ++e) sum += kRms ? v[k][e] * v[k][e] : v[k][e];
+      for (int e = 0; e < 8; ++e) sum = kRms ? fmaf(v[k][e], v[k][e], sum) : sum + v[k][e];
     }
     sum = cuda::warp_sum(sum);
     float mean = 0.0f, var;
@@ -110,7 +111,7 @@ __global__ void __launch_bounds__(kWarpRowsPerBlock * 32)
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
           const float d = v[k][e] - mean;
-          sq += d * d;
+          sq = fmaf(d, d, sq);
         }
       }
       var = cuda::warp_sum(sq) * inv_c;
@@ -125,7 +126,8 @@ __global__ void __launch_bounds__(kWarpRowsPerBlock * 32)
       load_pack<T, 8>(a.w + j * 8, w);
       if (!kRms && a.b != nullptr) load_pack<T, 8>(a.b + j * 8, b);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) v[k][e] = (v[k][e] - mean) * rstd * (w[e] + a.gamma_shift) + b[e];
+      for (int e = 0; e < 8; ++e)
+        v[k][e] = fmaf((v[k][e] - mean) * rstd, w[e] + a.gamma_shift, b[e]);
       store_pack<T, 8>(y + j * 8, v[k]);
     }
     if (lane == 0) {
@@ -204,9 +206,9 @@ __global__ void __launch_bounds__(kWarpRowsPerBlock * 32)
       for (int e = 0; e < 8; ++e) {
         const float xhat = (xk[e] - mu) * rs, g = __fmul_rn(d[k][e], w[e] + a.gamma_shift);
         s0 += g;
-        s1 += g * xhat;
+        s1 = fmaf(g, xhat, s1);
         if constexpr (kWgrad) {
-          wsum[k][e] += d[k][e] * xhat;
+          wsum[k][e] = fmaf(d[k][e], xhat, wsum[k][e]);
           if constexpr (!kRms) bsum[k][e] += d[k][e];
         }
       }
@@ -225,7 +227,7 @@ __global__ void __launch_bounds__(kWarpRowsPerBlock * 32)
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
         const float xhat = (xk[e] - mu) * rs, g = __fmul_rn(d[k][e], w[e] + a.gamma_shift);
-        d[k][e] = rs * (g - mg - xhat * mgx);
+        d[k][e] = rs * fmaf(-xhat, mgx, g - mg);
       }
       if (kAdd) {
         float dz[8];
@@ -290,7 +292,7 @@ __global__ void __launch_bounds__(256)
       load_pack<T, 8>(a.x + row * a.cols + j * 8, xv);
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
-        dw[e] += d[e] * ((xv[e] - mu) * rs);
+        dw[e] = fmaf(d[e], (xv[e] - mu) * rs, dw[e]);
         db[e] += d[e];
       }
     }
