@@ -191,6 +191,11 @@ def cuda_library(name, srcs, hdrs = [], deps = [], copts = [], visibility = None
       **kwargs: passed to the cc_library (e.g. alwayslink); `tags` and `testonly` go to
         both targets. The cc_library is always `linkstatic`.
     """
+    # "manual": out of `//...` and every other wildcard. A wildcard would make the two inner
+    # targets top-level targets of the build, built in the build's own configuration as well
+    # as in the shared one below the hops: every .cu file compiled once more per pass of
+    # `tools/loom test`. Reached through the cc_library they are built in the shared one only.
+    inner_tags = (kwargs.get("tags") or []) + ["manual"]
     _nvcc_objects(
         name = name + "_nvcc_objects",
         srcs = srcs,
@@ -198,14 +203,14 @@ def cuda_library(name, srcs, hdrs = [], deps = [], copts = [], visibility = None
         deps = deps,
         copts = copts,
         visibility = ["//visibility:private"],
-        tags = kwargs.get("tags"),
+        tags = inner_tags,
         testonly = kwargs.get("testonly"),
     )
     _cuda_objects(
         name = name + "_cuda_objects",
         objects = ":" + name + "_nvcc_objects",
         visibility = ["//visibility:private"],
-        tags = kwargs.get("tags"),
+        tags = inner_tags,
         testonly = kwargs.get("testonly"),
     )
     native.cc_library(
