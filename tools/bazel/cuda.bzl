@@ -189,7 +189,8 @@ def cuda_library(name, srcs, hdrs = [], deps = [], copts = [], visibility = None
       copts: extra nvcc flags for every .cu file.
       visibility: visibility of the cc_library.
       **kwargs: passed to the cc_library (e.g. alwayslink); `tags` and `testonly` go to
-        both targets. The cc_library is always `linkstatic`.
+        the two inner targets too, which are also tagged `manual`. The cc_library is always
+        `linkstatic`.
     """
     # "manual": out of `//...` and every other wildcard. A wildcard would make the two inner
     # targets top-level targets of the build, built in the build's own configuration as well
