@@ -354,7 +354,7 @@ items=(
   "gpt2_124m_h100|unfused|20|60"
   "gpt_tiny|loom|15|40" "gpt_tiny|graph|15|40" "gpt2_124m_h100|graph|20|60"
   "gpt2_124m_h100|dgelu_unfused|20|60" "gpt2_124m_h100|dgelu_bgrad|20|60"
-  "gpt_tiny|graph_step|15|40" "gpt_tiny|graph_step_tf32|15|40"
+  "gpt_tiny|graph_step|15|40" "gpt_tiny|graph_step_tf32x3|15|40" "gpt_tiny|graph_step_tf32|15|40"
   "gpt_tiny|attn_rows|15|40" "gpt2_124m_h100|qkv_split|20|60" "llama_1b3_h100|qkv_split|25|60"
   "mixtral_h100|loom|25|60"
   "llama_1b3_h100|eager|25|60" "mixtral_h100|eager|30|60"
@@ -376,11 +376,16 @@ for item in "${items[@]}"; do
     graph) timeout "$limit" ./tools/loom bench "$spec" --steps 6 --warmup 2 --json "${device[@]}" \
       --set 'train.cuda_graph="forward_backward"' --set train.cuda_graph_warmup_steps=1 \
       >"$bench/$name.graph.json" 2>"$bench/$name.graph.err" || rm -f "$bench/$name.graph.json" ;;
-    # The optimizer's step as a second graph (train.cuda_graph "step"); and that with the f32
-    # GEMMs in TF32 (the cuda.tf32 kernel, which only a pin selects: other numerics).
-    graph_step | graph_step_tf32)
+    # The optimizer's step as a second graph (train.cuda_graph "step"); and that with every
+    # f32 GEMM in 3xTF32 (cuda.tf32x3 for gemm and gemm_epilogue: f32 accuracy on TF32 tensor
+    # cores), or in TF32 (cuda.tf32, other numerics; no gemm_epilogue of its own, so the
+    # bias and GELU run as separate kernels). Only a pin selects either.
+    graph_step | graph_step_tf32 | graph_step_tf32x3)
       pins=()
-      [[ $kind == graph_step_tf32 ]] && pins=(--set 'kernels.pin={"gemm":"cuda.tf32"}')
+      [[ $kind == graph_step_tf32 ]] &&
+        pins=(--set 'kernels.pin={"gemm":"cuda.tf32","gemm_epilogue":"none"}')
+      [[ $kind == graph_step_tf32x3 ]] &&
+        pins=(--set 'kernels.pin={"gemm":"cuda.tf32x3","gemm_epilogue":"cuda.tf32x3"}')
       timeout "$limit" ./tools/loom bench "$spec" --steps 6 --warmup 2 --json "${device[@]}" \
       --set 'train.cuda_graph="step"' --set train.cuda_graph_warmup_steps=1 "${pins[@]}" \
       >"$bench/$name.$kind.json" 2>"$bench/$name.$kind.err" || rm -f "$bench/$name.$kind.json" ;;
@@ -505,19 +510,24 @@ else
   for reduction in auto compute_type; do
     runs=("bf16 wgrad" "f32 fwd" "f32 dgrad" "f32 wgrad")
     cand=()
-    [[ $reduction == auto ]] && runs=("bf16 fwd" "${runs[@]}") && cand=(--candidates 8)
+    # 3xTF32 (cuda.tf32x3) against cuBLAS's f32 on the same shapes, once.
+    [[ $reduction == auto ]] && runs=("bf16 fwd" "${runs[@]}" "f32 fwd tf32x3" "f32 dgrad tf32x3"
+      "f32 wgrad tf32x3") && cand=(--candidates 8)
     for run in "${runs[@]}"; do
-      read -r dt form <<<"$run"
+      read -r dt form kern <<<"$run"
+      kernel=()
+      [[ -n $kern ]] && kernel=(--kernel "$kern")
       shapes=()
       [[ $dt == f32 && $form == fwd ]] && shapes=("${f32_shapes[@]}")
       [[ $dt == f32 && $form == dgrad ]] && shapes=("${f32_dgrad[@]}")
       [[ $dt == f32 && $form == wgrad ]] && shapes=("${f32_wgrad[@]}")
-      (($(left) < 10)) && { say "- $dt $form ($reduction): not run (budget)"; continue; }
+      (($(left) < 10)) && { say "- $dt $form $kern ($reduction): not run (budget)"; continue; }
       say ""
-      say "LOOM_CUBLASLT_REDUCTION=$reduction:"
+      say "LOOM_CUBLASLT_REDUCTION=$reduction${kern:+, --kernel $kern}:"
       timeout $(($(left) > 20 ? 20 : $(left))) env LOOM_CUBLASLT_REDUCTION=$reduction \
         ./tools/bench/gemm_bench --markdown --iterations 20 --dtype "$dt" --form "$form" \
-        "${cand[@]}" "${shapes[@]}" >>"$report" 2>&1 || say "- gemm_bench $dt $form ($reduction): exit $?"
+        "${kernel[@]}" "${cand[@]}" "${shapes[@]}" >>"$report" 2>&1 ||
+        say "- gemm_bench $dt $form $kern ($reduction): exit $?"
     done
   done
 fi

@@ -4,7 +4,12 @@
 // target: loom within 10% of cuBLAS on every shape. Run by tools/gpu_check.
 //
 //   gemm_bench [--markdown | --json] [--dtype bf16|f16|f32] [--iterations N]
-//              [--form fwd|dgrad|wgrad] [--candidates N] [--shape M,N,K]...
+//              [--form fwd|dgrad|wgrad] [--candidates N] [--kernel cuda|tf32|tf32x3]
+//              [--shape M,N,K]...
+//
+// --kernel (f32 only): tf32 times loom's "cuda.tf32" against cuBLAS's FAST_TF32 compute;
+// tf32x3 times loom's "cuda.tf32x3" (f32 accuracy from three TF32 products) against cuBLAS's
+// f32 compute, the GEMM it would replace. The default, cuda, is f32 against f32.
 //
 // --candidates N: also times the first N algorithms of cuBLASLt's heuristic list for each
 // shape (loom's plan takes the first) and prints the fastest, its place in the list and its
@@ -48,7 +53,8 @@ const std::vector<Shape> kShapes = {
 [[noreturn]] void usage(const char* why) {
   std::fprintf(stderr,
                "gemm_bench: %s\nusage: gemm_bench [--markdown | --json] [--dtype bf16|f16|f32] "
-               "[--iterations N] [--form fwd|dgrad|wgrad] [--candidates N] [--shape M,N,K]...\n",
+               "[--iterations N] [--form fwd|dgrad|wgrad] [--candidates N] "
+               "[--kernel cuda|tf32|tf32x3] [--shape M,N,K]...\n",
                why);
   std::exit(2);
 }
@@ -83,6 +89,12 @@ int main(int argc, char** argv) {
     } else if (a == "--candidates") {
       options.candidates = std::atoi(value().c_str());
       if (options.candidates < 1) usage("--candidates: expected an integer >= 1");
+    } else if (a == "--kernel") {
+      const std::string k = value();
+      if (k != "cuda" && k != "tf32" && k != "tf32x3")
+        usage(("--kernel: '" + k + "' is not cuda, tf32 or tf32x3").c_str());
+      options.tf32 = k == "tf32";
+      options.tf32x3 = k == "tf32x3";
     } else if (a == "--form") {
       form = value();
       if (form != "fwd" && form != "dgrad" && form != "wgrad")
@@ -110,6 +122,8 @@ int main(int argc, char** argv) {
   }
   // The form's operand layouts (gemm_bench.h): dgrad and wgrad read B as stored (K, N);
   // wgrad reads A as stored (K, M) and accumulates into an f32 Y.
+  if ((options.tf32 || options.tf32x3) && dtype != loom::DType::kF32)
+    usage("--kernel tf32 and tf32x3 time f32 operands: add --dtype f32");
   options.trans_a = form == "wgrad";
   if (form == "wgrad") {
     options.y_dtype = loom::DType::kF32;

@@ -17,8 +17,10 @@ namespace loom::kernels::cuda {
 /// Appends a KernelDesc for every op and dtype of the family (gemm, fp8_gemm and
 /// gemm_epilogue, whose cuBLASLt epilogues fall back to the library's unfused kernels where
 /// cuBLASLt has no algorithm: gemm_epilogue.cu): name "cuda", priority 20
-/// (kernels/cuda/common/registration.h), and for gemm on f32 also "cuda.tf32" (priority 15:
-/// TF32 tensor cores, about 10 mantissa bits, used only when a spec pins it). fp8_gemm is
+/// (kernels/cuda/common/registration.h), and for gemm and gemm_epilogue on f32 also
+/// "cuda.tf32x3" (priority 15: f32 accuracy from three TF32 tensor-core products, used only
+/// when a spec pins it) and for gemm "cuda.tf32" (priority 15: TF32 tensor cores, about 10
+/// mantissa bits, used only when a spec pins it). fp8_gemm is
 /// keyed on fp8_e4m3 and fp8_e5m2 (A's dtype). Each has `supports` (shapes, dtypes and
 /// attributes only, never throws; fp8_gemm's also declines a device below sm_89 and what
 /// cuBLASLt's FP8 kernels cannot run: K not a multiple of 16, rows of Y not a multiple of 16
@@ -47,5 +49,20 @@ Status gemm_f64(const OpCall* call);
 /// \param call  a gemm call on f32 CUDA tensors of the current device
 /// \return      kOk, or the error of a bad call or of cuBLASLt
 Status gemm_tf32(const OpCall* call);
+
+/// The KernelFn of gemm's "cuda.tf32x3" kernel (gemm_tf32x3.cu): f32 at f32 accuracy on TF32
+/// tensor cores, each operand split into a TF32 part and its remainder and three products
+/// summed (tf32x3.cuh). It needs the workspace its KernelDesc declares (loom::Kernel
+/// allocates it); a call without one splits K into chunks that fit half the stream scratch.
+/// Exposed for the lab's gemm_bench, as gemm_f32_accumulate.
+/// \param call  a gemm call on f32 CUDA tensors of the current device
+/// \return      kOk, or the error of a bad call or of cuBLASLt
+Status gemm_tf32x3(const OpCall* call);
+
+/// The workspace bytes gemm's "cuda.tf32x3" kernel declares for `call` (its
+/// KernelDesc::workspace): the split operands, at most 256 MiB (longer K runs in chunks).
+/// \param call  a gemm call (shapes only are read)
+/// \return      bytes, 0 for a call the kernel does not take or with K == 0
+uint64_t gemm_tf32x3_workspace(const OpCall* call);
 
 }  // namespace loom::kernels::cuda

@@ -31,6 +31,11 @@
 // kernels (gemm, bias_add, gelu_fwd / gelu_bwd, bias_grad), which the contract allows. The
 // decision is cached per problem with its plan; a matmul that cuBLASLt refuses at run time
 // after its heuristic offered an algorithm joins the fallback too (said once on stderr).
+//
+// Kernel "cuda.tf32x3" (f32 only, priority 15: a spec pins it, with gemm's of the same name)
+// runs the unfused sequence with its GEMM in 3xTF32 (gemm_tf32x3.cu), the bias added in that
+// GEMM's last matmul: f32 accuracy on TF32 tensor cores. Its workspace is P's (as above),
+// then the split operands.
 #include <cublasLt.h>
 #include <loom/cpp/error.h>
 #include <loom/cpp/op_checks/gemm.h>
@@ -52,6 +57,7 @@
 #include "kernels/cuda/elementwise/elementwise.h"
 #include "kernels/cuda/gemm/cublaslt.cuh"
 #include "kernels/cuda/gemm/registry.cuh"
+#include "kernels/cuda/gemm/tf32x3_gemm.cuh"
 #include "kernels/cuda/pointwise/pointwise.h"
 
 namespace loom::kernels::cuda::gemm {
@@ -97,32 +103,64 @@ void run_step(const OpCall* call, const char* op, DType key, std::vector<TensorV
   throw_if_error(family_kernel(op, key).fn(&c));
 }
 
+// Where the unfused sequence's GEMM runs: the family's "cuda" gemm, or (kernel "cuda.tf32x3")
+// 3xTF32 in `workspace`, which then adds the bias in its last matmul's epilogue.
+struct GemmStep {
+  bool tf32x3 = false;
+  void* workspace = nullptr;
+  size_t bytes = 0;
+};
+
+// The 3xTF32 problem of a gemm_epilogue call.
+Tf32x3Shape tf32x3_shape(const GemmEpilogueShape& s) {
+  Tf32x3Shape t;
+  t.m = s.m;
+  t.n = s.n;
+  t.k = s.k;
+  t.trans_a = s.attrs.trans_a != 0;
+  t.trans_b = s.attrs.trans_b != 0;
+  return t;
+}
+
 // The unfused sequence (the CPU kernels' file comment lists it); `P` is the gelu input
 // buffer (the aux output or the call's workspace) for kEpilogueGelu.
-void run_unfused(const OpCall* call, const GemmEpilogueShape& s, const TensorView& P) {
+void run_unfused(const OpCall* call, const GemmEpilogueShape& s, const TensorView& P,
+                 const GemmStep& step = {}) {
   const TensorView &A = call->inputs[0], &B = call->inputs[1], &Y = call->outputs[0];
   const ops::GemmEpilogueAttrs& at = s.attrs;
   const DType dt = A.dtype;
   const ops::GeluAttrs gelu{at.approximate};
   const ops::GemmAttrs g{at.trans_a, at.trans_b, 1.f,
                          at.epilogue == ops::kEpilogueBiasGradA ? at.beta : 0.f};
+  // The GEMM into `out`, adding `bias` when given; then bias_add unless the GEMM added it.
+  auto gemm = [&](const TensorView& out, const TensorView* bias) {
+    if (step.tf32x3) {
+      const bool fuse = bias != nullptr && s.k > 0;  // an empty sum takes no epilogue
+      run_tf32x3(kOp, tf32x3_shape(s), static_cast<const float*>(A.data),
+                 static_cast<const float*>(B.data), static_cast<float*>(out.data), 1.f, g.beta,
+                 fuse ? static_cast<const float*>(bias->data) : nullptr, step.workspace, step.bytes,
+                 stream_of(call), current_device(kOp, out));
+      if (fuse) return;
+    } else {
+      run_step(call, ops::kGemm, dt, {A, B}, {out}, &g);
+    }
+    if (bias != nullptr) run_step<int>(call, ops::kBiasAdd, out.dtype, {*bias}, {out}, nullptr);
+  };
   switch (at.epilogue) {
     case ops::kEpilogueBias:
-      run_step(call, ops::kGemm, dt, {A, B}, {Y}, &g);
-      run_step<int>(call, ops::kBiasAdd, Y.dtype, {call->inputs[2]}, {Y}, nullptr);
+      gemm(Y, &call->inputs[2]);
       return;
     case ops::kEpilogueGelu:
-      run_step(call, ops::kGemm, dt, {A, B}, {P}, &g);
-      if (s.bias) run_step<int>(call, ops::kBiasAdd, dt, {call->inputs[2]}, {P}, nullptr);
+      gemm(P, s.bias ? &call->inputs[2] : nullptr);
       run_step(call, ops::kGeluFwd, dt, {P}, {Y}, &gelu);
       return;
     case ops::kEpilogueDGelu:
-      run_step(call, ops::kGemm, dt, {A, B}, {Y}, &g);
+      gemm(Y, nullptr);
       run_step(call, ops::kGeluBwd, dt, {Y, call->inputs[3]}, {Y}, &gelu);
       if (s.dbias) run_step<int>(call, ops::kBiasGrad, dt, {Y}, {call->outputs[2]}, nullptr);
       return;
     case ops::kEpilogueBiasGradA:
-      run_step(call, ops::kGemm, dt, {A, B}, {Y}, &g);
+      gemm(Y, nullptr);
       if (!s.dbias) return;
       if (!at.trans_a)
         throw Error(Code::kUnimplemented,
@@ -364,25 +402,54 @@ bool run_fused(const OpCall* call, const GemmEpilogueShape& s, const TensorView&
   return true;
 }
 
-void gemm_epilogue_run(const OpCall* call) {
+// kEpilogueGelu's P when the call has no aux output: the first bytes of the workspace.
+size_t p_bytes(const GemmEpilogueShape& s, DType dt) {
+  if (s.attrs.epilogue != ops::kEpilogueGelu || s.aux_out) return 0;
+  return static_cast<size_t>(s.m * s.n) * dtype_size(dt);
+}
+
+// Where the 3xTF32 split operands start in the workspace: after P, at 256 bytes.
+size_t tf32x3_offset(const GemmEpilogueShape& s, DType dt) {
+  return (p_bytes(s, dt) + 255) / 256 * 256;
+}
+
+void gemm_epilogue_run(const OpCall* call, bool tf32x3) {
   const GemmEpilogueShape s = op_checks::check_gemm_epilogue(call, false, DeviceType::kCuda);
+  const DType dt = call->inputs[0].dtype;
+  if (tf32x3 && dt != DType::kF32)
+    throw Error(Code::kInvalidArgument,
+                std::string(kOp) + ": cuda.tf32x3 takes f32 operands and was given " +
+                    dtype_name(dt) + " (bf16 and f16 run on tensor cores in 'cuda')");
   if (s.m == 0 || s.n == 0) return;  // Y empty; dbias gets sums over nothing
   // kEpilogueGelu's P: the aux output, or the workspace this kernel asked for.
   TensorView P = call->outputs[1];
-  if (s.attrs.epilogue == ops::kEpilogueGelu && !s.aux_out) {
-    if (call->workspace == nullptr || call->workspace_bytes < static_cast<uint64_t>(s.m * s.n) *
-                                                                  dtype_size(call->inputs[0].dtype))
+  if (p_bytes(s, dt) > 0) {
+    if (call->workspace == nullptr || call->workspace_bytes < p_bytes(s, dt))
       throw Error(Code::kInvalidArgument,
                   std::string(kOp) +
                       ": kEpilogueGelu without an aux output needs the workspace "
                       "the kernel declares (call it through loom::Kernel)");
-    P = make_view(call->workspace, call->inputs[0].dtype, {s.m, s.n}, call->outputs[0].device);
+    P = make_view(call->workspace, dt, {s.m, s.n}, call->outputs[0].device);
+  }
+  if (tf32x3) {
+    GemmStep step{true, nullptr, 0};
+    const size_t off = tf32x3_offset(s, dt);
+    if (call->workspace != nullptr && call->workspace_bytes > off) {
+      step.workspace = static_cast<char*>(call->workspace) + off;
+      step.bytes = call->workspace_bytes - off;
+    }
+    run_unfused(call, s, P, step);
+    return;
   }
   if (!run_fused(call, s, P)) run_unfused(call, s, P);
 }
 
 Status gemm_epilogue(const OpCall* call) {
-  return guard([&] { gemm_epilogue_run(call); });
+  return guard([&] { gemm_epilogue_run(call, false); });
+}
+
+Status gemm_epilogue_tf32x3(const OpCall* call) {
+  return guard([&] { gemm_epilogue_run(call, true); });
 }
 
 // Declines kEpilogueBiasGradA's dbias with A stored (M, K): its fallback sums the columns of
@@ -409,8 +476,31 @@ uint64_t gemm_epilogue_workspace(const OpCall* call) {
   GemmEpilogueShape s{};
   if (!check_passes([&] { s = op_checks::check_gemm_epilogue(call, true, DeviceType::kCuda); }))
     return 0;
-  if (s.attrs.epilogue != ops::kEpilogueGelu || s.aux_out) return 0;
-  return static_cast<uint64_t>(s.m * s.n) * dtype_size(call->inputs[0].dtype);
+  return p_bytes(s, call->inputs[0].dtype);
+}
+
+// f32 only: everything else runs in 'cuda'.
+bool gemm_epilogue_tf32x3_supports(const OpCall* call) {
+  return call->num_inputs > 0 && call->inputs[0].dtype == DType::kF32 &&
+         gemm_epilogue_supports(call);
+}
+
+// P (as 'cuda'), then the split operands at 256 bytes.
+uint64_t gemm_epilogue_tf32x3_workspace(const OpCall* call) {
+  GemmEpilogueShape s{};
+  if (!check_passes([&] { s = op_checks::check_gemm_epilogue(call, true, DeviceType::kCuda); }))
+    return 0;
+  const DType dt = call->inputs[0].dtype;
+  const size_t split = tf32x3_workspace(tf32x3_shape(s));
+  return split == 0 ? p_bytes(s, dt) : tf32x3_offset(s, dt) + split;
+}
+
+// Three TF32 products (gemm_tf32x3.cu's cost).
+Status gemm_epilogue_tf32x3_cost(const OpCall* call, OpCost* out) {
+  return guard([&] {
+    throw_if_error(gemm_epilogue_cost(call, out));
+    out->flops *= 3;
+  });
 }
 
 }  // namespace
@@ -419,6 +509,9 @@ void add_gemm_epilogue_kernels(std::vector<KernelDesc>& out) {
   add_cuda_kernels(out, ops::kGemmEpilogue, gemm_epilogue, gemm_epilogue_supports,
                    gemm_epilogue_cost, {DType::kF32, DType::kBF16, DType::kF16}, kCudaName,
                    kCudaPriority, gemm_epilogue_workspace);
+  add_cuda_kernels(out, ops::kGemmEpilogue, gemm_epilogue_tf32x3, gemm_epilogue_tf32x3_supports,
+                   gemm_epilogue_tf32x3_cost, {DType::kF32}, "cuda.tf32x3", kCudaPriority - 5,
+                   gemm_epilogue_tf32x3_workspace);
 }
 
 }  // namespace loom::kernels::cuda::gemm

@@ -46,6 +46,7 @@ struct Resources {
   void* b = nullptr;
   void* y = nullptr;
   void* workspace = nullptr;  // the candidates' (kScratchBytes)
+  void* split = nullptr;      // cuda.tf32x3's
   cudaStream_t stream = nullptr;
   cudaEvent_t start = nullptr, stop = nullptr;
   cublasHandle_t cublas = nullptr;
@@ -58,6 +59,7 @@ struct Resources {
     cudaFree(b);
     cudaFree(y);
     cudaFree(workspace);
+    cudaFree(split);
   }
 };
 
@@ -178,8 +180,9 @@ void run_bench(int64_t m, int64_t n, int64_t k, DType dtype, const GemmBenchOpti
     throw Error(Code::kInvalidArgument, "gemm_bench: M, N, K must be in [1, 2^31) (cuBLAS's int)");
   if (o.iterations < 1 || o.warmup < 0)
     throw Error(Code::kInvalidArgument, "gemm_bench: iterations must be >= 1 and warmup >= 0");
-  if (o.tf32 && (dtype != DType::kF32 || y_dtype != DType::kF32))
-    throw Error(Code::kInvalidArgument, "gemm_bench: tf32 times f32 operands and an f32 Y");
+  if ((o.tf32 || o.tf32x3) && (dtype != DType::kF32 || y_dtype != DType::kF32))
+    throw Error(Code::kInvalidArgument,
+                "gemm_bench: tf32 and tf32x3 time f32 operands and an f32 Y");
   cuda_check(cudaSetDevice(o.device), "cudaSetDevice");
 
   Resources r;
@@ -209,7 +212,12 @@ void run_bench(int64_t m, int64_t n, int64_t k, DType dtype, const GemmBenchOpti
   call.attrs = &attrs;
   call.attrs_size = sizeof(attrs);
   call.stream = r.stream;
-  KernelFn loom_gemm = o.tf32 ? gemm_tf32 : gemm_f32_accumulate;
+  KernelFn loom_gemm = o.tf32 ? gemm_tf32 : o.tf32x3 ? gemm_tf32x3 : gemm_f32_accumulate;
+  if (o.tf32x3) {  // the workspace loom::Kernel would allocate for the call
+    call.workspace_bytes = gemm_tf32x3_workspace(&call);
+    cuda_check(cudaMalloc(&r.split, call.workspace_bytes), "cudaMalloc(tf32x3 workspace)");
+    call.workspace = r.split;
+  }
   auto run_loom = [&] { throw_if_error(loom_gemm(&call), "gemm_bench: loom gemm"); };
 
   // cuBLAS: the same column-major swap as gemm.cu (Y^T = op(B)^T op(A)^T).

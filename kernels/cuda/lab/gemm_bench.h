@@ -16,7 +16,11 @@ struct GemmBenchOptions {
   bool trans_a = false;             ///< A stored (K, M) instead of (M, K)
   bool trans_b = true;              ///< B stored (N, K), as a Linear's weight (out, in) is
   DType y_dtype = DType::kInvalid;  ///< Y's dtype: the operands' (kInvalid) or f32
-  bool tf32 = false;     ///< f32 operands: loom's "cuda.tf32" and cuBLAS's FAST_TF32 compute
+  bool tf32 = false;  ///< f32 operands: loom's "cuda.tf32" and cuBLAS's FAST_TF32 compute
+  /// f32 operands: loom's "cuda.tf32x3" (three TF32 products, f32 accuracy; with the workspace
+  /// its KernelDesc declares, as loom::Kernel gives it) against cuBLAS's f32 compute, the
+  /// kernel it stands in for.
+  bool tf32x3 = false;
   float beta = 0.0f;     ///< 1 times the accumulating form (weight gradients)
   int warmup = 10;       ///< untimed calls of each before timing (plans, clocks)
   int iterations = 100;  ///< timed calls of each, back to back on one stream

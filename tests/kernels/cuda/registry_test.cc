@@ -93,6 +93,14 @@ TEST(FamilyRegistry, OneCudaKernelPerOpAndDtype) {
   ASSERT_NE(tf32, nullptr);
   EXPECT_LT(tf32->priority, 20);  // only a spec that pins it gets TF32
   EXPECT_EQ(find(ops::kGemm, DType::kBF16, "cuda.tf32"), nullptr);
+  // 3xTF32, gemm and gemm_epilogue: f32 only, pinned only, each with a workspace.
+  for (const char* op : {ops::kGemm, ops::kGemmEpilogue}) {
+    const KernelDesc* x3 = find(op, DType::kF32, "cuda.tf32x3");
+    ASSERT_NE(x3, nullptr) << op;
+    EXPECT_LT(x3->priority, 20) << op;
+    EXPECT_NE(x3->workspace, nullptr) << op;
+    EXPECT_EQ(find(op, DType::kBF16, "cuda.tf32x3"), nullptr) << op;
+  }
   // fp8_gemm is keyed on A's dtype: the FP8 ones only.
   for (DType dt : kFp8s) {
     const KernelDesc* k = find(ops::kFp8Gemm, dt);
@@ -292,6 +300,41 @@ TEST(FamilyRegistry, GemmDeclinesWhatCublasLtCannotRun) {
            {view(DType::kF32, {2, 3, 7}, cu)}, &kGemmNT);
   EXPECT_TRUE(tf32->supports(&f32.call));
   EXPECT_TRUE(find(ops::kGemm, DType::kF32)->supports(&f32.call));
+  const KernelDesc* x3 = find(ops::kGemm, DType::kF32, "cuda.tf32x3");
+  ASSERT_NE(x3, nullptr);
+  EXPECT_FALSE(x3->supports(&bf16.call)) << "3xTF32 is for f32 operands";
+  EXPECT_FALSE(x3->supports(&mixed.call)) << "3xTF32 is for f32 operands";
+  EXPECT_TRUE(x3->supports(&f32.call));
+}
+
+// The 3xTF32 workspace: the split operands of the whole K, [A_hi | A_lo] rows for batch * M
+// and [B_lo | B_hi] rows for each B matrix, 2 kp floats each (kp = K rounded up to 4), B's at
+// a 256-byte boundary; capped at 256 MiB by splitting K, never below 4 columns.
+TEST(FamilyRegistry, Tf32x3WorkspaceIsTheSplitOperands) {
+  const DeviceType cu = DeviceType::kCuda;
+  const KernelDesc* g = find(ops::kGemm, DType::kF32, "cuda.tf32x3");
+  const KernelDesc* e = find(ops::kGemmEpilogue, DType::kF32, "cuda.tf32x3");
+  ASSERT_NE(g, nullptr);
+  ASSERT_NE(e, nullptr);
+  // batch 2 of (3, 5) @ (7, 5)^T, B batched: kp 8, A2 6 rows, B2 14 rows.
+  Call f32({view(DType::kF32, {2, 3, 5}, cu), view(DType::kF32, {2, 7, 5}, cu)},
+           {view(DType::kF32, {2, 3, 7}, cu)}, &kGemmNT);
+  const uint64_t a2 = 6 * 16 * 4, b2 = 14 * 16 * 4;
+  EXPECT_EQ(g->workspace(&f32.call), (a2 + 255) / 256 * 256 + b2);
+  // The LM head's gradient of a vocabulary of 50304 over 32768 tokens: chunks of K.
+  const ops::GemmAttrs wgrad{1, 0, 1.0f, 1.0f};  // dW (V, C) += dY^T (tokens, V) X (tokens, C)
+  Call big({view(DType::kF32, {32768, 50304}, cu), view(DType::kF32, {32768, 768}, cu)},
+           {view(DType::kF32, {50304, 768}, cu)}, &wgrad);
+  const uint64_t w = g->workspace(&big.call);
+  EXPECT_LE(w, uint64_t{256} << 20);
+  EXPECT_GE(w, uint64_t{128} << 20);
+  // gemm_epilogue: a GELU without aux keeps P (M, N) first, the split after it.
+  ops::GemmEpilogueAttrs gelu{0, 1, ops::kEpilogueGelu, 1, 0.0f};
+  Call ep({view(DType::kF32, {3, 5}, cu), view(DType::kF32, {7, 5}, cu), view(DType::kF32, {7}, cu),
+           none()},
+          {view(DType::kF32, {3, 7}, cu), none(), none()}, &gelu);
+  const uint64_t ep_a2 = 3 * 16 * 4, ep_b2 = 7 * 16 * 4;
+  EXPECT_EQ(e->workspace(&ep.call), 256 + (ep_a2 + 255) / 256 * 256 + ep_b2);
 }
 
 // The CPU reference's message for the same bad call (on CPU views of the same shapes).

@@ -1,0 +1,37 @@
+// The 3xTF32 GEMM's driver (gemm_tf32x3.cu), shared by gemm's and gemm_epilogue's
+// "cuda.tf32x3" kernels. tf32x3.cuh explains the method and the layout, tf32x3_plan.h the
+// chunks.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "kernels/cuda/gemm/tf32x3_plan.h"
+
+namespace loom::kernels::cuda::gemm {
+
+/// Most workspace bytes a 3xTF32 call asks of the host (loom::Kernel's KernelDesc::workspace):
+/// longer contractions run as several chunks in it.
+inline constexpr size_t kTf32x3MaxWorkspace = size_t{256} << 20;
+
+/// The workspace a call of shape `s` asks for: its split operands whole when they fit
+/// kTf32x3MaxWorkspace, else the widest chunk that does (at least 4 columns of K); 0 when
+/// K == 0.
+size_t tf32x3_workspace(const Tf32x3Shape& s);
+
+/// Y = alpha op(A) op(B) + beta Y (+ bias over Y's columns when `bias` is not null), gemm's
+/// semantics (loom/ops/gemm.h) for f32 A, B, Y and bias, in 3xTF32 on the current device and
+/// `stream`: split kernels and two TF32 cuBLASLt GEMMs per chunk of K.
+/// \param op         the op named in errors
+/// \param s          the problem (batch, M, N, K, transposes, shared B)
+/// \param workspace  device memory for the split operands, `workspace_bytes` long; null: the
+///                   upper half of the stream scratch (common/resources.cuh), in more chunks
+/// \param beta       0 never reads Y (it may hold NaN)
+/// Throws Error naming `op` when even one chunk of 4 columns does not fit the workspace, or
+/// when cuBLASLt fails.
+void run_tf32x3(const char* op, const Tf32x3Shape& s, const float* A, const float* B, float* Y,
+                float alpha, float beta, const float* bias, void* workspace, size_t workspace_bytes,
+                cudaStream_t stream, int device);
+
+}  // namespace loom::kernels::cuda::gemm

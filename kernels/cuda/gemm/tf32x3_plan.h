@@ -1,0 +1,73 @@
+// The chunks of the 3xTF32 GEMM (tf32x3.cuh explains the method and the layout): how much of
+// K the split operands of one chunk may hold in a workspace. Plain C++ (no CUDA types): the
+// kernels' workspace functions and the tests use it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace loom::kernels::cuda::gemm {
+
+// A gemm in the split's terms: Y (batch, M, N) = op(A) (batch, M, K) op(B) ((batch,) K, N).
+struct Tf32x3Shape {
+  int64_t batch = 1;  // Y matrices
+  int64_t m = 0, n = 0, k = 0;
+  bool trans_a = false;  // A stored (K, M) per batch
+  bool trans_b = false;  // B stored (N, K) (else (K, N))
+  bool shared_b = true;  // one B for every batch index
+};
+
+struct Tf32x3Chunk {
+  int64_t k0, kc, kp;  // columns [k0, k0 + kc) of K, padded to kp (a multiple of 4)
+};
+
+struct Tf32x3Plan {
+  int64_t rows_a = 0, rows_b = 0;   // rows of A2 (batch * M) and B2 (N, or batch * N)
+  int64_t kp_max = 0;               // the widest chunk's kp
+  std::vector<Tf32x3Chunk> chunks;  // empty when K == 0, or when even 4 columns do not fit
+  // Bytes of the widest chunk's A2 and B2 (B2 starts at b2_offset, 256-byte aligned).
+  size_t b2_offset = 0, bytes = 0;
+};
+
+inline int64_t round_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
+
+// The workspace bytes of chunks kp columns wide for `s`: A2 at 0, B2 at a 256-byte boundary.
+inline size_t tf32x3_chunk_bytes(const Tf32x3Shape& s, int64_t kp, size_t* b2_offset = nullptr) {
+  const int64_t rows_a = s.batch * s.m, rows_b = (s.shared_b ? 1 : s.batch) * s.n;
+  const size_t off = static_cast<size_t>(round_up(rows_a * 2 * kp * 4, 256));
+  if (b2_offset != nullptr) *b2_offset = off;
+  return off + static_cast<size_t>(rows_b * 2 * kp * 4);
+}
+
+// Chunks of K that fit `capacity` bytes: as few as fit, of near-equal width (a multiple of 4
+// columns, the last one the rest).
+inline Tf32x3Plan plan_tf32x3(const Tf32x3Shape& s, size_t capacity) {
+  Tf32x3Plan plan;
+  plan.rows_a = s.batch * s.m;
+  plan.rows_b = (s.shared_b ? 1 : s.batch) * s.n;
+  if (s.k <= 0) return plan;
+  // The widest kp that fits, a multiple of 4 and at most K rounded up.
+  const int64_t k4 = round_up(s.k, 4);
+  int64_t fit = 0;
+  if (tf32x3_chunk_bytes(s, k4) <= capacity) {
+    fit = k4;
+  } else {
+    int64_t step = 4;
+    while (step * 2 <= k4) step *= 2;
+    for (; step >= 4; step /= 2)
+      if (fit + step <= k4 && tf32x3_chunk_bytes(s, fit + step) <= capacity) fit += step;
+  }
+  if (fit < 4) return plan;
+  const int64_t count = (k4 + fit - 1) / fit;
+  const int64_t width = round_up((s.k + count - 1) / count, 4);
+  for (int64_t k0 = 0; k0 < s.k; k0 += width) {
+    const int64_t kc = s.k - k0 < width ? s.k - k0 : width;
+    plan.chunks.push_back({k0, kc, round_up(kc, 4)});
+    if (plan.chunks.back().kp > plan.kp_max) plan.kp_max = plan.chunks.back().kp;
+  }
+  plan.bytes = tf32x3_chunk_bytes(s, plan.kp_max, &plan.b2_offset);
+  return plan;
+}
+
+}  // namespace loom::kernels::cuda::gemm

@@ -1,0 +1,442 @@
+// The 3xTF32 GEMM (kernels/cuda/gemm/tf32x3.cuh) on the CPU: its split kernel compiled as
+// host C++ under attention_emulation's prelude (one fiber per CUDA thread), its chunk plan,
+// and the driver's sequence of launches (tf32x3_steps) with each TF32 matmul modelled as
+// the tensor cores compute it: operands rounded to TF32 (truncated, or rounded to nearest:
+// both are checked, since cuBLAS does not say which it does), products exact, sums in f32.
+//  - split_tf32 against an independent rounding written here (frexp / ldexp), hi + lo == x
+//    exactly, over every binade, subnormals, ties, the overflow edge, zeros, inf and NaN;
+//  - the split kernel writes every element of A2 / B2 as the formula says (both storage
+//    orders, batches, partial tiles, zero padding, a chunk at k0 > 0, [lo | hi]);
+//  - the plan covers K in chunks that fit, and refuses what cannot;
+//  - the whole method against a long double GEMM: its error, relative to sum |alpha a b|,
+//    at f32 level (printed beside a plain f32 GEMM's and one TF32 GEMM's), over transposes,
+//    batches, shared B, alpha, beta, a bias, and K in one chunk and in several.
+// No GPU or nvcc involved.
+#include <gtest/gtest.h>
+
+#include <cfloat>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+// A block's __shared__ arrays become statics, which the fibers of the block (one block runs
+// at a time) share.
+#undef __shared__
+#define __shared__ static
+
+#include "kernels/cuda/gemm/tf32x3.cuh"
+#include "tests/kernels/cuda/attention_emulation/emu_runner.h"
+
+namespace loom::kernels::cuda::gemm {
+namespace {
+
+// ---- TF32 roundings, written independently of the kernel ---------------------------------
+
+// x rounded to TF32, ties away from zero (cvt.rna.tf32.f32), in f64: 11 significant bits,
+// and below 2^-126 the subnormal grid of 2^-136 (TF32 has f32's exponent, 10 mantissa bits).
+double rna_tf32(float x) {
+  if (x == 0.0f || !std::isfinite(x)) return x;
+  int e = 0;
+  std::frexp(std::fabs(static_cast<double>(x)), &e);  // |x| = m 2^e, m in [0.5, 1)
+  if (e < -125) e = -125;                             // subnormal: the grid stops shrinking
+  const double r = std::floor(std::ldexp(std::fabs(static_cast<double>(x)), 11 - e) + 0.5);
+  return std::copysign(std::ldexp(r, e - 11), static_cast<double>(x));
+}
+
+// The tensor cores' view of an f32 operand: truncated (the low 13 mantissa bits ignored) or
+// rounded to nearest even.
+enum class Tf32Mode { kTruncate, kNearest };
+float to_tf32(float x, Tf32Mode mode) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  if ((u & 0x7f800000u) == 0x7f800000u) return x;
+  if (mode == Tf32Mode::kNearest) u += 0xfffu + ((u >> 13) & 1u);
+  u &= 0xffffe000u;
+  float r;
+  std::memcpy(&r, &u, 4);
+  return r;
+}
+
+uint32_t bits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return u;
+}
+
+TEST(SplitTf32, HiIsTheTf32RoundingAndLoTheExactRest) {
+  std::mt19937 rng(1);
+  std::vector<float> xs = {0.0f,
+                           -0.0f,
+                           1.0f,
+                           -1.0f,
+                           FLT_MIN,
+                           -FLT_MIN,
+                           FLT_TRUE_MIN,
+                           1.0f + 0x1p-11f,  // a tie: rounds up (away from zero)
+                           1.0f + 0x1p-12f,
+                           -(1.0f + 0x1p-11f),
+                           3.0f + 0x1p-10f + 0x1p-11f};
+  std::uniform_int_distribution<uint32_t> any;
+  for (int i = 0; i < 200000; ++i) {
+    float x;
+    const uint32_t u = any(rng);
+    std::memcpy(&x, &u, 4);
+    if (std::isfinite(x)) xs.push_back(x);
+  }
+  int checked = 0;
+  for (float x : xs) {
+    float hi, lo;
+    split_tf32(x, &hi, &lo);
+    ASSERT_EQ(static_cast<double>(hi), rna_tf32(x)) << std::hexfloat << x;
+    ASSERT_EQ(bits(hi) & 0x1fffu, 0u) << std::hexfloat << x;
+    ASSERT_EQ(static_cast<double>(hi) + static_cast<double>(lo), static_cast<double>(x))
+        << std::hexfloat << x;
+    // At most half a TF32 unit of x's binade.
+    if (x != 0.0f && std::fpclassify(x) == FP_NORMAL) {
+      int e = 0;
+      std::frexp(std::fabs(x), &e);
+      ASSERT_LE(std::fabs(static_cast<double>(lo)), std::ldexp(1.0, e - 12)) << std::hexfloat << x;
+    }
+    ++checked;
+  }
+  std::printf("split_tf32: %d values, hi == RNA rounding and hi + lo == x for each\n", checked);
+}
+
+TEST(SplitTf32, NonFiniteAndTheOverflowEdge) {
+  float hi, lo;
+  for (float x : {INFINITY, -INFINITY}) {
+    split_tf32(x, &hi, &lo);
+    EXPECT_EQ(hi, x);
+    EXPECT_EQ(lo, 0.0f);
+  }
+  split_tf32(NAN, &hi, &lo);
+  EXPECT_TRUE(std::isnan(hi));
+  EXPECT_EQ(lo, 0.0f);
+  // FLT_MAX rounds to 2^128 (infinity): truncated instead, and the rest is exact.
+  for (float x : {FLT_MAX, -FLT_MAX}) {
+    split_tf32(x, &hi, &lo);
+    EXPECT_TRUE(std::isfinite(hi));
+    EXPECT_EQ(bits(hi) & 0x1fffu, 0u);
+    EXPECT_EQ(static_cast<double>(hi) + lo, static_cast<double>(x));
+  }
+}
+
+// ---- The split kernel -------------------------------------------------------------------
+
+void run_split(const SplitParams& p) {
+  const int64_t blocks = p.tiles0 + split_tiles(p.sides[1], p.kp);
+  emu::run_grid(dim3(static_cast<unsigned>(blocks), 1, 1), kSplitThreads,
+                [&] { tf32x3_split_kernel(p); });
+}
+
+TEST(Tf32x3Split, WritesEveryElementAsTheFormulaSays) {
+  std::mt19937 rng(2);
+  std::normal_distribution<float> nd;
+  struct Case {
+    int64_t batches_a, batches_b, rows_a, rows_b, k, k0, kc;
+    bool ka, kb;
+  };
+  const Case cases[] = {
+      {1, 1, 5, 7, 9, 0, 9, false, false},      // kp 12: three padded columns
+      {2, 1, 33, 40, 70, 0, 70, true, false},   // partial tiles, A k-major
+      {3, 3, 17, 9, 100, 36, 40, false, true},  // a chunk at k0 36, B k-major, batched B
+      {1, 2, 64, 65, 64, 8, 33, true, true},    // kc 33 -> kp 36
+  };
+  for (const Case& c : cases) {
+    std::vector<float> a(static_cast<size_t>(c.batches_a * c.rows_a * c.k));
+    std::vector<float> b(static_cast<size_t>(c.batches_b * c.rows_b * c.k));
+    for (float& v : a) v = nd(rng);
+    for (float& v : b) v = nd(rng) * 1e-3f;
+    const int64_t kp = round_up(c.kc, 4);
+    std::vector<float> a2(static_cast<size_t>(c.batches_a * c.rows_a * 2 * kp), NAN);
+    std::vector<float> b2(static_cast<size_t>(c.batches_b * c.rows_b * 2 * kp), NAN);
+    SplitParams p{};
+    p.sides[0] = SplitSide{a.data(), a2.data(), c.batches_a, c.rows_a, c.k, c.ka, false};
+    p.sides[1] = SplitSide{b.data(), b2.data(), c.batches_b, c.rows_b, c.k, c.kb, true};
+    p.k0 = c.k0;
+    p.kc = c.kc;
+    p.kp = kp;
+    p.tiles0 = split_tiles(p.sides[0], kp);
+    run_split(p);
+    int64_t wrong = 0;
+    for (int side = 0; side < 2; ++side) {
+      const SplitSide& s = p.sides[side];
+      const std::vector<float>& out = side == 0 ? a2 : b2;
+      for (int64_t bi = 0; bi < s.batches; ++bi)
+        for (int64_t r = 0; r < s.rows; ++r)
+          for (int64_t j = 0; j < kp; ++j) {
+            float hi = 0.0f, lo = 0.0f;
+            if (j < c.kc) {
+              const int64_t kk = c.k0 + j;
+              const float x = s.x[bi * s.rows * s.k + (s.k_major ? kk * s.rows + r : r * s.k + kk)];
+              split_tf32(x, &hi, &lo);
+            }
+            const float* row = out.data() + (bi * s.rows + r) * 2 * kp;
+            const float got_hi = row[s.lo_first ? kp + j : j];
+            const float got_lo = row[s.lo_first ? j : kp + j];
+            if (bits(got_hi) != bits(hi) || bits(got_lo) != bits(lo)) ++wrong;
+          }
+    }
+    EXPECT_EQ(wrong, 0) << "rows " << c.rows_a << "/" << c.rows_b << " k " << c.k << " chunk "
+                        << c.k0 << "+" << c.kc;
+  }
+}
+
+// ---- The plan ------------------------------------------------------------------------------
+
+TEST(Tf32x3Plan, ChunksCoverKAndFit) {
+  Tf32x3Shape s;
+  s.batch = 2;
+  s.m = 100;
+  s.n = 60;
+  s.shared_b = false;
+  for (int64_t k : {1, 3, 4, 5, 64, 1000, 4099})
+    for (size_t capacity : {size_t{1} << 30, size_t{200000}, size_t{50000}, size_t{10240}}) {
+      s.k = k;
+      const Tf32x3Plan plan = plan_tf32x3(s, capacity);
+      const size_t least = tf32x3_chunk_bytes(s, 4);
+      if (least > capacity) {
+        EXPECT_TRUE(plan.chunks.empty()) << k << " " << capacity;
+        continue;
+      }
+      ASSERT_FALSE(plan.chunks.empty());
+      EXPECT_EQ(plan.rows_a, 200);
+      EXPECT_EQ(plan.rows_b, 120);
+      EXPECT_LE(plan.bytes, capacity);
+      int64_t next = 0;
+      for (const Tf32x3Chunk& c : plan.chunks) {
+        EXPECT_EQ(c.k0, next);
+        EXPECT_GT(c.kc, 0);
+        EXPECT_EQ(c.kp % 4, 0);
+        EXPECT_GE(c.kp, c.kc);
+        EXPECT_LT(c.kp - c.kc, 4);
+        EXPECT_LE(c.kp, plan.kp_max);
+        next += c.kc;
+      }
+      EXPECT_EQ(next, k);
+      // As few chunks as fit: one fewer would need wider ones than the capacity holds.
+      if (plan.chunks.size() > 1) {
+        const int64_t fewer = static_cast<int64_t>(plan.chunks.size()) - 1;
+        EXPECT_GT(tf32x3_chunk_bytes(s, round_up((k + fewer - 1) / fewer, 4)), capacity);
+      }
+    }
+  s.k = 0;
+  EXPECT_TRUE(plan_tf32x3(s, size_t{1} << 30).chunks.empty());
+}
+
+// ---- The method, end to end ------------------------------------------------------------------
+
+struct GemmCase {
+  int64_t batch, m, n, k;
+  bool ta, tb, shared_b;
+  float alpha, beta;
+  bool bias;
+  size_t capacity;  // workspace bytes: small ones force several chunks
+};
+
+std::string describe(const GemmCase& c) {
+  char buf[200];
+  std::snprintf(buf, sizeof buf, "batch %lld%s M %lld N %lld K %lld ta %d tb %d alpha %g beta %g%s",
+                static_cast<long long>(c.batch), c.shared_b ? " shared B" : "",
+                static_cast<long long>(c.m), static_cast<long long>(c.n),
+                static_cast<long long>(c.k), c.ta, c.tb, c.alpha, c.beta, c.bias ? " bias" : "");
+  return buf;
+}
+
+struct Problem {
+  std::vector<float> a, b, y0, bias;
+};
+
+Problem make(const GemmCase& c, std::mt19937& rng) {
+  std::normal_distribution<float> nd;
+  Problem p;
+  p.a.resize(static_cast<size_t>(c.batch * c.m * c.k));
+  p.b.resize(static_cast<size_t>((c.shared_b ? 1 : c.batch) * c.k * c.n));
+  p.y0.resize(static_cast<size_t>(c.batch * c.m * c.n));
+  p.bias.resize(static_cast<size_t>(c.n));
+  // Magnitudes spread over a few binades, as activations and gradients are.
+  for (float& v : p.a) v = nd(rng) * std::exp2(static_cast<float>(static_cast<int>(rng() % 7) - 3));
+  for (float& v : p.b) v = nd(rng) * 0.02f;
+  for (float& v : p.y0) v = nd(rng);
+  for (float& v : p.bias) v = nd(rng);
+  return p;
+}
+
+float a_at(const GemmCase& c, const Problem& p, int64_t b, int64_t i, int64_t t) {
+  return p.a[static_cast<size_t>(b * c.m * c.k + (c.ta ? t * c.m + i : i * c.k + t))];
+}
+float b_at(const GemmCase& c, const Problem& p, int64_t b, int64_t t, int64_t j) {
+  const int64_t base = c.shared_b ? 0 : b * c.k * c.n;
+  return p.b[static_cast<size_t>(base + (c.tb ? j * c.k + t : t * c.n + j))];
+}
+
+// The long double oracle, and sum |alpha a b| (the scale of the error bound).
+void oracle(const GemmCase& c, const Problem& p, std::vector<long double>* y,
+            std::vector<double>* scale) {
+  y->assign(p.y0.size(), 0.0L);
+  scale->assign(p.y0.size(), 0.0);
+  for (int64_t b = 0; b < c.batch; ++b)
+    for (int64_t i = 0; i < c.m; ++i)
+      for (int64_t j = 0; j < c.n; ++j) {
+        long double acc = 0.0L;
+        double mag = 0.0;
+        for (int64_t t = 0; t < c.k; ++t) {
+          const long double prod =
+              static_cast<long double>(a_at(c, p, b, i, t)) * b_at(c, p, b, t, j);
+          acc += prod;
+          mag += std::fabs(static_cast<double>(prod));
+        }
+        const size_t at = static_cast<size_t>((b * c.m + i) * c.n + j);
+        (*y)[at] = c.alpha * acc + static_cast<long double>(c.beta) * p.y0[at] +
+                   (c.bias ? p.bias[static_cast<size_t>(j)] : 0.0L);
+        (*scale)[at] = std::fabs(c.alpha) * mag + std::fabs(c.beta * p.y0[at]) +
+                       (c.bias ? std::fabs(p.bias[static_cast<size_t>(j)]) : 0.0);
+      }
+}
+
+// One GEMM straight on the operands, each product's operands through `round` and the sum in
+// f32: a plain f32 GEMM (identity) or one TF32 GEMM.
+template <class Round>
+std::vector<float> direct(const GemmCase& c, const Problem& p, Round round) {
+  std::vector<float> y = p.y0;
+  for (int64_t b = 0; b < c.batch; ++b)
+    for (int64_t i = 0; i < c.m; ++i)
+      for (int64_t j = 0; j < c.n; ++j) {
+        float acc = 0.0f;
+        for (int64_t t = 0; t < c.k; ++t)
+          acc = std::fmaf(round(a_at(c, p, b, i, t)), round(b_at(c, p, b, t, j)), acc);
+        float& out = y[static_cast<size_t>((b * c.m + i) * c.n + j)];
+        out = c.alpha * acc + (c.beta != 0.0f ? c.beta * out : 0.0f) +
+              (c.bias ? p.bias[static_cast<size_t>(j)] : 0.0f);
+      }
+  return y;
+}
+
+// The method: the plan, and tf32x3_steps' launches run here (the split on the emulator, each
+// TF32 matmul as the tensor cores compute it under `mode`: operands to TF32, products exact,
+// the sum in f32; then alpha, beta and the bias as cuBLASLt's epilogue applies them).
+std::vector<float> tf32x3(const GemmCase& c, const Problem& p, Tf32Mode mode, size_t* chunks) {
+  Tf32x3Shape s;
+  s.batch = c.batch;
+  s.m = c.m;
+  s.n = c.n;
+  s.k = c.k;
+  s.trans_a = c.ta;
+  s.trans_b = c.tb;
+  s.shared_b = c.shared_b;
+  const Tf32x3Plan plan = plan_tf32x3(s, c.capacity);
+  EXPECT_FALSE(plan.chunks.empty()) << describe(c);
+  *chunks = plan.chunks.size();
+  std::vector<float> ws(plan.bytes / 4 + 1, NAN);  // NaN: a matmul reading unwritten floats shows
+  float* a2 = ws.data();
+  float* b2 = ws.data() + plan.b2_offset / 4;
+  std::vector<float> y = p.y0;
+  auto matmul = [&](const Tf32Matmul& mm) {
+    for (int64_t b = 0; b < c.batch; ++b)
+      for (int64_t i = 0; i < c.m; ++i)
+        for (int64_t j = 0; j < c.n; ++j) {
+          const float* ar = mm.a2 + (b * c.m + i) * mm.ld;
+          const float* br = mm.b2 + ((c.shared_b ? 0 : b) * c.n + j) * mm.ld;
+          float acc = 0.0f;
+          for (int64_t t = 0; t < mm.k; ++t)
+            acc = std::fmaf(to_tf32(ar[t], mode), to_tf32(br[t], mode), acc);
+          float& out = y[static_cast<size_t>((b * c.m + i) * c.n + j)];
+          out = c.alpha * acc + (mm.beta != 0.0f ? mm.beta * out : 0.0f) +
+                (mm.bias ? p.bias[static_cast<size_t>(j)] : 0.0f);
+        }
+  };
+  tf32x3_steps(s, plan, p.a.data(), p.b.data(), a2, b2, c.beta, c.bias, run_split, matmul);
+  return y;
+}
+
+// max |y - oracle| / scale over the elements.
+double rel_error(const std::vector<float>& y, const std::vector<long double>& want,
+                 const std::vector<double>& scale) {
+  double worst = 0.0;
+  for (size_t i = 0; i < y.size(); ++i) {
+    const double e = static_cast<double>(std::fabs(static_cast<long double>(y[i]) - want[i]));
+    worst = std::max(worst, scale[i] > 0 ? e / scale[i] : e);
+  }
+  return worst;
+}
+
+TEST(Tf32x3Gemm, F32AccuracyOverLayoutsBatchesAndChunks) {
+  std::mt19937 rng(3);
+  const size_t big = size_t{1} << 30;
+  const GemmCase cases[] = {
+      {1, 33, 17, 300, false, true, true, 1.0f, 0.0f, false, big},
+      {1, 33, 17, 300, false, true, true, 1.0f, 0.0f, false, 20000},  // 8 chunks
+      {1, 40, 24, 129, true, false, true, 1.0f, 0.0f, true, big},     // a weight gradient's form
+      {1, 40, 24, 129, true, false, true, 1.0f, 0.0f, true, 16000},   // 5 chunks, bias in the last
+      {3, 9, 11, 70, false, false, true, -0.5f, 1.0f, false, big},    // shared B, beta 1
+      {3, 9, 11, 70, true, true, false, 1.5f, 0.5f, false, 6000},     // batched B, chunks
+      {2, 16, 16, 5, false, false, false, 1.0f, 0.0f, true, big},     // K < 8: padding
+  };
+  for (const GemmCase& c : cases) {
+    const Problem p = make(c, rng);
+    std::vector<long double> want;
+    std::vector<double> scale;
+    oracle(c, p, &want, &scale);
+    const double f32 = rel_error(direct(c, p, [](float x) { return x; }), want, scale);
+    const double one_tf32 = rel_error(
+        direct(c, p, [](float x) { return to_tf32(x, Tf32Mode::kNearest); }), want, scale);
+    for (Tf32Mode mode : {Tf32Mode::kTruncate, Tf32Mode::kNearest}) {
+      size_t chunks = 0;
+      const double e = rel_error(tf32x3(c, p, mode, &chunks), want, scale);
+      std::printf(
+          "%s, %zu chunk(s), TF32 %s: 3xTF32 %.3g, f32 %.3g, one TF32 %.3g (of sum |a b|)\n",
+          describe(c).c_str(), chunks, mode == Tf32Mode::kTruncate ? "truncated" : "rounded", e,
+          f32, one_tf32);
+      // f32 level: within a few units of 2^-24 of the sum's scale, as the f32 GEMM is; and
+      // far below one TF32 product's error, which this test must be able to tell apart.
+      EXPECT_LE(e, 4e-7) << describe(c);
+      EXPECT_LE(e, 4 * f32 + 1e-7) << describe(c);
+      EXPECT_GT(one_tf32, 30 * e) << describe(c);
+    }
+  }
+}
+
+// A wrong pairing of the halves (hi with hi twice, lo dropped) is what the error check must
+// catch: with B2 written [hi | lo] instead of [lo | hi], GEMM 1 adds A_hi B_hi + A_lo B_lo.
+TEST(Tf32x3Gemm, TheCheckCatchesAWrongPairing) {
+  std::mt19937 rng(4);
+  const GemmCase c{1, 20, 12, 200, false, true, true, 1.0f, 0.0f, false, size_t{1} << 30};
+  const Problem p = make(c, rng);
+  std::vector<long double> want;
+  std::vector<double> scale;
+  oracle(c, p, &want, &scale);
+  Tf32x3Shape s;
+  s.m = c.m;
+  s.n = c.n;
+  s.k = c.k;
+  s.trans_b = true;
+  const Tf32x3Plan plan = plan_tf32x3(s, c.capacity);
+  std::vector<float> ws(plan.bytes / 4 + 1, NAN);
+  std::vector<float> y = p.y0;
+  auto wrong_split = [](SplitParams sp) {
+    sp.sides[1].lo_first = false;
+    run_split(sp);
+  };
+  auto matmul = [&](const Tf32Matmul& mm) {
+    for (int64_t i = 0; i < c.m; ++i)
+      for (int64_t j = 0; j < c.n; ++j) {
+        float acc = 0.0f;
+        for (int64_t t = 0; t < mm.k; ++t)
+          acc = std::fmaf(to_tf32(mm.a2[i * mm.ld + t], Tf32Mode::kTruncate),
+                          to_tf32(mm.b2[j * mm.ld + t], Tf32Mode::kTruncate), acc);
+        float& out = y[static_cast<size_t>(i * c.n + j)];
+        out = acc + (mm.beta != 0.0f ? mm.beta * out : 0.0f);
+      }
+  };
+  tf32x3_steps(s, plan, p.a.data(), p.b.data(), ws.data(), ws.data() + plan.b2_offset / 4, 0.0f,
+               false, wrong_split, matmul);
+  const double e = rel_error(y, want, scale);
+  std::printf("B2 written [hi | lo]: error %.3g of sum |a b|\n", e);
+  EXPECT_GT(e, 4e-7);
+}
+
+}  // namespace
+}  // namespace loom::kernels::cuda::gemm

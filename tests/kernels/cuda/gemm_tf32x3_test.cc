@@ -1,0 +1,261 @@
+// The 3xTF32 kernels ("cuda.tf32x3" of gemm and gemm_epilogue, kernels/cuda/gemm/tf32x3.cuh)
+// on a GPU:
+//   gemm           against a long double GEMM written here: the error relative to
+//                  sum |alpha a b| at f32 level (4e-7, as the emulation test's model gives),
+//                  with the workspace the kernel declares and without one (K in chunks of
+//                  the stream scratch), transposes, batches, shared B, alpha and beta; and
+//                  "cuda.tf32" on the same inputs over 30x worse (the check tells them apart);
+//   gemm_epilogue  every epilogue against the "cuda" kernel of the op on the same inputs
+//                  (f32, tested against cpu.ref by the op tests) within 2e-6 relative.
+// The method, the split kernel and the chunk plan are tested without a GPU in
+// tests/kernels/cuda/gemm_emulation. Without a GPU every test here skips, saying why.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+#include <loom/cpp/tensor.h>
+#include <loom/kernel.h>
+#include <loom/ops.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/gemm/gemm.h"
+
+namespace loom::kernels::cuda {
+namespace {
+
+std::string why_no_gpu() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    return "no CUDA device: the kernels are only compiled here";
+  }
+  return "";
+}
+
+#define REQUIRE_GPU()                      \
+  do {                                     \
+    std::string why = why_no_gpu();        \
+    if (!why.empty()) GTEST_SKIP() << why; \
+  } while (0)
+
+const KernelDesc& kernel(const char* op, const char* name) {
+  static const std::vector<KernelDesc> all = [] {
+    std::vector<KernelDesc> out;
+    add_gemm_kernels(out);
+    return out;
+  }();
+  for (const KernelDesc& k : all)
+    if (std::string(k.op) == op && k.dtype == DType::kF32 && std::string(k.name) == name) return k;
+  ADD_FAILURE() << "no kernel " << name << " for " << op;
+  static const KernelDesc none{};
+  return none;
+}
+
+// An f32 tensor on the host and the device.
+struct Buf {
+  std::vector<int64_t> shape;
+  std::vector<float> host;
+  float* dev = nullptr;
+  explicit Buf(std::vector<int64_t> s = {}) : shape(std::move(s)) {
+    int64_t n = shape.empty() ? 0 : 1;
+    for (int64_t d : shape) n *= d;
+    host.assign(static_cast<size_t>(n), 0.0f);
+  }
+  Buf(const Buf&) = delete;
+  Buf& operator=(const Buf&) = delete;
+  ~Buf() { cudaFree(dev); }
+  void upload() {
+    cudaFree(dev);
+    dev = nullptr;
+    if (host.empty()) return;
+    ASSERT_EQ(cudaMalloc(&dev, host.size() * 4), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(dev, host.data(), host.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  std::vector<float> download() const {
+    std::vector<float> out(host.size());
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    if (!out.empty()) {
+      EXPECT_EQ(cudaMemcpy(out.data(), dev, out.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    }
+    return out;
+  }
+  TensorView view() const {
+    const Device cuda{DeviceType::kCuda, 0};
+    if (shape.empty()) {
+      TensorView v{};
+      v.device = cuda;
+      return v;
+    }
+    return make_view(dev, DType::kF32, shape.data(), static_cast<int32_t>(shape.size()), cuda);
+  }
+};
+
+// Runs `k` as loom::Kernel does: the workspace it declares from cudaMalloc (unless
+// `no_workspace`), then the call, then a synchronize.
+void call(const KernelDesc& k, std::vector<TensorView> in, std::vector<TensorView> out,
+          const void* attrs, size_t attrs_size, bool no_workspace = false) {
+  OpCall c{sizeof(OpCall),
+           in.data(),
+           static_cast<int32_t>(in.size()),
+           out.data(),
+           static_cast<int32_t>(out.size()),
+           attrs,
+           attrs_size,
+           nullptr,
+           nullptr,
+           0};
+  const uint64_t bytes = k.workspace != nullptr && !no_workspace ? k.workspace(&c) : 0;
+  if (bytes > 0) {
+    ASSERT_EQ(cudaMalloc(&c.workspace, bytes), cudaSuccess);
+    c.workspace_bytes = bytes;
+  }
+  const Status s = k.fn(&c);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  cudaFree(c.workspace);
+  ASSERT_EQ(s.code, Code::kOk) << (s.message != nullptr ? s.message : "");
+}
+
+struct GemmCase {
+  int64_t batch;  // 0: 2-D A
+  bool shared_b;
+  int64_t m, n, k;
+  bool ta, tb;
+  float alpha, beta;
+  bool no_workspace;
+};
+
+TEST(Tf32x3Gemm, F32AccuracyAgainstLongDouble) {
+  REQUIRE_GPU();
+  std::mt19937 rng(1);
+  std::normal_distribution<float> nd;
+  const GemmCase cases[] = {
+      {0, true, 2048, 256, 256, false, true, 1.0f, 0.0f, false},   // the default spec's proj
+      {0, true, 1024, 256, 2048, true, false, 1.0f, 1.0f, false},  // a weight gradient
+      {0, true, 512, 256, 4096, false, false, 1.0f, 0.0f, true},   // chunks of the scratch
+      {3, true, 65, 33, 129, false, false, -0.5f, 0.5f, false},
+      {2, false, 17, 40, 300, true, true, 1.5f, 0.0f, false},
+      {0, true, 7, 9, 5, false, true, 1.0f, 0.0f, false},  // K < 8
+  };
+  for (const GemmCase& c : cases) {
+    const int64_t nb = std::max<int64_t>(c.batch, 1);
+    std::vector<int64_t> sa =
+        c.ta ? std::vector<int64_t>{c.k, c.m} : std::vector<int64_t>{c.m, c.k};
+    std::vector<int64_t> sb =
+        c.tb ? std::vector<int64_t>{c.n, c.k} : std::vector<int64_t>{c.k, c.n};
+    std::vector<int64_t> sy = {c.m, c.n};
+    if (c.batch > 0) {
+      sa.insert(sa.begin(), c.batch);
+      sy.insert(sy.begin(), c.batch);
+      if (!c.shared_b) sb.insert(sb.begin(), c.batch);
+    }
+    Buf a(sa), b(sb), y(sy);
+    for (float& v : a.host)
+      v = nd(rng) * std::exp2(static_cast<float>(static_cast<int>(rng() % 7) - 3));
+    for (float& v : b.host) v = nd(rng) * 0.02f;
+    for (float& v : y.host) v = nd(rng);
+    a.upload();
+    b.upload();
+    // The oracle and the scale of its error bound.
+    std::vector<long double> want(y.host.size());
+    std::vector<double> scale(y.host.size());
+    for (int64_t bi = 0; bi < nb; ++bi)
+      for (int64_t i = 0; i < c.m; ++i)
+        for (int64_t j = 0; j < c.n; ++j) {
+          long double acc = 0;
+          double mag = 0;
+          for (int64_t t = 0; t < c.k; ++t) {
+            const float av = a.host[bi * c.m * c.k + (c.ta ? t * c.m + i : i * c.k + t)];
+            const int64_t b0 = c.shared_b ? 0 : bi * c.k * c.n;
+            const float bv = b.host[b0 + (c.tb ? j * c.k + t : t * c.n + j)];
+            acc += static_cast<long double>(av) * bv;
+            mag += std::fabs(static_cast<double>(av) * bv);
+          }
+          const size_t at = static_cast<size_t>((bi * c.m + i) * c.n + j);
+          want[at] = c.alpha * acc + static_cast<long double>(c.beta) * y.host[at];
+          scale[at] = std::fabs(c.alpha) * mag + std::fabs(c.beta * y.host[at]);
+        }
+    const ops::GemmAttrs at{c.ta, c.tb, c.alpha, c.beta};
+    auto error_of = [&](const char* name, bool no_ws) {
+      y.upload();
+      call(kernel(ops::kGemm, name), {a.view(), b.view()}, {y.view()}, &at, sizeof at, no_ws);
+      const std::vector<float> got = y.download();
+      double worst = 0;
+      for (size_t i = 0; i < got.size(); ++i)
+        worst = std::max(worst, static_cast<double>(std::fabs(got[i] - want[i])) / scale[i]);
+      return worst;
+    };
+    const double e = error_of("cuda.tf32x3", c.no_workspace);
+    const double tf32 = error_of("cuda.tf32", false);
+    const double f32 = error_of("cuda", false);
+    std::printf(
+        "batch %lld M %lld N %lld K %lld ta %d tb %d%s: 3xTF32 %.3g, cuda (f32) %.3g, "
+        "cuda.tf32 %.3g (of sum |a b|)\n",
+        static_cast<long long>(c.batch), static_cast<long long>(c.m), static_cast<long long>(c.n),
+        static_cast<long long>(c.k), c.ta, c.tb, c.no_workspace ? " (no workspace)" : "", e, f32,
+        tf32);
+    EXPECT_LE(e, 4e-7);
+    EXPECT_GT(tf32, 30 * e);
+  }
+}
+
+TEST(Tf32x3GemmEpilogue, EveryEpilogueMatchesTheCudaKernel) {
+  REQUIRE_GPU();
+  std::mt19937 rng(2);
+  std::normal_distribution<float> nd;
+  const int64_t m = 96, n = 80, k = 200;
+  for (int32_t epilogue :
+       {ops::kEpilogueBias, ops::kEpilogueGelu, ops::kEpilogueDGelu, ops::kEpilogueBiasGradA}) {
+    const bool wgrad = epilogue == ops::kEpilogueBiasGradA;
+    Buf a(wgrad ? std::vector<int64_t>{k, m} : std::vector<int64_t>{m, k});
+    Buf b({n, k}), bias({n}), p({m, n}), aux({m, n}), dbias({wgrad ? m : n});
+    for (Buf* t : {&a, &b, &bias, &p})
+      for (float& v : t->host) v = nd(rng);
+    for (Buf* t : {&a, &b, &bias, &p}) t->upload();
+    ops::GemmEpilogueAttrs at{};
+    at.trans_a = wgrad;
+    at.trans_b = 1;
+    at.epilogue = epilogue;
+    at.approximate = 1;
+    at.beta = wgrad ? 1.0f : 0.0f;
+    std::vector<float> results[2][3];
+    const char* names[2] = {"cuda", "cuda.tf32x3"};
+    for (int r = 0; r < 2; ++r) {
+      Buf y({m, n});
+      for (float& v : y.host) v = wgrad ? 0.25f : 0.0f;  // a weight gradient accumulates
+      y.upload();
+      aux.upload();
+      dbias.upload();
+      const TensorView none = Buf().view();
+      // A, B, bias, P; Y, aux, dbias: each optional one where the epilogue takes it.
+      const bool with_bias = epilogue == ops::kEpilogueBias || epilogue == ops::kEpilogueGelu;
+      std::vector<TensorView> in = {a.view(), b.view(), with_bias ? bias.view() : none,
+                                    epilogue == ops::kEpilogueDGelu ? p.view() : none};
+      std::vector<TensorView> out = {
+          y.view(), epilogue == ops::kEpilogueGelu ? aux.view() : none,
+          epilogue == ops::kEpilogueDGelu || wgrad ? dbias.view() : none};
+      call(kernel(ops::kGemmEpilogue, names[r]), in, out, &at, sizeof at);
+      results[r][0] = y.download();
+      results[r][1] = aux.download();
+      results[r][2] = dbias.download();
+    }
+    double worst = 0;
+    for (int o = 0; o < 3; ++o) {
+      double mag = 1e-30;
+      for (float v : results[0][o]) mag = std::max(mag, static_cast<double>(std::fabs(v)));
+      for (size_t i = 0; i < results[0][o].size(); ++i)
+        worst = std::max(worst, std::fabs(results[0][o][i] - results[1][o][i]) / mag);
+    }
+    std::printf(
+        "gemm_epilogue %d: cuda.tf32x3 against cuda, largest difference %.3g of the "
+        "largest value\n",
+        epilogue, worst);
+    EXPECT_LE(worst, 2e-6) << "epilogue " << epilogue;
+  }
+}
+
+}  // namespace
+}  // namespace loom::kernels::cuda
