@@ -105,6 +105,7 @@ Generator::Generator(PluginManager& plugins, const nlohmann::json& model,
                               {"return_logits", true}};
   if (options.seq_length > 0) inherited["seq_length"] = options.seq_length;
   model_object_ = build_component(plugins, node, kinds::kModel, "/model", inherited);
+  plugins.host().check_pins();  // every plugin the model needs is loaded now
   model_ = interface_cast<IModel>(model_object_.get());
   if (model_ == nullptr)
     throw PluginError(Code::kAbiMismatch, "the /model component is not a model (kinds::kModel)");

@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <set>
 #include <string>
 
 #include "core/parallel/grid.h"
 #include "core/parallel/local_communicator.h"
+#include "core/util/errors.h"
 #include "core/util/log.h"
 #include "core/version.h"
 #include "loom/cpp/error.h"
@@ -225,14 +227,15 @@ Status Host::find_kernel(StringView op, DeviceType device, DType dtype, const Op
   return guard([&] {
     std::string name(sv(op));
     auto candidates = registry_->kernels(name, device, dtype);
-    auto pin = pins_.find(name);
+    auto pin = pins_.find(name + "@" + dtype_name(dtype));  // a per-dtype pin wins
+    if (pin == pins_.end()) pin = pins_.find(name);
     // "none": no kernel serves the op; a module with a fallback (a fused op's unfused
     // sequence) takes it, one without fails with this message.
     if (pin != pins_.end() && pin->second == "none")
       fail(Code::kNotFound,
            fmt::format("spec /kernels/pin/{}: pinned to 'none', so no kernel serves op '{}'; "
                        "pin it to a kernel (or remove the pin) for the module that needs it",
-                       name, name));
+                       pin->first, name));
     const KernelEntry* chosen = nullptr;
     for (const KernelEntry* k : candidates) {
       if (pin != pins_.end()) {
@@ -248,8 +251,10 @@ Status Host::find_kernel(StringView op, DeviceType device, DType dtype, const Op
       for (const KernelEntry* k : candidates) names += (names.empty() ? "" : ", ") + k->name;
       fail(Code::kNotFound,
            fmt::format("spec /kernels/pin/{}: no kernel '{}' for op '{}' with dtype {} (available: "
-                       "{}); change the pin or load the library that provides it",
-                       name, pin->second, name, dtype_name(dtype), names.empty() ? "none" : names));
+                       "{}); change the pin{} or load the library that provides it",
+                       pin->first, pin->second, name, dtype_name(dtype),
+                       names.empty() ? "none" : names,
+                       pin->first == name ? fmt::format(", pin only '{}@<dtype>'", name) : ""));
     }
     if (chosen == nullptr)
       fail(Code::kNotFound,
@@ -261,6 +266,53 @@ Status Host::find_kernel(StringView op, DeviceType device, DType dtype, const Op
     std::lock_guard<std::mutex> lock(mutex_);
     resolutions_.insert(Resolution{name, device, dtype, chosen->name, chosen->plugin});
   });
+}
+
+void Host::check_pins() const {
+  if (pins_.empty()) return;
+  const std::vector<const KernelEntry*> all = registry_->all_kernels();
+  for (const auto& [key, kernel] : pins_) {
+    const size_t at = key.find('@');
+    const std::string op = key.substr(0, at);
+    DType dtype = DType::kInvalid;
+    if (at != std::string::npos) {
+      const std::string d = key.substr(at + 1);
+      dtype = dtype_from_name(d.c_str());
+      if (dtype == DType::kInvalid)
+        throw SpecError(
+            "/kernels/pin/" + key,
+            fmt::format("'{}' is not a dtype: write \"{}@f32\" (or bf16, f16, f64, ...) "
+                        "to pin the op for one dtype, \"{}\" for all",
+                        d, op, op));
+    }
+    std::set<std::string> ops, names;
+    for (const KernelEntry* k : all) {
+      ops.insert(k->op);
+      if (k->op == op && (dtype == DType::kInvalid || k->desc.dtype == dtype))
+        names.insert(k->name);
+    }
+    if (!ops.count(op)) {
+      // Ops that share the name's first word, to point at the typo.
+      const std::string head = op.substr(0, op.find('_'));
+      std::string near;
+      for (const std::string& o : ops)
+        if (o.rfind(head, 0) == 0) near += (near.empty() ? "" : ", ") + o;
+      throw SpecError("/kernels/pin/" + key,
+                      fmt::format("no loaded kernel library has op '{}'{}; `loom plugins "
+                                  "describe LIBRARY --json` lists a library's ops and kernels",
+                                  op, near.empty() ? "" : " (ops with that prefix: " + near + ")"));
+    }
+    if (kernel != "none" && !names.count(kernel)) {
+      std::string list;
+      for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
+      throw SpecError(
+          "/kernels/pin/" + key,
+          fmt::format(
+              "no kernel '{}' for op '{}'{} (available: {}, or \"none\")", kernel, op,
+              dtype == DType::kInvalid ? "" : fmt::format(" with dtype {}", dtype_name(dtype)),
+              list.empty() ? "none" : list));
+    }
+  }
 }
 
 std::vector<Host::Resolution> Host::resolutions() const {

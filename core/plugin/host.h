@@ -70,8 +70,16 @@ class Host final : public IHost {
   void reset_peak();
 
   /// Pins ops to kernels by name (spec /kernels/pin: {"gemm": "cpu.ref"}): find_kernel
-  /// then returns that kernel or fails naming the pin.
+  /// then returns that kernel or fails naming the pin. A key "op@dtype" ("gemm@f32") pins the
+  /// op for that dtype only, and wins over a plain "op" pin there.
   void set_pins(std::map<std::string, std::string> pins) { pins_ = std::move(pins); }
+
+  /// Checks every pin against the kernels registered so far (call it once every plugin the
+  /// run needs is loaded, e.g. after the model is built): the op must have a kernel in some
+  /// loaded library, an "@dtype" suffix must name a dtype, and the kernel must be "none" or
+  /// one registered for that op (and dtype). A pin the run never consulted would otherwise
+  /// pass silently. Throws SpecError naming /kernels/pin/<key> and what is available.
+  void check_pins() const;
 
   /// Serves IHost::communicator and IHost::group from `groups` (a multi-process run's
   /// ParallelState; it must outlive its use here, null to stop). Without one, every group

@@ -103,6 +103,7 @@ Trainer::Trainer(const nlohmann::json& spec, PluginManager& plugins,
     throw SpecError("/optimizer",
                     "missing: training needs an optimizer, e.g. {\"impl\": \"adamw\"}");
   components_ = build_components(spec_, config_, plugins_, inherited, pp_rank_);
+  plugins_.host().check_pins();  // every plugin the model needs is loaded now
   fp8_ = components_.fp8;
   model_ = components_.model;
   optimizer_ = components_.optimizer;

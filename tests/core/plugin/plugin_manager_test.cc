@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <map>
+#include <string>
 
 #include "core/component/builder.h"
 #include "core/util/errors.h"
@@ -78,6 +80,56 @@ TEST(PluginManagerTest, KernelIsResolvedOnceAndCalledThroughThePointer) {
   EXPECT_EQ(s.code, Code::kNotFound);
   EXPECT_THAT(s.message, HasSubstr("no kernel for op 'gemm'"));
   status_release(&s);
+}
+
+// Spec /kernels/pin: "op" pins every dtype, "op@dtype" one (and wins there); check_pins
+// refuses, naming the pin, an op no library has, a suffix that is no dtype, and a kernel the
+// op does not have, even where the run never asks for that op.
+TEST(PluginManagerTest, PinsByOpAndDtypeAndTheirErrors) {
+  fs::path root = fresh_dir("pins");
+  install_test_plugin(root, "good", "testgood");
+  PluginManager manager(catalog_of(root));
+  manager.load("testgood");
+  Host& host = manager.host();
+  auto find = [&](DType dtype) {
+    KernelDesc desc{};
+    Status s =
+        host.find_kernel(make_string_view("test_axpy"), DeviceType::kCpu, dtype, nullptr, &desc);
+    std::string out = s.code == Code::kOk ? std::string("ok ") + desc.name : s.message;
+    status_release(&s);
+    return out;
+  };
+  auto check = [&](std::map<std::string, std::string> pins) {
+    host.set_pins(std::move(pins));
+    try {
+      host.check_pins();
+    } catch (const SpecError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(check({{"test_axpy", "testgood.axpy"}}), "");
+  EXPECT_EQ(find(DType::kF32), "ok testgood.axpy");
+  // A pin of another dtype leaves f32 to the ranking; one of f32 to "none" wins over the
+  // plain pin.
+  EXPECT_EQ(check({{"test_axpy@bf16", "none"}}), "");
+  EXPECT_EQ(find(DType::kF32), "ok testgood.axpy");
+  EXPECT_EQ(check({{"test_axpy", "testgood.axpy"}, {"test_axpy@f32", "none"}}), "");
+  EXPECT_THAT(find(DType::kF32), HasSubstr("spec /kernels/pin/test_axpy@f32: pinned to 'none'"));
+  // A kernel the op has for another dtype only: found by the check, named at resolution.
+  EXPECT_THAT(check({{"test_axpy@f16", "testgood.axpy"}}),
+              HasSubstr("/kernels/pin/test_axpy@f16: no kernel 'testgood.axpy' for op "
+                        "'test_axpy' with dtype f16 (available: none"));
+  EXPECT_THAT(check({{"test_axpyy", "testgood.axpy"}}),
+              HasSubstr("/kernels/pin/test_axpyy: no loaded kernel library has op 'test_axpyy' "
+                        "(ops with that prefix: test_axpy)"));
+  EXPECT_THAT(check({{"test_axpy@f33", "testgood.axpy"}}),
+              HasSubstr("/kernels/pin/test_axpy@f33: 'f33' is not a dtype"));
+  EXPECT_THAT(check({{"test_axpy", "testgood.axpyy"}}),
+              HasSubstr("/kernels/pin/test_axpy: no kernel 'testgood.axpyy' for op 'test_axpy' "
+                        "(available: testgood.axpy, or \"none\")"));
+  host.set_pins({{"test_axpy", "testgood.axpyy"}});
+  EXPECT_THAT(find(DType::kF32), HasSubstr("change the pin, pin only 'test_axpy@<dtype>'"));
 }
 
 TEST(PluginManagerTest, BuildsAModelWithItsChildThroughTheRegistry) {
