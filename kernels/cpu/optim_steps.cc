@@ -211,9 +211,19 @@ Status sgd_step_fast(const OpCall* call) {
 
 LOOM_CPU_FAST_END
 
-LOOM_CPU_HOOKS(adamw_step, check_adamw, 12)
-// adamw_step_multi's hooks by hand: its cost counts the elements of every shard (the sum of
-// its K adamw_step calls' costs), not those of the largest tensor.
+// The steps' hooks by hand: their costs read the states they update in place as well as
+// writing them (op_checks::step_cost), and adamw_step_multi's counts the elements of every
+// shard (the sum of its K adamw_step calls' costs), not those of the largest tensor.
+bool adamw_step_supports(const OpCall* c) {
+  return passes([&] { check_adamw(c, true); });
+}
+bool adamw_step_fast_supports(const OpCall* c) { return cpu_has_avx2() && adamw_step_supports(c); }
+Status adamw_step_cost(const OpCall* c, OpCost* out) {
+  return guard([&] {
+    check_adamw(c, true);
+    *out = op_checks::step_cost(c, 12.0 * static_cast<double>(max_numel(c)), 4);
+  });
+}
 bool adamw_step_multi_supports(const OpCall* c) {
   return passes([&] { check_adamw_multi(c, true); });
 }
@@ -221,9 +231,20 @@ bool adamw_step_multi_fast_supports(const OpCall* c) {
   return cpu_has_avx2() && adamw_step_multi_supports(c);
 }
 Status adamw_step_multi_cost(const OpCall* c, OpCost* out) {
-  return guard([&] { *out = io_cost(c, 12.0 * static_cast<double>(check_adamw_multi(c, true))); });
+  return guard([&] {
+    *out = op_checks::step_cost(c, 12.0 * static_cast<double>(check_adamw_multi(c, true)), 4);
+  });
 }
-LOOM_CPU_HOOKS(sgd_step, check_sgd, 6)
+bool sgd_step_supports(const OpCall* c) {
+  return passes([&] { check_sgd(c, true); });
+}
+bool sgd_step_fast_supports(const OpCall* c) { return cpu_has_avx2() && sgd_step_supports(c); }
+Status sgd_step_cost(const OpCall* c, OpCost* out) {
+  return guard([&] {
+    check_sgd(c, true);
+    *out = op_checks::step_cost(c, 6.0 * static_cast<double>(max_numel(c)), 3);
+  });
+}
 
 // grad_norm_clip: a few f64 operations on the step scalars (loom/cpp/step_scalars.h).
 Status grad_norm_clip_ref(const OpCall* call) {

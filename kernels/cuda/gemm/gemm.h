@@ -18,7 +18,7 @@ namespace loom::kernels::cuda {
 /// gemm_epilogue, whose cuBLASLt epilogues fall back to the library's unfused kernels where
 /// cuBLASLt has no algorithm: gemm_epilogue.cu): name "cuda", priority 20
 /// (kernels/cuda/common/registration.h), and for gemm and gemm_epilogue on f32 also
-/// "cuda.tf32x3" (priority 15: f32 accuracy from three TF32 tensor-core products, used only
+/// "cuda.tf32x3" (priority 16: f32 accuracy from three TF32 tensor-core products, used only
 /// when a spec pins it) and for gemm "cuda.tf32" (priority 15: TF32 tensor cores, about 10
 /// mantissa bits, used only when a spec pins it). fp8_gemm is
 /// keyed on fp8_e4m3 and fp8_e5m2 (A's dtype). Each has `supports` (shapes, dtypes and

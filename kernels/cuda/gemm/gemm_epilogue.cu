@@ -32,7 +32,7 @@
 // decision is cached per problem with its plan; a matmul that cuBLASLt refuses at run time
 // after its heuristic offered an algorithm joins the fallback too (said once on stderr).
 //
-// Kernel "cuda.tf32x3" (f32 only, priority 15: a spec pins it, with gemm's of the same name)
+// Kernel "cuda.tf32x3" (f32 only, priority 16: a spec pins it, with gemm's of the same name)
 // runs the unfused sequence with its GEMM in 3xTF32 (gemm_tf32x3.cu), the bias added in that
 // GEMM's last matmul: f32 accuracy on TF32 tensor cores. Its workspace is P's (as above),
 // then the split operands.
@@ -510,7 +510,7 @@ void add_gemm_epilogue_kernels(std::vector<KernelDesc>& out) {
                    gemm_epilogue_cost, {DType::kF32, DType::kBF16, DType::kF16}, kCudaName,
                    kCudaPriority, gemm_epilogue_workspace);
   add_cuda_kernels(out, ops::kGemmEpilogue, gemm_epilogue_tf32x3, gemm_epilogue_tf32x3_supports,
-                   gemm_epilogue_tf32x3_cost, {DType::kF32}, "cuda.tf32x3", kCudaPriority - 5,
+                   gemm_epilogue_tf32x3_cost, {DType::kF32}, "cuda.tf32x3", kCudaPriority - 4,
                    gemm_epilogue_tf32x3_workspace);
 }
 

@@ -238,7 +238,7 @@ Status gemm_tf32x3_cost(const OpCall* call, OpCost* out) {
 
 void add_gemm_tf32x3_kernels(std::vector<KernelDesc>& out) {
   add_cuda_kernels(out, ops::kGemm, gemm_tf32x3_fn, gemm_tf32x3_supports, gemm_tf32x3_cost,
-                   {DType::kF32}, "cuda.tf32x3", kCudaPriority - 5, gemm_tf32x3_workspace_fn);
+                   {DType::kF32}, "cuda.tf32x3", kCudaPriority - 4, gemm_tf32x3_workspace_fn);
 }
 
 }  // namespace loom::kernels::cuda::gemm

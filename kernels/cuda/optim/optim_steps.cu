@@ -246,24 +246,25 @@ bool sgd_step_supports(const OpCall* call) {
   return check_passes([&] { op_checks::check_sgd_step(call, true, DeviceType::kCuda); });
 }
 
-// The CPU kernels' counts: 12 (AdamW) and 6 (SGD) floating-point operations per element.
+// The CPU kernels' counts: 12 (AdamW) and 6 (SGD) floating-point operations per element, and
+// the states read as well as written (op_checks::step_cost).
 Status adamw_step_cost(const OpCall* call, OpCost* out) {
   return guard([&] {
     op_checks::check_adamw_step(call, true, DeviceType::kCuda);
-    *out = io_cost(call, 12.0 * static_cast<double>(max_numel(call)));
+    *out = op_checks::step_cost(call, 12.0 * static_cast<double>(max_numel(call)), 4);
   });
 }
 // Every shard's elements (the sum of K adamw_step costs).
 Status adamw_step_multi_cost(const OpCall* call, OpCost* out) {
   return guard([&] {
     const int64_t n = op_checks::check_adamw_step_multi(call, true, DeviceType::kCuda);
-    *out = io_cost(call, 12.0 * static_cast<double>(n));
+    *out = op_checks::step_cost(call, 12.0 * static_cast<double>(n), 4);
   });
 }
 Status sgd_step_cost(const OpCall* call, OpCost* out) {
   return guard([&] {
     op_checks::check_sgd_step(call, true, DeviceType::kCuda);
-    *out = io_cost(call, 6.0 * static_cast<double>(max_numel(call)));
+    *out = op_checks::step_cost(call, 6.0 * static_cast<double>(max_numel(call)), 3);
   });
 }
 

@@ -383,6 +383,43 @@ TEST(GradNormClip, NormClippingAndSkipFollowTheFormula) {
       << msg;
 }
 
+// The steps' costs count the bytes they move: each input read, each state (master, moments,
+// momentum buffer) read and written, the param copy written (bf16 moments and param here).
+TEST(OptimCost, StatesAreReadAndWritten) {
+  const double n = 10;
+  Tensor g(DType::kF32, {10}), w(DType::kF32, {10}), m(DType::kBF16, {10}), v(DType::kBF16, {10}),
+      p(DType::kBF16, {10});
+  ops::AdamWAttrs at{1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, 1.0f, 1};
+  for (const char* name : {"cpu.ref", "cpu.fast"}) {
+    CallHolder h({&g}, {&w, &m, &v, &p}, &at);
+    OpCost c{};
+    ASSERT_EQ(kernel(ops::kAdamWStep, DType::kF32, name).cost(&h.call, &c).code, Code::kOk);
+    EXPECT_EQ(c.bytes_read, n * (4 + 4 + 2 + 2)) << name;     // grad, master, exp_avg, exp_avg_sq
+    EXPECT_EQ(c.bytes_written, n * (4 + 2 + 2 + 2)) << name;  // master, moments, param
+    EXPECT_EQ(c.flops, 12 * n) << name;
+    // Two shards in one call: the sum of two single calls.
+    const float decay[2] = {0.0f, 0.1f};
+    ops::AdamWMultiAttrs mat{1e-3f, 0.9f, 0.999f, 1e-8f, 1.0f, 2, 1, decay};
+    CallHolder hm({&g, &g}, {&w, &m, &v, &p, &w, &m, &v, &p}, &mat);
+    OpCost cm{};
+    ASSERT_EQ(kernel(ops::kAdamWStepMulti, DType::kF32, name).cost(&hm.call, &cm).code, Code::kOk);
+    EXPECT_EQ(cm.bytes_read, 2 * c.bytes_read) << name;
+    EXPECT_EQ(cm.bytes_written, 2 * c.bytes_written) << name;
+    // SGD with momentum: master and buffer read and written, the param written.
+    Tensor buf(DType::kF32, {10});
+    ops::SgdAttrs sat{};
+    sat.lr = 0.1f;
+    sat.momentum = 0.9f;
+    sat.grad_scale = 1.0f;
+    sat.step = 1;
+    CallHolder hs({&g}, {&w, &buf, &p}, &sat);
+    OpCost cs{};
+    ASSERT_EQ(kernel(ops::kSgdStep, DType::kF32, name).cost(&hs.call, &cs).code, Code::kOk);
+    EXPECT_EQ(cs.bytes_read, n * (4 + 4 + 4)) << name;
+    EXPECT_EQ(cs.bytes_written, n * (4 + 4 + 2)) << name;
+  }
+}
+
 TEST(OptimErrors, ZeroStepAndWrongStateShape) {
   Tensor g(DType::kF32, {4}), w(DType::kF32, {4}), m(DType::kF32, {4}), v(DType::kF32, {3}), none;
   ops::AdamWAttrs at{1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, 1.0f, 1};

@@ -4,6 +4,7 @@
 
 #include <set>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "kernels/cpu/cpu_kernels.h"
@@ -28,6 +29,23 @@ TEST(CudaCoverageTest, EveryCpuOpAndDtypeHasACudaKernel) {
     if (!have.count({k.op, k.dtype})) missing.insert({k.op, k.dtype});
   for (const auto& [op, dtype] : missing)
     ADD_FAILURE() << "no CUDA kernel for " << op << " (" << dtype_name(dtype) << ")";
+}
+
+// The registry refuses two kernels of one (op, device, dtype) at one priority (the choice
+// would be undefined) and then fails the whole plugin's load: the library's own list must
+// not hold such a pair, nor two of one name.
+TEST(CudaCoverageTest, NoTwoKernelsShareAPriorityOrAName) {
+  std::vector<KernelDesc> cuda;
+  cuda::add_all_kernels(cuda);
+  std::set<std::tuple<std::string, DType, int32_t>> priorities;
+  std::set<std::tuple<std::string, DType, std::string>> names;
+  for (const KernelDesc& k : cuda) {
+    EXPECT_TRUE(priorities.insert({k.op, k.dtype, k.priority}).second)
+        << k.op << " (" << dtype_name(k.dtype) << ") has two kernels at priority " << k.priority
+        << ", one of them " << k.name;
+    EXPECT_TRUE(names.insert({k.op, k.dtype, k.name}).second)
+        << k.op << " (" << dtype_name(k.dtype) << ") has two kernels named " << k.name;
+  }
 }
 
 }  // namespace

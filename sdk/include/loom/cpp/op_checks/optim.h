@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "loom/cpp/kernel_descs.h"
 #include "loom/cpp/op_args.h"
 #include "loom/ops.h"
 
@@ -162,6 +163,21 @@ inline void check_grad_norm_clip(const OpCall* call, bool shapes_only, DeviceTyp
   a.shape_in(0, {1}, "(1)");
   a.f64_out(0);
   a.shape_out(0, {ops::kStepScalarCount}, "(kStepScalarCount)");
+}
+
+/// The cost of an optimizer step with `flops` floating-point operations: io_cost (every input
+/// read, every output written) plus the reads of the states the step updates in place, which
+/// io_cost does not see: each shard's outputs but its last (adamw_step and adamw_step_multi:
+/// master, exp_avg, exp_avg_sq of 4; sgd_step: master and momentum buffer of 3; the last is
+/// the param copy, written only).
+/// \param outputs_per_shard  4 for the AdamW steps, 3 for sgd_step
+inline OpCost step_cost(const OpCall* call, double flops, int outputs_per_shard) {
+  OpCost c = io_cost(call, flops);
+  for (int32_t i = 0; i < call->num_outputs; ++i)
+    if (i % outputs_per_shard != outputs_per_shard - 1)
+      c.bytes_read += static_cast<double>(numel(call->outputs[i])) *
+                      static_cast<double>(dtype_size(call->outputs[i].dtype));
+  return c;
 }
 
 }  // namespace loom::op_checks
