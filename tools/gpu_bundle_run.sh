@@ -454,17 +454,20 @@ say "was filled by a compile of the same model in section 1, so it is not a cold
   say "- torch.compile cold (section 1): $(python3 tools/gpu_bundle_report.py first-step "$logs/torch_compile_warmup.log")"
 
 # ---- 4. One GPT-2 step, kernel by kernel -------------------------------------------------
-section "ncu: one training step, kernel by kernel (GPT-2 124M fused and unfused, the default spec, LLaMA 1.3B bf16 and FP8)"
+section "ncu: one training step, kernel by kernel (GPT-2 124M fused and unfused, the default spec, in 3xTF32 too, LLaMA 1.3B bf16 and FP8)"
 # "name|spec|--set argument|least seconds|rows": two identical steps (warm-up 1, steps 1)
 # each; the summary keeps the last, found as the repeating tail of the launch sequence.
 # Clocks as in training, caches not flushed. GPT-2 unfused: the kernel count and time that
 # fusion removes; the default spec: GPU time against its bench row's wall time; LLaMA 1.3B:
 # where its time goes, for the 1.3B target; its FP8 spec: where the 1.3x target's time goes
-# (quantization, amax, transposes), last and only when the budget still holds it.
+# (quantization, amax, transposes), last and only when the budget still holds it. The
+# default spec with its f32 GEMMs in 3xTF32: the split kernels' time against the TF32
+# matmuls'. The --set arguments of a profile are separated by ';'.
 profiles=(
   "gpt2|configs/gpu/gpt2_124m_h100.json||60|15"
   "gpt2_unfused|configs/gpu/gpt2_124m_h100.json|kernels.pin=$unfused_pins|60|8"
   "gpt_tiny|configs/gpt_tiny.json|train.device=\"cuda\"|45|8"
+  "gpt_tiny_tf32x3|configs/gpt_tiny.json|train.device=\"cuda\";kernels.pin={\"gemm\":\"cuda.tf32x3\",\"gemm_epilogue\":\"cuda.tf32x3\"}|45|12"
   "llama_1b3_h100|configs/gpu/llama_1b3_h100.json||110|8"
   "llama_1b3_h100_fp8|configs/gpu/llama_1b3_h100_fp8.json||110|8"
 )
@@ -482,7 +485,8 @@ else
     say "One $pname step ($pspec${pset:+, --set $pset}):"
     pcsv=$dest/ncu_${pname}_step.csv
     set_args=()
-    [[ -n $pset ]] && set_args=(--set "$pset")
+    IFS=';' read -ra psets <<<"$pset"
+    for one in "${psets[@]}"; do set_args+=(--set "$one"); done
     timeout $(($(left) - 15 > 100 ? 100 : $(left) - 15)) ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv \
       --target-processes all --log-file "$pcsv" \
       ./tools/loom bench "$pspec" --steps 1 --warmup 1 "${set_args[@]}" >"$logs/ncu_$pname.log" 2>&1
