@@ -356,6 +356,7 @@ items=(
   "gpt2_124m_h100|dgelu_unfused|20|60" "gpt2_124m_h100|dgelu_bgrad|20|60"
   "gpt_tiny|graph_step|15|40" "gpt_tiny|graph_step_tf32x3|15|40" "gpt_tiny|graph_step_tf32|15|40"
   "gpt_tiny|attn_rows|15|40" "gpt2_124m_h100|qkv_split|20|60" "llama_1b3_h100|qkv_split|25|60"
+  "gpt_tiny|graph_step_tf32x3_one|15|40" "gpt_tiny|graph_step_tf32x3_two|15|40"
   "mixtral_h100|loom|25|60"
   "llama_1b3_h100|eager|25|60" "mixtral_h100|eager|30|60"
 )
@@ -380,13 +381,18 @@ for item in "${items[@]}"; do
     # f32 GEMM in 3xTF32 (cuda.tf32x3 for gemm and gemm_epilogue: f32 accuracy on TF32 tensor
     # cores), or in TF32 (cuda.tf32, other numerics; no gemm_epilogue of its own, so the
     # bias and GELU run as separate kernels). Only a pin selects either.
-    graph_step | graph_step_tf32 | graph_step_tf32x3)
+    # _one / _two: every 3xTF32 call in one matmul (three segments) or in two
+    # (LOOM_TF32X3; the default chooses per call by a byte model: tf32x3_plan.h).
+    graph_step | graph_step_tf32 | graph_step_tf32x3 | graph_step_tf32x3_one | graph_step_tf32x3_two)
       pins=()
+      form=auto
+      [[ $kind == graph_step_tf32x3_one ]] && form=one
+      [[ $kind == graph_step_tf32x3_two ]] && form=two
       [[ $kind == graph_step_tf32 ]] &&
         pins=(--set 'kernels.pin={"gemm":"cuda.tf32","gemm_epilogue":"none"}')
-      [[ $kind == graph_step_tf32x3 ]] &&
+      [[ $kind == graph_step_tf32x3* ]] &&
         pins=(--set 'kernels.pin={"gemm":"cuda.tf32x3","gemm_epilogue":"cuda.tf32x3"}')
-      timeout "$limit" ./tools/loom bench "$spec" --steps 6 --warmup 2 --json "${device[@]}" \
+      LOOM_TF32X3=$form timeout "$limit" ./tools/loom bench "$spec" --steps 6 --warmup 2 --json "${device[@]}" \
       --set 'train.cuda_graph="step"' --set train.cuda_graph_warmup_steps=1 "${pins[@]}" \
       >"$bench/$name.$kind.json" 2>"$bench/$name.$kind.err" || rm -f "$bench/$name.$kind.json" ;;
     # The MLP's derivative GEMM through loom's gelu_bwd and bias_grad, or cuBLASLt's

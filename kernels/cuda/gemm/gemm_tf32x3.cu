@@ -2,13 +2,15 @@
 // and the layout; tf32x3_gemm.cuh the driver's contract).
 //
 // Per chunk of K: one launch of tf32x3_split_kernel writes A2 and B2 into the workspace, then
-// two cublasLtMatmul calls with CUBLAS_COMPUTE_32F_FAST_TF32 add the chunk's terms to Y. In
+// one or two cublasLtMatmul calls (three segments or two: tf32x3.cuh) with
+// CUBLAS_COMPUTE_32F_FAST_TF32 add the chunk's terms to Y. In
 // cuBLAS's column-major terms (gemm.cu's file comment) each is the "TN" product
 //   Y^T (N, M') = B2 (N, kx)^T-stored-as (kx, N) column-major, op T  x  A2 (kx, M'), op N
 // with M' = batch * M when B is shared (the batch folded into M: A2 is contiguous) and
-// a strided batch otherwise, kx = 2 kp (GEMM 1) or kp (GEMM 2, leading dimensions 2 kp, B2
-// from its column kp on). A bias, when given, is GEMM 2's epilogue in the last chunk
-// (CUBLASLT_EPILOGUE_BIAS over cuBLAS's rows: loom's columns).
+// a strided batch otherwise; kx = 3 kp (one matmul), or 2 kp (GEMM 1) and kp (GEMM 2,
+// leading dimensions 2 kp, B2 from its column kp on). A bias, when given, is the last
+// matmul's epilogue in the last chunk (CUBLASLT_EPILOGUE_BIAS over cuBLAS's rows: loom's
+// columns).
 //
 // Workspace: the call's (KernelDesc::workspace asks for tf32x3_workspace), or the upper half
 // of the stream scratch when a caller passes none; cuBLASLt's own workspace is the lower half.
@@ -22,6 +24,7 @@
 #include <string>
 
 #include "kernels/cuda/common/cuda_check.h"
+#include "kernels/cuda/common/env_choice.h"
 #include "kernels/cuda/common/registration.h"
 #include "kernels/cuda/common/resources.cuh"
 #include "kernels/cuda/gemm/cublaslt.cuh"
@@ -105,17 +108,37 @@ void matmul(const char* op, cublasLtHandle_t h, const Tf32Problem& p, const floa
            op, "cublasLtMatmul");
 }
 
+// The call's form (tf32x3_segments), or the one LOOM_TF32X3 forces (read once): "auto" (the
+// default), "one" (three segments, one matmul) or "two" (two segments, two matmuls), to
+// measure one against the other (tools/gpu_bundle_run.sh).
+Tf32x3Shape with_form(Tf32x3Shape s) {
+  static const int force = [] {
+    switch (env_choice(ops::kGemm, "LOOM_TF32X3", {"auto", "one", "two"})) {
+      case 1:
+        return 3;
+      case 2:
+        return 2;
+      default:
+        return 0;
+    }
+  }();
+  s.segments = tf32x3_segments(s, force);
+  return s;
+}
+
 }  // namespace
 
-size_t tf32x3_workspace(const Tf32x3Shape& s) {
+size_t tf32x3_workspace(const Tf32x3Shape& shape) {
+  const Tf32x3Shape s = with_form(shape);
   if (s.k <= 0 || s.batch * s.m == 0 || s.n == 0) return 0;
   const size_t least = tf32x3_chunk_bytes(s, 4);
   return plan_tf32x3(s, std::max(kTf32x3MaxWorkspace, least)).bytes;
 }
 
-void run_tf32x3(const char* op, const Tf32x3Shape& s, const float* A, const float* B, float* Y,
+void run_tf32x3(const char* op, const Tf32x3Shape& shape, const float* A, const float* B, float* Y,
                 float alpha, float beta, const float* bias, void* workspace, size_t workspace_bytes,
                 cudaStream_t stream, int device) {
+  const Tf32x3Shape s = with_form(shape);
   if (s.batch == 0 || s.m == 0 || s.n == 0) return;
   const Scratch scratch = stream_scratch(device, stream);
   const Scratch lt_ws{scratch.data, kLtWorkspace};

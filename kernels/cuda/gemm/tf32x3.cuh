@@ -17,13 +17,18 @@
 // an x whose rounding would overflow to infinity is truncated instead.
 //
 // The layout. One chunk of the contraction, k in [k0, k0 + kc), padded to kp (kc rounded up
-// to a multiple of 4 so that every row starts 16-byte aligned) with zeros, is written as
+// to a multiple of 4 so that every row starts 16-byte aligned) with zeros, is written in one
+// of two forms (tf32x3_plan.h's tf32x3_segments chooses per call, LOOM_TF32X3 forces one).
+// Two segments:
 //   A2 (rows_a, 2 kp) row-major = [A_hi | A_lo]   rows_a: loom's batch * M rows of A
 //   B2 (rows_b, 2 kp) row-major = [B_lo | B_hi]   rows_b: N rows of B per batch matrix
 // and two TF32 GEMMs, contracting over the row (a "TN" GEMM in cuBLAS's terms), add the
 // chunk's three terms to Y:
 //   1. over all 2 kp columns of both: A_hi B_lo^T + A_lo B_hi^T (the small terms first);
 //   2. over A2's first kp columns and B2's last kp (leading dimension 2 kp): A_hi B_hi^T.
+// Three segments: A2 = [A_hi | A_lo | A_hi], B2 = [B_lo | B_hi | B_hi], and one GEMM over all
+// 3 kp columns adds the three terms. It writes a third more of the split, and saves the
+// second GEMM's launch and its second pass over Y.
 // Zero padding adds zeros. K longer than the workspace holds runs as several chunks; the
 // first chunk's first GEMM applies the call's beta, every later GEMM adds (beta 1).
 //
@@ -58,12 +63,15 @@ __device__ __forceinline__ void split_tf32(float x, float* hi, float* lo) {
 
 // One operand's side of a split launch: `batches` matrices stored (rows, k) row-major, or
 // (k, rows) when k_major, from which columns [k0, k0 + kc) become rows of `out` (batches *
-// rows, 2 kp): [hi | lo], or [lo | hi] when lo_first.
+// rows, segments * kp): segment i holds the hi parts where bit i of hi_mask is set, the lo
+// parts elsewhere.
 struct SplitSide {
   const float* x;
   float* out;
   int64_t batches, rows, k;
-  bool k_major, lo_first;
+  bool k_major;
+  int segments;
+  unsigned hi_mask;
 };
 
 inline constexpr int kSplitTile = 32;  // a block's tile: 32 rows x 32 columns of one matrix
@@ -110,16 +118,15 @@ __global__ void __launch_bounds__(kSplitThreads) tf32x3_split_kernel(SplitParams
     }
   }
   __syncthreads();
-  // Store: row r0 + i of out, columns j0 + lane of its hi and lo halves.
-  const int64_t width = 2 * p.kp;
+  // Store: row r0 + i of out, column j0 + lane of each segment.
+  const int64_t width = s.segments * p.kp;
   for (int i = row; i < kSplitTile; i += kSplitRowsPerPass) {
     const int64_t r = r0 + i, j = j0 + lane;
     if (r >= s.rows || j >= p.kp) continue;
     float hi, lo;
     split_tf32(tile[i][lane], &hi, &lo);
-    float* out = s.out + (b * s.rows + r) * width;
-    out[s.lo_first ? p.kp + j : j] = hi;
-    out[s.lo_first ? j : p.kp + j] = lo;
+    float* out = s.out + (b * s.rows + r) * width + j;
+    for (int seg = 0; seg < s.segments; ++seg) out[seg * p.kp] = (s.hi_mask >> seg) & 1u ? hi : lo;
   }
 }
 
@@ -127,8 +134,11 @@ __global__ void __launch_bounds__(kSplitThreads) tf32x3_split_kernel(SplitParams
 inline SplitParams split_params(const Tf32x3Shape& s, const Tf32x3Chunk& chunk, const float* a,
                                 const float* b, float* a2, float* b2) {
   SplitParams p{};
-  p.sides[0] = SplitSide{a, a2, s.batch, s.m, s.k, s.trans_a, false};
-  p.sides[1] = SplitSide{b, b2, s.shared_b ? 1 : s.batch, s.n, s.k, !s.trans_b, true};
+  // A2 = [hi | lo] or [hi | lo | hi], B2 = [lo | hi] or [lo | hi | hi] (bit i: segment i).
+  const bool three = s.segments == 3;
+  p.sides[0] = SplitSide{a, a2, s.batch, s.m, s.k, s.trans_a, s.segments, three ? 0b101u : 0b01u};
+  p.sides[1] = SplitSide{b,          b2,         s.shared_b ? 1 : s.batch, s.n, s.k,
+                         !s.trans_b, s.segments, three ? 0b110u : 0b10u};
   p.k0 = chunk.k0;
   p.kc = chunk.kc;
   p.kp = chunk.kp;
@@ -159,8 +169,13 @@ void tf32x3_steps(const Tf32x3Shape& s, const Tf32x3Plan& plan, const float* a, 
     const Tf32x3Chunk& chunk = plan.chunks[c];
     split(split_params(s, chunk, a, b, a2, b2));
     const bool last = c + 1 == plan.chunks.size();
-    // 1: A_hi B_lo + A_lo B_hi over all 2 kp columns; the call's beta in the first chunk.
-    matmul(Tf32Matmul{a2, b2, 2 * chunk.kp, 2 * chunk.kp, c == 0 ? beta : 1.0f, false});
+    const float first_beta = c == 0 ? beta : 1.0f;  // the call's beta in the first chunk
+    if (s.segments == 3) {  // all three terms in one matmul over 3 kp columns
+      matmul(Tf32Matmul{a2, b2, 3 * chunk.kp, 3 * chunk.kp, first_beta, last && bias});
+      continue;
+    }
+    // 1: A_hi B_lo + A_lo B_hi over all 2 kp columns.
+    matmul(Tf32Matmul{a2, b2, 2 * chunk.kp, 2 * chunk.kp, first_beta, false});
     // 2: A_hi B_hi, added: A2's first kp columns, B2's last kp.
     matmul(Tf32Matmul{a2, b2 + chunk.kp, chunk.kp, 2 * chunk.kp, 1.0f, last && bias});
   }

@@ -17,12 +17,14 @@ inline constexpr size_t kTf32x3MaxWorkspace = size_t{256} << 20;
 
 /// The workspace a call of shape `s` asks for: its split operands whole when they fit
 /// kTf32x3MaxWorkspace, else the widest chunk that does (at least 4 columns of K); 0 when
-/// K == 0.
+/// K == 0. `s.segments` is ignored: this and run_tf32x3 choose the form alike
+/// (tf32x3_segments, or LOOM_TF32X3=auto|one|two).
 size_t tf32x3_workspace(const Tf32x3Shape& s);
 
 /// Y = alpha op(A) op(B) + beta Y (+ bias over Y's columns when `bias` is not null), gemm's
 /// semantics (loom/ops/gemm.h) for f32 A, B, Y and bias, in 3xTF32 on the current device and
-/// `stream`: split kernels and two TF32 cuBLASLt GEMMs per chunk of K.
+/// `stream`: a split kernel and one or two TF32 cuBLASLt GEMMs per chunk of K
+/// (`s.segments` is ignored, as above).
 /// \param op         the op named in errors
 /// \param s          the problem (batch, M, N, K, transposes, shared B)
 /// \param workspace  device memory for the split operands, `workspace_bytes` long; null: the

@@ -16,6 +16,9 @@ struct Tf32x3Shape {
   bool trans_a = false;  // A stored (K, M) per batch
   bool trans_b = false;  // B stored (N, K) (else (K, N))
   bool shared_b = true;  // one B for every batch index
+  // 2: A2 = [A_hi | A_lo], B2 = [B_lo | B_hi] and two matmuls; 3: A2 = [A_hi | A_lo | A_hi],
+  // B2 = [B_lo | B_hi | B_hi] and one (tf32x3.cuh; tf32x3_segments chooses).
+  int segments = 2;
 };
 
 struct Tf32x3Chunk {
@@ -32,12 +35,28 @@ struct Tf32x3Plan {
 
 inline int64_t round_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
 
-// The workspace bytes of chunks kp columns wide for `s`: A2 at 0, B2 at a 256-byte boundary.
+// The workspace bytes of chunks kp columns wide for `s`: A2 at 0, B2 at a 256-byte boundary,
+// each row s.segments * kp floats.
 inline size_t tf32x3_chunk_bytes(const Tf32x3Shape& s, int64_t kp, size_t* b2_offset = nullptr) {
   const int64_t rows_a = s.batch * s.m, rows_b = (s.shared_b ? 1 : s.batch) * s.n;
-  const size_t off = static_cast<size_t>(round_up(rows_a * 2 * kp * 4, 256));
+  const size_t off = static_cast<size_t>(round_up(rows_a * s.segments * kp * 4, 256));
   if (b2_offset != nullptr) *b2_offset = off;
-  return off + static_cast<size_t>(rows_b * 2 * kp * 4);
+  return off + static_cast<size_t>(rows_b * s.segments * kp * 4);
+}
+
+// Bytes a matmul launch is taken to cost (about 4 us of a small kernel's start and tail at
+// ~3 TB/s): an estimate, not measured; LOOM_TF32X3 forces either form to measure them.
+inline constexpr double kTf32x3LaunchBytes = 12e6;
+
+// The form of a call: 3 segments (one matmul) when writing the third segment of every row of
+// A2 and B2 costs less than what the second matmul costs (reading and writing Y once more,
+// and a launch); else 2. `force` 2 or 3 overrides (0: choose).
+inline int tf32x3_segments(const Tf32x3Shape& s, int force = 0) {
+  if (force == 2 || force == 3) return force;
+  const double rows = static_cast<double>(s.batch * s.m + (s.shared_b ? 1 : s.batch) * s.n);
+  const double third = rows * static_cast<double>(s.k) * 4.0;
+  const double second_matmul = static_cast<double>(s.batch * s.m * s.n) * 8.0 + kTf32x3LaunchBytes;
+  return third < second_matmul ? 3 : 2;
 }
 
 // Chunks of K that fit `capacity` bytes: as few as fit, of near-equal width (a multiple of 4

@@ -307,21 +307,23 @@ TEST(FamilyRegistry, GemmDeclinesWhatCublasLtCannotRun) {
   EXPECT_TRUE(x3->supports(&f32.call));
 }
 
-// The 3xTF32 workspace: the split operands of the whole K, [A_hi | A_lo] rows for batch * M
-// and [B_lo | B_hi] rows for each B matrix, 2 kp floats each (kp = K rounded up to 4), B's at
-// a 256-byte boundary; capped at 256 MiB by splitting K, never below 4 columns.
+// The 3xTF32 workspace: the split operands of the whole K, rows of A2 for batch * M and of B2
+// for each B matrix, segments * kp floats each (kp = K rounded up to 4; three segments where
+// the output is larger than the split, tf32x3_segments), B2 at a 256-byte boundary; capped
+// at 256 MiB by splitting K, never below 4 columns.
 TEST(FamilyRegistry, Tf32x3WorkspaceIsTheSplitOperands) {
   const DeviceType cu = DeviceType::kCuda;
   const KernelDesc* g = find(ops::kGemm, DType::kF32, "cuda.tf32x3");
   const KernelDesc* e = find(ops::kGemmEpilogue, DType::kF32, "cuda.tf32x3");
   ASSERT_NE(g, nullptr);
   ASSERT_NE(e, nullptr);
-  // batch 2 of (3, 5) @ (7, 5)^T, B batched: kp 8, A2 6 rows, B2 14 rows.
+  // batch 2 of (3, 5) @ (7, 5)^T, B batched: three segments of kp 8, A2 6 rows, B2 14 rows.
   Call f32({view(DType::kF32, {2, 3, 5}, cu), view(DType::kF32, {2, 7, 5}, cu)},
            {view(DType::kF32, {2, 3, 7}, cu)}, &kGemmNT);
-  const uint64_t a2 = 6 * 16 * 4, b2 = 14 * 16 * 4;
+  const uint64_t a2 = 6 * 24 * 4, b2 = 14 * 24 * 4;
   EXPECT_EQ(g->workspace(&f32.call), (a2 + 255) / 256 * 256 + b2);
-  // The LM head's gradient of a vocabulary of 50304 over 32768 tokens: chunks of K.
+  // The LM head's gradient of a vocabulary of 50304 over 32768 tokens: two segments (the
+  // split is far larger than the output), in chunks of K.
   const ops::GemmAttrs wgrad{1, 0, 1.0f, 1.0f};  // dW (V, C) += dY^T (tokens, V) X (tokens, C)
   Call big({view(DType::kF32, {32768, 50304}, cu), view(DType::kF32, {32768, 768}, cu)},
            {view(DType::kF32, {50304, 768}, cu)}, &wgrad);
@@ -333,7 +335,7 @@ TEST(FamilyRegistry, Tf32x3WorkspaceIsTheSplitOperands) {
   Call ep({view(DType::kF32, {3, 5}, cu), view(DType::kF32, {7, 5}, cu), view(DType::kF32, {7}, cu),
            none()},
           {view(DType::kF32, {3, 7}, cu), none(), none()}, &gelu);
-  const uint64_t ep_a2 = 3 * 16 * 4, ep_b2 = 7 * 16 * 4;
+  const uint64_t ep_a2 = 3 * 24 * 4, ep_b2 = 7 * 24 * 4;
   EXPECT_EQ(e->workspace(&ep.call), 256 + (ep_a2 + 255) / 256 * 256 + ep_b2);
 }
 

@@ -145,44 +145,50 @@ TEST(Tf32x3Split, WritesEveryElementAsTheFormulaSays) {
       {3, 3, 17, 9, 100, 36, 40, false, true},  // a chunk at k0 36, B k-major, batched B
       {1, 2, 64, 65, 64, 8, 33, true, true},    // kc 33 -> kp 36
   };
-  for (const Case& c : cases) {
-    std::vector<float> a(static_cast<size_t>(c.batches_a * c.rows_a * c.k));
-    std::vector<float> b(static_cast<size_t>(c.batches_b * c.rows_b * c.k));
-    for (float& v : a) v = nd(rng);
-    for (float& v : b) v = nd(rng) * 1e-3f;
-    const int64_t kp = round_up(c.kc, 4);
-    std::vector<float> a2(static_cast<size_t>(c.batches_a * c.rows_a * 2 * kp), NAN);
-    std::vector<float> b2(static_cast<size_t>(c.batches_b * c.rows_b * 2 * kp), NAN);
-    SplitParams p{};
-    p.sides[0] = SplitSide{a.data(), a2.data(), c.batches_a, c.rows_a, c.k, c.ka, false};
-    p.sides[1] = SplitSide{b.data(), b2.data(), c.batches_b, c.rows_b, c.k, c.kb, true};
-    p.k0 = c.k0;
-    p.kc = c.kc;
-    p.kp = kp;
-    p.tiles0 = split_tiles(p.sides[0], kp);
-    run_split(p);
-    int64_t wrong = 0;
-    for (int side = 0; side < 2; ++side) {
-      const SplitSide& s = p.sides[side];
-      const std::vector<float>& out = side == 0 ? a2 : b2;
-      for (int64_t bi = 0; bi < s.batches; ++bi)
-        for (int64_t r = 0; r < s.rows; ++r)
-          for (int64_t j = 0; j < kp; ++j) {
-            float hi = 0.0f, lo = 0.0f;
-            if (j < c.kc) {
-              const int64_t kk = c.k0 + j;
-              const float x = s.x[bi * s.rows * s.k + (s.k_major ? kk * s.rows + r : r * s.k + kk)];
-              split_tf32(x, &hi, &lo);
+  for (int segments : {2, 3})
+    for (const Case& c : cases) {
+      std::vector<float> a(static_cast<size_t>(c.batches_a * c.rows_a * c.k));
+      std::vector<float> b(static_cast<size_t>(c.batches_b * c.rows_b * c.k));
+      for (float& v : a) v = nd(rng);
+      for (float& v : b) v = nd(rng) * 1e-3f;
+      const int64_t kp = round_up(c.kc, 4);
+      std::vector<float> a2(static_cast<size_t>(c.batches_a * c.rows_a * segments * kp), NAN);
+      std::vector<float> b2(static_cast<size_t>(c.batches_b * c.rows_b * segments * kp), NAN);
+      // The driver's patterns: A2 [hi | lo (| hi)], B2 [lo | hi (| hi)].
+      const unsigned mask_a = segments == 3 ? 0b101u : 0b01u,
+                     mask_b = segments == 3 ? 0b110u : 0b10u;
+      SplitParams p{};
+      p.sides[0] =
+          SplitSide{a.data(), a2.data(), c.batches_a, c.rows_a, c.k, c.ka, segments, mask_a};
+      p.sides[1] =
+          SplitSide{b.data(), b2.data(), c.batches_b, c.rows_b, c.k, c.kb, segments, mask_b};
+      p.k0 = c.k0;
+      p.kc = c.kc;
+      p.kp = kp;
+      p.tiles0 = split_tiles(p.sides[0], kp);
+      run_split(p);
+      int64_t wrong = 0;
+      for (int side = 0; side < 2; ++side) {
+        const SplitSide& s = p.sides[side];
+        const std::vector<float>& out = side == 0 ? a2 : b2;
+        for (int64_t bi = 0; bi < s.batches; ++bi)
+          for (int64_t r = 0; r < s.rows; ++r)
+            for (int64_t j = 0; j < kp; ++j) {
+              float hi = 0.0f, lo = 0.0f;
+              if (j < c.kc) {
+                const int64_t kk = c.k0 + j;
+                const float x =
+                    s.x[bi * s.rows * s.k + (s.k_major ? kk * s.rows + r : r * s.k + kk)];
+                split_tf32(x, &hi, &lo);
+              }
+              const float* row = out.data() + (bi * s.rows + r) * segments * kp;
+              for (int seg = 0; seg < segments; ++seg)
+                if (bits(row[seg * kp + j]) != bits((s.hi_mask >> seg) & 1u ? hi : lo)) ++wrong;
             }
-            const float* row = out.data() + (bi * s.rows + r) * 2 * kp;
-            const float got_hi = row[s.lo_first ? kp + j : j];
-            const float got_lo = row[s.lo_first ? j : kp + j];
-            if (bits(got_hi) != bits(hi) || bits(got_lo) != bits(lo)) ++wrong;
-          }
+      }
+      EXPECT_EQ(wrong, 0) << segments << " segments, rows " << c.rows_a << "/" << c.rows_b << " k "
+                          << c.k << " chunk " << c.k0 << "+" << c.kc;
     }
-    EXPECT_EQ(wrong, 0) << "rows " << c.rows_a << "/" << c.rows_b << " k " << c.k << " chunk "
-                        << c.k0 << "+" << c.kc;
-  }
 }
 
 // ---- The plan ------------------------------------------------------------------------------
@@ -193,36 +199,38 @@ TEST(Tf32x3Plan, ChunksCoverKAndFit) {
   s.m = 100;
   s.n = 60;
   s.shared_b = false;
-  for (int64_t k : {1, 3, 4, 5, 64, 1000, 4099})
-    for (size_t capacity : {size_t{1} << 30, size_t{200000}, size_t{50000}, size_t{10240}}) {
-      s.k = k;
-      const Tf32x3Plan plan = plan_tf32x3(s, capacity);
-      const size_t least = tf32x3_chunk_bytes(s, 4);
-      if (least > capacity) {
-        EXPECT_TRUE(plan.chunks.empty()) << k << " " << capacity;
-        continue;
+  for (int segments : {2, 3})
+    for (int64_t k : {1, 3, 4, 5, 64, 1000, 4099})
+      for (size_t capacity : {size_t{1} << 30, size_t{200000}, size_t{50000}, size_t{10240}}) {
+        s.k = k;
+        s.segments = segments;
+        const Tf32x3Plan plan = plan_tf32x3(s, capacity);
+        const size_t least = tf32x3_chunk_bytes(s, 4);
+        if (least > capacity) {
+          EXPECT_TRUE(plan.chunks.empty()) << k << " " << capacity;
+          continue;
+        }
+        ASSERT_FALSE(plan.chunks.empty());
+        EXPECT_EQ(plan.rows_a, 200);
+        EXPECT_EQ(plan.rows_b, 120);
+        EXPECT_LE(plan.bytes, capacity);
+        int64_t next = 0;
+        for (const Tf32x3Chunk& c : plan.chunks) {
+          EXPECT_EQ(c.k0, next);
+          EXPECT_GT(c.kc, 0);
+          EXPECT_EQ(c.kp % 4, 0);
+          EXPECT_GE(c.kp, c.kc);
+          EXPECT_LT(c.kp - c.kc, 4);
+          EXPECT_LE(c.kp, plan.kp_max);
+          next += c.kc;
+        }
+        EXPECT_EQ(next, k);
+        // As few chunks as fit: one fewer would need wider ones than the capacity holds.
+        if (plan.chunks.size() > 1) {
+          const int64_t fewer = static_cast<int64_t>(plan.chunks.size()) - 1;
+          EXPECT_GT(tf32x3_chunk_bytes(s, round_up((k + fewer - 1) / fewer, 4)), capacity);
+        }
       }
-      ASSERT_FALSE(plan.chunks.empty());
-      EXPECT_EQ(plan.rows_a, 200);
-      EXPECT_EQ(plan.rows_b, 120);
-      EXPECT_LE(plan.bytes, capacity);
-      int64_t next = 0;
-      for (const Tf32x3Chunk& c : plan.chunks) {
-        EXPECT_EQ(c.k0, next);
-        EXPECT_GT(c.kc, 0);
-        EXPECT_EQ(c.kp % 4, 0);
-        EXPECT_GE(c.kp, c.kc);
-        EXPECT_LT(c.kp - c.kc, 4);
-        EXPECT_LE(c.kp, plan.kp_max);
-        next += c.kc;
-      }
-      EXPECT_EQ(next, k);
-      // As few chunks as fit: one fewer would need wider ones than the capacity holds.
-      if (plan.chunks.size() > 1) {
-        const int64_t fewer = static_cast<int64_t>(plan.chunks.size()) - 1;
-        EXPECT_GT(tf32x3_chunk_bytes(s, round_up((k + fewer - 1) / fewer, 4)), capacity);
-      }
-    }
   s.k = 0;
   EXPECT_TRUE(plan_tf32x3(s, size_t{1} << 30).chunks.empty());
 }
@@ -318,8 +326,10 @@ std::vector<float> direct(const GemmCase& c, const Problem& p, Round round) {
 // The method: the plan, and tf32x3_steps' launches run here (the split on the emulator, each
 // TF32 matmul as the tensor cores compute it under `mode`: operands to TF32, products exact,
 // the sum in f32; then alpha, beta and the bias as cuBLASLt's epilogue applies them).
-std::vector<float> tf32x3(const GemmCase& c, const Problem& p, Tf32Mode mode, size_t* chunks) {
+std::vector<float> tf32x3(const GemmCase& c, const Problem& p, Tf32Mode mode, int segments,
+                          size_t* chunks) {
   Tf32x3Shape s;
+  s.segments = segments;
   s.batch = c.batch;
   s.m = c.m;
   s.n = c.n;
@@ -383,59 +393,86 @@ TEST(Tf32x3Gemm, F32AccuracyOverLayoutsBatchesAndChunks) {
     const double f32 = rel_error(direct(c, p, [](float x) { return x; }), want, scale);
     const double one_tf32 = rel_error(
         direct(c, p, [](float x) { return to_tf32(x, Tf32Mode::kNearest); }), want, scale);
-    for (Tf32Mode mode : {Tf32Mode::kTruncate, Tf32Mode::kNearest}) {
-      size_t chunks = 0;
-      const double e = rel_error(tf32x3(c, p, mode, &chunks), want, scale);
-      std::printf(
-          "%s, %zu chunk(s), TF32 %s: 3xTF32 %.3g, f32 %.3g, one TF32 %.3g (of sum |a b|)\n",
-          describe(c).c_str(), chunks, mode == Tf32Mode::kTruncate ? "truncated" : "rounded", e,
-          f32, one_tf32);
-      // f32 level: within a few units of 2^-24 of the sum's scale, as the f32 GEMM is; and
-      // far below one TF32 product's error, which this test must be able to tell apart.
-      EXPECT_LE(e, 4e-7) << describe(c);
-      EXPECT_LE(e, 4 * f32 + 1e-7) << describe(c);
-      EXPECT_GT(one_tf32, 30 * e) << describe(c);
-    }
+    for (int segments : {2, 3})
+      for (Tf32Mode mode : {Tf32Mode::kTruncate, Tf32Mode::kNearest}) {
+        size_t chunks = 0;
+        const double e = rel_error(tf32x3(c, p, mode, segments, &chunks), want, scale);
+        std::printf(
+            "%s, %d segments, %zu chunk(s), TF32 %s: 3xTF32 %.3g, f32 %.3g, one TF32 %.3g (of sum "
+            "|a b|)\n",
+            describe(c).c_str(), segments, chunks,
+            mode == Tf32Mode::kTruncate ? "truncated" : "rounded", e, f32, one_tf32);
+        // f32 level: within a few units of 2^-24 of the sum's scale, as the f32 GEMM is; and
+        // far below one TF32 product's error, which this test must be able to tell apart.
+        EXPECT_LE(e, 4e-7) << describe(c) << ", " << segments << " segments";
+        EXPECT_LE(e, 4 * f32 + 1e-7) << describe(c) << ", " << segments << " segments";
+        EXPECT_GT(one_tf32, 30 * e) << describe(c) << ", " << segments << " segments";
+      }
   }
 }
 
-// A wrong pairing of the halves (hi with hi twice, lo dropped) is what the error check must
-// catch: with B2 written [hi | lo] instead of [lo | hi], GEMM 1 adds A_hi B_hi + A_lo B_lo.
+// A wrong pairing of the halves is what the error check must catch: with B2 written as A2 is
+// ([hi | lo], [hi | lo | hi]), the products are A_hi B_hi + A_lo B_lo (+ A_hi B_hi): the
+// cross terms are lost.
 TEST(Tf32x3Gemm, TheCheckCatchesAWrongPairing) {
-  std::mt19937 rng(4);
-  const GemmCase c{1, 20, 12, 200, false, true, true, 1.0f, 0.0f, false, size_t{1} << 30};
-  const Problem p = make(c, rng);
-  std::vector<long double> want;
-  std::vector<double> scale;
-  oracle(c, p, &want, &scale);
-  Tf32x3Shape s;
-  s.m = c.m;
-  s.n = c.n;
-  s.k = c.k;
-  s.trans_b = true;
-  const Tf32x3Plan plan = plan_tf32x3(s, c.capacity);
-  std::vector<float> ws(plan.bytes / 4 + 1, NAN);
-  std::vector<float> y = p.y0;
-  auto wrong_split = [](SplitParams sp) {
-    sp.sides[1].lo_first = false;
-    run_split(sp);
+  for (int segments : {2, 3}) {
+    std::mt19937 rng(4);
+    const GemmCase c{1, 20, 12, 200, false, true, true, 1.0f, 0.0f, false, size_t{1} << 30};
+    const Problem p = make(c, rng);
+    std::vector<long double> want;
+    std::vector<double> scale;
+    oracle(c, p, &want, &scale);
+    Tf32x3Shape s;
+    s.m = c.m;
+    s.n = c.n;
+    s.k = c.k;
+    s.trans_b = true;
+    s.segments = segments;
+    const Tf32x3Plan plan = plan_tf32x3(s, c.capacity);
+    std::vector<float> ws(plan.bytes / 4 + 1, NAN);
+    std::vector<float> y = p.y0;
+    auto wrong_split = [](SplitParams sp) {
+      sp.sides[1].hi_mask = sp.sides[0].hi_mask;
+      run_split(sp);
+    };
+    auto matmul = [&](const Tf32Matmul& mm) {
+      for (int64_t i = 0; i < c.m; ++i)
+        for (int64_t j = 0; j < c.n; ++j) {
+          float acc = 0.0f;
+          for (int64_t t = 0; t < mm.k; ++t)
+            acc = std::fmaf(to_tf32(mm.a2[i * mm.ld + t], Tf32Mode::kTruncate),
+                            to_tf32(mm.b2[j * mm.ld + t], Tf32Mode::kTruncate), acc);
+          float& out = y[static_cast<size_t>(i * c.n + j)];
+          out = acc + (mm.beta != 0.0f ? mm.beta * out : 0.0f);
+        }
+    };
+    tf32x3_steps(s, plan, p.a.data(), p.b.data(), ws.data(), ws.data() + plan.b2_offset / 4, 0.0f,
+                 false, wrong_split, matmul);
+    const double e = rel_error(y, want, scale);
+    std::printf("%d segments, B2 written as A2: error %.3g of sum |a b|\n", segments, e);
+    EXPECT_GT(e, 4e-7);
+  }
+}
+
+// The form of a call: one matmul where a third segment of the split costs less than a second
+// matmul's pass over Y and its launch (tf32x3_segments' byte model), on the default spec's
+// GEMMs; LOOM_TF32X3's override wins.
+TEST(Tf32x3Plan, TheFormFollowsTheBytes) {
+  auto form = [](int64_t m, int64_t n, int64_t k, int force = 0) {
+    Tf32x3Shape s;
+    s.m = m;
+    s.n = n;
+    s.k = k;
+    return tf32x3_segments(s, force);
   };
-  auto matmul = [&](const Tf32Matmul& mm) {
-    for (int64_t i = 0; i < c.m; ++i)
-      for (int64_t j = 0; j < c.n; ++j) {
-        float acc = 0.0f;
-        for (int64_t t = 0; t < mm.k; ++t)
-          acc = std::fmaf(to_tf32(mm.a2[i * mm.ld + t], Tf32Mode::kTruncate),
-                          to_tf32(mm.b2[j * mm.ld + t], Tf32Mode::kTruncate), acc);
-        float& out = y[static_cast<size_t>(i * c.n + j)];
-        out = acc + (mm.beta != 0.0f ? mm.beta * out : 0.0f);
-      }
-  };
-  tf32x3_steps(s, plan, p.a.data(), p.b.data(), ws.data(), ws.data() + plan.b2_offset / 4, 0.0f,
-               false, wrong_split, matmul);
-  const double e = rel_error(y, want, scale);
-  std::printf("B2 written [hi | lo]: error %.3g of sum |a b|\n", e);
-  EXPECT_GT(e, 4e-7);
+  // The default spec (2048 tokens, C 256, V 4096): the forward's QKV and output layer write
+  // a Y much larger than the third segment; the output layer's dX contracts over 4096.
+  EXPECT_EQ(form(2048, 768, 256), 3);   // QKV: 2.9 MB more split, 12.6 MB of Y saved
+  EXPECT_EQ(form(2048, 4096, 256), 3);  // output layer
+  EXPECT_EQ(form(2048, 256, 4096), 2);  // its dX: 37.7 MB more split, 4.2 MB of Y
+  EXPECT_EQ(form(4096, 256, 2048), 2);  // its dW
+  EXPECT_EQ(form(2048, 256, 4096, 3), 3);
+  EXPECT_EQ(form(2048, 768, 256, 2), 2);
 }
 
 }  // namespace
