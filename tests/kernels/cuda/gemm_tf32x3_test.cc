@@ -21,9 +21,11 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernels/cuda/gemm/gemm.h"
+#include "kernels/cuda/gemm/tf32x3_plan.h"
 
 namespace loom::kernels::cuda {
 namespace {
@@ -137,6 +139,9 @@ TEST(Tf32x3Gemm, F32AccuracyAgainstLongDouble) {
       {0, true, 2048, 256, 256, false, true, 1.0f, 0.0f, false},  // the default spec's proj
       {0, true, 256, 256, 2048, true, false, 1.0f, 1.0f, false},  // a weight gradient
       {0, true, 256, 128, 6000, false, false, 1.0f, 0.0f, true},  // 2 chunks of the scratch
+      // Two segments (the split far larger than Y), in one chunk and in two.
+      {0, true, 64, 64, 30000, false, true, 1.0f, 0.0f, false},
+      {0, true, 64, 64, 30000, true, false, 1.0f, 1.0f, true},
       {3, true, 65, 33, 129, false, false, -0.5f, 0.5f, false},
       {2, false, 17, 40, 300, true, true, 1.5f, 0.0f, false},
       {0, true, 7, 9, 5, false, true, 1.0f, 0.0f, false},  // K < 8
@@ -192,12 +197,18 @@ TEST(Tf32x3Gemm, F32AccuracyAgainstLongDouble) {
     const double e = error_of("cuda.tf32x3", c.no_workspace);
     const double tf32 = error_of("cuda.tf32", false);
     const double f32 = error_of("cuda", false);
+    gemm::Tf32x3Shape form;  // the form the kernel chose, for the record
+    form.batch = nb;
+    form.m = c.m;
+    form.n = c.n;
+    form.k = c.k;
+    form.shared_b = c.shared_b;
     std::printf(
-        "batch %lld M %lld N %lld K %lld ta %d tb %d%s: 3xTF32 %.3g, cuda (f32) %.3g, "
-        "cuda.tf32 %.3g (of sum |a b|)\n",
+        "batch %lld M %lld N %lld K %lld ta %d tb %d%s, %d segments: 3xTF32 %.3g, cuda (f32) "
+        "%.3g, cuda.tf32 %.3g (of sum |a b|)\n",
         static_cast<long long>(c.batch), static_cast<long long>(c.m), static_cast<long long>(c.n),
-        static_cast<long long>(c.k), c.ta, c.tb, c.no_workspace ? " (no workspace)" : "", e, f32,
-        tf32);
+        static_cast<long long>(c.k), c.ta, c.tb, c.no_workspace ? " (no workspace)" : "",
+        gemm::tf32x3_segments(form), e, f32, tf32);
     // f32 level: 4e-7 of sum |a b| (the emulation test's model gives at most 2.3e-7), or
     // within 4x of loom's f32 GEMM on the same inputs where its own error is larger (a long K:
     // the tensor cores' f32 accumulation need not round as an f32 FMA does).
@@ -210,55 +221,58 @@ TEST(Tf32x3GemmEpilogue, EveryEpilogueMatchesTheCudaKernel) {
   REQUIRE_GPU();
   std::mt19937 rng(2);
   std::normal_distribution<float> nd;
-  const int64_t m = 96, n = 80, k = 200;
-  for (int32_t epilogue :
-       {ops::kEpilogueBias, ops::kEpilogueGelu, ops::kEpilogueDGelu, ops::kEpilogueBiasGradA}) {
-    const bool wgrad = epilogue == ops::kEpilogueBiasGradA;
-    Buf a(wgrad ? std::vector<int64_t>{k, m} : std::vector<int64_t>{m, k});
-    Buf b({n, k}), bias({n}), p({m, n}), aux({m, n}), dbias({wgrad ? m : n});
-    for (Buf* t : {&a, &b, &bias, &p})
-      for (float& v : t->host) v = nd(rng);
-    for (Buf* t : {&a, &b, &bias, &p}) t->upload();
-    ops::GemmEpilogueAttrs at{};
-    at.trans_a = wgrad;
-    at.trans_b = 1;
-    at.epilogue = epilogue;
-    at.approximate = 1;
-    at.beta = wgrad ? 1.0f : 0.0f;
-    std::vector<float> results[2][3];
-    const char* names[2] = {"cuda", "cuda.tf32x3"};
-    for (int r = 0; r < 2; ++r) {
-      Buf y({m, n});
-      for (float& v : y.host) v = wgrad ? 0.25f : 0.0f;  // a weight gradient accumulates
-      y.upload();
-      aux.upload();
-      dbias.upload();
-      const TensorView none = Buf().view();
-      // A, B, bias, P; Y, aux, dbias: each optional one where the epilogue takes it.
-      const bool with_bias = epilogue == ops::kEpilogueBias || epilogue == ops::kEpilogueGelu;
-      std::vector<TensorView> in = {a.view(), b.view(), with_bias ? bias.view() : none,
-                                    epilogue == ops::kEpilogueDGelu ? p.view() : none};
-      std::vector<TensorView> out = {
-          y.view(), epilogue == ops::kEpilogueGelu ? aux.view() : none,
-          epilogue == ops::kEpilogueDGelu || wgrad ? dbias.view() : none};
-      call(kernel(ops::kGemmEpilogue, names[r]), in, out, &at, sizeof at);
-      results[r][0] = y.download();
-      results[r][1] = aux.download();
-      results[r][2] = dbias.download();
+  // (96, 80, 200): three segments, one matmul; (64, 64, 30000): two, the bias in the second.
+  for (const auto& [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{96, 80, 200},
+                                std::tuple<int64_t, int64_t, int64_t>{64, 64, 30000}})
+    for (int32_t epilogue :
+         {ops::kEpilogueBias, ops::kEpilogueGelu, ops::kEpilogueDGelu, ops::kEpilogueBiasGradA}) {
+      const bool wgrad = epilogue == ops::kEpilogueBiasGradA;
+      Buf a(wgrad ? std::vector<int64_t>{k, m} : std::vector<int64_t>{m, k});
+      Buf b({n, k}), bias({n}), p({m, n}), aux({m, n}), dbias({wgrad ? m : n});
+      for (Buf* t : {&a, &b, &bias, &p})
+        for (float& v : t->host) v = nd(rng);
+      for (Buf* t : {&a, &b, &bias, &p}) t->upload();
+      ops::GemmEpilogueAttrs at{};
+      at.trans_a = wgrad;
+      at.trans_b = 1;
+      at.epilogue = epilogue;
+      at.approximate = 1;
+      at.beta = wgrad ? 1.0f : 0.0f;
+      std::vector<float> results[2][3];
+      const char* names[2] = {"cuda", "cuda.tf32x3"};
+      for (int r = 0; r < 2; ++r) {
+        Buf y({m, n});
+        for (float& v : y.host) v = wgrad ? 0.25f : 0.0f;  // a weight gradient accumulates
+        y.upload();
+        aux.upload();
+        dbias.upload();
+        const TensorView none = Buf().view();
+        // A, B, bias, P; Y, aux, dbias: each optional one where the epilogue takes it.
+        const bool with_bias = epilogue == ops::kEpilogueBias || epilogue == ops::kEpilogueGelu;
+        std::vector<TensorView> in = {a.view(), b.view(), with_bias ? bias.view() : none,
+                                      epilogue == ops::kEpilogueDGelu ? p.view() : none};
+        std::vector<TensorView> out = {
+            y.view(), epilogue == ops::kEpilogueGelu ? aux.view() : none,
+            epilogue == ops::kEpilogueDGelu || wgrad ? dbias.view() : none};
+        call(kernel(ops::kGemmEpilogue, names[r]), in, out, &at, sizeof at);
+        results[r][0] = y.download();
+        results[r][1] = aux.download();
+        results[r][2] = dbias.download();
+      }
+      double worst = 0;
+      for (int o = 0; o < 3; ++o) {
+        double mag = 1e-30;
+        for (float v : results[0][o]) mag = std::max(mag, static_cast<double>(std::fabs(v)));
+        for (size_t i = 0; i < results[0][o].size(); ++i)
+          worst = std::max(worst, std::fabs(results[0][o][i] - results[1][o][i]) / mag);
+      }
+      std::printf(
+          "gemm_epilogue %d (M %lld N %lld K %lld): cuda.tf32x3 against cuda, largest difference "
+          "%.3g of the largest value\n",
+          epilogue, static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k),
+          worst);
+      EXPECT_LE(worst, 2e-6) << "epilogue " << epilogue;
     }
-    double worst = 0;
-    for (int o = 0; o < 3; ++o) {
-      double mag = 1e-30;
-      for (float v : results[0][o]) mag = std::max(mag, static_cast<double>(std::fabs(v)));
-      for (size_t i = 0; i < results[0][o].size(); ++i)
-        worst = std::max(worst, std::fabs(results[0][o][i] - results[1][o][i]) / mag);
-    }
-    std::printf(
-        "gemm_epilogue %d: cuda.tf32x3 against cuda, largest difference %.3g of the "
-        "largest value\n",
-        epilogue, worst);
-    EXPECT_LE(worst, 2e-6) << "epilogue " << epilogue;
-  }
 }
 
 }  // namespace
