@@ -38,7 +38,7 @@ namespace {
 
 constexpr size_t kLtWorkspace = kScratchBytes / 2;  // cuBLASLt's; the split may use the rest
 
-// One of the two TF32 matmuls of a chunk, in cuBLAS's terms.
+// One TF32 matmul of a chunk, in cuBLAS's terms.
 struct Tf32Problem {
   int64_t device, m, n, k, ld, batch, stride_a, stride_b, stride_c;
   int64_t bias;  // 1: CUBLASLT_EPILOGUE_BIAS
@@ -165,7 +165,7 @@ void run_tf32x3(const char* op, const Tf32x3Shape& shape, const float* A, const 
   float* a2 = static_cast<float*>(workspace);
   float* b2 = reinterpret_cast<float*>(static_cast<char*>(workspace) + plan.b2_offset);
   cublasLtHandle_t h = lt_handle(op, device);
-  const bool fold = s.shared_b;  // A2 is (batch * M, 2 kp): one matrix
+  const bool fold = s.shared_b;  // A2 is (batch * M, segments * kp): one matrix
   const int64_t batch = fold ? 1 : s.batch;
   auto split = [&](const SplitParams& sp) {
     const int64_t blocks = sp.tiles0 + split_tiles(sp.sides[1], sp.kp);
