@@ -271,6 +271,8 @@ Status Host::find_kernel(StringView op, DeviceType device, DType dtype, const Op
 void Host::check_pins() const {
   if (pins_.empty()) return;
   const std::vector<const KernelEntry*> all = registry_->all_kernels();
+  std::set<std::string> ops;
+  for (const KernelEntry* k : all) ops.insert(k->op);
   for (const auto& [key, kernel] : pins_) {
     const size_t at = key.find('@');
     const std::string op = key.substr(0, at);
@@ -285,12 +287,6 @@ void Host::check_pins() const {
                         "to pin the op for one dtype, \"{}\" for all",
                         d, op, op));
     }
-    std::set<std::string> ops, names;
-    for (const KernelEntry* k : all) {
-      ops.insert(k->op);
-      if (k->op == op && (dtype == DType::kInvalid || k->desc.dtype == dtype))
-        names.insert(k->name);
-    }
     if (!ops.count(op)) {
       // Ops that share the name's first word, to point at the typo.
       const std::string head = op.substr(0, op.find('_'));
@@ -302,6 +298,10 @@ void Host::check_pins() const {
                                   "describe LIBRARY --json` lists a library's ops and kernels",
                                   op, near.empty() ? "" : " (ops with that prefix: " + near + ")"));
     }
+    std::set<std::string> names;  // the op's kernels (for the dtype)
+    for (const KernelEntry* k : all)
+      if (k->op == op && (dtype == DType::kInvalid || k->desc.dtype == dtype))
+        names.insert(k->name);
     if (kernel != "none" && !names.count(kernel)) {
       std::string list;
       for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;

@@ -149,16 +149,19 @@ void run_library_op(const char* op, DType key, bool fast, std::initializer_list<
 // Largest element count among the call's tensors (the "n" of an elementwise op).
 int64_t max_numel(const OpCall* call);
 
-// Defines NAME_supports (the reference's: the checks pass), NAME_fast_supports (also needs
-// AVX2) and NAME_cost (FLOPS_PER_ELEM * max_numel, bytes of every tensor) for an op whose
-// checks are `CHECK(const OpCall*, bool shapes_only)`.
+// Defines NAME_supports (the reference's: the checks pass) and NAME_fast_supports (also
+// needs AVX2) for an op whose checks are `CHECK(const OpCall*, bool shapes_only)`.
+#define LOOM_CPU_SUPPORTS(NAME, CHECK)                          \
+  [[maybe_unused]] bool NAME##_supports(const OpCall* c) {      \
+    return passes([&] { CHECK(c, true); });                     \
+  }                                                             \
+  [[maybe_unused]] bool NAME##_fast_supports(const OpCall* c) { \
+    return cpu_has_avx2() && NAME##_supports(c);                \
+  }
+
+// LOOM_CPU_SUPPORTS, and NAME_cost (FLOPS_PER_ELEM * max_numel, bytes of every tensor).
 #define LOOM_CPU_HOOKS(NAME, CHECK, FLOPS_PER_ELEM)                            \
-  [[maybe_unused]] bool NAME##_supports(const OpCall* c) {                     \
-    return passes([&] { CHECK(c, true); });                                    \
-  }                                                                            \
-  [[maybe_unused]] bool NAME##_fast_supports(const OpCall* c) {                \
-    return cpu_has_avx2() && NAME##_supports(c);                               \
-  }                                                                            \
+  LOOM_CPU_SUPPORTS(NAME, CHECK)                                               \
   [[maybe_unused]] Status NAME##_cost(const OpCall* c, OpCost* out) {          \
     return guard([&] {                                                         \
       CHECK(c, true);                                                          \

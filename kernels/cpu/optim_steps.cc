@@ -211,34 +211,23 @@ Status sgd_step_fast(const OpCall* call) {
 
 LOOM_CPU_FAST_END
 
-// The steps' hooks by hand: their costs read the states they update in place as well as
-// writing them (op_checks::step_cost), and adamw_step_multi's counts the elements of every
-// shard (the sum of its K adamw_step calls' costs), not those of the largest tensor.
-bool adamw_step_supports(const OpCall* c) {
-  return passes([&] { check_adamw(c, true); });
-}
-bool adamw_step_fast_supports(const OpCall* c) { return cpu_has_avx2() && adamw_step_supports(c); }
+// The steps' costs by hand: they read the states they update in place as well as writing
+// them (op_checks::step_cost), and adamw_step_multi's counts the elements of every shard
+// (the sum of its K adamw_step calls' costs), not those of the largest tensor.
+LOOM_CPU_SUPPORTS(adamw_step, check_adamw)
 Status adamw_step_cost(const OpCall* c, OpCost* out) {
   return guard([&] {
     check_adamw(c, true);
     *out = op_checks::step_cost(c, 12.0 * static_cast<double>(max_numel(c)), 4);
   });
 }
-bool adamw_step_multi_supports(const OpCall* c) {
-  return passes([&] { check_adamw_multi(c, true); });
-}
-bool adamw_step_multi_fast_supports(const OpCall* c) {
-  return cpu_has_avx2() && adamw_step_multi_supports(c);
-}
+LOOM_CPU_SUPPORTS(adamw_step_multi, check_adamw_multi)
 Status adamw_step_multi_cost(const OpCall* c, OpCost* out) {
   return guard([&] {
     *out = op_checks::step_cost(c, 12.0 * static_cast<double>(check_adamw_multi(c, true)), 4);
   });
 }
-bool sgd_step_supports(const OpCall* c) {
-  return passes([&] { check_sgd(c, true); });
-}
-bool sgd_step_fast_supports(const OpCall* c) { return cpu_has_avx2() && sgd_step_supports(c); }
+LOOM_CPU_SUPPORTS(sgd_step, check_sgd)
 Status sgd_step_cost(const OpCall* c, OpCost* out) {
   return guard([&] {
     check_sgd(c, true);

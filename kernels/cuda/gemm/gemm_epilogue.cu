@@ -410,7 +410,7 @@ size_t p_bytes(const GemmEpilogueShape& s, DType dt) {
 
 // Where the 3xTF32 split operands start in the workspace: after P, at 256 bytes.
 size_t tf32x3_offset(const GemmEpilogueShape& s, DType dt) {
-  return (p_bytes(s, dt) + 255) / 256 * 256;
+  return static_cast<size_t>(round_up(static_cast<int64_t>(p_bytes(s, dt)), 256));
 }
 
 void gemm_epilogue_run(const OpCall* call, bool tf32x3) {
@@ -495,11 +495,12 @@ uint64_t gemm_epilogue_tf32x3_workspace(const OpCall* call) {
   return split == 0 ? p_bytes(s, dt) : tf32x3_offset(s, dt) + split;
 }
 
-// Three TF32 products (gemm_tf32x3.cu's cost).
+// The 'cuda' kernel's cost, and what 3xTF32 adds (add_tf32x3_cost).
 Status gemm_epilogue_tf32x3_cost(const OpCall* call, OpCost* out) {
   return guard([&] {
     throw_if_error(gemm_epilogue_cost(call, out));
-    out->flops *= 3;
+    add_tf32x3_cost(tf32x3_shape(op_checks::check_gemm_epilogue(call, true, DeviceType::kCuda)),
+                    out);
   });
 }
 

@@ -135,6 +135,22 @@ size_t tf32x3_workspace(const Tf32x3Shape& shape) {
   return plan_tf32x3(s, std::max(kTf32x3MaxWorkspace, least)).bytes;
 }
 
+void add_tf32x3_cost(const Tf32x3Shape& shape, OpCost* out) {
+  const Tf32x3Shape s = with_form(shape);
+  out->flops *= 3;
+  // Elements of A and B: each written once per segment by the split and read three times by
+  // the matmuls (2 kp + kp columns, or 3 kp); K's padding to 4 left out.
+  const double split =
+      4.0 * static_cast<double>(s.batch * s.m * s.k + (s.shared_b ? 1 : s.batch) * s.n * s.k);
+  out->bytes_written += s.segments * split;
+  out->bytes_read += 3 * split;
+  if (s.segments == 2) {  // the second matmul adds into Y (beta 1)
+    const double y = 4.0 * static_cast<double>(s.batch * s.m * s.n);
+    out->bytes_read += y;
+    out->bytes_written += y;
+  }
+}
+
 void run_tf32x3(const char* op, const Tf32x3Shape& shape, const float* A, const float* B, float* Y,
                 float alpha, float beta, const float* bias, void* workspace, size_t workspace_bytes,
                 cudaStream_t stream, int device) {
@@ -244,16 +260,13 @@ uint64_t gemm_tf32x3_workspace_fn(const OpCall* call) {
   return tf32x3_workspace(shape_of(g));
 }
 
-// Three TF32 products of 2 flops per multiply-add; the split reads A and B and writes twice
-// their size, the GEMMs read that.
+// The plain GEMM's cost, and what 3xTF32 adds (add_tf32x3_cost).
 Status gemm_tf32x3_cost(const OpCall* call, OpCost* out) {
   return guard([&] {
     const op_checks::GemmShape g = op_checks::check_gemm(call, true, DeviceType::kCuda);
-    *out = io_cost(call, 3 * 2.0 * g.batch * g.m * g.n * g.k);
-    const double split = 4.0 * static_cast<double>(numel(call->inputs[0]) + numel(call->inputs[1]));
-    out->bytes_written += 2 * split;
-    out->bytes_read += 3 * split;  // GEMM 1 reads all of A2 and B2, GEMM 2 half
+    *out = io_cost(call, 2.0 * g.batch * g.m * g.n * g.k);
     if (g.attrs.beta != 0.0f) out->bytes_read += 4.0 * static_cast<double>(numel(call->outputs[0]));
+    add_tf32x3_cost(shape_of(g), out);
   });
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cuda_runtime.h>
+#include <loom/kernel.h>
 
 #include <cstddef>
 
@@ -20,6 +21,12 @@ inline constexpr size_t kTf32x3MaxWorkspace = size_t{256} << 20;
 /// K == 0. `s.segments` is ignored: this and run_tf32x3 choose the form alike
 /// (tf32x3_segments, or LOOM_TF32X3=auto|one|two).
 size_t tf32x3_workspace(const Tf32x3Shape& s);
+
+/// Adds to `out` (the plain GEMM's cost of the call: 2 M N K flops, its operands and Y)
+/// what 3xTF32 does besides: three products instead of one, the split operands written and
+/// read by the matmuls, and in the two-matmul form Y read and written once more. `s.segments`
+/// is ignored (the form is chosen as run_tf32x3 chooses it).
+void add_tf32x3_cost(const Tf32x3Shape& s, OpCost* out);
 
 /// Y = alpha op(A) op(B) + beta Y (+ bias over Y's columns when `bias` is not null), gemm's
 /// semantics (loom/ops/gemm.h) for f32 A, B, Y and bias, in 3xTF32 on the current device and

@@ -330,6 +330,22 @@ TEST(FamilyRegistry, Tf32x3WorkspaceIsTheSplitOperands) {
   const uint64_t w = g->workspace(&big.call);
   EXPECT_LE(w, uint64_t{256} << 20);
   EXPECT_GE(w, uint64_t{128} << 20);
+  // The cost: the 'cuda' kernel's, three products instead of one, and the split written
+  // once per segment and read three times (the small case: 3 segments, 6 * 5 + 14 * 5 floats);
+  // in the two-matmul form Y is read and written once more too.
+  const KernelDesc* plain = find(ops::kGemm, DType::kF32);
+  ASSERT_NE(plain, nullptr);
+  OpCost want{}, got{};
+  ASSERT_EQ(plain->cost(&f32.call, &want).code, Code::kOk);
+  ASSERT_EQ(g->cost(&f32.call, &got).code, Code::kOk);
+  EXPECT_EQ(got.flops, 3 * want.flops);
+  EXPECT_EQ(got.bytes_written, want.bytes_written + 3 * (6 + 14) * 5 * 4.0);
+  EXPECT_EQ(got.bytes_read, want.bytes_read + 3 * (6 + 14) * 5 * 4.0);
+  ASSERT_EQ(plain->cost(&big.call, &want).code, Code::kOk);
+  ASSERT_EQ(g->cost(&big.call, &got).code, Code::kOk);
+  const double split = (50304.0 + 768.0) * 32768 * 4, y = 50304.0 * 768 * 4;
+  EXPECT_EQ(got.bytes_written, want.bytes_written + 2 * split + y);
+  EXPECT_EQ(got.bytes_read, want.bytes_read + 3 * split + y);
   // gemm_epilogue: a GELU without aux keeps P (M, N) first, the split after it.
   ops::GemmEpilogueAttrs gelu{0, 1, ops::kEpilogueGelu, 1, 0.0f};
   Call ep({view(DType::kF32, {3, 5}, cu), view(DType::kF32, {7, 5}, cu), view(DType::kF32, {7}, cu),

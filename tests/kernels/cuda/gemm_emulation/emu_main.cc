@@ -326,8 +326,9 @@ std::vector<float> direct(const GemmCase& c, const Problem& p, Round round) {
 // The method: the plan, and tf32x3_steps' launches run here (the split on the emulator, each
 // TF32 matmul as the tensor cores compute it under `mode`: operands to TF32, products exact,
 // the sum in f32; then alpha, beta and the bias as cuBLASLt's epilogue applies them).
+// `split` runs each split launch (a test may alter its parameters first).
 std::vector<float> tf32x3(const GemmCase& c, const Problem& p, Tf32Mode mode, int segments,
-                          size_t* chunks) {
+                          size_t* chunks, void (*split)(const SplitParams&) = run_split) {
   Tf32x3Shape s;
   s.segments = segments;
   s.batch = c.batch;
@@ -358,7 +359,7 @@ std::vector<float> tf32x3(const GemmCase& c, const Problem& p, Tf32Mode mode, in
                 (mm.bias ? p.bias[static_cast<size_t>(j)] : 0.0f);
         }
   };
-  tf32x3_steps(s, plan, p.a.data(), p.b.data(), a2, b2, c.beta, c.bias, run_split, matmul);
+  tf32x3_steps(s, plan, p.a.data(), p.b.data(), a2, b2, c.beta, c.bias, split, matmul);
   return y;
 }
 
@@ -422,32 +423,14 @@ TEST(Tf32x3Gemm, TheCheckCatchesAWrongPairing) {
     std::vector<long double> want;
     std::vector<double> scale;
     oracle(c, p, &want, &scale);
-    Tf32x3Shape s;
-    s.m = c.m;
-    s.n = c.n;
-    s.k = c.k;
-    s.trans_b = true;
-    s.segments = segments;
-    const Tf32x3Plan plan = plan_tf32x3(s, c.capacity);
-    std::vector<float> ws(plan.bytes / 4 + 1, NAN);
-    std::vector<float> y = p.y0;
-    auto wrong_split = [](SplitParams sp) {
-      sp.sides[1].hi_mask = sp.sides[0].hi_mask;
-      run_split(sp);
+    // B2 written in A2's pattern.
+    auto wrong_split = [](const SplitParams& sp) {
+      SplitParams wrong = sp;
+      wrong.sides[1].hi_mask = wrong.sides[0].hi_mask;
+      run_split(wrong);
     };
-    auto matmul = [&](const Tf32Matmul& mm) {
-      for (int64_t i = 0; i < c.m; ++i)
-        for (int64_t j = 0; j < c.n; ++j) {
-          float acc = 0.0f;
-          for (int64_t t = 0; t < mm.k; ++t)
-            acc = std::fmaf(to_tf32(mm.a2[i * mm.ld + t], Tf32Mode::kTruncate),
-                            to_tf32(mm.b2[j * mm.ld + t], Tf32Mode::kTruncate), acc);
-          float& out = y[static_cast<size_t>(i * c.n + j)];
-          out = acc + (mm.beta != 0.0f ? mm.beta * out : 0.0f);
-        }
-    };
-    tf32x3_steps(s, plan, p.a.data(), p.b.data(), ws.data(), ws.data() + plan.b2_offset / 4, 0.0f,
-                 false, wrong_split, matmul);
+    size_t chunks = 0;
+    const std::vector<float> y = tf32x3(c, p, Tf32Mode::kTruncate, segments, &chunks, wrong_split);
     const double e = rel_error(y, want, scale);
     std::printf("%d segments, B2 written as A2: error %.3g of sum |a b|\n", segments, e);
     EXPECT_GT(e, 4e-7);
