@@ -357,6 +357,7 @@ items=(
   "gpt_tiny|graph_step|15|40" "gpt_tiny|graph_step_tf32x3|15|40" "gpt_tiny|graph_step_tf32|15|40"
   "gpt_tiny|attn_rows|15|40" "gpt2_124m_h100|qkv_split|20|60" "llama_1b3_h100|qkv_split|25|60"
   "gpt_tiny|graph_step_tf32x3_one|15|40" "gpt_tiny|graph_step_tf32x3_two|15|40"
+  "gpt_tiny|graph_step_tf32x3_scratch|15|40"
   "mixtral_h100|loom|25|60"
   "llama_1b3_h100|eager|25|60" "mixtral_h100|eager|30|60"
 )
@@ -382,17 +383,23 @@ for item in "${items[@]}"; do
     # cores), or in TF32 (cuda.tf32, other numerics; no gemm_epilogue of its own, so the
     # bias and GELU run as separate kernels). Only a pin selects either.
     # _one / _two: every 3xTF32 call in one matmul (three segments) or in two
-    # (LOOM_TF32X3; the default chooses per call by a byte model: tf32x3_plan.h).
-    graph_step | graph_step_tf32 | graph_step_tf32x3 | graph_step_tf32x3_one | graph_step_tf32x3_two)
+    # (LOOM_TF32X3; the default chooses per call by a byte model: tf32x3_plan.h). _scratch:
+    # the split operands in the stream scratch, in more chunks, instead of a workspace from
+    # the allocator that holds up to 72 MiB at the step's memory peak (LOOM_TF32X3_WORKSPACE;
+    # the peak memory column shows the difference).
+    graph_step | graph_step_tf32 | graph_step_tf32x3 | graph_step_tf32x3_one | \
+      graph_step_tf32x3_two | graph_step_tf32x3_scratch)
       pins=()
       form=auto
+      split=whole
       [[ $kind == graph_step_tf32x3_one ]] && form=one
       [[ $kind == graph_step_tf32x3_two ]] && form=two
+      [[ $kind == graph_step_tf32x3_scratch ]] && split=scratch
       [[ $kind == graph_step_tf32 ]] &&
         pins=(--set 'kernels.pin={"gemm":"cuda.tf32","gemm_epilogue":"none"}')
       [[ $kind == graph_step_tf32x3* ]] &&
         pins=(--set 'kernels.pin={"gemm":"cuda.tf32x3","gemm_epilogue":"cuda.tf32x3"}')
-      LOOM_TF32X3=$form timeout "$limit" ./tools/loom bench "$spec" --steps 6 --warmup 2 --json "${device[@]}" \
+      LOOM_TF32X3=$form LOOM_TF32X3_WORKSPACE=$split timeout "$limit" ./tools/loom bench "$spec" --steps 6 --warmup 2 --json "${device[@]}" \
       --set 'train.cuda_graph="step"' --set train.cuda_graph_warmup_steps=1 "${pins[@]}" \
       >"$bench/$name.$kind.json" 2>"$bench/$name.$kind.err" || rm -f "$bench/$name.$kind.json" ;;
     # The MLP's derivative GEMM through loom's gelu_bwd and bias_grad, or cuBLASLt's

@@ -121,7 +121,8 @@ void Mlp::run_forward(IForwardContext& ctx, const TensorView* inputs, int32_t nu
   // so it rides on the GEMM.
   const TensorView fc2_bias = fc2_bias_on_gemm() ? value(fc2_bias_) : empty_view();
   if (a_fp8) {
-    const Linear::Fp8Producer aq = fp8_producer(ctx, kFc2Fp8, Fp8Role::kActivation, n, local_ffn_);
+    const Linear::Fp8Producer aq = linear_.fp8_producer_or_fail(
+        ctx, {this, kFc2Fp8}, Fp8Role::kActivation, n, local_ffn_, "mlp");
     swiglu_fp8_fwd_({h1, aq.scale}, {aq.operand.q, aq.operand.t, aq.amax, aq.operand.scale_inv});
     linear_.forward_fp8(ctx, {this, kFc2Fp8}, aq.operand, value(fc2_weight_), fc2_bias,
                         rows(y_partial, hidden_));
@@ -188,7 +189,8 @@ void Mlp::run_backward(IForwardContext& ctx, const TensorView* grad_outputs,
     linear_.backward(ctx, {this, kFc2Fp8}, rows(dy, hidden_), a, value(fc2_weight_),
                      grad(fc2_weight_), fc2_bias_grad(), da, deferred);
     if (dh1_fp8) {
-      const Linear::Fp8Producer q = fp8_producer(ctx, kFc1Fp8, Fp8Role::kGradOutput, n, fc1_out_);
+      const Linear::Fp8Producer q = linear_.fp8_producer_or_fail(
+          ctx, {this, kFc1Fp8}, Fp8Role::kGradOutput, n, fc1_out_, "mlp");
       swiglu_fp8_bwd_({da, h1, q.scale}, {q.operand.q, q.operand.t, q.amax, q.operand.scale_inv});
       dh1q = q.operand;
     } else if (activation_ == Activation::kSwiglu) {
@@ -242,14 +244,6 @@ bool Mlp::quantizes_swiglu() const {
 
 bool Mlp::quantizes_swiglu_grad() const {
   return !bias_ && swiglu_fp8_bwd_ && linear_.fp8_produces({this, kFc1Fp8});
-}
-
-Linear::Fp8Producer Mlp::fp8_producer(IForwardContext& ctx, int32_t site, Fp8Role role, int64_t m,
-                                      int64_t k) const {
-  Linear::Fp8Producer p{};
-  if (!linear_.fp8_producer(ctx, {this, site}, role, m, k, &p))
-    fail(Code::kInternal, "mlp: the FP8 recipe stopped giving producers during the run");
-  return p;
 }
 
 }  // namespace loom::transformer

@@ -55,9 +55,6 @@ class Mlp final : public ModuleBase<IMlp> {
   // A swiglu MLP that quantises the activation for fc2 in swiglu's kernel (swiglu_fp8_fwd):
   // fc2 is FP8 under a recipe that gives producers, and the device has the kernel.
   bool quantizes_swiglu() const;
-  // Linear::fp8_producer for site `site` (kFc1Fp8, kFc2Fp8) of an MLP that quantizes_swiglu.
-  Linear::Fp8Producer fp8_producer(IForwardContext& ctx, int32_t site, Fp8Role role, int64_t m,
-                                   int64_t k) const;
 
   enum class Activation { kGelu, kGeluTanh, kSwiglu };
   Activation activation_;

@@ -465,10 +465,8 @@ TensorView TransformerLayer::attention_backward(IForwardContext& ctx, const Tens
   if (dqkv_fp8) {
     // dqkv (B, T, G, (H/G + 2) D), q and k not yet turned back -> its FP8 codes (B T, (H + 2G) D)
     // and their transpose, as rope_bwd then the quantisation would write them.
-    Linear::Fp8Producer q{};
-    if (!linear_.fp8_producer(ctx, {this, kQkvFp8}, Fp8Role::kGradOutput, b * t, (h + 2 * g) * d,
-                              &q))
-      fail(Code::kInternal, "transformer_layer: the FP8 recipe stopped giving producers");
+    const Linear::Fp8Producer q = linear_.fp8_producer_or_fail(
+        ctx, {this, kQkvFp8}, Fp8Role::kGradOutput, b * t, (h + 2 * g) * d, "transformer_layer");
     rope_fp8_bwd_({dqkv, positions, inv_freq_->view(), q.scale},
                   {q.operand.q, q.operand.t, q.amax, q.operand.scale_inv},
                   ops::RopeFp8Attrs{rotary_dim_, static_cast<int32_t>(d)});

@@ -126,11 +126,23 @@ Tf32x3Shape with_form(Tf32x3Shape s) {
   return s;
 }
 
+// Where the split operands go, read once from LOOM_TF32X3_WORKSPACE: "whole" (the default) asks
+// the caller for them whole, up to kTf32x3MaxWorkspace; "scratch" asks for nothing and splits
+// into the stream scratch's upper half (16 MiB), in more chunks of K. The first can hold tens
+// of MiB at a step's memory peak (the default spec's output layer: 68-72 MiB while its
+// gradients are computed); the second holds no memory beyond the scratch but launches more
+// kernels. To measure one against the other (tools/gpu_bundle_run.sh).
+bool split_in_scratch() {
+  static const bool scratch =
+      env_choice(ops::kGemm, "LOOM_TF32X3_WORKSPACE", {"whole", "scratch"}) == 1;
+  return scratch;
+}
+
 }  // namespace
 
 size_t tf32x3_workspace(const Tf32x3Shape& shape) {
   const Tf32x3Shape s = with_form(shape);
-  if (s.k <= 0 || s.batch * s.m == 0 || s.n == 0) return 0;
+  if (s.k <= 0 || s.batch * s.m == 0 || s.n == 0 || split_in_scratch()) return 0;
   const size_t least = tf32x3_chunk_bytes(s, 4);
   return plan_tf32x3(s, std::max(kTf32x3MaxWorkspace, least)).bytes;
 }

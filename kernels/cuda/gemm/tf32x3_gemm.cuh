@@ -18,7 +18,8 @@ inline constexpr size_t kTf32x3MaxWorkspace = size_t{256} << 20;
 
 /// The workspace a call of shape `s` asks for: its split operands whole when they fit
 /// kTf32x3MaxWorkspace, else the widest chunk that does (at least 4 columns of K); 0 when
-/// K == 0. `s.segments` is ignored: this and run_tf32x3 choose the form alike
+/// K == 0, and 0 under LOOM_TF32X3_WORKSPACE=scratch (run_tf32x3 then splits into the stream
+/// scratch). `s.segments` is ignored: this and run_tf32x3 choose the form alike
 /// (tf32x3_segments, or LOOM_TF32X3=auto|one|two).
 size_t tf32x3_workspace(const Tf32x3Shape& s);
 

@@ -12,6 +12,7 @@
 #include <loom/kernel.h>
 #include <loom/ops.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -310,26 +311,34 @@ TEST(FamilyRegistry, GemmDeclinesWhatCublasLtCannotRun) {
 // The 3xTF32 workspace: the split operands of the whole K, rows of A2 for batch * M and of B2
 // for each B matrix, segments * kp floats each (kp = K rounded up to 4; three segments where
 // the output is larger than the split, tf32x3_segments), B2 at a 256-byte boundary; capped
-// at 256 MiB by splitting K, never below 4 columns.
+// at 256 MiB by splitting K, never below 4 columns. Under LOOM_TF32X3_WORKSPACE=scratch
+// (tf32x3_scratch_test runs this case so) none: the split goes to the stream scratch.
 TEST(FamilyRegistry, Tf32x3WorkspaceIsTheSplitOperands) {
   const DeviceType cu = DeviceType::kCuda;
   const KernelDesc* g = find(ops::kGemm, DType::kF32, "cuda.tf32x3");
   const KernelDesc* e = find(ops::kGemmEpilogue, DType::kF32, "cuda.tf32x3");
   ASSERT_NE(g, nullptr);
   ASSERT_NE(e, nullptr);
+  const char* env = std::getenv("LOOM_TF32X3_WORKSPACE");
+  const bool scratch = env != nullptr && std::string(env) == "scratch";
+  std::printf("LOOM_TF32X3_WORKSPACE=%s\n", env != nullptr ? env : "(unset)");
   // batch 2 of (3, 5) @ (7, 5)^T, B batched: three segments of kp 8, A2 6 rows, B2 14 rows.
   Call f32({view(DType::kF32, {2, 3, 5}, cu), view(DType::kF32, {2, 7, 5}, cu)},
            {view(DType::kF32, {2, 3, 7}, cu)}, &kGemmNT);
   const uint64_t a2 = 6 * 24 * 4, b2 = 14 * 24 * 4;
-  EXPECT_EQ(g->workspace(&f32.call), (a2 + 255) / 256 * 256 + b2);
+  EXPECT_EQ(g->workspace(&f32.call), scratch ? 0 : (a2 + 255) / 256 * 256 + b2);
   // The LM head's gradient of a vocabulary of 50304 over 32768 tokens: two segments (the
   // split is far larger than the output), in chunks of K.
   const ops::GemmAttrs wgrad{1, 0, 1.0f, 1.0f};  // dW (V, C) += dY^T (tokens, V) X (tokens, C)
   Call big({view(DType::kF32, {32768, 50304}, cu), view(DType::kF32, {32768, 768}, cu)},
            {view(DType::kF32, {50304, 768}, cu)}, &wgrad);
   const uint64_t w = g->workspace(&big.call);
-  EXPECT_LE(w, uint64_t{256} << 20);
-  EXPECT_GE(w, uint64_t{128} << 20);
+  if (scratch) {
+    EXPECT_EQ(w, 0u);
+  } else {
+    EXPECT_LE(w, uint64_t{256} << 20);
+    EXPECT_GE(w, uint64_t{128} << 20);
+  }
   // The cost: the 'cuda' kernel's, three products instead of one, and the split written
   // once per segment and read three times (the small case: 3 segments, 6 * 5 + 14 * 5 floats);
   // in the two-matmul form Y is read and written once more too.
@@ -352,7 +361,7 @@ TEST(FamilyRegistry, Tf32x3WorkspaceIsTheSplitOperands) {
            none()},
           {view(DType::kF32, {3, 7}, cu), none(), none()}, &gelu);
   const uint64_t ep_a2 = 3 * 24 * 4, ep_b2 = 7 * 24 * 4;
-  EXPECT_EQ(e->workspace(&ep.call), 256 + (ep_a2 + 255) / 256 * 256 + ep_b2);
+  EXPECT_EQ(e->workspace(&ep.call), scratch ? 3 * 7 * 4 : 256 + (ep_a2 + 255) / 256 * 256 + ep_b2);
 }
 
 // The CPU reference's message for the same bad call (on CPU views of the same shapes).

@@ -29,6 +29,7 @@
 
 #include <array>
 #include <map>
+#include <string>
 #include <utility>
 
 namespace loom::nn {
@@ -136,6 +137,17 @@ class Linear {
                    "linear: FP8 producer");
     *out = p;
     return true;
+  }
+  /// fp8_producer for a caller that asked fp8_produces(site) first and so counts on the
+  /// buffers: an Internal error naming `who` (the module) when the recipe no longer gives them.
+  Fp8Producer fp8_producer_or_fail(IForwardContext& ctx, LinearSite site, Fp8Role role, int64_t m,
+                                   int64_t k, const char* who) const {
+    Fp8Producer p{};
+    if (!fp8_producer(ctx, site, role, m, k, &p))
+      fail(Code::kInternal, std::string(who) +
+                                ": the FP8 recipe stopped giving producers during "
+                                "the run");
+    return p;
   }
   /// True when fp8_producer serves `site` (an FP8 site whose recipe gives producers).
   bool fp8_produces(LinearSite site) const {
