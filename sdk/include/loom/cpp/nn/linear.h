@@ -144,9 +144,8 @@ class Linear {
                                    int64_t k, const char* who) const {
     Fp8Producer p{};
     if (!fp8_producer(ctx, site, role, m, k, &p))
-      fail(Code::kInternal, std::string(who) +
-                                ": the FP8 recipe stopped giving producers during "
-                                "the run");
+      fail(Code::kInternal,
+           std::string(who) + ": the FP8 recipe stopped giving producers during the run");
     return p;
   }
   /// True when fp8_producer serves `site` (an FP8 site whose recipe gives producers).
