@@ -355,9 +355,9 @@ items=(
   "gpt_tiny|loom|15|40" "gpt_tiny|graph|15|40" "gpt2_124m_h100|graph|20|60"
   "gpt2_124m_h100|dgelu_unfused|20|60" "gpt2_124m_h100|dgelu_bgrad|20|60"
   "gpt_tiny|graph_step|15|40" "gpt_tiny|graph_step_tf32x3|15|40" "gpt_tiny|graph_step_tf32|15|40"
+  "gpt_tiny|graph_step_tf32x3_scratch|15|40"
   "gpt_tiny|attn_rows|15|40" "gpt2_124m_h100|qkv_split|20|60" "llama_1b3_h100|qkv_split|25|60"
   "gpt_tiny|graph_step_tf32x3_one|15|40" "gpt_tiny|graph_step_tf32x3_two|15|40"
-  "gpt_tiny|graph_step_tf32x3_scratch|15|40"
   "mixtral_h100|loom|25|60"
   "llama_1b3_h100|eager|25|60" "mixtral_h100|eager|30|60"
 )
