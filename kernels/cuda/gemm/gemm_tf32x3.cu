@@ -141,8 +141,16 @@ bool split_in_scratch() {
 }  // namespace
 
 size_t tf32x3_workspace(const Tf32x3Shape& shape) {
-  const Tf32x3Shape s = with_form(shape);
-  if (s.k <= 0 || s.batch * s.m == 0 || s.n == 0 || split_in_scratch()) return 0;
+  // A workspace function cannot fail: a bad LOOM_TF32X3 or LOOM_TF32X3_WORKSPACE asks for
+  // nothing here, and run_tf32x3 reports it (inside the kernel's guard).
+  Tf32x3Shape s;
+  bool scratch = false;
+  if (!check_passes([&] {
+        s = with_form(shape);
+        scratch = split_in_scratch();
+      }))
+    return 0;
+  if (s.k <= 0 || s.batch * s.m == 0 || s.n == 0 || scratch) return 0;
   const size_t least = tf32x3_chunk_bytes(s, 4);
   return plan_tf32x3(s, std::max(kTf32x3MaxWorkspace, least)).bytes;
 }
@@ -170,7 +178,7 @@ void run_tf32x3(const char* op, const Tf32x3Shape& shape, const float* A, const 
   if (s.batch == 0 || s.m == 0 || s.n == 0) return;
   const Scratch scratch = stream_scratch(device, stream);
   const Scratch lt_ws{scratch.data, kLtWorkspace};
-  if (workspace == nullptr) {
+  if (workspace == nullptr || split_in_scratch()) {
     workspace = static_cast<char*>(scratch.data) + kLtWorkspace;
     workspace_bytes = scratch.bytes - kLtWorkspace;
   }

@@ -35,8 +35,9 @@ void add_tf32x3_cost(const Tf32x3Shape& s, OpCost* out);
 /// (`s.segments` is ignored, as above).
 /// \param op         the op named in errors
 /// \param s          the problem (batch, M, N, K, transposes, shared B)
-/// \param workspace  device memory for the split operands, `workspace_bytes` long; null: the
-///                   upper half of the stream scratch (common/resources.cuh), in more chunks
+/// \param workspace  device memory for the split operands, `workspace_bytes` long; null (or
+///                   LOOM_TF32X3_WORKSPACE=scratch): the upper half of the stream scratch
+///                   (common/resources.cuh), in more chunks
 /// \param beta       0 never reads Y (it may hold NaN)
 /// Throws Error naming `op` when even one chunk of 4 columns does not fit the workspace, or
 /// when cuBLASLt fails.
