@@ -24,7 +24,8 @@
 #      alone in two passes (two_op_loss), LLaMA FP8 with swiglu and rope's backward each apart
 #      from the quantisation of its result (swiglu_two_op, rope_two_op), LLaMA 1.3B with AdamW's moments in bf16 (bf16_moments), the default spec
 #      (configs/gpt_tiny.json on the GPU), the default spec and GPT-2 with
-#      train.cuda_graph, GPT-2's GELU derivative the other two ways (LOOM_CUBLASLT_DGELU), the
+#      train.cuda_graph, GPT-2's GELU derivative the other two ways (LOOM_CUBLASLT_DGELU) and
+#      its fc1 bias gradient after the dgelu GEMM (LOOM_FC1_BIAS_GRAD=dgelu), the
 #      default spec with its f32 attention on the warp-per-row kernels (LOOM_ATTENTION_GENERIC
 #      =rows, against the tiled ones), GPT-2 and LLaMA 1.3B with q, k, v copied out of the
 #      QKV projection (LOOM_QKV_VIEWS=split, against the views), one table;
@@ -349,6 +350,7 @@ items=(
   "llama_1b3_h100_fp8|loom|25|60" "gpt2_124m_h100|compile|25|90"
   "llama_1b3_h100|graph_step|25|60" "llama_1b3_h100_fp8|graph_step|25|60"
   "gpt2_124m_h100|graph_step|20|60" "gpt2_124m_h100|two_op_loss|20|60"
+  "gpt2_124m_h100|fc1_bgrad_dgelu|20|60"
   "llama_1b3_h100_fp8|swiglu_two_op|25|60" "llama_1b3_h100_fp8|rope_two_op|25|60"
   "llama_1b3_h100|bf16_moments|25|60"
   "gpt2_124m_h100|unfused|20|60"
@@ -408,6 +410,11 @@ for item in "${items[@]}"; do
       mode=unfused
       [[ $kind == dgelu_bgrad ]] && mode=dgelu_bgrad
       LOOM_CUBLASLT_DGELU=$mode timeout "$limit" ./tools/loom bench "$spec" \
+      --steps 6 --warmup 2 --json >"$bench/$name.$kind.json" 2>"$bench/$name.$kind.err" ||
+      rm -f "$bench/$name.$kind.json" ;;
+    # fc1's bias gradient summed after the dgelu GEMM (loom's bias_grad reading d(fc1 out)
+    # once more) instead of in fc1's weight-gradient GEMM (BGRADB; mlp.cc, LOOM_FC1_BIAS_GRAD).
+    fc1_bgrad_dgelu) LOOM_FC1_BIAS_GRAD=dgelu timeout "$limit" ./tools/loom bench "$spec" \
       --steps 6 --warmup 2 --json >"$bench/$name.$kind.json" 2>"$bench/$name.$kind.err" ||
       rm -f "$bench/$name.$kind.json" ;;
     # f32 attention through the warp-per-row kernels instead of the tiled ones

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "plugins/transformer/toolkit.h"
 
@@ -79,6 +81,18 @@ Mlp::Mlp(const nlohmann::json& options, IBuildContext& ctx)
   if (inherited_or<bool>(options, "fp8", true)) {  // FP8 GEMMs when the run has a recipe
     linear_.enable_fp8(ctx, {this, kFc1Fp8});
     linear_.enable_fp8(ctx, {this, kFc2Fp8});
+  }
+  // Where a fused GELU MLP sums fc1's bias gradient: in fc1's weight-gradient GEMM (the
+  // default; Transformer Engine's LayerNormMLP does the same), or in the dgelu GEMM, which
+  // on CUDA reads dh1 once more for it (loom's bias_grad after cuBLASLt's DGELU).
+  // LOOM_FC1_BIAS_GRAD=dgelu forces the latter, to measure one against the other
+  // (tools/gpu_bundle_run.sh).
+  if (const char* env = std::getenv("LOOM_FC1_BIAS_GRAD"); env != nullptr && *env != '\0') {
+    const std::string mode = env;
+    if (mode != "wgrad" && mode != "dgelu")
+      fail(Code::kInvalidArgument, "mlp: LOOM_FC1_BIAS_GRAD='" + mode +
+                                       "' is not one of wgrad, dgelu (unset it for wgrad)");
+    fc1_bias_in_dgelu_ = mode == "dgelu";
   }
   if (swiglu && linear_.fp8({this, kFc2Fp8})) {
     swiglu_fp8_fwd_ = Kernel::optional(host, ops::kSwigluFp8Fwd, device_, dtype_);
@@ -174,16 +188,17 @@ void Mlp::run_backward(IForwardContext& ctx, const TensorView* grad_outputs,
   TensorView dh1 = dh1_fp8 ? empty_view() : allocate(ctx, dtype_, {n, fc1_out_}, device_);
   Linear::Fp8Operand dh1q{};
   TensorView da{};
-  // fc1's bias gradient: from dh1 in fc1's weight pass, unless dgelu's GEMM sums it (when
-  // the weight pass runs now).
+  // fc1's bias gradient: from dh1 in fc1's weight pass (which reduces dh1 while it reads it
+  // as an operand), or, with fc1_bias_in_dgelu_, in dgelu's GEMM when the weight pass runs now.
   TensorView fc1_dbias = fc1_bias_grad();
   if (fused_gelu(kFc2Fp8)) {
-    // fc2's weight gradient, then dh1 = gelu'(h1) * (dy W2) with fc1's bias gradient in one GEMM.
+    // fc2's weight gradient, then dh1 = gelu'(h1) * (dy W2) in one GEMM.
     linear_.backward(ctx, {this, kFc2Fp8}, rows(dy, hidden_), a, value(fc2_weight_),
                      grad(fc2_weight_), fc2_bias_grad(), empty_view(), deferred);
+    const bool in_dgelu = fc1_bias_in_dgelu_ && !deferred;
     linear_.backward_dgelu(rows(dy, hidden_), value(fc2_weight_), h1, gelu_approximate(),
-                           deferred ? empty_view() : fc1_dbias, dh1);
-    if (!deferred) fc1_dbias = empty_view();
+                           in_dgelu ? fc1_dbias : empty_view(), dh1);
+    if (in_dgelu) fc1_dbias = empty_view();
   } else {
     da = allocate(ctx, dtype_, {n, local_ffn_}, device_);
     linear_.backward(ctx, {this, kFc2Fp8}, rows(dy, hidden_), a, value(fc2_weight_),

@@ -62,6 +62,7 @@ class Mlp final : public ModuleBase<IMlp> {
   TensorParallel tp_;
   int64_t local_ffn_, fc1_out_;  // this rank's F / P and its fc1 rows (F/P or 2F/P)
   bool bias_;
+  bool fc1_bias_in_dgelu_ = false;  // LOOM_FC1_BIAS_GRAD=dgelu: see the constructor
   DType dtype_;
   Device device_;
   int32_t fc1_weight_, fc1_bias_ = -1, fc2_weight_, fc2_bias_ = -1;

@@ -2,6 +2,9 @@
 // backward against central finite differences, parameter layout, bad options.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <string>
+
 #include "core/util/errors.h"
 #include "tests/plugins/transformer/module_check.h"
 
@@ -185,6 +188,67 @@ TEST_P(MlpTest, FusedEpiloguesEqualTheUnfusedOps) {
   EXPECT_EQ(results[0].outputs, results[1].outputs);
   expect_same_grads(results[1], results[0], 0.0, GetParam().activation);
   EXPECT_EQ(results[0].param_grads.size(), GetParam().bias ? 4u : 2u);
+}
+
+// LOOM_FC1_BIAS_GRAD moves a fused GELU MLP's fc1 bias gradient from fc1's weight-gradient
+// GEMM (wgrad, the default) into the dgelu GEMM (dgelu): either way the gradients are the
+// unfused ops', bit for bit (the CPU's epilogues sum as bias_grad does). A bad value names
+// the variable and its values.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    const char* old = std::getenv(name);
+    if (old != nullptr) old_ = old;
+    had_ = old != nullptr;
+    ::setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (had_)
+      ::setenv(name_, old_.c_str(), 1);
+    else
+      ::unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  std::string old_;
+  bool had_ = false;
+};
+
+TEST(MlpOptions, Fc1BiasGradientInEitherGemmEqualsTheUnfusedOps) {
+  for (const char* activation : {"gelu", "gelu_tanh"}) {
+    Result unfused, fused[2];
+    const char* modes[2] = {"wgrad", "dgelu"};
+    for (int run = 0; run < 3; ++run) {
+      ScopedEnv env("LOOM_FC1_BIAS_GRAD", run == 0 ? "" : modes[run - 1]);
+      ModuleHarness h(transformer_plugins());
+      if (run == 0) h.plugins().host().set_pins({{"gemm_epilogue", "none"}});
+      IModule& mlp = build_resolved(h, kinds::kMlp, {{"impl", "mlp"}, {"activation", activation}},
+                                    mlp_inherited(true));
+      randomize_params(h, 9, 0.4f);
+      ModuleCheck check(h, mlp, {{random_input(h, {2, 3, 8}, 2)}, {true}});
+      (run == 0 ? unfused : fused[run - 1]) = check.run();
+    }
+    for (int m = 0; m < 2; ++m) {
+      SCOPED_TRACE(std::string(activation) + ", LOOM_FC1_BIAS_GRAD=" + modes[m]);
+      EXPECT_EQ(fused[m].outputs, unfused.outputs);
+      ASSERT_EQ(fused[m].param_grads.size(), 4u);
+      expect_same_grads(fused[m], unfused, 0.0, activation);
+    }
+  }
+}
+
+TEST(MlpOptions, ABadFc1BiasGradModeNamesTheVariable) {
+  ScopedEnv env("LOOM_FC1_BIAS_GRAD", "gemm");
+  ModuleHarness h(transformer_plugins());
+  try {
+    build_resolved(h, kinds::kMlp, {{"impl", "mlp"}}, mlp_inherited(true));
+    ADD_FAILURE() << "built an MLP with LOOM_FC1_BIAS_GRAD=gemm";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("LOOM_FC1_BIAS_GRAD='gemm' is not one of wgrad, dgelu"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Activations, MlpTest,
