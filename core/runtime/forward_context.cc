@@ -98,6 +98,15 @@ void ForwardContext::grads_ready(const void* owner) noexcept {
 
 InterfaceInfo ForwardContext::interface_info() const noexcept { return kinds::kForwardContext; }
 
+int32_t ForwardContext::grad_first_write(const TensorView* grad) noexcept {
+  if (!training_ || !grad_claims_ || grad == nullptr || grad->data == nullptr) return 0;
+  try {
+    return grad_claims_(grad->data) ? 1 : 0;
+  } catch (...) {  // a claim cannot fail; adding is always right
+    return 0;
+  }
+}
+
 Status ForwardContext::allocate(DType dtype, int32_t ndim, const int64_t* shape, Device device,
                                 TensorView* out) noexcept {
   return guard([&] {

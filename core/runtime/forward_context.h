@@ -14,8 +14,9 @@
 // (set_kv_cache, core/runtime/kv_cache.h) for incremental decoding. A training context may
 // carry a callback for grads_ready (set_grads_ready): the trainer sets one on the last
 // micro-batch of a step to start the gradient reduction during backward; a flag that splits
-// its backward (set_defer_weight_grads: zero-bubble schedules); and a sink for the metrics
-// modules report (set_metric_sink).
+// its backward (set_defer_weight_grads: zero-bubble schedules); a sink for the metrics
+// modules report (set_metric_sink); and the step's claims of first gradient writes
+// (set_grad_claims: grad_first_write).
 #pragma once
 
 #include <cstdint>
@@ -90,6 +91,9 @@ class ForwardContext final : public IForwardContext {
   /// none by default): the caller passes this same view as the model's grad_outputs[0] in
   /// backward, and keeps its memory alive until then. Only a training context hands it out.
   void set_loss_grad(const TensorView& grad) { loss_grad_ = grad; }
+  /// Answers grad_first_write with `claim` (the step's parameter set: ParameterSet::
+  /// claim_grad; empty, the default: every write adds). Only a training context asks it.
+  void set_grad_claims(std::function<bool(const void*)> claim) { grad_claims_ = std::move(claim); }
   /// Marks the pass as captured into a device graph (train.cuda_graph): a replay repeats
   /// what the capture saw, so random streams (which differ per step) and metric reports
   /// (host-side) cannot be served. rng still answers but notes the first such request in
@@ -117,6 +121,7 @@ class ForwardContext final : public IForwardContext {
   const TensorView* loss_grad() const noexcept override {
     return training_ && loss_grad_.data != nullptr ? &loss_grad_ : nullptr;
   }
+  int32_t grad_first_write(const TensorView* grad) noexcept override;
 
  private:
   IHost& host_;
@@ -157,6 +162,7 @@ class ForwardContext final : public IForwardContext {
   MetricSink* metric_sink_ = nullptr;
   bool capturing_ = false;
   std::string capture_refusal_;
+  std::function<bool(const void*)> grad_claims_;
 };
 
 /// SplitMix64 finaliser: mixes 64 bits (for seeds and stream keys).

@@ -281,8 +281,8 @@ void ParameterSet::walk(IModule& module, const std::string& path) {
              fmt::format("parameter {} is declared twice: give the modules distinct names", name));
     if (dtype_size(info.dtype) == 0)
       fail(Code::kInvalidArgument, fmt::format("parameter {}: invalid dtype", name));
-    if (info.valid_rows < 0 || (info.valid_rows > 0 && (info.ndim == 0 ||
-                                                        info.valid_rows > info.global_shape[0])))
+    if (info.valid_rows < 0 ||
+        (info.valid_rows > 0 && (info.ndim == 0 || info.valid_rows > info.global_shape[0])))
       fail(Code::kInvalidArgument,
            fmt::format("parameter {}: valid_rows {} outside its {} rows (ParamInfo::valid_rows)",
                        name, info.valid_rows, info.ndim == 0 ? 0 : info.global_shape[0]));
@@ -345,7 +345,8 @@ void ParameterSet::initialize(uint64_t seed, const SplitRanks& ranks) {
     int64_t g = p.info.global_shape[dim], l = p.info.shape[dim];
     local.resize(static_cast<size_t>(p.numel()));
     for (int64_t o = 0; o < outer; ++o)
-      std::memcpy(local.data() + o * l * inner, values.data() + (o * g + ranks.of(p.info) * l) * inner,
+      std::memcpy(local.data() + o * l * inner,
+                  values.data() + (o * g + ranks.of(p.info) * l) * inner,
                   static_cast<size_t>(l * inner) * sizeof(float));
     store_floats(host_, local.data(), p.value);
   }
@@ -354,6 +355,21 @@ void ParameterSet::initialize(uint64_t seed, const SplitRanks& ranks) {
 void ParameterSet::zero_grads() {
   if (flat_grads_.data != nullptr)
     throw_if_error(host_.fill_zero(device_, flat_grads_.data, nbytes(flat_grads_)));
+  std::fill(claimed_.begin(), claimed_.end(), uint8_t{0});
+}
+
+bool ParameterSet::claim_grad(const void* grad) {
+  if (!overwrite_indexed_) {
+    for (const Parameter& p : params_)
+      if ((p.info.flags & kParamGradOverwrite) != 0 && p.grad.data != nullptr)
+        overwrite_index_.emplace(p.grad.data, overwrite_index_.size());
+    claimed_.assign(overwrite_index_.size(), 0);
+    overwrite_indexed_ = true;
+  }
+  auto it = grad != nullptr ? overwrite_index_.find(grad) : overwrite_index_.end();
+  if (it == overwrite_index_.end() || claimed_[it->second] != 0) return false;
+  claimed_[it->second] = 1;
+  return true;
 }
 
 Parameter* ParameterSet::find(const std::string& name) {

@@ -105,8 +105,13 @@ class ParameterSet {
   /// slice (`ranks`) of the values the whole tensor would have: the model starts the same
   /// in every layout.
   void initialize(uint64_t seed, const SplitRanks& ranks = {});
-  /// Sets every gradient to zero.
+  /// Sets every gradient to zero, and makes every kParamGradOverwrite gradient's next write
+  /// the step's first again (claim_grad).
   void zero_grads();
+  /// True for the first call with the gradient of a kParamGradOverwrite parameter (its
+  /// first element's address) since zero_grads; false for any later one, for any other
+  /// address and for null (IForwardContext::grad_first_write).
+  bool claim_grad(const void* grad);
 
   std::vector<Parameter>& all() { return params_; }
   const std::vector<Parameter>& all() const { return params_; }
@@ -137,6 +142,11 @@ class ParameterSet {
   std::vector<Bucket> buckets_;
   int64_t flat_size_ = 0;
   TensorView flat_grads_{}, flat_values_{};
+  // claim_grad: the kParamGradOverwrite gradients by address (made on the first claim), and
+  // whether each was claimed since zero_grads.
+  std::unordered_map<const void*, size_t> overwrite_index_;
+  bool overwrite_indexed_ = false;
+  std::vector<uint8_t> claimed_;
   std::vector<std::pair<std::string, IModule*>> modules_;
   std::unordered_map<const void*, uint64_t> module_ids_;
   std::vector<void*> blocks_;

@@ -141,6 +141,7 @@ void GraphedPass::capture(int32_t rng_index, const StepPlanContext& step) {
     ctx.set_metric_sink(step.metrics);
     ctx.set_aux_loss_weight(step.loss_weight);
     ctx.set_capturing(true);
+    if (overwrites_) ctx.set_grad_claims(step.grad_first_write);
     try {
       pass(ctx);
     } catch (...) {
@@ -184,7 +185,18 @@ StepLosses GraphedPass::run(int32_t micro_batches, const StepPlanContext& step) 
     if (in.batch == nullptr)
       throw Error(Code::kInternal, fmt::format("graphed pass: no data for micro-batch {}", m));
     load(*in.batch, step.loss_weight);
-    if (graph_ == nullptr) capture(in.rng_index, step);
+    if (graph_ == nullptr) {
+      // A weight gradient's first write overwrites it (grad_first_write) only in a graph that
+      // runs once a step: replayed for every micro-batch, it would overwrite each time.
+      overwrites_ = micro_batches == 1 && static_cast<bool>(step.grad_first_write);
+      capture(in.rng_index, step);
+    } else if (overwrites_ && micro_batches != 1) {
+      throw Error(Code::kInternal,
+                  fmt::format("{}: the graph was captured for one micro-batch a step, with the "
+                              "weight gradients' first writes overwriting them; a step of {} "
+                              "micro-batches cannot replay it",
+                              kWhere, micro_batches));
+    }
     throw_if_error(runtime_.graph_replay(device_.index, graph_),
                    fmt::format("{}: replaying micro-batch {}", kWhere, m));
     ++replays_;

@@ -11,7 +11,10 @@
 //     loss scale changes) is copied into a static scalar the same way;
 //   - the mean loss is copied, inside the graph, into a static scalar read after the replay;
 //   - the gradients accumulate into the parameter set's flat gradients, which the trainer
-//     zeroes before each step, as a direct step does;
+//     zeroes before each step, as a direct step does; with one micro-batch a step a weight
+//     gradient's first write overwrites instead (grad_first_write, as in a direct step: the
+//     graph holds the capture's answers), with several every write adds (one graph serves
+//     every micro-batch);
 //   - activations come from the graph's private memory pool (the runtime's), kept for it.
 // A pass that needs the host in the middle cannot be replayed, and capturing it fails with
 // the reason: a host read (a mixture of experts' token counts), a random stream (dropout:
@@ -85,6 +88,7 @@ class GraphedPass {
   void* buffers_[kBuffers] = {};
   std::vector<char> staging_;
   int64_t replays_ = 0;
+  bool overwrites_ = false;  // captured with grad_first_write claims (one micro-batch a step)
 };
 
 }  // namespace loom::core

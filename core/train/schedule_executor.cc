@@ -284,6 +284,7 @@ void ScheduleExecutor::open(InFlight& f, int32_t m, const StepPlanContext& step)
                                            step.step, step.module_ids);
   f.ctx->set_metric_sink(step.metrics);
   f.ctx->set_aux_loss_weight(step.loss_weight);
+  f.ctx->set_grad_claims(step.grad_first_write);
 }
 
 void ScheduleExecutor::forward_inputs(ForwardContext& ctx, const Batch& batch,

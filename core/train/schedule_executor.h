@@ -60,6 +60,9 @@ struct StepPlanContext {
   /// later pass may still add to those gradients); what is never signalled is reduced after
   /// the plan.
   std::function<void(const void*)> grads_ready;
+  /// The step's claims of first gradient writes (IForwardContext::grad_first_write: the
+  /// parameter set's ParameterSet::claim_grad); empty: every write adds.
+  std::function<bool(const void*)> grad_first_write;
   /// Called after each backward (or backward_input) of a micro-batch (test hooks).
   std::function<void(int32_t micro_batch)> after_backward;
   /// The logits of a micro-batch whose forward returned them (a model built with

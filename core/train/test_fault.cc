@@ -68,7 +68,20 @@ void inject_fault_after_backward(int rank, int64_t step) {
   if (f.kind == "kill") raise(SIGKILL);
   if (f.kind == "hang")
     for (;;) pause();
-  throw Error(Code::kInternal, fmt::format("LOOM_TEST_FAULT: rank {} fails at step {}", rank, step));
+  throw Error(Code::kInternal,
+              fmt::format("LOOM_TEST_FAULT: rank {} fails at step {}", rank, step));
+}
+
+void inject_fault_after_zero_fill(int rank, int64_t step, IHost& host, ParameterSet& params) {
+  const TestFault& f = test_fault();
+  if (f.kind != "poison_overwrite" || f.rank != rank || step < f.step) return;
+  if (step == f.step) announce(f, rank, step);
+  for (Parameter& p : params.all()) {
+    if ((p.info.flags & kParamGradOverwrite) == 0 || p.grad.data == nullptr) continue;
+    std::vector<float> nan(static_cast<size_t>(numel(p.grad)),
+                           std::numeric_limits<float>::quiet_NaN());
+    store_floats(host, nan.data(), p.grad);
+  }
 }
 
 void inject_fault_after_reduction(int rank, int64_t step, int attempt, IHost& host,

@@ -15,6 +15,9 @@
 //   slow          sleep STEP milliseconds in every step on rank RANK (a straggler)
 //   fp8_skew      double rank RANK's first FP8 scale after the scale update of step STEP
 //                 (FP8 state that no longer agrees across the amax group)
+//   poison_overwrite  fill every kParamGradOverwrite gradient of rank RANK with NaN after the
+//                 zero fill of every step from STEP on: a run keeps its bits only if each
+//                 such gradient's first write of a step overwrites it (grad_first_write)
 // (Faults inside a save: LOOM_CHECKPOINT_FAULT, core/checkpoint/checkpoint_writer.h.)
 #pragma once
 
@@ -38,6 +41,9 @@ bool test_fault_set();
 
 /// After the first micro-batch's backward of `step` on `rank`: kill, hang, throw, slow.
 void inject_fault_after_backward(int rank, int64_t step);
+
+/// After the zero fill of the gradients of `step` on `rank`: poison_overwrite.
+void inject_fault_after_zero_fill(int rank, int64_t step, IHost& host, ParameterSet& params);
 
 /// After the gradient reduction of run `attempt` (0: the first) of `step` on `rank`: nan,
 /// inf, nan_always.

@@ -61,6 +61,13 @@ Trainer::Trainer(const nlohmann::json& spec, PluginManager& plugins,
                  config_.precision.dynamic_loss_scaling()) {
   const TrainConfig& train = config_.train;
   const ParallelConfig& par = config_.parallel;
+  if (const char* env = std::getenv("LOOM_GRAD_FIRST_WRITE"); env != nullptr && *env != '\0') {
+    const std::string mode = env;
+    if (mode != "on" && mode != "off")
+      throw InvalidArgument(
+          fmt::format("LOOM_GRAD_FIRST_WRITE='{}' is not one of on, off (unset it for on)", mode));
+    grad_first_write_ = mode == "on";
+  }
   // One GPU per rank on a machine: local rank r trains on device r.
   device_ = train.device == DeviceType::kCuda
                 ? Device{DeviceType::kCuda,
@@ -371,6 +378,8 @@ StepPlanContext Trainer::step_context(std::vector<Batch>& batches, int64_t start
   step.metrics = metrics_.get();
   if (optim_->overlap())
     step.grads_ready = [this](const void* owner) { optim_->grads_ready(owner); };
+  if (grad_first_write_)
+    step.grad_first_write = [this](const void* grad) { return params_->claim_grad(grad); };
   if (parallel_ != nullptr) {
     step.pipeline = &group(ParallelRole::kPipeline);
     step.context = &group(ParallelRole::kContext);
@@ -396,6 +405,7 @@ StepResult Trainer::step() {
   // rejects the first (`attempt` 1).
   auto run_passes = [&](int attempt) {
     optim_->begin_step();
+    if (test_fault_set()) inject_fault_after_zero_fill(rank, r.step, plugins_.host(), *params_);
     if (attempt > 0) {
       data_->seek(start);
       metrics_->discard_step();

@@ -197,6 +197,9 @@ class Trainer {
   /// /train/cuda_graph "step": the captured optimizer's step, used with graphed_.
   std::unique_ptr<GraphedUpdate> graphed_update_;
   int64_t direct_steps_ = 0;  ///< steps this process ran without the graph (the warm-up)
+  /// A weight gradient's first write of a step overwrites it (IForwardContext::
+  /// grad_first_write); LOOM_GRAD_FIRST_WRITE=off makes every write add, to compare.
+  bool grad_first_write_ = true;
   std::unique_ptr<StepMetrics> metrics_;
   std::unique_ptr<DataSource> data_;
   LossScaler scaler_;

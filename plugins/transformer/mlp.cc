@@ -59,17 +59,19 @@ Mlp::Mlp(const nlohmann::json& options, IBuildContext& ctx)
   std::vector<int64_t> fc1_shape =
       swiglu ? std::vector<int64_t>{2, ffn_, hidden_} : std::vector<int64_t>{ffn_, hidden_};
   int32_t fc1_split = swiglu ? 1 : 0;
-  fc1_weight_ =
-      add_param("linear_fc1.weight", dtype_,
-                ParamSpec{fc1_shape, fc1_split, kParamNone, ParamInit::kNormal, init_std, p});
+  // The weight gradients are written by the Linear sites alone, which ask the context before
+  // each write (kParamGradOverwrite).
+  fc1_weight_ = add_param(
+      "linear_fc1.weight", dtype_,
+      ParamSpec{fc1_shape, fc1_split, kParamGradOverwrite, ParamInit::kNormal, init_std, p});
   if (bias_)
     fc1_bias_ =
         add_param("linear_fc1.bias", dtype_,
                   ParamSpec{swiglu ? std::vector<int64_t>{2, ffn_} : std::vector<int64_t>{ffn_},
                             fc1_split, kParamNoWeightDecay, ParamInit::kZeros, 0.f, p});
-  fc2_weight_ =
-      add_param("linear_fc2.weight", dtype_,
-                ParamSpec{{hidden_, ffn_}, 1, kParamNone, ParamInit::kScaledNormal, out_std, p});
+  fc2_weight_ = add_param(
+      "linear_fc2.weight", dtype_,
+      ParamSpec{{hidden_, ffn_}, 1, kParamGradOverwrite, ParamInit::kScaledNormal, out_std, p});
   if (bias_)
     fc2_bias_ =
         add_param("linear_fc2.bias", dtype_,

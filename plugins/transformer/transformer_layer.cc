@@ -99,10 +99,12 @@ TransformerLayer::TransformerLayer(const nlohmann::json& options, IBuildContext&
           "self_attention.linear_proj.bias", dtype_,
           ParamSpec{{hidden_}, -1, kParamNoWeightDecay | sp_flag, ParamInit::kZeros, 0.f});
   } else if (has_attention_) {
+    // The projections' weight gradients are written by their Linear sites alone, which ask
+    // the context before each write (kParamGradOverwrite).
     qkv_weight_ = add_param("self_attention.linear_qkv.weight", dtype_,
                             ParamSpec{{qkv_out, hidden_},
                                       0,
-                                      kParamNone,
+                                      kParamGradOverwrite,
                                       ParamInit::kNormal,
                                       static_cast<float>(init_std),
                                       p});
@@ -110,10 +112,13 @@ TransformerLayer::TransformerLayer(const nlohmann::json& options, IBuildContext&
       qkv_bias_index_ =
           add_param("self_attention.linear_qkv.bias", dtype_,
                     ParamSpec{{qkv_out}, 0, kParamNoWeightDecay, ParamInit::kZeros, 0.f, p});
-    proj_weight_ = add_param(
-        "self_attention.linear_proj.weight", dtype_,
-        ParamSpec{
-            {hidden_, heads_ * head_dim_}, 1, kParamNone, ParamInit::kScaledNormal, out_std, p});
+    proj_weight_ = add_param("self_attention.linear_proj.weight", dtype_,
+                             ParamSpec{{hidden_, heads_ * head_dim_},
+                                       1,
+                                       kParamGradOverwrite,
+                                       ParamInit::kScaledNormal,
+                                       out_std,
+                                       p});
     if (proj_bias_)
       proj_bias_index_ = add_param(
           "self_attention.linear_proj.bias", dtype_,

@@ -134,6 +134,31 @@ TEST_F(CudaGraphTest, GraphedStepsGiveTheDirectLossesAndGradientNorms) {
   }
 }
 
+// With one micro-batch a step, the captured pass overwrites the weight gradients' first writes
+// (grad_first_write) as a direct step does, and every replay does so again: the graphed run
+// keeps the direct run's bits, also when those gradients hold NaN before each step
+// (LOOM_TEST_FAULT=poison_overwrite from step 1; the capture is at step 3). With two
+// micro-batches a step the graph adds at every write (one graph serves both), which the test
+// above checks against the direct run.
+TEST_F(CudaGraphTest, OneMicroBatchAStepOverwritesTheFirstWritesInTheGraphToo) {
+  nlohmann::json body = tiny_spec(5);
+  body["train"]["global_batch_size"] = 2;  // one micro-batch of 2
+  auto direct = train("one_direct", body);
+  ASSERT_EQ(direct.exit_code, 0) << direct.out << direct.err;
+  body["train"]["cuda_graph"] = "forward_backward";
+  auto graphed = train("one_graphed", body);
+  ASSERT_EQ(graphed.exit_code, 0) << graphed.out << graphed.err;
+  fs::path spec = dir_ / "one_poisoned.json";
+  write_file(spec, body.dump(2));
+  auto poisoned =
+      run_loom("train '" + spec.string() + "' --run-dir '" + (dir_ / "one_poisoned").string() + "'",
+               env() + " LOOM_TEST_FAULT=poison_overwrite:0:1");
+  ASSERT_EQ(poisoned.exit_code, 0) << poisoned.out << poisoned.err;
+  EXPECT_THAT(poisoned.err, HasSubstr("LOOM_TEST_FAULT: poison_overwrite"));
+  expect_same("one_direct", "one_graphed", 5);
+  expect_same("one_direct", "one_poisoned", 5);
+}
+
 // /train/cuda_graph "step": the optimizer's part of the step replayed as a graph too, its
 // learning rate (cosine warm-up: a new one every step), step, gradient scale and clipping
 // read on the device. Clipping is on and active (a small grad_clip); f16's dynamic loss

@@ -180,6 +180,25 @@ TEST_F(TrainTest, Fp8RecipesTrackTheBf16Run) {
 // the pinned-off run's to the last bit: every step's loss and gradient norm, and the saved
 // checkpoint (every parameter, the optimizer's moments and the amax history). With q, k, v as
 // views of one tensor (MHA) and with merged copies (GQA).
+// Two run directories hold the same checkpoint tensors, file by file (their JSON metadata may
+// carry times); returns how many files were compared.
+size_t expect_same_checkpoints(const fs::path& a, const fs::path& b) {
+  size_t compared = 0;
+  for (const auto& e : fs::recursive_directory_iterator(a)) {
+    if (!e.is_regular_file() || e.path().extension() == ".json" ||
+        e.path().extension() == ".jsonl" || e.path().extension() == ".log")
+      continue;
+    const fs::path rel = fs::relative(e.path(), a);
+    if (rel.begin()->string().rfind("checkpoint", 0) != 0) continue;
+    EXPECT_TRUE(fs::exists(b / rel)) << rel;
+    if (!fs::exists(b / rel)) continue;
+    EXPECT_EQ(read_file(e.path()), read_file(b / rel)) << rel << " differs";
+    ++compared;
+  }
+  EXPECT_GT(compared, 0u) << "no checkpoint tensors found under " << a;
+  return compared;
+}
+
 TEST_F(TrainTest, Fp8FusedQuantisationsGiveTheUnfusedKernelsBits) {
   for (int groups : {4, 2}) {
     SCOPED_TRACE("query groups " + std::to_string(groups));
@@ -218,25 +237,91 @@ TEST_F(TrainTest, Fp8FusedQuantisationsGiveTheUnfusedKernelsBits) {
       EXPECT_THAT(pinned_out, Not(HasSubstr(std::string(op) + ":bf16=cpu.")));
     }
     expect_same_steps(fused, pinned, 6);
-    // The checkpoints' tensors, file by file (their JSON metadata may carry times).
-    size_t compared = 0;
-    const fs::path fused_dir = dir_ / (tag + "fused"), pinned_dir = dir_ / (tag + "pinned");
-    for (const auto& e : fs::recursive_directory_iterator(fused_dir)) {
-      if (!e.is_regular_file() || e.path().extension() == ".json" ||
-          e.path().extension() == ".jsonl" || e.path().extension() == ".log")
-        continue;
-      const fs::path rel = fs::relative(e.path(), fused_dir);
-      if (rel.begin()->string().rfind("checkpoint", 0) != 0) continue;
-      ASSERT_TRUE(fs::exists(pinned_dir / rel)) << rel;
-      EXPECT_EQ(read_file(e.path()), read_file(pinned_dir / rel)) << rel << " differs";
-      ++compared;
-    }
-    EXPECT_GT(compared, 0u) << "no checkpoint tensors found under " << fused_dir;
+    const size_t compared =
+        expect_same_checkpoints(dir_ / (tag + "fused"), dir_ / (tag + "pinned"));
     std::printf(
         "fp8 swiglu and rope, %d query groups: 6 steps and %zu checkpoint files bit-identical "
         "with the ops pinned off\n",
         groups, compared);
   }
+}
+
+// The projections' and the MLP's weight gradients (kParamGradOverwrite) are overwritten by
+// their first write of a step (grad_first_write: a GEMM with beta 0) instead of added to the
+// zero fill. Over two micro-batches a step, a run gives the bits of the run where every write
+// adds (LOOM_GRAD_FIRST_WRITE=off), and keeps them when those gradients hold NaN instead of
+// zeros before each step (LOOM_TEST_FAULT=poison_overwrite): so each first write overwrote,
+// and no later one did. The poisoned run with every write adding does not keep them (the
+// check can fail). Two models: GELU with biases in f32 (the bias-gradient GEMM epilogue), and
+// a bf16 swiglu / rope model with delayed FP8 (the FP8 weight-gradient GEMMs).
+TEST_F(TrainTest, WeightGradientsFirstWriteOfAStepOverwritesThem) {
+  for (const bool fp8 : {false, true}) {
+    SCOPED_TRACE(fp8 ? "bf16 with FP8 GEMMs" : "f32 GELU with biases");
+    nlohmann::json s = tiny_spec();
+    s["train"]["steps"] = 4;
+    s["train"]["log_interval"] = 1;
+    s["train"]["eval_interval"] = 2;
+    s["train"]["micro_batch_size"] = 2;
+    s["train"]["global_batch_size"] = 4;
+    s["lr_schedule"]["warmup_steps"] = 1;
+    if (fp8) {
+      s["model"]["layer"]["norm"] = {{"impl", "rmsnorm"}};
+      s["model"]["final_norm"] = {{"impl", "rmsnorm"}};
+      s["model"]["layer"]["mlp"] = {{"impl", "mlp"}, {"activation", "swiglu"}};
+      s["model"]["add_bias_linear"] = false;
+      s["model"]["position_embedding"] = "rope";
+      s["precision"] = {{"params", "bf16"},
+                        {"fp8", {{"impl", "delayed"}, {"amax_history_len", 4}}}};
+    }
+    const std::string tag = fp8 ? "fp8_" : "f32_";
+    auto train = [&](const std::string& name, const std::string& env, int* exit_code) {
+      fs::path run = dir_ / (tag + name);
+      auto r = run_loom("train " + q(spec(tag + name + ".json", s)) + " --run-dir " + q(run), env);
+      *exit_code = r.exit_code;
+      std::vector<nlohmann::json> steps;
+      if (fs::exists(run / "metrics.jsonl"))
+        for (const auto& m : read_jsonl(run / "metrics.jsonl"))
+          if (m.contains("loss")) steps.push_back(m);
+      if (r.exit_code != kOk)
+        std::printf("%s: exit %d\n%s", name.c_str(), r.exit_code, r.err.c_str());
+      return steps;
+    };
+    int code = 0;
+    const auto adds = train("adds", "LOOM_GRAD_FIRST_WRITE=off", &code);
+    EXPECT_EQ(code, kOk);
+    const auto overwrites = train("overwrites", "", &code);
+    EXPECT_EQ(code, kOk);
+    const auto poisoned = train("poisoned", "LOOM_TEST_FAULT=poison_overwrite:0:1", &code);
+    EXPECT_EQ(code, kOk);
+    expect_same_steps(adds, overwrites, 4);
+    expect_same_steps(adds, poisoned, 4);
+    const size_t files = expect_same_checkpoints(dir_ / (tag + "adds"), dir_ / (tag + "poisoned"));
+    // The poison reaches the run where every write adds.
+    const auto control =
+        train("control", "LOOM_GRAD_FIRST_WRITE=off LOOM_TEST_FAULT=poison_overwrite:0:1", &code);
+    const bool kept =
+        code == kOk && control.size() == adds.size() &&
+        std::equal(control.begin(), control.end(), adds.begin(),
+                   [](const nlohmann::json& a, const nlohmann::json& b) {
+                     return a["loss"] == b["loss"] && a["grad_norm"] == b["grad_norm"];
+                   });
+    EXPECT_FALSE(kept) << "NaN in the gradients before each step did not reach a run whose "
+                          "writes all add: the poison is not applied";
+    std::printf(
+        "%s: 4 steps of 2 micro-batches bit-identical overwriting, adding and over NaN "
+        "(%zu checkpoint files); adding over NaN: exit %d, %zu steps logged\n",
+        fp8 ? "fp8" : "f32", files, code, control.size());
+  }
+}
+
+TEST_F(TrainTest, ABadGradFirstWriteModeNamesTheVariable) {
+  nlohmann::json s = tiny_spec();
+  s["train"]["steps"] = 1;
+  auto r = run_loom(
+      "train " + q(spec("bad_first_write.json", s)) + " --run-dir " + q(dir_ / "bad_first_write"),
+      "LOOM_GRAD_FIRST_WRITE=maybe");
+  EXPECT_NE(r.exit_code, kOk);
+  EXPECT_THAT(r.out + r.err, HasSubstr("LOOM_GRAD_FIRST_WRITE='maybe' is not one of on, off"));
 }
 
 // Megatron's --num-layers-at-{start,end}-in-bf16: those layers' GEMMs stay in bf16. With

@@ -21,6 +21,8 @@ namespace loom::kinds {
 // (ABI 1.11): OptimizerStep::scalars, the step's values in device memory
 // (loom/kinds/optimizer.h); a caller checks the minor (has_step_scalars) before passing them.
 // forward_context 1.7 (ABI 1.12): loss_grad, the loss's gradient while the forward runs.
+// forward_context 1.8 (ABI 1.17): grad_first_write, the step's first write of a gradient
+// (kParamGradOverwrite), which may overwrite it.
 // fp8_recipe 1.1 (ABI 1.13): producer, a quantiser's scale and amax for a kernel that
 // quantises its own result.
 inline constexpr InterfaceInfo kModel{"model", 1, 1};                   ///< whole network
@@ -52,7 +54,7 @@ inline constexpr InterfaceInfo kRegistry{"registry", 1, 1};
 inline constexpr InterfaceInfo kBuildContext{"build_context", 1, 1};
 /// 1.1: kv_cache; 1.2: grads_ready; 1.3: release, drop_saved; 1.4: defer_weight_grads,
 /// metric; 1.5: aux_loss_weight; 1.6: its kv_cache() has IKvCache::state; 1.7: loss_grad.
-inline constexpr InterfaceInfo kForwardContext{"forward_context", 1, 7};
+inline constexpr InterfaceInfo kForwardContext{"forward_context", 1, 8};
 /// 1.1: asynchronous collectives returning ICommWork (check the minor before calling them).
 inline constexpr InterfaceInfo kCommunicator{"communicator", 1, 1};
 inline constexpr InterfaceInfo kKernel{"kernel", 1, 0};       ///< op kernels, loom/kernel.h

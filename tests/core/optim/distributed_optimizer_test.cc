@@ -1,7 +1,8 @@
 // DistributedOptimizer in one process, against updates worked out by hand: plain SGD
 // (w -= lr * (g * grad_scale + wd * w)) in a fake optimizer, the gradient norm from the
 // gradients set, the casts into bf16 parameters, the 1.0 optimizer's per-shard path, the
-// optimizer's checkpoint tensors; and ParameterSet's buckets by reduction group.
+// optimizer's checkpoint tensors; ParameterSet's buckets by reduction group, and its claims of
+// a step's first gradient writes.
 #include "core/optim/distributed_optimizer.h"
 
 #include <gmock/gmock.h>
@@ -13,9 +14,11 @@
 #include "core/parallel/local_communicator.h"
 #include "core/plugin/host.h"
 #include "core/plugin/registry.h"
+#include "core/runtime/forward_context.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "loom/cpp/half.h"
 #include "loom/cpp/nn/module_base.h"
+#include "loom/cpp/nn/views.h"
 
 namespace loom::core {
 namespace {
@@ -222,6 +225,60 @@ TEST(ParameterSet, ExpertParametersGetTheirOwnBucketsAfterTheDenseOnes) {
     EXPECT_EQ(experts.size % 3, 0);  // and the experts' to theirs
     EXPECT_EQ(experts.offset, dense.size);
     EXPECT_EQ(params.all()[2].reduce_group(), ParallelRole::kExpertData);
+  }
+  module->destroy();
+}
+
+// The step's first write of a kParamGradOverwrite gradient (IForwardContext::grad_first_write,
+// served by ParameterSet::claim_grad): granted once per parameter between two zero_grads, to
+// its gradient's address only, and never to a parameter without the flag or outside training.
+class Overwritable final : public nn::ModuleBase<IGenericModule> {
+ public:
+  Overwritable() {
+    add_param("w", DType::kF32, nn::ParamSpec{{2, 3}, -1, kParamGradOverwrite, ParamInit::kZeros});
+    add_param("v", DType::kF32, nn::ParamSpec{{4}, -1, kParamGradOverwrite, ParamInit::kZeros});
+    add_param("b", DType::kF32, nn::ParamSpec{{3}, -1, kParamNone, ParamInit::kZeros});
+  }
+
+ private:
+  void run_forward(IForwardContext&, const TensorView*, int32_t, TensorView*, int32_t) override {}
+  void run_backward(IForwardContext&, const TensorView*, int32_t, TensorView*, int32_t) override {}
+};
+
+TEST(ParameterSet, GrantsTheFirstWriteOfAnOverwriteGradientOncePerStep) {
+  Host host(nullptr, 0);
+  Overwritable* module = new Overwritable();
+  {
+    ParameterSet params(host, *module, kCpu);
+    const TensorView w = params.find("w")->grad, v = params.find("v")->grad;
+    const TensorView b = params.find("b")->grad;
+    EXPECT_TRUE(params.claim_grad(w.data));
+    EXPECT_FALSE(params.claim_grad(w.data));  // the second write of the step adds
+    EXPECT_FALSE(params.claim_grad(b.data));  // no flag: every write adds
+    EXPECT_FALSE(params.claim_grad(static_cast<float*>(v.data) + 1));  // not its start
+    EXPECT_FALSE(params.claim_grad(nullptr));
+    params.zero_grads();  // the next step
+    EXPECT_TRUE(params.claim_grad(w.data));
+    EXPECT_TRUE(params.claim_grad(v.data));
+    EXPECT_FALSE(params.claim_grad(v.data));
+
+    // Through a forward context: training ones ask the claims they were given, once a write.
+    params.zero_grads();
+    auto claims = [&params](const void* grad) { return params.claim_grad(grad); };
+    ForwardContext eval(host, false, RecomputePolicy::kNone, 0, 1, 1);
+    eval.set_grad_claims(claims);
+    EXPECT_EQ(eval.grad_first_write(&w), 0);  // no gradient outside training
+    ForwardContext plain(host, true, RecomputePolicy::kNone, 0, 1, 1);
+    EXPECT_EQ(plain.grad_first_write(&w), 0);  // no claims given: every write adds
+    ForwardContext first(host, true, RecomputePolicy::kNone, 0, 1, 1);
+    first.set_grad_claims(claims);
+    ForwardContext second(host, true, RecomputePolicy::kNone, 1, 1, 1);
+    second.set_grad_claims(claims);
+    EXPECT_EQ(first.grad_first_write(&w), 1);
+    EXPECT_EQ(second.grad_first_write(&w), 0);  // the step's other micro-batch adds
+    EXPECT_EQ(second.grad_first_write(&v), 1);
+    EXPECT_EQ(first.grad_first_write(nullptr), 0);
+    EXPECT_EQ(nn::grad_write_beta(first, v), 1.f);  // the SDK's helper: add
   }
   module->destroy();
 }

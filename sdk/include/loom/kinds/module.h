@@ -12,9 +12,10 @@
 // appends defer_weight_grads and metric, forward_context 1.5 (ABI 1.6) aux_loss_weight,
 // forward_context 1.6 (ABI 1.7) IKvCache::state (the decoding state of layers other than
 // attention), forward_context 1.7 (ABI 1.12) loss_grad (the loss's gradient, known during
-// the forward). The core calls a 1.1 method only on an object whose interface_info() says
-// 1.1 or later, and a module checks the context's minor before calling a 1.4 method or a
-// later one (loom/cpp/nn/views.h has the checks).
+// the forward), forward_context 1.8 (ABI 1.17) grad_first_write (whether a write of a
+// kParamGradOverwrite gradient is the step's first, which may then overwrite). The core calls a 1.1
+// method only on an object whose interface_info() says 1.1 or later, and a module checks the
+// context's minor before calling a 1.4 method or a later one (loom/cpp/nn/views.h has the checks).
 #pragma once
 
 #include <stdint.h>
@@ -34,6 +35,11 @@ enum ParamFlags : uint32_t {
   kParamExpert = 1u << 2,            ///< owned by one expert-parallel rank (expert_index)
   kParamTiedEmbedding = 1u << 3,     ///< shared between embedding and output layer
   kParamFrozen = 1u << 4,            ///< no gradient, not updated
+  /// Every write of its gradient asks IForwardContext::grad_first_write first (ABI 1.17):
+  /// the step's first write may overwrite the gradient (a GEMM with beta 0, which does not
+  /// read it) instead of adding to it; the later ones add. A module sets it only on a
+  /// parameter that nothing else writes a gradient into (not a tied or shared one).
+  kParamGradOverwrite = 1u << 5,
 };
 
 /// How a parameter starts out (ParamInfo::init).
@@ -242,6 +248,18 @@ class IForwardContext {
   /// logits' memory for their gradient), and checks in backward that grad_outputs[0] is this
   /// view (loom::nn::loss_grad_of).
   virtual const TensorView* loss_grad() const noexcept = 0;
+
+  // ---- forward_context 1.8 (ABI 1.17): check interface_info().minor >= 8 first. ----
+
+  /// Whether the write about to be made into `grad`, the bound gradient of a
+  /// kParamGradOverwrite parameter (or a view of it from its first element), is the first
+  /// of this optimizer step: 1 at most once per parameter and step, when the core grants it;
+  /// the writer may then overwrite the gradient (its values before are zero, so both give
+  /// the same numbers, but an overwrite does not read them). 0 otherwise, and always for any
+  /// other tensor, outside training, and where the core does not grant it (a pass replayed
+  /// from a device graph for several micro-batches, or LOOM_GRAD_FIRST_WRITE=off). Ask
+  /// right before the write, once per write (the answer marks the gradient written).
+  virtual int32_t grad_first_write(const TensorView* grad) noexcept = 0;
 };
 
 /// Base of every trainable module. Inputs and outputs are positional; each kind's header

@@ -16,6 +16,10 @@
 // quantise it itself: fp8_producer hands out the buffers, scale and amax slot, and
 // forward_fp8 / backward_fp8 take the result (an MLP's swiglu_fp8_fwd / _bwd).
 //
+// Weight gradients: the passes that take a context ask it whether the write into dw is the
+// step's first (grad_write_beta: a kParamGradOverwrite weight's, forward_context 1.8) and then
+// overwrite dw (beta 0: the GEMM does not read the zeros there) instead of adding to it.
+//
 // Deferred weight gradients (zero-bubble schedules; ModuleBase explains the protocol):
 // backward with a `deferred` owner id computes dx only and keeps dW's operands (x and dy,
 // or their FP8 transposes and scales) under (deferred, site slots); backward_weight then
@@ -182,7 +186,8 @@ class Linear {
                 const TensorView& dx, const void* deferred = nullptr) const {
     const Fp8Site* s = fp8_site(site);
     if (s == nullptr) {
-      if (deferred == nullptr) return backward(dy, x, w, dw, dbias, dx);
+      if (deferred == nullptr)
+        return backward(dy, x, w, dw, dbias, dx, present(dw) ? grad_write_beta(ctx, dw) : 1.f);
       save(ctx, deferred, deferred_slot(site, kDy), dy);
       save(ctx, deferred, deferred_slot(site, kX), x);
       if (present(dx)) gemm_({dy, w}, {dx}, ops::GemmAttrs{0, 0, 1.f, 0.f});
@@ -210,13 +215,14 @@ class Linear {
     if (s == nullptr) {
       TensorView dy = load(ctx, deferred, deferred_slot(site, kDy));
       backward(dy, load(ctx, deferred, deferred_slot(site, kX)), empty_view(), dw, dbias,
-               empty_view());
+               empty_view(), present(dw) ? grad_write_beta(ctx, dw) : 1.f);
       return;
     }
     fp8_weight_grad(*s, load(ctx, deferred, deferred_slot(site, kDyt)),
                     load(ctx, deferred, deferred_slot(site, kXtDeferred)),
                     load(ctx, deferred, deferred_slot(site, kGradScaleInv)),
-                    load(ctx, deferred, deferred_slot(site, kXScaleInvDeferred)), dw);
+                    load(ctx, deferred, deferred_slot(site, kXScaleInvDeferred)), dw,
+                    grad_write_beta(ctx, dw));
     if (present(dbias)) bias_grad_({load(ctx, deferred, deferred_slot(site, kDy))}, {dbias});
   }
 
@@ -233,14 +239,17 @@ class Linear {
     gemm_({x, w}, {y}, ops::GemmAttrs{0, 1, 1.f, 0.f});
     if (present(bias)) bias_add_({bias}, {y});
   }
+  /// \param dw_beta  1: dw += dy^T @ x; 0: dw = dy^T @ x (dw not read)
   void backward(const TensorView& dy, const TensorView& x, const TensorView& w,
-                const TensorView& dw, const TensorView& dbias, const TensorView& dx) const {
+                const TensorView& dw, const TensorView& dbias, const TensorView& dx,
+                float dw_beta = 1.f) const {
     if (present(dw) && present(dbias) && epilogue_ && dy.ndim == 2 && x.ndim == 2) {
-      // dw (out, in) += dy^T (out, N) @ x (N, in); dbias (out) += sum_n dy[n, :].
+      // dw (out, in) (+)= dy^T (out, N) @ x (N, in); dbias (out) += sum_n dy[n, :].
       epilogue_({dy, x, empty_view(), empty_view()}, {dw, empty_view(), dbias},
-                ops::GemmEpilogueAttrs{1, 0, ops::kEpilogueBiasGradA, 0, 1.f});
+                ops::GemmEpilogueAttrs{1, 0, ops::kEpilogueBiasGradA, 0, dw_beta});
     } else {
-      if (present(dw)) gemm_({dy, x}, {dw}, ops::GemmAttrs{1, 0, 1.f, 1.f});  // (out, N) @ (N, in)
+      if (present(dw))  // (out, N) @ (N, in)
+        gemm_({dy, x}, {dw}, ops::GemmAttrs{1, 0, 1.f, dw_beta});
       if (present(dbias)) bias_grad_({dy}, {dbias});
     }
     if (present(dx)) gemm_({dy, w}, {dx}, ops::GemmAttrs{0, 0, 1.f, 0.f});  // (N, out) @ (out, in)
@@ -330,7 +339,7 @@ class Linear {
     TensorView xs = load(ctx, site.owner, site.slot + kXScaleInv);
     TensorView ws = load(ctx, site.owner, site.slot + kWScaleInv);
     if (deferred == nullptr) {
-      fp8_weight_grad(s, dy.t, xt, dy.scale_inv, xs, dw);
+      fp8_weight_grad(s, dy.t, xt, dy.scale_inv, xs, dw, grad_write_beta(ctx, dw));
       if (present(dbias)) bias_grad_({dy_dtype}, {dbias});
     } else {
       save(ctx, deferred, deferred_slot(site, kDyt), dy.t);
@@ -346,10 +355,12 @@ class Linear {
     release_all(ctx, {dy.q, dy.t, dy.scale_inv});  // a deferred save keeps dy.t and scale_inv
   }
 
-  // dW (out, in) += dy^T (out, N) @ x (N, in): both operands N-contiguous.
+  // dW (out, in) (+)= dy^T (out, N) @ x (N, in): both operands N-contiguous; beta 0
+  // overwrites dW.
   void fp8_weight_grad(const Fp8Site& s, const TensorView& dyt, const TensorView& xt,
-                       const TensorView& gs, const TensorView& xs, const TensorView& dw) const {
-    fp8_gemm(s.grad_dtype)({dyt, xt, gs, xs}, {dw}, ops::Fp8GemmAttrs{1.f, 1.f, 0});
+                       const TensorView& gs, const TensorView& xs, const TensorView& dw,
+                       float beta) const {
+    fp8_gemm(s.grad_dtype)({dyt, xt, gs, xs}, {dw}, ops::Fp8GemmAttrs{1.f, beta, 0});
   }
   /// Quantises `x` (M, K) with quantiser `id` of `dtype` into (M, K) (when `rowwise`) and
   /// its (K, M) transpose (when `columnwise`); returns {q, q^T, scale_inv}, empty views for

@@ -63,6 +63,9 @@ class ContextForwarder : public IForwardContext {
   const TensorView* loss_grad() const noexcept override {
     return context_has(const_cast<IForwardContext&>(inner_), 7) ? inner_.loss_grad() : nullptr;
   }
+  int32_t grad_first_write(const TensorView* grad) noexcept override {
+    return context_has(inner_, 8) ? inner_.grad_first_write(grad) : 0;
+  }
 
  protected:
   IForwardContext& inner_;

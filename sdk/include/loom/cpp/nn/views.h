@@ -134,6 +134,14 @@ inline const TensorView* loss_grad_of(IForwardContext& ctx) {
   return g != nullptr && g->data != nullptr ? g : nullptr;
 }
 
+/// The beta of a GEMM about to write `grad`, a kParamGradOverwrite parameter's gradient (or
+/// a view of it from its first element): 0 (overwrite: the GEMM does not read it) when the
+/// context says this is the step's first write (grad_first_write, forward_context 1.8), else
+/// 1 (add). Call it once per write, right before it.
+inline float grad_write_beta(IForwardContext& ctx, const TensorView& grad) {
+  return context_has(ctx, 8) && ctx.grad_first_write(&grad) != 0 ? 0.f : 1.f;
+}
+
 /// ctx.aux_loss_weight() (forward_context 1.5): the factor a module's own loss term's
 /// gradient is seeded with. Throws when training on an older core, which cannot say it (a
 /// term without its gradient would train silently wrong).
