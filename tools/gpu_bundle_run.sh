@@ -25,7 +25,9 @@
 #      from the quantisation of its result (swiglu_two_op, rope_two_op), LLaMA 1.3B with AdamW's moments in bf16 (bf16_moments), the default spec
 #      (configs/gpt_tiny.json on the GPU), the default spec and GPT-2 with
 #      train.cuda_graph, GPT-2's GELU derivative the other two ways (LOOM_CUBLASLT_DGELU) and
-#      its fc1 bias gradient after the dgelu GEMM (LOOM_FC1_BIAS_GRAD=dgelu), the
+#      its fc1 bias gradient after the dgelu GEMM (LOOM_FC1_BIAS_GRAD=dgelu), LLaMA 1.3B
+#      (bf16 and FP8) with every weight-gradient write adding to zero-filled gradients
+#      (LOOM_GRAD_FIRST_WRITE=off), the
 #      default spec with its f32 attention on the warp-per-row kernels (LOOM_ATTENTION_GENERIC
 #      =rows, against the tiled ones), GPT-2 and LLaMA 1.3B with q, k, v copied out of the
 #      QKV projection (LOOM_QKV_VIEWS=split, against the views), one table;
@@ -351,6 +353,7 @@ items=(
   "llama_1b3_h100|graph_step|25|60" "llama_1b3_h100_fp8|graph_step|25|60"
   "gpt2_124m_h100|graph_step|20|60" "gpt2_124m_h100|two_op_loss|20|60"
   "gpt2_124m_h100|fc1_bgrad_dgelu|20|60"
+  "llama_1b3_h100|grad_adds|25|60" "llama_1b3_h100_fp8|grad_adds|25|60"
   "llama_1b3_h100_fp8|swiglu_two_op|25|60" "llama_1b3_h100_fp8|rope_two_op|25|60"
   "llama_1b3_h100|bf16_moments|25|60"
   "gpt2_124m_h100|unfused|20|60"
@@ -415,6 +418,11 @@ for item in "${items[@]}"; do
     # fc1's bias gradient summed after the dgelu GEMM (loom's bias_grad reading d(fc1 out)
     # once more) instead of in fc1's weight-gradient GEMM (BGRADB; mlp.cc, LOOM_FC1_BIAS_GRAD).
     fc1_bgrad_dgelu) LOOM_FC1_BIAS_GRAD=dgelu timeout "$limit" ./tools/loom bench "$spec" \
+      --steps 6 --warmup 2 --json >"$bench/$name.$kind.json" 2>"$bench/$name.$kind.err" ||
+      rm -f "$bench/$name.$kind.json" ;;
+    # Every weight-gradient write adds to the zero-filled gradients (LOOM_GRAD_FIRST_WRITE=off),
+    # instead of the step's first overwriting them without a zero fill (trainer.cc).
+    grad_adds) LOOM_GRAD_FIRST_WRITE=off timeout "$limit" ./tools/loom bench "$spec" \
       --steps 6 --warmup 2 --json >"$bench/$name.$kind.json" 2>"$bench/$name.$kind.err" ||
       rm -f "$bench/$name.$kind.json" ;;
     # f32 attention through the warp-per-row kernels instead of the tiled ones

@@ -122,8 +122,8 @@ std::vector<DType> state_dtypes(const IOptimizer& optimizer) {
   return dtypes;
 }
 
-void DistributedOptimizer::begin_step() {
-  params_.zero_grads();
+void DistributedOptimizer::begin_step(bool keep_overwrite) {
+  params_.zero_grads(keep_overwrite);
   readiness_.reset();
 }
 

@@ -76,8 +76,10 @@ class DistributedOptimizer {
   DistributedOptimizer(const DistributedOptimizer&) = delete;
   DistributedOptimizer& operator=(const DistributedOptimizer&) = delete;
 
-  /// Starts a step: zero gradients, no bucket handed over yet.
-  void begin_step();
+  /// Starts a step: zero gradients (with `keep_overwrite`, all but the kParamGradOverwrite
+  /// ones, whose first write overwrites them: ParameterSet::zero_grads), no bucket handed
+  /// over yet.
+  void begin_step(bool keep_overwrite = false);
   /// Whether buckets are reduced during the step's last backward.
   bool overlap() const { return setup_.overlap; }
   /// The grads_ready signal of `owner` (a module) during the step's last backward: starts

@@ -352,20 +352,52 @@ void ParameterSet::initialize(uint64_t seed, const SplitRanks& ranks) {
   }
 }
 
-void ParameterSet::zero_grads() {
-  if (flat_grads_.data != nullptr)
-    throw_if_error(host_.fill_zero(device_, flat_grads_.data, nbytes(flat_grads_)));
+void ParameterSet::index_overwrites() {
+  if (overwrite_indexed_) return;
+  std::vector<std::pair<int64_t, int64_t>> kept;  // the overwrite gradients' ranges
+  for (const Parameter& p : params_)
+    if ((p.info.flags & kParamGradOverwrite) != 0 && p.grad.data != nullptr && p.numel() > 0) {
+      overwrite_index_.emplace(p.grad.data, overwrite_index_.size());
+      kept.emplace_back(p.offset, p.offset + p.numel());
+    }
+  claimed_.assign(overwrite_index_.size(), 0);
+  std::sort(kept.begin(), kept.end());
+  int64_t at = 0;
+  for (const auto& [begin, end] : kept) {
+    if (begin > at) kept_complement_.emplace_back(at, begin);
+    at = std::max(at, end);
+  }
+  if (flat_size_ > at) kept_complement_.emplace_back(at, flat_size_);
+  overwrite_indexed_ = true;
+}
+
+void ParameterSet::zero_grads(bool keep_overwrite) {
+  index_overwrites();
   std::fill(claimed_.begin(), claimed_.end(), uint8_t{0});
+  kept_ = keep_overwrite && !overwrite_index_.empty();
+  if (flat_grads_.data == nullptr) return;
+  if (!kept_) {
+    throw_if_error(host_.fill_zero(device_, flat_grads_.data, nbytes(flat_grads_)));
+    return;
+  }
+  float* base = static_cast<float*>(flat_grads_.data);
+  for (const auto& [begin, end] : kept_complement_)
+    throw_if_error(host_.fill_zero(device_, base + begin, static_cast<uint64_t>(end - begin) * 4));
+}
+
+void ParameterSet::zero_unclaimed() {
+  if (!kept_) return;
+  for (const Parameter& p : params_) {
+    if ((p.info.flags & kParamGradOverwrite) == 0 || p.grad.data == nullptr) continue;
+    auto it = overwrite_index_.find(p.grad.data);
+    if (it != overwrite_index_.end() && claimed_[it->second] == 0)
+      throw_if_error(host_.fill_zero(device_, p.grad.data, nbytes(p.grad)));
+  }
+  kept_ = false;
 }
 
 bool ParameterSet::claim_grad(const void* grad) {
-  if (!overwrite_indexed_) {
-    for (const Parameter& p : params_)
-      if ((p.info.flags & kParamGradOverwrite) != 0 && p.grad.data != nullptr)
-        overwrite_index_.emplace(p.grad.data, overwrite_index_.size());
-    claimed_.assign(overwrite_index_.size(), 0);
-    overwrite_indexed_ = true;
-  }
+  index_overwrites();
   auto it = grad != nullptr ? overwrite_index_.find(grad) : overwrite_index_.end();
   if (it == overwrite_index_.end() || claimed_[it->second] != 0) return false;
   claimed_[it->second] = 1;

@@ -106,8 +106,14 @@ class ParameterSet {
   /// in every layout.
   void initialize(uint64_t seed, const SplitRanks& ranks = {});
   /// Sets every gradient to zero, and makes every kParamGradOverwrite gradient's next write
-  /// the step's first again (claim_grad).
-  void zero_grads();
+  /// the step's first again (claim_grad). With `keep_overwrite`, the kParamGradOverwrite
+  /// gradients keep their values (their first write of the step overwrites them): only the
+  /// rest of the flat buffer is zeroed, and zero_unclaimed must follow the step's passes.
+  void zero_grads(bool keep_overwrite = false);
+  /// After the passes of a step whose zero_grads kept the kParamGradOverwrite gradients:
+  /// zeroes those that no write claimed (a parameter that got no gradient this step), so
+  /// that no earlier step's values remain. Nothing otherwise.
+  void zero_unclaimed();
   /// True for the first call with the gradient of a kParamGradOverwrite parameter (its
   /// first element's address) since zero_grads; false for any later one, for any other
   /// address and for null (IForwardContext::grad_first_write).
@@ -147,6 +153,11 @@ class ParameterSet {
   std::unordered_map<const void*, size_t> overwrite_index_;
   bool overwrite_indexed_ = false;
   std::vector<uint8_t> claimed_;
+  void index_overwrites();
+  // The element ranges [begin, end) of the flat gradients outside every kParamGradOverwrite
+  // parameter (padding included): what zero_grads(true) zeroes.
+  std::vector<std::pair<int64_t, int64_t>> kept_complement_;
+  bool kept_ = false;  // the last zero_grads kept the overwrite gradients
   std::vector<std::pair<std::string, IModule*>> modules_;
   std::unordered_map<const void*, uint64_t> module_ids_;
   std::vector<void*> blocks_;

@@ -404,8 +404,6 @@ StepResult Trainer::step() {
   // global loss and gradient norm; run again on the same data when result validation
   // rejects the first (`attempt` 1).
   auto run_passes = [&](int attempt) {
-    optim_->begin_step();
-    if (test_fault_set()) inject_fault_after_zero_fill(rank, r.step, plugins_.host(), *params_);
     if (attempt > 0) {
       data_->seek(start);
       metrics_->discard_step();
@@ -426,6 +424,14 @@ StepResult Trainer::step() {
     }
     const bool graphed = graphed_ != nullptr && !step.logits &&
                          direct_steps_ >= config_.train.cuda_graph_warmup_steps;
+    // The layers' weight gradients (kParamGradOverwrite) need no zero fill when their first
+    // write of the step overwrites them (grad_first_write) and nothing reads them before the
+    // passes end: not under a graph (whose claims the host does not see at each replay) nor
+    // with the reduction overlapped with backward (which may read a bucket before
+    // zero_unclaimed below).
+    const bool keep_overwrite = grad_first_write_ && !graphed && !optim_->overlap();
+    optim_->begin_step(keep_overwrite);
+    if (test_fault_set()) inject_fault_after_zero_fill(rank, r.step, plugins_.host(), *params_);
     if (graphed && graphed_->replays() == 0)
       log_info("cuda graph",
                graphed_update_ != nullptr
@@ -441,6 +447,7 @@ StepResult Trainer::step() {
                 : executor_->run(plan(static_cast<int32_t>(micro_batches)),
                                  static_cast<int32_t>(micro_batches), step, schedule_name());
     if (!graphed && attempt == 0) ++direct_steps_;
+    params_->zero_unclaimed();  // a kept gradient that got no write this step
     if (pipelined && attempt == 0) record_timeline(timeline, r.step);
     if (data_replicas_ > 1)
       data_->seek(start + micro_batches * data_replicas_ * config_.train.micro_batch_size);

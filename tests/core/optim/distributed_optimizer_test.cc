@@ -8,6 +8,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 
@@ -279,6 +280,34 @@ TEST(ParameterSet, GrantsTheFirstWriteOfAnOverwriteGradientOncePerStep) {
     EXPECT_EQ(second.grad_first_write(&v), 1);
     EXPECT_EQ(first.grad_first_write(nullptr), 0);
     EXPECT_EQ(nn::grad_write_beta(first, v), 1.f);  // the SDK's helper: add
+
+    // zero_grads(true) keeps the overwrite gradients' values and zeroes the rest;
+    // zero_unclaimed then zeroes those that no write claimed.
+    auto fill = [](const TensorView& g, float x) {
+      std::vector<float> v(static_cast<size_t>(numel(g)), x);
+      store_floats(v.data(), g);
+    };
+    auto all_are = [](const TensorView& g, float x) {
+      std::vector<float> v(static_cast<size_t>(numel(g)));
+      load_floats(g, v.data());
+      return std::all_of(v.begin(), v.end(), [x](float e) { return e == x; });
+    };
+    fill(w, 3.f);
+    fill(v, 4.f);
+    fill(b, 5.f);
+    params.zero_grads(true);
+    EXPECT_TRUE(all_are(w, 3.f));
+    EXPECT_TRUE(all_are(v, 4.f));
+    EXPECT_TRUE(all_are(b, 0.f));
+    EXPECT_TRUE(params.claim_grad(w.data));  // w is written this step, v is not
+    params.zero_unclaimed();
+    EXPECT_TRUE(all_are(w, 3.f));
+    EXPECT_TRUE(all_are(v, 0.f));
+    fill(v, 4.f);
+    params.zero_unclaimed();  // once per kept step: nothing more
+    EXPECT_TRUE(all_are(v, 4.f));
+    params.zero_grads();  // a whole fill: every gradient
+    EXPECT_TRUE(all_are(w, 0.f) && all_are(v, 0.f) && all_are(b, 0.f));
   }
   module->destroy();
 }
