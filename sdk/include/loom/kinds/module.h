@@ -36,9 +36,11 @@ enum ParamFlags : uint32_t {
   kParamTiedEmbedding = 1u << 3,     ///< shared between embedding and output layer
   kParamFrozen = 1u << 4,            ///< no gradient, not updated
   /// Every write of its gradient asks IForwardContext::grad_first_write first (ABI 1.17):
-  /// the step's first write may overwrite the gradient (a GEMM with beta 0, which does not
-  /// read it) instead of adding to it; the later ones add. A module sets it only on a
-  /// parameter that nothing else writes a gradient into (not a tied or shared one).
+  /// the step's first write overwrites the gradient (a GEMM with beta 0, which does not
+  /// read it), the later ones add. The core may then skip the gradient's zero fill, so a
+  /// write that did not ask would add to an earlier step's values: a module sets the flag
+  /// only on a parameter whose every gradient write is its own and asks (not a tied or
+  /// shared one).
   kParamGradOverwrite = 1u << 5,
 };
 
@@ -254,11 +256,11 @@ class IForwardContext {
   /// Whether the write about to be made into `grad`, the bound gradient of a
   /// kParamGradOverwrite parameter (or a view of it from its first element), is the first
   /// of this optimizer step: 1 at most once per parameter and step, when the core grants it;
-  /// the writer may then overwrite the gradient (its values before are zero, so both give
-  /// the same numbers, but an overwrite does not read them). 0 otherwise, and always for any
-  /// other tensor, outside training, and where the core does not grant it (a pass replayed
-  /// from a device graph for several micro-batches, or LOOM_GRAD_FIRST_WRITE=off). Ask
-  /// right before the write, once per write (the answer marks the gradient written).
+  /// the writer must then overwrite the whole gradient (the core may have skipped its zero
+  /// fill, leaving an earlier step's values), and it adds on 0. 0 otherwise, and always for
+  /// any other tensor, outside training, and where the core does not grant it (a pass
+  /// replayed from a device graph for several micro-batches, or LOOM_GRAD_FIRST_WRITE=off).
+  /// Ask right before the write, once per write (the answer marks the gradient written).
   virtual int32_t grad_first_write(const TensorView* grad) noexcept = 0;
 };
 

@@ -135,9 +135,10 @@ inline const TensorView* loss_grad_of(IForwardContext& ctx) {
 }
 
 /// The beta of a GEMM about to write `grad`, a kParamGradOverwrite parameter's gradient (or
-/// a view of it from its first element): 0 (overwrite: the GEMM does not read it) when the
-/// context says this is the step's first write (grad_first_write, forward_context 1.8), else
-/// 1 (add). Call it once per write, right before it.
+/// a view of it from its first element): 0 (overwrite the whole gradient: the GEMM does not
+/// read it) when the context says this is the step's first write (grad_first_write,
+/// forward_context 1.8), else 1 (add). Call it once per write, right before it, and use the
+/// answer: the gradient may hold an earlier step's values when it is 0.
 inline float grad_write_beta(IForwardContext& ctx, const TensorView& grad) {
   return context_has(ctx, 8) && ctx.grad_first_write(&grad) != 0 ? 0.f : 1.f;
 }
