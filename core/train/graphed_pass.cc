@@ -188,7 +188,7 @@ StepLosses GraphedPass::run(int32_t micro_batches, const StepPlanContext& step) 
     if (graph_ == nullptr) {
       // A weight gradient's first write overwrites it (grad_first_write) only in a graph that
       // runs once a step: replayed for every micro-batch, it would overwrite each time.
-      overwrites_ = micro_batches == 1 && static_cast<bool>(step.grad_first_write);
+      overwrites_ = overwrites(micro_batches, step);
       capture(in.rng_index, step);
     } else if (overwrites_ && micro_batches != 1) {
       throw Error(Code::kInternal,

@@ -13,8 +13,8 @@
 //   - the gradients accumulate into the parameter set's flat gradients, which the trainer
 //     zeroes before each step, as a direct step does; with one micro-batch a step a weight
 //     gradient's first write overwrites instead (grad_first_write, as in a direct step: the
-//     graph holds the capture's answers), with several every write adds (one graph serves
-//     every micro-batch);
+//     graph holds the capture's answers, and those gradients get no zero fill), with several
+//     every write adds (one graph serves every micro-batch);
 //   - activations come from the graph's private memory pool (the runtime's), kept for it.
 // A pass that needs the host in the middle cannot be replayed, and capturing it fails with
 // the reason: a host read (a mixture of experts' token counts), a random stream (dropout:
@@ -60,6 +60,14 @@ class GraphedPass {
 
   /// Replays so far (for the log and tests).
   int64_t replays() const { return replays_; }
+
+  /// Whether run(micro_batches, step) overwrites the weight gradients' first writes
+  /// (grad_first_write): the captured graph's answer once it exists, else whether the
+  /// capture will (one micro-batch a step, and `step` gives claims).
+  bool overwrites(int32_t micro_batches, const StepPlanContext& step) const {
+    return graph_ != nullptr ? overwrites_
+                             : micro_batches == 1 && static_cast<bool>(step.grad_first_write);
+  }
 
  private:
   // The static inputs of the captured pass, shaped as the first micro-batch was.

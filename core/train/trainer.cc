@@ -426,10 +426,13 @@ StepResult Trainer::step() {
                          direct_steps_ >= config_.train.cuda_graph_warmup_steps;
     // The layers' weight gradients (kParamGradOverwrite) need no zero fill when their first
     // write of the step overwrites them (grad_first_write) and nothing reads them before the
-    // passes end: not under a graph (whose claims the host does not see at each replay) nor
-    // with the reduction overlapped with backward (which may read a bucket before
-    // zero_unclaimed below).
-    const bool keep_overwrite = grad_first_write_ && !graphed && !optim_->overlap();
+    // passes end: not with the reduction overlapped with backward (which may read a bucket
+    // before zero_unclaimed below), nor under a graph that adds at every write (several
+    // micro-batches a step).
+    const bool captures = graphed && graphed_->replays() == 0;
+    const bool keep_overwrite =
+        grad_first_write_ && !optim_->overlap() &&
+        (!graphed || graphed_->overwrites(static_cast<int32_t>(micro_batches), step));
     optim_->begin_step(keep_overwrite);
     if (test_fault_set()) inject_fault_after_zero_fill(rank, r.step, plugins_.host(), *params_);
     if (graphed && graphed_->replays() == 0)
@@ -447,7 +450,9 @@ StepResult Trainer::step() {
                 : executor_->run(plan(static_cast<int32_t>(micro_batches)),
                                  static_cast<int32_t>(micro_batches), step, schedule_name());
     if (!graphed && attempt == 0) ++direct_steps_;
-    params_->zero_unclaimed();  // a kept gradient that got no write this step
+    // A kept gradient that got no write this step. A replay makes the capture's writes, whose
+    // claims the host saw once: what the capture left unwritten was zeroed then and stays so.
+    if (!graphed || captures) params_->zero_unclaimed();
     if (pipelined && attempt == 0) record_timeline(timeline, r.step);
     if (data_replicas_ > 1)
       data_->seek(start + micro_batches * data_replicas_ * config_.train.micro_batch_size);

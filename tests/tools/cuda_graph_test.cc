@@ -135,9 +135,10 @@ TEST_F(CudaGraphTest, GraphedStepsGiveTheDirectLossesAndGradientNorms) {
 }
 
 // With one micro-batch a step, the captured pass overwrites the weight gradients' first writes
-// (grad_first_write) as a direct step does, and every replay does so again: the graphed run
-// keeps the direct run's bits, also when those gradients hold NaN before each step
-// (LOOM_TEST_FAULT=poison_overwrite from step 1; the capture is at step 3). With two
+// (grad_first_write) as a direct step does, and every replay does so again, over gradients
+// the trainer no longer zero-fills: the graphed run keeps the direct run's bits, also when
+// those gradients hold NaN before each step (LOOM_TEST_FAULT=poison_overwrite from step 1;
+// the capture is at step 3). With two
 // micro-batches a step the graph adds at every write (one graph serves both), which the test
 // above checks against the direct run.
 TEST_F(CudaGraphTest, OneMicroBatchAStepOverwritesTheFirstWritesInTheGraphToo) {
