@@ -271,8 +271,10 @@ TensorView MultiTokenPrediction::loss_backward(IForwardContext& ctx, int32_t j,
   // This rank's columns (padding: gradient 0), with the lse of the whole vocabulary.
   loss_bwd_(loss_inputs, {rows(dlogits, v)},
             ops::CrossEntropyShardAttrs{vocab_start_, c.vocab_size});
-  // dW_out (V/P, C) += dlogits^T @ x; dx (N, C) = dlogits @ W_out, partial over tp.
-  gemm_({rows(dlogits, v), rows(x, cc)}, {output_.weight_grad()}, ops::GemmAttrs{1, 0, 1.f, 1.f});
+  // dW_out (V/P, C) (+)= dlogits^T @ x (the step's first write of an untied output weight's
+  // gradient overwrites it: kParamGradOverwrite); dx (N, C) = dlogits @ W_out, partial over tp.
+  const TensorView& dw = output_.weight_grad();
+  gemm_({rows(dlogits, v), rows(x, cc)}, {dw}, ops::GemmAttrs{1, 0, 1.f, grad_write_beta(ctx, dw)});
   TensorView dx = allocate_like(ctx, x);
   gemm_({rows(dlogits, v), output_.weight()}, {rows(dx, cc)}, ops::GemmAttrs{0, 0, 1.f, 0.f});
   release(ctx, dlogits);

@@ -14,9 +14,11 @@ OutputLayer::OutputLayer(IHost& host, const EmbeddingConfig& config, const Embed
       local_vocab_(tp_.split(config.padded_vocab_size, "/vocab_size")),
       linear_(host, config.device, config.dtype) {
   if (tied_to_ == nullptr) {
+    // Its gradient's writers, this layer's Linear site and multi-token prediction's GEMM,
+    // ask the context before each write (kParamGradOverwrite).
     ParamSpec spec{{config.padded_vocab_size, config.hidden_size},
                    0,
-                   kParamNone,
+                   kParamGradOverwrite,
                    ParamInit::kNormal,
                    config.init_std,
                    tp_.size()};

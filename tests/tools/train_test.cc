@@ -252,8 +252,9 @@ TEST_F(TrainTest, Fp8FusedQuantisationsGiveTheUnfusedKernelsBits) {
 // adds (LOOM_GRAD_FIRST_WRITE=off), and keeps them when those gradients hold NaN instead of
 // zeros before each step (LOOM_TEST_FAULT=poison_overwrite): so each first write overwrote,
 // and no later one did. The poisoned run with every write adding does not keep them (the
-// check can fail). Two models: GELU with biases in f32 (the bias-gradient GEMM epilogue), and
-// a bf16 swiglu / rope model with delayed FP8 (the FP8 weight-gradient GEMMs).
+// check can fail). Two models: GELU with biases in f32 (the bias-gradient GEMM epilogue; an
+// untied output layer whose gradient multi-token prediction writes first), and a bf16 swiglu /
+// rope model with delayed FP8 (the FP8 weight-gradient GEMMs).
 TEST_F(TrainTest, WeightGradientsFirstWriteOfAStepOverwritesThem) {
   for (const bool fp8 : {false, true}) {
     SCOPED_TRACE(fp8 ? "bf16 with FP8 GEMMs" : "f32 GELU with biases");
@@ -272,6 +273,10 @@ TEST_F(TrainTest, WeightGradientsFirstWriteOfAStepOverwritesThem) {
       s["model"]["position_embedding"] = "rope";
       s["precision"] = {{"params", "bf16"},
                         {"fp8", {{"impl", "delayed"}, {"amax_history_len", 4}}}};
+    } else {  // an output layer of its own, whose gradient multi-token prediction writes first
+      s["model"]["tie_embeddings"] = false;
+      s["model"]["position_embedding"] = "rope";  // as multi-token prediction needs
+      s["model"]["mtp_num_layers"] = 1;
     }
     const std::string tag = fp8 ? "fp8_" : "f32_";
     auto train = [&](const std::string& name, const std::string& env, int* exit_code) {
