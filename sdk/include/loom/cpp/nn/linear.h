@@ -18,7 +18,8 @@
 //
 // Weight gradients: the passes that take a context ask it whether the write into dw is the
 // step's first (grad_write_beta: a kParamGradOverwrite weight's, forward_context 1.8) and then
-// overwrite dw (beta 0: the GEMM does not read the zeros there) instead of adding to it.
+// overwrite dw (beta 0: the GEMM does not read it, and what it held, zeros or, where the core
+// skipped the zero fill, an earlier step's values, is gone) instead of adding to it.
 //
 // Deferred weight gradients (zero-bubble schedules; ModuleBase explains the protocol):
 // backward with a `deferred` owner id computes dx only and keeps dW's operands (x and dy,
