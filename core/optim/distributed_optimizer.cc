@@ -128,7 +128,12 @@ void DistributedOptimizer::begin_step(bool keep_overwrite) {
 }
 
 void DistributedOptimizer::grads_ready(const void* owner) {
-  for (size_t b : readiness_.mark(owner)) reduce_bucket(b);
+  for (size_t b : readiness_.mark(owner)) {
+    // A kept overwrite gradient that got no write this step (begin_step(true)) holds an
+    // earlier step's values: zero it before the reduction reads the bucket.
+    params_.zero_unclaimed(params_.buckets()[b]);
+    reduce_bucket(b);
+  }
 }
 
 void DistributedOptimizer::reduce_bucket(size_t b) {

@@ -83,7 +83,8 @@ class DistributedOptimizer {
   /// Whether buckets are reduced during the step's last backward.
   bool overlap() const { return setup_.overlap; }
   /// The grads_ready signal of `owner` (a module) during the step's last backward: starts
-  /// the reduction of every bucket that became final, in bucket order.
+  /// the reduction of every bucket that became final, in bucket order, after zeroing its
+  /// kept overwrite gradients that no write claimed (ParameterSet::zero_unclaimed).
   void grads_ready(const void* owner);
   /// After the last backward: reduces the buckets not started yet and waits for all.
   void finish_reduction();

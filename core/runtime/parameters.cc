@@ -255,6 +255,7 @@ void ParameterSet::allocate_flat(const BucketOptions& options) {
     throw_if_error(p.module->bind_param(p.index, &p.value, &p.grad),
                    fmt::format("binding parameter {}", p.name));
   }
+  index_overwrites();
 }
 
 ParameterSet::~ParameterSet() {
@@ -353,12 +354,12 @@ void ParameterSet::initialize(uint64_t seed, const SplitRanks& ranks) {
 }
 
 void ParameterSet::index_overwrites() {
-  if (overwrite_indexed_) return;
   std::vector<std::pair<int64_t, int64_t>> kept;  // the overwrite gradients' ranges
   for (const Parameter& p : params_)
     if ((p.info.flags & kParamGradOverwrite) != 0 && p.grad.data != nullptr && p.numel() > 0) {
       overwrite_index_.emplace(p.grad.data, overwrite_index_.size());
       kept.emplace_back(p.offset, p.offset + p.numel());
+      overwrite_elements_ += p.numel();
     }
   claimed_.assign(overwrite_index_.size(), 0);
   std::sort(kept.begin(), kept.end());
@@ -368,13 +369,18 @@ void ParameterSet::index_overwrites() {
     at = std::max(at, end);
   }
   if (flat_size_ > at) kept_complement_.emplace_back(at, flat_size_);
-  overwrite_indexed_ = true;
+}
+
+uint8_t* ParameterSet::claim_of(const Parameter& p) {
+  if ((p.info.flags & kParamGradOverwrite) == 0 || p.grad.data == nullptr) return nullptr;
+  auto it = overwrite_index_.find(p.grad.data);
+  return it != overwrite_index_.end() ? &claimed_[it->second] : nullptr;
 }
 
 void ParameterSet::zero_grads(bool keep_overwrite) {
-  index_overwrites();
   std::fill(claimed_.begin(), claimed_.end(), uint8_t{0});
   kept_ = keep_overwrite && !overwrite_index_.empty();
+  kept_elements_ = kept_ && flat_grads_.data != nullptr ? overwrite_elements_ : 0;
   if (flat_grads_.data == nullptr) return;
   if (!kept_) {
     throw_if_error(host_.fill_zero(device_, flat_grads_.data, nbytes(flat_grads_)));
@@ -388,16 +394,25 @@ void ParameterSet::zero_grads(bool keep_overwrite) {
 void ParameterSet::zero_unclaimed() {
   if (!kept_) return;
   for (const Parameter& p : params_) {
-    if ((p.info.flags & kParamGradOverwrite) == 0 || p.grad.data == nullptr) continue;
-    auto it = overwrite_index_.find(p.grad.data);
-    if (it != overwrite_index_.end() && claimed_[it->second] == 0)
+    uint8_t* claimed = claim_of(p);
+    if (claimed != nullptr && *claimed == 0)
       throw_if_error(host_.fill_zero(device_, p.grad.data, nbytes(p.grad)));
   }
   kept_ = false;
 }
 
+void ParameterSet::zero_unclaimed(const Bucket& bucket) {
+  if (!kept_) return;
+  for (size_t i : bucket.params) {
+    const Parameter& p = params_[i];
+    uint8_t* claimed = claim_of(p);
+    if (claimed == nullptr || *claimed != 0) continue;
+    throw_if_error(host_.fill_zero(device_, p.grad.data, nbytes(p.grad)));
+    *claimed = 1;
+  }
+}
+
 bool ParameterSet::claim_grad(const void* grad) {
-  index_overwrites();
   auto it = grad != nullptr ? overwrite_index_.find(grad) : overwrite_index_.end();
   if (it == overwrite_index_.end() || claimed_[it->second] != 0) return false;
   claimed_[it->second] = 1;

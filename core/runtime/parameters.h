@@ -114,10 +114,19 @@ class ParameterSet {
   /// zeroes those that no write claimed (a parameter that got no gradient this step), so
   /// that no earlier step's values remain. Nothing otherwise.
   void zero_unclaimed();
+  /// The same for the parameters of `bucket` (one of buckets()) alone, while the passes
+  /// still run: before the bucket goes to an overlapped reduction, every gradient in it
+  /// final. A gradient zeroed here counts as claimed, so that neither a later write
+  /// overwrites it nor zero_unclaimed zeroes the reduced values.
+  void zero_unclaimed(const Bucket& bucket);
   /// True for the first call with the gradient of a kParamGradOverwrite parameter (its
   /// first element's address) since zero_grads; false for any later one, for any other
   /// address and for null (IForwardContext::grad_first_write).
   bool claim_grad(const void* grad);
+
+  /// The flat gradient elements the last zero_grads left alone: every kParamGradOverwrite
+  /// gradient's when it kept them, 0 when it zeroed everything.
+  int64_t kept_elements() const { return kept_elements_; }
 
   std::vector<Parameter>& all() { return params_; }
   const std::vector<Parameter>& all() const { return params_; }
@@ -148,16 +157,18 @@ class ParameterSet {
   std::vector<Bucket> buckets_;
   int64_t flat_size_ = 0;
   TensorView flat_grads_{}, flat_values_{};
-  // claim_grad: the kParamGradOverwrite gradients by address (made on the first claim), and
-  // whether each was claimed since zero_grads.
+  // claim_grad: the kParamGradOverwrite gradients by address (allocate_flat), and whether
+  // each was claimed since zero_grads.
   std::unordered_map<const void*, size_t> overwrite_index_;
-  bool overwrite_indexed_ = false;
   std::vector<uint8_t> claimed_;
   void index_overwrites();
+  // The claim slot of parameter `p`'s gradient, or null when it has none (no flag).
+  uint8_t* claim_of(const Parameter& p);
   // The element ranges [begin, end) of the flat gradients outside every kParamGradOverwrite
   // parameter (padding included): what zero_grads(true) zeroes.
   std::vector<std::pair<int64_t, int64_t>> kept_complement_;
   bool kept_ = false;  // the last zero_grads kept the overwrite gradients
+  int64_t overwrite_elements_ = 0, kept_elements_ = 0;
   std::vector<std::pair<std::string, IModule*>> modules_;
   std::unordered_map<const void*, uint64_t> module_ids_;
   std::vector<void*> blocks_;

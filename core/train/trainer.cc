@@ -425,17 +425,22 @@ StepResult Trainer::step() {
     const bool graphed = graphed_ != nullptr && !step.logits &&
                          direct_steps_ >= config_.train.cuda_graph_warmup_steps;
     // The layers' weight gradients (kParamGradOverwrite) need no zero fill when their first
-    // write of the step overwrites them (grad_first_write) and nothing reads them before the
-    // passes end: not with the reduction overlapped with backward (which may read a bucket
-    // before zero_unclaimed below), nor under a graph that adds at every write (several
-    // micro-batches a step).
+    // write of the step overwrites them (grad_first_write): not under a graph that adds at
+    // every write (several micro-batches a step). What no write claimed is zeroed after the
+    // passes (zero_unclaimed below), or, with the reduction overlapped with backward, before
+    // its bucket goes out (DistributedOptimizer::grads_ready).
     const bool captures = graphed && graphed_->replays() == 0;
     const bool keep_overwrite =
-        grad_first_write_ && !optim_->overlap() &&
+        grad_first_write_ &&
         (!graphed || graphed_->overwrites(static_cast<int32_t>(micro_batches), step));
     optim_->begin_step(keep_overwrite);
+    if (log_level() == LogLevel::kDebug && attempt == 0)
+      log_debug("train", fmt::format("step {}: zero fill of {} of {} gradient elements (the "
+                                     "rest: weight gradients that their first write overwrites)",
+                                     r.step, params_->flat_size() - params_->kept_elements(),
+                                     params_->flat_size()));
     if (test_fault_set()) inject_fault_after_zero_fill(rank, r.step, plugins_.host(), *params_);
-    if (graphed && graphed_->replays() == 0)
+    if (captures)
       log_info("cuda graph",
                graphed_update_ != nullptr
                    ? fmt::format("step {}: capturing the forward and backward, and the "

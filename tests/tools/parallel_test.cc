@@ -94,6 +94,17 @@ void expect_same_curve(const Curve& a, const Curve& b, const std::string& what) 
 
 // The debug lines "step S: K of N gradient buckets handed to the reduction during
 // backward": `lines` of them (every rank, every step), each with K == N > 1.
+// The debug log's zero fill of each step of each rank (`lines` in all) spared the layers'
+// weight gradients (their first write of the step overwrites them).
+void expect_weight_grads_kept(const std::string& log, size_t lines) {
+  std::regex line("step [0-9]+: zero fill of ([0-9]+) of ([0-9]+) gradient elements");
+  size_t count = 0;
+  for (auto it = std::sregex_iterator(log.begin(), log.end(), line); it != std::sregex_iterator();
+       ++it, ++count)
+    EXPECT_LT(std::stoll((*it)[1].str()), std::stoll((*it)[2].str())) << it->str();
+  EXPECT_EQ(count, lines) << log;
+}
+
 void expect_all_buckets_early(const std::string& log, size_t lines) {
   std::regex line(
       "step [0-9]+: ([0-9]+) of ([0-9]+) gradient buckets handed to the reduction "
@@ -203,10 +214,11 @@ class ParallelTest : public ::testing::Test {
     return r.err0;
   }
   // Trains `body` with `extra` arguments; returns the loss curve.
-  Curve train(const std::string& name, const nlohmann::json& body, const std::string& extra) {
+  Curve train(const std::string& name, const nlohmann::json& body, const std::string& extra,
+              const std::string& env = "") {
     fs::path run = dir_ / name;
-    auto r =
-        run_loom("train " + q(spec(name + ".json", body)) + " --run-dir " + q(run) + " " + extra);
+    auto r = run_loom(
+        "train " + q(spec(name + ".json", body)) + " --run-dir " + q(run) + " " + extra, env);
     EXPECT_EQ(r.exit_code, 0) << name << "\n" << r.out << r.err;
     last_out_ = r.out;
     last_err_ = r.err;
@@ -311,13 +323,14 @@ class ParallelTest : public ::testing::Test {
   // does not depend on it).
   void expect_gradients_match_one_rank(const std::string& reference, const nlohmann::json& body,
                                        const std::string& name, const std::string& args,
-                                       double tolerance = kGradTolerance) {
+                                       double tolerance = kGradTolerance,
+                                       const std::string& env = "") {
     nlohmann::json s = one_sgd_step(body);
     loom_names_ = true;  // and the f32 master weights of bf16 parameters
     if (!fs::exists(dir_ / reference / "metrics.jsonl")) train(reference, s, "");
     Curve one = read_curve(dir_ / reference / "metrics.jsonl");
     ASSERT_EQ(one.grad_norm.size(), 1u) << reference;
-    Curve c = train(name, s, args);
+    Curve c = train(name, s, args, env);
     ASSERT_EQ(c.loss.size(), 1u) << name;
     EXPECT_NEAR(c.loss[0], one.loss[0], kLossTolerance * one.loss[0]) << name;
     expect_same_gradients(reference, name, one.grad_norm[0], tolerance);
@@ -470,19 +483,30 @@ TEST_F(ParallelTest, TensorParallelLlamaWithDropoutMatchesOneRank) {
 // while the rest of backward runs. The debug log counts the buckets handed over during
 // backward: all of them (the embedding's, last in backward order, when its backward
 // returns). With overlap off, the same buckets go after backward.
+// The layers' weight gradients skip the zero fill here too (their first write of a step
+// overwrites them): NaN put into them on one rank before every step
+// (LOOM_TEST_FAULT=poison_overwrite) leaves the curves and gradients unchanged, which it
+// would not if a write added to it or a bucket went out before the writes (train_test's
+// control run shows that the poison reaches a run whose writes add).
 TEST_F(ParallelTest, OverlappedGradientReductionMatchesOneRank) {
   Curve one = train("one", tiny_spec(), "");
   const std::string small =
       "--nproc 2 --set parallel.dp=2 --set parallel.bucket_size=3001 --set log.level=debug ";
-  Curve overlap = train("overlap", tiny_spec(), small + "--set parallel.overlap_grad_reduce=true");
-  expect_same_curve(one, overlap, "dp2, overlapped reduction");
+  Curve overlap = train("overlap", tiny_spec(), small + "--set parallel.overlap_grad_reduce=true",
+                        "LOOM_TEST_FAULT=poison_overwrite:1:1");
+  expect_same_curve(one, overlap, "dp2, overlapped reduction, NaN before each step on rank 1");
   expect_all_buckets_early(last_err_, 2 * 6);
+  expect_weight_grads_kept(last_err_, 2 * 6);
   Curve zero = train("overlap_zero1", tiny_spec(),
                      small +
                          "--set parallel.overlap_grad_reduce=true "
-                         "--set parallel.distributed_optimizer=true");
-  expect_same_curve(one, zero, "dp2 + distributed optimizer, overlapped reduction");
+                         "--set parallel.distributed_optimizer=true",
+                     "LOOM_TEST_FAULT=poison_overwrite:0:1");
+  expect_same_curve(one, zero,
+                    "dp2 + distributed optimizer, overlapped reduction, NaN before each step "
+                    "on rank 0");
   expect_all_buckets_early(last_err_, 2 * 6);
+  expect_weight_grads_kept(last_err_, 2 * 6);
   Curve after =
       train("no_overlap", tiny_spec(), small + "--set parallel.overlap_grad_reduce=false");
   expect_same_curve(one, after, "dp2, reduction after backward");
@@ -491,7 +515,8 @@ TEST_F(ParallelTest, OverlappedGradientReductionMatchesOneRank) {
                                   small + "--set parallel.overlap_grad_reduce=true");
   expect_gradients_match_one_rank(
       "sgd_one", tiny_spec(), "sgd_overlap_zero1",
-      small + "--set parallel.overlap_grad_reduce=true --set parallel.distributed_optimizer=true");
+      small + "--set parallel.overlap_grad_reduce=true --set parallel.distributed_optimizer=true",
+      kGradTolerance, "LOOM_TEST_FAULT=poison_overwrite:1:1");
 }
 
 TEST_F(ParallelTest, MixedPrecisionDataParallelMatchesOneRank) {

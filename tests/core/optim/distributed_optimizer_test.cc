@@ -98,6 +98,15 @@ const Registry& cpu_registry() {
   return registry;
 }
 
+// One process's communicators, made in `comms` as the optimizer asks for each role.
+GroupOf local_groups(std::map<int, std::unique_ptr<LocalCommunicator>>& comms) {
+  return [&comms](ParallelRole role) -> ICommunicator& {
+    auto& c = comms[static_cast<int>(role)];
+    if (!c) c = std::make_unique<LocalCommunicator>(parallel_role_name(role));
+    return *c;
+  };
+}
+
 struct Fixture {
   explicit Fixture(DType dtype, int32_t optimizer_minor = 2)
       : host(&cpu_registry(), 0), module(new Params(dtype)), sgd(new Sgd(optimizer_minor)) {
@@ -116,12 +125,7 @@ struct Fixture {
       grads.insert(grads.end(), g.begin(), g.end());
     }
     optimizer = std::make_unique<DistributedOptimizer>(
-        host, *params, *sgd, OptimizerSetup{kCpu, dtype, false, false, 0},
-        [this](ParallelRole role) -> ICommunicator& {
-          auto& c = comms[static_cast<int>(role)];
-          if (!c) c = std::make_unique<LocalCommunicator>(parallel_role_name(role));
-          return *c;
-        });
+        host, *params, *sgd, OptimizerSetup{kCpu, dtype, false, false, 0}, local_groups(comms));
   }
   ~Fixture() {
     optimizer.reset();
@@ -246,6 +250,17 @@ class Overwritable final : public nn::ModuleBase<IGenericModule> {
   void run_backward(IForwardContext&, const TensorView*, int32_t, TensorView*, int32_t) override {}
 };
 
+// Sets every element of the (host) gradient `g` to `x`; whether every element equals `x`.
+void fill(const TensorView& g, float x) {
+  std::vector<float> v(static_cast<size_t>(numel(g)), x);
+  store_floats(v.data(), g);
+}
+bool all_are(const TensorView& g, float x) {
+  std::vector<float> v(static_cast<size_t>(numel(g)));
+  load_floats(g, v.data());
+  return std::all_of(v.begin(), v.end(), [x](float e) { return e == x; });
+}
+
 TEST(ParameterSet, GrantsTheFirstWriteOfAnOverwriteGradientOncePerStep) {
   Host host(nullptr, 0);
   Overwritable* module = new Overwritable();
@@ -283,15 +298,6 @@ TEST(ParameterSet, GrantsTheFirstWriteOfAnOverwriteGradientOncePerStep) {
 
     // zero_grads(true) keeps the overwrite gradients' values and zeroes the rest;
     // zero_unclaimed then zeroes those that no write claimed.
-    auto fill = [](const TensorView& g, float x) {
-      std::vector<float> v(static_cast<size_t>(numel(g)), x);
-      store_floats(v.data(), g);
-    };
-    auto all_are = [](const TensorView& g, float x) {
-      std::vector<float> v(static_cast<size_t>(numel(g)));
-      load_floats(g, v.data());
-      return std::all_of(v.begin(), v.end(), [x](float e) { return e == x; });
-    };
     fill(w, 3.f);
     fill(v, 4.f);
     fill(b, 5.f);
@@ -308,6 +314,63 @@ TEST(ParameterSet, GrantsTheFirstWriteOfAnOverwriteGradientOncePerStep) {
     EXPECT_TRUE(all_are(v, 4.f));
     params.zero_grads();  // a whole fill: every gradient
     EXPECT_TRUE(all_are(w, 0.f) && all_are(v, 0.f) && all_are(b, 0.f));
+  }
+  module->destroy();
+}
+
+// An overlapped reduction sends a bucket while backward still runs: its kept gradients that
+// no write claimed are zeroed first (zero_unclaimed(bucket)), and then count as claimed, so
+// that the step's closing zero_unclaimed leaves the reduced values alone.
+TEST(ParameterSet, ZeroesABucketsUnclaimedOverwriteGradientsBeforeItGoesOut) {
+  Host host(&cpu_registry(), 0);  // the optimizer's kernels
+  Overwritable* module = new Overwritable();
+  {
+    // One parameter a bucket, in backward order: b, v, w.
+    ParameterSet params(host, *module, kCpu, BucketOptions{1, 1, 1});
+    ASSERT_EQ(params.buckets().size(), 3u);
+    const Bucket& of_v = params.buckets()[1];
+    ASSERT_EQ(params.all()[of_v.params.at(0)].name, "v");
+    const TensorView w = params.find("w")->grad, v = params.find("v")->grad;
+    fill(w, 3.f);
+    fill(v, 4.f);
+    params.zero_unclaimed(of_v);  // no kept step: nothing
+    EXPECT_TRUE(all_are(v, 4.f));
+    params.zero_grads(true);
+    params.zero_unclaimed(of_v);  // v got no write: zeroed before the bucket goes out
+    EXPECT_TRUE(all_are(v, 0.f));
+    EXPECT_TRUE(all_are(w, 3.f));             // another bucket's
+    EXPECT_FALSE(params.claim_grad(v.data));  // zeroed counts as claimed: a late write adds
+    fill(v, 7.f);                             // the reduced values
+    params.zero_unclaimed();                  // the step's end: w, unclaimed, only
+    EXPECT_TRUE(all_are(v, 7.f));
+    EXPECT_TRUE(all_are(w, 0.f));
+    // A claimed gradient in the bucket keeps its write.
+    fill(v, 5.f);
+    params.zero_grads(true);
+    EXPECT_TRUE(params.claim_grad(v.data));
+    params.zero_unclaimed(of_v);
+    EXPECT_TRUE(all_are(v, 5.f));
+
+    // The optimizer's overlapped reduction does so as each bucket becomes final
+    // (grads_ready): here all three at once, the module's one signal.
+    Sgd* sgd = new Sgd(2);
+    {
+      std::map<int, std::unique_ptr<LocalCommunicator>> comms;
+      DistributedOptimizer optimizer(host, params, *sgd,
+                                     OptimizerSetup{kCpu, DType::kF32, false, true, 0},
+                                     local_groups(comms));
+      fill(w, 3.f);
+      fill(v, 4.f);
+      optimizer.begin_step(true);
+      EXPECT_TRUE(params.claim_grad(w.data));  // w is written, v is not
+      optimizer.grads_ready(params.all()[0].module);
+      EXPECT_EQ(optimizer.released_buckets(), 3u);
+      EXPECT_TRUE(all_are(w, 3.f));
+      EXPECT_TRUE(all_are(v, 0.f));
+      optimizer.finish_reduction();
+      params.zero_unclaimed();
+    }
+    sgd->destroy();
   }
   module->destroy();
 }
