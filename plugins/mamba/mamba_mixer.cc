@@ -92,13 +92,17 @@ MambaMixer::MambaMixer(const nlohmann::json& options, IBuildContext& ctx)
   const float conv_bound = static_cast<float>(1.0 / std::sqrt(static_cast<double>(conv_width_)));
   const int32_t p = tp_.size();
   const int64_t inner = heads_ * head_dim_;
+  // The projections' weight gradients: one GEMM each writes the whole gradient, asking the
+  // context first whether it is the step's first write (kParamGradOverwrite).
+  constexpr uint32_t kOverwrite = kParamGradOverwrite;
   z_weight_ = add_param("in_proj_z.weight", dtype_,
-                        ParamSpec{{inner, hidden_}, 0, kParamNone, ParamInit::kNormal, std_in, p});
+                        ParamSpec{{inner, hidden_}, 0, kOverwrite, ParamInit::kNormal, std_in, p});
   xbc_weight_ = add_param(
       "in_proj_xbc.weight", dtype_,
-      ParamSpec{{groups_, group_width_, hidden_}, 0, kParamNone, ParamInit::kNormal, std_in, p});
-  dt_weight_ = add_param("in_proj_dt.weight", dtype_,
-                         ParamSpec{{heads_, hidden_}, 0, kParamNone, ParamInit::kNormal, std_in, p});
+      ParamSpec{{groups_, group_width_, hidden_}, 0, kOverwrite, ParamInit::kNormal, std_in, p});
+  dt_weight_ =
+      add_param("in_proj_dt.weight", dtype_,
+                ParamSpec{{heads_, hidden_}, 0, kOverwrite, ParamInit::kNormal, std_in, p});
   conv_weight_ = add_param("conv1d.weight", dtype_,
                            ParamSpec{{groups_, group_width_, conv_width_}, 0, kParamNone,
                                      ParamInit::kUniform, conv_bound, p});
@@ -113,9 +117,9 @@ MambaMixer::MambaMixer(const nlohmann::json& options, IBuildContext& ctx)
                        ParamSpec{{heads_}, 0, kParamNoWeightDecay, ParamInit::kCustom, 0.f, p});
   norm_weight_ = add_param("norm.weight", dtype_,
                            ParamSpec{{inner}, 0, kParamNoWeightDecay, ParamInit::kOnes, 0.f, p});
-  out_weight_ = add_param(
-      "out_proj.weight", dtype_,
-      ParamSpec{{hidden_, inner}, 1, kParamNone, ParamInit::kScaledNormal, std_out, p});
+  out_weight_ =
+      add_param("out_proj.weight", dtype_,
+                ParamSpec{{hidden_, inner}, 1, kOverwrite, ParamInit::kScaledNormal, std_out, p});
 
   IHost& host = *ctx.host();
   gemm_ = Kernel(host, ops::kGemm, device_, dtype_);
@@ -256,10 +260,13 @@ void MambaMixer::run_backward(IForwardContext& ctx, const TensorView* grad_outpu
   expect(dout, {b, tp_.sequence_parallel() ? t / tp_.size() : t, hidden_}, dtype_,
          "mamba2 grad output");
   const ops::GemmAttrs dgrad{0, 0, 1.f, 0.f}, dgrad_acc{0, 0, 1.f, 1.f};  // dX (+)= dY W
-  const ops::GemmAttrs wgrad{1, 0, 1.f, 1.f};                             // dW += dY^T X
+  // dW (+)= dY^T X: overwritten by the step's first write (kParamGradOverwrite).
+  auto wgrad = [&ctx](const TensorView& dw) {
+    return ops::GemmAttrs{1, 0, 1.f, grad_write_beta(ctx, dw)};
+  };
 
   TensorView dfull = tp_.exit_backward(ctx, dout);  // (B, T, C)
-  gemm_({rows(dfull, hidden_), gated}, {grad(out_weight_)}, wgrad);
+  gemm_({rows(dfull, hidden_), gated}, {grad(out_weight_)}, wgrad(grad(out_weight_)));
   TensorView dgated = allocate(ctx, dtype_, {b * t, inner}, device_);
   gemm_({rows(dfull, hidden_), value(out_weight_)}, {dgated}, dgrad);
   TensorView dy = allocate(ctx, dtype_, {b, t, h, head_dim_}, device_);
@@ -289,9 +296,9 @@ void MambaMixer::run_backward(IForwardContext& ctx, const TensorView* grad_outpu
   // The three parts of in_proj: their weight gradients and the sum of their input gradients.
   TensorView dx = allocate(ctx, dtype_, {b, t, hidden_}, device_);
   const TensorView xr = rows(x, hidden_);
-  gemm_({rows(dz, inner), xr}, {grad(z_weight_)}, wgrad);
-  gemm_({rows(dxbc, cc), xr}, {rows(grad(xbc_weight_), hidden_)}, wgrad);
-  gemm_({rows(ddt, h), xr}, {grad(dt_weight_)}, wgrad);
+  gemm_({rows(dz, inner), xr}, {grad(z_weight_)}, wgrad(grad(z_weight_)));
+  gemm_({rows(dxbc, cc), xr}, {rows(grad(xbc_weight_), hidden_)}, wgrad(grad(xbc_weight_)));
+  gemm_({rows(ddt, h), xr}, {grad(dt_weight_)}, wgrad(grad(dt_weight_)));
   gemm_({rows(dz, inner), value(z_weight_)}, {rows(dx, hidden_)}, dgrad);
   gemm_({rows(dxbc, cc), rows(value(xbc_weight_), hidden_)}, {rows(dx, hidden_)}, dgrad_acc);
   gemm_({rows(ddt, h), value(dt_weight_)}, {rows(dx, hidden_)}, dgrad_acc);

@@ -29,12 +29,16 @@ SharedExperts::SharedExperts(const nlohmann::json& options, IHost& host)
   const int64_t layers = options.at("num_layers").get<int64_t>();
   const float out_std = static_cast<float>(init_std / std::sqrt(2.0 * static_cast<double>(layers)));
   const int32_t p = tp_.size();
-  fc1_ = add_param("linear_fc1.weight", dtype_,
-                   ParamSpec{swiglu_ ? std::vector<int64_t>{2, ffn_, hidden_}
-                                     : std::vector<int64_t>{ffn_, hidden_},
-                             swiglu_ ? 1 : 0, kParamNone, ParamInit::kNormal, init_std, p});
-  fc2_ = add_param("linear_fc2.weight", dtype_,
-                   ParamSpec{{hidden_, ffn_}, 1, kParamNone, ParamInit::kScaledNormal, out_std, p});
+  // fc1's and fc2's weight gradients: one GEMM each writes the whole gradient, asking the
+  // context first whether it is the step's first write (kParamGradOverwrite).
+  fc1_ =
+      add_param("linear_fc1.weight", dtype_,
+                ParamSpec{swiglu_ ? std::vector<int64_t>{2, ffn_, hidden_}
+                                  : std::vector<int64_t>{ffn_, hidden_},
+                          swiglu_ ? 1 : 0, kParamGradOverwrite, ParamInit::kNormal, init_std, p});
+  fc2_ = add_param(
+      "linear_fc2.weight", dtype_,
+      ParamSpec{{hidden_, ffn_}, 1, kParamGradOverwrite, ParamInit::kScaledNormal, out_std, p});
   if (gated_)
     gate_ = add_param("gate_weight", dtype_,
                       ParamSpec{{1, hidden_},
@@ -142,15 +146,16 @@ void SharedExperts::run_backward(IForwardContext& ctx, const TensorView* grad_ou
   TensorView dy = tp_.exit_backward(ctx, dy_in);
   const int64_t n = numel(h1) / h1.shape[1];
   TensorView da = allocate(ctx, dtype_, {n, local_ffn_}, device_);
-  linear_.backward(rows(dy, hidden_), a, value(fc2_), grad(fc2_), empty_view(), da);
+  linear_.backward(rows(dy, hidden_), a, value(fc2_), grad(fc2_), empty_view(), da,
+                   grad_write_beta(ctx, grad(fc2_)));
   TensorView dh1 = allocate_like(ctx, h1);
   if (swiglu_)
     act_bwd_({da, h1}, {dh1});
   else
     act_bwd_({da, h1}, {dh1}, ops::GeluAttrs{gelu_tanh_ ? 1 : 0});
   TensorView dx_partial = allocate_like(ctx, x);
-  linear_.backward(dh1, rows(x, hidden_), rows(value(fc1_), hidden_),
-                   rows(grad(fc1_), hidden_), empty_view(), rows(dx_partial, hidden_));
+  linear_.backward(dh1, rows(x, hidden_), rows(value(fc1_), hidden_), rows(grad(fc1_), hidden_),
+                   empty_view(), rows(dx_partial, hidden_), grad_write_beta(ctx, grad(fc1_)));
   TensorView dx = tp_.enter_backward(ctx, dx_partial);
   release_all(ctx, {dy, da, dh1, dx_partial}, {dy_in, dx});
   if (gated_) {

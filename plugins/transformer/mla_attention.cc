@@ -10,8 +10,9 @@ enum Slot : int32_t { kInput, kPositions, kQLatent, kKvLatent, kCoreOut };
 
 std::string str(int64_t v) { return std::to_string(v); }
 
-// dW (out, in) += dY^T X; dX (N, in) (+)= dY W (the forward GEMMs go through Linear).
-constexpr ops::GemmAttrs kWeightGrad{1, 0, 1.f, 1.f};
+// dW (out, in) (+)= dY^T X, overwritten by the step's first write (beta 0, grad_write_beta);
+// dX (N, in) (+)= dY W (the forward GEMMs go through Linear).
+ops::GemmAttrs weight_grad(float beta) { return ops::GemmAttrs{1, 0, 1.f, beta}; }
 constexpr ops::GemmAttrs kInputGrad{0, 0, 1.f, 0.f};
 constexpr ops::GemmAttrs kInputGradAdd{0, 0, 1.f, 1.f};
 
@@ -63,26 +64,38 @@ MlaSelfAttention::MlaSelfAttention(const nlohmann::json& options, IBuildContext&
   const float std_out = static_cast<float>(init_std / std::sqrt(2.0 * static_cast<double>(layers)));
   // Replicated over tp, gradients partial per rank (each rank's heads): summed over the group.
   const uint32_t summed = kParamSequenceParallel;
+  // Every projection's weight gradient is written whole by this module's backward, which
+  // asks the context first whether it is the step's first write (kParamGradOverwrite).
+  constexpr uint32_t kOverwrite = kParamGradOverwrite;
   if (d.q_lora_rank > 0) {
-    q_down_ = add_param("linear_q_down_proj.weight", dtype_,
-                        ParamSpec{{d.q_lora_rank, hidden_}, -1, summed, ParamInit::kNormal, std_in});
-    q_up_ = add_param("linear_q_up_proj.weight", dtype_,
-                      ParamSpec{{heads_ * d.qk_dim(), d.q_lora_rank}, 0, kParamNone,
-                                ParamInit::kNormal, std_in, p});
+    q_down_ = add_param(
+        "linear_q_down_proj.weight", dtype_,
+        ParamSpec{{d.q_lora_rank, hidden_}, -1, summed | kOverwrite, ParamInit::kNormal, std_in});
+    q_up_ = add_param(
+        "linear_q_up_proj.weight", dtype_,
+        ParamSpec{
+            {heads_ * d.qk_dim(), d.q_lora_rank}, 0, kOverwrite, ParamInit::kNormal, std_in, p});
   } else {
     q_proj_ = add_param(
         "linear_q_proj.weight", dtype_,
-        ParamSpec{{heads_ * d.qk_dim(), hidden_}, 0, kParamNone, ParamInit::kNormal, std_in, p});
+        ParamSpec{{heads_ * d.qk_dim(), hidden_}, 0, kOverwrite, ParamInit::kNormal, std_in, p});
   }
-  kv_down_ = add_param(
-      "linear_kv_down_proj.weight", dtype_,
-      ParamSpec{{d.kv_lora_rank + d.rope_dim, hidden_}, -1, summed, ParamInit::kNormal, std_in});
+  kv_down_ = add_param("linear_kv_down_proj.weight", dtype_,
+                       ParamSpec{{d.kv_lora_rank + d.rope_dim, hidden_},
+                                 -1,
+                                 summed | kOverwrite,
+                                 ParamInit::kNormal,
+                                 std_in});
   kv_up_ = add_param("linear_kv_up_proj.weight", dtype_,
-                     ParamSpec{{heads_ * (d.nope_dim + d.v_dim), d.kv_lora_rank}, 0, kParamNone,
-                               ParamInit::kNormal, std_in, p});
+                     ParamSpec{{heads_ * (d.nope_dim + d.v_dim), d.kv_lora_rank},
+                               0,
+                               kOverwrite,
+                               ParamInit::kNormal,
+                               std_in,
+                               p});
   out_proj_ = add_param(
       "linear_proj.weight", dtype_,
-      ParamSpec{{hidden_, heads_ * d.v_dim}, 1, kParamNone, ParamInit::kScaledNormal, std_out, p});
+      ParamSpec{{hidden_, heads_ * d.v_dim}, 1, kOverwrite, ParamInit::kScaledNormal, std_out, p});
 
   nlohmann::json common = {{"params_dtype", dtype_name(dtype_)},
                            {"device", device_name(device_)},
@@ -248,7 +261,7 @@ void MlaSelfAttention::run_backward(IForwardContext& ctx, const TensorView* grad
   // out = ov Wo^T
   TensorView dov = allocate(ctx, dtype_, {b, t, h, d.v_dim}, device_);
   linear_.backward(rows(dy, hidden_), rows(ov, h * d.v_dim), value(out_proj_), grad(out_proj_),
-                   empty_view(), rows(dov, h * d.v_dim));
+                   empty_view(), rows(dov, h * d.v_dim), grad_write_beta(ctx, grad(out_proj_)));
   TensorView dcore = allocate(ctx, dtype_, {b, t, h, dq}, device_);
   out_bwd_({dov}, {dcore}, attrs());
   release(ctx, dov);
@@ -271,7 +284,7 @@ void MlaSelfAttention::run_backward(IForwardContext& ctx, const TensorView* grad
   // kv = RMSNorm_kv(c_kv) Wukv^T; [c_kv ; k_pe] = x Wdkv^T
   TensorView dkv_latent = allocate(ctx, dtype_, {n, d.kv_lora_rank}, device_);
   linear_.backward(rows(dkv, h * (d.nope_dim + d.v_dim)), kv_latent, value(kv_up_), grad(kv_up_),
-                   empty_view(), dkv_latent);
+                   empty_view(), dkv_latent, grad_write_beta(ctx, grad(kv_up_)));
   TensorView dckv = call_backward(*kv_norm_, ctx, {dkv_latent}, 1, "kv_layernorm")[0];
   const TensorView w_down = value(kv_down_), g_down = grad(kv_down_);
   const size_t elem = dtype_size(dtype_);
@@ -279,14 +292,16 @@ void MlaSelfAttention::run_backward(IForwardContext& ctx, const TensorView* grad
   const TensorView g_ckv = make_view(g_down.data, DType::kF32, {d.kv_lora_rank, hidden_}, device_);
   TensorView dx = allocate(ctx, dtype_, {b, t, hidden_}, device_);
   const TensorView dxr = rows(dx, hidden_);
-  gemm_({dckv, xr}, {g_ckv}, kWeightGrad);
+  // Two GEMMs write the two row blocks of Wdkv's gradient: one answer for both.
+  const float down_beta = grad_write_beta(ctx, g_down);
+  gemm_({dckv, xr}, {g_ckv}, weight_grad(down_beta));
   gemm_({dckv, w_ckv}, {dxr}, kInputGrad);
   const int64_t offset = d.kv_lora_rank * hidden_;
   const TensorView w_kpe = make_view(static_cast<char*>(w_down.data) + offset * elem, dtype_,
                                      {d.rope_dim, hidden_}, device_);
   const TensorView g_kpe = make_view(static_cast<float*>(g_down.data) + offset, DType::kF32,
                                      {d.rope_dim, hidden_}, device_);
-  gemm_({rows(dkpe, d.rope_dim), xr}, {g_kpe}, kWeightGrad);
+  gemm_({rows(dkpe, d.rope_dim), xr}, {g_kpe}, weight_grad(down_beta));
   gemm_({rows(dkpe, d.rope_dim), w_kpe}, {dxr}, kInputGradAdd);
   release_all(ctx, {dkv, dkpe, dkv_latent, dckv});
 
@@ -294,13 +309,14 @@ void MlaSelfAttention::run_backward(IForwardContext& ctx, const TensorView* grad
   const TensorView dqr = rows(dq_t, h * dq);
   if (d.q_lora_rank > 0) {
     TensorView dq_latent = allocate(ctx, dtype_, {n, d.q_lora_rank}, device_);
-    linear_.backward(dqr, q_latent, value(q_up_), grad(q_up_), empty_view(), dq_latent);
+    linear_.backward(dqr, q_latent, value(q_up_), grad(q_up_), empty_view(), dq_latent,
+                     grad_write_beta(ctx, grad(q_up_)));
     TensorView dcq = call_backward(*q_norm_, ctx, {dq_latent}, 1, "q_layernorm")[0];
-    gemm_({dcq, xr}, {grad(q_down_)}, kWeightGrad);
+    gemm_({dcq, xr}, {grad(q_down_)}, weight_grad(grad_write_beta(ctx, grad(q_down_))));
     gemm_({dcq, value(q_down_)}, {dxr}, kInputGradAdd);
     release_all(ctx, {dq_latent, dcq});
   } else {
-    gemm_({dqr, xr}, {grad(q_proj_)}, kWeightGrad);
+    gemm_({dqr, xr}, {grad(q_proj_)}, weight_grad(grad_write_beta(ctx, grad(q_proj_))));
     gemm_({dqr, value(q_proj_)}, {dxr}, kInputGradAdd);
   }
   release(ctx, dq_t);

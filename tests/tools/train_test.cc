@@ -252,12 +252,15 @@ TEST_F(TrainTest, Fp8FusedQuantisationsGiveTheUnfusedKernelsBits) {
 // adds (LOOM_GRAD_FIRST_WRITE=off), and keeps them when those gradients hold NaN instead of
 // zeros before each step (LOOM_TEST_FAULT=poison_overwrite): so each first write overwrote,
 // and no later one did. The poisoned run with every write adding does not keep them (the
-// check can fail). Two models: GELU with biases in f32 (the bias-gradient GEMM epilogue; an
-// untied output layer whose gradient multi-token prediction writes first), and a bf16 swiglu /
-// rope model with delayed FP8 (the FP8 weight-gradient GEMMs).
+// check can fail). Four models: GELU with biases in f32 (the bias-gradient GEMM epilogue; an
+// untied output layer whose gradient multi-token prediction writes first); a bf16 swiglu /
+// rope model with delayed FP8 (the FP8 weight-gradient GEMMs); a Mamba-2 hybrid (the mixer's
+// in and out projections); and multi-latent attention with a mixture of experts and shared
+// experts (MLA's five projections, one of them written by two GEMMs, and the shared
+// experts' fc1 and fc2; the routed experts are zero-filled).
 TEST_F(TrainTest, WeightGradientsFirstWriteOfAStepOverwritesThem) {
-  for (const bool fp8 : {false, true}) {
-    SCOPED_TRACE(fp8 ? "bf16 with FP8 GEMMs" : "f32 GELU with biases");
+  for (const std::string model : {"f32", "fp8", "mamba", "mla"}) {
+    SCOPED_TRACE(model);
     nlohmann::json s = tiny_spec();
     s["train"]["steps"] = 4;
     s["train"]["log_interval"] = 1;
@@ -265,6 +268,7 @@ TEST_F(TrainTest, WeightGradientsFirstWriteOfAStepOverwritesThem) {
     s["train"]["micro_batch_size"] = 2;
     s["train"]["global_batch_size"] = 4;
     s["lr_schedule"]["warmup_steps"] = 1;
+    const bool fp8 = model == "fp8";
     if (fp8) {
       s["model"]["layer"]["norm"] = {{"impl", "rmsnorm"}};
       s["model"]["final_norm"] = {{"impl", "rmsnorm"}};
@@ -273,12 +277,33 @@ TEST_F(TrainTest, WeightGradientsFirstWriteOfAStepOverwritesThem) {
       s["model"]["position_embedding"] = "rope";
       s["precision"] = {{"params", "bf16"},
                         {"fp8", {{"impl", "delayed"}, {"amax_history_len", 4}}}};
-    } else {  // an output layer of its own, whose gradient multi-token prediction writes first
+    } else if (model == "f32") {  // an output layer of its own, whose gradient MTP writes first
       s["model"]["tie_embeddings"] = false;
       s["model"]["position_embedding"] = "rope";  // as multi-token prediction needs
       s["model"]["mtp_num_layers"] = 1;
+    } else if (model == "mamba") {  // a Mamba-2 layer, then an MLP layer
+      s["model"]["hybrid_layer_pattern"] = "M-";
+      s["model"]["position_embedding"] = "none";
+      s["model"]["mamba_layer"] = nlohmann::json::parse(R"({
+        "impl": "mamba_layer", "norm": {"impl": "rmsnorm"},
+        "mixer": {"impl": "mamba2", "state_dim": 8, "head_dim": 8, "num_groups": 2,
+                  "expand": 2, "d_conv": 4, "chunk_size": 8}})");
+    } else {  // MLA in both layers; the second's MLP a mixture of experts with shared experts
+      s["model"]["position_embedding"] = "rope";
+      s["model"]["add_bias_linear"] = false;
+      s["model"]["multi_latent_attention"] = {{"q_lora_rank", 16},
+                                              {"kv_lora_rank", 8},
+                                              {"qk_head_dim", 8},
+                                              {"qk_pos_emb_head_dim", 4},
+                                              {"v_head_dim", 8}};
+      s["model"]["moe_layer_freq"] = {0, 1};
+      s["model"]["layer"]["dense_mlp"] = {{"impl", "mlp"}, {"activation", "swiglu"}};
+      s["model"]["layer"]["mlp"] = nlohmann::json::parse(R"({
+        "impl": "moe", "num_experts": 4, "moe_ffn_hidden_size": 16, "activation": "swiglu",
+        "shared_expert_intermediate_size": 16,
+        "router": {"impl": "topk", "topk": 2}, "dispatcher": {"impl": "alltoall"}})");
     }
-    const std::string tag = fp8 ? "fp8_" : "f32_";
+    const std::string tag = model + "_";
     auto train = [&](const std::string& name, const std::string& env, int* exit_code) {
       fs::path run = dir_ / (tag + name);
       auto r = run_loom("train " + q(spec(tag + name + ".json", s)) + " --run-dir " + q(run), env);
@@ -315,7 +340,7 @@ TEST_F(TrainTest, WeightGradientsFirstWriteOfAStepOverwritesThem) {
     std::printf(
         "%s: 4 steps of 2 micro-batches bit-identical overwriting, adding and over NaN "
         "(%zu checkpoint files); adding over NaN: exit %d, %zu steps logged\n",
-        fp8 ? "fp8" : "f32", files, code, control.size());
+        model.c_str(), files, code, control.size());
   }
 }
 
