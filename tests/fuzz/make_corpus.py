@@ -57,8 +57,10 @@ def safetensors(tensors, metadata=None, crc=False):
 
 
 def main(gen):
-    # spec: the shipped configs and the reference specs.
-    for path in sorted(glob.glob("configs/*.json") + glob.glob("tests/reference/*.json")):
+    # spec: the shipped configs (the GPU ones too: FP8, CUDA graphs, kernel pins) and the
+    # reference specs.
+    for path in sorted(glob.glob("configs/*.json") + glob.glob("configs/gpu/*.json") +
+                       glob.glob("tests/reference/*.json")):
         put("spec", path.replace("/", "_"), read(path))
     # override: --set assignments, one a line.
     for i, text in enumerate([
