@@ -50,10 +50,13 @@ GroupedMlp::GroupedMlp(const nlohmann::json& options, IHost& host)
                                      : std::vector<int64_t>{ffn_, hidden_};
   for (int64_t i = 0; i < local_; ++i) {
     const int32_t g = static_cast<int32_t>(first_ + i);
-    ParamSpec s1{fc1, swiglu_ ? 1 : 0, kParamExpert, ParamInit::kNormal, init_std, etp};
+    // Every write into an expert's gradient is this module's and asks the context first
+    // (gemm_wgrad): kParamGradOverwrite.
+    constexpr uint32_t kFlags = kParamExpert | kParamGradOverwrite;
+    ParamSpec s1{fc1, swiglu_ ? 1 : 0, kFlags, ParamInit::kNormal, init_std, etp};
     s1.expert_index = g;
     fc1_.push_back(add_param("linear_fc1.weight" + std::to_string(g), dtype_, s1));
-    ParamSpec s2{{hidden_, ffn_}, 1, kParamExpert, ParamInit::kScaledNormal, out_std, etp};
+    ParamSpec s2{{hidden_, ffn_}, 1, kFlags, ParamInit::kScaledNormal, out_std, etp};
     s2.expert_index = g;
     fc2_.push_back(add_param("linear_fc2.weight" + std::to_string(g), dtype_, s2));
   }
@@ -107,7 +110,19 @@ void GroupedMlp::gemm_rows(const TensorView& x, const std::vector<int32_t>& weig
   }
 }
 
-void GroupedMlp::gemm_wgrad(const TensorView& dy, const TensorView& x,
+float GroupedMlp::grouped_write_beta(IForwardContext& ctx,
+                                     const std::vector<int32_t>& weights) const {
+  std::vector<int32_t> first;
+  for (int32_t w : weights)
+    if (grad_write_beta(ctx, grad(w)) == 0.f) first.push_back(w);
+  if (first.size() == weights.size()) return 0.f;
+  for (int32_t w : first)
+    throw_if_error(host_.fill_zero(device_, grad(w).data, nbytes(grad(w))),
+                   "moe experts: zeroing a weight gradient");
+  return 1.f;
+}
+
+void GroupedMlp::gemm_wgrad(IForwardContext& ctx, const TensorView& dy, const TensorView& x,
                             const std::vector<int32_t>& weights,
                             const std::vector<int64_t>& counts) const {
   const int64_t in = x.shape[1];
@@ -120,19 +135,21 @@ void GroupedMlp::gemm_wgrad(const TensorView& dy, const TensorView& x,
       int64_t m = 0;
       for (int64_t g = 0; g < local_; ++g) m += counts[at + static_cast<size_t>(g)];
       if (m > 0)
-        grouped_wgrad_({row_slice(dy, r, m), row_slice(x, r, m)}, {rows(grad(weights[0]), in)},
-                       ops::GroupedGemmAttrs{static_cast<int32_t>(local_), counts.data() + at,
-                                             ptrs.data(), 0, 1.0f, 1.0f});
+        grouped_wgrad_(
+            {row_slice(dy, r, m), row_slice(x, r, m)}, {rows(grad(weights[0]), in)},
+            ops::GroupedGemmAttrs{static_cast<int32_t>(local_), counts.data() + at, ptrs.data(), 0,
+                                  1.0f, grouped_write_beta(ctx, weights)});
       r += m;
     }
     return;
   }
   int64_t r = 0;
   for (size_t g = 0; g < counts.size(); ++g) {
-    if (counts[g] > 0)
-      gemm_({row_slice(dy, r, counts[g]), row_slice(x, r, counts[g])},
-            {rows(grad(weights[g % static_cast<size_t>(local_)]), in)},
-            ops::GemmAttrs{1, 0, 1.0f, 1.0f});
+    if (counts[g] > 0) {
+      const TensorView dw = grad(weights[g % static_cast<size_t>(local_)]);
+      gemm_({row_slice(dy, r, counts[g]), row_slice(x, r, counts[g])}, {rows(dw, in)},
+            ops::GemmAttrs{1, 0, 1.0f, grad_write_beta(ctx, dw)});
+    }
     r += counts[g];
   }
 }
@@ -260,7 +277,7 @@ void GroupedMlp::run_backward(IForwardContext& ctx, const TensorView* grad_outpu
   TensorView dy = gather_rows(ctx, grad_outputs[0], counts, "the output gradient");  // (M, C)
   TensorView da = allocate(ctx, dtype_, {m, ffn_}, device_);  // dy @ W2: (M, F)
   gemm_rows(dy, fc2_, false, counts, da);
-  gemm_wgrad(dy, a, fc2_, counts);
+  gemm_wgrad(ctx, dy, a, fc2_, counts);
   TensorView dh1 = allocate_like(ctx, h1);
   if (swiglu_)
     act_bwd_({da, h1}, {dh1});
@@ -268,7 +285,7 @@ void GroupedMlp::run_backward(IForwardContext& ctx, const TensorView* grad_outpu
     act_bwd_({da, h1}, {dh1}, ops::GeluAttrs{gelu_tanh_ ? 1 : 0});
   TensorView dx = allocate_like(ctx, x);  // dh1 @ W1: (M, C), partial over etp
   gemm_rows(dh1, fc1_, false, counts, dx);
-  gemm_wgrad(dh1, x, fc1_, counts);
+  gemm_wgrad(ctx, dh1, x, fc1_, counts);
   release_all(ctx, {da, dh1});
   TensorView dx_mine = sum_rows(ctx, dx, counts, "the input gradient");  // (M_mine, C)
   if (etp_->size() > 1) release_all(ctx, {dy, dx});

@@ -40,9 +40,15 @@ class GroupedMlp final : public ModuleBase<IGenericModule> {
   // expert for each etp rank in turn (etp x E_local groups), group i uses expert i % E_local.
   void gemm_rows(const TensorView& x, const std::vector<int32_t>& weights, bool trans_b,
                  const std::vector<int64_t>& counts, const TensorView& y) const;
-  // dW_g += dY[rows g]^T X[rows g], the same groups.
-  void gemm_wgrad(const TensorView& dy, const TensorView& x, const std::vector<int32_t>& weights,
-                  const std::vector<int64_t>& counts) const;
+  // dW_g (+)= dY[rows g]^T X[rows g], the same groups: each expert's gradient overwritten by
+  // its first write of the step (kParamGradOverwrite, grad_write_beta), added to after.
+  void gemm_wgrad(IForwardContext& ctx, const TensorView& dy, const TensorView& x,
+                  const std::vector<int32_t>& weights, const std::vector<int64_t>& counts) const;
+  // The one beta of a grouped_gemm_wgrad call, which writes every local expert's gradient
+  // (an expert without rows in it gets beta * dW_g): 0 when the call is the step's first
+  // write of all of them; else 1, after zeroing those it writes first (none, as the calls
+  // come: each writes all experts).
+  float grouped_write_beta(IForwardContext& ctx, const std::vector<int32_t>& weights) const;
   std::vector<int64_t> counts_of(const TensorView& t, int64_t rows) const;
   // Rows per local expert of every etp rank (etp x E_local), from this rank's.
   std::vector<int64_t> gather_counts(const std::vector<int64_t>& counts) const;

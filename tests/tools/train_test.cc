@@ -252,14 +252,14 @@ TEST_F(TrainTest, Fp8FusedQuantisationsGiveTheUnfusedKernelsBits) {
 // adds (LOOM_GRAD_FIRST_WRITE=off), and keeps them when those gradients hold NaN instead of
 // zeros before each step (LOOM_TEST_FAULT=poison_overwrite): so each first write overwrote,
 // and no later one did. The poisoned run with every write adding does not keep them (the
-// check can fail). Four models: GELU with biases in f32 (the bias-gradient GEMM epilogue; an
+// check can fail). Five models: GELU with biases in f32 (the bias-gradient GEMM epilogue; an
 // untied output layer whose gradient multi-token prediction writes first); a bf16 swiglu /
 // rope model with delayed FP8 (the FP8 weight-gradient GEMMs); a Mamba-2 hybrid (the mixer's
-// in and out projections); and multi-latent attention with a mixture of experts and shared
-// experts (MLA's five projections, one of them written by two GEMMs, and the shared
-// experts' fc1 and fc2; the routed experts are zero-filled).
+// in and out projections); multi-latent attention with a mixture of experts and shared
+// experts (MLA's five projections, one of them written by two GEMMs, the shared experts'
+// fc1 and fc2, the routed experts' grouped GEMMs); and the experts' GEMMs one by one.
 TEST_F(TrainTest, WeightGradientsFirstWriteOfAStepOverwritesThem) {
-  for (const std::string model : {"f32", "fp8", "mamba", "mla"}) {
+  for (const std::string model : {"f32", "fp8", "mamba", "mla", "moe"}) {
     SCOPED_TRACE(model);
     nlohmann::json s = tiny_spec();
     s["train"]["steps"] = 4;
@@ -288,20 +288,26 @@ TEST_F(TrainTest, WeightGradientsFirstWriteOfAStepOverwritesThem) {
         "impl": "mamba_layer", "norm": {"impl": "rmsnorm"},
         "mixer": {"impl": "mamba2", "state_dim": 8, "head_dim": 8, "num_groups": 2,
                   "expand": 2, "d_conv": 4, "chunk_size": 8}})");
-    } else {  // MLA in both layers; the second's MLP a mixture of experts with shared experts
+    } else {  // the second layer's MLP a mixture of 4 experts (and shared experts)
       s["model"]["position_embedding"] = "rope";
       s["model"]["add_bias_linear"] = false;
-      s["model"]["multi_latent_attention"] = {{"q_lora_rank", 16},
-                                              {"kv_lora_rank", 8},
-                                              {"qk_head_dim", 8},
-                                              {"qk_pos_emb_head_dim", 4},
-                                              {"v_head_dim", 8}};
       s["model"]["moe_layer_freq"] = {0, 1};
       s["model"]["layer"]["dense_mlp"] = {{"impl", "mlp"}, {"activation", "swiglu"}};
       s["model"]["layer"]["mlp"] = nlohmann::json::parse(R"({
         "impl": "moe", "num_experts": 4, "moe_ffn_hidden_size": 16, "activation": "swiglu",
         "shared_expert_intermediate_size": 16,
         "router": {"impl": "topk", "topk": 2}, "dispatcher": {"impl": "alltoall"}})");
+      if (model == "mla")  // MLA in both layers; experts in one grouped GEMM per projection
+        s["model"]["multi_latent_attention"] = {{"q_lora_rank", 16},
+                                                {"kv_lora_rank", 8},
+                                                {"qk_head_dim", 8},
+                                                {"qk_pos_emb_head_dim", 4},
+                                                {"v_head_dim", 8}};
+      if (model == "moe") {  // plain attention; one GEMM per expert with rows, top-1 of 4
+        s["model"]["layer"]["mlp"]["grouped_gemm"] = false;
+        s["model"]["layer"]["mlp"]["router"]["topk"] = 1;
+        s["model"]["layer"]["mlp"]["router"]["pre_softmax"] = true;
+      }
     }
     const std::string tag = model + "_";
     auto train = [&](const std::string& name, const std::string& env, int* exit_code) {
