@@ -92,8 +92,6 @@ void expect_same_curve(const Curve& a, const Curve& b, const std::string& what) 
         << what << ": validation loss " << i;
 }
 
-// The debug lines "step S: K of N gradient buckets handed to the reduction during
-// backward": `lines` of them (every rank, every step), each with K == N > 1.
 // The debug log's zero fill of each step of each rank (`lines` in all) spared the layers'
 // weight gradients (their first write of the step overwrites them).
 void expect_weight_grads_kept(const std::string& log, size_t lines) {
@@ -105,6 +103,8 @@ void expect_weight_grads_kept(const std::string& log, size_t lines) {
   EXPECT_EQ(count, lines) << log;
 }
 
+// The debug lines "step S: K of N gradient buckets handed to the reduction during
+// backward": `lines` of them (every rank, every step), each with K == N > 1.
 void expect_all_buckets_early(const std::string& log, size_t lines) {
   std::regex line(
       "step [0-9]+: ([0-9]+) of ([0-9]+) gradient buckets handed to the reduction "
