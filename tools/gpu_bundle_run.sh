@@ -360,7 +360,7 @@ items=(
   "gpt_tiny|loom|15|40" "gpt_tiny|graph|15|40" "gpt2_124m_h100|graph|20|60"
   "gpt2_124m_h100|dgelu_unfused|20|60" "gpt2_124m_h100|dgelu_bgrad|20|60"
   "gpt_tiny|graph_step|15|40" "gpt_tiny|graph_step_tf32x3|15|40" "gpt_tiny|graph_step_tf32|15|40"
-  "gpt_tiny|graph_step_tf32x3_scratch|15|40"
+  "gpt_tiny|graph_step_tf32x3_scratch|15|40" "gpt_tiny|graph_step_tf32x3_split|15|40"
   "gpt_tiny|attn_rows|15|40" "gpt2_124m_h100|qkv_split|20|60" "llama_1b3_h100|qkv_split|25|60"
   "gpt_tiny|graph_step_tf32x3_one|15|40" "gpt_tiny|graph_step_tf32x3_two|15|40"
   "mixtral_h100|loom|25|60"
@@ -387,19 +387,21 @@ for item in "${items[@]}"; do
     # f32 GEMM in 3xTF32 (cuda.tf32x3 for gemm and gemm_epilogue: f32 accuracy on TF32 tensor
     # cores), or in TF32 (cuda.tf32, other numerics; no gemm_epilogue of its own, so the
     # bias and GELU run as separate kernels). Only a pin selects either.
-    # _one / _two: every 3xTF32 call in one matmul (three segments) or in two
-    # (LOOM_TF32X3; the default chooses per call by a byte model: tf32x3_plan.h). _scratch:
-    # the split operands in the stream scratch, in more chunks, instead of a workspace from
-    # the allocator that holds up to 72 MiB at the step's memory peak (LOOM_TF32X3_WORKSPACE;
-    # the peak memory column shows the difference).
+    # graph_step_tf32x3 runs 3xTF32 in registers (loom's own GEMM kernel, the default form);
+    # the others in the split form (LOOM_TF32X3): _split chooses each call's segments by a
+    # byte model (tf32x3_plan.h), _one / _two put every call in one matmul (three segments) or
+    # two. _scratch: the split form with the split operands in the stream scratch, in more
+    # chunks, instead of a workspace from the allocator that holds up to 72 MiB at the step's
+    # memory peak (LOOM_TF32X3_WORKSPACE; the peak memory column shows the difference).
     graph_step | graph_step_tf32 | graph_step_tf32x3 | graph_step_tf32x3_one | \
-      graph_step_tf32x3_two | graph_step_tf32x3_scratch)
+      graph_step_tf32x3_two | graph_step_tf32x3_scratch | graph_step_tf32x3_split)
       pins=()
       form=auto
       split=whole
       [[ $kind == graph_step_tf32x3_one ]] && form=one
       [[ $kind == graph_step_tf32x3_two ]] && form=two
-      [[ $kind == graph_step_tf32x3_scratch ]] && split=scratch
+      [[ $kind == graph_step_tf32x3_split ]] && form="split"
+      [[ $kind == graph_step_tf32x3_scratch ]] && form="split" && split=scratch
       [[ $kind == graph_step_tf32 ]] &&
         pins=(--set 'kernels.pin={"gemm":"cuda.tf32","gemm_epilogue":"none"}')
       [[ $kind == graph_step_tf32x3* ]] &&
@@ -542,11 +544,13 @@ else
   for reduction in auto compute_type; do
     runs=("bf16 wgrad" "f32 fwd" "f32 dgrad" "f32 wgrad")
     cand=()
-    # 3xTF32 (cuda.tf32x3) against cuBLAS's f32 on the same shapes, once.
+    # 3xTF32 (cuda.tf32x3) against cuBLAS's f32 on the same shapes, once: in registers (the
+    # default form) and in the split form (LOOM_TF32X3=split).
     [[ $reduction == auto ]] && runs=("bf16 fwd" "${runs[@]}" "f32 fwd tf32x3" "f32 dgrad tf32x3"
-      "f32 wgrad tf32x3") && cand=(--candidates 8)
+      "f32 wgrad tf32x3" "f32 fwd tf32x3 split" "f32 dgrad tf32x3 split"
+      "f32 wgrad tf32x3 split") && cand=(--candidates 8)
     for run in "${runs[@]}"; do
-      read -r dt form kern <<<"$run"
+      read -r dt form kern x3form <<<"$run"
       kernel=()
       [[ -n $kern ]] && kernel=(--kernel "$kern")
       shapes=()
@@ -555,8 +559,9 @@ else
       [[ $dt == f32 && $form == wgrad ]] && shapes=("${f32_wgrad[@]}")
       (($(left) < 10)) && { say "- $dt $form $kern ($reduction): not run (budget)"; continue; }
       say ""
-      say "LOOM_CUBLASLT_REDUCTION=$reduction${kern:+, --kernel $kern}:"
+      say "LOOM_CUBLASLT_REDUCTION=$reduction${kern:+, --kernel $kern}${x3form:+, LOOM_TF32X3=$x3form}:"
       timeout $(($(left) > 20 ? 20 : $(left))) env LOOM_CUBLASLT_REDUCTION=$reduction \
+        LOOM_TF32X3="${x3form:-auto}" \
         ./tools/bench/gemm_bench --markdown --iterations 20 --dtype "$dt" --form "$form" \
         "${kernel[@]}" "${cand[@]}" "${shapes[@]}" >>"$report" 2>&1 ||
         say "- gemm_bench $dt $form $kern ($reduction): exit $?"

@@ -52,15 +52,18 @@ Status gemm_tf32(const OpCall* call);
 
 /// The KernelFn of gemm's "cuda.tf32x3" kernel (gemm_tf32x3.cu): f32 at f32 accuracy on TF32
 /// tensor cores, each operand split into a TF32 part and its remainder and three products
-/// summed (tf32x3.cuh). It needs the workspace its KernelDesc declares (loom::Kernel
-/// allocates it); a call without one splits K into chunks that fit half the stream scratch.
+/// summed (tf32x3.cuh). By default loom's own GEMM kernel splits in registers (tf32x3_mma.cuh,
+/// no workspace); under LOOM_TF32X3=split|one|two the split goes to the workspace its
+/// KernelDesc declares (loom::Kernel allocates it; a call without one splits K into chunks
+/// that fit half the stream scratch) and cuBLASLt's TF32 GEMMs sum it.
 /// Exposed for the lab's gemm_bench, as gemm_f32_accumulate.
 /// \param call  a gemm call on f32 CUDA tensors of the current device
 /// \return      kOk, or the error of a bad call or of cuBLASLt
 Status gemm_tf32x3(const OpCall* call);
 
 /// The workspace bytes gemm's "cuda.tf32x3" kernel declares for `call` (its
-/// KernelDesc::workspace): the split operands, at most 256 MiB (longer K runs in chunks).
+/// KernelDesc::workspace): 0 in registers (the default); in the split form the split
+/// operands, at most 256 MiB (longer K runs in chunks).
 /// \param call  a gemm call (shapes only are read)
 /// \return      bytes, 0 for a call the kernel does not take or with K == 0
 uint64_t gemm_tf32x3_workspace(const OpCall* call);

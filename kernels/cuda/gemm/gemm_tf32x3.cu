@@ -1,8 +1,12 @@
-// gemm (loom/ops.h) on f32 in 3xTF32: kernel "cuda.tf32x3" (tf32x3.cuh explains the split
-// and the layout; tf32x3_gemm.cuh the driver's contract).
+// gemm (loom/ops.h) on f32 in 3xTF32: kernel "cuda.tf32x3" (tf32x3.cuh explains the split;
+// tf32x3_gemm.cuh the driver's contract). A call runs in one of two forms (Tf32x3Form):
 //
-// Per chunk of K: one launch of tf32x3_split_kernel writes A2 and B2 into the workspace, then
-// one or two cublasLtMatmul calls (three segments or two: tf32x3.cuh) with
+// In registers (the default): tf32x3_mma.cuh's GEMM kernel splits the operands as it reads
+// them, one launch (two for a split contraction, whose partial sums go to the stream scratch);
+// no workspace.
+//
+// Split: per chunk of K, one launch of tf32x3_split_kernel writes A2 and B2 into the
+// workspace, then one or two cublasLtMatmul calls (three segments or two: tf32x3.cuh) with
 // CUBLAS_COMPUTE_32F_FAST_TF32 add the chunk's terms to Y. In
 // cuBLAS's column-major terms (gemm.cu's file comment) each is the "TN" product
 //   Y^T (N, M') = B2 (N, kx)^T-stored-as (kx, N) column-major, op T  x  A2 (kx, M'), op N
@@ -12,8 +16,9 @@
 // matmul's epilogue in the last chunk (CUBLASLT_EPILOGUE_BIAS over cuBLAS's rows: loom's
 // columns).
 //
-// Workspace: the call's (KernelDesc::workspace asks for tf32x3_workspace), or the upper half
-// of the stream scratch when a caller passes none; cuBLASLt's own workspace is the lower half.
+// The split form's workspace: the call's (KernelDesc::workspace asks for tf32x3_workspace),
+// or the upper half of the stream scratch when a caller passes none; cuBLASLt's own workspace
+// is the lower half.
 #include <cublasLt.h>
 #include <loom/cpp/error.h>
 #include <loom/cpp/op_checks/gemm.h>
@@ -32,6 +37,7 @@
 #include "kernels/cuda/gemm/registry.cuh"
 #include "kernels/cuda/gemm/tf32x3.cuh"
 #include "kernels/cuda/gemm/tf32x3_gemm.cuh"
+#include "kernels/cuda/gemm/tf32x3_mma.cuh"
 
 namespace loom::kernels::cuda::gemm {
 namespace {
@@ -108,21 +114,35 @@ void matmul(const char* op, cublasLtHandle_t h, const Tf32Problem& p, const floa
            op, "cublasLtMatmul");
 }
 
-// The call's form (tf32x3_segments), or the one LOOM_TF32X3 forces (read once): "auto" (the
-// default), "one" (three segments, one matmul) or "two" (two segments, two matmuls), to
-// measure one against the other (tools/gpu_bundle_run.sh).
+// The call's form: the one its shape names (s.form, and s.segments for the split form), else
+// the one LOOM_TF32X3 forces (read once): "auto" (the default: in registers), "registers",
+// "split" (the split form, its segments by tf32x3_segments' byte model), "one" (split, three
+// segments, one matmul) or "two" (split, two segments, two matmuls), to measure one against
+// the other (tools/gpu_bundle_run.sh). The result names both: form kInRegisters, or kSplit with
+// segments 2 or 3.
 Tf32x3Shape with_form(Tf32x3Shape s) {
-  static const int force = [] {
-    switch (env_choice(ops::kGemm, "LOOM_TF32X3", {"auto", "one", "two"})) {
-      case 1:
-        return 3;
+  struct Forced {
+    Tf32x3Form form;
+    int segments;  // 0: the byte model's
+  };
+  static const Forced forced = [] {
+    switch (env_choice(ops::kGemm, "LOOM_TF32X3", {"auto", "registers", "split", "one", "two"})) {
       case 2:
-        return 2;
+        return Forced{Tf32x3Form::kSplit, 0};
+      case 3:
+        return Forced{Tf32x3Form::kSplit, 3};
+      case 4:
+        return Forced{Tf32x3Form::kSplit, 2};
       default:
-        return 0;
+        return Forced{Tf32x3Form::kInRegisters, 0};
     }
   }();
-  s.segments = tf32x3_segments(s, force);
+  if (s.form == Tf32x3Form::kAuto) {
+    s.form = forced.form;
+    s.segments = forced.segments;
+  }
+  if (s.form == Tf32x3Form::kSplit)
+    s.segments = tf32x3_segments(s, s.segments == 2 || s.segments == 3 ? s.segments : 0);
   return s;
 }
 
@@ -138,6 +158,34 @@ bool split_in_scratch() {
   return scratch;
 }
 
+// The in-register form (tf32x3_mma.cuh): its launches on `stream`, a split contraction's
+// partial sums in the stream scratch (whole: cuBLASLt, which uses its lower half, does not
+// run in this form).
+void run_in_registers(const char* op, const Tf32x3Shape& s, const float* A, const float* B,
+                      float* Y, float alpha, float beta, const float* bias, const Scratch& scratch,
+                      cudaStream_t stream, int device) {
+  const int sms = multiprocessor_count(device);
+  const Tf32x3MmaPlan plan = plan_tf32x3_mma(s.batch, s.m, s.n, s.k, sms, scratch.bytes);
+  const int64_t bn = plan.large ? kTf32x3LargeTileN : kTf32x3SmallTileN;
+  if (ceil_div(s.n, bn) > 65535)  // gridDim.y
+    throw Error(Code::kInvalidArgument, std::string(op) + ": cuda.tf32x3 takes at most " +
+                                            std::to_string(65535 * bn) +
+                                            " columns of Y and was given " + std::to_string(s.n) +
+                                            "; pin the 'cuda' kernel for this call");
+  auto launch = [&](const Tf32x3MmaLaunch& l) {
+    l.kernel<<<dim3(l.grid_x, l.grid_y, l.grid_z), kTf32x3MmaThreads, 0, stream>>>(l.params);
+    launch_check(op);
+  };
+  auto sum = [&](const Tf32x3PartialSumParams& q) {
+    const int64_t blocks =
+        std::min<int64_t>(ceil_div(q.count, kTf32x3SumThreads), std::max(sms, 1) * int64_t{8});
+    tf32x3_partial_sum_kernel<<<static_cast<unsigned>(blocks), kTf32x3SumThreads, 0, stream>>>(q);
+    launch_check(op);
+  };
+  tf32x3_mma_launches(s, plan, A, B, Y, alpha, beta, bias, tf32x3_mma_vec(s, A, B),
+                      static_cast<float*>(scratch.data), launch, sum);
+}
+
 }  // namespace
 
 size_t tf32x3_workspace(const Tf32x3Shape& shape) {
@@ -150,7 +198,8 @@ size_t tf32x3_workspace(const Tf32x3Shape& shape) {
         scratch = split_in_scratch();
       }))
     return 0;
-  if (s.k <= 0 || s.batch * s.m == 0 || s.n == 0 || scratch) return 0;
+  if (s.form == Tf32x3Form::kInRegisters || s.k <= 0 || s.batch * s.m == 0 || s.n == 0 || scratch)
+    return 0;
   const size_t least = tf32x3_chunk_bytes(s, 4);
   return plan_tf32x3(s, std::max(kTf32x3MaxWorkspace, least)).bytes;
 }
@@ -158,6 +207,9 @@ size_t tf32x3_workspace(const Tf32x3Shape& shape) {
 void add_tf32x3_cost(const Tf32x3Shape& shape, OpCost* out) {
   const Tf32x3Shape s = with_form(shape);
   out->flops *= 3;
+  // In registers: no bytes besides the plain GEMM's (a split contraction's partial sums, a few
+  // MB at most, are left out: their ranges depend on the GPU).
+  if (s.form == Tf32x3Form::kInRegisters) return;
   // Elements of A and B: each written once per segment by the split and read three times by
   // the matmuls (2 kp + kp columns, or 3 kp); K's padding to 4 left out.
   const double split =
@@ -176,20 +228,6 @@ void run_tf32x3(const char* op, const Tf32x3Shape& shape, const float* A, const 
                 cudaStream_t stream, int device) {
   const Tf32x3Shape s = with_form(shape);
   if (s.batch == 0 || s.m == 0 || s.n == 0) return;
-  const Scratch scratch = stream_scratch(device, stream);
-  const Scratch lt_ws{scratch.data, kLtWorkspace};
-  if (workspace == nullptr || split_in_scratch()) {
-    workspace = static_cast<char*>(scratch.data) + kLtWorkspace;
-    workspace_bytes = scratch.bytes - kLtWorkspace;
-  }
-  const Tf32x3Plan plan = plan_tf32x3(s, workspace_bytes);
-  if (s.k > 0 && plan.chunks.empty())
-    throw Error(Code::kResourceExhausted,
-                std::string(op) + ": cuda.tf32x3 needs " +
-                    std::to_string(tf32x3_chunk_bytes(s, 4)) +
-                    " bytes of workspace for 4 columns of K and was given " +
-                    std::to_string(workspace_bytes) +
-                    "; call it through loom::Kernel, which allocates what it asks for");
   if (s.k == 0) {  // an empty sum: Y = beta * Y (a bias is the caller's to add)
     if (bias != nullptr)
       throw Error(Code::kInvalidArgument,
@@ -198,6 +236,24 @@ void run_tf32x3(const char* op, const Tf32x3Shape& shape, const float* A, const 
             beta, stream);
     return;
   }
+  const Scratch scratch = stream_scratch(device, stream);
+  if (s.form == Tf32x3Form::kInRegisters) {
+    run_in_registers(op, s, A, B, Y, alpha, beta, bias, scratch, stream, device);
+    return;
+  }
+  const Scratch lt_ws{scratch.data, kLtWorkspace};
+  if (workspace == nullptr || split_in_scratch()) {
+    workspace = static_cast<char*>(scratch.data) + kLtWorkspace;
+    workspace_bytes = scratch.bytes - kLtWorkspace;
+  }
+  const Tf32x3Plan plan = plan_tf32x3(s, workspace_bytes);
+  if (plan.chunks.empty())
+    throw Error(Code::kResourceExhausted,
+                std::string(op) + ": cuda.tf32x3 needs " +
+                    std::to_string(tf32x3_chunk_bytes(s, 4)) +
+                    " bytes of workspace for 4 columns of K and was given " +
+                    std::to_string(workspace_bytes) +
+                    "; call it through loom::Kernel, which allocates what it asks for");
   float* a2 = static_cast<float*>(workspace);
   float* b2 = reinterpret_cast<float*>(static_cast<char*>(workspace) + plan.b2_offset);
   cublasLtHandle_t h = lt_handle(op, device);

@@ -32,9 +32,14 @@
 // Zero padding adds zeros. K longer than the workspace holds runs as several chunks; the
 // first chunk's first GEMM applies the call's beta, every later GEMM adds (beta 1).
 //
-// This header holds the split kernel (device code that the emulation test also compiles as
-// host C++) and the order of its launches; tf32x3_plan.h the chunks; gemm_tf32x3.cu drives
-// cuBLASLt. Include it in one .cu file only: it defines a __global__ function.
+// That is the split form (LOOM_TF32X3=split|one|two). The default form splits in registers
+// instead, inside loom's own GEMM kernel, with the same split_tf32 and the same three terms
+// (tf32x3_mma.cuh): no workspace, no split pass.
+//
+// This header holds split_tf32, the split kernel (device code that the emulation test also
+// compiles as host C++) and the order of its launches; tf32x3_plan.h the chunks;
+// gemm_tf32x3.cu drives cuBLASLt. Include it in one .cu file only: it defines a __global__
+// function.
 #pragma once
 
 #include <stdint.h>

@@ -3,11 +3,18 @@
 // kernels' workspace functions and the tests use it.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
 
 namespace loom::kernels::cuda::gemm {
+
+// How a 3xTF32 call runs: the split in registers, inside one GEMM kernel of loom's own
+// (tf32x3_mma.cuh: no workspace), or the split written to memory and summed by cuBLASLt's TF32
+// GEMMs (tf32x3.cuh: `segments` says in which form). kAuto: as LOOM_TF32X3 says, or the
+// default (gemm_tf32x3.cu's with_form).
+enum class Tf32x3Form { kAuto, kInRegisters, kSplit };
 
 // A gemm in the split's terms: Y (batch, M, N) = op(A) (batch, M, K) op(B) ((batch,) K, N).
 struct Tf32x3Shape {
@@ -16,9 +23,11 @@ struct Tf32x3Shape {
   bool trans_a = false;  // A stored (K, M) per batch
   bool trans_b = false;  // B stored (N, K) (else (K, N))
   bool shared_b = true;  // one B for every batch index
-  // 2: A2 = [A_hi | A_lo], B2 = [B_lo | B_hi] and two matmuls; 3: A2 = [A_hi | A_lo | A_hi],
-  // B2 = [B_lo | B_hi | B_hi] and one (tf32x3.cuh; tf32x3_segments chooses).
-  int segments = 2;
+  Tf32x3Form form = Tf32x3Form::kAuto;
+  // The split form's: 2: A2 = [A_hi | A_lo], B2 = [B_lo | B_hi] and two matmuls; 3: A2 =
+  // [A_hi | A_lo | A_hi], B2 = [B_lo | B_hi | B_hi] and one (tf32x3.cuh); 0: as
+  // tf32x3_segments chooses (or LOOM_TF32X3 forces). The plan functions below take 2 or 3.
+  int segments = 0;
 };
 
 struct Tf32x3Chunk {
@@ -86,6 +95,53 @@ inline Tf32x3Plan plan_tf32x3(const Tf32x3Shape& s, size_t capacity) {
     if (plan.chunks.back().kp > plan.kp_max) plan.kp_max = plan.chunks.back().kp;
   }
   plan.bytes = tf32x3_chunk_bytes(s, plan.kp_max, &plan.b2_offset);
+  return plan;
+}
+
+// ---- The in-register form (tf32x3_mma.cuh) ------------------------------------------------
+
+// Its two block tiles (M x N of Y), its columns of K per stage, and the least K a range of a
+// split contraction gets.
+inline constexpr int64_t kTf32x3LargeTileM = 128, kTf32x3LargeTileN = 64;
+inline constexpr int64_t kTf32x3SmallTileM = 64, kTf32x3SmallTileN = 32;
+inline constexpr int64_t kTf32x3TileK = 16;
+inline constexpr int64_t kTf32x3MinSplitK = 256;
+
+// One launch geometry of the in-register form.
+struct Tf32x3MmaPlan {
+  bool large = true;    // 128 x 64 tiles, else 64 x 32
+  int64_t tiles = 0;    // blocks over one Y matrix (one range of K)
+  int64_t splits = 1;   // ranges of K; > 1: partial sums, then a second kernel adds them
+  int64_t k_split = 0;  // columns of K per range (a multiple of kTf32x3TileK; the last the rest)
+};
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// The geometry of a call over `batch` Y matrices (M, N), contracting over K (> 0), on a GPU of
+// `sm_count` multiprocessors, with `partial_capacity` bytes for partial sums:
+//  - the large tiles when they alone give every multiprocessor a block, else the small ones;
+//  - when even those leave multiprocessors idle and K is long, K in ranges of at least
+//    kTf32x3MinSplitK columns (as many as fill the GPU once and whose partial sums, splits x
+//    batch x M x N floats, fit the capacity).
+// The ranges change the order of the sums (a result's bits depend on the plan, which depends on
+// the GPU); the tile size does not (each Y element is summed in the same order in both).
+inline Tf32x3MmaPlan plan_tf32x3_mma(int64_t batch, int64_t m, int64_t n, int64_t k, int sm_count,
+                                     size_t partial_capacity) {
+  Tf32x3MmaPlan plan;
+  plan.k_split = round_up(k, kTf32x3TileK);
+  plan.tiles = ceil_div(m, kTf32x3LargeTileM) * ceil_div(n, kTf32x3LargeTileN);
+  if (batch * plan.tiles >= sm_count) return plan;
+  plan.large = false;
+  plan.tiles = ceil_div(m, kTf32x3SmallTileM) * ceil_div(n, kTf32x3SmallTileN);
+  const int64_t blocks = batch * plan.tiles;
+  if (blocks >= sm_count) return plan;
+  int64_t splits = ceil_div(sm_count, blocks);
+  splits = std::min(splits, k / kTf32x3MinSplitK);
+  const double partial = 4.0 * static_cast<double>(batch * m * n);
+  splits = std::min(splits, static_cast<int64_t>(static_cast<double>(partial_capacity) / partial));
+  if (splits <= 1) return plan;
+  plan.k_split = round_up(ceil_div(k, splits), kTf32x3TileK);
+  plan.splits = ceil_div(k, plan.k_split);
   return plan;
 }
 

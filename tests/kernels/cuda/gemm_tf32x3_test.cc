@@ -1,10 +1,13 @@
 // The 3xTF32 kernels ("cuda.tf32x3" of gemm and gemm_epilogue, kernels/cuda/gemm/tf32x3.cuh)
 // on a GPU:
 //   gemm           against a long double GEMM written here: the error relative to
-//                  sum |alpha a b| at f32 level (4e-7, or 4x the "cuda" f32 kernel's),
-//                  with the workspace the kernel declares and without one (K in chunks of
-//                  the stream scratch), transposes, batches, shared B, alpha and beta; and
-//                  "cuda.tf32" on the same inputs over 30x worse (the check tells them apart);
+//                  sum |alpha a b| at f32 level (4e-7, or 4x the "cuda" f32 kernel's), in
+//                  every form (the kernel as registered, which runs in registers; and the
+//                  driver's run_tf32x3 in registers and in the split form's two and three
+//                  segments, with the workspace the kernel declares and without one: K in
+//                  chunks of the stream scratch), over transposes, batches, shared B, alpha,
+//                  beta, both tiles and K split into ranges; and "cuda.tf32" on the same inputs
+//                  over 30x worse (the check tells them apart);
 //   gemm_epilogue  every epilogue against the "cuda" kernel of the op on the same inputs
 //                  (f32, tested against cpu.ref by the op tests) within 2e-6 relative.
 // The method, the split kernel and the chunk plan are tested without a GPU in
@@ -19,12 +22,14 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <random>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "kernels/cuda/gemm/gemm.h"
+#include "kernels/cuda/gemm/tf32x3_gemm.cuh"
 #include "kernels/cuda/gemm/tf32x3_plan.h"
 
 namespace loom::kernels::cuda {
@@ -137,7 +142,8 @@ TEST(Tf32x3Gemm, F32AccuracyAgainstLongDouble) {
   std::normal_distribution<float> nd;
   const GemmCase cases[] = {
       {0, true, 2048, 256, 256, false, true, 1.0f, 0.0f, false},  // the default spec's proj
-      {0, true, 256, 256, 2048, true, false, 1.0f, 1.0f, false},  // a weight gradient
+      {0, true, 2048, 768, 256, false, true, 1.0f, 0.0f, false},  // its QKV: the large tiles
+      {0, true, 256, 256, 2048, true, false, 1.0f, 1.0f, false},  // a weight gradient: ranges
       {0, true, 256, 128, 6000, false, false, 1.0f, 0.0f, true},  // 2 chunks of the scratch
       // Two segments (the split far larger than Y), in one chunk and in two.
       {0, true, 64, 64, 30000, false, true, 1.0f, 0.0f, false},
@@ -194,26 +200,61 @@ TEST(Tf32x3Gemm, F32AccuracyAgainstLongDouble) {
         worst = std::max(worst, static_cast<double>(std::fabs(got[i] - want[i])) / scale[i]);
       return worst;
     };
-    const double e = error_of("cuda.tf32x3", c.no_workspace);
+    gemm::Tf32x3Shape shape;
+    shape.batch = nb;
+    shape.m = c.m;
+    shape.n = c.n;
+    shape.k = c.k;
+    shape.trans_a = c.ta;
+    shape.trans_b = c.tb;
+    shape.shared_b = c.shared_b;
+    // The driver in one form: its workspace from cudaMalloc, as loom::Kernel would give it
+    // (none with `no_workspace`: the split form then chunks K in the stream scratch).
+    auto form_error = [&](gemm::Tf32x3Form form, int segments) {
+      gemm::Tf32x3Shape s = shape;
+      s.form = form;
+      s.segments = segments;
+      const size_t bytes = c.no_workspace ? 0 : gemm::tf32x3_workspace(s);
+      void* ws = nullptr;
+      if (bytes > 0) EXPECT_EQ(cudaMalloc(&ws, bytes), cudaSuccess);
+      y.upload();
+      try {
+        gemm::run_tf32x3("gemm", s, a.dev, b.dev, y.dev, c.alpha, c.beta, nullptr, ws, bytes,
+                         nullptr, 0);
+      } catch (const std::exception& ex) {
+        ADD_FAILURE() << ex.what();
+      }
+      const std::vector<float> got = y.download();
+      cudaFree(ws);
+      double worst = 0;
+      for (size_t i = 0; i < got.size(); ++i)
+        worst = std::max(worst, static_cast<double>(std::fabs(got[i] - want[i])) / scale[i]);
+      return worst;
+    };
     const double tf32 = error_of("cuda.tf32", false);
     const double f32 = error_of("cuda", false);
-    gemm::Tf32x3Shape form;  // the form the kernel chose, for the record
-    form.batch = nb;
-    form.m = c.m;
-    form.n = c.n;
-    form.k = c.k;
-    form.shared_b = c.shared_b;
-    std::printf(
-        "batch %lld M %lld N %lld K %lld ta %d tb %d%s, %d segments: 3xTF32 %.3g, cuda (f32) "
-        "%.3g, cuda.tf32 %.3g (of sum |a b|)\n",
-        static_cast<long long>(c.batch), static_cast<long long>(c.m), static_cast<long long>(c.n),
-        static_cast<long long>(c.k), c.ta, c.tb, c.no_workspace ? " (no workspace)" : "",
-        gemm::tf32x3_segments(form), e, f32, tf32);
-    // f32 level: 4e-7 of sum |a b| (the emulation test's model gives at most 2.3e-7), or
-    // within 4x of loom's f32 GEMM on the same inputs where its own error is larger (a long K:
-    // the tensor cores' f32 accumulation need not round as an f32 FMA does).
-    EXPECT_LE(e, std::max(4e-7, 4 * f32));
-    EXPECT_GT(tf32, 30 * e);
+    const struct {
+      const char* name;
+      double error;
+    } runs[] = {
+        {"cuda.tf32x3 as registered", error_of("cuda.tf32x3", c.no_workspace)},
+        {"in registers", form_error(gemm::Tf32x3Form::kInRegisters, 0)},
+        {"split, 2 segments", form_error(gemm::Tf32x3Form::kSplit, 2)},
+        {"split, 3 segments", form_error(gemm::Tf32x3Form::kSplit, 3)},
+    };
+    for (const auto& r : runs) {
+      std::printf(
+          "batch %lld M %lld N %lld K %lld ta %d tb %d%s, %s: 3xTF32 %.3g, cuda (f32) %.3g, "
+          "cuda.tf32 %.3g (of sum |a b|)\n",
+          static_cast<long long>(c.batch), static_cast<long long>(c.m), static_cast<long long>(c.n),
+          static_cast<long long>(c.k), c.ta, c.tb, c.no_workspace ? " (no workspace)" : "", r.name,
+          r.error, f32, tf32);
+      // f32 level: 4e-7 of sum |a b| (the emulation tests' model gives at most 2.3e-7), or
+      // within 4x of loom's f32 GEMM on the same inputs where its own error is larger (a long
+      // K: the tensor cores' f32 accumulation need not round as an f32 FMA does).
+      EXPECT_LE(r.error, std::max(4e-7, 4 * f32)) << r.name;
+      EXPECT_GT(tf32, 30 * r.error) << r.name;
+    }
   }
 }
 

@@ -308,60 +308,71 @@ TEST(FamilyRegistry, GemmDeclinesWhatCublasLtCannotRun) {
   EXPECT_TRUE(x3->supports(&f32.call));
 }
 
-// The 3xTF32 workspace: the split operands of the whole K, rows of A2 for batch * M and of B2
-// for each B matrix, segments * kp floats each (kp = K rounded up to 4; three segments where
-// the output is larger than the split, tf32x3_segments), B2 at a 256-byte boundary; capped
-// at 256 MiB by splitting K, never below 4 columns. Under LOOM_TF32X3_WORKSPACE=scratch
-// (tf32x3_scratch_test runs this case so) none: the split goes to the stream scratch.
+// The 3xTF32 workspace. In registers (the default form) none, and the cost is the 'cuda'
+// kernel's with three products instead of one. In the split form (LOOM_TF32X3=split:
+// tf32x3_split_test runs this case so) the split operands of the whole K, rows of A2 for
+// batch * M and of B2 for each B matrix, segments * kp floats each (kp = K rounded up to 4;
+// three segments where the output is larger than the split, tf32x3_segments), B2 at a
+// 256-byte boundary; capped at 256 MiB by splitting K, never below 4 columns. Under
+// LOOM_TF32X3_WORKSPACE=scratch as well (tf32x3_scratch_test) none: the split goes to the
+// stream scratch.
 TEST(FamilyRegistry, Tf32x3WorkspaceIsTheSplitOperands) {
   const DeviceType cu = DeviceType::kCuda;
   const KernelDesc* g = find(ops::kGemm, DType::kF32, "cuda.tf32x3");
   const KernelDesc* e = find(ops::kGemmEpilogue, DType::kF32, "cuda.tf32x3");
   ASSERT_NE(g, nullptr);
   ASSERT_NE(e, nullptr);
-  const char* env = std::getenv("LOOM_TF32X3_WORKSPACE");
-  const bool scratch = env != nullptr && std::string(env) == "scratch";
-  std::printf("LOOM_TF32X3_WORKSPACE=%s\n", env != nullptr ? env : "(unset)");
+  const char* form_env = std::getenv("LOOM_TF32X3");
+  const char* ws_env = std::getenv("LOOM_TF32X3_WORKSPACE");
+  const std::string form = form_env != nullptr ? form_env : "";
+  const bool split = form == "split";
+  ASSERT_TRUE(form.empty() || split) << "this case knows the default form and 'split' only";
+  const bool scratch = ws_env != nullptr && std::string(ws_env) == "scratch";
+  std::printf("LOOM_TF32X3=%s LOOM_TF32X3_WORKSPACE=%s\n", form.empty() ? "(unset)" : form.c_str(),
+              ws_env != nullptr ? ws_env : "(unset)");
+  const bool no_split = !split || scratch;  // no split workspace
   // batch 2 of (3, 5) @ (7, 5)^T, B batched: three segments of kp 8, A2 6 rows, B2 14 rows.
   Call f32({view(DType::kF32, {2, 3, 5}, cu), view(DType::kF32, {2, 7, 5}, cu)},
            {view(DType::kF32, {2, 3, 7}, cu)}, &kGemmNT);
   const uint64_t a2 = 6 * 24 * 4, b2 = 14 * 24 * 4;
-  EXPECT_EQ(g->workspace(&f32.call), scratch ? 0 : (a2 + 255) / 256 * 256 + b2);
+  EXPECT_EQ(g->workspace(&f32.call), no_split ? 0 : (a2 + 255) / 256 * 256 + b2);
   // The LM head's gradient of a vocabulary of 50304 over 32768 tokens: two segments (the
   // split is far larger than the output), in chunks of K.
   const ops::GemmAttrs wgrad{1, 0, 1.0f, 1.0f};  // dW (V, C) += dY^T (tokens, V) X (tokens, C)
   Call big({view(DType::kF32, {32768, 50304}, cu), view(DType::kF32, {32768, 768}, cu)},
            {view(DType::kF32, {50304, 768}, cu)}, &wgrad);
   const uint64_t w = g->workspace(&big.call);
-  if (scratch) {
+  if (no_split) {
     EXPECT_EQ(w, 0u);
   } else {
     EXPECT_LE(w, uint64_t{256} << 20);
     EXPECT_GE(w, uint64_t{128} << 20);
   }
-  // The cost: the 'cuda' kernel's, three products instead of one, and the split written
-  // once per segment and read three times (the small case: 3 segments, 6 * 5 + 14 * 5 floats);
-  // in the two-matmul form Y is read and written once more too.
+  // The cost: the 'cuda' kernel's and three products instead of one; in the split form also
+  // the split written once per segment and read three times (the small case: 3 segments,
+  // 6 * 5 + 14 * 5 floats), and in its two-matmul form Y read and written once more.
   const KernelDesc* plain = find(ops::kGemm, DType::kF32);
   ASSERT_NE(plain, nullptr);
   OpCost want{}, got{};
   ASSERT_EQ(plain->cost(&f32.call, &want).code, Code::kOk);
   ASSERT_EQ(g->cost(&f32.call, &got).code, Code::kOk);
   EXPECT_EQ(got.flops, 3 * want.flops);
-  EXPECT_EQ(got.bytes_written, want.bytes_written + 3 * (6 + 14) * 5 * 4.0);
-  EXPECT_EQ(got.bytes_read, want.bytes_read + 3 * (6 + 14) * 5 * 4.0);
+  const double small_split = split ? 3 * (6 + 14) * 5 * 4.0 : 0.0;
+  EXPECT_EQ(got.bytes_written, want.bytes_written + small_split);
+  EXPECT_EQ(got.bytes_read, want.bytes_read + small_split);
   ASSERT_EQ(plain->cost(&big.call, &want).code, Code::kOk);
   ASSERT_EQ(g->cost(&big.call, &got).code, Code::kOk);
-  const double split = (50304.0 + 768.0) * 32768 * 4, y = 50304.0 * 768 * 4;
-  EXPECT_EQ(got.bytes_written, want.bytes_written + 2 * split + y);
-  EXPECT_EQ(got.bytes_read, want.bytes_read + 3 * split + y);
+  const double big_split = split ? (50304.0 + 768.0) * 32768 * 4 : 0.0;
+  const double y = split ? 50304.0 * 768 * 4 : 0.0;
+  EXPECT_EQ(got.bytes_written, want.bytes_written + 2 * big_split + y);
+  EXPECT_EQ(got.bytes_read, want.bytes_read + 3 * big_split + y);
   // gemm_epilogue: a GELU without aux keeps P (M, N) first, the split after it.
   ops::GemmEpilogueAttrs gelu{0, 1, ops::kEpilogueGelu, 1, 0.0f};
   Call ep({view(DType::kF32, {3, 5}, cu), view(DType::kF32, {7, 5}, cu), view(DType::kF32, {7}, cu),
            none()},
           {view(DType::kF32, {3, 7}, cu), none(), none()}, &gelu);
   const uint64_t ep_a2 = 3 * 24 * 4, ep_b2 = 7 * 24 * 4;
-  EXPECT_EQ(e->workspace(&ep.call), scratch ? 3 * 7 * 4 : 256 + (ep_a2 + 255) / 256 * 256 + ep_b2);
+  EXPECT_EQ(e->workspace(&ep.call), no_split ? 3 * 7 * 4 : 256 + (ep_a2 + 255) / 256 * 256 + ep_b2);
 }
 
 // The CPU reference's message for the same bad call (on CPU views of the same shapes).

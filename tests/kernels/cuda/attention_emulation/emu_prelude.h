@@ -29,6 +29,7 @@ struct Pending {
   void* dst;
   const void* src;
   bool valid;
+  int bytes = 16;  // a cp.async's size
 };
 struct Fiber {
   ucontext_t ctx;

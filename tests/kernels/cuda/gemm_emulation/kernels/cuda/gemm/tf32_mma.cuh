@@ -1,0 +1,85 @@
+// Emulated tensor-core primitives: replaces kernels/cuda/gemm/tf32_mma.cuh (inline PTX) in
+// the emulation test, implementing cp.async (16 and 4 bytes; immediate, or deferred to the
+// wait as emu::g_deferred_cp says) and mma.sync m16n8k8 on TF32 operands from the PTX ISA's
+// fragment layouts. The tensor cores' view of an f32 operand is emu_tf32_mode's (truncated or
+// rounded to nearest even: the hardware's is not documented); products are exact, each
+// mma's eight products are summed in f32 and then added to the accumulator.
+#pragma once
+// mma_main.cc checks that this file, not the inline-PTX one, was included.
+#define LOOM_TF32_MMA_EMULATED 1
+#include <stdint.h>
+
+#include <cstring>
+
+namespace loom::kernels::cuda::gemm {
+
+// How the emulated tensor cores read an f32 operand as TF32.
+enum class EmuTf32 { kTruncate, kNearest };
+inline EmuTf32 emu_tf32_mode = EmuTf32::kTruncate;
+// mma calls so far (the test checks that the kernel ran on the tensor-core path).
+inline long emu_mma_count = 0;
+
+inline void emu_cp_async(void* smem, const void* gmem, bool valid, int bytes) {
+  if (emu::g_deferred_cp) {
+    emu::g_cur->pending.push_back({smem, gmem, valid, bytes});
+    return;
+  }
+  if (valid)
+    std::memcpy(smem, gmem, static_cast<size_t>(bytes));
+  else
+    std::memset(smem, 0, static_cast<size_t>(bytes));
+}
+inline void cp_async_16(void* smem, const void* gmem, bool valid) {
+  emu_cp_async(smem, gmem, valid, 16);
+}
+inline void cp_async_4(void* smem, const void* gmem, bool valid) {
+  emu_cp_async(smem, gmem, valid, 4);
+}
+inline void cp_async_commit() {}
+inline void cp_async_wait_all() {
+  for (auto& q : emu::g_cur->pending) {
+    if (q.valid)
+      std::memcpy(q.dst, q.src, static_cast<size_t>(q.bytes));
+    else
+      std::memset(q.dst, 0, static_cast<size_t>(q.bytes));
+  }
+  emu::g_cur->pending.clear();
+}
+
+inline float emu_tf32(uint32_t u) {
+  if ((u & 0x7f800000u) != 0x7f800000u && emu_tf32_mode == EmuTf32::kNearest)
+    u += 0xfffu + ((u >> 13) & 1u);
+  if ((u & 0x7f800000u) != 0x7f800000u) u &= 0xffffe000u;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+inline void mma_1688_tf32(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  emu::Slot& me = emu::my_slot();
+  for (int i = 0; i < 4; ++i) me.a[i] = a[i];
+  me.b[0] = b0, me.b[1] = b1;
+  emu::warp_barrier();
+  float A[16][8], B[8][8];
+  for (int l = 0; l < 32; ++l) {
+    const emu::Slot& s = emu::slot(l);
+    const int g = l / 4, t = l % 4;
+    A[g][t] = emu_tf32(s.a[0]);
+    A[g + 8][t] = emu_tf32(s.a[1]);
+    A[g][t + 4] = emu_tf32(s.a[2]);
+    A[g + 8][t + 4] = emu_tf32(s.a[3]);
+    B[t][g] = emu_tf32(s.b[0]);
+    B[t + 4][g] = emu_tf32(s.b[1]);
+  }
+  const int lane = emu::lane_of(), g = lane / 4, t = lane % 4;
+  for (int e = 0; e < 4; ++e) {
+    const int row = g + (e >= 2 ? 8 : 0), col = 2 * t + (e & 1);
+    float sum = 0.0f;
+    for (int k = 0; k < 8; ++k) sum += A[row][k] * B[k][col];
+    c[e] += sum;
+  }
+  if (lane == 0) ++emu_mma_count;
+  emu::warp_barrier();
+}
+
+}  // namespace loom::kernels::cuda::gemm

@@ -1,0 +1,329 @@
+// The in-register 3xTF32 GEMM (kernels/cuda/gemm/tf32x3_mma.cuh) on the CPU: its kernels
+// compiled as host C++ under attention_emulation's prelude (one fiber per CUDA thread,
+// emu_runner.h), with cp.async and mma.sync m16n8k8 emulated from the PTX ISA's fragment
+// layouts (kernels/cuda/gemm/tf32_mma.cuh here), run through the driver's own sequence of
+// launches (tf32x3_mma_launches); compared with a long double GEMM written in the test.
+//  - the error relative to sum |alpha a b| at f32 level, beside a plain f32 GEMM's and one
+//    TF32 GEMM's, over both tiles, 16- and 4-byte copies, transposes, batches, shared and
+//    batched B, alpha, beta (0 with NaN in Y), a bias, partial tiles, K not a multiple of 16,
+//    and K split into ranges; the operands read as truncated and as rounded TF32;
+//  - both tiles and both copy widths give the same bits, and the copies deferred to the wait
+//    the same bits as immediate ones; nothing outside Y is written;
+//  - the plan (tile, ranges) on the default spec's shapes and at the capacity's edge.
+// No GPU or nvcc involved.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+// A block's __shared__ arrays become statics, which the fibers of the block (one block runs
+// at a time) share.
+#undef __shared__
+#define __shared__ static
+
+#include "kernels/cuda/gemm/tf32x3_mma.cuh"
+#include "tests/kernels/cuda/attention_emulation/emu_runner.h"
+
+#ifndef LOOM_TF32_MMA_EMULATED
+#error "the inline-PTX tf32_mma.cuh was included instead of the emulated one"
+#endif
+
+namespace loom::kernels::cuda::gemm {
+namespace {
+
+struct Case {
+  int64_t batch, m, n, k;
+  bool ta, tb, shared_b;
+  float alpha, beta;
+  bool bias;
+};
+
+std::string describe(const Case& c) {
+  char buf[200];
+  std::snprintf(buf, sizeof buf, "batch %lld%s M %lld N %lld K %lld ta %d tb %d alpha %g beta %g%s",
+                static_cast<long long>(c.batch), c.shared_b ? " shared B" : "",
+                static_cast<long long>(c.m), static_cast<long long>(c.n),
+                static_cast<long long>(c.k), c.ta, c.tb, c.alpha, c.beta, c.bias ? " bias" : "");
+  return buf;
+}
+
+// Operands in vectors padded with a guard of NaN on both sides; Y's guard must stay NaN.
+constexpr size_t kGuard = 64;
+
+struct Problem {
+  std::vector<float> a, b, y0, bias;
+  const float* A() const { return a.data() + kGuard; }
+  const float* B() const { return b.data() + kGuard; }
+};
+
+std::vector<float> guarded(size_t n) { return std::vector<float>(n + 2 * kGuard, NAN); }
+
+Problem make(const Case& c, std::mt19937& rng) {
+  std::normal_distribution<float> nd;
+  Problem p;
+  p.a = guarded(static_cast<size_t>(c.batch * c.m * c.k));
+  p.b = guarded(static_cast<size_t>((c.shared_b ? 1 : c.batch) * c.k * c.n));
+  p.y0.resize(static_cast<size_t>(c.batch * c.m * c.n));
+  p.bias.resize(static_cast<size_t>(c.n));
+  // Magnitudes spread over a few binades, as activations and gradients are.
+  for (size_t i = kGuard; i + kGuard < p.a.size(); ++i)
+    p.a[i] = nd(rng) * std::exp2(static_cast<float>(static_cast<int>(rng() % 7) - 3));
+  for (size_t i = kGuard; i + kGuard < p.b.size(); ++i) p.b[i] = nd(rng) * 0.02f;
+  // beta 0 must not read Y: NaN there shows if it does.
+  for (float& v : p.y0) v = c.beta == 0.0f ? NAN : nd(rng);
+  for (float& v : p.bias) v = nd(rng);
+  return p;
+}
+
+float a_at(const Case& c, const Problem& p, int64_t b, int64_t i, int64_t t) {
+  return p.A()[b * c.m * c.k + (c.ta ? t * c.m + i : i * c.k + t)];
+}
+float b_at(const Case& c, const Problem& p, int64_t b, int64_t t, int64_t j) {
+  const int64_t base = c.shared_b ? 0 : b * c.k * c.n;
+  return p.B()[base + (c.tb ? j * c.k + t : t * c.n + j)];
+}
+
+// The long double oracle, and sum |alpha a b| + |beta y| + |bias| (the error bound's scale).
+void oracle(const Case& c, const Problem& p, std::vector<long double>* y,
+            std::vector<double>* scale) {
+  y->assign(p.y0.size(), 0.0L);
+  scale->assign(p.y0.size(), 0.0);
+  for (int64_t b = 0; b < c.batch; ++b)
+    for (int64_t i = 0; i < c.m; ++i)
+      for (int64_t j = 0; j < c.n; ++j) {
+        long double acc = 0.0L;
+        double mag = 0.0;
+        for (int64_t t = 0; t < c.k; ++t) {
+          const long double prod =
+              static_cast<long double>(a_at(c, p, b, i, t)) * b_at(c, p, b, t, j);
+          acc += prod;
+          mag += std::fabs(static_cast<double>(prod));
+        }
+        const size_t at = static_cast<size_t>((b * c.m + i) * c.n + j);
+        const double y0 = c.beta != 0.0f ? p.y0[at] : 0.0;
+        (*y)[at] = c.alpha * acc + static_cast<long double>(c.beta) * y0 +
+                   (c.bias ? p.bias[static_cast<size_t>(j)] : 0.0L);
+        (*scale)[at] = std::fabs(c.alpha) * mag + std::fabs(c.beta * y0) +
+                       (c.bias ? std::fabs(p.bias[static_cast<size_t>(j)]) : 0.0);
+      }
+}
+
+// One GEMM straight on the operands, each operand through `round`, the sum in f32: a plain
+// f32 GEMM (identity) or one TF32 GEMM.
+template <class Round>
+std::vector<float> direct(const Case& c, const Problem& p, Round round) {
+  std::vector<float> y(p.y0.size());
+  for (int64_t b = 0; b < c.batch; ++b)
+    for (int64_t i = 0; i < c.m; ++i)
+      for (int64_t j = 0; j < c.n; ++j) {
+        float acc = 0.0f;
+        for (int64_t t = 0; t < c.k; ++t)
+          acc = std::fmaf(round(a_at(c, p, b, i, t)), round(b_at(c, p, b, t, j)), acc);
+        const size_t at = static_cast<size_t>((b * c.m + i) * c.n + j);
+        y[at] = c.alpha * acc + (c.beta != 0.0f ? c.beta * p.y0[at] : 0.0f) +
+                (c.bias ? p.bias[static_cast<size_t>(j)] : 0.0f);
+      }
+  return y;
+}
+
+float nearest_tf32(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  u = (u + 0xfffu + ((u >> 13) & 1u)) & 0xffffe000u;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+
+Tf32x3Shape shape_of(const Case& c) {
+  Tf32x3Shape s;
+  s.batch = c.batch;
+  s.m = c.m;
+  s.n = c.n;
+  s.k = c.k;
+  s.trans_a = c.ta;
+  s.trans_b = c.tb;
+  s.shared_b = c.shared_b;
+  s.form = Tf32x3Form::kInRegisters;
+  return s;
+}
+
+// The driver's launches on the emulator: Y (with its guard) after the call under `plan`.
+std::vector<float> run(const Case& c, const Problem& p, const Tf32x3MmaPlan& plan, bool vec) {
+  const Tf32x3Shape s = shape_of(c);
+  std::vector<float> y = guarded(p.y0.size());
+  std::copy(p.y0.begin(), p.y0.end(), y.begin() + kGuard);
+  std::vector<float> partial(static_cast<size_t>(plan.splits * c.batch * c.m * c.n), NAN);
+  auto launch = [&](const Tf32x3MmaLaunch& l) {
+    emu::run_grid(dim3(l.grid_x, l.grid_y, l.grid_z), kTf32x3MmaThreads,
+                  [&] { l.kernel(l.params); });
+  };
+  auto sum = [&](const Tf32x3PartialSumParams& q) {
+    // Fewer blocks than elements: the grid-stride loop runs more than once.
+    emu::run_grid(2, kTf32x3SumThreads, [&] { tf32x3_partial_sum_kernel(q); });
+  };
+  tf32x3_mma_launches(s, plan, p.A(), p.B(), y.data() + kGuard, c.alpha, c.beta,
+                      c.bias ? p.bias.data() : nullptr, vec, partial.data(), launch, sum);
+  return y;
+}
+
+// max |y - oracle| / scale over Y; fails the test where the guard was written.
+double rel_error(const std::vector<float>& y, const std::vector<long double>& want,
+                 const std::vector<double>& scale, const std::string& what) {
+  for (size_t i = 0; i < kGuard; ++i) {
+    EXPECT_TRUE(std::isnan(y[i])) << what << ": wrote before Y at " << i;
+    EXPECT_TRUE(std::isnan(y[y.size() - 1 - i])) << what << ": wrote past Y";
+  }
+  double worst = 0.0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double got = y[i + kGuard];
+    const double e = static_cast<double>(std::fabs(static_cast<long double>(got) - want[i]));
+    worst = std::max(worst, std::isnan(got) ? INFINITY : scale[i] > 0 ? e / scale[i] : e);
+  }
+  return worst;
+}
+
+bool same_bits(const std::vector<float>& x, const std::vector<float>& y) {
+  return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * 4) == 0;
+}
+
+// The plan with the tile and the ranges a test names.
+Tf32x3MmaPlan plan_of(const Case& c, bool large, int64_t splits) {
+  Tf32x3MmaPlan plan;
+  plan.large = large;
+  plan.k_split = round_up(ceil_div(c.k, splits), kTf32x3TileK);
+  plan.splits = ceil_div(c.k, plan.k_split);
+  return plan;
+}
+
+TEST(Tf32x3Mma, F32AccuracyOverTilesLayoutsBatchesAndRanges) {
+  std::mt19937 rng(5);
+  const Case cases[] = {
+      {1, 130, 70, 100, false, true, true, 1.0f, 0.0f, false},  // partial tiles of both sizes
+      {1, 40, 36, 129, true, false, true, 1.0f, 1.0f, true},    // a weight gradient's form
+      {3, 9, 12, 70, false, false, true, -0.5f, 1.0f, false},   // shared B folded into M
+      {2, 20, 12, 48, true, true, false, 1.5f, 0.5f, true},     // batched B, both transposed
+      {2, 17, 9, 5, true, false, true, 1.0f, 0.0f, true},       // K < 8, shared B not folded
+      {1, 33, 20, 600, false, false, true, 1.0f, 0.0f, false},  // long K: ranges below
+  };
+  for (const Case& c : cases) {
+    const Problem p = make(c, rng);
+    std::vector<long double> want;
+    std::vector<double> scale;
+    oracle(c, p, &want, &scale);
+    const double f32 = rel_error(
+        [&] {
+          std::vector<float> y = guarded(p.y0.size());
+          const std::vector<float> d = direct(c, p, [](float x) { return x; });
+          std::copy(d.begin(), d.end(), y.begin() + kGuard);
+          return y;
+        }(),
+        want, scale, "f32");
+    std::vector<float> one = guarded(p.y0.size());
+    const std::vector<float> d = direct(c, p, nearest_tf32);
+    std::copy(d.begin(), d.end(), one.begin() + kGuard);
+    const double one_tf32 = rel_error(one, want, scale, "one TF32");
+    const bool vec_ok = tf32x3_mma_vec(shape_of(c), p.A(), p.B());
+    for (int64_t splits : {int64_t{1}, int64_t{3}}) {
+      if (splits > 1 && c.k < 200) continue;
+      std::vector<float> first;
+      for (bool large : {true, false})
+        for (bool vec : {false, true}) {
+          if (vec && !vec_ok) continue;
+          for (EmuTf32 mode : {EmuTf32::kTruncate, EmuTf32::kNearest}) {
+            emu_tf32_mode = mode;
+            const long mmas = emu_mma_count;
+            const std::vector<float> y = run(c, p, plan_of(c, large, splits), vec);
+            const std::string what = describe(c) + (large ? ", 128 x 64" : ", 64 x 32") +
+                                     (vec ? ", 16-byte copies" : ", 4-byte copies") + ", " +
+                                     std::to_string(splits) + " range(s)";
+            const double e = rel_error(y, want, scale, what);
+            std::printf("%s, TF32 %s: 3xTF32 %.3g, f32 %.3g, one TF32 %.3g (of sum |a b|)\n",
+                        what.c_str(), mode == EmuTf32::kTruncate ? "truncated" : "rounded", e, f32,
+                        one_tf32);
+            EXPECT_GT(emu_mma_count, mmas) << what;
+            // f32 level, as the split form's test asks (gemm_emulation's emu_main.cc), and far
+            // below one TF32 product's error, which the check must be able to tell apart.
+            EXPECT_LE(e, 4e-7) << what;
+            EXPECT_LE(e, 4 * f32 + 1e-7) << what;
+            EXPECT_GT(one_tf32, 30 * e) << what;
+            // The tile and the copy width change nothing in the sums' order.
+            if (mode != EmuTf32::kTruncate) continue;
+            if (first.empty())
+              first = y;
+            else
+              EXPECT_TRUE(same_bits(first, y)) << what << ": other bits than the first run";
+          }
+        }
+    }
+  }
+  emu_tf32_mode = EmuTf32::kTruncate;
+}
+
+// The copies landing only at the wait (as the hardware may have them) give the same bits:
+// no stage is read before its wait, and none is overwritten while another warp reads it.
+TEST(Tf32x3Mma, DeferredCopiesGiveTheSameBits) {
+  std::mt19937 rng(6);
+  const Case cases[] = {
+      {1, 70, 40, 90, false, true, true, 1.0f, 0.0f, true},
+      {2, 36, 24, 300, true, false, false, 1.0f, 1.0f, false},
+  };
+  for (const Case& c : cases) {
+    const Problem p = make(c, rng);
+    for (int64_t splits : {int64_t{1}, int64_t{2}})
+      for (bool large : {true, false}) {
+        emu::g_deferred_cp = false;
+        const std::vector<float> now = run(c, p, plan_of(c, large, splits), true);
+        emu::g_deferred_cp = true;
+        const std::vector<float> later = run(c, p, plan_of(c, large, splits), true);
+        emu::g_deferred_cp = false;
+        EXPECT_TRUE(same_bits(now, later)) << describe(c) << ", " << splits << " range(s)";
+      }
+  }
+}
+
+// The geometry on the default spec's GEMMs (2048 tokens, C 256, 4 x C MLP, vocabulary 4096)
+// on an H200 (132 multiprocessors) with the stream scratch (32 MiB) for partial sums.
+TEST(Tf32x3MmaPlan, TilesAndRangesOnTheDefaultSpec) {
+  const size_t scratch = size_t{32} << 20;
+  struct Want {
+    int64_t m, n, k;
+    bool large;
+    int64_t splits;
+  };
+  const Want wants[] = {
+      {2048, 768, 256, true, 1},    // QKV forward: 16 x 12 = 192 large tiles
+      {2048, 1024, 256, true, 1},   // fc1 forward
+      {2048, 256, 1024, false, 1},  // fc2 forward: 64 large tiles, 256 small
+      {2048, 256, 256, false, 1},   // proj forward and dX
+      {2048, 4096, 256, true, 1},   // the output layer
+      {256, 768, 2048, false, 2},   // a weight gradient: 96 small tiles, 2 ranges of 1024
+      {256, 256, 2048, false, 5},   // proj's: 32 small tiles, ceil(132 / 32) = 5 ranges
+      {1024, 256, 2048, false, 2},  // fc2's: 128 small tiles, 4 multiprocessors idle
+      {4096, 256, 2048, false, 1},  // the output layer's: 128 large tiles, 512 small
+  };
+  for (const Want& w : wants) {
+    const Tf32x3MmaPlan plan = plan_tf32x3_mma(1, w.m, w.n, w.k, 132, scratch);
+    EXPECT_EQ(plan.large, w.large) << w.m << " x " << w.n << " x " << w.k;
+    EXPECT_EQ(plan.splits, w.splits) << w.m << " x " << w.n << " x " << w.k;
+    EXPECT_EQ(plan.k_split % kTf32x3TileK, 0);
+    EXPECT_GE(plan.splits * plan.k_split, w.k);
+    EXPECT_LT((plan.splits - 1) * plan.k_split, w.k);
+    if (plan.splits > 1) {
+      EXPECT_GE(plan.k_split, kTf32x3MinSplitK);
+    }
+  }
+  // The partial sums must fit: 4 ranges of 256 x 256 floats is 1 MiB.
+  EXPECT_EQ(plan_tf32x3_mma(1, 256, 256, 8192, 132, size_t{1} << 20).splits, 4);
+  EXPECT_EQ(plan_tf32x3_mma(1, 256, 256, 8192, 132, (size_t{1} << 20) - 1).splits, 3);
+  // A short K is not split, nor is anything that fills the GPU already.
+  EXPECT_EQ(plan_tf32x3_mma(1, 64, 64, 300, 132, scratch).splits, 1);
+  EXPECT_EQ(plan_tf32x3_mma(80, 64, 64, 4096, 132, scratch).splits, 1);  // 160 small tiles
+}
+
+}  // namespace
+}  // namespace loom::kernels::cuda::gemm
