@@ -1,5 +1,6 @@
 // The tensor-core primitives of the in-register 3xTF32 GEMM (tf32x3_mma.cuh) as inline PTX:
-// cp.async of 16 or 4 bytes (global to shared, zero-filled when invalid) and mma.sync
+// cp.async of 16 or 4 bytes (global to shared, zero-filled when invalid), its commit groups
+// and their waits, and mma.sync
 // m16n8k8 on TF32 operands with f32 accumulation. The emulation test replaces this file with
 // tests/kernels/cuda/gemm_emulation/kernels/cuda/gemm/tf32_mma.cuh, which implements the
 // same from the PTX ISA's fragment layouts on the CPU.
@@ -34,10 +35,12 @@ __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
 
-// Waits for every cp.async of this thread (the block's barrier must follow before other
-// threads read what it copied).
-__device__ __forceinline__ void cp_async_wait_all() {
-  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+// Waits until at most the newest N commit groups of this thread's cp.async are in flight
+// (the block's barrier must follow before other threads read what it copied); copies not
+// yet committed are not waited for.
+template <int N>
+__device__ __forceinline__ void cp_async_wait_group() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 // c (16 x 8) += a (16 x 8, row) . b (8 x 8, col) on TF32 operands, f32 accumulation. The

@@ -4,8 +4,8 @@
 //
 // A block (4 warps, 2 x 2) owns a BM x BN tile of Y: 128 x 64 (each warp 64 x 32: 4 x 4 mma
 // tiles) or 64 x 32 (each warp 32 x 16). Per stage it copies BK = 16 columns of K of its rows
-// of A and its columns of B into shared memory as they are stored (cp.async, two buffers: the
-// next stage loads while this one computes), then each warp, per 8 columns of K, reads its
+// of A and its columns of B into shared memory as they are stored (cp.async, three buffers:
+// the copies run two stages ahead of the mma), then each warp, per 8 columns of K, reads its
 // fragments, splits every element x into x_hi and x_lo (split_tf32) and adds
 //   A_lo B_hi + A_hi B_lo + A_hi B_hi
 // into its f32 accumulators (three mma per 16 x 8 tile, the small terms first). Every Y element
@@ -45,6 +45,9 @@ struct Tf32x3MmaParams {
 
 inline constexpr int kTf32x3MmaThreads = 128;
 inline constexpr int kTf32x3BK = static_cast<int>(kTf32x3TileK);
+// Stages of K in shared memory: copies run two stages ahead of the mma. The large tile's
+// three take 45 KB (under the 48 KB of static shared memory).
+inline constexpr int kTf32x3Stages = 3;
 
 // One operand's stage in shared memory, ROWS x COLS of the stored matrix (COLS along its
 // contiguous dimension), each row kStride floats (16-byte aligned starts; see the file comment).
@@ -104,8 +107,8 @@ __global__ void __launch_bounds__(kTf32x3MmaThreads) tf32x3_mma_kernel(Tf32x3Mma
   constexpr bool kBK = kTransB;   // B's: stored (N, K)
   constexpr int kAFloats = kAK ? StageTile<BM, BK>::kFloats : StageTile<BK, BM>::kFloats;
   constexpr int kBFloats = kBK ? StageTile<BN, BK>::kFloats : StageTile<BK, BN>::kFloats;
-  __shared__ __align__(16) float sa[2][kAFloats];
-  __shared__ __align__(16) float sb[2][kBFloats];
+  __shared__ __align__(16) float sa[kTf32x3Stages][kAFloats];
+  __shared__ __align__(16) float sb[kTf32x3Stages][kBFloats];
 
   const int64_t z = blockIdx.z, range = z % p.ranges, bz = z / p.ranges;
   const float* a = p.a + bz * p.stride_a;
@@ -119,7 +122,7 @@ __global__ void __launch_bounds__(kTf32x3MmaThreads) tf32x3_mma_kernel(Tf32x3Mma
   const int g = lane / 4, t = lane % 4;
   const int wm = (warp % 2) * 16 * MT, wn = (warp / 2) * 8 * NT;  // the warp's tile in the block's
 
-  // Stage `buf` <- columns [k0, k0 + BK) of K (zeros past k_end, M and N).
+  // Buffer `buf` <- columns [k0, k0 + BK) of K (zeros past k_end, M and N).
   auto load = [&](int buf, int64_t k0) {
     if constexpr (kAK)
       load_stage<BM, BK, kVec>(sa[buf], a, p.k, p.m, k_end, m0, k0);
@@ -129,18 +132,27 @@ __global__ void __launch_bounds__(kTf32x3MmaThreads) tf32x3_mma_kernel(Tf32x3Mma
       load_stage<BN, BK, kVec>(sb[buf], b, p.k, p.n, k_end, n0, k0);
     else
       load_stage<BK, BN, kVec>(sb[buf], b, p.n, k_end, p.n, k0, n0);
-    cp_async_commit();
   };
 
   float acc[MT][NT][4] = {};
   const int64_t stages = (k_end - k_begin + BK - 1) / BK;
-  load(0, k_begin);
-  cp_async_wait_all();
-  __syncthreads();
+  // The pipeline: stages 0 .. kTf32x3Stages - 2 in flight before the loop; each iteration waits for
+  // its own stage, and after the barrier (which also says that every warp is done with the
+  // previous stage's buffer) issues the copies of the stage kTf32x3Stages - 1 ahead into that
+  // buffer. Every iteration commits one group, empty past the last stage, so that "all but
+  // the newest kTf32x3Stages - 2 groups" is always this stage.
+#pragma unroll
+  for (int s = 0; s < kTf32x3Stages - 1; ++s) {
+    if (s < stages) load(s, k_begin + s * BK);
+    cp_async_commit();
+  }
   for (int64_t st = 0; st < stages; ++st) {
-    const int buf = static_cast<int>(st & 1);
-    // The other buffer was last read in the previous stage, which ended at a barrier.
-    if (st + 1 < stages) load(buf ^ 1, k_begin + (st + 1) * BK);
+    cp_async_wait_group<kTf32x3Stages - 2>();
+    __syncthreads();
+    const int64_t ahead = st + kTf32x3Stages - 1;
+    if (ahead < stages) load(static_cast<int>(ahead % kTf32x3Stages), k_begin + ahead * BK);
+    cp_async_commit();
+    const int buf = static_cast<int>(st % kTf32x3Stages);
     const float* as = sa[buf];
     const float* bs = sb[buf];
 #pragma unroll
@@ -169,9 +181,8 @@ __global__ void __launch_bounds__(kTf32x3MmaThreads) tf32x3_mma_kernel(Tf32x3Mma
           mma_1688_tf32(acc[i][j], a_hi[i], b_hi[j][0], b_hi[j][1]);
         }
     }
-    cp_async_wait_all();
-    __syncthreads();
   }
+  cp_async_wait_group<0>();  // only empty groups are left; none may outlive the block
 
   // Y = alpha acc + beta Y + bias, as cuBLASLt's epilogue orders them.
 #pragma unroll

@@ -30,12 +30,14 @@ struct Pending {
   const void* src;
   bool valid;
   int bytes = 16;  // a cp.async's size
+  int group = 0;   // the commit group it joins (the fiber's commits before it)
 };
 struct Fiber {
   ucontext_t ctx;
   uint3 tidx, bidx;
   bool done = false;
   std::vector<Pending> pending;
+  int committed = 0;  // cp.async.commit_group calls so far
 };
 inline Fiber* g_cur = nullptr;
 inline ucontext_t g_sched;

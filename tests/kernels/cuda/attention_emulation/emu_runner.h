@@ -1,7 +1,8 @@
 // The emulation's scheduler (with emu_prelude.h): run_grid runs a kernel body over a grid,
 // one block at a time, one fiber per CUDA thread, switching fibers only at barriers and warp
-// collectives, in a shuffled order (g_shuffle), and stops with "DEADLOCK" when no fiber can
-// move. Shared by the attention, Mamba and norm emulation tests.
+// collectives, in a shuffled order (g_shuffle) with warps now and then stalled behind the
+// others (g_stall_warps), and stops with "DEADLOCK" when no fiber can move. Shared by the
+// attention, Mamba and norm emulation tests.
 #pragma once
 
 #include <algorithm>
@@ -17,6 +18,12 @@ inline constexpr size_t kStack = 256 * 1024;
 inline std::function<void()>* g_body;
 inline std::mt19937 g_sched_rng(1);
 inline bool g_shuffle = true;
+// Stalls (on unless a test turns them off): now and then one warp of the block is left
+// unscheduled for up to 255 rounds, or until the others cannot move without it, so that they
+// run ahead of it as far as the kernel's barriers let them. A missing barrier between a
+// warp's last read of a buffer and another warp's next write to it then shows, where fair
+// rounds keep the warps within a barrier step or two of each other.
+inline bool g_stall_warps = true;
 inline void trampoline() {
   (*g_body)();
   g_cur->done = true;
@@ -53,18 +60,31 @@ inline void run_grid(dim3 grid, unsigned block, std::function<void()> body,
         }
         std::vector<int> order(block);
         for (unsigned t = 0; t < block; ++t) order[t] = t;
+        const unsigned warps = (block + 31) / 32;
+        int stalled = -1;     // the warp left out, or -1
+        unsigned rounds = 0;  // rounds it stays left out
         for (;;) {
           bool any = false;
           long before = g_progress;
           if (g_shuffle) std::shuffle(order.begin(), order.end(), g_sched_rng);
+          if (g_stall_warps && stalled < 0 && warps > 1 && g_sched_rng() % 8 == 0) {
+            stalled = static_cast<int>(g_sched_rng() % warps);
+            rounds = g_sched_rng() % 256;
+          }
           for (int t : order) {
             if (fibers[t].done) continue;
             any = true;
+            if (t / 32 == stalled) continue;
             g_cur = &fibers[t];
             swapcontext(&g_sched, &fibers[t].ctx);
           }
           if (!any) break;
-          if (g_progress == before) {
+          const bool moved = g_progress != before;
+          if (stalled >= 0 && (!moved || rounds-- == 0)) {  // the others wait for it: resume it
+            stalled = -1;
+            continue;
+          }
+          if (!moved) {
             fprintf(stderr, "DEADLOCK in block (%u, %u, %u)\n", bx, by, bz);
             exit(2);
           }

@@ -29,6 +29,7 @@
 
 #include "kernels/cuda/gemm/tf32x3.cuh"
 #include "tests/kernels/cuda/attention_emulation/emu_runner.h"
+#include "tests/kernels/cuda/gemm_emulation/gemm_oracle.h"
 
 namespace loom::kernels::cuda::gemm {
 namespace {
@@ -237,98 +238,13 @@ TEST(Tf32x3Plan, ChunksCoverKAndFit) {
 
 // ---- The method, end to end ------------------------------------------------------------------
 
-struct GemmCase {
-  int64_t batch, m, n, k;
-  bool ta, tb, shared_b;
-  float alpha, beta;
-  bool bias;
-  size_t capacity;  // workspace bytes: small ones force several chunks
-};
-
-std::string describe(const GemmCase& c) {
-  char buf[200];
-  std::snprintf(buf, sizeof buf, "batch %lld%s M %lld N %lld K %lld ta %d tb %d alpha %g beta %g%s",
-                static_cast<long long>(c.batch), c.shared_b ? " shared B" : "",
-                static_cast<long long>(c.m), static_cast<long long>(c.n),
-                static_cast<long long>(c.k), c.ta, c.tb, c.alpha, c.beta, c.bias ? " bias" : "");
-  return buf;
-}
-
-struct Problem {
-  std::vector<float> a, b, y0, bias;
-};
-
-Problem make(const GemmCase& c, std::mt19937& rng) {
-  std::normal_distribution<float> nd;
-  Problem p;
-  p.a.resize(static_cast<size_t>(c.batch * c.m * c.k));
-  p.b.resize(static_cast<size_t>((c.shared_b ? 1 : c.batch) * c.k * c.n));
-  p.y0.resize(static_cast<size_t>(c.batch * c.m * c.n));
-  p.bias.resize(static_cast<size_t>(c.n));
-  // Magnitudes spread over a few binades, as activations and gradients are.
-  for (float& v : p.a) v = nd(rng) * std::exp2(static_cast<float>(static_cast<int>(rng() % 7) - 3));
-  for (float& v : p.b) v = nd(rng) * 0.02f;
-  for (float& v : p.y0) v = nd(rng);
-  for (float& v : p.bias) v = nd(rng);
-  return p;
-}
-
-float a_at(const GemmCase& c, const Problem& p, int64_t b, int64_t i, int64_t t) {
-  return p.a[static_cast<size_t>(b * c.m * c.k + (c.ta ? t * c.m + i : i * c.k + t))];
-}
-float b_at(const GemmCase& c, const Problem& p, int64_t b, int64_t t, int64_t j) {
-  const int64_t base = c.shared_b ? 0 : b * c.k * c.n;
-  return p.b[static_cast<size_t>(base + (c.tb ? j * c.k + t : t * c.n + j))];
-}
-
-// The long double oracle, and sum |alpha a b| (the scale of the error bound).
-void oracle(const GemmCase& c, const Problem& p, std::vector<long double>* y,
-            std::vector<double>* scale) {
-  y->assign(p.y0.size(), 0.0L);
-  scale->assign(p.y0.size(), 0.0);
-  for (int64_t b = 0; b < c.batch; ++b)
-    for (int64_t i = 0; i < c.m; ++i)
-      for (int64_t j = 0; j < c.n; ++j) {
-        long double acc = 0.0L;
-        double mag = 0.0;
-        for (int64_t t = 0; t < c.k; ++t) {
-          const long double prod =
-              static_cast<long double>(a_at(c, p, b, i, t)) * b_at(c, p, b, t, j);
-          acc += prod;
-          mag += std::fabs(static_cast<double>(prod));
-        }
-        const size_t at = static_cast<size_t>((b * c.m + i) * c.n + j);
-        (*y)[at] = c.alpha * acc + static_cast<long double>(c.beta) * p.y0[at] +
-                   (c.bias ? p.bias[static_cast<size_t>(j)] : 0.0L);
-        (*scale)[at] = std::fabs(c.alpha) * mag + std::fabs(c.beta * p.y0[at]) +
-                       (c.bias ? std::fabs(p.bias[static_cast<size_t>(j)]) : 0.0);
-      }
-}
-
-// One GEMM straight on the operands, each product's operands through `round` and the sum in
-// f32: a plain f32 GEMM (identity) or one TF32 GEMM.
-template <class Round>
-std::vector<float> direct(const GemmCase& c, const Problem& p, Round round) {
-  std::vector<float> y = p.y0;
-  for (int64_t b = 0; b < c.batch; ++b)
-    for (int64_t i = 0; i < c.m; ++i)
-      for (int64_t j = 0; j < c.n; ++j) {
-        float acc = 0.0f;
-        for (int64_t t = 0; t < c.k; ++t)
-          acc = std::fmaf(round(a_at(c, p, b, i, t)), round(b_at(c, p, b, t, j)), acc);
-        float& out = y[static_cast<size_t>((b * c.m + i) * c.n + j)];
-        out = c.alpha * acc + (c.beta != 0.0f ? c.beta * out : 0.0f) +
-              (c.bias ? p.bias[static_cast<size_t>(j)] : 0.0f);
-      }
-  return y;
-}
-
 // The method: the plan, and tf32x3_steps' launches run here (the split on the emulator, each
 // TF32 matmul as the tensor cores compute it under `mode`: operands to TF32, products exact,
 // the sum in f32; then alpha, beta and the bias as cuBLASLt's epilogue applies them).
 // `split` runs each split launch (a test may alter its parameters first).
 std::vector<float> tf32x3(const GemmCase& c, const Problem& p, Tf32Mode mode, int segments,
-                          size_t* chunks, void (*split)(const SplitParams&) = run_split) {
+                          size_t capacity, size_t* chunks,
+                          void (*split)(const SplitParams&) = run_split) {
   Tf32x3Shape s;
   s.segments = segments;
   s.batch = c.batch;
@@ -338,7 +254,7 @@ std::vector<float> tf32x3(const GemmCase& c, const Problem& p, Tf32Mode mode, in
   s.trans_a = c.ta;
   s.trans_b = c.tb;
   s.shared_b = c.shared_b;
-  const Tf32x3Plan plan = plan_tf32x3(s, c.capacity);
+  const Tf32x3Plan plan = plan_tf32x3(s, capacity);
   EXPECT_FALSE(plan.chunks.empty()) << describe(c);
   *chunks = plan.chunks.size();
   std::vector<float> ws(plan.bytes / 4 + 1, NAN);  // NaN: a matmul reading unwritten floats shows
@@ -359,34 +275,26 @@ std::vector<float> tf32x3(const GemmCase& c, const Problem& p, Tf32Mode mode, in
                 (mm.bias ? p.bias[static_cast<size_t>(j)] : 0.0f);
         }
   };
-  tf32x3_steps(s, plan, p.a.data(), p.b.data(), a2, b2, c.beta, c.bias, split, matmul);
+  tf32x3_steps(s, plan, p.A(), p.B(), a2, b2, c.beta, c.bias, split, matmul);
   return y;
-}
-
-// max |y - oracle| / scale over the elements.
-double rel_error(const std::vector<float>& y, const std::vector<long double>& want,
-                 const std::vector<double>& scale) {
-  double worst = 0.0;
-  for (size_t i = 0; i < y.size(); ++i) {
-    const double e = static_cast<double>(std::fabs(static_cast<long double>(y[i]) - want[i]));
-    worst = std::max(worst, scale[i] > 0 ? e / scale[i] : e);
-  }
-  return worst;
 }
 
 TEST(Tf32x3Gemm, F32AccuracyOverLayoutsBatchesAndChunks) {
   std::mt19937 rng(3);
   const size_t big = size_t{1} << 30;
-  const GemmCase cases[] = {
-      {1, 33, 17, 300, false, true, true, 1.0f, 0.0f, false, big},
-      {1, 33, 17, 300, false, true, true, 1.0f, 0.0f, false, 20000},  // 8 chunks
-      {1, 40, 24, 129, true, false, true, 1.0f, 0.0f, true, big},     // a weight gradient's form
-      {1, 40, 24, 129, true, false, true, 1.0f, 0.0f, true, 16000},   // 5 chunks, bias in the last
-      {3, 9, 11, 70, false, false, true, -0.5f, 1.0f, false, big},    // shared B, beta 1
-      {3, 9, 11, 70, true, true, false, 1.5f, 0.5f, false, 6000},     // batched B, chunks
-      {2, 16, 16, 5, false, false, false, 1.0f, 0.0f, true, big},     // K < 8: padding
+  const struct {
+    GemmCase c;
+    size_t capacity;  // workspace bytes: small ones force several chunks
+  } cases[] = {
+      {{1, 33, 17, 300, false, true, true, 1.0f, 0.0f, false}, big},
+      {{1, 33, 17, 300, false, true, true, 1.0f, 0.0f, false}, 20000},  // 8 chunks
+      {{1, 40, 24, 129, true, false, true, 1.0f, 0.0f, true}, big},     // a weight gradient's form
+      {{1, 40, 24, 129, true, false, true, 1.0f, 0.0f, true}, 16000},   // 5 chunks, bias last
+      {{3, 9, 11, 70, false, false, true, -0.5f, 1.0f, false}, big},    // shared B, beta 1
+      {{3, 9, 11, 70, true, true, false, 1.5f, 0.5f, false}, 6000},     // batched B, chunks
+      {{2, 16, 16, 5, false, false, false, 1.0f, 0.0f, true}, big},     // K < 8: padding
   };
-  for (const GemmCase& c : cases) {
+  for (const auto& [c, capacity] : cases) {
     const Problem p = make(c, rng);
     std::vector<long double> want;
     std::vector<double> scale;
@@ -397,7 +305,7 @@ TEST(Tf32x3Gemm, F32AccuracyOverLayoutsBatchesAndChunks) {
     for (int segments : {2, 3})
       for (Tf32Mode mode : {Tf32Mode::kTruncate, Tf32Mode::kNearest}) {
         size_t chunks = 0;
-        const double e = rel_error(tf32x3(c, p, mode, segments, &chunks), want, scale);
+        const double e = rel_error(tf32x3(c, p, mode, segments, capacity, &chunks), want, scale);
         std::printf(
             "%s, %d segments, %zu chunk(s), TF32 %s: 3xTF32 %.3g, f32 %.3g, one TF32 %.3g (of sum "
             "|a b|)\n",
@@ -418,7 +326,7 @@ TEST(Tf32x3Gemm, F32AccuracyOverLayoutsBatchesAndChunks) {
 TEST(Tf32x3Gemm, TheCheckCatchesAWrongPairing) {
   for (int segments : {2, 3}) {
     std::mt19937 rng(4);
-    const GemmCase c{1, 20, 12, 200, false, true, true, 1.0f, 0.0f, false, size_t{1} << 30};
+    const GemmCase c{1, 20, 12, 200, false, true, true, 1.0f, 0.0f, false};
     const Problem p = make(c, rng);
     std::vector<long double> want;
     std::vector<double> scale;
@@ -430,7 +338,8 @@ TEST(Tf32x3Gemm, TheCheckCatchesAWrongPairing) {
       run_split(wrong);
     };
     size_t chunks = 0;
-    const std::vector<float> y = tf32x3(c, p, Tf32Mode::kTruncate, segments, &chunks, wrong_split);
+    const std::vector<float> y =
+        tf32x3(c, p, Tf32Mode::kTruncate, segments, size_t{1} << 30, &chunks, wrong_split);
     const double e = rel_error(y, want, scale);
     std::printf("%d segments, B2 written as A2: error %.3g of sum |a b|\n", segments, e);
     EXPECT_GT(e, 4e-7);

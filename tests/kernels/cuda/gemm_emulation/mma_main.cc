@@ -7,8 +7,8 @@
 //    TF32 GEMM's, over both tiles, 16- and 4-byte copies, transposes, batches, shared and
 //    batched B, alpha, beta (0 with NaN in Y), a bias, partial tiles, K not a multiple of 16,
 //    and K split into ranges; the operands read as truncated and as rounded TF32;
-//  - both tiles and both copy widths give the same bits, and the copies deferred to the wait
-//    the same bits as immediate ones; nothing outside Y is written;
+//  - both tiles and both copy widths give the same bits, and so do copies deferred to their
+//    wait with warps stalled behind the others; nothing outside Y is written;
 //  - the plan (tile, ranges) on the default spec's shapes and at the capacity's edge.
 // No GPU or nvcc involved.
 #include <gtest/gtest.h>
@@ -28,6 +28,7 @@
 
 #include "kernels/cuda/gemm/tf32x3_mma.cuh"
 #include "tests/kernels/cuda/attention_emulation/emu_runner.h"
+#include "tests/kernels/cuda/gemm_emulation/gemm_oracle.h"
 
 #ifndef LOOM_TF32_MMA_EMULATED
 #error "the inline-PTX tf32_mma.cuh was included instead of the emulated one"
@@ -36,100 +37,12 @@
 namespace loom::kernels::cuda::gemm {
 namespace {
 
-struct Case {
-  int64_t batch, m, n, k;
-  bool ta, tb, shared_b;
-  float alpha, beta;
-  bool bias;
-};
+using Case = GemmCase;
 
-std::string describe(const Case& c) {
-  char buf[200];
-  std::snprintf(buf, sizeof buf, "batch %lld%s M %lld N %lld K %lld ta %d tb %d alpha %g beta %g%s",
-                static_cast<long long>(c.batch), c.shared_b ? " shared B" : "",
-                static_cast<long long>(c.m), static_cast<long long>(c.n),
-                static_cast<long long>(c.k), c.ta, c.tb, c.alpha, c.beta, c.bias ? " bias" : "");
-  return buf;
-}
-
-// Operands in vectors padded with a guard of NaN on both sides; Y's guard must stay NaN.
+// A and B, and Y in the runs, have a guard of NaN on both sides; Y's must stay NaN.
 constexpr size_t kGuard = 64;
 
-struct Problem {
-  std::vector<float> a, b, y0, bias;
-  const float* A() const { return a.data() + kGuard; }
-  const float* B() const { return b.data() + kGuard; }
-};
-
 std::vector<float> guarded(size_t n) { return std::vector<float>(n + 2 * kGuard, NAN); }
-
-Problem make(const Case& c, std::mt19937& rng) {
-  std::normal_distribution<float> nd;
-  Problem p;
-  p.a = guarded(static_cast<size_t>(c.batch * c.m * c.k));
-  p.b = guarded(static_cast<size_t>((c.shared_b ? 1 : c.batch) * c.k * c.n));
-  p.y0.resize(static_cast<size_t>(c.batch * c.m * c.n));
-  p.bias.resize(static_cast<size_t>(c.n));
-  // Magnitudes spread over a few binades, as activations and gradients are.
-  for (size_t i = kGuard; i + kGuard < p.a.size(); ++i)
-    p.a[i] = nd(rng) * std::exp2(static_cast<float>(static_cast<int>(rng() % 7) - 3));
-  for (size_t i = kGuard; i + kGuard < p.b.size(); ++i) p.b[i] = nd(rng) * 0.02f;
-  // beta 0 must not read Y: NaN there shows if it does.
-  for (float& v : p.y0) v = c.beta == 0.0f ? NAN : nd(rng);
-  for (float& v : p.bias) v = nd(rng);
-  return p;
-}
-
-float a_at(const Case& c, const Problem& p, int64_t b, int64_t i, int64_t t) {
-  return p.A()[b * c.m * c.k + (c.ta ? t * c.m + i : i * c.k + t)];
-}
-float b_at(const Case& c, const Problem& p, int64_t b, int64_t t, int64_t j) {
-  const int64_t base = c.shared_b ? 0 : b * c.k * c.n;
-  return p.B()[base + (c.tb ? j * c.k + t : t * c.n + j)];
-}
-
-// The long double oracle, and sum |alpha a b| + |beta y| + |bias| (the error bound's scale).
-void oracle(const Case& c, const Problem& p, std::vector<long double>* y,
-            std::vector<double>* scale) {
-  y->assign(p.y0.size(), 0.0L);
-  scale->assign(p.y0.size(), 0.0);
-  for (int64_t b = 0; b < c.batch; ++b)
-    for (int64_t i = 0; i < c.m; ++i)
-      for (int64_t j = 0; j < c.n; ++j) {
-        long double acc = 0.0L;
-        double mag = 0.0;
-        for (int64_t t = 0; t < c.k; ++t) {
-          const long double prod =
-              static_cast<long double>(a_at(c, p, b, i, t)) * b_at(c, p, b, t, j);
-          acc += prod;
-          mag += std::fabs(static_cast<double>(prod));
-        }
-        const size_t at = static_cast<size_t>((b * c.m + i) * c.n + j);
-        const double y0 = c.beta != 0.0f ? p.y0[at] : 0.0;
-        (*y)[at] = c.alpha * acc + static_cast<long double>(c.beta) * y0 +
-                   (c.bias ? p.bias[static_cast<size_t>(j)] : 0.0L);
-        (*scale)[at] = std::fabs(c.alpha) * mag + std::fabs(c.beta * y0) +
-                       (c.bias ? std::fabs(p.bias[static_cast<size_t>(j)]) : 0.0);
-      }
-}
-
-// One GEMM straight on the operands, each operand through `round`, the sum in f32: a plain
-// f32 GEMM (identity) or one TF32 GEMM.
-template <class Round>
-std::vector<float> direct(const Case& c, const Problem& p, Round round) {
-  std::vector<float> y(p.y0.size());
-  for (int64_t b = 0; b < c.batch; ++b)
-    for (int64_t i = 0; i < c.m; ++i)
-      for (int64_t j = 0; j < c.n; ++j) {
-        float acc = 0.0f;
-        for (int64_t t = 0; t < c.k; ++t)
-          acc = std::fmaf(round(a_at(c, p, b, i, t)), round(b_at(c, p, b, t, j)), acc);
-        const size_t at = static_cast<size_t>((b * c.m + i) * c.n + j);
-        y[at] = c.alpha * acc + (c.beta != 0.0f ? c.beta * p.y0[at] : 0.0f) +
-                (c.bias ? p.bias[static_cast<size_t>(j)] : 0.0f);
-      }
-  return y;
-}
 
 float nearest_tf32(float x) {
   uint32_t u;
@@ -171,20 +84,15 @@ std::vector<float> run(const Case& c, const Problem& p, const Tf32x3MmaPlan& pla
   return y;
 }
 
-// max |y - oracle| / scale over Y; fails the test where the guard was written.
-double rel_error(const std::vector<float>& y, const std::vector<long double>& want,
-                 const std::vector<double>& scale, const std::string& what) {
+// max |y - oracle| / scale over Y (y holds Y with its guard); fails the test where the guard
+// was written.
+double guarded_error(const std::vector<float>& y, const std::vector<long double>& want,
+                     const std::vector<double>& scale, const std::string& what) {
   for (size_t i = 0; i < kGuard; ++i) {
     EXPECT_TRUE(std::isnan(y[i])) << what << ": wrote before Y at " << i;
     EXPECT_TRUE(std::isnan(y[y.size() - 1 - i])) << what << ": wrote past Y";
   }
-  double worst = 0.0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    const double got = y[i + kGuard];
-    const double e = static_cast<double>(std::fabs(static_cast<long double>(got) - want[i]));
-    worst = std::max(worst, std::isnan(got) ? INFINITY : scale[i] > 0 ? e / scale[i] : e);
-  }
-  return worst;
+  return rel_error(y.data() + kGuard, want, scale);
 }
 
 bool same_bits(const std::vector<float>& x, const std::vector<float>& y) {
@@ -211,22 +119,12 @@ TEST(Tf32x3Mma, F32AccuracyOverTilesLayoutsBatchesAndRanges) {
       {1, 33, 20, 600, false, false, true, 1.0f, 0.0f, false},  // long K: ranges below
   };
   for (const Case& c : cases) {
-    const Problem p = make(c, rng);
+    const Problem p = make(c, rng, kGuard);
     std::vector<long double> want;
     std::vector<double> scale;
     oracle(c, p, &want, &scale);
-    const double f32 = rel_error(
-        [&] {
-          std::vector<float> y = guarded(p.y0.size());
-          const std::vector<float> d = direct(c, p, [](float x) { return x; });
-          std::copy(d.begin(), d.end(), y.begin() + kGuard);
-          return y;
-        }(),
-        want, scale, "f32");
-    std::vector<float> one = guarded(p.y0.size());
-    const std::vector<float> d = direct(c, p, nearest_tf32);
-    std::copy(d.begin(), d.end(), one.begin() + kGuard);
-    const double one_tf32 = rel_error(one, want, scale, "one TF32");
+    const double f32 = rel_error(direct(c, p, [](float x) { return x; }), want, scale);
+    const double one_tf32 = rel_error(direct(c, p, nearest_tf32), want, scale);
     const bool vec_ok = tf32x3_mma_vec(shape_of(c), p.A(), p.B());
     for (int64_t splits : {int64_t{1}, int64_t{3}}) {
       if (splits > 1 && c.k < 200) continue;
@@ -241,7 +139,7 @@ TEST(Tf32x3Mma, F32AccuracyOverTilesLayoutsBatchesAndRanges) {
             const std::string what = describe(c) + (large ? ", 128 x 64" : ", 64 x 32") +
                                      (vec ? ", 16-byte copies" : ", 4-byte copies") + ", " +
                                      std::to_string(splits) + " range(s)";
-            const double e = rel_error(y, want, scale, what);
+            const double e = guarded_error(y, want, scale, what);
             std::printf("%s, TF32 %s: 3xTF32 %.3g, f32 %.3g, one TF32 %.3g (of sum |a b|)\n",
                         what.c_str(), mode == EmuTf32::kTruncate ? "truncated" : "rounded", e, f32,
                         one_tf32);
@@ -264,24 +162,33 @@ TEST(Tf32x3Mma, F32AccuracyOverTilesLayoutsBatchesAndRanges) {
   emu_tf32_mode = EmuTf32::kTruncate;
 }
 
-// The copies landing only at the wait (as the hardware may have them) give the same bits:
-// no stage is read before its wait, and none is overwritten while another warp reads it.
-TEST(Tf32x3Mma, DeferredCopiesGiveTheSameBits) {
+// The copies landing only at their group's wait (as the hardware may have them), and warps
+// left behind while the others run ahead to the next barrier (emu::g_stall_warps), give the
+// same bits: no stage is read before its wait, and none is overwritten while a warp still
+// reads it.
+TEST(Tf32x3Mma, DeferredCopiesAndStalledWarpsGiveTheSameBits) {
   std::mt19937 rng(6);
   const Case cases[] = {
       {1, 70, 40, 90, false, true, true, 1.0f, 0.0f, true},
       {2, 36, 24, 300, true, false, false, 1.0f, 1.0f, false},
   };
   for (const Case& c : cases) {
-    const Problem p = make(c, rng);
+    const Problem p = make(c, rng, kGuard);
     for (int64_t splits : {int64_t{1}, int64_t{2}})
       for (bool large : {true, false}) {
+        emu::g_stall_warps = false;
+        const std::vector<float> fair = run(c, p, plan_of(c, large, splits), true);
+        // A copy may land any time between its issue and its wait: at the one end (deferred)
+        // and at the other (immediate), each with stalled warps.
+        emu::g_stall_warps = true;
+        for (bool deferred : {true, false}) {
+          emu::g_deferred_cp = deferred;
+          const std::vector<float> y = run(c, p, plan_of(c, large, splits), true);
+          EXPECT_TRUE(same_bits(fair, y))
+              << describe(c) << ", " << splits << " range(s), stalled warps, "
+              << (deferred ? "deferred" : "immediate") << " copies";
+        }
         emu::g_deferred_cp = false;
-        const std::vector<float> now = run(c, p, plan_of(c, large, splits), true);
-        emu::g_deferred_cp = true;
-        const std::vector<float> later = run(c, p, plan_of(c, large, splits), true);
-        emu::g_deferred_cp = false;
-        EXPECT_TRUE(same_bits(now, later)) << describe(c) << ", " << splits << " range(s)";
       }
   }
 }

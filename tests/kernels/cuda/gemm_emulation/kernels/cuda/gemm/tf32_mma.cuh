@@ -1,9 +1,9 @@
 // Emulated tensor-core primitives: replaces kernels/cuda/gemm/tf32_mma.cuh (inline PTX) in
 // the emulation test, implementing cp.async (16 and 4 bytes; immediate, or deferred to the
-// wait as emu::g_deferred_cp says) and mma.sync m16n8k8 on TF32 operands from the PTX ISA's
-// fragment layouts. The tensor cores' view of an f32 operand is emu_tf32_mode's (truncated or
-// rounded to nearest even: the hardware's is not documented); products are exact, each
-// mma's eight products are summed in f32 and then added to the accumulator.
+// wait of their commit group as emu::g_deferred_cp says) and mma.sync m16n8k8 on TF32 operands from
+// the PTX ISA's fragment layouts. The tensor cores' view of an f32 operand is emu_tf32_mode's
+// (truncated or rounded to nearest even: the hardware's is not documented); products are exact,
+// each mma's eight products are summed in f32 and then added to the accumulator.
 #pragma once
 // mma_main.cc checks that this file, not the inline-PTX one, was included.
 #define LOOM_TF32_MMA_EMULATED 1
@@ -21,7 +21,7 @@ inline long emu_mma_count = 0;
 
 inline void emu_cp_async(void* smem, const void* gmem, bool valid, int bytes) {
   if (emu::g_deferred_cp) {
-    emu::g_cur->pending.push_back({smem, gmem, valid, bytes});
+    emu::g_cur->pending.push_back({smem, gmem, valid, bytes, emu::g_cur->committed});
     return;
   }
   if (valid)
@@ -35,15 +35,28 @@ inline void cp_async_16(void* smem, const void* gmem, bool valid) {
 inline void cp_async_4(void* smem, const void* gmem, bool valid) {
   emu_cp_async(smem, gmem, valid, 4);
 }
-inline void cp_async_commit() {}
-inline void cp_async_wait_all() {
-  for (auto& q : emu::g_cur->pending) {
-    if (q.valid)
-      std::memcpy(q.dst, q.src, static_cast<size_t>(q.bytes));
-    else
-      std::memset(q.dst, 0, static_cast<size_t>(q.bytes));
+inline void cp_async_commit() { ++emu::g_cur->committed; }
+// Lands this fiber's copies of every commit group but the newest `newest` ones (copies after
+// the last commit belong to no group yet and stay pending too, as on the GPU).
+inline void emu_cp_async_wait(int newest) {
+  auto& q = emu::g_cur->pending;
+  const int limit = emu::g_cur->committed - newest;  // groups [0, limit) must have landed
+  size_t kept = 0;
+  for (size_t i = 0; i < q.size(); ++i) {
+    if (q[i].group < limit) {
+      if (q[i].valid)
+        std::memcpy(q[i].dst, q[i].src, static_cast<size_t>(q[i].bytes));
+      else
+        std::memset(q[i].dst, 0, static_cast<size_t>(q[i].bytes));
+    } else {
+      q[kept++] = q[i];
+    }
   }
-  emu::g_cur->pending.clear();
+  q.resize(kept);
+}
+template <int N>
+inline void cp_async_wait_group() {
+  emu_cp_async_wait(N);
 }
 
 inline float emu_tf32(uint32_t u) {
