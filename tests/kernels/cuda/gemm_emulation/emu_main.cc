@@ -245,15 +245,7 @@ TEST(Tf32x3Plan, ChunksCoverKAndFit) {
 std::vector<float> tf32x3(const GemmCase& c, const Problem& p, Tf32Mode mode, int segments,
                           size_t capacity, size_t* chunks,
                           void (*split)(const SplitParams&) = run_split) {
-  Tf32x3Shape s;
-  s.segments = segments;
-  s.batch = c.batch;
-  s.m = c.m;
-  s.n = c.n;
-  s.k = c.k;
-  s.trans_a = c.ta;
-  s.trans_b = c.tb;
-  s.shared_b = c.shared_b;
+  const Tf32x3Shape s = shape_of(c, Tf32x3Form::kSplit, segments);
   const Tf32x3Plan plan = plan_tf32x3(s, capacity);
   EXPECT_FALSE(plan.chunks.empty()) << describe(c);
   *chunks = plan.chunks.size();

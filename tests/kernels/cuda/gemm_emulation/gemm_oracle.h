@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/gemm/tf32x3_plan.h"
+
 namespace loom::kernels::cuda::gemm {
 
 struct GemmCase {
@@ -28,6 +30,21 @@ inline std::string describe(const GemmCase& c) {
                 static_cast<long long>(c.m), static_cast<long long>(c.n),
                 static_cast<long long>(c.k), c.ta, c.tb, c.alpha, c.beta, c.bias ? " bias" : "");
   return buf;
+}
+
+// The case in the 3xTF32 driver's terms, in `form` (and `segments` for the split form).
+inline Tf32x3Shape shape_of(const GemmCase& c, Tf32x3Form form, int segments = 0) {
+  Tf32x3Shape s;
+  s.batch = c.batch;
+  s.m = c.m;
+  s.n = c.n;
+  s.k = c.k;
+  s.trans_a = c.ta;
+  s.trans_b = c.tb;
+  s.shared_b = c.shared_b;
+  s.form = form;
+  s.segments = segments;
+  return s;
 }
 
 // The operands; A and B with `guard` NaN floats before and after them (a kernel that reads

@@ -52,22 +52,9 @@ float nearest_tf32(float x) {
   return x;
 }
 
-Tf32x3Shape shape_of(const Case& c) {
-  Tf32x3Shape s;
-  s.batch = c.batch;
-  s.m = c.m;
-  s.n = c.n;
-  s.k = c.k;
-  s.trans_a = c.ta;
-  s.trans_b = c.tb;
-  s.shared_b = c.shared_b;
-  s.form = Tf32x3Form::kInRegisters;
-  return s;
-}
-
 // The driver's launches on the emulator: Y (with its guard) after the call under `plan`.
 std::vector<float> run(const Case& c, const Problem& p, const Tf32x3MmaPlan& plan, bool vec) {
-  const Tf32x3Shape s = shape_of(c);
+  const Tf32x3Shape s = shape_of(c, Tf32x3Form::kInRegisters);
   std::vector<float> y = guarded(p.y0.size());
   std::copy(p.y0.begin(), p.y0.end(), y.begin() + kGuard);
   std::vector<float> partial(static_cast<size_t>(plan.splits * c.batch * c.m * c.n), NAN);
@@ -125,7 +112,7 @@ TEST(Tf32x3Mma, F32AccuracyOverTilesLayoutsBatchesAndRanges) {
     oracle(c, p, &want, &scale);
     const double f32 = rel_error(direct(c, p, [](float x) { return x; }), want, scale);
     const double one_tf32 = rel_error(direct(c, p, nearest_tf32), want, scale);
-    const bool vec_ok = tf32x3_mma_vec(shape_of(c), p.A(), p.B());
+    const bool vec_ok = tf32x3_mma_vec(shape_of(c, Tf32x3Form::kInRegisters), p.A(), p.B());
     for (int64_t splits : {int64_t{1}, int64_t{3}}) {
       if (splits > 1 && c.k < 200) continue;
       std::vector<float> first;
