@@ -33,9 +33,13 @@
 // after its heuristic offered an algorithm joins the fallback too (said once on stderr).
 //
 // Kernel "cuda.tf32x3" (f32 only, priority 16: a spec pins it, with gemm's of the same name)
-// runs the unfused sequence with its GEMM in 3xTF32 (gemm_tf32x3.cu), the bias added in that
-// GEMM's last matmul: f32 accuracy on TF32 tensor cores. Its workspace is P's (as above),
-// then the split operands.
+// runs its GEMM in 3xTF32 (gemm_tf32x3.cu): f32 accuracy on TF32 tensor cores. In registers
+// (the default form) the GEMM's own epilogue adds the bias and applies GELU (writing P when
+// the call keeps it) or GELU's derivative, in f32 with gelu.cu's arithmetic: no workspace, and
+// for kEpilogueBiasGradA and kEpilogueDGelu's dbias loom's bias_grad after it. In the split
+// form (LOOM_TF32X3=split|one|two), and for K == 0, it runs the unfused sequence with the
+// bias added in the GEMM's last matmul; its workspace is then P's (as above), then the split
+// operands.
 #include <cublasLt.h>
 #include <loom/cpp/error.h>
 #include <loom/cpp/op_checks/gemm.h>
@@ -104,11 +108,13 @@ void run_step(const OpCall* call, const char* op, DType key, std::vector<TensorV
 }
 
 // Where the unfused sequence's GEMM runs: the family's "cuda" gemm, or (kernel "cuda.tf32x3")
-// 3xTF32 in `workspace`, which then adds the bias in its last matmul's epilogue.
+// 3xTF32 in `workspace`, which then adds the bias in its last matmul's epilogue; or, in
+// registers, 3xTF32 with the activation in its epilogue too.
 struct GemmStep {
   bool tf32x3 = false;
   void* workspace = nullptr;
   size_t bytes = 0;
+  bool in_registers = false;  // tf32x3 in registers, K > 0: GELU and its derivative fused
 };
 
 // The 3xTF32 problem of a gemm_epilogue call.
@@ -133,30 +139,45 @@ void run_unfused(const OpCall* call, const GemmEpilogueShape& s, const TensorVie
   const ops::GemmAttrs g{at.trans_a, at.trans_b, 1.f,
                          at.epilogue == ops::kEpilogueBiasGradA ? at.beta : 0.f};
   // The GEMM into `out`, adding `bias` when given; then bias_add unless the GEMM added it.
-  auto gemm = [&](const TensorView& out, const TensorView* bias) {
+  // The GEMM into `out`, adding `bias` when given (and applying `act` in registers).
+  auto gemm = [&](const TensorView& out, const TensorView* bias, const Tf32x3Activation& act = {}) {
     if (step.tf32x3) {
       const bool fuse = bias != nullptr && s.k > 0;  // an empty sum takes no epilogue
       run_tf32x3(kOp, tf32x3_shape(s), static_cast<const float*>(A.data),
                  static_cast<const float*>(B.data), static_cast<float*>(out.data), 1.f, g.beta,
                  fuse ? static_cast<const float*>(bias->data) : nullptr, step.workspace, step.bytes,
-                 stream_of(call), current_device(kOp, out));
+                 stream_of(call), current_device(kOp, out), act);
       if (fuse) return;
     } else {
       run_step(call, ops::kGemm, dt, {A, B}, {out}, &g);
     }
     if (bias != nullptr) run_step<int>(call, ops::kBiasAdd, out.dtype, {*bias}, {out}, nullptr);
   };
+  Tf32x3Activation act;  // in registers: the activation of the GEMM's epilogue
+  act.tanh = at.approximate != 0;
   switch (at.epilogue) {
     case ops::kEpilogueBias:
       gemm(Y, &call->inputs[2]);
       return;
     case ops::kEpilogueGelu:
+      if (step.in_registers) {
+        act.kind = Tf32x3Activation::kGelu;
+        act.aux = s.aux_out ? static_cast<float*>(P.data) : nullptr;
+        gemm(Y, s.bias ? &call->inputs[2] : nullptr, act);
+        return;
+      }
       gemm(P, s.bias ? &call->inputs[2] : nullptr);
       run_step(call, ops::kGeluFwd, dt, {P}, {Y}, &gelu);
       return;
     case ops::kEpilogueDGelu:
-      gemm(Y, nullptr);
-      run_step(call, ops::kGeluBwd, dt, {Y, call->inputs[3]}, {Y}, &gelu);
+      if (step.in_registers) {
+        act.kind = Tf32x3Activation::kDGelu;
+        act.p = static_cast<const float*>(call->inputs[3].data);
+        gemm(Y, nullptr, act);
+      } else {
+        gemm(Y, nullptr);
+        run_step(call, ops::kGeluBwd, dt, {Y, call->inputs[3]}, {Y}, &gelu);
+      }
       if (s.dbias) run_step<int>(call, ops::kBiasGrad, dt, {Y}, {call->outputs[2]}, nullptr);
       return;
     case ops::kEpilogueBiasGradA:
@@ -421,9 +442,11 @@ void gemm_epilogue_run(const OpCall* call, bool tf32x3) {
                 std::string(kOp) + ": cuda.tf32x3 takes f32 operands and was given " +
                     dtype_name(dt) + " (bf16 and f16 run on tensor cores in 'cuda')");
   if (s.m == 0 || s.n == 0) return;  // Y empty; dbias gets sums over nothing
+  // 3xTF32 in registers: GELU and its derivative in the GEMM's epilogue, no P to keep.
+  const bool in_registers = tf32x3 && s.k > 0 && tf32x3_in_registers(tf32x3_shape(s));
   // kEpilogueGelu's P: the aux output, or the workspace this kernel asked for.
   TensorView P = call->outputs[1];
-  if (p_bytes(s, dt) > 0) {
+  if (p_bytes(s, dt) > 0 && !in_registers) {
     if (call->workspace == nullptr || call->workspace_bytes < p_bytes(s, dt))
       throw Error(Code::kInvalidArgument,
                   std::string(kOp) +
@@ -432,7 +455,7 @@ void gemm_epilogue_run(const OpCall* call, bool tf32x3) {
     P = make_view(call->workspace, dt, {s.m, s.n}, call->outputs[0].device);
   }
   if (tf32x3) {
-    GemmStep step{true, nullptr, 0};
+    GemmStep step{true, nullptr, 0, in_registers};
     const size_t off = tf32x3_offset(s, dt);
     if (call->workspace != nullptr && call->workspace_bytes > off) {
       step.workspace = static_cast<char*>(call->workspace) + off;
@@ -485,11 +508,17 @@ bool gemm_epilogue_tf32x3_supports(const OpCall* call) {
          gemm_epilogue_supports(call);
 }
 
-// P (as 'cuda'), then the split operands at 256 bytes.
+// In registers none (the epilogue runs in the GEMM); else P (as 'cuda'), then the split
+// operands at 256 bytes.
 uint64_t gemm_epilogue_tf32x3_workspace(const OpCall* call) {
   GemmEpilogueShape s{};
-  if (!check_passes([&] { s = op_checks::check_gemm_epilogue(call, true, DeviceType::kCuda); }))
+  bool in_registers = false;
+  if (!check_passes([&] {
+        s = op_checks::check_gemm_epilogue(call, true, DeviceType::kCuda);
+        in_registers = tf32x3_in_registers(tf32x3_shape(s));
+      }))
     return 0;
+  if (in_registers && s.k > 0) return 0;
   const DType dt = call->inputs[0].dtype;
   const size_t split = tf32x3_workspace(tf32x3_shape(s));
   return split == 0 ? p_bytes(s, dt) : tf32x3_offset(s, dt) + split;

@@ -162,8 +162,9 @@ bool split_in_scratch() {
 // partial sums in the stream scratch (whole: cuBLASLt, which uses its lower half, does not
 // run in this form).
 void run_in_registers(const char* op, const Tf32x3Shape& s, const float* A, const float* B,
-                      float* Y, float alpha, float beta, const float* bias, const Scratch& scratch,
-                      cudaStream_t stream, int device) {
+                      float* Y, float alpha, float beta, const float* bias,
+                      const Tf32x3Activation& act, const Scratch& scratch, cudaStream_t stream,
+                      int device) {
   const int sms = multiprocessor_count(device);
   const Tf32x3MmaPlan plan = plan_tf32x3_mma(s.batch, s.m, s.n, s.k, sms, scratch.bytes);
   const int64_t bn = plan.large ? kTf32x3LargeTileN : kTf32x3SmallTileN;
@@ -182,7 +183,7 @@ void run_in_registers(const char* op, const Tf32x3Shape& s, const float* A, cons
     tf32x3_partial_sum_kernel<<<static_cast<unsigned>(blocks), kTf32x3SumThreads, 0, stream>>>(q);
     launch_check(op);
   };
-  tf32x3_mma_launches(s, plan, A, B, Y, alpha, beta, bias, tf32x3_mma_vec(s, A, B),
+  tf32x3_mma_launches(s, plan, A, B, Y, alpha, beta, bias, act, tf32x3_mma_vec(s, A, B),
                       static_cast<float*>(scratch.data), launch, sum);
 }
 
@@ -223,10 +224,18 @@ void add_tf32x3_cost(const Tf32x3Shape& shape, OpCost* out) {
   }
 }
 
+bool tf32x3_in_registers(const Tf32x3Shape& shape) {
+  return with_form(shape).form == Tf32x3Form::kInRegisters;
+}
+
 void run_tf32x3(const char* op, const Tf32x3Shape& shape, const float* A, const float* B, float* Y,
                 float alpha, float beta, const float* bias, void* workspace, size_t workspace_bytes,
-                cudaStream_t stream, int device) {
+                cudaStream_t stream, int device, const Tf32x3Activation& act) {
   const Tf32x3Shape s = with_form(shape);
+  if (act.kind != Tf32x3Activation::kNone && (s.form != Tf32x3Form::kInRegisters || s.k == 0))
+    throw Error(Code::kInternal, std::string(op) +
+                                     ": cuda.tf32x3 applies an activation only in registers and "
+                                     "with K > 0 (the caller runs the unfused sequence otherwise)");
   if (s.batch == 0 || s.m == 0 || s.n == 0) return;
   if (s.k == 0) {  // an empty sum: Y = beta * Y (a bias is the caller's to add)
     if (bias != nullptr)
@@ -238,7 +247,7 @@ void run_tf32x3(const char* op, const Tf32x3Shape& shape, const float* A, const 
   }
   const Scratch scratch = stream_scratch(device, stream);
   if (s.form == Tf32x3Form::kInRegisters) {
-    run_in_registers(op, s, A, B, Y, alpha, beta, bias, scratch, stream, device);
+    run_in_registers(op, s, A, B, Y, alpha, beta, bias, act, scratch, stream, device);
     return;
   }
   const Scratch lt_ws{scratch.data, kLtWorkspace};

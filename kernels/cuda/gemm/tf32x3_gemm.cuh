@@ -41,11 +41,17 @@ void add_tf32x3_cost(const Tf32x3Shape& s, OpCost* out);
 ///                   long; null (or LOOM_TF32X3_WORKSPACE=scratch): the upper half of the
 ///                   stream scratch (common/resources.cuh), in more chunks. Unused in registers.
 /// \param beta       0 never reads Y (it may hold NaN)
+/// \param act        applied to each element after alpha, beta and the bias (in registers
+///                   only, and with K > 0: callers check tf32x3_in_registers)
 /// Throws Error naming `op` when even one chunk of 4 columns does not fit the workspace, when
 /// Y has more columns than the in-register grid covers (65535 tiles), or when cuBLASLt or a
 /// launch fails.
 void run_tf32x3(const char* op, const Tf32x3Shape& s, const float* A, const float* B, float* Y,
                 float alpha, float beta, const float* bias, void* workspace, size_t workspace_bytes,
-                cudaStream_t stream, int device);
+                cudaStream_t stream, int device, const Tf32x3Activation& act = {});
+
+/// Whether a call of shape `s` runs in registers (as run_tf32x3 and tf32x3_workspace choose
+/// its form): only that form takes an activation.
+bool tf32x3_in_registers(const Tf32x3Shape& s);
 
 }  // namespace loom::kernels::cuda::gemm

@@ -1,6 +1,8 @@
 // 3xTF32 with the split in registers: one GEMM kernel of loom's own on TF32 tensor cores
 // (mma.sync m16n8k8) computes Y = alpha op(A) op(B) + beta Y (+ bias) at f32 accuracy, with
-// no workspace and no split pass (the method and its error bound: tf32x3.cuh).
+// no workspace and no split pass (the method and its error bound: tf32x3.cuh); its epilogue
+// may go on to GELU or GELU's derivative (Tf32x3Activation: gemm_epilogue's kEpilogueGelu and
+// kEpilogueDGelu, in f32, with gelu.cu's arithmetic).
 //
 // A block (4 warps, 2 x 2) owns a BM x BN tile of Y: 128 x 64 (each warp 64 x 32: 4 x 4 mma
 // tiles) or 64 x 32 (each warp 32 x 16). Per stage it copies BK = 16 columns of K of its rows
@@ -28,6 +30,7 @@
 #include "kernels/cuda/gemm/tf32_mma.cuh"
 #include "kernels/cuda/gemm/tf32x3.cuh"
 #include "kernels/cuda/gemm/tf32x3_plan.h"
+#include "kernels/cuda/pointwise/gelu_math.cuh"
 
 namespace loom::kernels::cuda::gemm {
 
@@ -41,7 +44,22 @@ struct Tf32x3MmaParams {
   int64_t stride_a, stride_b, stride_y;  // floats between batch matrices (stride_b 0: shared B)
   int64_t ranges, k_split;               // ranges of K, columns per range
   float alpha, beta;                     // beta 0 never reads Y
+  Tf32x3Activation act;                  // aux and p at this launch's first batch matrix
 };
+
+// Y's element at offset `at` (of `act`'s aux and p too) from v = alpha acc + beta y + bias.
+__device__ __forceinline__ float tf32x3_activate(const Tf32x3Activation& act, float v, int64_t at) {
+  if (act.kind == Tf32x3Activation::kGelu) {
+    if (act.aux != nullptr) act.aux[at] = v;
+    return pointwise::gelu(v, act.tanh, nullptr);
+  }
+  if (act.kind == Tf32x3Activation::kDGelu) {
+    float d;
+    pointwise::gelu(act.p[at], act.tanh, &d);
+    return v * d;
+  }
+  return v;
+}
 
 inline constexpr int kTf32x3MmaThreads = 128;
 inline constexpr int kTf32x3BK = static_cast<int>(kTf32x3TileK);
@@ -184,7 +202,7 @@ __global__ void __launch_bounds__(kTf32x3MmaThreads) tf32x3_mma_kernel(Tf32x3Mma
   }
   cp_async_wait_group<0>();  // only empty groups are left; none may outlive the block
 
-  // Y = alpha acc + beta Y + bias, as cuBLASLt's epilogue orders them.
+  // Y = alpha acc + beta Y + bias, as cuBLASLt's epilogue orders them; then the activation.
 #pragma unroll
   for (int i = 0; i < MT; ++i)
 #pragma unroll
@@ -198,18 +216,19 @@ __global__ void __launch_bounds__(kTf32x3MmaThreads) tf32x3_mma_kernel(Tf32x3Mma
         float v = p.alpha * acc[i][j][e];
         if (p.beta != 0.0f) v += p.beta * *out;
         if (p.bias != nullptr) v += p.bias[c];
-        *out = v;
+        *out = tf32x3_activate(p.act, v, bz * p.stride_y + r * p.n + c);
       }
 }
 
-// The ranges' partial sums (ranges, count) added in order: y[i] = alpha (p_0 + p_1 + ...) +
-// beta y[i] (+ bias[i % n]) over the `count` elements of Y (batch x M x N).
+// The ranges' partial sums (ranges, count) added in order: y[i] = act(alpha (p_0 + p_1 + ...)
+// + beta y[i] (+ bias[i % n])) over the `count` elements of Y (batch x M x N).
 struct Tf32x3PartialSumParams {
   const float* partial;
   float* y;
   const float* bias;
   int64_t count, n, ranges;
   float alpha, beta;
+  Tf32x3Activation act;  // aux and p at y's first element
 };
 
 inline constexpr int kTf32x3SumThreads = 256;
@@ -224,7 +243,7 @@ __global__ void __launch_bounds__(kTf32x3SumThreads)
     float v = p.alpha * s;
     if (p.beta != 0.0f) v += p.beta * p.y[i];
     if (p.bias != nullptr) v += p.bias[i % p.n];
-    p.y[i] = v;
+    p.y[i] = tf32x3_activate(p.act, v, i);
   }
 }
 
@@ -266,7 +285,7 @@ struct Tf32x3MmaLaunch {
 // Most batch matrices (x ranges) one launch covers: CUDA's limit on gridDim.z.
 inline constexpr int64_t kTf32x3MaxGridZ = 65535;
 
-// The launches of Y = alpha op(A) op(B) + beta Y (+ bias) for `s` under `plan`, in order,
+// The launches of Y = act(alpha op(A) op(B) + beta Y (+ bias)) for `s` under `plan`, in order,
 // through launch(const Tf32x3MmaLaunch&) and then, for a split contraction, sum(const
 // Tf32x3PartialSumParams&) with the partial sums at `partial` (plan.splits x batch x M x N
 // floats). A shared B that A's storage allows folds the batch into M. The caller has checked
@@ -275,7 +294,8 @@ inline constexpr int64_t kTf32x3MaxGridZ = 65535;
 template <class Launch, class Sum>
 void tf32x3_mma_launches(const Tf32x3Shape& s, const Tf32x3MmaPlan& plan, const float* A,
                          const float* B, float* Y, float alpha, float beta, const float* bias,
-                         bool vec, float* partial, Launch&& launch, Sum&& sum) {
+                         const Tf32x3Activation& act, bool vec, float* partial, Launch&& launch,
+                         Sum&& sum) {
   const bool fold = s.shared_b && !s.trans_a && s.batch > 1;  // A (batch M, K), Y (batch M, N)
   const int64_t batch = fold ? 1 : s.batch, m = fold ? s.batch * s.m : s.m;
   const int64_t bm = plan.large ? kTf32x3LargeTileM : kTf32x3SmallTileM;
@@ -298,6 +318,13 @@ void tf32x3_mma_launches(const Tf32x3Shape& s, const Tf32x3MmaPlan& plan, const 
   p.alpha = split ? 1.0f : alpha;
   p.beta = split ? 0.0f : beta;
   p.bias = split ? nullptr : bias;
+  // Act's aux and p, `b0` batch matrices on (as Y).
+  auto act_at = [&](int64_t b0) {
+    Tf32x3Activation at = act;
+    if (at.aux != nullptr) at.aux += b0 * p.stride_y;
+    if (at.p != nullptr) at.p += b0 * p.stride_y;
+    return at;
+  };
   const int64_t per_launch = std::max<int64_t>(1, kTf32x3MaxGridZ / plan.splits);
   for (int64_t b0 = 0; b0 < batch; b0 += per_launch) {
     const int64_t count = std::min(per_launch, batch - b0);
@@ -306,6 +333,7 @@ void tf32x3_mma_launches(const Tf32x3Shape& s, const Tf32x3MmaPlan& plan, const 
     // Partial sums: range r of batch matrix b at (r batch + b) M N; the kernel finds it from
     // gridDim.z, so a chunk of the batch writes its own (ranges x count) block.
     p.y = split ? partial + b0 * plan.splits * p.stride_y : Y + b0 * p.stride_y;
+    p.act = split ? Tf32x3Activation{} : act_at(b0);
     l.grid_z = static_cast<unsigned>(count * plan.splits);
     launch(l);
   }
@@ -322,6 +350,7 @@ void tf32x3_mma_launches(const Tf32x3Shape& s, const Tf32x3MmaPlan& plan, const 
     q.ranges = plan.splits;
     q.alpha = alpha;
     q.beta = beta;
+    q.act = act_at(b0);
     sum(q);
   }
 }

@@ -100,6 +100,18 @@ inline Tf32x3Plan plan_tf32x3(const Tf32x3Shape& s, size_t capacity) {
 
 // ---- The in-register form (tf32x3_mma.cuh) ------------------------------------------------
 
+// What the in-register form applies to each element of Y after alpha, beta and the bias:
+// nothing, GELU (gemm_epilogue's kEpilogueGelu: P = the element, Y = gelu(P), P kept in
+// `aux` when given), or GELU's derivative (kEpilogueDGelu: Y = gelu'(P) times the element,
+// P read from `p`). `aux` and `p` are laid out as Y (batch, M, N).
+struct Tf32x3Activation {
+  enum Kind { kNone, kGelu, kDGelu };
+  Kind kind = kNone;
+  bool tanh = false;         // GELU's tanh form (else erf's)
+  float* aux = nullptr;      // kGelu: where P goes, or null
+  const float* p = nullptr;  // kDGelu: P
+};
+
 // Its two block tiles (M x N of Y), its columns of K per stage, and the least K a range of a
 // split contraction gets.
 inline constexpr int64_t kTf32x3LargeTileM = 128, kTf32x3LargeTileN = 64;

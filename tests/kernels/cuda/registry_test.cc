@@ -366,13 +366,16 @@ TEST(FamilyRegistry, Tf32x3WorkspaceIsTheSplitOperands) {
   const double y = split ? 50304.0 * 768 * 4 : 0.0;
   EXPECT_EQ(got.bytes_written, want.bytes_written + 2 * big_split + y);
   EXPECT_EQ(got.bytes_read, want.bytes_read + 3 * big_split + y);
-  // gemm_epilogue: a GELU without aux keeps P (M, N) first, the split after it.
+  // gemm_epilogue: in registers GELU runs in the GEMM's epilogue (nothing to keep); in the
+  // split form a GELU without aux keeps P (M, N) first, the split after it.
   ops::GemmEpilogueAttrs gelu{0, 1, ops::kEpilogueGelu, 1, 0.0f};
   Call ep({view(DType::kF32, {3, 5}, cu), view(DType::kF32, {7, 5}, cu), view(DType::kF32, {7}, cu),
            none()},
           {view(DType::kF32, {3, 7}, cu), none(), none()}, &gelu);
   const uint64_t ep_a2 = 3 * 24 * 4, ep_b2 = 7 * 24 * 4;
-  EXPECT_EQ(e->workspace(&ep.call), no_split ? 3 * 7 * 4 : 256 + (ep_a2 + 255) / 256 * 256 + ep_b2);
+  EXPECT_EQ(e->workspace(&ep.call), !split    ? 0
+                                    : scratch ? 3 * 7 * 4
+                                              : 256 + (ep_a2 + 255) / 256 * 256 + ep_b2);
 }
 
 // The CPU reference's message for the same bad call (on CPU views of the same shapes).

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -38,11 +39,20 @@ namespace loom::kernels::cuda::gemm {
 namespace {
 
 using Case = GemmCase;
+constexpr Tf32x3Form kRegisters = Tf32x3Form::kInRegisters;
 
 // A and B, and Y in the runs, have a guard of NaN on both sides; Y's must stay NaN.
 constexpr size_t kGuard = 64;
 
 std::vector<float> guarded(size_t n) { return std::vector<float>(n + 2 * kGuard, NAN); }
+
+// Under the sanitizers (BUILD sets LOOM_EMU_QUICK), where a fiber costs several times more,
+// the variants that change numbers but not memory accesses run once: the operands read as
+// truncated TF32 only, GELU's tanh form only, K in one range in the schedule test.
+bool quick() {
+  static const bool q = std::getenv("LOOM_EMU_QUICK") != nullptr;
+  return q;
+}
 
 float nearest_tf32(float x) {
   uint32_t u;
@@ -53,8 +63,9 @@ float nearest_tf32(float x) {
 }
 
 // The driver's launches on the emulator: Y (with its guard) after the call under `plan`.
-std::vector<float> run(const Case& c, const Problem& p, const Tf32x3MmaPlan& plan, bool vec) {
-  const Tf32x3Shape s = shape_of(c, Tf32x3Form::kInRegisters);
+std::vector<float> run(const Case& c, const Problem& p, const Tf32x3MmaPlan& plan, bool vec,
+                       const Tf32x3Activation& act = {}) {
+  const Tf32x3Shape s = shape_of(c, kRegisters);
   std::vector<float> y = guarded(p.y0.size());
   std::copy(p.y0.begin(), p.y0.end(), y.begin() + kGuard);
   std::vector<float> partial(static_cast<size_t>(plan.splits * c.batch * c.m * c.n), NAN);
@@ -67,7 +78,7 @@ std::vector<float> run(const Case& c, const Problem& p, const Tf32x3MmaPlan& pla
     emu::run_grid(2, kTf32x3SumThreads, [&] { tf32x3_partial_sum_kernel(q); });
   };
   tf32x3_mma_launches(s, plan, p.A(), p.B(), y.data() + kGuard, c.alpha, c.beta,
-                      c.bias ? p.bias.data() : nullptr, vec, partial.data(), launch, sum);
+                      c.bias ? p.bias.data() : nullptr, act, vec, partial.data(), launch, sum);
   return y;
 }
 
@@ -112,7 +123,7 @@ TEST(Tf32x3Mma, F32AccuracyOverTilesLayoutsBatchesAndRanges) {
     oracle(c, p, &want, &scale);
     const double f32 = rel_error(direct(c, p, [](float x) { return x; }), want, scale);
     const double one_tf32 = rel_error(direct(c, p, nearest_tf32), want, scale);
-    const bool vec_ok = tf32x3_mma_vec(shape_of(c, Tf32x3Form::kInRegisters), p.A(), p.B());
+    const bool vec_ok = tf32x3_mma_vec(shape_of(c, kRegisters), p.A(), p.B());
     for (int64_t splits : {int64_t{1}, int64_t{3}}) {
       if (splits > 1 && c.k < 200) continue;
       std::vector<float> first;
@@ -120,6 +131,7 @@ TEST(Tf32x3Mma, F32AccuracyOverTilesLayoutsBatchesAndRanges) {
         for (bool vec : {false, true}) {
           if (vec && !vec_ok) continue;
           for (EmuTf32 mode : {EmuTf32::kTruncate, EmuTf32::kNearest}) {
+            if (quick() && mode == EmuTf32::kNearest) continue;
             emu_tf32_mode = mode;
             const long mmas = emu_mma_count;
             const std::vector<float> y = run(c, p, plan_of(c, large, splits), vec);
@@ -156,27 +168,119 @@ TEST(Tf32x3Mma, F32AccuracyOverTilesLayoutsBatchesAndRanges) {
 TEST(Tf32x3Mma, DeferredCopiesAndStalledWarpsGiveTheSameBits) {
   std::mt19937 rng(6);
   const Case cases[] = {
-      {1, 70, 40, 90, false, true, true, 1.0f, 0.0f, true},
-      {2, 36, 24, 300, true, false, false, 1.0f, 1.0f, false},
+      {1, 70, 40, 92, false, true, true, 1.0f, 0.0f, true},     // 16-byte copies
+      {2, 36, 24, 300, true, false, false, 1.0f, 1.0f, false},  // 16-byte copies
+      {1, 33, 40, 90, false, false, true, 1.0f, 0.0f, false},   // 4-byte copies
   };
   for (const Case& c : cases) {
     const Problem p = make(c, rng, kGuard);
     for (int64_t splits : {int64_t{1}, int64_t{2}})
       for (bool large : {true, false}) {
+        if (quick() && splits > 1) continue;
+        const bool vec = tf32x3_mma_vec(shape_of(c, kRegisters), p.A(), p.B());
         emu::g_stall_warps = false;
-        const std::vector<float> fair = run(c, p, plan_of(c, large, splits), true);
+        const std::vector<float> fair = run(c, p, plan_of(c, large, splits), vec);
         // A copy may land any time between its issue and its wait: at the one end (deferred)
         // and at the other (immediate), each with stalled warps.
         emu::g_stall_warps = true;
         for (bool deferred : {true, false}) {
           emu::g_deferred_cp = deferred;
-          const std::vector<float> y = run(c, p, plan_of(c, large, splits), true);
+          const std::vector<float> y = run(c, p, plan_of(c, large, splits), vec);
           EXPECT_TRUE(same_bits(fair, y))
               << describe(c) << ", " << splits << " range(s), stalled warps, "
               << (deferred ? "deferred" : "immediate") << " copies";
         }
         emu::g_deferred_cp = false;
       }
+  }
+}
+
+// GELU and its derivative, in long double (gelu.cu's two forms).
+long double gelu_ref(long double x, bool tanh_form) {
+  if (tanh_form) {
+    const long double c = std::sqrt(2.0L / 3.14159265358979323846L);
+    return 0.5L * x * (1.0L + std::tanh(c * (x + 0.044715L * x * x * x)));
+  }
+  return 0.5L * x * std::erfc(-x / std::sqrt(2.0L));
+}
+long double dgelu_ref(long double x, bool tanh_form) {
+  if (tanh_form) {
+    const long double c = std::sqrt(2.0L / 3.14159265358979323846L);
+    const long double th = std::tanh(c * (x + 0.044715L * x * x * x));
+    return 0.5L * (1.0L + th) + 0.5L * x * (1.0L - th * th) * c * (1.0L + 3.0L * 0.044715L * x * x);
+  }
+  return 0.5L * std::erfc(-x / std::sqrt(2.0L)) +
+         x * std::exp(-0.5L * x * x) / std::sqrt(2.0L * 3.14159265358979323846L);
+}
+
+// gemm_epilogue's kEpilogueGelu and kEpilogueDGelu in the GEMM's epilogue, against the long
+// double oracle: P (kept in aux) within the GEMM's bound; Y = gelu(P) within the GEMM's bound
+// carried through gelu' plus 4e-6 of Y for f32's gelu; Y = gelu'(P) Z alike. Both tiles, and
+// K in one range and in three (the activation then runs in the partial sums' kernel).
+TEST(Tf32x3Mma, GeluAndItsDerivativeInTheEpilogue) {
+  std::mt19937 rng(7);
+  const Case gelu_case{1, 70, 40, 300, false, true, true, 1.0f, 0.0f, true};    // a Linear + bias
+  const Case dgelu_case{1, 40, 36, 600, false, true, true, 1.0f, 0.0f, false};  // dX, long K
+  for (Tf32x3Activation::Kind kind : {Tf32x3Activation::kGelu, Tf32x3Activation::kDGelu}) {
+    const Case& c = kind == Tf32x3Activation::kGelu ? gelu_case : dgelu_case;
+    const Problem p = make(c, rng, kGuard);
+    std::vector<long double> want;
+    std::vector<double> scale;
+    oracle(c, p, &want, &scale);
+    // DGELU's P: pre-activations around the GELU's bend.
+    std::vector<float> pre(want.size());
+    std::normal_distribution<float> nd(0.0f, 1.5f);
+    for (float& v : pre) v = nd(rng);
+    for (bool tanh_form : {true, false})
+      for (bool keep : {true, false})
+        for (int64_t splits : {int64_t{1}, int64_t{3}})
+          for (bool large : {true, false}) {
+            if (kind == Tf32x3Activation::kDGelu && !keep) continue;  // aux is GELU's only
+            if (splits > 1 && !large) continue;  // the partial sums' kernel has no tile
+            if (quick() && !tanh_form) continue;
+            std::vector<float> aux(want.size(), NAN);
+            Tf32x3Activation act;
+            act.kind = kind;
+            act.tanh = tanh_form;
+            act.aux = kind == Tf32x3Activation::kGelu && keep ? aux.data() : nullptr;
+            act.p = kind == Tf32x3Activation::kDGelu ? pre.data() : nullptr;
+            const bool vec = tf32x3_mma_vec(shape_of(c, kRegisters), p.A(), p.B());
+            const std::vector<float> y = run(c, p, plan_of(c, large, splits), vec, act);
+            const std::string what =
+                std::string(kind == Tf32x3Activation::kGelu ? "gelu" : "dgelu") +
+                (tanh_form ? " tanh" : " erf") + (large ? ", 128 x 64" : ", 64 x 32") + ", " +
+                std::to_string(splits) + " range(s)" + (act.aux ? ", aux" : "");
+            double worst_y = 0.0, worst_aux = 0.0;
+            for (size_t i = 0; i < want.size(); ++i) {
+              const long double z = want[i];
+              const long double x = kind == Tf32x3Activation::kGelu ? z : pre[i];
+              const long double d = std::fabs(dgelu_ref(x, tanh_form));
+              const long double ref = kind == Tf32x3Activation::kGelu ? gelu_ref(z, tanh_form)
+                                                                      : dgelu_ref(x, tanh_form) * z;
+              // The GEMM's error carried through gelu'; f32's gelu, relative; and f32's
+              // gelu' (its terms are of order 1 + |x|: where they cancel, near gelu' = 0, its
+              // error is absolute) times Z.
+              const long double bound =
+                  d * 4e-7L * scale[i] + 4e-6L * std::fabs(ref) +
+                  (kind == Tf32x3Activation::kDGelu ? 1e-6L * (1.0L + std::fabs(x)) * std::fabs(z)
+                                                    : 0.0L) +
+                  1e-30L;
+              const long double got = y[i + kGuard];
+              worst_y = std::max(worst_y, static_cast<double>(std::isnan(static_cast<double>(got))
+                                                                  ? INFINITY
+                                                                  : std::fabs(got - ref) / bound));
+              if (act.aux != nullptr)
+                worst_aux = std::max(
+                    worst_aux, static_cast<double>(std::fabs(aux[i] - z) / (4e-7L * scale[i])));
+            }
+            std::printf("%s: Y at %.3g of its bound, aux at %.3g of the GEMM's\n", what.c_str(),
+                        worst_y, worst_aux);
+            EXPECT_LE(worst_y, 1.0) << what;
+            EXPECT_LE(worst_aux, 1.0) << what;
+            if (act.aux == nullptr && kind == Tf32x3Activation::kGelu) {
+              for (float v : aux) ASSERT_TRUE(std::isnan(v)) << what << ": aux written";
+            }
+          }
   }
 }
 
