@@ -8,8 +8,9 @@
 //   a . b = a_hi b_hi + a_hi b_lo + a_lo b_hi + a_lo b_lo
 // and the GEMM computes the first three on TF32 tensor cores with f32 accumulation:
 //   - a_hi b_hi is exact in f32 (11 x 11 significant bits);
-//   - a_lo and b_lo are rounded to TF32 again by the tensor cores (whether they round or
-//     truncate), an error of at most 2^-10 |a_lo| <= 2^-21 |a| in each cross term;
+//   - a_lo and b_lo are rounded to TF32 again (tf32_low_half: to nearest, ties to even, before
+//     the tensor cores read them), an error of at most 2^-11 |a_lo| <= 2^-22 |a| in each
+//     cross term (2^-10 |a_lo| were it truncated);
 //   - the dropped a_lo b_lo is at most 2^-22 |a||b|.
 // So each product is off by at most about 2^-20 |a||b|, against the f32 accumulation's own
 // rounding of up to 2^-24 per addition over K terms: f32 accuracy for any K worth a GEMM,
@@ -64,6 +65,16 @@ __device__ __forceinline__ void split_tf32(float x, float* hi, float* lo) {
   if ((r & 0x7f800000u) == 0x7f800000u) r = u & 0xffffe000u;  // overflowed: truncate
   *hi = __uint_as_float(r);
   *lo = x - *hi;  // exact: x and x_hi share sign and binade up to one TF32 unit
+}
+
+// A low half (split_tf32's *lo) rounded to TF32, ties to even, so that what the tensor cores
+// read is a TF32 value whatever they do with an f32's low 13 bits (undocumented). A low half
+// has at most 13 significant bits, so about a quarter of them are ties; rounding those away
+// from zero would bias every small product the same way, and the bias adds up over K. Errs by
+// at most 2^-11 |lo| <= 2^-22 |x|, within the bound above. A low half is far from overflow.
+__device__ __forceinline__ float tf32_low_half(float lo) {
+  const uint32_t u = __float_as_uint(lo);
+  return __uint_as_float((u + 0xfffu + ((u >> 13) & 1u)) & 0xffffe000u);
 }
 
 // One operand's side of a split launch: `batches` matrices stored (rows, k) row-major, or
@@ -130,6 +141,7 @@ __global__ void __launch_bounds__(kSplitThreads) tf32x3_split_kernel(SplitParams
     if (r >= s.rows || j >= p.kp) continue;
     float hi, lo;
     split_tf32(tile[i][lane], &hi, &lo);
+    lo = tf32_low_half(lo);
     float* out = s.out + (b * s.rows + r) * width + j;
     for (int seg = 0; seg < s.segments; ++seg) out[seg * p.kp] = (s.hi_mask >> seg) & 1u ? hi : lo;
   }

@@ -109,12 +109,12 @@ __device__ __forceinline__ float stage_at(const float* s, int mn, int k) {
     return s[k * StageTile<kTf32x3BK, MN>::kStride + mn];
 }
 
-// x's TF32 halves as mma operands (split_tf32).
+// x's TF32 halves as mma operands: split_tf32's, the low half through tf32_low_half.
 __device__ __forceinline__ void split_operand(float x, uint32_t* hi, uint32_t* lo) {
   float h, l;
   split_tf32(x, &h, &l);
-  *hi = __float_as_uint(h);
-  *lo = __float_as_uint(l);
+  *hi = __float_as_uint(h);  // a TF32 value already
+  *lo = __float_as_uint(tf32_low_half(l));
 }
 
 // MT x NT mma tiles (16 x 8) per warp: BM = 32 MT, BN = 16 NT.

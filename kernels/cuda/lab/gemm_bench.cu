@@ -213,9 +213,10 @@ void run_bench(int64_t m, int64_t n, int64_t k, DType dtype, const GemmBenchOpti
   call.attrs_size = sizeof(attrs);
   call.stream = r.stream;
   KernelFn loom_gemm = o.tf32 ? gemm_tf32 : o.tf32x3 ? gemm_tf32x3 : gemm_f32_accumulate;
-  if (o.tf32x3) {  // the workspace loom::Kernel would allocate for the call
+  if (o.tf32x3) {  // the workspace loom::Kernel would allocate for the call (none in registers)
     call.workspace_bytes = gemm_tf32x3_workspace(&call);
-    cuda_check(cudaMalloc(&r.split, call.workspace_bytes), "cudaMalloc(tf32x3 workspace)");
+    if (call.workspace_bytes > 0)
+      cuda_check(cudaMalloc(&r.split, call.workspace_bytes), "cudaMalloc(tf32x3 workspace)");
     call.workspace = r.split;
   }
   auto run_loom = [&] { throw_if_error(loom_gemm(&call), "gemm_bench: loom gemm"); };

@@ -181,6 +181,7 @@ TEST(Tf32x3Split, WritesEveryElementAsTheFormulaSays) {
                 const float x =
                     s.x[bi * s.rows * s.k + (s.k_major ? kk * s.rows + r : r * s.k + kk)];
                 split_tf32(x, &hi, &lo);
+                lo = static_cast<float>(rne_tf32(lo));  // the low half as the kernel rounds it
               }
               const float* row = out.data() + (bi * s.rows + r) * segments * kp;
               for (int seg = 0; seg < segments; ++seg)

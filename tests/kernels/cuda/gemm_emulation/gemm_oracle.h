@@ -16,6 +16,16 @@
 
 namespace loom::kernels::cuda::gemm {
 
+// x rounded to TF32 (11 significant bits), ties to even, in double: written here, apart from
+// the kernels' bit arithmetic, for zero and normal x (what the low halves of the split are
+// for finite f32 above 2^-113).
+inline double rne_tf32(double x) {
+  if (x == 0.0) return x;
+  int e = 0;
+  std::frexp(x, &e);  // |x| = m 2^e, m in [0.5, 1)
+  return std::ldexp(std::nearbyint(std::ldexp(x, 11 - e)), e - 11);
+}
+
 struct GemmCase {
   int64_t batch, m, n, k;
   bool ta, tb, shared_b;  // A stored (K, M); B stored (N, K); one B for every batch matrix
