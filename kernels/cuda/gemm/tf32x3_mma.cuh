@@ -8,7 +8,8 @@
 // tiles) or 64 x 32 (each warp 32 x 16). Per stage it copies BK = 16 columns of K of its rows
 // of A and its columns of B into shared memory as they are stored (cp.async, three buffers:
 // the copies run two stages ahead of the mma), then each warp, per 8 columns of K, reads its
-// fragments, splits every element x into x_hi and x_lo (split_tf32) and adds
+// fragments, splits every element x into x_hi and x_lo (split_tf32, the low half rounded to
+// TF32 by tf32_low_half) and adds
 //   A_lo B_hi + A_hi B_lo + A_hi B_hi
 // into its f32 accumulators (three mma per 16 x 8 tile, the small terms first). Every Y element
 // is summed in the same order whatever the tile, so both tiles give the same bits.
@@ -19,7 +20,8 @@
 //
 // A split contraction (plan_tf32x3_mma: too few tiles to fill the GPU, and K long) runs the
 // same kernel over ranges of K into partial sums (alpha 1, beta 0, no bias), then
-// tf32x3_partial_sum_kernel adds the ranges in order and applies alpha, beta and the bias.
+// tf32x3_partial_sum_kernel adds the ranges in order and applies alpha, beta, the bias and the
+// activation.
 //
 // Device code that the emulation test compiles as host C++ (tests/kernels/cuda/gemm_emulation);
 // include it in one .cu file only: it defines __global__ functions.
