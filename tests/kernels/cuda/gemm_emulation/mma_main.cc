@@ -119,9 +119,10 @@ TEST(Tf32x3Mma, SplitOperandRoundsTheLowHalfToEven) {
     ASSERT_EQ(hf, h) << std::hexfloat << x;
     ASSERT_EQ(static_cast<double>(lf), rne_tf32(l)) << std::hexfloat << x << " lo " << l;
     ASSERT_LE(std::fabs(static_cast<double>(x) - hf - lf), std::ldexp(std::fabs(x), -22));
-    if (std::fabs(std::ldexp(static_cast<double>(l), 11 - std::ilogb(l) - 1) -
-                  std::floor(std::ldexp(static_cast<double>(l), 11 - std::ilogb(l) - 1))) == 0.5)
-      ++ties;
+    if (l != 0.0f) {  // a tie: the low half's bits past TF32's 11 are exactly one half unit
+      const double units = std::ldexp(static_cast<double>(std::fabs(l)), 10 - std::ilogb(l));
+      if (units - std::floor(units) == 0.5) ++ties;
+    }
     ++checked;
   }
   std::printf("split_operand: %d values, %d low halves on a tie, each rounded to even\n", checked,
