@@ -138,8 +138,8 @@ void run_unfused(const OpCall* call, const GemmEpilogueShape& s, const TensorVie
   const ops::GeluAttrs gelu{at.approximate};
   const ops::GemmAttrs g{at.trans_a, at.trans_b, 1.f,
                          at.epilogue == ops::kEpilogueBiasGradA ? at.beta : 0.f};
-  // The GEMM into `out`, adding `bias` when given; then bias_add unless the GEMM added it.
-  // The GEMM into `out`, adding `bias` when given (and applying `act` in registers).
+  // The GEMM into `out`, adding `bias` when given (bias_add unless the GEMM added it), and in
+  // registers applying `act` in its epilogue.
   auto gemm = [&](const TensorView& out, const TensorView* bias, const Tf32x3Activation& act = {}) {
     if (step.tf32x3) {
       const bool fuse = bias != nullptr && s.k > 0;  // an empty sum takes no epilogue
