@@ -47,20 +47,6 @@ double rna_tf32(float x) {
   return std::copysign(std::ldexp(r, e - 11), static_cast<double>(x));
 }
 
-// The tensor cores' view of an f32 operand: truncated (the low 13 mantissa bits ignored) or
-// rounded to nearest even.
-enum class Tf32Mode { kTruncate, kNearest };
-float to_tf32(float x, Tf32Mode mode) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  if ((u & 0x7f800000u) == 0x7f800000u) return x;
-  if (mode == Tf32Mode::kNearest) u += 0xfffu + ((u >> 13) & 1u);
-  u &= 0xffffe000u;
-  float r;
-  std::memcpy(&r, &u, 4);
-  return r;
-}
-
 uint32_t bits(float x) {
   uint32_t u;
   std::memcpy(&u, &x, 4);

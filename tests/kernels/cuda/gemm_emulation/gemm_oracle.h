@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -24,6 +25,20 @@ inline double rne_tf32(double x) {
   int e = 0;
   std::frexp(x, &e);  // |x| = m 2^e, m in [0.5, 1)
   return std::ldexp(std::nearbyint(std::ldexp(x, 11 - e)), e - 11);
+}
+
+// The tensor cores' view of an f32 operand: truncated (the low 13 mantissa bits ignored) or
+// rounded to nearest even; one TF32 GEMM's operands (direct) are rounded so.
+enum class Tf32Mode { kTruncate, kNearest };
+inline float to_tf32(float x, Tf32Mode mode) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  if ((u & 0x7f800000u) == 0x7f800000u) return x;
+  if (mode == Tf32Mode::kNearest) u += 0xfffu + ((u >> 13) & 1u);
+  u &= 0xffffe000u;
+  float r;
+  std::memcpy(&r, &u, 4);
+  return r;
 }
 
 struct GemmCase {

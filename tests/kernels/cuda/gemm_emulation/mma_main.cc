@@ -54,14 +54,6 @@ bool quick() {
   return q;
 }
 
-float nearest_tf32(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  u = (u + 0xfffu + ((u >> 13) & 1u)) & 0xffffe000u;
-  std::memcpy(&x, &u, 4);
-  return x;
-}
-
 // The driver's launches on the emulator: Y (with its guard) after the call under `plan`.
 std::vector<float> run(const Case& c, const Problem& p, const Tf32x3MmaPlan& plan, bool vec,
                        const Tf32x3Activation& act = {}) {
@@ -155,7 +147,8 @@ TEST(Tf32x3Mma, F32AccuracyOverTilesLayoutsBatchesAndRanges) {
     std::vector<double> scale;
     oracle(c, p, &want, &scale);
     const double f32 = rel_error(direct(c, p, [](float x) { return x; }), want, scale);
-    const double one_tf32 = rel_error(direct(c, p, nearest_tf32), want, scale);
+    const double one_tf32 = rel_error(
+        direct(c, p, [](float x) { return to_tf32(x, Tf32Mode::kNearest); }), want, scale);
     const bool vec_ok = tf32x3_mma_vec(shape_of(c, kRegisters), p.A(), p.B());
     for (int64_t splits : {int64_t{1}, int64_t{3}}) {
       if (splits > 1 && c.k < 200) continue;

@@ -1,9 +1,10 @@
 // Emulated tensor-core primitives: replaces kernels/cuda/gemm/tf32_mma.cuh (inline PTX) in
 // the emulation test, implementing cp.async (16 and 4 bytes; immediate, or deferred to the
-// wait of their commit group as emu::g_deferred_cp says) and mma.sync m16n8k8 on TF32 operands from
-// the PTX ISA's fragment layouts. The tensor cores' view of an f32 operand is emu_tf32_mode's
-// (truncated or rounded to nearest even: the hardware's is not documented); products are exact,
-// each mma's eight products are summed in f32 and then added to the accumulator.
+// wait of their commit group as emu::g_deferred_cp says) and mma.sync m16n8k8 on TF32
+// operands from the PTX ISA's fragment layouts. The tensor cores' view of an f32 operand is
+// emu_tf32_mode's (truncated or rounded to nearest even: the hardware's is not documented);
+// products are exact, each mma's eight products are summed in f32 and then added to the
+// accumulator.
 #pragma once
 // mma_main.cc checks that this file, not the inline-PTX one, was included.
 #define LOOM_TF32_MMA_EMULATED 1
