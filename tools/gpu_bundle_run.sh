@@ -348,10 +348,11 @@ mkdir -p "$bench"
 # seconds, and runs for at most its limit or what is left.
 reserve=75
 items=(
-  "gpt2_124m_h100|loom|20|60" "gpt2_124m_h100|eager|20|60" "llama_1b3_h100|loom|25|60"
+  "gpt2_124m_h100|loom|20|60" "gpt_tiny|graph_step|15|40" "gpt_tiny|graph_step_tf32x3|15|40"
+  "gpt_tiny|graph_step_tf32x3_split|15|40" "llama_1b3_h100|loom|25|60"
   "llama_1b3_h100_fp8|loom|25|60" "gpt2_124m_h100|compile|25|90"
   "llama_1b3_h100|graph_step|25|60" "llama_1b3_h100_fp8|graph_step|25|60"
-  "gpt2_124m_h100|graph_step|20|60" "gpt2_124m_h100|two_op_loss|20|60"
+  "gpt2_124m_h100|graph_step|20|60" "gpt2_124m_h100|eager|20|60" "gpt2_124m_h100|two_op_loss|20|60"
   "gpt2_124m_h100|fc1_bgrad_dgelu|20|60"
   "llama_1b3_h100|grad_adds|25|60" "llama_1b3_h100_fp8|grad_adds|25|60"
   "llama_1b3_h100_fp8|swiglu_two_op|25|60" "llama_1b3_h100_fp8|rope_two_op|25|60"
@@ -359,8 +360,7 @@ items=(
   "gpt2_124m_h100|unfused|20|60"
   "gpt_tiny|loom|15|40" "gpt_tiny|graph|15|40" "gpt2_124m_h100|graph|20|60"
   "gpt2_124m_h100|dgelu_unfused|20|60" "gpt2_124m_h100|dgelu_bgrad|20|60"
-  "gpt_tiny|graph_step|15|40" "gpt_tiny|graph_step_tf32x3|15|40" "gpt_tiny|graph_step_tf32|15|40"
-  "gpt_tiny|graph_step_tf32x3_scratch|15|40" "gpt_tiny|graph_step_tf32x3_split|15|40"
+  "gpt_tiny|graph_step_tf32|15|40" "gpt_tiny|graph_step_tf32x3_scratch|15|40"
   "gpt_tiny|attn_rows|15|40" "gpt2_124m_h100|qkv_split|20|60" "llama_1b3_h100|qkv_split|25|60"
   "gpt_tiny|graph_step_tf32x3_one|15|40" "gpt_tiny|graph_step_tf32x3_two|15|40"
   "mixtral_h100|loom|25|60"
