@@ -9,10 +9,16 @@
 // of A and its columns of B into shared memory as they are stored (cp.async, three buffers:
 // the copies run two stages ahead of the mma), then each warp, per 8 columns of K, reads its
 // fragments, splits every element x into x_hi and x_lo (split_tf32, the low half rounded to
-// TF32 by tf32_low_half) and adds
+// TF32 by tf32_low_half), sums
 //   A_lo B_hi + A_hi B_lo + A_hi B_hi
-// into its f32 accumulators (three mma per 16 x 8 tile, the small terms first). Every Y element
-// is summed in the same order whatever the tile, so both tiles give the same bits.
+// from zero (three mma per 16 x 8 tile, the small terms first) and adds that to its f32
+// accumulators with a rounded f32 add. The tensor cores align an mma's addends and truncate
+// its sum toward zero (Fasi et al., PeerJ CS 2021; measured on an H200, BENCHMARKS.md): with
+// the accumulator itself as the mma's addend, every mma lost up to a unit of the
+// accumulator's last place, always toward zero, and the H200 gave 6.3e-7 to 1.7e-6 of sum
+// |a b| at K of 129 to 6000, 1.5-11x cuBLAS's f32. Summed from zero, an mma truncates only its own
+// 8 columns' sum. Every Y element is summed in the same order whatever the tile, so both
+// tiles give the same bits.
 //
 // Shared memory holds each operand's stage as stored: rows of 16 floats of K (A stored (M, K),
 // B stored (N, K)) padded to 20, or rows of BM (BN) floats along M (N) padded by 8. A warp's
@@ -196,9 +202,16 @@ __global__ void __launch_bounds__(kTf32x3MmaThreads) tf32x3_mma_kernel(Tf32x3Mma
       for (int i = 0; i < MT; ++i)
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
-          mma_1688_tf32(acc[i][j], a_lo[i], b_hi[j][0], b_hi[j][1]);
-          mma_1688_tf32(acc[i][j], a_hi[i], b_lo[j][0], b_lo[j][1]);
-          mma_1688_tf32(acc[i][j], a_hi[i], b_hi[j][0], b_hi[j][1]);
+          // The three products of these 8 columns summed from zero on the tensor cores, then
+          // added to the accumulator in f32 (rounded): the tensor cores truncate each mma's
+          // sum, so a chain of mma on one accumulator would lose up to a unit of its last
+          // place per mma, all in one direction (see the header).
+          float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+          mma_1688_tf32(part, a_lo[i], b_hi[j][0], b_hi[j][1]);
+          mma_1688_tf32(part, a_hi[i], b_lo[j][0], b_lo[j][1]);
+          mma_1688_tf32(part, a_hi[i], b_hi[j][0], b_hi[j][1]);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[i][j][e] += part[e];
         }
     }
   }

@@ -1,13 +1,13 @@
 // The 3xTF32 kernels ("cuda.tf32x3" of gemm and gemm_epilogue, kernels/cuda/gemm/tf32x3.cuh)
 // on a GPU:
 //   gemm           against a long double GEMM written here: the error relative to
-//                  sum |alpha a b| at f32 level (4e-7, or 4x the "cuda" f32 kernel's), in
-//                  every form (the kernel as registered, which runs in registers; and the
-//                  driver's run_tf32x3 in registers and in the split form's two and three
-//                  segments, with the workspace the kernel declares and without one: K in
-//                  chunks of the stream scratch), over transposes, batches, shared B, alpha,
-//                  beta, both tiles and K split into ranges; and "cuda.tf32" on the same inputs
-//                  over 30x worse (the check tells them apart);
+//                  sum |alpha a b|, in registers (the kernel as registered, and the driver's
+//                  run_tf32x3 in that form) at f32 level (4e-7, or 4x the "cuda" f32
+//                  kernel's) and over 30x under "cuda.tf32" on the same inputs; in the split
+//                  form's two and three segments (with the workspace the kernel declares and
+//                  without one: K in chunks of the stream scratch) at the level cuBLASLt's
+//                  truncating tensor-core sums allow (2e-6, 20x under TF32); over transposes,
+//                  batches, shared B, alpha, beta, both tiles and K split into ranges;
 //   gemm_epilogue  every epilogue against the "cuda" kernel of the op on the same inputs
 //                  (f32, tested against cpu.ref by the op tests) within 2e-6 relative.
 // The method, the split kernel and the chunk plan are tested without a GPU in
@@ -216,7 +216,9 @@ TEST(Tf32x3Gemm, F32AccuracyAgainstLongDouble) {
       s.segments = segments;
       const size_t bytes = c.no_workspace ? 0 : gemm::tf32x3_workspace(s);
       void* ws = nullptr;
-      if (bytes > 0) EXPECT_EQ(cudaMalloc(&ws, bytes), cudaSuccess);
+      if (bytes > 0) {
+        EXPECT_EQ(cudaMalloc(&ws, bytes), cudaSuccess);
+      }
       y.upload();
       try {
         gemm::run_tf32x3("gemm", s, a.dev, b.dev, y.dev, c.alpha, c.beta, nullptr, ws, bytes,
@@ -236,11 +238,12 @@ TEST(Tf32x3Gemm, F32AccuracyAgainstLongDouble) {
     const struct {
       const char* name;
       double error;
+      bool split;
     } runs[] = {
-        {"cuda.tf32x3 as registered", error_of("cuda.tf32x3", c.no_workspace)},
-        {"in registers", form_error(gemm::Tf32x3Form::kInRegisters, 0)},
-        {"split, 2 segments", form_error(gemm::Tf32x3Form::kSplit, 2)},
-        {"split, 3 segments", form_error(gemm::Tf32x3Form::kSplit, 3)},
+        {"cuda.tf32x3 as registered", error_of("cuda.tf32x3", c.no_workspace), false},
+        {"in registers", form_error(gemm::Tf32x3Form::kInRegisters, 0), false},
+        {"split, 2 segments", form_error(gemm::Tf32x3Form::kSplit, 2), true},
+        {"split, 3 segments", form_error(gemm::Tf32x3Form::kSplit, 3), true},
     };
     for (const auto& r : runs) {
       std::printf(
@@ -249,11 +252,21 @@ TEST(Tf32x3Gemm, F32AccuracyAgainstLongDouble) {
           static_cast<long long>(c.batch), static_cast<long long>(c.m), static_cast<long long>(c.n),
           static_cast<long long>(c.k), c.ta, c.tb, c.no_workspace ? " (no workspace)" : "", r.name,
           r.error, f32, tf32);
-      // f32 level: 4e-7 of sum |a b| (the emulation tests' model gives at most 2.3e-7), or
-      // within 4x of loom's f32 GEMM on the same inputs where its own error is larger (a long
-      // K: the tensor cores' f32 accumulation need not round as an f32 FMA does).
-      EXPECT_LE(r.error, std::max(4e-7, 4 * f32)) << r.name;
-      EXPECT_GT(tf32, 30 * r.error) << r.name;
+      if (!r.split) {
+        // In registers, f32 level: 4e-7 of sum |a b| (the emulation, with the tensor cores'
+        // truncating sums modelled, gives at most 1.4e-7), or within 4x of loom's f32 GEMM on
+        // the same inputs where its own error is larger.
+        EXPECT_LE(r.error, std::max(4e-7, 4 * f32)) << r.name;
+        EXPECT_GT(tf32, 30 * r.error) << r.name;
+      } else {
+        // The split form sums in cuBLASLt's TF32 matmuls, whose tensor cores truncate every
+        // mma's sum with the accumulator as its addend: on an H200 (2026-11-29) 1.4e-7 to
+        // 1.24e-6 of sum |a b| over these cases, where cuBLAS's f32 gives 2.4e-8 to 4.8e-7
+        // (BENCHMARKS.md). Its claim is that level, 2e-6, and 20x under one TF32 GEMM (27x
+        // at the least, at K 30000); it fails on a dropped cross term (TF32's 1e-4 level).
+        EXPECT_LE(r.error, 2e-6) << r.name;
+        EXPECT_GT(tf32, 20 * r.error) << r.name;
+      }
     }
   }
 }

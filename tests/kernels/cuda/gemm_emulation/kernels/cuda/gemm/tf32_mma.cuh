@@ -3,13 +3,22 @@
 // wait of their commit group as emu::g_deferred_cp says) and mma.sync m16n8k8 on TF32
 // operands from the PTX ISA's fragment layouts. The tensor cores' view of an f32 operand is
 // emu_tf32_mode's (truncated or rounded to nearest even: the hardware's is not documented);
-// products are exact, each mma's eight products are summed in f32 and then added to the
-// accumulator.
+// products are exact. How an mma adds its eight products to the accumulator is emu_tc_sum's:
+// by default as the tensor cores are measured to add them (Fasi et al., "Numerical behavior of
+// NVIDIA tensor cores", PeerJ CS 2021, on the A100; the H200 runs of 2026-11-29 agree, see
+// BENCHMARKS.md): the nine addends aligned to the largest one's exponent with a few bits
+// below f32's 24, the bits beyond truncated, summed exactly, and the sum truncated to f32
+// (toward zero: a bias of up to one unit of the accumulator's last place per mma, which a
+// long chain of mma on one accumulator adds up); or, for comparison, summed in f32 and then
+// rounded into the accumulator.
 #pragma once
 // mma_main.cc checks that this file, not the inline-PTX one, was included.
 #define LOOM_TF32_MMA_EMULATED 1
 #include <stdint.h>
 
+#include <algorithm>
+#include <climits>
+#include <cmath>
 #include <cstring>
 
 namespace loom::kernels::cuda::gemm {
@@ -17,6 +26,13 @@ namespace loom::kernels::cuda::gemm {
 // How the emulated tensor cores read an f32 operand as TF32.
 enum class EmuTf32 { kTruncate, kNearest };
 inline EmuTf32 emu_tf32_mode = EmuTf32::kTruncate;
+// How the emulated tensor cores add an mma's products to its accumulator.
+enum class EmuTcSum { kTruncated, kRoundedF32 };
+inline EmuTcSum emu_tc_sum_mode = EmuTcSum::kTruncated;
+// Bits kept below f32's 24 when kTruncated aligns the addends (an assumption: the published
+// models of the A100 and H100 differ in such details; the truncation of the sum is what
+// dominates the error).
+inline int emu_tc_align_bits = 3;
 // mma calls so far (the test checks that the kernel ran on the tensor-core path).
 inline long emu_mma_count = 0;
 
@@ -69,6 +85,26 @@ inline float emu_tf32(uint32_t u) {
   return f;
 }
 
+// c + the eight products (exact in double: 11-bit significands) as kTruncated adds them.
+inline float emu_tc_sum(float c, const double (&prod)[8]) {
+  double terms[9] = {c};
+  for (int k = 0; k < 8; ++k) terms[k + 1] = prod[k];
+  int emax = INT_MIN;
+  double plain = 0.0;
+  for (double v : terms) {
+    plain += v;
+    if (v != 0.0 && std::isfinite(v)) emax = std::max(emax, std::ilogb(v));
+  }
+  if (!std::isfinite(plain) || emax == INT_MIN) return static_cast<float>(plain);
+  // Every addend to a multiple of q, toward zero; their sum is exact (under 2^53 units of q).
+  const double q = std::ldexp(1.0, emax - 23 - emu_tc_align_bits);
+  double sum = 0.0;
+  for (double v : terms) sum += std::trunc(v / q) * q;
+  if (sum == 0.0) return 0.0f;
+  const double ulp = std::ldexp(1.0, std::ilogb(sum) - 23);
+  return static_cast<float>(std::trunc(sum / ulp) * ulp);
+}
+
 inline void mma_1688_tf32(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   emu::Slot& me = emu::my_slot();
   for (int i = 0; i < 4; ++i) me.a[i] = a[i];
@@ -88,9 +124,15 @@ inline void mma_1688_tf32(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, ui
   const int lane = emu::lane_of(), g = lane / 4, t = lane % 4;
   for (int e = 0; e < 4; ++e) {
     const int row = g + (e >= 2 ? 8 : 0), col = 2 * t + (e & 1);
-    float sum = 0.0f;
-    for (int k = 0; k < 8; ++k) sum += A[row][k] * B[k][col];
-    c[e] += sum;
+    if (emu_tc_sum_mode == EmuTcSum::kTruncated) {
+      double prod[8];
+      for (int k = 0; k < 8; ++k) prod[k] = static_cast<double>(A[row][k]) * B[k][col];
+      c[e] = emu_tc_sum(c[e], prod);
+    } else {
+      float sum = 0.0f;
+      for (int k = 0; k < 8; ++k) sum += A[row][k] * B[k][col];
+      c[e] += sum;
+    }
   }
   if (lane == 0) ++emu_mma_count;
   emu::warp_barrier();
