@@ -8,7 +8,11 @@
 #                       budget is reported as "not run (budget)", never silently dropped)
 #   run.sh --no-sanitizers   tests and benchmarks only
 #   GPU_BUDGET_S=330    the total budget in seconds (default 330: a rerun fits in 15 minutes)
-#   GPU_ONLY='gpt_tiny|ncu:llama'   only the benchmarks and ncu profiles this regex matches
+#   GPU_ONLY='gpt_tiny|ncu:llama'   only the benchmarks, ncu profiles and kernel details
+#                       ("detail:rope_fp8") this regex matches
+#   GPU_TESTS=0         measure only: no tests, sanitizers, MoE or graph checks (section 1
+#                       then holds only the torch.compile warm-up, when the compile row is
+#                       selected); the report says so and the result is FAIL
 #
 # Sections, each printed with its elapsed seconds:
 #   1. one pool of parallel jobs (they share the GPU; nothing in it is timed, each job has a
@@ -46,6 +50,7 @@ cd "$here" || exit 2
 # The spec pins that turn every fused op off (the modules then run the unfused kernels).
 unfused_pins='{"gemm_epilogue":"none","add_layernorm_fwd":"none","add_layernorm_bwd":"none","add_rmsnorm_fwd":"none","add_rmsnorm_bwd":"none","cross_entropy_fwd_bwd":"none","swiglu_fp8_fwd":"none","swiglu_fp8_bwd":"none","rope_fp8_bwd":"none"}'
 sanitizers=1
+run_tests=${GPU_TESTS:-1}
 for arg in "$@"; do
   case "$arg" in
     --no-sanitizers) sanitizers=0 ;;
@@ -109,6 +114,10 @@ job() {
   while (($(jobs -rp | wc -l) >= ${GPU_JOBS:-6})); do wait -n; done
 }
 tests=$(find tests -type f -name '*_test' | sort)
+if [[ $run_tests == 0 ]]; then
+  tests=""
+  sanitizers=0
+fi
 # The slowest first: the sanitizer runs, the compile warm-up, the MoE models.
 san_targets=(
   "device_test|tests/tools/device_test|--gtest_filter=*RealCuda*"
@@ -147,7 +156,7 @@ if ((sanitizers)) && command -v compute-sanitizer >/dev/null; then
 fi
 have_torch=0
 python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null && have_torch=1
-if ((have_torch)); then
+if ((have_torch)) && { [[ $run_tests != 0 ]] || wanted "gpt2_124m_h100|compile"; }; then
   job torch_compile_warmup "$pool_limit" python3 tools/bench/torch_gpt.py \
     configs/gpu/gpt2_124m_h100.json --device cuda --steps 1 --warmup 1 --compile
 fi
@@ -157,10 +166,12 @@ moe="--set train.steps=4 --set train.log_interval=1 --set train.micro_batch_size
 # The default spec with CUDA graphs against the same run without (12 steps, mock data):
 # the graph's replays must train as the direct steps do.
 graph_args="--set train.steps=12 --set train.log_interval=1 --set train.device=cuda --set 'data={\"mock\":true}' --set 'lr_schedule={\"impl\":\"constant\"}' --set train.cuda_graph_warmup_steps=2"
-job graph.gpt_tiny "$pool_limit" bash -c "./tools/loom train configs/gpt_tiny.json $graph_args --run-dir /tmp/graph_direct &&
+[[ $run_tests == 0 ]] ||
+  job graph.gpt_tiny "$pool_limit" bash -c "./tools/loom train configs/gpt_tiny.json $graph_args --run-dir /tmp/graph_direct &&
   ./tools/loom train configs/gpt_tiny.json $graph_args --set 'train.cuda_graph=\"forward_backward\"' --run-dir /tmp/graph_replayed &&
   ./tools/loom train configs/gpt_tiny.json $graph_args --set 'train.cuda_graph=\"step\"' --run-dir /tmp/graph_step"
 moe_specs=(configs/mixtral_tiny.json configs/deepseek_tiny.json configs/qwen3_moe_tiny.json)
+[[ $run_tests == 0 ]] && moe_specs=()
 for spec in "${moe_specs[@]}"; do
   name=$(basename "$spec" .json)
   # shellcheck disable=SC2086  # $moe is a list of arguments
@@ -171,6 +182,7 @@ for t in $tests; do job "test.${t//\//_}" "$pool_limit" "./$t"; done
 # gemm_epilogue's bf16 derivative through loom's kernels and DGELU_BGRAD too (the default
 # is cuBLASLt's DGELU then loom's bias_grad).
 dgelu_modes=(unfused dgelu_bgrad)
+[[ $run_tests == 0 ]] && dgelu_modes=()
 for mode in "${dgelu_modes[@]}"; do
   job "dgelu.$mode" "$pool_limit" env LOOM_CUBLASLT_DGELU="$mode" ./tests/kernels/cpu/gemm_epilogue_test
 done
@@ -192,6 +204,10 @@ san_by_kernel() {
     sort | uniq -c | sort -rn | head -10 | sed 's/^/    /'
 }
 say ""
+if [[ $run_tests == 0 ]]; then
+  say "- the tests, the sanitizers, the MoE models and the graph check: not run (GPU_TESTS=0)"
+  status=1
+fi
 say "| test | result | s |"
 say "|---|---|---|"
 for t in $tests; do
@@ -313,7 +329,9 @@ PY
 done
 say ""
 say "### CUDA graphs: the default spec graphed against direct (12 steps, mock data)"
-if [[ $(rc_of graph.gpt_tiny) == 0 ]]; then
+if [[ $run_tests == 0 ]]; then
+  say "- not run (GPU_TESTS=0)"
+elif [[ $(rc_of graph.gpt_tiny) == 0 ]]; then
   python3 - /tmp/graph_direct/metrics.jsonl /tmp/graph_replayed/metrics.jsonl \
     /tmp/graph_step/metrics.jsonl >>"$report" <<'PY' || status=1
 import json, sys
@@ -351,7 +369,7 @@ items=(
   "gpt2_124m_h100|loom|20|60" "gpt_tiny|graph_step|15|40" "gpt_tiny|graph_step_tf32x3|15|40"
   "gpt_tiny|graph_step_tf32x3_split|15|40" "llama_1b3_h100|loom|25|60"
   "llama_1b3_h100_fp8|loom|25|60" "gpt2_124m_h100|compile|25|90"
-  "llama_1b3_h100|graph_step|25|60" "llama_1b3_h100_fp8|graph_step|25|60"
+  "llama_1b3_h100|graph_step|45|60" "llama_1b3_h100_fp8|graph_step|45|60"
   "gpt2_124m_h100|graph_step|20|60" "gpt2_124m_h100|eager|20|60" "gpt2_124m_h100|two_op_loss|20|60"
   "gpt2_124m_h100|fc1_bgrad_dgelu|20|60"
   "llama_1b3_h100|grad_adds|25|60" "llama_1b3_h100_fp8|grad_adds|25|60"
@@ -526,6 +544,29 @@ else
       tail -5 "$logs/ncu_$pname.log" | sed 's/^/    /' >>"$report"
   done
 fi
+
+# Kernel details, only when GPU_ONLY names them ("detail:rope_fp8"): ncu's sections on the
+# first two launches of one kernel in a bench binary, "name|kernel regex|command".
+details=(
+  "rope_fp8|rope_fp8_kernel|./tools/bench/fp8_quantize_bench --iterations 2"
+  "tf32x3|tf32x3_mma_kernel|./tools/bench/gemm_bench --kernel tf32x3 --dtype f32 --form wgrad --shape 768,256,2048 --shape 2048,256,1024 --iterations 2"
+)
+for d in "${details[@]}"; do
+  IFS='|' read -r dname dre dcmd <<<"$d"
+  [[ -n ${GPU_ONLY:-} ]] && wanted "detail:$dname" || continue
+  command -v ncu >/dev/null || { say "- detail $dname: no ncu on PATH"; continue; }
+  (($(left) < 30)) && { say "- detail $dname: not run (budget)"; continue; }
+  dout=$dest/ncu_detail_$dname.txt
+  # shellcheck disable=SC2086  # $dcmd is a command line
+  timeout 40 ncu --clock-control none --kernel-name "regex:$dre" --launch-count 2 \
+    --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+    --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section SchedulerStats \
+    $dcmd >"$dout" 2>&1 || say "- detail $dname: ncu exit $?"
+  say ""
+  say "Kernel detail $dname (ncu_detail_$dname.txt):"
+  grep -E "^  [a-z].*\(.*\)x\(|^ +(Duration|Registers Per Thread|Achieved Occupancy|Issue Slots Busy|DRAM Throughput|Memory Throughput|Local Memory Spilling Requests) " \
+    "$dout" | sed 's/^ */    /' >>"$report"
+done
 
 # ---- 5. Kernel benches -------------------------------------------------------------------
 section "GEMM against cuBLAS (bf16; then weight gradients and the default spec's f32 GEMMs)"
