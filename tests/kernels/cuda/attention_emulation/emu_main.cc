@@ -47,7 +47,7 @@ using namespace loom;
 using namespace loom::kernels::cuda;
 using namespace loom::kernels::cuda::attn;
 
-#include "tests/kernels/cuda/attention_emulation/emu_runner.h"
+#include "tests/kernels/cuda/emulation/emu_runner.h"
 
 // ---- host tensors
 // --------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 // The 3xTF32 GEMM (kernels/cuda/gemm/tf32x3.cuh) on the CPU: its split kernel compiled as
-// host C++ under attention_emulation's prelude (one fiber per CUDA thread), its chunk plan,
+// host C++ under the shared emulation prelude (one fiber per CUDA thread), its chunk plan,
 // and the driver's sequence of launches (tf32x3_steps) with each TF32 matmul modelled as
 // the tensor cores compute it: operands rounded to TF32 (truncated, or rounded to nearest:
 // both are checked, since cuBLAS does not say which it does), products exact, sums in f32.
@@ -28,7 +28,7 @@
 #define __shared__ static
 
 #include "kernels/cuda/gemm/tf32x3.cuh"
-#include "tests/kernels/cuda/attention_emulation/emu_runner.h"
+#include "tests/kernels/cuda/emulation/emu_runner.h"
 #include "tests/kernels/cuda/gemm_emulation/gemm_oracle.h"
 
 namespace loom::kernels::cuda::gemm {

@@ -1,5 +1,5 @@
 // The in-register 3xTF32 GEMM (kernels/cuda/gemm/tf32x3_mma.cuh) on the CPU: its kernels
-// compiled as host C++ under attention_emulation's prelude (one fiber per CUDA thread,
+// compiled as host C++ under the shared emulation prelude (one fiber per CUDA thread,
 // emu_runner.h), with cp.async and mma.sync m16n8k8 emulated from the PTX ISA's fragment
 // layouts (kernels/cuda/gemm/tf32_mma.cuh here), run through the driver's own sequence of
 // launches (tf32x3_mma_launches); compared with a long double GEMM written in the test.
@@ -28,7 +28,7 @@
 #define __shared__ static
 
 #include "kernels/cuda/gemm/tf32x3_mma.cuh"
-#include "tests/kernels/cuda/attention_emulation/emu_runner.h"
+#include "tests/kernels/cuda/emulation/emu_runner.h"
 #include "tests/kernels/cuda/gemm_emulation/gemm_oracle.h"
 
 #ifndef LOOM_TF32_MMA_EMULATED

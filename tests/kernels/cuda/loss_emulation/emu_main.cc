@@ -1,5 +1,5 @@
 // Runs the CUDA cross-entropy row kernels (kernels/cuda/loss/cross_entropy_kernel.cuh) on the
-// CPU under emulation (attention_emulation's emu_prelude.h and emu_runner.h: one fiber per
+// CPU under emulation (emulation/emu_prelude.h and emu_runner.h: one fiber per
 // CUDA thread, switched at barriers and warp shuffles in a shuffled order) and checks the
 // one-pass cross_entropy_fwd_bwd kernel against the two kernels it replaces: loss, lse and
 // dlogits bit for bit, staged through shared memory or read twice, into its own buffer or in
@@ -25,7 +25,7 @@
 inline void __threadfence_system() {}
 
 #include "kernels/cuda/loss/cross_entropy_kernel.cuh"
-#include "tests/kernels/cuda/attention_emulation/emu_runner.h"
+#include "tests/kernels/cuda/emulation/emu_runner.h"
 
 namespace loom::kernels::cuda::loss {
 

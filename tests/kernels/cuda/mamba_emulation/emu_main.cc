@@ -1,5 +1,5 @@
 // Runs the CUDA Mamba-2 kernels (kernels/cuda/mamba/*_kernel.cuh) on the CPU under emulation
-// (tests/kernels/cuda/attention_emulation/emu_prelude.h: one fiber per CUDA thread, switched
+// (tests/kernels/cuda/emulation/emu_prelude.h: one fiber per CUDA thread, switched
 // at barriers and warp collectives in a shuffled order) and compares them with f64 references
 // written here from loom/ops/mamba.h: the forwards step by step, the gradients by central
 // differences of the f64 forwards. f32 storage (the dtype conversions are the shared
@@ -14,7 +14,7 @@
 #include "kernels/cuda/mamba/causal_conv1d_kernel.cuh"
 #include "kernels/cuda/mamba/rmsnorm_gated_kernel.cuh"
 #include "kernels/cuda/mamba/ssd_scan_kernel.cuh"
-#include "tests/kernels/cuda/attention_emulation/emu_runner.h"
+#include "tests/kernels/cuda/emulation/emu_runner.h"
 
 namespace loom::kernels::cuda::mamba {
 alignas(16) float mamba_smem[64 * 1024];

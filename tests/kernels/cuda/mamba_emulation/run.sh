@@ -7,7 +7,7 @@ root="$(cd "$here/../../../.." && pwd)"
 out="${TMPDIR:-/tmp}/mamba_emulation_$$"
 cuda="${CUDA_HOME:-/usr/local/cuda}"
 g++ -std=c++20 -O2 -Wno-attributes -Wno-unknown-pragmas \
-  -include "$root/tests/kernels/cuda/attention_emulation/emu_prelude.h" -I"$root" \
+  -include "$root/tests/kernels/cuda/emulation/emu_prelude.h" -I"$root" \
   -I"$root/sdk/include" -I"$cuda/include" "$here/emu_main.cc" -o "$out"
 trap 'rm -f "$out"' EXIT
 "$out"

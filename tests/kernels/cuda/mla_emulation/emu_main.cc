@@ -1,5 +1,5 @@
 // Runs the CUDA multi-latent attention layout kernels (kernels/cuda/mla/mla_kernel.cuh) on the
-// CPU under emulation (tests/kernels/cuda/attention_emulation/emu_prelude.h supplies threadIdx
+// CPU under emulation (tests/kernels/cuda/emulation/emu_prelude.h supplies threadIdx
 // & co.) and compares every element with the layouts of loom/ops/mla.h, written out here
 // index by index: mla_qkv, mla_qkv_bwd (dq, dkv, and dkpe's head sum), mla_out, mla_out_bwd.
 // The kernels have no barriers, so each block's threads run one after another; with two

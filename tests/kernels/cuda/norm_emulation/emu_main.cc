@@ -35,7 +35,7 @@
 extern "C" float __fmul_rn(float x, float y) { return x * y; }
 
 #include "kernels/cuda/pointwise/norm_warp.cuh"
-#include "tests/kernels/cuda/attention_emulation/emu_runner.h"
+#include "tests/kernels/cuda/emulation/emu_runner.h"
 
 namespace loom::kernels::cuda::pointwise {
 namespace {

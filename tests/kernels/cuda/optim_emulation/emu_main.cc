@@ -1,6 +1,6 @@
 // Runs AdamW's CUDA kernels (kernels/cuda/optim/adamw_kernel.cuh: adamw_kernel, the
 // multi-tensor adamw_multi_kernel and its host planner plan_multi) on the CPU under emulation
-// (attention_emulation's prelude and scheduler: one fiber per CUDA thread) and checks:
+// (the shared emulation prelude and scheduler: one fiber per CUDA thread) and checks:
 //  - f32 moments against an f64 AdamW written here (loom/ops/optim.h's formula), at 1e-5;
 //  - bf16 moments (Megatron's precision-aware optimizer): the kernel's master, param and
 //    moments are, bit for bit, those of the same kernel with f32 moments holding the same
@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "kernels/cuda/optim/adamw_kernel.cuh"
-#include "tests/kernels/cuda/attention_emulation/emu_runner.h"
+#include "tests/kernels/cuda/emulation/emu_runner.h"
 #include "tests/kernels/cuda/pointwise_emulation/emu_buf.h"
 
 namespace loom::kernels::cuda::optim {

@@ -31,7 +31,7 @@
 #include "kernels/cuda/pointwise/qkv_kernel.cuh"
 #include "kernels/cuda/pointwise/rope_kernel.cuh"
 #include "kernels/cuda/pointwise/swiglu_kernel.cuh"
-#include "tests/kernels/cuda/attention_emulation/emu_runner.h"
+#include "tests/kernels/cuda/emulation/emu_runner.h"
 #include "tests/kernels/cuda/pointwise_emulation/emu_buf.h"
 
 namespace loom::kernels::cuda::pointwise {

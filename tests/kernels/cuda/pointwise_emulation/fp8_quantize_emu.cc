@@ -25,7 +25,7 @@
 #undef __shared__
 #define __shared__ static
 #include "kernels/cuda/pointwise/fp8_quantize_kernel.cuh"
-#include "tests/kernels/cuda/attention_emulation/emu_runner.h"
+#include "tests/kernels/cuda/emulation/emu_runner.h"
 #include "tests/kernels/cuda/pointwise_emulation/emu_buf.h"
 
 namespace loom::kernels::cuda::pointwise {

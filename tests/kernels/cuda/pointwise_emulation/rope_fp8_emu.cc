@@ -21,7 +21,7 @@
 #define __shared__ static
 #include "kernels/cuda/pointwise/rope_fp8_kernel.cuh"
 #include "kernels/cuda/pointwise/rope_kernel.cuh"
-#include "tests/kernels/cuda/attention_emulation/emu_runner.h"
+#include "tests/kernels/cuda/emulation/emu_runner.h"
 #include "tests/kernels/cuda/pointwise_emulation/emu_buf.h"
 #include "tests/kernels/cuda/pointwise_emulation/emu_codes.h"
 

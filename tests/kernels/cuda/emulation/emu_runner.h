@@ -1,8 +1,8 @@
 // The emulation's scheduler (with emu_prelude.h): run_grid runs a kernel body over a grid,
 // one block at a time, one fiber per CUDA thread, switching fibers only at barriers and warp
 // collectives, in a shuffled order (g_shuffle) with warps now and then stalled behind the
-// others (g_stall_warps), and stops with "DEADLOCK" when no fiber can move. Shared by the
-// attention, Mamba and norm emulation tests.
+// others (g_stall_warps), and stops with "DEADLOCK" when no fiber can move. Shared by every
+// emulation test under tests/kernels/cuda (emulation/BUILD says how a test uses it).
 #pragma once
 
 #include <algorithm>

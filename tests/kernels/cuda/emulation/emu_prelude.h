@@ -1,4 +1,4 @@
-// Emulation prelude (g++ -include): lets the attention kernel headers compile as host C++ and
+// Emulation prelude (g++ -include): lets CUDA kernel headers compile as host C++ and
 // runs each CUDA thread of a block as a fiber (ucontext). Fibers switch only at barriers;
 // warp collectives (shuffles, ldmatrix, mma) meet through per-lane slots between two warp
 // barriers. The CUDA headers come first, before threadIdx & co. become macros.
