@@ -15,10 +15,10 @@
 // accumulators with a rounded f32 add. The tensor cores align an mma's addends and truncate
 // its sum toward zero (Fasi et al., PeerJ CS 2021; measured on an H200, BENCHMARKS.md): with
 // the accumulator itself as the mma's addend, every mma lost up to a unit of the
-// accumulator's last place, always toward zero, and the H200 gave 6.3e-7 to 1.7e-6 of sum
-// |a b| at K of 129 to 6000, 1.5-11x cuBLAS's f32. Summed from zero, an mma truncates only its own
-// 8 columns' sum. Every Y element is summed in the same order whatever the tile, so both
-// tiles give the same bits.
+// accumulator's last place, always toward zero, and the H200 gave up to 1.7e-6 of sum |a b|,
+// 3-16x cuBLAS's f32 on the same inputs. Summed from zero, an mma truncates only its own 8
+// columns' sum. Every Y element is summed in the same order whatever the tile, so both tiles
+// give the same bits.
 //
 // Shared memory holds each operand's stage as stored: rows of 16 floats of K (A stored (M, K),
 // B stored (N, K)) padded to 20, or rows of BM (BN) floats along M (N) padded by 8. A warp's

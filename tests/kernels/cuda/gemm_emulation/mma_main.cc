@@ -125,9 +125,9 @@ TEST(Tf32x3Mma, SplitOperandRoundsTheLowHalfToEven) {
 // The emulated tensor cores add an mma's products as the hardware was measured to
 // (emu_tc_sum, kTruncated, the default every test here runs under): the addends aligned to
 // the largest, the bits below the window dropped, the sum truncated toward zero. With that
-// model and the accumulator as each mma's addend, the kernel gave 4.2e-7 to 8.3e-7 of sum
-// |a b| on the accuracy test's cases (the H200: 6.3e-7 to 1.7e-6 on the GPU test's); summed
-// from zero per 8 columns, as the kernel now does, 4.8e-8 to 1.4e-7.
+// model and the accumulator as each mma's addend, the kernel gave up to 8.3e-7 of sum |a b|
+// on the accuracy test's cases, over its 4e-7 (the H200: up to 1.7e-6 on the GPU test's);
+// summed from zero per 8 columns, as the kernel now does, 4.8e-8 to 1.4e-7.
 TEST(Tf32x3Mma, TheModelledTensorCoresTruncateTheirSums) {
   ASSERT_EQ(emu_tc_sum_mode, EmuTcSum::kTruncated);
   double prod[8] = {};
