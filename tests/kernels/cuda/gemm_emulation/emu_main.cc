@@ -282,9 +282,7 @@ TEST(Tf32x3Gemm, F32AccuracyOverLayoutsBatchesAndChunks) {
     std::vector<long double> want;
     std::vector<double> scale;
     oracle(c, p, &want, &scale);
-    const double f32 = rel_error(direct(c, p, [](float x) { return x; }), want, scale);
-    const double one_tf32 = rel_error(
-        direct(c, p, [](float x) { return to_tf32(x, Tf32Mode::kNearest); }), want, scale);
+    const auto [f32, one_tf32] = baselines(c, p, want, scale);
     for (int segments : {2, 3})
       for (Tf32Mode mode : {Tf32Mode::kTruncate, Tf32Mode::kNearest}) {
         size_t chunks = 0;

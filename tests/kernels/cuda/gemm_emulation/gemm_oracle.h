@@ -163,4 +163,16 @@ inline double rel_error(const std::vector<float>& y, const std::vector<long doub
   return rel_error(y.data(), want, scale);
 }
 
+// What a 3xTF32 result is set beside: the errors of the plain f32 GEMM (the level it must
+// reach) and of one TF32 GEMM (far above it: the check must tell them apart).
+struct Baselines {
+  double f32, one_tf32;
+};
+inline Baselines baselines(const GemmCase& c, const Problem& p,
+                           const std::vector<long double>& want, const std::vector<double>& scale) {
+  return {
+      rel_error(direct(c, p, [](float x) { return x; }), want, scale),
+      rel_error(direct(c, p, [](float x) { return to_tf32(x, Tf32Mode::kNearest); }), want, scale)};
+}
+
 }  // namespace loom::kernels::cuda::gemm

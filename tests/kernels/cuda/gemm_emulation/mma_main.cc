@@ -166,9 +166,7 @@ TEST(Tf32x3Mma, F32AccuracyOverTilesLayoutsBatchesAndRanges) {
     std::vector<long double> want;
     std::vector<double> scale;
     oracle(c, p, &want, &scale);
-    const double f32 = rel_error(direct(c, p, [](float x) { return x; }), want, scale);
-    const double one_tf32 = rel_error(
-        direct(c, p, [](float x) { return to_tf32(x, Tf32Mode::kNearest); }), want, scale);
+    const auto [f32, one_tf32] = baselines(c, p, want, scale);
     const bool vec_ok = tf32x3_mma_vec(shape_of(c, kRegisters), p.A(), p.B());
     for (int64_t splits : {int64_t{1}, int64_t{3}}) {
       if (splits > 1 && c.k < 200) continue;
