@@ -23,7 +23,13 @@ int current_device(const char* op, const TensorView& t) {
 }
 
 void allow_dynamic_smem(const void* kernel, size_t bytes, const char* op) {
-  if (bytes <= 48 * 1024) return;
+  if (bytes == 0) return;
+  // What the kernel may take now: by default 48 KiB less its static shared memory (a kernel with
+  // some of both needs the opt-in below 48 KiB of dynamic memory), or what an earlier call set.
+  cudaFuncAttributes now{};
+  cuda_check(cudaFuncGetAttributes(&now, kernel),
+             (std::string(op) + ": cudaFuncGetAttributes").c_str());
+  if (bytes <= static_cast<size_t>(now.maxDynamicSharedSizeBytes)) return;
   cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(bytes)),
              (std::string(op) + ": cudaFuncSetAttribute(MaxDynamicSharedMemorySize, " +

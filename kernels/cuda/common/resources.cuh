@@ -27,12 +27,13 @@ int multiprocessor_count(int device) noexcept;
 /// share), asked once per device; 0 when the runtime cannot tell.
 int shared_memory_per_multiprocessor(int device) noexcept;
 
-/// Lets `kernel` launch with `bytes` of dynamic shared memory a block. Past 48 KiB a kernel
-/// must opt in (cudaFuncAttributeMaxDynamicSharedMemorySize); at or below it this does
-/// nothing. Call it before every such launch, not once: the attribute belongs to the current
-/// device's context, a process may drive several devices, and the call costs about a
-/// microsecond. Throws Error naming `op` when the runtime refuses (more than the device's
-/// limit a block).
+/// Lets `kernel` launch with `bytes` of dynamic shared memory a block. Past 48 KiB less the
+/// kernel's static shared memory, a kernel must opt in
+/// (cudaFuncAttributeMaxDynamicSharedMemorySize); this asks the kernel's current limit
+/// (cudaFuncGetAttributes) and raises it where `bytes` is past it, and does nothing for 0 bytes.
+/// Call it before every such launch, not once: the attribute belongs to the current device's
+/// context, a process may drive several devices, and the calls cost about a microsecond.
+/// Throws Error naming `op` when the runtime refuses (more than the device's limit a block).
 void allow_dynamic_smem(const void* kernel, size_t bytes, const char* op);
 template <class... Args>
 void allow_dynamic_smem(void (*kernel)(Args...), size_t bytes, const char* op) {

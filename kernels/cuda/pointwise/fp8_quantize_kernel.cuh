@@ -252,6 +252,14 @@ __device__ __forceinline__ void store_chunk_codes(uint8_t* p, const uint32_t (&c
 //   load(row, col, raw)        issues them (row < M, col < Kc; with kVec false, elements
 //                              at or past Kc are zeros)
 //   values(raw, v)             v[o][e]: the result at (row, col + o * Kc + e), in f32
+//   kBanded                    true: the source keeps a table of the 64 rows of a tile (a band)
+//                              in shared memory, which values reads:
+//   band(m0, m)                (kBanded only) fills it for rows m0 .. m0 + 63 (those below M),
+//                              called by every thread of the block; quantize_tiles calls it
+//                              when a tile's rows differ from the last tile's, with a barrier
+//                              before and after, and gives each block a contiguous run of
+//                              tiles in row-major order so that most tiles share the last
+//                              one's band (rope_fp8_kernel.cuh: the rotation's cos and sin)
 // A chunk outside the result is Raw{} (zeros), whose values must be 0.
 
 // fp8_quantize: X (M, K) of storage type T itself, 16-byte chunks, aligned (kVec).
@@ -260,6 +268,7 @@ struct PlainSource {
   static constexpr int kW = kFp8Width<T>;
   static constexpr int kOut = 1;
   static constexpr bool kVec = true;
+  static constexpr bool kBanded = false;
   struct Raw {
     Pack<T, kW> x;
   };
@@ -278,9 +287,11 @@ struct PlainSource {
 // (M, kOut * Kc) unless y is null, their transpose into Yt (kOut * Kc, M), and the bits of
 // |value| folded into amax unless it is null (1 / scale into scale_inv likewise). The typed
 // kernel's tiles and phases (64 x 64 tiles of chunks, each of the kOut outputs through its own
-// shared tile), the next tile's loads issued before this one's Yt rows are stored. y and yt may be
-// null (not both: one of them is the point). With Src::kVec: Y aligned to a chunk's codes, Kc a
-// multiple of kW, Yt 16-byte aligned and M % 16 == 0; without, any of them.
+// shared tile), the next tile's loads issued before this one's Yt rows are stored. A block takes
+// every gridDim.x-th tile from blockIdx.x on, or with Src::kBanded a contiguous run of them (one
+// gridDim.x-th of the tiles). y and yt may be null (not both: one of them is the point). With
+// Src::kVec: Y aligned to a chunk's codes, Kc a multiple of kW, Yt 16-byte aligned and M % 16 == 0;
+// without, any of them.
 template <class Src, bool kE5M2>
 __device__ __forceinline__ void quantize_tiles(const Src& src, const float* __restrict__ scale,
                                                uint8_t* __restrict__ y, uint8_t* __restrict__ yt,
@@ -314,10 +325,23 @@ __device__ __forceinline__ void quantize_tiles(const Src& src, const float* __re
     }
   };
   uint32_t bits = 0u;
-  int64_t t = blockIdx.x;
-  if (t < tiles) load_tile(t);
-  for (; t < tiles; t += gridDim.x) {
+  int64_t t = blockIdx.x, end = tiles, step = gridDim.x;
+  if constexpr (Src::kBanded) {
+    t = tiles * blockIdx.x / gridDim.x;
+    end = tiles * (blockIdx.x + 1) / gridDim.x;
+    step = 1;
+  }
+  int64_t band = -1;  // the rows (m0) of the source's table
+  if (t < end) load_tile(t);
+  for (; t < end; t += step) {
     const int64_t m0 = (t / tiles_k) * kFp8Tile, k0 = (t % tiles_k) * kFp8Tile;
+    if constexpr (Src::kBanded) {
+      if (m0 != band) {  // the same for the whole block; the last tile's reads are done
+        src.band(m0, m);
+        __syncthreads();
+        band = m0;
+      }
+    }
     // Phase 1: the loaded chunks -> Y and the transposed tiles.
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
@@ -347,13 +371,13 @@ __device__ __forceinline__ void quantize_tiles(const Src& src, const float* __re
     }
     __syncthreads();
     // The next tile's loads, in flight while this one's Yt rows are stored.
-    if (t + gridDim.x < tiles) load_tile(t + gridDim.x);
+    if (t + step < end) load_tile(t + step);
     if (yt != nullptr) {
 #pragma unroll
       for (int o = 0; o < kOut; ++o)
         store_yt_tile(tile[o], yt + o * kc * m, m, kc, m0, k0, Src::kVec);
     }
-    __syncthreads();  // the next tile overwrites `tile`
+    __syncthreads();  // the next tile overwrites `tile` (and a kBanded source its table)
   }
   if (amax != nullptr) block_amax_fold(bits, amax);
 }
@@ -378,6 +402,7 @@ struct SwigluSource {
   static constexpr int kW = kFp8Width<T>;
   static constexpr int kOut = kBwd ? 2 : 1;
   static constexpr bool kVec = kVec_;
+  static constexpr bool kBanded = false;
   struct Raw {
     Pack<T, kW> g, u, d;  // d: the backward's dY
   };

@@ -5,13 +5,17 @@
 //
 // Algorithm (rope_fp8_kernel.cuh): fp8_quantize's typed tile loop over chunks of dX, each chunk
 // of a query or key head's rotary channels loaded with its pair partners and rotated with
-// rope_typed_kernel's expressions. Element by element where chunks would straddle a head or a
-// half, or are not aligned (rope_fp8_plan).
+// rope_typed_kernel's expressions, its cos and sin from a table of the tile's 64 rows in dynamic
+// shared memory (rope_fp8_table_bytes: 32 KiB at rotary_dim 128), filled once a band of rows by
+// the same rope_cos_sin. Element by element where chunks would straddle a head or a half, or
+// are not aligned (rope_fp8_plan). rotary_dim past 2 kRopeFp8MaxHalf = 256 fails, naming the
+// pin that runs rope_bwd then fp8_quantize instead.
 //
 // Registers (ptxas, CUDA 13.0.88, sm_90a, at kRopeFp8BlocksPerSm = 3 blocks of 256 threads a
-// multiprocessor, at most 85 a thread): 80 in every variant (f32, bf16, f16; vector and element;
-// E4M3 and E5M2), no spills; a 32-byte stack frame for sincosf's slow path (never taken: the
-// argument is reduced to [-pi, pi] first).
+// multiprocessor, at most 85 a thread): 80 (72 in f16's vector variants), no spills; a 32-byte
+// stack frame for sincosf's slow path in the table's fill (never taken: the argument is reduced
+// to [-pi, pi] first); 4480 bytes of static shared memory (the transposed tile). At 4 blocks
+// (64 registers) all but f16's vector variants spill 12 to 84 bytes.
 #include <loom/cpp/op_checks/fp8.h>
 
 #include "kernels/cuda/common/cuda_check.h"
@@ -24,10 +28,14 @@ namespace {
 
 template <class T, bool kE5M2>
 void launch_typed(const RopeFp8Plan& p, const RopeFp8Args<T>& a, cudaStream_t stream) {
+  auto go = [&](auto kernel) {
+    allow_dynamic_smem(kernel, p.smem, ops::kRopeFp8Bwd);
+    kernel<<<p.blocks, kFp8TileThreads, p.smem, stream>>>(a);
+  };
   if (p.vec)
-    rope_fp8_kernel<T, true, kE5M2><<<p.blocks, kFp8TileThreads, 0, stream>>>(a);
+    go(rope_fp8_kernel<T, true, kE5M2>);
   else
-    rope_fp8_kernel<T, false, kE5M2><<<p.blocks, kFp8TileThreads, 0, stream>>>(a);
+    go(rope_fp8_kernel<T, false, kE5M2>);
 }
 
 op_checks::RopeFp8Shape check(const OpCall* c, bool s, DeviceType d) {
@@ -49,11 +57,18 @@ void launch(const OpCall* call, const op_checks::RopeFp8Shape& s) {
     fail(Code::kUnimplemented, std::string(op) + ": a row of " + std::to_string(k) +
                                    " columns or " + std::to_string(s.t) +
                                    " tokens a sequence is past this kernel's 2^31");
+  if (s.half > kRopeFp8MaxHalf)
+    fail(Code::kUnimplemented,
+         std::string(op) + ": rotary_dim " + std::to_string(2 * s.half) +
+             " is past this kernel's " + std::to_string(2 * kRopeFp8MaxHalf) +
+             " (its table of cos and sin lives in shared memory): set kernels.pin " +
+             "{\"rope_fp8_bwd\": \"none\"} in the spec to run rope_bwd then fp8_quantize");
   uint8_t* y = s.out.y ? static_cast<uint8_t*>(call->outputs[0].data) : nullptr;
   uint8_t* yt = s.out.yt ? static_cast<uint8_t*>(call->outputs[1].data) : nullptr;
   float* amax = s.out.amax ? static_cast<float*>(call->outputs[2].data) : nullptr;
-  const RopeFp8Plan p = rope_fp8_plan(X.data, y, yt, X.dtype, m, k, s.d, s.half,
-                                      multiprocessor_count(X.device.index));
+  const RopeFp8Plan p =
+      rope_fp8_plan(X.data, y, yt, X.dtype, m, k, s.d, s.half, multiprocessor_count(X.device.index),
+                    shared_memory_per_multiprocessor(X.device.index));
   const bool e5m2 = s.out.out_dtype == DType::kF8E5M2;
   const cudaStream_t stream = stream_of(call);
   const TensorView& pos = call->inputs[1];

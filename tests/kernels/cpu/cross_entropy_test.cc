@@ -201,6 +201,28 @@ TEST_P(CrossEntropyFwdBwdTest, OnePassEqualsTheTwoOpsAndTheF64Gradient) {
 INSTANTIATE_TEST_SUITE_P(Dtypes, CrossEntropyFwdBwdTest, ::testing::ValuesIn(float_dtypes()),
                          dtype_param_name);
 
+// Rows whose staged copy (the CUDA kernel's dynamic shared memory, V elements + 16 bytes) sits
+// just under 48 KiB, where the kernel's static shared memory takes the block past the 48 KiB a
+// kernel gets without opting in, and just over. On a device the launch needs the opt-in in both
+// (allow_dynamic_smem now asks the kernel's own limit; it used to opt in only past 48 KiB of
+// dynamic memory) and its results match cpu.ref; on the CPU, cpu.fast against cpu.ref.
+TEST(CrossEntropyFwdBwd, RowsAtTheEdgeOf48KiBOfSharedMemory) {
+  std::mt19937 rng(11);
+  for (auto [dt, v] : {std::pair{DType::kBF16, int64_t{24440}},
+                       {DType::kBF16, int64_t{24448}},
+                       {DType::kBF16, int64_t{24576}},
+                       {DType::kF32, int64_t{12224}}}) {
+    const int64_t n = 3;
+    CeInputs in = make(dt, n, v, true, rng);
+    ops::CrossEntropyShardAttrs at{0, v};
+    expect_fast_matches_ref(ops::kCrossEntropyFwdBwd, dt,
+                            {in.logits, in.labels, in.mask, Tensor::filled(DType::kF32, {1}, 1.0)},
+                            {Tensor(DType::kF32, {n}), Tensor(DType::kF32, {n}),
+                             Tensor(DType::kF32, {1}), Tensor(dt, {n, v})},
+                            &at, std::string(dtype_name(dt)) + " V " + std::to_string(v));
+  }
+}
+
 TEST(CrossEntropyFwdBwd, LabelsOutOfRangeAndOverlappingOutputsAreRefused) {
   Tensor logits = Tensor::filled(DType::kF32, {3, 4}, 0.5), none;
   Tensor labels = Tensor::i32({3}, {1, 4, -100}), dmean = Tensor::filled(DType::kF32, {1}, 1.0);

@@ -1,12 +1,17 @@
 // The CUDA FP8 kernels on a GPU (sm_89 or later) against host references built from
-// loom/cpp/fp8.h, independent of the CPU kernel library:
+// loom/cpp/fp8.h, independent of the CPU kernel library, and the fused rope_fp8_bwd against
+// the CUDA rope_bwd then fp8_quantize it must equal:
 //   fp8_quantize      bit for bit (NaN codes: NaN), every float dtype of X, both formats,
 //                     each set of outputs, odd and tile-sized shapes, unaligned addresses,
 //                     saturation, NaN and the amax it accumulates;
 //   fp8_scale_update  bit for bit, both algorithms, a history row zeroed or not, columns
 //                     whose amax is 0, infinite, NaN or so small that the scale overflows;
 //   fp8_gemm          within the f32 accumulation's error, every operand format pair, f32
-//                     and bf16 Y, beta 0 and 1, fast accumulation, K == 0.
+//                     and bf16 Y, beta 0 and 1, fast accumulation, K == 0;
+//   rope_fp8_bwd      bit for bit against rope_bwd on the query and key heads then
+//                     fp8_quantize, every float dtype, MHA and GQA, whole and partial rotary
+//                     dimensions up to the table's 128 pairs, vector and element kernels; past
+//                     them one clear error.
 // Without such a GPU every test skips, saying why (the kernels are only compiled here).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -144,11 +149,8 @@ struct Buffer {
 };
 
 template <class A>
-Status call(const char* op, DType key, const std::vector<Buffer*>& in,
-            const std::vector<Buffer*>& out, const A* attrs) {
-  std::vector<TensorView> vin, vout;
-  for (Buffer* b : in) vin.push_back(b->view());
-  for (Buffer* b : out) vout.push_back(b->view());
+Status call_views(const char* op, DType key, std::vector<TensorView> vin,
+                  std::vector<TensorView> vout, const A* attrs) {
   OpCall c{};
   c.struct_size = sizeof(OpCall);
   c.inputs = vin.data();
@@ -161,6 +163,14 @@ Status call(const char* op, DType key, const std::vector<Buffer*>& in,
   if (k.fn == nullptr) return make_status(Code::kNotFound, "no kernel");
   EXPECT_TRUE(k.supports(&c)) << op << " declines the call";
   return k.fn(&c);
+}
+template <class A>
+Status call(const char* op, DType key, const std::vector<Buffer*>& in,
+            const std::vector<Buffer*>& out, const A* attrs) {
+  std::vector<TensorView> vin, vout;
+  for (Buffer* b : in) vin.push_back(b->view());
+  for (Buffer* b : out) vout.push_back(b->view());
+  return call_views(op, key, vin, vout, attrs);
 }
 
 bool is_nan_code(uint8_t code, DType t) { return std::isnan(fp8_to_f32(code, t)); }
@@ -283,6 +293,148 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, Fp8QuantizeGpu,
                          [](const ::testing::TestParamInfo<DType>& i) {
                            return std::string(dtype_name(i.param));
                          });
+
+// ---- rope_fp8_bwd ------------------------------------------------------------------------
+
+// rope_fp8_bwd against its contract on the device: rope_bwd (the CUDA library's, its typed
+// kernel) on the query and key heads of dX in place, as strided views of the grouped layout,
+// then fp8_quantize of the whole (B T, G (H/G + 2) D) matrix: the same codes of Y and Yt, bit
+// for bit, and the same amax.
+struct RopeFp8Case {
+  int64_t b, t, g, per_group, d, rotary;  // per_group: H/G query heads
+  bool positions, y;
+  DType ft;
+};
+
+// A (B, T, heads, D) view of `x` (B, T, G, W) from channel `offset` of each row, heads
+// `head_stride` elements apart.
+TensorView heads_view(const Buffer& x, int64_t offset, int64_t heads, int64_t head_stride,
+                      int64_t d) {
+  const int64_t b = x.shape[0], t = x.shape[1], g = x.shape[2], w = x.shape[3];
+  const int64_t shape[4] = {b, t, heads, d};
+  TensorView v = make_view(static_cast<char*>(x.data) + offset * dtype_size(x.dtype), x.dtype,
+                           shape, 4, Device{DeviceType::kCuda, 0});
+  v.strides[0] = t * g * w;
+  v.strides[1] = g * w;
+  v.strides[2] = head_stride;
+  v.strides[3] = 1;
+  return v;
+}
+
+void check_rope_fp8(DType xt, const RopeFp8Case& c, std::mt19937& rng) {
+  const int64_t heads = c.per_group + 2, w = heads * c.d, m = c.b * c.t, k = c.g * w,
+                half = c.rotary / 2;
+  const std::string what = std::string(dtype_name(xt)) + " -> " + dtype_name(c.ft) + " B " +
+                           std::to_string(c.b) + " T " + std::to_string(c.t) + " G " +
+                           std::to_string(c.g) + " H/G " + std::to_string(c.per_group) + " D " +
+                           std::to_string(c.d) + " rotary " + std::to_string(c.rotary) +
+                           (c.positions ? " positions" : "") + (c.y ? " Y" : "") + " Yt";
+  Buffer x(xt, {c.b, c.t, c.g, w}), turned(xt, {c.b, c.t, c.g, w}),
+      pos(c.positions ? DType::kI32 : DType::kInvalid, {c.b, c.t}), freq(DType::kF32, {half}),
+      scale(DType::kF32, {1});
+  std::uniform_real_distribution<float> u(-4.0f, 4.0f);
+  for (int64_t i = 0; i < x.numel(); ++i) x.set(i, u(rng));
+  x.set(k - 1, 3000.0f);      // a value channel past E4M3's range with the scale
+  x.set(m / 2 * k, 2000.0f);  // a query channel, turned into its partner
+  turned.host = x.host;
+  if (c.positions)
+    for (int64_t i = 0; i < m; ++i) {
+      const int32_t p = static_cast<int32_t>(rng() % 100000);
+      std::memcpy(pos.host.data() + 4 * i, &p, 4);
+    }
+  for (int64_t i = 0; i < half; ++i)
+    freq.f32()[i] = static_cast<float>(std::pow(10000.0, -2.0 * static_cast<double>(i) / c.rotary));
+  scale.f32()[0] = 0.75f;
+  x.upload();
+  turned.upload();
+  if (c.positions) pos.upload();
+  freq.upload();
+  scale.upload();
+
+  // The oracle: rope_bwd on each group's query heads and on the key heads, in place.
+  const ops::RopeAttrs ra{static_cast<int32_t>(c.rotary)};
+  if (half > 0) {
+    for (int64_t g = 0; g < c.g; ++g) {
+      const TensorView q = heads_view(turned, g * w, c.per_group, c.d, c.d);
+      Status st = call_views(ops::kRopeBwd, xt, {q, pos.view(), freq.view()}, {q}, &ra);
+      ASSERT_EQ(st.code, Code::kOk) << what << ": rope_bwd on q: " << take_message(&st);
+    }
+    const TensorView kh = heads_view(turned, c.per_group * c.d, c.g, w, c.d);
+    Status st = call_views(ops::kRopeBwd, xt, {kh, pos.view(), freq.view()}, {kh}, &ra);
+    ASSERT_EQ(st.code, Code::kOk) << what << ": rope_bwd on k: " << take_message(&st);
+  }
+  Buffer want_y(c.y ? c.ft : DType::kInvalid, {m, k}), want_yt(c.ft, {k, m}),
+      want_amax(DType::kF32, {1}), got_y(c.y ? c.ft : DType::kInvalid, {m, k}),
+      got_yt(c.ft, {k, m}), got_amax(DType::kF32, {1});
+  want_amax.f32()[0] = got_amax.f32()[0] = 0.25f;
+  for (Buffer* b : {&want_y, &want_yt, &want_amax, &got_y, &got_yt, &got_amax})
+    if (b->dtype != DType::kInvalid) b->upload();
+  TensorView rows = turned.view();  // (B T, K), as fp8_quantize reads it
+  rows.ndim = 2;
+  rows.shape[0] = m;
+  rows.shape[1] = k;
+  rows.strides[0] = k;
+  rows.strides[1] = 1;
+  Status st = call_views(ops::kFp8Quantize, xt, {rows, scale.view()},
+                         {want_y.view(), want_yt.view(), want_amax.view()},
+                         static_cast<const int*>(nullptr));
+  ASSERT_EQ(st.code, Code::kOk) << what << ": fp8_quantize: " << take_message(&st);
+
+  const ops::RopeFp8Attrs fa{static_cast<int32_t>(c.rotary), static_cast<int32_t>(c.d)};
+  st = call(ops::kRopeFp8Bwd, xt, {&x, &pos, &freq, &scale}, {&got_y, &got_yt, &got_amax}, &fa);
+  ASSERT_EQ(st.code, Code::kOk) << what << ": " << take_message(&st);
+  for (Buffer* b : {&want_y, &want_yt, &want_amax, &got_y, &got_yt, &got_amax})
+    if (b->dtype != DType::kInvalid) b->download();
+  const std::vector<uint8_t> wy(want_y.host.begin(), want_y.host.end()),
+      wyt(want_yt.host.begin(), want_yt.host.end());
+  if (c.y) expect_codes(got_y, wy, what + " Y");
+  expect_codes(got_yt, wyt, what + " Yt");
+  EXPECT_EQ(got_amax.f32()[0], want_amax.f32()[0]) << what << " amax";
+  turned.download();
+  int64_t moved = 0;  // elements the oracle turned
+  for (int64_t i = 0; i < x.numel(); ++i) moved += x.get(i) != turned.get(i);
+  if (half > 0) EXPECT_GT(moved, m * k / 8) << what << ": the oracle turned too little";
+  std::printf("rope_fp8_bwd %s: %lld codes bit-identical to rope_bwd + fp8_quantize\n",
+              what.c_str(), static_cast<long long>(m * k));
+}
+
+// Shapes: LLaMA's (D = 128, all of it rotated) over more tiles than the grid has blocks, so
+// that blocks take runs of tiles across bands of 64 rows; GQA with a partial rotary dimension;
+// the table's widest rows (D = 256: 96 pairs, 48 KiB of dynamic shared memory beside the static
+// tile, past the 48 KiB a kernel gets without opting in; 128 pairs, 64 KiB); the element-wise
+// kernel (half and M not multiples of a chunk, of 16).
+TEST(RopeFp8Gpu, TheBitsOfRopeBwdThenFp8Quantize) {
+  REQUIRE_FP8_GPU();
+  std::mt19937 rng(23);
+  const RopeFp8Case cases[] = {
+      {4, 512, 4, 1, 128, 128, false, true, DType::kF8E5M2},
+      {4, 1024, 2, 3, 128, 64, true, false, DType::kF8E4M3},
+      {1, 2048, 2, 1, 256, 192, true, true, DType::kF8E5M2},
+      {2, 512, 1, 2, 256, 256, false, true, DType::kF8E4M3},
+      {1, 1000, 3, 2, 96, 40, true, true, DType::kF8E5M2},
+  };
+  for (DType xt : {DType::kBF16, DType::kF16, DType::kF32})
+    for (const RopeFp8Case& c : cases) check_rope_fp8(xt, c, rng);
+}
+
+// Past the table's 128 pairs the op fails and names the two-kernel path.
+TEST(RopeFp8Gpu, RotaryDimensionPastTheTableIsOneClearError) {
+  REQUIRE_FP8_GPU();
+  const int64_t d = 512, w = 3 * d;
+  Buffer x(DType::kBF16, {1, 16, 1, w}), none, freq(DType::kF32, {d / 2}), scale(DType::kF32, {1}),
+      yt(DType::kF8E5M2, {w, 16});
+  scale.f32()[0] = 1.0f;
+  for (Buffer* b : {&x, &freq, &scale, &yt}) b->upload();
+  const ops::RopeFp8Attrs fa{static_cast<int32_t>(d), static_cast<int32_t>(d)};
+  Buffer no_y, no_amax;
+  Status st =
+      call(ops::kRopeFp8Bwd, DType::kBF16, {&x, &none, &freq, &scale}, {&no_y, &yt, &no_amax}, &fa);
+  ASSERT_EQ(st.code, Code::kUnimplemented);
+  const std::string msg = take_message(&st);
+  EXPECT_NE(msg.find("rope_fp8_bwd: rotary_dim 512 is past this kernel's 256"), std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("{\"rope_fp8_bwd\": \"none\"}"), std::string::npos) << msg;
+}
 
 // ---- fp8_scale_update ------------------------------------------------------------------
 

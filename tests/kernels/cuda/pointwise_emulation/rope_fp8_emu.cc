@@ -6,13 +6,17 @@
 // and of its transpose, and amax = the NaN-propagating max of |value| folded into the amax held.
 // Each case goes through rope_fp8_plan, whose vector / element choice the test checks too.
 // Cases: f32, bf16, f16; E4M3 and E5M2; MHA, GQA and one group; whole and partial rotary
-// dimensions (and none); positions given (past 2 pi many times) and absent; partial 64 x 64
-// tiles; several tiles a block; dX, Y, Yt unaligned, D or half not a multiple of a chunk, M not
-// of 16; Y, Yt or amax absent; values past E4M3's range, NaN.
+// dimensions (and none), up to the table's 128 pairs; positions given (past 2 pi many times) and
+// absent; partial 64 x 64 tiles; several tiles a block, over several bands of 64 rows (the
+// table refilled within a block's run; it is NaN-poisoned before each block); dX, Y, Yt
+// unaligned, D or half not a multiple of a chunk, M not of 16; Y, Yt or amax absent; values past
+// E4M3's range, NaN.
 #include <gtest/gtest.h>
 #include <loom/cpp/fp8.h>
 
+#include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
@@ -26,6 +30,12 @@
 #include "tests/kernels/cuda/pointwise_emulation/emu_codes.h"
 
 namespace loom::kernels::cuda::pointwise {
+
+// The block's dynamic shared memory (rope_fp8_table): NaN-poisoned before each block, so that a
+// value read from an entry its band did not fill shows.
+alignas(16) float g_table[2 * kFp8Tile * kRopeFp8MaxHalf];
+float* rope_fp8_table() { return g_table; }
+
 namespace {
 
 using emu_test::Buf;
@@ -129,8 +139,10 @@ void check(const Case& c, uint64_t seed) {
   float scale_inv = scale_inv_before;
   uint8_t* yp = c.y ? y.p : nullptr;
   uint8_t* ytp = c.yt ? yt.p : nullptr;
-  const RopeFp8Plan p = rope_fp8_plan(x.p, yp, ytp, c.dt, m, k, c.d, half, 132);
+  const RopeFp8Plan p = rope_fp8_plan(x.p, yp, ytp, c.dt, m, k, c.d, half, 132, 233472);
   EXPECT_EQ(p.vec, c.want_vec) << "the plan's vector choice";
+  ASSERT_EQ(p.smem, rope_fp8_table_bytes(half));
+  ASSERT_LE(p.smem, sizeof(g_table));
   const unsigned grid = c.grid != 0 ? c.grid : p.blocks;
   with_type(c.dt, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
@@ -150,8 +162,10 @@ void check(const Case& c, uint64_t seed) {
                            static_cast<uint32_t>(half),
                            static_cast<uint32_t>(heads - 1)};
     auto go = [&](auto vec, auto e5) {
-      emu::run_grid(grid, kFp8TileThreads,
-                    [&] { rope_fp8_kernel<T, decltype(vec)::value, decltype(e5)::value>(a); });
+      emu::run_grid(
+          dim3(grid), kFp8TileThreads,
+          [&] { rope_fp8_kernel<T, decltype(vec)::value, decltype(e5)::value>(a); },
+          [] { std::fill(std::begin(g_table), std::end(g_table), std::nanf("")); });
     };
     auto with_e5 = [&](auto vec) {
       if (c.out == DType::kF8E5M2)
@@ -188,10 +202,14 @@ TEST(RopeFp8Emulation, VectorKernelEveryDtype) {
       check({dt, out, 2, 40, 2, 1, 16, 16}, seed++);
       // GQA (two queries a group), half the channels rotated, no positions, two blocks over
       // several tiles (M = 144, K = 2 * 4 * 32 = 256).
+      // Blocks 0 and 1 take tiles 0-5 and 6-11 of the 3 x 4: bands 0, 1 and 1, 2.
       Case c{dt, out, 3, 48, 2, 2, 32, 16, false};
       c.grid = 2;
       check(c, seed++);
     }
+  // The table's widest rows: D = 256 whole (128 pairs), and 96 of them.
+  check({DType::kBF16, DType::kF8E4M3, 1, 64, 1, 1, 256, 256}, 50);
+  check({DType::kF32, DType::kF8E5M2, 2, 40, 1, 1, 256, 192}, 51);
 }
 
 TEST(RopeFp8Emulation, ElementKernelWhereChunksAreNotWhole) {
@@ -206,6 +224,10 @@ TEST(RopeFp8Emulation, ElementKernelWhereChunksAreNotWhole) {
     c.x_off = 1, c.y_off = 3, c.yt_off = 5, c.grid = 2, c.want_vec = false;
     check(c, seed++);
   }
+  // One block over three bands (M = 140 in one tile column): a new table every tile.
+  Case b{DType::kBF16, DType::kF8E4M3, 2, 70, 1, 3, 6, 4};
+  b.grid = 1, b.want_vec = false;
+  check(b, seed++);
   // f32's chunk is 4: half = 4 is whole there, not in bf16 (8).
   check({DType::kF32, DType::kF8E4M3, 1, 64, 2, 1, 16, 8}, seed++);
   Case c{DType::kBF16, DType::kF8E4M3, 1, 64, 2, 1, 16, 8};
@@ -230,15 +252,26 @@ TEST(RopeFp8Emulation, NoRotaryChannelsAndAbsentOutputs) {
   check(c, 203);
 }
 
-// The plan's grid: one wave of resident blocks (3 a multiprocessor), fewer where there are
-// fewer tiles; at most kFp8MaxBlocks where the device is unknown.
+// The plan's grid: one wave of resident blocks (3 a multiprocessor, fewer where their shared
+// memory does not fit, at least 1), fewer where there are fewer tiles; at most kFp8MaxBlocks
+// where the device is unknown.
 TEST(RopeFp8Emulation, PlanGrid) {
   Buf x(DType::kBF16, 64, 0);
   Codes y(64, 0);
-  EXPECT_EQ(rope_fp8_plan(x.p, y.p, y.p, DType::kBF16, 8192, 6144, 128, 64, 132).blocks, 132u * 3);
-  EXPECT_EQ(rope_fp8_plan(x.p, y.p, y.p, DType::kBF16, 128, 64, 16, 8, 132).blocks, 2u);
-  EXPECT_EQ(rope_fp8_plan(x.p, y.p, y.p, DType::kBF16, 8192, 6144, 128, 64, 0).blocks,
-            static_cast<unsigned>(kFp8MaxBlocks));
+  auto blocks = [&](int64_t m, int64_t k, int64_t d, int64_t half, int sms, int smem) {
+    return rope_fp8_plan(x.p, y.p, y.p, DType::kBF16, m, k, d, half, sms, smem).blocks;
+  };
+  // An H100 / H200: 228 KiB a multiprocessor, 38144 bytes a block (a 32 KiB table).
+  EXPECT_EQ(blocks(8192, 6144, 128, 64, 132, 233472), 132u * 3);
+  EXPECT_EQ(rope_fp8_plan(x.p, y.p, y.p, DType::kBF16, 8192, 6144, 128, 64, 132, 233472).smem,
+            32768u);
+  EXPECT_EQ(blocks(128, 64, 16, 8, 132, 233472), 2u);
+  EXPECT_EQ(blocks(8192, 6144, 128, 64, 0, 233472), static_cast<unsigned>(kFp8MaxBlocks));
+  EXPECT_EQ(blocks(8192, 6144, 128, 64, 132, 0), 132u * 3);  // shared memory unknown
+  // 100 KiB a multiprocessor (sm_89): two blocks of a 32 KiB table, one of a 64 KiB one.
+  EXPECT_EQ(blocks(8192, 6144, 128, 64, 128, 102400), 128u * 2);
+  EXPECT_EQ(blocks(8192, 6144, 256, 128, 128, 102400), 128u);
+  EXPECT_EQ(blocks(8192, 6144, 256, 128, 128, 1000), 128u);  // at least one
 }
 
 }  // namespace
