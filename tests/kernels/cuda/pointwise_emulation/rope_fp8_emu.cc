@@ -94,8 +94,9 @@ void check(const Case& c, uint64_t seed) {
   for (int64_t i = 0; i < x.n; ++i) x.set(i, ud(rng));
   x.set(k - 1, 3000.0);            // a value head's channel: past E4M3's range with the scale
   x.set((m / 2) * k + 1, 2000.0);  // a query channel, rotated into its partner
-  // NaN in a key channel of group 1 (a query channel with one group), in every other case.
-  if (seed % 2 == 1) x.set((m - 1) * k + width + c.d + 1, NAN);
+  // NaN in channel 1 of head 1 (a key head where H/G = 1) of the last row's group 1 (group 0
+  // where there is one), in every other case.
+  if (seed % 2 == 1) x.set((m - 1) * k + (c.g > 1 ? width : 0) + c.d + 1, NAN);
   std::vector<int32_t> positions(static_cast<size_t>(m));
   for (int64_t i = 0; i < m; ++i)
     positions[static_cast<size_t>(i)] = static_cast<int32_t>(rng() % 100000);
