@@ -11,11 +11,14 @@
 // are not aligned (rope_fp8_plan). rotary_dim past 2 kRopeFp8MaxHalf = 256 fails, naming the
 // pin that runs rope_bwd then fp8_quantize instead.
 //
-// Registers (ptxas, CUDA 13.0.88, sm_90a, at kRopeFp8BlocksPerSm = 3 blocks of 256 threads a
-// multiprocessor, at most 85 a thread): 80 (72 in f16's vector variants), no spills; a 32-byte
-// stack frame for sincosf's slow path in the table's fill (never taken: the argument is reduced
-// to [-pi, pi] first); 4480 bytes of static shared memory (the transposed tile). At 4 blocks
-// (64 registers) all but f16's vector variants spill 12 to 84 bytes.
+// Registers (ptxas, CUDA 13.0.88, sm_90a; rope_fp8_blocks_per_sm blocks of 256 threads a
+// multiprocessor): bf16 and f16 at 4 blocks, 64 registers; f32 at 3, 80; no spills in any
+// variant. The table's fill (RopeQkvSource::band) is a call, not inlined: inlined, its f64 and
+// sincosf registers took every variant to 80 at 3 blocks, and to 12-84 bytes of spills at 4. A
+// 104-byte stack frame: the source's fields, stored once at the start for the call to read
+// (the tile loop keeps them in registers: no local loads there, cuobjdump -sass), and
+// sincosf's slow path (never taken: the argument is reduced to [-pi, pi] first). 4480 bytes of
+// static shared memory (the transposed tile) beside the table.
 #include <loom/cpp/op_checks/fp8.h>
 
 #include "kernels/cuda/common/cuda_check.h"

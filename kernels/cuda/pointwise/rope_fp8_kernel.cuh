@@ -22,7 +22,7 @@
 // rope_cos_sin where the tile loop took 33.5M (one an element rotated). With them in the loop
 // the bf16 vector kernel was 4096 SASS instructions (16 inlined sincosf, 48 f64 multiplies) and
 // fp8_quantize_bench timed it at 0.26 ms against 0.12 ms for rope_bwd then fp8_quantize on an
-// H200 (BENCHMARKS.md, 2026-11-29); with the table, 1944.
+// H200 (BENCHMARKS.md, 2026-11-29); with the table, 2000 (the table's fill among them).
 //
 // Bytes (bf16, LLaMA 1.3B's M = 8192, K = 6144): reads dX once, plus the partners of the
 // rotated two thirds (half a head's rotary channels away: in the same tile, or at half = 64 in
@@ -99,7 +99,9 @@ struct RopeQkvSource {
   }
   // Row r = threadIdx.x / 4 of the table, pair indices threadIdx.x % 4, + 4, ...: the angles
   // pos * inv_freq[i] of row m0 + r (0 past M, never read), as rope_typed_kernel takes them.
-  __device__ __forceinline__ void band(int64_t m0, int64_t m) const {
+  // Not inlined: called once or twice a block, its f64 and sincosf registers would otherwise
+  // count in the tile loop's (rope_fp8_blocks_per_sm).
+  __device__ __attribute__((noinline)) void band(int64_t m0, int64_t m) const {
     static_assert(kFp8TileThreads == 4 * kFp8Tile);
     const uint32_t r = threadIdx.x / 4;
     const int64_t row = m0 + r;
@@ -195,13 +197,15 @@ struct RopeFp8Args {
   uint32_t t, width, d, half, rotated;  // as RopeQkvSource's
 };
 
-// Blocks of the kernel a multiprocessor keeps resident (its __launch_bounds__ minimum): 3, as
-// the swiglu forward's two loads a chunk (ptxas, CUDA 13.0, sm_90a: rope_fp8.cu's comment), where
-// their shared memory fits (rope_fp8_plan).
-inline constexpr int kRopeFp8BlocksPerSm = 3;
+// Blocks of the kernel a multiprocessor keeps resident (its __launch_bounds__ minimum), for dX's
+// element size, where their shared memory fits (rope_fp8_plan): 4 for bf16 / f16 (64 registers,
+// no spills: the table's fill is a call of its own, RopeQkvSource::band, so that its f64 and
+// sincosf registers do not count in the tile loop), 3 for f32 (its 4 chunks a thread spill at
+// 64). ptxas, CUDA 13.0, sm_90a: rope_fp8.cu's comment.
+constexpr int rope_fp8_blocks_per_sm(size_t elem) { return elem == 4 ? 3 : 4; }
 
 template <class T, bool kVec, bool kE5M2>
-__global__ void __launch_bounds__(kFp8TileThreads, kRopeFp8BlocksPerSm)
+__global__ void __launch_bounds__(kFp8TileThreads, rope_fp8_blocks_per_sm(sizeof(T)))
     rope_fp8_kernel(RopeFp8Args<T> a) {
   float* table = rope_fp8_table();  // rope_fp8_table_bytes(a.half) of dynamic shared memory
   const RopeQkvSource<T, kVec> src{
@@ -222,9 +226,9 @@ struct RopeFp8Plan {
 // (either null): kVec when dX is 16-byte aligned with D and half multiples of the chunk, Y (when
 // asked) aligned to a chunk's codes and Yt (when asked) to 16 bytes with M % 16 == 0; the grid
 // is one wave of resident blocks or one block a tile where there are fewer. Resident: at most
-// kRopeFp8BlocksPerSm a multiprocessor, fewer where their shared memory (the 64 x 68-byte tile,
-// the table and the 1 KiB the device reserves a block) exceeds `smem_per_sm`, at least 1; `sms` 0
-// (unknown): kFp8MaxBlocks; `smem_per_sm` 0 (unknown): kRopeFp8BlocksPerSm.
+// rope_fp8_blocks_per_sm a multiprocessor, fewer where their shared memory (the 64 x 68-byte
+// tile, the table and the 1 KiB the device reserves a block) exceeds `smem_per_sm`, at least 1;
+// `sms` 0 (unknown): kFp8MaxBlocks; `smem_per_sm` 0 (unknown): rope_fp8_blocks_per_sm.
 inline RopeFp8Plan rope_fp8_plan(const void* x, const void* y, const void* yt, DType xt, int64_t m,
                                  int64_t k, int64_t d, int64_t half, int sms, int smem_per_sm) {
   auto aligned = [](const void* p, size_t bytes) {
@@ -236,9 +240,9 @@ inline RopeFp8Plan rope_fp8_plan(const void* x, const void* y, const void* yt, D
           aligned(yt, 16) && (yt == nullptr || m % 16 == 0);
   p.smem = rope_fp8_table_bytes(half);
   const int64_t per_block = static_cast<int64_t>(p.smem) + kFp8Tile * kFp8TileStride + 1024;
+  const int64_t most = rope_fp8_blocks_per_sm(dtype_size(xt));
   const int64_t resident =
-      smem_per_sm > 0 ? std::clamp<int64_t>(smem_per_sm / per_block, 1, kRopeFp8BlocksPerSm)
-                      : kRopeFp8BlocksPerSm;
+      smem_per_sm > 0 ? std::clamp<int64_t>(smem_per_sm / per_block, 1, most) : most;
   const int64_t tiles = ((m + kFp8Tile - 1) / kFp8Tile) * ((k + kFp8Tile - 1) / kFp8Tile);
   const int64_t wave = sms > 0 ? int64_t{sms} * resident : kFp8MaxBlocks;
   p.blocks = static_cast<unsigned>(std::clamp<int64_t>(tiles, 1, wave));

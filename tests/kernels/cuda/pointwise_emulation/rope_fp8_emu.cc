@@ -253,22 +253,25 @@ TEST(RopeFp8Emulation, NoRotaryChannelsAndAbsentOutputs) {
   check(c, 203);
 }
 
-// The plan's grid: one wave of resident blocks (3 a multiprocessor, fewer where their shared
-// memory does not fit, at least 1), fewer where there are fewer tiles; at most kFp8MaxBlocks
-// where the device is unknown.
+// The plan's grid: one wave of resident blocks (4 a multiprocessor for bf16 / f16, 3 for f32,
+// fewer where their shared memory does not fit, at least 1), fewer where there are fewer tiles;
+// at most kFp8MaxBlocks where the device is unknown.
 TEST(RopeFp8Emulation, PlanGrid) {
   Buf x(DType::kBF16, 64, 0);
   Codes y(64, 0);
+  auto plan = [&](DType dt, int64_t m, int64_t k, int64_t d, int64_t half, int sms, int smem) {
+    return rope_fp8_plan(x.p, y.p, y.p, dt, m, k, d, half, sms, smem);
+  };
   auto blocks = [&](int64_t m, int64_t k, int64_t d, int64_t half, int sms, int smem) {
-    return rope_fp8_plan(x.p, y.p, y.p, DType::kBF16, m, k, d, half, sms, smem).blocks;
+    return plan(DType::kBF16, m, k, d, half, sms, smem).blocks;
   };
   // An H100 / H200: 228 KiB a multiprocessor, 38144 bytes a block (a 32 KiB table).
-  EXPECT_EQ(blocks(8192, 6144, 128, 64, 132, 233472), 132u * 3);
-  EXPECT_EQ(rope_fp8_plan(x.p, y.p, y.p, DType::kBF16, 8192, 6144, 128, 64, 132, 233472).smem,
-            32768u);
+  EXPECT_EQ(blocks(8192, 6144, 128, 64, 132, 233472), 132u * 4);
+  EXPECT_EQ(plan(DType::kF32, 8192, 6144, 128, 64, 132, 233472).blocks, 132u * 3);
+  EXPECT_EQ(plan(DType::kBF16, 8192, 6144, 128, 64, 132, 233472).smem, 32768u);
   EXPECT_EQ(blocks(128, 64, 16, 8, 132, 233472), 2u);
   EXPECT_EQ(blocks(8192, 6144, 128, 64, 0, 233472), static_cast<unsigned>(kFp8MaxBlocks));
-  EXPECT_EQ(blocks(8192, 6144, 128, 64, 132, 0), 132u * 3);  // shared memory unknown
+  EXPECT_EQ(blocks(8192, 6144, 128, 64, 132, 0), 132u * 4);  // shared memory unknown
   // 100 KiB a multiprocessor (sm_89): two blocks of a 32 KiB table, one of a 64 KiB one.
   EXPECT_EQ(blocks(8192, 6144, 128, 64, 128, 102400), 128u * 2);
   EXPECT_EQ(blocks(8192, 6144, 256, 128, 128, 102400), 128u);
