@@ -83,8 +83,8 @@ struct RopeQkvSource {
   const T* x;                           // (M, K)
   const int32_t* positions;             // (M) or null: row % t
   const float* inv_freq;                // (half)
-  float* cos;                           // the table: (64, half) cosines,
-  float* sin;                           // and (64, half) sines of minus the angle (rope_bwd)
+  float* table_cos;                     // the table: (64, half) cosines,
+  float* table_sin;                     // and (64, half) sines of minus the angle (rope_bwd)
   int64_t k;                            // K
   uint32_t t, width, d, half, rotated;  // T; a group's W; D; rotary_dim / 2; H/G + 1
 
@@ -111,8 +111,8 @@ struct RopeQkvSource {
     for (uint32_t i = threadIdx.x % 4; i < half; i += 4) {
       float c, s;
       rope_cos_sin(pos, inv_freq[i], &c, &s);
-      cos[r * half + i] = c;
-      sin[r * half + i] = -s;  // rope_bwd: minus the angle (rope_typed_kernel's sign)
+      table_cos[r * half + i] = c;
+      table_sin[r * half + i] = -s;  // rope_bwd: minus the angle (rope_typed_kernel's sign)
     }
   }
   __device__ __forceinline__ void load(int64_t row, int64_t col, Raw& r) const {
@@ -158,8 +158,8 @@ struct RopeQkvSource {
       float c[kW], s[kW];
 #pragma unroll
       for (int q = 0; q < kW / 4; ++q) {
-        const float4 cq = reinterpret_cast<const float4*>(cos + at)[q];
-        const float4 sq = reinterpret_cast<const float4*>(sin + at)[q];
+        const float4 cq = reinterpret_cast<const float4*>(table_cos + at)[q];
+        const float4 sq = reinterpret_cast<const float4*>(table_sin + at)[q];
         c[4 * q] = cq.x, c[4 * q + 1] = cq.y, c[4 * q + 2] = cq.z, c[4 * q + 3] = cq.w;
         s[4 * q] = sq.x, s[4 * q + 1] = sq.y, s[4 * q + 2] = sq.z, s[4 * q + 3] = sq.w;
       }
@@ -177,7 +177,7 @@ struct RopeQkvSource {
           continue;
         }
         const uint32_t at = r.r * half + i;
-        v[0][e] = turned(xe, to_f32<T>(r.p.v[e]), cos[at], sin[at], first);
+        v[0][e] = turned(xe, to_f32<T>(r.p.v[e]), table_cos[at], table_sin[at], first);
       }
     }
   }
