@@ -27,8 +27,8 @@
 // Bytes (bf16, LLaMA 1.3B's M = 8192, K = 6144): reads dX once, plus the partners of the
 // rotated two thirds (half a head's rotary channels away: in the same tile, or at half = 64 in
 // the block's last or next tile, which reads them too: from L1 or L2, not memory), and writes Y
-// and Yt in FP8: 4 M K. rope_bwd then fp8_quantize
-// move 2 M K (2/3 of dX read and written) + 2 M K (dX read) + 2 M K (Y and Yt) = 6.7 M K.
+// and Yt in FP8: 4 M K. rope_bwd then fp8_quantize move 2 M K (2/3 of dX read and written) +
+// 2 M K (dX read) + 2 M K (Y and Yt) = 6.7 M K.
 #pragma once
 
 #include <stdint.h>
@@ -154,18 +154,13 @@ struct RopeQkvSource {
         return;
       }
       const bool first = (r.turn & kFirst) != 0;
-      const uint32_t at = r.r * half + (r.turn & ~kFirst) - 1;  // a multiple of kW
-      float c[kW], s[kW];
-#pragma unroll
-      for (int q = 0; q < kW / 4; ++q) {
-        const float4 cq = reinterpret_cast<const float4*>(table_cos + at)[q];
-        const float4 sq = reinterpret_cast<const float4*>(table_sin + at)[q];
-        c[4 * q] = cq.x, c[4 * q + 1] = cq.y, c[4 * q + 2] = cq.z, c[4 * q + 3] = cq.w;
-        s[4 * q] = sq.x, s[4 * q + 1] = sq.y, s[4 * q + 2] = sq.z, s[4 * q + 3] = sq.w;
-      }
+      // A multiple of kW: 16-byte aligned, as the table (Pack's alignment).
+      const uint32_t at = r.r * half + (r.turn & ~kFirst) - 1;
+      const Pack<float, kW> c = *reinterpret_cast<const Pack<float, kW>*>(table_cos + at);
+      const Pack<float, kW> s = *reinterpret_cast<const Pack<float, kW>*>(table_sin + at);
 #pragma unroll
       for (int e = 0; e < kW; ++e)
-        v[0][e] = turned(to_f32<T>(r.x.v[e]), to_f32<T>(r.p.v[e]), c[e], s[e], first);
+        v[0][e] = turned(to_f32<T>(r.x.v[e]), to_f32<T>(r.p.v[e]), c.v[e], s.v[e], first);
     } else {
 #pragma unroll
       for (int e = 0; e < kW; ++e) {
