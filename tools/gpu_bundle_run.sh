@@ -38,7 +38,8 @@
 #   3. ncu: per-kernel GPU time of one GPT-2 124M step (CSV in $OUT, top 15 here), and, as the
 #      budget allows, of the same step unfused, of one default-spec step, of one LLaMA 1.3B
 #      step and of one LLaMA 1.3B FP8 step;
-#   4. cuBLASLt GEMMs against cuBLAS (also the weight-gradient form, and the default spec's
+#   4. fp8_gemm against loom's bf16 GEMM in each of a Linear's forms (gemm_bench --dtype fp8),
+#      cuBLASLt GEMMs against cuBLAS (also the weight-gradient form, and the default spec's
 #      f32 GEMMs, each with split-K reductions as now and as before: LOOM_CUBLASLT_REDUCTION),
 #      and the attention, norm, AdamW (f32 and bf16 moments) and FP8 quantize benches when
 #      the bundle has them; attention also with cuDNN's graphs given the bottom-right form
@@ -569,6 +570,21 @@ for d in "${details[@]}"; do
 done
 
 # ---- 5. Kernel benches -------------------------------------------------------------------
+section "FP8 GEMMs against bf16 (fp8_gemm as an FP8 Linear calls it, each form; the LLaMA layers' sum)"
+if (($(left) < 15)); then say "- not run (budget)"; else
+  # Each form with cuBLASLt's first 8 algorithms (what a measured choice could gain); then
+  # dgrad and wgrad with fast accumulation, which they leave off (Transformer Engine's default).
+  for run in fwd dgrad wgrad "dgrad 1" "wgrad 1"; do
+    read -r form fa <<<"$run"
+    (($(left) < 10)) && { say "- fp8 $form${fa:+ fast_accum $fa}: not run (budget)"; continue; }
+    say ""
+    fast=()
+    [[ -n $fa ]] && fast=(--fast-accum "$fa")
+    timeout $(($(left) > 20 ? 20 : $(left))) ./tools/bench/gemm_bench --markdown --iterations 20 \
+      --dtype fp8 --form "$form" "${fast[@]}" --candidates 8 >>"$report" 2>&1 ||
+      say "- gemm_bench fp8 $form${fa:+ fast_accum $fa}: exit $?"
+  done
+fi
 section "GEMM against cuBLAS (bf16; then weight gradients and the default spec's f32 GEMMs)"
 if (($(left) < 15)); then
   say "- not run (budget)"

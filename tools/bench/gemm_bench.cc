@@ -3,9 +3,17 @@
 // otherwise; prints a Markdown table (or JSON lines) with TFLOP/s and the ratio. Issue
 // target: loom within 10% of cuBLAS on every shape. Run by tools/gpu_check.
 //
-//   gemm_bench [--markdown | --json] [--dtype bf16|f16|f32] [--iterations N]
+//   gemm_bench [--markdown | --json] [--dtype bf16|f16|f32|fp8] [--iterations N]
 //              [--form fwd|dgrad|wgrad] [--candidates N] [--kernel cuda|tf32|tf32x3]
-//              [--shape M,N,K]...
+//              [--fast-accum 0|1] [--shape M,N,K]...
+//
+// --dtype fp8 times loom's fp8_gemm as an FP8 Linear of the "hybrid" format calls it (E4M3
+// activations and weights, E5M2 gradients; nn::Linear) against loom's bf16 gemm on the same
+// form and shape, the GEMM it replaces: its "fp8 / bf16" column is the speed-up FP8 gives
+// that GEMM. fwd: Y bf16 = X (E4M3) @ W^T (E4M3), fast accumulation; dgrad: dX bf16 = dY
+// (E5M2) @ W, from W^T (E4M3) stored (in, out); wgrad: dW f32 += dY^T (E5M2) @ X^T (E4M3),
+// both stored token-contiguous. dgrad and wgrad promote their sums to f32 (fast_accum 0), as
+// Transformer Engine's default; --fast-accum 0|1 overrides the form's choice.
 //
 // --kernel (f32 only): tf32 times loom's "cuda.tf32" against cuBLAS's FAST_TF32 compute;
 // tf32x3 times loom's "cuda.tf32x3" (f32 accuracy from three TF32 products) against cuBLAS's
@@ -14,6 +22,9 @@
 // --candidates N: also times the first N algorithms of cuBLASLt's heuristic list for each
 // shape (loom's plan takes the first) and prints the fastest, its place in the list and its
 // speed over loom's: what a measured choice of algorithm could gain.
+//
+// With the default shapes the table ends with the LLaMA 1.3B layers' four shapes summed
+// over 24 layers: the step's GEMM time in that form outside the output layer.
 //
 // --form: which of a Linear's three GEMMs, each as the training step calls it:
 //   fwd    Y (tokens, out) = X (tokens, in) @ W^T, W stored (out, in) (the default);
@@ -52,9 +63,10 @@ const std::vector<Shape> kShapes = {
 
 [[noreturn]] void usage(const char* why) {
   std::fprintf(stderr,
-               "gemm_bench: %s\nusage: gemm_bench [--markdown | --json] [--dtype bf16|f16|f32] "
-               "[--iterations N] [--form fwd|dgrad|wgrad] [--candidates N] "
-               "[--kernel cuda|tf32|tf32x3] [--shape M,N,K]...\n",
+               "gemm_bench: %s\nusage: gemm_bench [--markdown | --json] "
+               "[--dtype bf16|f16|f32|fp8] [--iterations N] [--form fwd|dgrad|wgrad] "
+               "[--candidates N] [--kernel cuda|tf32|tf32x3] [--fast-accum 0|1] "
+               "[--shape M,N,K]...\n",
                why);
   std::exit(2);
 }
@@ -63,6 +75,8 @@ const std::vector<Shape> kShapes = {
 
 int main(int argc, char** argv) {
   bool json = false;
+  bool fp8 = false;
+  int fast_accum = -1;  // the form's choice
   loom::DType dtype = loom::DType::kBF16;
   loom::kernels::cuda::GemmBenchOptions options;
   std::vector<Shape> shapes;
@@ -80,9 +94,10 @@ int main(int argc, char** argv) {
       json = false;
     } else if (a == "--dtype") {
       std::string d = value();
-      dtype = loom::dtype_from_name(d.c_str());
+      fp8 = d == "fp8";
+      dtype = fp8 ? loom::DType::kBF16 : loom::dtype_from_name(d.c_str());
       if (dtype != loom::DType::kBF16 && dtype != loom::DType::kF16 && dtype != loom::DType::kF32)
-        usage(("--dtype: '" + d + "' is not bf16, f16 or f32").c_str());
+        usage(("--dtype: '" + d + "' is not bf16, f16, f32 or fp8").c_str());
     } else if (a == "--iterations") {
       options.iterations = std::atoi(value().c_str());
       if (options.iterations < 1) usage("--iterations: expected an integer >= 1");
@@ -95,6 +110,10 @@ int main(int argc, char** argv) {
         usage(("--kernel: '" + k + "' is not cuda, tf32 or tf32x3").c_str());
       options.tf32 = k == "tf32";
       options.tf32x3 = k == "tf32x3";
+    } else if (a == "--fast-accum") {
+      const std::string f = value();
+      if (f != "0" && f != "1") usage(("--fast-accum: '" + f + "' is not 0 or 1").c_str());
+      fast_accum = f == "1";
     } else if (a == "--form") {
       form = value();
       if (form != "fwd" && form != "dgrad" && form != "wgrad")
@@ -122,33 +141,64 @@ int main(int argc, char** argv) {
   }
   // The form's operand layouts (gemm_bench.h): dgrad and wgrad read B as stored (K, N);
   // wgrad reads A as stored (K, M) and accumulates into an f32 Y.
+  if ((options.tf32 || options.tf32x3) && fp8) usage("--kernel tf32 and tf32x3 are not fp8");
   if ((options.tf32 || options.tf32x3) && dtype != loom::DType::kF32)
     usage("--kernel tf32 and tf32x3 time f32 operands: add --dtype f32");
+  if (fast_accum >= 0 && !fp8) usage("--fast-accum is fp8_gemm's: add --dtype fp8");
   options.trans_a = form == "wgrad";
   if (form == "wgrad") {
     options.y_dtype = loom::DType::kF32;
     options.beta = 1.0f;
   }
-  if (!json) std::printf("form %s, %s operands\n\n", form.c_str(), loom::dtype_name(dtype));
-  const bool cand = options.candidates > 0;
+  // The FP8 form, as nn::Linear calls fp8_gemm (the file comment).
+  loom::kernels::cuda::Fp8GemmBenchOptions fp8_options;
+  fp8_options.iterations = options.iterations;
+  fp8_options.candidates = options.candidates;
+  fp8_options.a_dtype = form == "fwd" ? loom::DType::kF8E4M3 : loom::DType::kF8E5M2;
+  fp8_options.y_dtype = form == "wgrad" ? loom::DType::kF32 : loom::DType::kBF16;
+  fp8_options.beta = options.beta;
+  fp8_options.fast_accum = fast_accum >= 0 ? fast_accum == 1 : form == "fwd";
+  options.candidates = fp8 ? 0 : options.candidates;  // the bf16 column is the baseline only
+  if (!json && fp8)
+    std::printf("form %s, fp8_gemm (A %s, B fp8_e4m3, Y %s, fast_accum %d) against bf16 gemm\n\n",
+                form.c_str(), loom::dtype_name(fp8_options.a_dtype),
+                loom::dtype_name(fp8_options.y_dtype), fp8_options.fast_accum ? 1 : 0);
+  else if (!json)
+    std::printf("form %s, %s operands\n\n", form.c_str(), loom::dtype_name(dtype));
+  const bool cand = (fp8 ? fp8_options.candidates : options.candidates) > 0;
   if (!json)
     std::printf(
-        "| shape | M | N | K | loom TFLOP/s | cuBLAS TFLOP/s | loom / cuBLAS |%s\n"
+        "| shape | M | N | K | %s TFLOP/s | %s TFLOP/s | %s |%s\n"
         "|---|---|---|---|---|---|---|%s\n",
+        fp8 ? "fp8" : "loom", fp8 ? "bf16" : "cuBLAS", fp8 ? "fp8 / bf16" : "loom / cuBLAS",
         cand ? " best of cuBLASLt's list TFLOP/s (rank of N) | best / loom |" : "",
         cand ? "---|---|" : "");
+  double layers_ms = 0.0, layers_base_ms = 0.0;  // the LLaMA layers' shapes, one layer
+  int layers_shapes = 0;
   int failures = 0;
   for (size_t i = 0; i < shapes.size(); ++i) {
     const Shape& s = shapes[i];
     std::string what = s.what != nullptr ? s.what : names[i];
     options.trans_b = form == "fwd" && s.trans_b;
     auto r = loom::kernels::cuda::gemm_bench(s.m, s.n, s.k, dtype, options);
+    if (fp8 && r.error.empty()) {  // the fp8 GEMM in loom's columns, bf16 in the baseline's
+      auto q = loom::kernels::cuda::fp8_gemm_bench(s.m, s.n, s.k, fp8_options);
+      q.cublas_ms = r.loom_ms;
+      q.cublas_tflops = r.loom_tflops;
+      r = q;
+    }
     if (!r.error.empty()) {
       std::fprintf(stderr, "gemm_bench: %s (%lld, %lld, %lld): %s\n", what.c_str(),
                    static_cast<long long>(s.m), static_cast<long long>(s.n),
                    static_cast<long long>(s.k), r.error.c_str());
       ++failures;
       continue;
+    }
+    if (s.what != nullptr && std::strncmp(s.what, "llama ", 6) == 0 &&
+        std::strcmp(s.what, "llama lm head") != 0) {
+      layers_ms += r.loom_ms;
+      layers_base_ms += r.cublas_ms;
+      ++layers_shapes;
     }
     double ratio = r.cublas_tflops > 0 ? r.loom_tflops / r.cublas_tflops : 0;
     const double gain = r.loom_tflops > 0 ? r.best_tflops / r.loom_tflops : 0;
@@ -169,15 +219,21 @@ int main(int argc, char** argv) {
     if (json)
       std::printf(
           "{\"shape\": \"%s\", \"m\": %lld, \"n\": %lld, \"k\": %lld, \"dtype\": \"%s\", "
-          "\"loom_tflops\": %.2f, \"cublas_tflops\": %.2f, \"ratio\": %.3f%s}\n",
+          "\"%s_tflops\": %.2f, \"%s_tflops\": %.2f, \"ratio\": %.3f%s}\n",
           what.c_str(), static_cast<long long>(s.m), static_cast<long long>(s.n),
-          static_cast<long long>(s.k), loom::dtype_name(dtype), r.loom_tflops, r.cublas_tflops,
-          ratio, extra.c_str());
+          static_cast<long long>(s.k), fp8 ? "fp8" : loom::dtype_name(dtype), fp8 ? "fp8" : "loom",
+          r.loom_tflops, fp8 ? "bf16" : "cublas", r.cublas_tflops, ratio, extra.c_str());
     else
       std::printf("| %s | %lld | %lld | %lld | %.1f | %.1f | %.3f |%s\n", what.c_str(),
                   static_cast<long long>(s.m), static_cast<long long>(s.n),
                   static_cast<long long>(s.k), r.loom_tflops, r.cublas_tflops, ratio,
                   extra.c_str());
   }
+  if (!json && layers_shapes == 4)  // every LLaMA layer shape ran
+    std::printf(
+        "\nLLaMA 1.3B's 24 layers (qkv, proj, fc1, fc2), form %s: %s %.2f ms, %s %.2f ms "
+        "a step\n",
+        form.c_str(), fp8 ? "fp8" : "loom", 24 * layers_ms, fp8 ? "bf16" : "cuBLAS",
+        24 * layers_base_ms);
   return failures == 0 ? 0 : 1;
 }

@@ -40,9 +40,11 @@
 #include "kernels/cuda/common/registration.h"
 #include "kernels/cuda/common/resources.cuh"
 #include "kernels/cuda/gemm/cublaslt.cuh"
+#include "kernels/cuda/gemm/gemm.h"
 #include "kernels/cuda/gemm/registry.cuh"
 
-namespace loom::kernels::cuda::gemm {
+namespace loom::kernels::cuda {
+namespace gemm {
 namespace {
 
 using op_checks::Fp8GemmShape;
@@ -183,10 +185,6 @@ void fp8_gemm_run(const OpCall* call) {
   mark_written(Y.data, static_cast<size_t>(s.m * s.n) * dtype_size(Y.dtype), stream);
 }
 
-Status fp8_gemm(const OpCall* call) {
-  return guard([&] { fp8_gemm_run(call); });
-}
-
 bool fp8_gemm_supports(const OpCall* call) {
   Fp8GemmShape s{};
   if (!check_passes([&] { s = op_checks::check_fp8_gemm(call, true, DeviceType::kCuda); }))
@@ -212,8 +210,14 @@ Status fp8_gemm_cost(const OpCall* call, OpCost* out) {
 }  // namespace
 
 void add_fp8_gemm_kernels(std::vector<KernelDesc>& out) {
-  add_cuda_kernels(out, ops::kFp8Gemm, fp8_gemm, fp8_gemm_supports, fp8_gemm_cost,
+  add_cuda_kernels(out, ops::kFp8Gemm, fp8_gemm_cublaslt, fp8_gemm_supports, fp8_gemm_cost,
                    {DType::kF8E4M3, DType::kF8E5M2});
 }
 
-}  // namespace loom::kernels::cuda::gemm
+}  // namespace gemm
+
+Status fp8_gemm_cublaslt(const OpCall* call) {
+  return guard([&] { gemm::fp8_gemm_run(call); });
+}
+
+}  // namespace loom::kernels::cuda

@@ -61,6 +61,13 @@ Status gemm_tf32(const OpCall* call);
 /// \return      kOk, or the error of a bad call or of cuBLASLt
 Status gemm_tf32x3(const OpCall* call);
 
+/// The KernelFn of fp8_gemm's "cuda" kernel (fp8_gemm.cu: cuBLASLt's FP8 GEMM in its TN
+/// layout). Exposed for the lab's gemm_bench, as gemm_f32_accumulate.
+/// \param call  an fp8_gemm call (loom/ops/fp8.h) on CUDA tensors of the current device
+/// \return      kOk, or the error of a bad call, of a device or shape cuBLASLt's FP8 kernels
+///              do not take (kUnimplemented), or of cuBLASLt
+Status fp8_gemm_cublaslt(const OpCall* call);
+
 /// The workspace bytes gemm's "cuda.tf32x3" kernel declares for `call` (its
 /// KernelDesc::workspace): 0 in registers (the default); in the split form the split
 /// operands, at most 256 MiB (longer K runs in chunks).

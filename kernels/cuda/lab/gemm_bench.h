@@ -1,7 +1,7 @@
-// Timing of loom's CUDA gemm kernel against cuBLAS on the same problem, for the benchmark
-// tool (tools/bench:gemm_bench) and BENCHMARKS.md (DESIGN.md section 10: GEMM within 10% of
-// cuBLAS on the same shapes). Lab code: not part of the kernels_cuda plugin. Plain C++: no
-// CUDA types.
+// Timing of loom's CUDA gemm kernel against cuBLAS on the same problem, and of its fp8_gemm
+// kernel, for the benchmark tool (tools/bench:gemm_bench) and BENCHMARKS.md (DESIGN.md
+// section 10: GEMM within 10% of cuBLAS on the same shapes). Lab code: not part of the
+// kernels_cuda plugin. Plain C++: no CUDA types.
 #pragma once
 
 #include <loom/types.h>
@@ -33,10 +33,10 @@ struct GemmBenchOptions {
 
 /// Times of one problem; TFLOP/s count 2 M N K floating-point operations per call.
 struct GemmBenchResult {
-  double loom_ms = 0.0;        ///< mean time of one call of loom's gemm kernel
-  double cublas_ms = 0.0;      ///< mean time of one cublasGemmEx call
+  double loom_ms = 0.0;        ///< mean time of one call of loom's gemm (or fp8_gemm) kernel
+  double cublas_ms = 0.0;      ///< mean time of one cublasGemmEx call (0 from fp8_gemm_bench)
   double loom_tflops = 0.0;    ///< 2 M N K / loom_ms, in 10^12 per second
-  double cublas_tflops = 0.0;  ///< 2 M N K / cublas_ms
+  double cublas_tflops = 0.0;  ///< 2 M N K / cublas_ms (0 from fp8_gemm_bench)
   int candidates = 0;          ///< heuristic algorithms timed (options.candidates or fewer)
   int best_rank = -1;          ///< the fastest one's place in the heuristic's list (0: first)
   double best_ms = 0.0;        ///< its mean time of one call
@@ -53,5 +53,31 @@ struct GemmBenchResult {
 /// \param dtype    operands' dtype: f32, bf16 or f16
 GemmBenchResult gemm_bench(int64_t m, int64_t n, int64_t k, DType dtype,
                            const GemmBenchOptions& options = {});
+
+/// What fp8_gemm_bench times besides (M, N, K): one call of fp8_gemm (loom/ops/fp8.h),
+/// Y (M, N) = alpha * A (M, K) @ B (N, K)^T + beta * Y with both scale_invs 1.
+struct Fp8GemmBenchOptions {
+  DType a_dtype = DType::kF8E4M3;  ///< A's dtype: fp8_e4m3 or fp8_e5m2
+  DType b_dtype = DType::kF8E4M3;  ///< B's dtype: fp8_e4m3 or fp8_e5m2 (not both e5m2)
+  DType y_dtype = DType::kBF16;    ///< Y's dtype: f32, bf16 or f16
+  bool fast_accum = true;          ///< Fp8GemmAttrs::fast_accum
+  float beta = 0.0f;               ///< 1 times the accumulating form (weight gradients)
+  int warmup = 10;                 ///< untimed calls before timing (plans, clocks)
+  int iterations = 100;            ///< timed calls, back to back on one stream
+  int device = 0;                  ///< CUDA device ordinal
+  /// Also time the first `candidates` algorithms of cuBLASLt's heuristic list for the FP8
+  /// problem, as GemmBenchOptions::candidates. 0: not timed.
+  int candidates = 0;
+};
+
+/// Allocates A, B, Y and the two scale_invs on `options.device`, fills A and B with the
+/// codes of uniform values in [-1, 1) (and Y with 0), times `options.iterations` calls of
+/// loom's fp8_gemm kernel (through its KernelFn, as nn::Linear calls it) with CUDA events, and
+/// frees everything. The result's loom_* fields hold the times (cublas_* stay 0: cuBLAS has
+/// no FP8 GEMM outside cuBLASLt). Never throws; a failure (a GPU before sm_89, a shape
+/// cuBLASLt's FP8 kernels do not take) is reported in `error`.
+/// \param m, n, k  problem size, each in [1, 2^31); K a multiple of 16 (cuBLASLt's FP8)
+GemmBenchResult fp8_gemm_bench(int64_t m, int64_t n, int64_t k,
+                               const Fp8GemmBenchOptions& options = {});
 
 }  // namespace loom::kernels::cuda
