@@ -18,7 +18,8 @@
 #   1. one pool of parallel jobs (they share the GPU; nothing in it is timed, each job has a
 #      timeout): the tests; compute-sanitizer memcheck and initcheck of device_test,
 #      pointwise_test, the CUDA fp8_test and the attention op test (0 errors required); the
-#      initcheck probe (tests/kernels/cuda/initcheck_probe.cc); three tiny MoE models on the
+#      initcheck probe (tests/kernels/cuda/initcheck_probe.cc); the gemm and fp8 op tests with
+#      each shape's GEMM algorithm measured (LOOM_GEMM_ALGO=measured); three tiny MoE models on the
 #      GPU against the CPU, by loss; and one torch.compile of GPT-2 that fills the inductor
 #      cache, so that the timed torch.compile run below compiles in seconds;
 #   2. benchmarks alone on the GPU, by priority while the budget lasts: loom bench (--steps 6
@@ -31,7 +32,8 @@
 #      train.cuda_graph, GPT-2's GELU derivative the other two ways (LOOM_CUBLASLT_DGELU) and
 #      its fc1 bias gradient after the dgelu GEMM (LOOM_FC1_BIAS_GRAD=dgelu), LLaMA 1.3B
 #      (bf16 and FP8) with every weight-gradient write adding to zero-filled gradients
-#      (LOOM_GRAD_FIRST_WRITE=off), the
+#      (LOOM_GRAD_FIRST_WRITE=off) and with each GEMM's algorithm measured (LOOM_GEMM_ALGO=
+#      measured, gemm_measured), the
 #      default spec with its f32 attention on the warp-per-row kernels (LOOM_ATTENTION_GENERIC
 #      =rows, against the tiled ones), GPT-2 and LLaMA 1.3B with q, k, v copied out of the
 #      QKV projection (LOOM_QKV_VIEWS=split, against the views), one table;
@@ -187,6 +189,13 @@ dgelu_modes=(unfused dgelu_bgrad)
 for mode in "${dgelu_modes[@]}"; do
   job "dgelu.$mode" "$pool_limit" env LOOM_CUBLASLT_DGELU="$mode" ./tests/kernels/cpu/gemm_epilogue_test
 done
+# The gemm and fp8_gemm op tests with each new shape's algorithm measured (LOOM_GEMM_ALGO),
+# against the same oracles.
+measured_tests=(gemm_test fp8_test)
+[[ $run_tests == 0 ]] && measured_tests=()
+for t in "${measured_tests[@]}"; do
+  job "measured.$t" "$pool_limit" env LOOM_GEMM_ALGO=measured ./tests/kernels/cpu/$t
+done
 wait
 rc_of() { cut -d' ' -f1 "$jobs_dir/$1.rc" 2>/dev/null || echo 999; }  # 999: did not run
 secs_of() { cut -d' ' -f2 "$jobs_dir/$1.rc" 2>/dev/null || echo "?"; }
@@ -304,8 +313,18 @@ say "### gemm_epilogue_test with the derivative through cuBLASLt (LOOM_CUBLASLT_
 for mode in "${dgelu_modes[@]}"; do
   rc=$(rc_of "dgelu.$mode")
   ((rc == 0)) || status=1
-  say "- $mode: exit $rc; $(grep -c 'Failure' "$logs/dgelu.$mode.log" 2>/dev/null || echo 0) failures"
+  say "- $mode: exit $rc; $(grep -c 'Failure' "$logs/dgelu.$mode.log" 2>/dev/null || true) failures"
   ((rc == 0)) || grep -E 'is .* expected' "$logs/dgelu.$mode.log" | head -6 | sed 's/^/    /' >>"$report"
+done
+if ((${#measured_tests[@]})); then
+  say ""
+  say "### gemm_test and fp8_test with each shape's algorithm measured (LOOM_GEMM_ALGO=measured)"
+fi
+for t in "${measured_tests[@]}"; do
+  rc=$(rc_of "measured.$t")
+  ((rc == 0)) || status=1
+  say "- $t: exit $rc; $(grep -c 'Failure' "$logs/measured.$t.log" 2>/dev/null || true) failures; $(grep -c 'LOOM_GEMM_ALGO=measured:' "$logs/measured.$t.log" 2>/dev/null || true) shapes picked another algorithm than the heuristic's first"
+  ((rc == 0)) || grep -E 'Failure|is .* expected' "$logs/measured.$t.log" | head -6 | sed 's/^/    /' >>"$report"
 done
 say ""
 say "### Tiny MoE models: the GPU against the CPU (4 steps, f32)"
@@ -375,6 +394,7 @@ items=(
   "gpt2_124m_h100|fc1_bgrad_dgelu|20|60"
   "llama_1b3_h100|grad_adds|25|60" "llama_1b3_h100_fp8|grad_adds|25|60"
   "llama_1b3_h100_fp8|swiglu_two_op|25|60" "llama_1b3_h100_fp8|rope_two_op|25|60"
+  "llama_1b3_h100|gemm_measured|25|60" "llama_1b3_h100_fp8|gemm_measured|25|60"
   "llama_1b3_h100|bf16_moments|25|60"
   "gpt2_124m_h100|unfused|20|60"
   "gpt_tiny|loom|15|40" "gpt_tiny|graph|15|40" "gpt2_124m_h100|graph|20|60"
@@ -472,6 +492,12 @@ for item in "${items[@]}"; do
     rope_two_op) timeout "$limit" ./tools/loom bench "$spec" --steps 6 --warmup 2 --json \
       --set 'kernels.pin={"rope_fp8_bwd":"none"}' \
       >"$bench/$name.$kind.json" 2>"$bench/$name.$kind.err" || rm -f "$bench/$name.$kind.json" ;;
+    # Each new GEMM shape's algorithm chosen by timing cuBLASLt's first 8 (gemm and fp8_gemm,
+    # LOOM_GEMM_ALGO=measured; cublaslt.cuh's choose_algo) instead of taking the heuristic's
+    # first. The warm-up steps pay the timing; the picks that differ go to the .err log.
+    gemm_measured) LOOM_GEMM_ALGO=measured timeout "$limit" ./tools/loom bench "$spec" --steps 6 \
+      --warmup 2 --json "${device[@]}" >"$bench/$name.$kind.json" 2>"$bench/$name.$kind.err" ||
+      rm -f "$bench/$name.$kind.json" ;;
     # AdamW's moments in bf16 (Megatron's precision-aware optimizer), with the optimizer's
     # step as a graph: 8 bytes a parameter less to read and write each step (other numerics
     # than the PyTorch side's f32 moments).
@@ -495,6 +521,12 @@ for item in "${items[@]}"; do
 done
 say ""
 python3 tools/gpu_bundle_report.py bench-table "$bench" >>"$report" 2>&1
+for err in "$bench"/*.gemm_measured.err; do
+  [[ -f $err ]] && grep -q 'LOOM_GEMM_ALGO=measured:' "$err" || continue
+  say ""
+  say "$(basename "$err" .err): the GEMMs whose measured algorithm is not the heuristic's first:"
+  grep 'LOOM_GEMM_ALGO=measured:' "$err" | head -30 | sed 's/^/    /' >>"$report"
+done
 say ""
 say "(loom: median step; PyTorch: mean step after warm-up, bf16 autocast where the spec says"
 say "bf16; torch.compile's first step in parentheses, not in its tokens/s: the inductor cache"

@@ -2,6 +2,7 @@
 #include <loom/cpp/error.h>
 #include <nvtx3/nvToolsExtMemCudaRt.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 
@@ -94,6 +95,91 @@ void make_layouts(const char* op, cublasOperation_t op_a, cublasOperation_t op_b
            op, "cublasLtMatrixLayoutCreate(B)");
   lt_check(cublasLtMatrixLayoutCreate(&plan->c, y, m, n, static_cast<int64_t>(m)), op,
            "cublasLtMatrixLayoutCreate(C)");
+}
+
+int heuristic_request(const char* op) {
+  static const bool measured = env_choice(op, "LOOM_GEMM_ALGO", {"heuristic", "measured"}) == 1;
+  return measured ? kMeasuredCandidates : 1;
+}
+
+namespace {
+
+constexpr int kTrialRuns = 5;
+
+// Stream-ordered device memory for choose_algo's scratch Y, freed (on the stream) at scope exit.
+struct TrialScratch {
+  void* data = nullptr;
+  cudaStream_t stream = nullptr;
+  ~TrialScratch() {
+    if (data != nullptr) cudaFreeAsync(data, stream);
+  }
+};
+
+// Two events, destroyed at scope exit.
+struct TrialEvents {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  ~TrialEvents() {
+    if (start != nullptr) cudaEventDestroy(start);
+    if (stop != nullptr) cudaEventDestroy(stop);
+  }
+};
+
+}  // namespace
+
+int choose_algo(const char* op, const std::string& problem, cublasLtHandle_t h,
+                cublasLtMatmulDesc_t desc, const Plan& plan,
+                const cublasLtMatmulHeuristicResult_t* results, int count, const TrialCall& call) {
+  if (count <= 1) return 0;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  cuda_check(cudaStreamIsCapturing(call.stream, &capture), "cudaStreamIsCapturing");
+  if (capture != cudaStreamCaptureStatusNone) return 0;
+  TrialScratch y;
+  y.stream = call.stream;
+  if (cudaMallocAsync(&y.data, call.y_bytes, call.stream) != cudaSuccess) {
+    (void)cudaGetLastError();  // not sticky: clear it, keep the heuristic's first
+    y.data = nullptr;
+    return 0;
+  }
+  cuda_check(cudaMemsetAsync(y.data, 0, call.y_bytes, call.stream), "cudaMemsetAsync");
+  TrialEvents ev;
+  cuda_check(cudaEventCreate(&ev.start), "cudaEventCreate");
+  cuda_check(cudaEventCreate(&ev.stop), "cudaEventCreate");
+  const Scratch ws = stream_scratch(call.device, call.stream);
+  int best = -1;
+  float best_ms = 0.0f, first_ms = -1.0f;
+  for (int i = 0; i < count; ++i) {
+    if (results[i].state != CUBLAS_STATUS_SUCCESS || results[i].workspaceSize > ws.bytes) continue;
+    auto run = [&] {
+      return cublasLtMatmul(h, desc, call.alpha, call.a, plan.a, call.b, plan.b, call.beta, y.data,
+                            plan.c, y.data, plan.c, &results[i].algo, ws.data,
+                            results[i].workspaceSize, call.stream);
+    };
+    if (run() != CUBLAS_STATUS_SUCCESS) continue;
+    cuda_check(cudaEventRecord(ev.start, call.stream), "cudaEventRecord");
+    bool ran = true;
+    for (int r = 0; r < kTrialRuns && ran; ++r) ran = run() == CUBLAS_STATUS_SUCCESS;
+    cuda_check(cudaEventRecord(ev.stop, call.stream), "cudaEventRecord");
+    cuda_check(cudaEventSynchronize(ev.stop), "cudaEventSynchronize");
+    if (!ran) continue;
+    float ms = 0.0f;
+    cuda_check(cudaEventElapsedTime(&ms, ev.start, ev.stop), "cudaEventElapsedTime");
+    ms /= kTrialRuns;
+    if (i == 0) first_ms = ms;
+    if (best < 0 || ms < best_ms) {
+      best = i;
+      best_ms = ms;
+    }
+  }
+  if (best < 0) return 0;
+  if (best != 0) {
+    const std::string first =
+        first_ms >= 0.0f ? std::to_string(first_ms) + " ms" : std::string("did not run");
+    std::fprintf(stderr,
+                 "%s: LOOM_GEMM_ALGO=measured: %s runs cuBLASLt's algorithm %d of %d (%g ms a "
+                 "call; the heuristic's first: %s)\n",
+                 op, problem.c_str(), best + 1, count, static_cast<double>(best_ms), first.c_str());
+  }
+  return best;
 }
 
 Preference::~Preference() {

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <string>
 
 #include "kernels/cuda/common/resources.cuh"
 
@@ -85,6 +86,39 @@ struct Plan {
   cublasLtMatmulAlgo_t algo{};
   size_t workspace = 0;
 };
+
+/// How many algorithms a plan asks cuBLASLt's heuristic for: 1, its first (the default), or
+/// kMeasuredCandidates under LOOM_GEMM_ALGO=measured, which choose_algo then times. The
+/// variable is read once: "heuristic" (or unset) or "measured".
+int heuristic_request(const char* op);
+inline constexpr int kMeasuredCandidates = 8;
+
+/// The call a plan is made for, as choose_algo runs its candidates: cuBLAS's A and B (loom's
+/// B and A: read only), the bytes of C = D (the candidates write a scratch of that size,
+/// never the call's Y), alpha and beta in the matmul descriptor's scale type, and the stream.
+struct TrialCall {
+  const void* a = nullptr;
+  const void* b = nullptr;
+  size_t y_bytes = 0;
+  const void* alpha = nullptr;
+  const void* beta = nullptr;
+  cudaStream_t stream = nullptr;
+  int device = 0;
+};
+
+/// The index in results[0, count) of the algorithm a plan keeps. 0, the heuristic's first,
+/// when count is 1 or the stream is capturing a CUDA graph (nothing can be timed there; the
+/// first is kept). Otherwise (LOOM_GEMM_ALGO=measured) each candidate runs once untimed and
+/// kTrialRuns times between two events on `call`'s operands, with C = D a zeroed scratch of
+/// y_bytes (stream-ordered memory, freed after) and the stream's scratch as workspace, and
+/// the fastest mean wins (a tie keeps the earlier). A candidate that fails to run is left out;
+/// when the scratch cannot be allocated the first is kept. Synchronises the stream. Prints
+/// one line to stderr, naming `op` and `problem`, when the pick is not the first.
+/// The choice follows timings: two runs may pick different algorithms for one problem and so
+/// differ in their last bits (the sum's order), which the heuristic's fixed pick does not.
+int choose_algo(const char* op, const std::string& problem, cublasLtHandle_t h,
+                cublasLtMatmulDesc_t desc, const Plan& plan,
+                const cublasLtMatmulHeuristicResult_t* results, int count, const TrialCall& call);
 
 /// Creates plan->a, plan->b and plan->c for cuBLAS's column-major problem C (m, n) =
 /// op_a(A) (m, k) op_b(B) (k, n): A and B of data type `ab` stored before their op (ld = rows),

@@ -118,7 +118,10 @@ cublasLtMatmulDesc_t make_desc(cublasLtMatmulDescOpaque_t* storage, const OpCall
   return desc;
 }
 
-void make_plan(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, const Problem& p, Plan* plan) {
+// The plan of `p`: its layouts, and the algorithm choose_algo keeps of the heuristic's list
+// (its first, unless LOOM_GEMM_ALGO=measured), tried on `trial` with `desc` (this call's).
+void make_plan(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, const Problem& p,
+               const TrialCall& trial, Plan* plan) {
   // Stored (before op) column-major shapes, ld = rows: A (k, m) op T, B (k, n) op N, C (m, n).
   const auto ta = static_cast<cudaDataType_t>(p.type_a), tb = static_cast<cudaDataType_t>(p.type_b),
              ty = static_cast<cudaDataType_t>(p.type_y);
@@ -130,16 +133,18 @@ void make_plan(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, const Problem& p, 
            "cublasLtMatrixLayoutCreate(C)");
   Preference pref(kOp, static_cast<uint32_t>(p.align_a), static_cast<uint32_t>(p.align_b),
                   static_cast<uint32_t>(p.align_c), ty);
-  cublasLtMatmulHeuristicResult_t result{};
+  cublasLtMatmulHeuristicResult_t results[kMeasuredCandidates] = {};
   int count = 0;
-  cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(h, desc, plan->a, plan->b, plan->c,
-                                                         plan->c, pref.pref, 1, &result, &count);
+  cublasStatus_t status =
+      cublasLtMatmulAlgoGetHeuristic(h, desc, plan->a, plan->b, plan->c, plan->c, pref.pref,
+                                     heuristic_request(kOp), results, &count);
   if (status == CUBLAS_STATUS_NOT_SUPPORTED || (status == CUBLAS_STATUS_SUCCESS && count == 0))
     throw Error(Code::kUnimplemented, std::string(kOp) + ": cuBLASLt has no FP8 algorithm for " +
                                           describe(p) + " (" + cublasLtGetStatusName(status) + ")");
   lt_check(status, kOp, "cublasLtMatmulAlgoGetHeuristic");
-  plan->algo = result.algo;
-  plan->workspace = result.workspaceSize;
+  const int pick = choose_algo(kOp, describe(p), h, desc, *plan, results, count, trial);
+  plan->algo = results[pick].algo;
+  plan->workspace = results[pick].workspaceSize;
 }
 
 void fp8_gemm_run(const OpCall* call) {
@@ -175,10 +180,19 @@ void fp8_gemm_run(const OpCall* call) {
   cublasLtMatmulDesc_t desc = make_desc(&storage, call, at);
   cublasLtHandle_t h = lt_handle(kOp, device);
   static auto* cache = new PlanCache<std::array<int64_t, 11>>();  // leaked: see resources.cuh
-  PlanOwner owner;
-  const Plan plan = cache->get(p.key(), &owner, [&](Plan* out) { make_plan(h, desc, p, out); });
-  Scratch ws = stream_scratch(device, stream);
   const float alpha = at.alpha, beta = at.beta;
+  TrialCall trial;  // for a measured choice of algorithm
+  trial.a = B.data;
+  trial.b = A.data;
+  trial.y_bytes = static_cast<size_t>(s.m * s.n) * dtype_size(Y.dtype);
+  trial.alpha = &alpha;
+  trial.beta = &beta;
+  trial.stream = stream;
+  trial.device = device;
+  PlanOwner owner;
+  const Plan plan =
+      cache->get(p.key(), &owner, [&](Plan* out) { make_plan(h, desc, p, trial, out); });
+  Scratch ws = stream_scratch(device, stream);
   lt_check(cublasLtMatmul(h, desc, &alpha, B.data, plan.a, A.data, plan.b, &beta, Y.data, plan.c,
                           Y.data, plan.c, &plan.algo, ws.data, plan.workspace, stream),
            kOp, "cublasLtMatmul");

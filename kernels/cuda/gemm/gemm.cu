@@ -97,7 +97,9 @@ std::string describe(const Problem& p) {
          std::to_string(p.align_c) + " bytes)";
 }
 
-void make_plan(cublasLtHandle_t h, const Problem& p, Plan* out) {
+// The plan of `p`: its descriptors, and the algorithm choose_algo keeps of the heuristic's
+// list (its first, unless LOOM_GEMM_ALGO=measured), tried on `trial`.
+void make_plan(cublasLtHandle_t h, const Problem& p, const TrialCall& trial, Plan* out) {
   Plan& plan = *out;
   // alpha and beta: f64 with CUBLAS_COMPUTE_64F, f32 otherwise.
   const cudaDataType_t scale = p.compute == CUBLAS_COMPUTE_64F ? CUDA_R_64F : CUDA_R_32F;
@@ -118,22 +120,24 @@ void make_plan(cublasLtHandle_t h, const Problem& p, Plan* out) {
   }
   Preference pref(kOp, static_cast<uint32_t>(p.align_a), static_cast<uint32_t>(p.align_b),
                   static_cast<uint32_t>(p.align_c), y);
-  cublasLtMatmulHeuristicResult_t result{};
+  cublasLtMatmulHeuristicResult_t results[kMeasuredCandidates] = {};
   int count = 0;
-  cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(h, plan.desc, plan.a, plan.b, plan.c,
-                                                         plan.c, pref.pref, 1, &result, &count);
+  cublasStatus_t status =
+      cublasLtMatmulAlgoGetHeuristic(h, plan.desc, plan.a, plan.b, plan.c, plan.c, pref.pref,
+                                     heuristic_request(kOp), results, &count);
   if (status == CUBLAS_STATUS_NOT_SUPPORTED || (status == CUBLAS_STATUS_SUCCESS && count == 0))
     throw Error(Code::kUnimplemented, std::string("gemm: cuBLASLt has no algorithm for ") +
                                           describe(p) + " (" + cublasLtGetStatusName(status) + ")");
   lt_check(status, kOp, "cublasLtMatmulAlgoGetHeuristic");
-  plan.algo = result.algo;
-  plan.workspace = result.workspaceSize;
+  const int pick = choose_algo(kOp, describe(p), h, plan.desc, plan, results, count, trial);
+  plan.algo = results[pick].algo;
+  plan.workspace = results[pick].workspaceSize;
 }
 
 // The cached plan of `p`, made on first use (see PlanCache::get for `owner`).
-Plan plan_for(cublasLtHandle_t h, const Problem& p, PlanOwner* owner) {
+Plan plan_for(cublasLtHandle_t h, const Problem& p, const TrialCall& trial, PlanOwner* owner) {
   static auto* cache = new PlanCache<std::array<int64_t, 16>>();  // leaked
-  return cache->get(p.key(), owner, [&](Plan* plan) { make_plan(h, p, plan); });
+  return cache->get(p.key(), owner, [&](Plan* plan) { make_plan(h, p, trial, plan); });
 }
 
 void gemm_run(const OpCall* call, bool tf32) {
@@ -179,13 +183,22 @@ void gemm_run(const OpCall* call, bool tf32) {
   p.align_c = alignment_of(Y.data, stepped ? y_size * yb : 0);
 
   cublasLtHandle_t h = lt_handle(kOp, device);
-  PlanOwner owner;
-  Plan plan = plan_for(h, p, &owner);
-  Scratch ws = stream_scratch(device, stream);
   const float alpha = at.alpha, beta = at.beta;
   const double alpha64 = at.alpha, beta64 = at.beta;  // CUBLAS_COMPUTE_64F's scale type
   const void* alpha_ptr = f64 ? static_cast<const void*>(&alpha64) : &alpha;
   const void* beta_ptr = f64 ? static_cast<const void*>(&beta64) : &beta;
+  // One matmul's operands (the loop's first), for a measured choice of algorithm.
+  TrialCall trial;
+  trial.a = B.data;
+  trial.b = A.data;
+  trial.y_bytes = static_cast<size_t>((loop ? y_size : numel(Y)) * yb);
+  trial.alpha = alpha_ptr;
+  trial.beta = beta_ptr;
+  trial.stream = stream;
+  trial.device = device;
+  PlanOwner owner;
+  Plan plan = plan_for(h, p, trial, &owner);
+  Scratch ws = stream_scratch(device, stream);
   const int64_t calls = loop ? s.batch : 1;
   for (int64_t b = 0; b < calls; ++b) {
     const char* a_ptr = static_cast<const char*>(A.data) + b * a_size * ab;
