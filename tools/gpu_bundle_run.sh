@@ -189,9 +189,10 @@ dgelu_modes=(unfused dgelu_bgrad)
 for mode in "${dgelu_modes[@]}"; do
   job "dgelu.$mode" "$pool_limit" env LOOM_CUBLASLT_DGELU="$mode" ./tests/kernels/cpu/gemm_epilogue_test
 done
-# The gemm and fp8_gemm op tests with each new shape's algorithm measured (LOOM_GEMM_ALGO),
+# The gemm, gemm_epilogue and fp8_gemm op tests with each new shape's algorithm measured
+# (LOOM_GEMM_ALGO),
 # against the same oracles.
-measured_tests=(gemm_test fp8_test)
+measured_tests=(gemm_test gemm_epilogue_test fp8_test)
 [[ $run_tests == 0 ]] && measured_tests=()
 for t in "${measured_tests[@]}"; do
   job "measured.$t" "$pool_limit" env LOOM_GEMM_ALGO=measured ./tests/kernels/cpu/$t
@@ -318,7 +319,7 @@ for mode in "${dgelu_modes[@]}"; do
 done
 if ((${#measured_tests[@]})); then
   say ""
-  say "### gemm_test and fp8_test with each shape's algorithm measured (LOOM_GEMM_ALGO=measured)"
+  say "### The GEMM op tests with each shape's algorithm measured (LOOM_GEMM_ALGO=measured)"
 fi
 for t in "${measured_tests[@]}"; do
   rc=$(rc_of "measured.$t")
@@ -395,6 +396,7 @@ items=(
   "llama_1b3_h100|grad_adds|25|60" "llama_1b3_h100_fp8|grad_adds|25|60"
   "llama_1b3_h100_fp8|swiglu_two_op|25|60" "llama_1b3_h100_fp8|rope_two_op|25|60"
   "llama_1b3_h100|gemm_measured|25|60" "llama_1b3_h100_fp8|gemm_measured|25|60"
+  "gpt2_124m_h100|gemm_measured|20|60"
   "llama_1b3_h100|bf16_moments|25|60"
   "gpt2_124m_h100|unfused|20|60"
   "gpt_tiny|loom|15|40" "gpt_tiny|graph|15|40" "gpt2_124m_h100|graph|20|60"
@@ -492,9 +494,10 @@ for item in "${items[@]}"; do
     rope_two_op) timeout "$limit" ./tools/loom bench "$spec" --steps 6 --warmup 2 --json \
       --set 'kernels.pin={"rope_fp8_bwd":"none"}' \
       >"$bench/$name.$kind.json" 2>"$bench/$name.$kind.err" || rm -f "$bench/$name.$kind.json" ;;
-    # Each new GEMM shape's algorithm chosen by timing cuBLASLt's first 8 (gemm and fp8_gemm,
-    # LOOM_GEMM_ALGO=measured; cublaslt.cuh's choose_algo) instead of taking the heuristic's
-    # first. The warm-up steps pay the timing; the picks that differ go to the .err log.
+    # Each new GEMM shape's algorithm chosen by timing cuBLASLt's first 8 (gemm,
+    # gemm_epilogue and fp8_gemm, LOOM_GEMM_ALGO=measured; cublaslt.cuh's choose_algo)
+    # instead of taking the heuristic's first. The warm-up steps pay the timing; the picks
+    # that differ go to the .err log.
     gemm_measured) LOOM_GEMM_ALGO=measured timeout "$limit" ./tools/loom bench "$spec" --steps 6 \
       --warmup 2 --json "${device[@]}" >"$bench/$name.$kind.json" 2>"$bench/$name.$kind.err" ||
       rm -f "$bench/$name.$kind.json" ;;

@@ -24,9 +24,10 @@ namespace loom::kernels::cuda {
 /// keyed on fp8_e4m3 and fp8_e5m2 (A's dtype). Each has `supports` (shapes, dtypes and
 /// attributes only, never throws; fp8_gemm's also declines a device below sm_89 and what
 /// cuBLASLt's FP8 kernels cannot run: K not a multiple of 16, rows of Y not a multiple of 16
-/// bytes, unaligned operands) and `cost`. gemm and fp8_gemm run the first algorithm of
-/// cuBLASLt's heuristic for each problem, or under LOOM_GEMM_ALGO=measured the fastest of its
-/// first 8, timed once per problem (cublaslt.cuh's choose_algo). The kernels launch on the current
+/// bytes, unaligned operands) and `cost`. gemm, fp8_gemm and gemm_epilogue run the first
+/// algorithm of cuBLASLt's heuristic for each problem, or under LOOM_GEMM_ALGO=measured the
+/// fastest of its first 8, timed once per problem (cublaslt.cuh's choose_algo; not the 3xTF32
+/// kernel's split form). The kernels launch on the current
 /// device, which must be the device of the call's tensors, on the call's stream; none of them
 /// synchronises the device. \param out  the list to append to
 void add_gemm_kernels(std::vector<KernelDesc>& out);

@@ -230,20 +230,31 @@ cublasLtMatmulDesc_t make_desc(cublasLtMatmulDescOpaque_t* storage, const Proble
   return desc;
 }
 
-// Fills `plan` (layouts, algorithm); leaves plan->a null when cuBLASLt has no algorithm.
-void make_plan(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, const Problem& p, Plan* plan) {
+// Fills `plan` (layouts, algorithm); leaves plan->a null when cuBLASLt has no algorithm. The
+// algorithm is the heuristic's first, or under LOOM_GEMM_ALGO=measured the one choose_algo
+// keeps, tried on `trial` with `desc` (this call's: the trial runs write its bias gradient
+// into the stream scratch and its GELU aux output into the call's, which the call itself
+// then writes again).
+void make_plan(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, const Problem& p,
+               const TrialCall& trial, Plan* plan) {
   auto op_a = static_cast<cublasOperation_t>(p.op_a), op_b = static_cast<cublasOperation_t>(p.op_b);
   auto ab = static_cast<cudaDataType_t>(p.ab_type), y = static_cast<cudaDataType_t>(p.y_type);
   make_layouts(kOp, op_a, op_b, ab, y, p.m, p.n, p.k, plan);
   Preference pref(kOp, static_cast<uint32_t>(p.align_a), static_cast<uint32_t>(p.align_b),
                   static_cast<uint32_t>(p.align_c), y, kWorkspaceBytes);
-  cublasLtMatmulHeuristicResult_t result{};
+  cublasLtMatmulHeuristicResult_t results[kMeasuredCandidates] = {};
   int count = 0;
-  cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(h, desc, plan->a, plan->b, plan->c,
-                                                         plan->c, pref.pref, 1, &result, &count);
+  cublasStatus_t status =
+      cublasLtMatmulAlgoGetHeuristic(h, desc, plan->a, plan->b, plan->c, plan->c, pref.pref,
+                                     heuristic_request(kOp), results, &count);
   if (status == CUBLAS_STATUS_SUCCESS && count > 0) {
-    plan->algo = result.algo;
-    plan->workspace = result.workspaceSize;
+    const int pick = choose_algo(
+        kOp,
+        "(cuBLAS m = " + std::to_string(p.m) + ", n = " + std::to_string(p.n) +
+            ", k = " + std::to_string(p.k) + ", epilogue " + std::to_string(p.epilogue) + ")",
+        h, desc, *plan, results, count, trial);
+    plan->algo = results[pick].algo;
+    plan->workspace = results[pick].workspaceSize;
     return;
   }
   if (status != CUBLAS_STATUS_SUCCESS && status != CUBLAS_STATUS_NOT_SUPPORTED)
@@ -388,10 +399,19 @@ bool run_fused(const OpCall* call, const GemmEpilogueShape& s, const TensorView&
   cublasLtMatmulDesc_t desc = make_desc(&storage, p, bias, aux);
   cublasLtHandle_t h = lt_handle(kOp, device);
   static auto* cache = new PlanCache<std::array<int64_t, 15>>();  // leaked: see resources.cuh
-  PlanOwner owner;
-  const Plan plan = cache->get(p.key(), &owner, [&](Plan* out) { make_plan(h, desc, p, out); });
-  if (plan.a == nullptr || refused(p)) return false;
   const float alpha = 1.0f, beta = at.beta;
+  TrialCall trial;  // for a measured choice of algorithm
+  trial.a = B.data;
+  trial.b = A.data;
+  trial.y_bytes = static_cast<size_t>(s.m * s.n) * dtype_size(D.dtype);
+  trial.alpha = &alpha;
+  trial.beta = &beta;
+  trial.stream = stream;
+  trial.device = device;
+  PlanOwner owner;
+  const Plan plan =
+      cache->get(p.key(), &owner, [&](Plan* out) { make_plan(h, desc, p, trial, out); });
+  if (plan.a == nullptr || refused(p)) return false;
   const cublasStatus_t status =
       cublasLtMatmul(h, desc, &alpha, B.data, plan.a, A.data, plan.b, &beta, D.data, plan.c, D.data,
                      plan.c, &plan.algo, scratch.data, plan.workspace, stream);
