@@ -181,14 +181,9 @@ void fp8_gemm_run(const OpCall* call) {
   cublasLtHandle_t h = lt_handle(kOp, device);
   static auto* cache = new PlanCache<std::array<int64_t, 11>>();  // leaked: see resources.cuh
   const float alpha = at.alpha, beta = at.beta;
-  TrialCall trial;  // for a measured choice of algorithm
-  trial.a = B.data;
-  trial.b = A.data;
-  trial.y_bytes = static_cast<size_t>(s.m * s.n) * dtype_size(Y.dtype);
-  trial.alpha = &alpha;
-  trial.beta = &beta;
-  trial.stream = stream;
-  trial.device = device;
+  // The call as a measured choice of algorithm would run it (LOOM_GEMM_ALGO).
+  const size_t y_bytes = static_cast<size_t>(s.m * s.n) * dtype_size(Y.dtype);
+  const TrialCall trial{B.data, A.data, y_bytes, &alpha, &beta, stream, device};
   PlanOwner owner;
   const Plan plan =
       cache->get(p.key(), &owner, [&](Plan* out) { make_plan(h, desc, p, trial, out); });

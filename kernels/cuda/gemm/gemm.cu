@@ -188,14 +188,8 @@ void gemm_run(const OpCall* call, bool tf32) {
   const void* alpha_ptr = f64 ? static_cast<const void*>(&alpha64) : &alpha;
   const void* beta_ptr = f64 ? static_cast<const void*>(&beta64) : &beta;
   // One matmul's operands (the loop's first), for a measured choice of algorithm.
-  TrialCall trial;
-  trial.a = B.data;
-  trial.b = A.data;
-  trial.y_bytes = static_cast<size_t>((loop ? y_size : numel(Y)) * yb);
-  trial.alpha = alpha_ptr;
-  trial.beta = beta_ptr;
-  trial.stream = stream;
-  trial.device = device;
+  const size_t y_bytes = static_cast<size_t>((loop ? y_size : numel(Y)) * yb);
+  const TrialCall trial{B.data, A.data, y_bytes, alpha_ptr, beta_ptr, stream, device};
   PlanOwner owner;
   Plan plan = plan_for(h, p, trial, &owner);
   Scratch ws = stream_scratch(device, stream);

@@ -136,6 +136,22 @@ TensorView view(void* data, DType t, int device, int64_t rows, int64_t cols) {
   return v;
 }
 
+// A call of `num_inputs` inputs and output Y on the bench stream, as a module makes it.
+template <class Attrs>
+OpCall make_call(TensorView* in, int num_inputs, TensorView* y, const Attrs* attrs,
+                 cudaStream_t stream) {
+  OpCall call{};
+  call.struct_size = sizeof(OpCall);
+  call.inputs = in;
+  call.num_inputs = num_inputs;
+  call.outputs = y;
+  call.num_outputs = 1;
+  call.attrs = attrs;
+  call.attrs_size = sizeof(Attrs);
+  call.stream = stream;
+  return call;
+}
+
 double flops_of(int64_t m, int64_t n, int64_t k) {
   return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
 }
@@ -244,15 +260,7 @@ void run_bench(int64_t m, int64_t n, int64_t k, DType dtype, const GemmBenchOpti
       o.trans_b ? view(r.b, dtype, o.device, n, k) : view(r.b, dtype, o.device, k, n)};
   TensorView y = view(r.y, y_dtype, o.device, m, n);
   ops::GemmAttrs attrs{o.trans_a ? 1 : 0, o.trans_b ? 1 : 0, 1.0f, o.beta};
-  OpCall call{};
-  call.struct_size = sizeof(OpCall);
-  call.inputs = in;
-  call.num_inputs = 2;
-  call.outputs = &y;
-  call.num_outputs = 1;
-  call.attrs = &attrs;
-  call.attrs_size = sizeof(attrs);
-  call.stream = r.stream;
+  OpCall call = make_call(in, 2, &y, &attrs, r.stream);
   KernelFn loom_gemm = o.tf32 ? gemm_tf32 : o.tf32x3 ? gemm_tf32x3 : gemm_f32_accumulate;
   if (o.tf32x3) {  // the workspace loom::Kernel would allocate for the call (none in registers)
     call.workspace_bytes = gemm_tf32x3_workspace(&call);
@@ -321,15 +329,7 @@ void run_fp8_bench(int64_t m, int64_t n, int64_t k, const Fp8GemmBenchOptions& o
   for (int i = 2; i < 4; ++i) in[i].ndim = 1;  // f32 (1)
   TensorView y = view(r.y, o.y_dtype, o.device, m, n);
   ops::Fp8GemmAttrs attrs{1.0f, o.beta, o.fast_accum ? 1 : 0};
-  OpCall call{};
-  call.struct_size = sizeof(OpCall);
-  call.inputs = in;
-  call.num_inputs = 4;
-  call.outputs = &y;
-  call.num_outputs = 1;
-  call.attrs = &attrs;
-  call.attrs_size = sizeof(attrs);
-  call.stream = r.stream;
+  const OpCall call = make_call(in, 4, &y, &attrs, r.stream);
   auto run_loom = [&] { throw_if_error(fp8_gemm_cublaslt(&call), "gemm_bench: loom fp8_gemm"); };
   for (int i = 0; i < o.warmup; ++i) run_loom();
   out->loom_ms = time_ms(r, o.iterations, run_loom);
