@@ -50,7 +50,7 @@ def bench_table(folder):
                    | {os.path.basename(p).split(".")[0] for p in glob.glob(os.path.join(folder, "*.err"))})
     gib = 2 ** 30
     print("| spec | loom tokens/s | ms/step | MFU | peak mem GiB (vs estimate) | PyTorch eager tokens/s "
-          "| torch.compile tokens/s (compile s) | loom / eager | loom unfused tokens/s (fused / unfused) "
+          "| torch.compile tokens/s (compile s; loom / compile) | loom / eager | loom unfused tokens/s (fused / unfused) "
           "| loom CUDA graph ms/step (direct / graph) |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for n in names:
@@ -67,7 +67,8 @@ def bench_table(folder):
             cells = ["- (" + _why(os.path.join(folder, n + ".loom.err")) + ")", "-", "-", "-"]
         cells.append(f"{e['tokens_per_s']:.0f}" if e else "- (" + _why(os.path.join(folder, n + ".eager.err")) + ")")
         if c:
-            cells.append(f"{c['tokens_per_s']:.0f} ({c.get('first_step_s') or 0:.0f} s)")
+            vs = f"; loom {b['tokens_per_s'] / c['tokens_per_s']:.3f}x" if b else ""
+            cells.append(f"{c['tokens_per_s']:.0f} ({c.get('first_step_s') or 0:.0f} s{vs})")
         elif os.path.exists(os.path.join(folder, n + ".compile.err")):
             cells.append("- (" + _why(os.path.join(folder, n + ".compile.err")) + ")")
         else:
