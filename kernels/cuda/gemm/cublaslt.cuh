@@ -109,13 +109,19 @@ struct TrialCall {
 /// The index in results[0, count) of the algorithm a plan keeps. 0, the heuristic's first,
 /// when count is 1 or the stream is capturing a CUDA graph (nothing can be timed there; the
 /// first is kept). Otherwise (LOOM_GEMM_ALGO=measured) each candidate runs once untimed and
-/// kTrialRuns times between two events on `call`'s operands, with C = D a zeroed scratch of
+/// 5 times between two events on `call`'s operands, with C = D a zeroed scratch of
 /// y_bytes (stream-ordered memory, freed after) and the stream's scratch as workspace, and
 /// the fastest mean wins (a tie keeps the earlier). A candidate that fails to run is left out;
 /// when the scratch cannot be allocated the first is kept. Synchronises the stream. Prints
 /// one line to stderr, naming `op` and `problem`, when the pick is not the first.
 /// The choice follows timings: two runs may pick different algorithms for one problem and so
 /// differ in their last bits (the sum's order), which the heuristic's fixed pick does not.
+/// \param op, problem  the op's name and the problem in words, for the stderr line
+/// \param h            the device's cuBLASLt handle
+/// \param desc, plan   the matmul descriptor (with the call's pointers: scales, bias, aux) and
+///                     the plan's layouts
+/// \param results      cuBLASLt's heuristic list, best first, `count` of them
+/// \param call         the operands, scalars and stream to try them on
 int choose_algo(const char* op, const std::string& problem, cublasLtHandle_t h,
                 cublasLtMatmulDesc_t desc, const Plan& plan,
                 const cublasLtMatmulHeuristicResult_t* results, int count, const TrialCall& call);

@@ -27,9 +27,9 @@ namespace loom::kernels::cuda {
 /// bytes, unaligned operands) and `cost`. gemm, fp8_gemm and gemm_epilogue run the first
 /// algorithm of cuBLASLt's heuristic for each problem, or under LOOM_GEMM_ALGO=measured the
 /// fastest of its first 8, timed once per problem (cublaslt.cuh's choose_algo; not the 3xTF32
-/// kernel's split form). The kernels launch on the current
-/// device, which must be the device of the call's tensors, on the call's stream; none of them
-/// synchronises the device. \param out  the list to append to
+/// kernel's split form). The kernels launch on the current device, which must be the device
+/// of the call's tensors, on the call's stream; none of them synchronises the device.
+/// \param out  the list to append to
 void add_gemm_kernels(std::vector<KernelDesc>& out);
 
 /// The KernelFn of gemm's "cuda" kernel as add_gemm_kernels registers it: CUBLAS_COMPUTE_32F
