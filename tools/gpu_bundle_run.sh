@@ -22,8 +22,8 @@
 #      each shape's GEMM algorithm measured (LOOM_GEMM_ALGO=measured); three tiny MoE models on the
 #      GPU against the CPU, by loss; and one torch.compile of GPT-2 that fills the inductor
 #      cache, so that the timed torch.compile run below compiles in seconds;
-#   2. benchmarks alone on the GPU, by priority while the budget lasts: loom bench (--steps 6
-#      --warmup 2), PyTorch eager and torch.compile (GPT-2; LLaMA 1.3B when GPU_ONLY names
+#   2. benchmarks alone on the GPU, by priority while the budget lasts: loom bench (--steps 12
+#      --warmup 3, GPU_BENCH_STEPS), PyTorch eager and torch.compile (GPT-2; LLaMA 1.3B when GPU_ONLY names
 #      "llama_1b3_h100|compile", then also warmed up in section 1) of the same model, GPT-2
 #      with the fused ops pinned to "none" (gemm_epilogue, add_layernorm_*,
 #      cross_entropy_fwd_bwd, swiglu_fp8_*, rope_fp8_bwd: the unfused kernels) and with its loss
@@ -386,7 +386,11 @@ fi
 rm -rf "$jobs_dir"
 
 # ---- 2. Benchmarks, alone on the GPU ------------------------------------------------------
-section "Training throughput: loom bench (--steps 6 --warmup 2) and PyTorch"
+# Timed steps and warm-up of every row, loom's and PyTorch's (GPU_BENCH_STEPS="S W"): 12 and
+# 3 since 2026-11-30 (6 and 2 before; one slow step then moved a mean by 2.6%).
+read -r bench_n bench_w <<<"${GPU_BENCH_STEPS:-12 3}"
+steps=(--steps "$bench_n" --warmup "$bench_w")
+section "Training throughput: loom bench (--steps $bench_n --warmup $bench_w) and PyTorch"
 bench="$logs/bench"
 mkdir -p "$bench"
 # In priority order, "name|kind|least seconds worth starting with|limit": an item starts only
@@ -425,10 +429,10 @@ for item in "${items[@]}"; do
   if ((avail < least)); then echo "not run (budget)" >"$bench/$name.$kind.err"; continue; fi
   ((limit > avail)) && limit=$avail
   case $kind in
-    loom) timeout "$limit" ./tools/loom bench "$spec" --steps 6 --warmup 2 --json "${device[@]}" \
+    loom) timeout "$limit" ./tools/loom bench "$spec" "${steps[@]}" --json "${device[@]}" \
       >"$bench/$name.loom.json" 2>"$bench/$name.loom.err" || { status=1; rm -f "$bench/$name.loom.json"; } ;;
     # The forward and backward as a CUDA graph, captured in the bench's warm-up.
-    graph) timeout "$limit" ./tools/loom bench "$spec" --steps 6 --warmup 2 --json "${device[@]}" \
+    graph) timeout "$limit" ./tools/loom bench "$spec" "${steps[@]}" --json "${device[@]}" \
       --set 'train.cuda_graph="forward_backward"' --set train.cuda_graph_warmup_steps=1 \
       >"$bench/$name.graph.json" 2>"$bench/$name.graph.err" || rm -f "$bench/$name.graph.json" ;;
     # The optimizer's step as a second graph (train.cuda_graph "step"); and that with every
@@ -454,7 +458,7 @@ for item in "${items[@]}"; do
         pins=(--set 'kernels.pin={"gemm":"cuda.tf32","gemm_epilogue":"none"}')
       [[ $kind == graph_step_tf32x3* ]] &&
         pins=(--set 'kernels.pin={"gemm":"cuda.tf32x3","gemm_epilogue":"cuda.tf32x3"}')
-      LOOM_TF32X3=$form LOOM_TF32X3_WORKSPACE=$split timeout "$limit" ./tools/loom bench "$spec" --steps 6 --warmup 2 --json "${device[@]}" \
+      LOOM_TF32X3=$form LOOM_TF32X3_WORKSPACE=$split timeout "$limit" ./tools/loom bench "$spec" "${steps[@]}" --json "${device[@]}" \
       --set 'train.cuda_graph="step"' --set train.cuda_graph_warmup_steps=1 "${pins[@]}" \
       >"$bench/$name.$kind.json" 2>"$bench/$name.$kind.err" || rm -f "$bench/$name.$kind.json" ;;
     # The MLP's derivative GEMM through loom's gelu_bwd and bias_grad, or cuBLASLt's
@@ -463,61 +467,61 @@ for item in "${items[@]}"; do
       mode=unfused
       [[ $kind == dgelu_bgrad ]] && mode=dgelu_bgrad
       LOOM_CUBLASLT_DGELU=$mode timeout "$limit" ./tools/loom bench "$spec" \
-      --steps 6 --warmup 2 --json >"$bench/$name.$kind.json" 2>"$bench/$name.$kind.err" ||
+      "${steps[@]}" --json >"$bench/$name.$kind.json" 2>"$bench/$name.$kind.err" ||
       rm -f "$bench/$name.$kind.json" ;;
     # fc1's bias gradient summed after the dgelu GEMM (loom's bias_grad reading d(fc1 out)
     # once more) instead of in fc1's weight-gradient GEMM (BGRADB; mlp.cc, LOOM_FC1_BIAS_GRAD).
     fc1_bgrad_dgelu) LOOM_FC1_BIAS_GRAD=dgelu timeout "$limit" ./tools/loom bench "$spec" \
-      --steps 6 --warmup 2 --json >"$bench/$name.$kind.json" 2>"$bench/$name.$kind.err" ||
+      "${steps[@]}" --json >"$bench/$name.$kind.json" 2>"$bench/$name.$kind.err" ||
       rm -f "$bench/$name.$kind.json" ;;
     # Every weight-gradient write adds to the zero-filled gradients (LOOM_GRAD_FIRST_WRITE=off),
     # instead of the step's first overwriting them without a zero fill (trainer.cc).
     grad_adds) LOOM_GRAD_FIRST_WRITE=off timeout "$limit" ./tools/loom bench "$spec" \
-      --steps 6 --warmup 2 --json >"$bench/$name.$kind.json" 2>"$bench/$name.$kind.err" ||
+      "${steps[@]}" --json >"$bench/$name.$kind.json" 2>"$bench/$name.$kind.err" ||
       rm -f "$bench/$name.$kind.json" ;;
     # f32 attention through the warp-per-row kernels instead of the tiled ones
     # (attention_generic.cu, LOOM_ATTENTION_GENERIC).
-    attn_rows) LOOM_ATTENTION_GENERIC=rows timeout "$limit" ./tools/loom bench "$spec" --steps 6 \
-      --warmup 2 --json "${device[@]}" >"$bench/$name.$kind.json" 2>"$bench/$name.$kind.err" ||
+    attn_rows) LOOM_ATTENTION_GENERIC=rows timeout "$limit" ./tools/loom bench "$spec" "${steps[@]}" \
+      --json "${device[@]}" >"$bench/$name.$kind.json" 2>"$bench/$name.$kind.err" ||
       rm -f "$bench/$name.$kind.json" ;;
     # q, k, v copied out of the QKV projection (split_qkv) and their gradients merged back
     # (merge_qkv), instead of read and written in place as views (transformer_layer.cc,
     # LOOM_QKV_VIEWS).
-    qkv_split) LOOM_QKV_VIEWS=split timeout "$limit" ./tools/loom bench "$spec" --steps 6 \
-      --warmup 2 --json "${device[@]}" >"$bench/$name.$kind.json" 2>"$bench/$name.$kind.err" ||
+    qkv_split) LOOM_QKV_VIEWS=split timeout "$limit" ./tools/loom bench "$spec" "${steps[@]}" \
+      --json "${device[@]}" >"$bench/$name.$kind.json" 2>"$bench/$name.$kind.err" ||
       rm -f "$bench/$name.$kind.json" ;;
     # Cross entropy in two passes (forward, then backward reading the logits again into a
     # buffer of their own) instead of cross_entropy_fwd_bwd's one.
-    two_op_loss) timeout "$limit" ./tools/loom bench "$spec" --steps 6 --warmup 2 --json \
+    two_op_loss) timeout "$limit" ./tools/loom bench "$spec" "${steps[@]}" --json \
       --set 'kernels.pin={"cross_entropy_fwd_bwd":"none"}' \
       >"$bench/$name.$kind.json" 2>"$bench/$name.$kind.err" || rm -f "$bench/$name.$kind.json" ;;
     # swiglu and the quantisation of its result (fc2's input, fc1's output gradient) as two
     # kernels instead of swiglu_fp8_fwd / _bwd's one.
-    swiglu_two_op) timeout "$limit" ./tools/loom bench "$spec" --steps 6 --warmup 2 --json \
+    swiglu_two_op) timeout "$limit" ./tools/loom bench "$spec" "${steps[@]}" --json \
       --set 'kernels.pin={"swiglu_fp8_fwd":"none","swiglu_fp8_bwd":"none"}' \
       >"$bench/$name.$kind.json" 2>"$bench/$name.$kind.err" || rm -f "$bench/$name.$kind.json" ;;
     # rope's backward (q and k turned back in place) and the quantisation of the QKV output
     # gradient as three kernels instead of rope_fp8_bwd's one.
-    rope_two_op) timeout "$limit" ./tools/loom bench "$spec" --steps 6 --warmup 2 --json \
+    rope_two_op) timeout "$limit" ./tools/loom bench "$spec" "${steps[@]}" --json \
       --set 'kernels.pin={"rope_fp8_bwd":"none"}' \
       >"$bench/$name.$kind.json" 2>"$bench/$name.$kind.err" || rm -f "$bench/$name.$kind.json" ;;
     # Each new GEMM shape's algorithm chosen by timing cuBLASLt's first 8 (gemm,
     # gemm_epilogue and fp8_gemm, LOOM_GEMM_ALGO=measured; cublaslt.cuh's choose_algo)
     # instead of taking the heuristic's first. The warm-up steps pay the timing; the picks
     # that differ go to the .err log.
-    gemm_measured) LOOM_GEMM_ALGO=measured timeout "$limit" ./tools/loom bench "$spec" --steps 6 \
-      --warmup 2 --json "${device[@]}" >"$bench/$name.$kind.json" 2>"$bench/$name.$kind.err" ||
+    gemm_measured) LOOM_GEMM_ALGO=measured timeout "$limit" ./tools/loom bench "$spec" "${steps[@]}" \
+      --json "${device[@]}" >"$bench/$name.$kind.json" 2>"$bench/$name.$kind.err" ||
       rm -f "$bench/$name.$kind.json" ;;
     # AdamW's moments in bf16 (Megatron's precision-aware optimizer), with the optimizer's
     # step as a graph: 8 bytes a parameter less to read and write each step (other numerics
     # than the PyTorch side's f32 moments).
-    bf16_moments) timeout "$limit" ./tools/loom bench "$spec" --steps 6 --warmup 2 --json \
+    bf16_moments) timeout "$limit" ./tools/loom bench "$spec" "${steps[@]}" --json \
       --set 'optimizer.exp_avg_dtype="bf16"' --set 'optimizer.exp_avg_sq_dtype="bf16"' \
       --set 'train.cuda_graph="step"' --set train.cuda_graph_warmup_steps=1 \
       >"$bench/$name.$kind.json" 2>"$bench/$name.$kind.err" || rm -f "$bench/$name.$kind.json" ;;
     # The same without the fused ops (the unfused bias, GELU, bias-gradient, residual-add and
     # norm kernels, the two-pass loss).
-    unfused) timeout "$limit" ./tools/loom bench "$spec" --steps 6 --warmup 2 --json \
+    unfused) timeout "$limit" ./tools/loom bench "$spec" "${steps[@]}" --json \
       --set "kernels.pin=$unfused_pins" \
       >"$bench/$name.unfused.json" 2>"$bench/$name.unfused.err" || rm -f "$bench/$name.unfused.json" ;;
     eager | compile)
@@ -525,7 +529,7 @@ for item in "${items[@]}"; do
       flag=""
       [[ $kind == compile ]] && flag=--compile
       # shellcheck disable=SC2086  # $flag is empty or one flag
-      timeout "$limit" python3 tools/bench/torch_gpt.py "$spec" --device cuda --steps 6 --warmup 2 \
+      timeout "$limit" python3 tools/bench/torch_gpt.py "$spec" --device cuda "${steps[@]}" \
         $flag >"$bench/$name.$kind.json" 2>"$bench/$name.$kind.err" || rm -f "$bench/$name.$kind.json" ;;
   esac
 done
@@ -538,7 +542,8 @@ for err in "$bench"/*.gemm_measured.err; do
   grep 'LOOM_GEMM_ALGO=measured:' "$err" | head -30 | sed 's/^/    /' >>"$report"
 done
 say ""
-say "(loom: median step; PyTorch: mean step after warm-up, bf16 autocast where the spec says"
+say "(ms/step: loom's median step; tokens/s: over the mean step, loom's and PyTorch's (after"
+say "warm-up); bf16 autocast where the spec says"
 say "bf16; torch.compile's first step in parentheses, not in its tokens/s: the inductor cache"
 say "was filled by a compile of the same model in section 1, so it is not a cold compile.)"
 [[ -f $logs/torch_compile_warmup.log ]] &&
