@@ -630,7 +630,7 @@ if (($(left) < 15)); then say "- not run (budget)"; else
     fast=()
     [[ -n $fa ]] && fast=(--fast-accum "$fa")
     timeout $(($(left) > 20 ? 20 : $(left))) ./tools/bench/gemm_bench --markdown --iterations 20 \
-      --dtype fp8 --form "$form" "${fast[@]}" --candidates 8 >>"$report" 2>&1 ||
+      --dtype fp8 --form "$form" "${fast[@]}" --candidates 8 --only llama >>"$report" 2>&1 ||
       say "- gemm_bench fp8 $form${fa:+ fast_accum $fa}: exit $?"
   done
 fi

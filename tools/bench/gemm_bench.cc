@@ -5,7 +5,10 @@
 //
 //   gemm_bench [--markdown | --json] [--dtype bf16|f16|f32|fp8] [--iterations N]
 //              [--form fwd|dgrad|wgrad] [--candidates N] [--kernel cuda|tf32|tf32x3]
-//              [--fast-accum 0|1] [--shape M,N,K]...
+//              [--fast-accum 0|1] [--only NAME] [--shape M,N,K]...
+//
+// --only NAME keeps the default shapes whose name starts with NAME ("llama", "gpt2",
+// "square").
 //
 // --dtype fp8 times loom's fp8_gemm as an FP8 Linear of the "hybrid" format calls it (E4M3
 // activations and weights, E5M2 gradients; nn::Linear) against loom's bf16 gemm on the same
@@ -66,7 +69,7 @@ const std::vector<Shape> kShapes = {
                "gemm_bench: %s\nusage: gemm_bench [--markdown | --json] "
                "[--dtype bf16|f16|f32|fp8] [--iterations N] [--form fwd|dgrad|wgrad] "
                "[--candidates N] [--kernel cuda|tf32|tf32x3] [--fast-accum 0|1] "
-               "[--shape M,N,K]...\n",
+               "[--only NAME] [--shape M,N,K]...\n",
                why);
   std::exit(2);
 }
@@ -82,6 +85,7 @@ int main(int argc, char** argv) {
   std::vector<Shape> shapes;
   std::vector<std::string> names;
   std::string form = "fwd";
+  std::string only;  // --only: the default shapes whose name starts with it
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto value = [&]() -> std::string {
@@ -118,6 +122,8 @@ int main(int argc, char** argv) {
       form = value();
       if (form != "fwd" && form != "dgrad" && form != "wgrad")
         usage(("--form: '" + form + "' is not fwd, dgrad or wgrad").c_str());
+    } else if (a == "--only") {
+      only = value();
     } else if (a == "--shape") {
       std::string v = value();
       long long m = 0, n = 0, k = 0;
@@ -129,8 +135,10 @@ int main(int argc, char** argv) {
       usage(("unknown argument '" + a + "'").c_str());
     }
   }
+  if (!only.empty() && !shapes.empty()) usage("--only picks default shapes: not with --shape");
   if (shapes.empty()) {
     for (const Shape& s : kShapes) {  // (tokens, out, in) -> the form's (M, N, K)
+      if (std::strncmp(s.what, only.c_str(), only.size()) != 0) continue;
       if (form == "dgrad" && s.trans_b)
         shapes.push_back({s.what, s.m, s.k, s.n, false});
       else if (form == "wgrad" && s.trans_b)
@@ -138,6 +146,10 @@ int main(int argc, char** argv) {
       else if (form == "fwd")
         shapes.push_back(s);
     }
+    if (shapes.empty())
+      usage(("--only '" + only + "': no default shape of form " + form +
+             " has a name that starts so (llama, gpt2, square)")
+                .c_str());
   }
   // The form's operand layouts (gemm_bench.h): dgrad and wgrad read B as stored (K, N);
   // wgrad reads A as stored (K, M) and accumulates into an f32 Y.
