@@ -18,8 +18,8 @@
 #   1. one pool of parallel jobs (they share the GPU; nothing in it is timed, each job has a
 #      timeout): the tests; compute-sanitizer memcheck and initcheck of device_test,
 #      pointwise_test, the CUDA fp8_test and the attention op test (0 errors required); the
-#      initcheck probe (tests/kernels/cuda/initcheck_probe.cc); the gemm and fp8 op tests with
-#      each shape's GEMM algorithm measured (LOOM_GEMM_ALGO=measured); three tiny MoE models on the
+#      initcheck probe (tests/kernels/cuda/initcheck_probe.cc); the GEMM and attention op tests
+#      with measured choices (LOOM_GEMM_ALGO, LOOM_CUDNN_PLANS); three tiny MoE models on the
 #      GPU against the CPU, by loss; and one torch.compile of GPT-2 that fills the inductor
 #      cache, so that the timed torch.compile run below compiles in seconds;
 #   2. benchmarks alone on the GPU, by priority while the budget lasts: loom bench (--steps 12
@@ -33,21 +33,22 @@
 #      train.cuda_graph, GPT-2's GELU derivative the other two ways (LOOM_CUBLASLT_DGELU) and
 #      its fc1 bias gradient after the dgelu GEMM (LOOM_FC1_BIAS_GRAD=dgelu), LLaMA 1.3B
 #      (bf16 and FP8) with every weight-gradient write adding to zero-filled gradients
-#      (LOOM_GRAD_FIRST_WRITE=off) and with each GEMM's algorithm measured (LOOM_GEMM_ALGO=
-#      measured, gemm_measured), the
+#      (LOOM_GRAD_FIRST_WRITE=off) and with each GEMM's algorithm and cuDNN plan measured
+#      (LOOM_GEMM_ALGO, LOOM_CUDNN_PLANS: measured), the
 #      default spec with its f32 attention on the warp-per-row kernels (LOOM_ATTENTION_GENERIC
 #      =rows, against the tiled ones), GPT-2 and LLaMA 1.3B with q, k, v copied out of the
 #      QKV projection (LOOM_QKV_VIEWS=split, against the views), one table;
 #   3. ncu: per-kernel GPU time of one GPT-2 124M step (CSV in $OUT, top 15 here), and, as the
 #      budget allows, of the same step unfused, of one default-spec step, of one LLaMA 1.3B
 #      step and of one LLaMA 1.3B FP8 step;
-#   4. fp8_gemm against loom's bf16 GEMM in each of a Linear's forms (gemm_bench --dtype fp8),
-#      cuBLASLt GEMMs against cuBLAS (also the weight-gradient form, and the default spec's
-#      f32 GEMMs, each with split-K reductions as now and as before: LOOM_CUBLASLT_REDUCTION),
-#      and the attention, norm, AdamW (f32 and bf16 moments) and FP8 quantize benches when
-#      the bundle has them; attention also with cuDNN's graphs given the bottom-right form
-#      of the causal mask (LOOM_CUDNN_CAUSAL), and PyTorch's SDPA (cuDNN and flash) at the
-#      same shapes (tools/bench/torch_sdpa.py).
+#   4. in this order, while the budget lasts: fp8_gemm against loom's bf16 GEMM in each of a
+#      Linear's forms (gemm_bench --dtype fp8 --only llama); the attention bench, also with
+#      cuDNN's plans measured (LOOM_CUDNN_PLANS) and with its graphs given the bottom-right
+#      form of the causal mask (LOOM_CUDNN_CAUSAL), and PyTorch's SDPA (cuDNN and flash) at
+#      the same shapes (tools/bench/torch_sdpa.py); the FP8 quantize, norm and AdamW (f32 and
+#      bf16 moments) benches when the bundle has them; last, cuBLASLt GEMMs against cuBLAS
+#      (also the weight-gradient form, and the default spec's f32 GEMMs, each with split-K
+#      reductions as now and as before: LOOM_CUBLASLT_REDUCTION).
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cd "$here" || exit 2
@@ -196,13 +197,14 @@ dgelu_modes=(unfused dgelu_bgrad)
 for mode in "${dgelu_modes[@]}"; do
   job "dgelu.$mode" "$pool_limit" env LOOM_CUBLASLT_DGELU="$mode" ./tests/kernels/cpu/gemm_epilogue_test
 done
-# The gemm, gemm_epilogue and fp8_gemm op tests with each new shape's algorithm measured
-# (LOOM_GEMM_ALGO),
-# against the same oracles.
-measured_tests=(gemm_test gemm_epilogue_test fp8_test)
+# The gemm, gemm_epilogue, fp8_gemm and attention op tests with each new shape's GEMM
+# algorithm and cuDNN plan measured (LOOM_GEMM_ALGO, LOOM_CUDNN_PLANS), against the same
+# oracles.
+measured_tests=(gemm_test gemm_epilogue_test fp8_test attention_test)
 [[ $run_tests == 0 ]] && measured_tests=()
 for t in "${measured_tests[@]}"; do
-  job "measured.$t" "$pool_limit" env LOOM_GEMM_ALGO=measured ./tests/kernels/cpu/$t
+  job "measured.$t" "$pool_limit" env LOOM_GEMM_ALGO=measured LOOM_CUDNN_PLANS=measured \
+    ./tests/kernels/cpu/$t
 done
 wait
 rc_of() { cut -d' ' -f1 "$jobs_dir/$1.rc" 2>/dev/null || echo 999; }  # 999: did not run
@@ -326,12 +328,12 @@ for mode in "${dgelu_modes[@]}"; do
 done
 if ((${#measured_tests[@]})); then
   say ""
-  say "### The GEMM op tests with each shape's algorithm measured (LOOM_GEMM_ALGO=measured)"
+  say "### The GEMM and attention op tests with measured choices (LOOM_GEMM_ALGO, LOOM_CUDNN_PLANS)"
 fi
 for t in "${measured_tests[@]}"; do
   rc=$(rc_of "measured.$t")
   ((rc == 0)) || status=1
-  say "- $t: exit $rc; $(grep -c 'Failure' "$logs/measured.$t.log" 2>/dev/null || true) failures; $(grep -c 'LOOM_GEMM_ALGO=measured:' "$logs/measured.$t.log" 2>/dev/null || true) shapes picked another algorithm than the heuristic's first"
+  say "- $t: exit $rc; $(grep -c 'Failure' "$logs/measured.$t.log" 2>/dev/null || true) failures; $(grep -c 'LOOM_GEMM_ALGO=measured:' "$logs/measured.$t.log" 2>/dev/null || true) GEMM shapes picked another algorithm than the heuristic's first; $(grep -c 'LOOM_CUDNN_PLANS=measured:' "$logs/measured.$t.log" 2>/dev/null || true) cuDNN graphs timed"
   ((rc == 0)) || grep -E 'Failure|is .* expected' "$logs/measured.$t.log" | head -6 | sed 's/^/    /' >>"$report"
 done
 say ""
@@ -401,13 +403,13 @@ items=(
   "gpt2_124m_h100|loom|20|60" "gpt_tiny|graph_step|15|40" "gpt_tiny|graph_step_tf32x3|15|40"
   "gpt_tiny|graph_step_tf32x3_split|15|40" "llama_1b3_h100|loom|25|60"
   "llama_1b3_h100_fp8|loom|25|60" "gpt2_124m_h100|compile|25|90"
-  "llama_1b3_h100|gemm_measured|25|60" "llama_1b3_h100_fp8|gemm_measured|25|60"
+  "llama_1b3_h100|measured|25|60" "llama_1b3_h100_fp8|measured|25|60"
   "llama_1b3_h100|graph_step|45|60" "llama_1b3_h100_fp8|graph_step|45|60"
   "gpt2_124m_h100|graph_step|20|60" "gpt2_124m_h100|eager|20|60" "gpt2_124m_h100|two_op_loss|20|60"
   "gpt2_124m_h100|fc1_bgrad_dgelu|20|60" "llama_1b3_h100|compile|30|90"
   "llama_1b3_h100|grad_adds|25|60" "llama_1b3_h100_fp8|grad_adds|25|60"
   "llama_1b3_h100_fp8|swiglu_two_op|25|60" "llama_1b3_h100_fp8|rope_two_op|25|60"
-  "gpt2_124m_h100|gemm_measured|20|60"
+  "gpt2_124m_h100|measured|20|60"
   "llama_1b3_h100|bf16_moments|25|60"
   "gpt2_124m_h100|unfused|20|60"
   "gpt_tiny|loom|15|40" "gpt_tiny|graph|15|40" "gpt2_124m_h100|graph|20|60"
@@ -506,10 +508,12 @@ for item in "${items[@]}"; do
       --set 'kernels.pin={"rope_fp8_bwd":"none"}' \
       >"$bench/$name.$kind.json" 2>"$bench/$name.$kind.err" || rm -f "$bench/$name.$kind.json" ;;
     # Each new GEMM shape's algorithm chosen by timing cuBLASLt's first 8 (gemm,
-    # gemm_epilogue and fp8_gemm, LOOM_GEMM_ALGO=measured; cublaslt.cuh's choose_algo)
-    # instead of taking the heuristic's first. The warm-up steps pay the timing; the picks
-    # that differ go to the .err log.
-    gemm_measured) LOOM_GEMM_ALGO=measured timeout "$limit" ./tools/loom bench "$spec" "${steps[@]}" \
+    # gemm_epilogue and fp8_gemm, LOOM_GEMM_ALGO=measured; cublaslt.cuh's choose_algo), and
+    # each cuDNN attention graph's plan by timing them all (LOOM_CUDNN_PLANS=measured),
+    # instead of taking the heuristics' first. The warm-up steps pay the timing; what was
+    # timed goes to the .err log.
+    measured) LOOM_GEMM_ALGO=measured LOOM_CUDNN_PLANS=measured timeout "$limit" \
+      ./tools/loom bench "$spec" "${steps[@]}" \
       --json "${device[@]}" >"$bench/$name.$kind.json" 2>"$bench/$name.$kind.err" ||
       rm -f "$bench/$name.$kind.json" ;;
     # AdamW's moments in bf16 (Megatron's precision-aware optimizer), with the optimizer's
@@ -535,11 +539,11 @@ for item in "${items[@]}"; do
 done
 say ""
 python3 tools/gpu_bundle_report.py bench-table "$bench" >>"$report" 2>&1
-for err in "$bench"/*.gemm_measured.err; do
-  [[ -f $err ]] && grep -q 'LOOM_GEMM_ALGO=measured:' "$err" || continue
+for err in "$bench"/*.measured.err; do
+  [[ -f $err ]] && grep -qE 'LOOM_(GEMM_ALGO|CUDNN_PLANS)=measured:' "$err" || continue
   say ""
-  say "$(basename "$err" .err): the GEMMs whose measured algorithm is not the heuristic's first:"
-  grep 'LOOM_GEMM_ALGO=measured:' "$err" | head -30 | sed 's/^/    /' >>"$report"
+  say "$(basename "$err" .err): the GEMMs whose measured algorithm is not the heuristic's first, and the cuDNN graphs timed:"
+  grep -E 'LOOM_(GEMM_ALGO|CUDNN_PLANS)=measured:' "$err" | head -40 | sed 's/^/    /' >>"$report"
 done
 say ""
 say "(ms/step: loom's median step; tokens/s: over the mean step, loom's and PyTorch's (after"
@@ -634,6 +638,60 @@ if (($(left) < 15)); then say "- not run (budget)"; else
       say "- gemm_bench fp8 $form${fa:+ fast_accum $fa}: exit $?"
   done
 fi
+section "Attention: loom's kernel and cuDNN's (bf16, causal), and PyTorch's SDPA on the same GPU"
+if (($(left) < 15)); then say "- not run (budget)"; else
+  timeout $(($(left) > 40 ? 40 : $(left))) ./tools/bench/attention_bench >>"$report" 2>&1 ||
+    say "- attention_bench: exit $?"
+  # cuDNN's graphs with every plan of its heuristic built and the fastest kept
+  # (LOOM_CUDNN_PLANS=measured, cudnn_attention.cc); its stderr names what was timed.
+  if (($(left) >= 12)); then
+    say ""
+    say "LOOM_CUDNN_PLANS=measured:"
+    timeout $(($(left) > 25 ? 25 : $(left))) env LOOM_CUDNN_PLANS=measured \
+      ./tools/bench/attention_bench --kernel cuda.cudnn >>"$report" 2>&1 ||
+      say "- attention_bench (measured plans): exit $?"
+  fi
+  # cuDNN's graphs with the bottom-right form of the (same) causal mask at T == S.
+  if (($(left) >= 12)); then
+    say ""
+    timeout $(($(left) > 25 ? 25 : $(left))) env LOOM_CUDNN_CAUSAL=bottom_right \
+      ./tools/bench/attention_bench --kernel cuda.cudnn >>"$report" 2>&1 ||
+      say "- attention_bench (bottom-right): exit $?"
+  fi
+  if ((have_torch)) && (($(left) >= 12)); then
+    say ""
+    timeout $(($(left) > 30 ? 30 : $(left))) python3 tools/bench/torch_sdpa.py >>"$report" 2>&1 ||
+      say "- torch_sdpa: exit $?"
+  fi
+fi
+section "FP8 quantize + transpose: the typed kernel and the general one (LLaMA 1.3B FP8 shapes)"
+if [[ ! -x ./tools/bench/fp8_quantize_bench ]]; then say "- not in this bundle"
+elif (($(left) < 10)); then say "- not run (budget)"; else
+  for v in typed general; do
+    timeout $(($(left) > 15 ? 15 : $(left))) env LOOM_FP8_QUANTIZE=$v \
+      ./tools/bench/fp8_quantize_bench >>"$report" 2>&1 || say "- fp8_quantize_bench ($v): exit $?"
+    say ""
+  done
+fi
+
+section "Norms: plain, the unfused residual add + norm, and the fused add_*norm ops (bf16)"
+if (($(left) < 10)); then say "- not run (budget)"; else
+  # The backward's weight gradients in the dX kernel (the default), then in their own kernel
+  # (LOOM_NORM_BWD=separate, norm.cuh).
+  for v in fused separate; do
+    (($(left) < 10)) && { say "- norm_bench ($v): not run (budget)"; continue; }
+    say ""
+    say "LOOM_NORM_BWD=$v:"
+    timeout $(($(left) > 20 ? 20 : $(left))) env LOOM_NORM_BWD=$v ./tools/bench/norm_bench \
+      >>"$report" 2>&1 || say "- norm_bench ($v): exit $?"
+  done
+fi
+section "AdamW step over LLaMA 1.3B's parameters: f32 and bf16 moments (adamw_step_multi)"
+if [[ ! -x ./tools/bench/optim_bench ]]; then say "- not in this bundle"
+elif (($(left) < 15)); then say "- not run (budget)"; else
+  timeout $(($(left) > 30 ? 30 : $(left))) ./tools/bench/optim_bench >>"$report" 2>&1 ||
+    say "- optim_bench: exit $?"
+fi
 section "GEMM against cuBLAS (bf16; then weight gradients and the default spec's f32 GEMMs)"
 if (($(left) < 15)); then
   say "- not run (budget)"
@@ -674,51 +732,6 @@ else
     done
   done
 fi
-section "Attention: loom's kernel and cuDNN's (bf16, causal), and PyTorch's SDPA on the same GPU"
-if (($(left) < 15)); then say "- not run (budget)"; else
-  timeout $(($(left) > 40 ? 40 : $(left))) ./tools/bench/attention_bench >>"$report" 2>&1 ||
-    say "- attention_bench: exit $?"
-  # cuDNN's graphs with the bottom-right form of the (same) causal mask at T == S.
-  if (($(left) >= 12)); then
-    say ""
-    timeout $(($(left) > 25 ? 25 : $(left))) env LOOM_CUDNN_CAUSAL=bottom_right \
-      ./tools/bench/attention_bench --kernel cuda.cudnn >>"$report" 2>&1 ||
-      say "- attention_bench (bottom-right): exit $?"
-  fi
-  if ((have_torch)) && (($(left) >= 12)); then
-    say ""
-    timeout $(($(left) > 30 ? 30 : $(left))) python3 tools/bench/torch_sdpa.py >>"$report" 2>&1 ||
-      say "- torch_sdpa: exit $?"
-  fi
-fi
-section "Norms: plain, the unfused residual add + norm, and the fused add_*norm ops (bf16)"
-if (($(left) < 10)); then say "- not run (budget)"; else
-  # The backward's weight gradients in the dX kernel (the default), then in their own kernel
-  # (LOOM_NORM_BWD=separate, norm.cuh).
-  for v in fused separate; do
-    (($(left) < 10)) && { say "- norm_bench ($v): not run (budget)"; continue; }
-    say ""
-    say "LOOM_NORM_BWD=$v:"
-    timeout $(($(left) > 20 ? 20 : $(left))) env LOOM_NORM_BWD=$v ./tools/bench/norm_bench \
-      >>"$report" 2>&1 || say "- norm_bench ($v): exit $?"
-  done
-fi
-section "AdamW step over LLaMA 1.3B's parameters: f32 and bf16 moments (adamw_step_multi)"
-if [[ ! -x ./tools/bench/optim_bench ]]; then say "- not in this bundle"
-elif (($(left) < 15)); then say "- not run (budget)"; else
-  timeout $(($(left) > 30 ? 30 : $(left))) ./tools/bench/optim_bench >>"$report" 2>&1 ||
-    say "- optim_bench: exit $?"
-fi
-section "FP8 quantize + transpose: the typed kernel and the general one (LLaMA 1.3B FP8 shapes)"
-if [[ ! -x ./tools/bench/fp8_quantize_bench ]]; then say "- not in this bundle"
-elif (($(left) < 10)); then say "- not run (budget)"; else
-  for v in typed general; do
-    timeout $(($(left) > 15 ? 15 : $(left))) env LOOM_FP8_QUANTIZE=$v \
-      ./tools/bench/fp8_quantize_bench >>"$report" 2>&1 || say "- fp8_quantize_bench ($v): exit $?"
-    say ""
-  done
-fi
-
 section ""
 say ""
 say "## Time per section (s)"

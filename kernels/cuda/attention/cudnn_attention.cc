@@ -34,6 +34,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -175,6 +176,7 @@ struct GraphEntry {
   std::shared_ptr<fe::graph::Graph> graph;  // null when cuDNN rejected the key
   int64_t workspace = 0;
   std::string unsupported;  // cuDNN's reason when it rejected the key
+  bool tuned = false;       // measured_plans(): the plans have been timed (or tried to be)
 };
 // (pass, device, B, T, S, H, G, D, dtype, causal, scale bits, the row strides of Q, K, V,
 // dQ, dK, dV): no stream, see handle_for. The strides are the graph's: a graph built for
@@ -251,6 +253,19 @@ void set_causal(Attributes& opts, const AttentionShape& s) {
     opts.set_causal_mask_bottom_right(true);
 }
 
+// LOOM_CUDNN_PLANS=measured: each graph builds every execution plan of cuDNN's heuristic
+// (BuildPlanPolicy_t::ALL, not only its first), and its first call outside a CUDA graph capture
+// times them all on the call's own tensors (cudnn-frontend's autotune, which synchronises the
+// device and writes the call's outputs, which the call then writes again) and keeps the
+// fastest; the workspace is then the largest plan's. Unset ("heuristic"): the heuristic's first
+// plan, as before. Like LOOM_GEMM_ALGO (gemm/cublaslt.cuh), a choice by timing that two runs
+// may make differently.
+bool measured_plans() {
+  static const bool measured =
+      env_choice("attention", "LOOM_CUDNN_PLANS", {"heuristic", "measured"}) == 1;
+  return measured;
+}
+
 // Builds the graph of one pass; "" on success, else cuDNN's reason.
 std::string build_graph(Pass pass, DType dt, const AttentionShape& s, cudnnHandle_t handle,
                         GraphEntry* e) {
@@ -300,10 +315,18 @@ std::string build_graph(Pass pass, DType dt, const AttentionShape& s, cudnnHandl
   if (auto err = g->create_execution_plans({fe::HeurMode_t::A}); err.is_bad())
     return failed("create_execution_plans", err);
   if (auto err = g->check_support(handle); err.is_bad()) return failed("check_support", err);
-  if (auto err = g->build_plans(handle); err.is_bad()) return failed("build_plans", err);
+  const bool all = measured_plans();
+  if (auto err = g->build_plans(
+          handle, all ? fe::BuildPlanPolicy_t::ALL : fe::BuildPlanPolicy_t::HEURISTICS_CHOICE);
+      err.is_bad())
+    return failed("build_plans", err);
   int64_t ws = 0;
-  if (auto err = g->get_workspace_size(ws); err.is_bad() || ws < 0)
+  if (all) {
+    ws = g->get_autotune_workspace_size();  // the largest plan's, which autotune needs
+  } else if (auto err = g->get_workspace_size(ws); err.is_bad() || ws < 0) {
     return failed("get_workspace_size", err);
+  }
+  if (ws < 0) return "get_workspace_size: negative";
   e->graph = std::move(g);
   e->workspace = ws;
   return "";
@@ -350,6 +373,36 @@ std::shared_ptr<GraphEntry> graph_for(const OpCall* call, Pass pass, DType dt,
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// measured_plans(): times the graph's plans once, on the call's tensors, unless the call's
+// stream is capturing a CUDA graph (then a later direct call does it). A failed timing keeps
+// the heuristic's plan. One line to stderr says what was timed.
+void tune_plans(Pass pass, DType dt, const AttentionShape& s, cudnnHandle_t handle,
+                std::unordered_map<int64_t, void*>& pack, void* workspace, const OpCall* call,
+                GraphEntry* e) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream_of(call), &capture) != cudaSuccess ||
+      capture != cudaStreamCaptureStatusNone)
+    return;
+  e->tuned = true;
+  const int64_t plans = e->graph->get_execution_plan_count();
+  std::string result;
+  try {
+    fe::error_t err = e->graph->autotune(handle, pack, workspace);
+    result = err.is_bad() ? "timing failed, the heuristic's plan kept: " + err.get_message()
+                          : "the fastest kept";
+  } catch (const std::exception& ex) {
+    result = std::string("timing threw, the heuristic's plan kept: ") + ex.what();
+  }
+  std::fprintf(stderr,
+               "%s %s: LOOM_CUDNN_PLANS=measured: %lld plan(s) of cuDNN's heuristic timed for "
+               "(B %lld, T %lld, S %lld, H %lld, G %lld, D %lld): %s\n",
+               pass == Pass::kFwd ? ops::kAttentionFwd : ops::kAttentionBwd, dtype_name(dt),
+               static_cast<long long>(plans), static_cast<long long>(s.b),
+               static_cast<long long>(s.t), static_cast<long long>(s.s),
+               static_cast<long long>(s.h), static_cast<long long>(s.g),
+               static_cast<long long>(s.d), result.c_str());
+}
+
 // Runs `call` on cuDNN; "" when it did, else why not (then nothing was written).
 std::string try_cudnn(const OpCall* call, Pass pass, DType dt) {
   AttentionShape s{};
@@ -380,9 +433,12 @@ std::string try_cudnn(const OpCall* call, Pass pass, DType dt) {
        !aligned16(call->workspace)))
     return "the call's workspace (" + std::to_string(call->workspace_bytes) +
            " bytes) is smaller than cuDNN's " + std::to_string(e->workspace);
+  void* workspace = e->workspace > 0 ? call->workspace : nullptr;
+  if (measured_plans() && !e->tuned)
+    tune_plans(pass, dt, s, handle, pack, workspace, call, e.get());
   fe::error_t err;
   try {
-    err = e->graph->execute(handle, pack, e->workspace > 0 ? call->workspace : nullptr);
+    err = e->graph->execute(handle, pack, workspace);
   } catch (const std::exception& ex) {
     return std::string("cudnn-frontend execute threw: ") + ex.what();
   }

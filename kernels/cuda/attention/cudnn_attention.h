@@ -27,6 +27,10 @@
 //     shape is remembered and not retried;
 //   - the call's workspace holds cuDNN's (the KernelDesc's workspace function reports the
 //     larger of cuDNN's and loom's needs).
+// Each graph runs the first execution plan of cuDNN's heuristic (mode A).
+// LOOM_CUDNN_PLANS=measured builds every plan of it and times them on the graph's first call
+// outside a CUDA graph capture (cudnn-frontend's autotune), keeping the fastest, with the
+// largest plan's workspace; one line to stderr per graph says what was timed.
 // A spec pins loom's own kernel with /kernels/pin {"attention_fwd": "cuda",
 // "attention_bwd": "cuda"}, or cuDNN's with "cuda.cudnn" (which still falls back per call;
 // it exists for bf16 and f16 only, so an f32 model with that pin stops at resolution with

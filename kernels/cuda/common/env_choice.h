@@ -1,7 +1,8 @@
 // The environment switches of the CUDA kernels (LOOM_ATTENTION_GENERIC, LOOM_CUBLASLT_DGELU,
-// LOOM_CUBLASLT_REDUCTION, LOOM_CUDNN_CAUSAL, LOOM_GEMM_ALGO, LOOM_FP8_QUANTIZE, LOOM_NORM_BWD,
-// LOOM_TF32X3, LOOM_TF32X3_WORKSPACE): each picks one of a few named variants of a kernel, to
-// measure one against another on a GPU (tools/gpu_bundle_run.sh), not to tune a run.
+// LOOM_CUBLASLT_REDUCTION, LOOM_CUDNN_CAUSAL, LOOM_CUDNN_PLANS, LOOM_FP8_QUANTIZE,
+// LOOM_GEMM_ALGO, LOOM_NORM_BWD, LOOM_TF32X3, LOOM_TF32X3_WORKSPACE): each picks one of a few
+// named variants of a kernel, to measure one against another on a GPU
+// (tools/gpu_bundle_run.sh), not to tune a run.
 #pragma once
 
 #include <loom/cpp/error.h>
