@@ -106,12 +106,16 @@ namespace {
 
 constexpr int kTrialRuns = 5;
 
-// Stream-ordered device memory for choose_algo's scratch Y, freed (on the stream) at scope exit.
+// Stream-ordered device memory for choose_algo's scratch Y, freed (on the stream) at scope
+// exit; the synchronisation after the free hands it back to the device at once (the default
+// pool keeps freed memory until the next one), not at the step's next.
 struct TrialScratch {
   void* data = nullptr;
   cudaStream_t stream = nullptr;
   ~TrialScratch() {
-    if (data != nullptr) cudaFreeAsync(data, stream);
+    if (data == nullptr) return;
+    cudaFreeAsync(data, stream);
+    cudaStreamSynchronize(stream);
   }
 };
 
