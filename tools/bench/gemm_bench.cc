@@ -170,7 +170,10 @@ int main(int argc, char** argv) {
   fp8_options.y_dtype = form == "wgrad" ? loom::DType::kF32 : loom::DType::kBF16;
   fp8_options.beta = options.beta;
   fp8_options.fast_accum = fast_accum >= 0 ? fast_accum == 1 : form == "fwd";
-  options.candidates = fp8 ? 0 : options.candidates;  // the bf16 column is the baseline only
+  if (fp8) {  // the bf16 column is loom's kernel alone, the baseline
+    options.candidates = 0;
+    options.cublas = false;
+  }
   if (!json && fp8)
     std::printf("form %s, fp8_gemm (A %s, B fp8_e4m3, Y %s, fast_accum %d) against bf16 gemm\n\n",
                 form.c_str(), loom::dtype_name(fp8_options.a_dtype),

@@ -5,6 +5,7 @@
 #include <cublas_v2.h>
 #include <cuda_fp8.h>
 #include <loom/cpp/error.h>
+#include <loom/cpp/fp8.h>
 #include <loom/cpp/op_args.h>
 #include <loom/kernel.h>
 #include <loom/ops.h>
@@ -235,8 +236,6 @@ void check_sizes(int64_t m, int64_t n, int64_t k, int iterations, int warmup) {
     throw Error(Code::kInvalidArgument, "gemm_bench: iterations must be >= 1 and warmup >= 0");
 }
 
-bool is_fp8(DType t) { return t == DType::kF8E4M3 || t == DType::kF8E5M2; }
-
 void run_bench(int64_t m, int64_t n, int64_t k, DType dtype, const GemmBenchOptions& o,
                GemmBenchResult* out) {
   if (!is_float_dtype(dtype))
@@ -271,8 +270,10 @@ void run_bench(int64_t m, int64_t n, int64_t k, DType dtype, const GemmBenchOpti
   auto run_loom = [&] { throw_if_error(loom_gemm(&call), "gemm_bench: loom gemm"); };
 
   // cuBLAS: the same column-major swap as gemm.cu (Y^T = op(B)^T op(A)^T).
-  cublas_check(cublasCreate(&r.cublas), "cublasCreate");
-  cublas_check(cublasSetStream(r.cublas, r.stream), "cublasSetStream");
+  if (o.cublas) {
+    cublas_check(cublasCreate(&r.cublas), "cublasCreate");
+    cublas_check(cublasSetStream(r.cublas, r.stream), "cublasSetStream");
+  }
   const float alpha = 1.0f, beta = o.beta;
   const int lda = static_cast<int>(o.trans_a ? m : k), ldb = static_cast<int>(o.trans_b ? k : n);
   cublasComputeType_t compute = o.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
@@ -288,13 +289,15 @@ void run_bench(int64_t m, int64_t n, int64_t k, DType dtype, const GemmBenchOpti
 
   for (int i = 0; i < o.warmup; ++i) {
     run_loom();
-    run_cublas();
+    if (o.cublas) run_cublas();
   }
   out->loom_ms = time_ms(r, o.iterations, run_loom);
-  out->cublas_ms = time_ms(r, o.iterations, run_cublas);
   const double flops = flops_of(m, n, k);
   out->loom_tflops = flops / (out->loom_ms * 1e-3) / 1e12;
-  out->cublas_tflops = flops / (out->cublas_ms * 1e-3) / 1e12;
+  if (o.cublas) {
+    out->cublas_ms = time_ms(r, o.iterations, run_cublas);
+    out->cublas_tflops = flops / (out->cublas_ms * 1e-3) / 1e12;
+  }
   if (o.candidates > 0) time_candidates(r, m, n, k, dtype, y_dtype, o, out);
 }
 
@@ -304,7 +307,7 @@ void run_bench(int64_t m, int64_t n, int64_t k, DType dtype, const GemmBenchOpti
 void run_fp8_bench(int64_t m, int64_t n, int64_t k, const Fp8GemmBenchOptions& o,
                    GemmBenchResult* out) {
   check_sizes(m, n, k, o.iterations, o.warmup);
-  if (!is_fp8(o.a_dtype) || !is_fp8(o.b_dtype) ||
+  if (!is_fp8_dtype(o.a_dtype) || !is_fp8_dtype(o.b_dtype) ||
       (o.a_dtype == DType::kF8E5M2 && o.b_dtype == DType::kF8E5M2))
     throw Error(Code::kInvalidArgument,
                 "gemm_bench: fp8 operands are fp8_e4m3 or fp8_e5m2, not both fp8_e5m2");

@@ -22,6 +22,7 @@ struct GemmBenchOptions {
   /// kernel it stands in for.
   bool tf32x3 = false;
   float beta = 0.0f;     ///< 1 times the accumulating form (weight gradients)
+  bool cublas = true;    ///< also time cublasGemmEx (false: loom's kernel alone, cublas_* 0)
   int warmup = 10;       ///< untimed calls of each before timing (plans, clocks)
   int iterations = 100;  ///< timed calls of each, back to back on one stream
   int device = 0;        ///< CUDA device ordinal
@@ -34,9 +35,10 @@ struct GemmBenchOptions {
 /// Times of one problem; TFLOP/s count 2 M N K floating-point operations per call.
 struct GemmBenchResult {
   double loom_ms = 0.0;        ///< mean time of one call of loom's gemm (or fp8_gemm) kernel
-  double cublas_ms = 0.0;      ///< mean time of one cublasGemmEx call (0 from fp8_gemm_bench)
+  double cublas_ms =
+      0.0;  ///< mean time of one cublasGemmEx call (0 from fp8_gemm_bench or !cublas)
   double loom_tflops = 0.0;    ///< 2 M N K / loom_ms, in 10^12 per second
-  double cublas_tflops = 0.0;  ///< 2 M N K / cublas_ms (0 from fp8_gemm_bench)
+  double cublas_tflops = 0.0;  ///< 2 M N K / cublas_ms (0 likewise)
   int candidates = 0;          ///< heuristic algorithms timed (options.candidates or fewer)
   int best_rank = -1;          ///< the fastest one's place in the heuristic's list (0: first)
   double best_ms = 0.0;        ///< its mean time of one call
@@ -47,8 +49,9 @@ struct GemmBenchResult {
 /// Allocates A, B and Y on `options.device` for Y (M, N) = op(A) @ op(B) with inner
 /// dimension K, fills A and B with uniform values in [-1, 1) (and Y with 0), times
 /// `options.iterations` calls of loom's gemm kernel (through its KernelFn, as a module calls
-/// it) and of cublasGemmEx with CUBLAS_COMPUTE_32F (or FAST_TF32) on the same buffers with
-/// CUDA events, and frees everything. Never throws; a failure is reported in `error`.
+/// it) and (options.cublas) of cublasGemmEx with CUBLAS_COMPUTE_32F (or FAST_TF32) on the
+/// same buffers with CUDA events, and frees everything. Never throws; a failure is reported
+/// in `error`.
 /// \param m, n, k  problem size, each in [1, 2^31)
 /// \param dtype    operands' dtype: f32, bf16 or f16
 GemmBenchResult gemm_bench(int64_t m, int64_t n, int64_t k, DType dtype,
