@@ -15,8 +15,9 @@
 // carry a callback for grads_ready (set_grads_ready): the trainer sets one on the last
 // micro-batch of a step to start the gradient reduction during backward; a flag that splits
 // its backward (set_defer_weight_grads: zero-bubble schedules); a sink for the metrics
-// modules report (set_metric_sink); and the step's claims of first gradient writes
-// (set_grad_claims: grad_first_write).
+// modules report (set_metric_sink); the step's claims of first gradient writes
+// (set_grad_claims: grad_first_write); and the id of the step's parameter values
+// (set_param_version: param_version).
 #pragma once
 
 #include <cstdint>
@@ -94,6 +95,10 @@ class ForwardContext final : public IForwardContext {
   /// Answers grad_first_write with `claim` (the step's parameter set: ParameterSet::
   /// claim_grad; empty, the default: every write adds). Only a training context asks it.
   void set_grad_claims(std::function<bool(const void*)> claim) { grad_claims_ = std::move(claim); }
+  /// Answers param_version with `version` (0, the default: modules keep nothing derived
+  /// from the parameters across passes); outside training it is always 0. The trainer gives
+  /// every micro-batch of a step the step's id (StepPlanContext::param_version).
+  void set_param_version(uint64_t version) { param_version_ = version; }
   /// Marks the pass as captured into a device graph (train.cuda_graph): a replay repeats
   /// what the capture saw, so random streams (which differ per step) and metric reports
   /// (host-side) cannot be served. rng still answers but notes the first such request in
@@ -122,6 +127,7 @@ class ForwardContext final : public IForwardContext {
     return training_ && loss_grad_.data != nullptr ? &loss_grad_ : nullptr;
   }
   int32_t grad_first_write(const TensorView* grad) noexcept override;
+  uint64_t param_version() const noexcept override { return training_ ? param_version_ : 0; }
 
  private:
   IHost& host_;
@@ -163,6 +169,7 @@ class ForwardContext final : public IForwardContext {
   bool capturing_ = false;
   std::string capture_refusal_;
   std::function<bool(const void*)> grad_claims_;
+  uint64_t param_version_ = 0;
 };
 
 /// SplitMix64 finaliser: mixes 64 bits (for seeds and stream keys).

@@ -63,7 +63,9 @@ constexpr const char* kCoreSchema = R"json({
         "min_loss_scale": {"type": "number", "exclusiveMinimum": 0, "default": 1},
         "loss_scale_window": {"type": "integer", "minimum": 1, "default": 1000},
         "hysteresis": {"type": "integer", "minimum": 1, "default": 2},
-        "fp8": {"x-loom-component": "fp8_recipe"}
+        "fp8": {"x-loom-component": "fp8_recipe"},
+        "fp8_weight_cache": {"type": "boolean", "default": true,
+                             "description": "with fp8 and several micro-batches a step: each FP8 weight is quantised once a step and kept for the step's other micro-batches (Transformer Engine's weight caching; Megatron's disable_parameter_transpose_cache false); off: quantised in every micro-batch, the same bits"}
       }
     },
     "optimizer": {"x-loom-component": "optimizer"},

@@ -142,6 +142,8 @@ void GraphedPass::capture(int32_t rng_index, const StepPlanContext& step) {
     ctx.set_aux_loss_weight(step.loss_weight);
     ctx.set_capturing(true);
     if (overwrites_) ctx.set_grad_claims(step.grad_first_write);
+    // param_version stays 0: a replay repeats only the capture's kernels, so what a module
+    // derived from the parameters in one micro-batch could not be derived again next step.
     try {
       pass(ctx);
     } catch (...) {

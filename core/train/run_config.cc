@@ -43,12 +43,14 @@ void check(const RunConfig& c) {
                     "every rank saves its slices; use the sharded format (and `loom checkpoint "
                     "convert` for a {} copy)",
                     format, format));
-  if (par.pp > 1 && !c.precision.fp8.is_null())
+  if (par.vpp > 1 && !c.precision.fp8.is_null())
     throw Error(Code::kUnimplemented,
-                "spec /precision/fp8: FP8 training with pipeline parallelism (parallel.pp > 1) "
-                "is not available in this loom yet (each stage's amax histories would need "
-                "their own checkpoint names); train in FP8 with parallel.pp 1, or without "
-                "/precision/fp8");
+                fmt::format("spec /precision/fp8: FP8 training with virtual pipeline chunks "
+                            "(parallel.vpp {}, given or implied by parallel.pipeline_layout) is "
+                            "not available in this loom yet (a rank's FP8 state would be several "
+                            "slices of the checkpoint's); use one chunk per stage (vpp 1: the "
+                            "1f1b or zb_h1 schedule), or train without /precision/fp8",
+                            par.vpp));
   if (par.vpp != 1 && par.pp == 1)
     throw SpecError("/parallel/vpp",
                     fmt::format("{} virtual pipeline chunks need pipeline parallelism "
@@ -177,6 +179,7 @@ RunConfig RunConfig::from_spec(const nlohmann::json& spec) {
   pr.loss_scale_window = at(spec, "precision", "loss_scale_window").get<int64_t>();
   pr.hysteresis = at(spec, "precision", "hysteresis").get<int64_t>();
   pr.fp8 = node(spec, "precision", "fp8");
+  pr.fp8_weight_cache = at(spec, "precision", "fp8_weight_cache").get<bool>();
 
   TrainConfig& t = c.train;
   t.steps = at(spec, "train", "steps").get<int64_t>();

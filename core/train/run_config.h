@@ -63,6 +63,9 @@ struct PrecisionConfig {
   double initial_loss_scale = 65536, min_loss_scale = 1;
   int64_t loss_scale_window = 1000, hysteresis = 2;
   nlohmann::json fp8;  ///< the FP8 recipe's component node, or null
+  /// FP8 copies of the weights made once a step and kept for its other micro-batches
+  /// (/precision/fp8_weight_cache: IForwardContext::param_version).
+  bool fp8_weight_cache = true;
   /// Dynamic loss scaling (f16 parameters).
   bool dynamic_loss_scaling() const { return params == DType::kF16; }
 };

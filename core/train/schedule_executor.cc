@@ -285,6 +285,7 @@ void ScheduleExecutor::open(InFlight& f, int32_t m, const StepPlanContext& step)
   f.ctx->set_metric_sink(step.metrics);
   f.ctx->set_aux_loss_weight(step.loss_weight);
   f.ctx->set_grad_claims(step.grad_first_write);
+  f.ctx->set_param_version(step.param_version);
 }
 
 void ScheduleExecutor::forward_inputs(ForwardContext& ctx, const Batch& batch,

@@ -63,6 +63,10 @@ struct StepPlanContext {
   /// The step's claims of first gradient writes (IForwardContext::grad_first_write: the
   /// parameter set's ParameterSet::claim_grad); empty: every write adds.
   std::function<bool(const void*)> grad_first_write;
+  /// The id of the step's parameter values (IForwardContext::param_version), given to every
+  /// micro-batch's context; 0: modules keep nothing derived from the parameters across
+  /// micro-batches.
+  uint64_t param_version = 0;
   /// Called after each backward (or backward_input) of a micro-batch (test hooks).
   std::function<void(int32_t micro_batch)> after_backward;
   /// The logits of a micro-batch whose forward returned them (a model built with

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -25,10 +26,18 @@
 #include "core/util/gather_text.h"
 #include "core/util/log.h"
 #include "loom/kinds.h"
+#include "loom/version.h"
 
 namespace loom::core {
 
 namespace {
+
+// A parameter-values id never handed out before in this process (IForwardContext::
+// param_version): trainers in one process (tests) never share one.
+uint64_t next_param_version() {
+  static std::atomic<uint64_t> last{0};
+  return ++last;
+}
 
 uint64_t max_rss_bytes() {
   struct rusage usage {};
@@ -112,6 +121,12 @@ Trainer::Trainer(const nlohmann::json& spec, PluginManager& plugins,
   components_ = build_components(spec_, config_, plugins_, inherited, pp_rank_);
   plugins_.host().check_pins();  // every plugin the model needs is loaded now
   fp8_ = components_.fp8;
+  if (fp8_ != nullptr && config_.parallel.pp > 1 && fp8_->interface_info().minor < 2)
+    throw Error(Code::kUnimplemented,
+                fmt::format("spec /precision/fp8: the recipe '{}' predates fp8_recipe 1.2 (it "
+                            "cannot say how its state splits over pipeline stages); rebuild it "
+                            "against loom's SDK {} or train it with parallel.pp 1",
+                            config_.precision.fp8.value("impl", std::string()), LOOM_ABI_STRING));
   model_ = components_.model;
   optimizer_ = components_.optimizer;
   schedule_ = components_.schedule;
@@ -220,7 +235,9 @@ Trainer::Trainer(const nlohmann::json& spec, PluginManager& plugins,
   // sequences; activations are this rank's share of each (seq_length / cp tokens).
   auto model_cost = [&](int64_t seq_length) {
     CostQuery query{sizeof(CostQuery), train.micro_batch_size, seq_length, train.recompute,
-                    fp8_ != nullptr ? 1 : 0};
+                    fp8_ == nullptr        ? 0
+                    : caches_fp8_weights() ? 2
+                                           : 1};
     ModelCost sum{};
     bool known = true;  // every chunk counts its own FLOPs
     for (IModel* chunk : components_.chunks) {
@@ -270,6 +287,11 @@ ICommunicator& Trainer::group(ParallelRole role) const {
   throw_if_error(plugins_.host().group(role, &comm),
                  fmt::format("the {} parallel group", parallel_role_name(role)));
   return *comm;
+}
+
+bool Trainer::caches_fp8_weights() const {
+  return fp8_ != nullptr && config_.precision.fp8_weight_cache && config_.micro_batches() > 1 &&
+         graphed_ == nullptr;
 }
 
 uint64_t Trainer::peak_memory() const {
@@ -325,7 +347,13 @@ void Trainer::print_banner(std::FILE* out) const {
                  "%.1f TFLOP/s%s\n",
                  flops_per_step_, device_name_.c_str(), peak_flops_ / 1e12,
                  peak_flops_ > 0 ? "" : " (unknown: no MFU)");
-  if (fp8_ != nullptr) std::fprintf(out, "  fp8: %s\n", config_.precision.fp8.dump().c_str());
+  if (fp8_ != nullptr)
+    std::fprintf(out, "  fp8: %s%s\n", config_.precision.fp8.dump().c_str(),
+                 caches_fp8_weights()
+                     ? fmt::format("; weights quantised once a step, kept for its {} micro-batches",
+                                   config_.micro_batches())
+                           .c_str()
+                     : "");
   std::fprintf(out, "  memory estimate: %s\n", memory_estimate().describe().c_str());
   std::string kernels;
   for (const auto& r : plugins_.host().resolutions())
@@ -380,6 +408,10 @@ StepPlanContext Trainer::step_context(std::vector<Batch>& batches, int64_t start
     step.grads_ready = [this](const void* owner) { optim_->grads_ready(owner); };
   if (grad_first_write_)
     step.grad_first_write = [this](const void* grad) { return params_->claim_grad(grad); };
+  // A new id of the parameter values for each step (they change only between steps), under
+  // which modules keep what they derive from them (FP8 weights) for the step's other
+  // micro-batches; with one micro-batch there is nothing to share.
+  if (caches_fp8_weights()) step.param_version = next_param_version();
   if (parallel_ != nullptr) {
     step.pipeline = &group(ParallelRole::kPipeline);
     step.context = &group(ParallelRole::kContext);

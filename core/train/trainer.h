@@ -152,6 +152,11 @@ class Trainer {
  private:
   // The plan of one step (the schedule's, or the built-in one without pipelining).
   std::vector<PipelineAction> plan(int32_t micro_batches) const;
+  // Whether modules keep their FP8 weights for a step's other micro-batches
+  // (StepPlanContext::param_version nonzero): FP8, /precision/fp8_weight_cache, several
+  // micro-batches a step, and no /train/cuda_graph (a replay cannot skip the quantisation
+  // for one micro-batch and not for another).
+  bool caches_fp8_weights() const;
   // The schedule's name for messages: its impl, or "no_pipelining" (the built-in plan).
   std::string schedule_name() const;
   // The step's context for the executor, reading micro-batches from the data.
@@ -160,6 +165,18 @@ class Trainer {
   double sum_over(ParallelRole role, double value);
   // The FP8 recipe's state tensor `index` as ("fp8.<name>", its view on the device).
   std::pair<std::string, TensorView> fp8_state(int32_t index) const;
+  // Where this rank's FP8 state sits in the checkpoint's: a pipeline stage holds its own
+  // layers' quantisers, so the checkpoint concatenates the stages' per-quantiser tensors
+  // along their quantiser dimension (fp8_recipe 1.2), in stage order.
+  struct Fp8StateLayout {
+    std::vector<int32_t> dims;  ///< each state tensor's quantiser dimension, or -1
+    int64_t local = 0;          ///< this stage's quantisers
+    int64_t offset = 0;         ///< the stages' before it
+    int64_t total = 0;          ///< every stage's
+  };
+  // Collective over the pipeline group on its first call (every rank calls it: checkpoint
+  // saves and restores are collective).
+  const Fp8StateLayout& fp8_state_layout();
   // Reads the FP8 recipe's state from a checkpoint (a warning when it holds none).
   void restore_fp8(CheckpointReader& reader);
   /// Collective over the amax group: throws when a rank's FP8 state differs from rank 0's.
@@ -185,6 +202,7 @@ class Trainer {
   Device device_;
   RunComponents components_;   // destroyed after everything below that uses them
   IFp8Recipe* fp8_ = nullptr;  ///< spec /precision/fp8; null without FP8
+  std::optional<Fp8StateLayout> fp8_layout_;  ///< fp8_state_layout, once asked
   IModel* model_ = nullptr;
   IOptimizer* optimizer_ = nullptr;
   ILrSchedule* schedule_ = nullptr;

@@ -2,6 +2,7 @@
 // The optimizer's tensors are the DistributedOptimizer's (core/optim/optimizer_checkpoint.cc).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <limits>
 
 #include "core/checkpoint/checkpoint_files.h"
@@ -59,15 +60,30 @@ std::vector<SaveTensor> Trainer::checkpoint_tensors() {
     append_save_tensor(out, "model." + p.name, p, split_ranks_, p.value.data, p.info.dtype);
     optim_->append_checkpoint_tensors(p, out);
   }
-  // The FP8 recipe's state (amax histories, scales): the same on every rank after a step
-  // (the amaxes are reduced over tp, cp and dp), so rank 0 writes it whole (the ranks have
-  // shown that their copies agree: check_fp8_state_agrees, before the save).
-  if (fp8_ != nullptr && tp_rank_ == 0 && data_rank_ == 0)
-    for (int32_t i = 0; i < fp8_->state_count(); ++i) {
-      auto [name, view] = fp8_state(i);
-      std::vector<int64_t> shape(view.shape, view.shape + view.ndim);
-      out.push_back({name, DType::kF32, shape, view.data});
-    }
+  // The FP8 recipe's state (amax histories, scales): the same on every rank of a stage after
+  // a step (the amaxes are reduced over tp, cp and dp), so its rank 0 writes it (the ranks
+  // have shown that their copies agree: check_fp8_state_agrees, before the save). With a
+  // pipeline each stage writes its quantisers' slice (fp8_state_layout), and stage 0 the
+  // tensors that are not per quantiser.
+  if (fp8_ != nullptr) {
+    const Fp8StateLayout& layout = fp8_state_layout();
+    if (tp_rank_ == 0 && data_rank_ == 0)
+      for (int32_t i = 0; i < fp8_->state_count(); ++i) {
+        auto [name, view] = fp8_state(i);
+        std::vector<int64_t> shape(view.shape, view.shape + view.ndim);
+        const int32_t dim = layout.dims[static_cast<size_t>(i)];
+        if (dim < 0 || layout.total == layout.local) {
+          if (dim >= 0 || pp_rank_ == 0) out.push_back({name, DType::kF32, shape, view.data});
+          continue;
+        }
+        if (layout.local == 0) continue;  // a stage without FP8 layers
+        SaveTensor t{name, DType::kF32, shape, view.data, std::vector<int64_t>(shape.size(), 0),
+                     shape};
+        t.shape[static_cast<size_t>(dim)] = layout.total;
+        t.offset[static_cast<size_t>(dim)] = layout.offset;
+        out.push_back(std::move(t));
+      }
+  }
   if (device_.type != DeviceType::kCpu) {
     // The writers read host memory: copy what still lives on the device.
     checkpoint_bytes_.clear();
@@ -130,6 +146,44 @@ std::pair<std::string, TensorView> Trainer::fp8_state(int32_t index) const {
   return {std::string("fp8.") + name, view};
 }
 
+const Trainer::Fp8StateLayout& Trainer::fp8_state_layout() {
+  if (fp8_layout_) return *fp8_layout_;
+  Fp8StateLayout layout;
+  layout.local = -1;
+  for (int32_t i = 0; i < fp8_->state_count(); ++i) {
+    const int32_t dim = fp8_->interface_info().minor >= 2 ? fp8_->state_quantizer_dim(i) : -1;
+    auto [name, view] = fp8_state(i);
+    if (dim >= view.ndim)
+      throw Error(Code::kInternal,
+                  fmt::format("the FP8 recipe says {} ({} dimensions) runs over its quantisers "
+                              "along dimension {}",
+                              name, view.ndim, dim));
+    if (dim >= 0) {
+      if (layout.local >= 0 && view.shape[dim] != layout.local)
+        throw Error(Code::kInternal,
+                    fmt::format("the FP8 recipe's state tensors disagree on its number of "
+                                "quantisers ({}: {}, the others {})",
+                                name, view.shape[dim], layout.local));
+      layout.local = view.shape[dim];
+    }
+    layout.dims.push_back(dim);
+  }
+  layout.local = std::max<int64_t>(layout.local, 0);
+  layout.total = layout.local;
+  if (config_.parallel.pp > 1) {
+    // Each stage's count, in stage order: this stage's slice starts after the earlier ones.
+    std::vector<std::string> counts = all_gather_text(
+        group(ParallelRole::kPipeline), std::to_string(layout.local), "the FP8 state's layout");
+    layout.total = 0;
+    for (size_t r = 0; r < counts.size(); ++r) {
+      if (static_cast<int>(r) == pp_rank_) layout.offset = layout.total;
+      layout.total += std::stoll(counts[r]);
+    }
+  }
+  fp8_layout_ = std::move(layout);
+  return *fp8_layout_;
+}
+
 void Trainer::check_fp8_state_agrees() {
   if (fp8_ == nullptr || parallel_ == nullptr) return;
   ICommunicator& amax = group(ParallelRole::kAmax);
@@ -161,10 +215,12 @@ void Trainer::check_fp8_state_agrees() {
 
 void Trainer::restore_fp8(CheckpointReader& reader) {
   if (fp8_ == nullptr || fp8_->state_count() == 0) return;
+  const Fp8StateLayout& layout = fp8_state_layout();
   std::vector<std::string> names;
   std::vector<CheckpointTensor> requests;
   for (int32_t i = 0; i < fp8_->state_count(); ++i) {
     auto [name, view] = fp8_state(i);
+    const int32_t dim = layout.dims[static_cast<size_t>(i)];
     if (!reader.has(name)) {
       log_warning("checkpoint",
                   fmt::format("{} holds no FP8 recipe state ('{}'; saved without "
@@ -173,11 +229,16 @@ void Trainer::restore_fp8(CheckpointReader& reader) {
                               reader.dir().string(), name));
       return;
     }
+    if (dim >= 0 && layout.local == 0) continue;  // a stage without FP8 layers
     names.push_back(name);
     CheckpointTensor t{};
     t.struct_size = sizeof(CheckpointTensor);
     t.ndim = view.ndim;
     for (int32_t d = 0; d < view.ndim; ++d) t.global_shape[d] = view.shape[d];
+    if (dim >= 0) {  // this stage's quantisers among every stage's
+      t.global_shape[dim] = layout.total;
+      t.offset[dim] = layout.offset;
+    }
     t.data = view;
     requests.push_back(t);
   }

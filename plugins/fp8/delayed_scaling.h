@@ -26,6 +26,10 @@ class DelayedScaling final : public ScalingRecipe {
   /// the history row of the coming step, as a float.
   int32_t state_count() const noexcept override { return 4; }
   Status state(int32_t index, Device device, const char** name, TensorView* view) noexcept override;
+  /// amax_history along its columns (1), scale and scale_inv (0); history_position none.
+  int32_t state_quantizer_dim(int32_t index) const noexcept override {
+    return index == 0 ? 1 : index == 1 || index == 2 ? 0 : -1;
+  }
 
  private:
   void quantize_impl(int32_t id, const TensorView& x, const TensorView& y, const TensorView& yt,

@@ -41,6 +41,8 @@ class ScalingRecipe : public Object<IFp8Recipe> {
   /// No state by default (a recipe whose scales carry over steps overrides both).
   int32_t state_count() const noexcept override { return 0; }
   Status state(int32_t index, Device device, const char** name, TensorView* view) noexcept override;
+  /// No per-quantiser state by default (none at all).
+  int32_t state_quantizer_dim(int32_t index) const noexcept override { return -1; }
 
   /// Number of quantisers registered.
   int32_t quantizer_count() const { return static_cast<int32_t>(dtypes_.size()); }

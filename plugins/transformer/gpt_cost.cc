@@ -20,7 +20,10 @@
 // and the layer no longer keeps the normalised input, the MLP input and the activation
 // output in the parameter dtype, nor the attention output unless the attention core keeps
 // it (fused does, for its backward): n (2 C + Fl (+ Hl D)) s less. The model's
-// num_layers_at_start_in_bf16 / num_layers_at_end_in_bf16 layers are not FP8. After the last
+// num_layers_at_start_in_bf16 / num_layers_at_end_in_bf16 layers are not FP8. When the FP8
+// weights are kept across micro-batches (CostQuery::fp8 2, nn::Linear), W^T is not a
+// micro-batch's: every FP8 site's kept W and W^T, 2 bytes a weight, count once, whatever the
+// recomputation. After the last
 // layer come the final norm's input and output, its statistics, the logits n Vl s and their
 // log-sum-exp 4 n. The peak is reached when backward starts, with the logits' gradient (n Vl
 // s) beside all of that (with the loss fused, GptModel::fuses_loss, that gradient is the
@@ -81,6 +84,7 @@ double number_of(const nlohmann::json& node, const char* key, double otherwise) 
 // included) at the end of its attention core's backward, when the MLP half's saves are gone.
 struct LayerBytes {
   double kept = 0, kept_fp8 = 0, top_mlp = 0, top_mlp_fp8 = 0, attention = 0, attention_fp8 = 0;
+  double fp8_weights = 0;  // elements of the layer's FP8 sites' weights on this rank
 };
 
 // The shapes a mixture-of-experts layer's estimate needs (the model's, on this rank).
@@ -254,8 +258,12 @@ double GptModel::activation_bytes(const CostQuery& query) const {
   else if (query.recompute != RecomputePolicy::kSelective)
     kept_attention += b * hl * t * t * s;  // probabilities
   // An FP8 layer keeps x^T and W^T of qkv and proj in one-byte FP8 instead of the
-  // normalised input (and the attention output, unless the attention core keeps it).
-  const double fp8_attention = n * (cc + hl * d) + cc * ((hl + 2 * gl) * d + hl * d) -
+  // normalised input (and the attention output, unless the attention core keeps it). With
+  // the weights kept across micro-batches (query.fp8 == 2) W^T is not the micro-batch's: the
+  // kept copies, W and W^T of every FP8 site, are counted once below (kept_weights).
+  const bool weight_copies = query.fp8 == 2;
+  const double attention_weights = cc * ((hl + 2 * gl) * d + hl * d);
+  const double fp8_attention = n * (cc + hl * d) + (weight_copies ? 0 : attention_weights) -
                                n * (cc + (attention == "fused" ? 0 : hl * d)) * s;
   // The end of the attention core's backward: the layer's attention half of the saves less
   // the residual and the pre-MLP norm's statistics (the MLP half's, gone), beside the
@@ -287,6 +295,7 @@ double GptModel::activation_bytes(const CostQuery& query) const {
       l->kept_fp8 = l->kept + fp8_attention;
       l->attention = attention_bwd;
       l->attention_fp8 = attention_bwd + fp8_attention;
+      l->fp8_weights = attention_weights;
       return l;
     }
     if (impl != "mlp") return std::nullopt;
@@ -296,7 +305,9 @@ double GptModel::activation_bytes(const CostQuery& query) const {
     // The MLP input (whole sequence), fc1 output, activation output; with FP8 the fc1 and fc2
     // sites' transposes instead of the MLP input and the activation output.
     l.kept = kept_attention + n * cc * s + n * (fc1 + fl) * s;
-    l.kept_fp8 = l.kept + fp8_attention + n * (cc + fl) + cc * (fc1 + fl) - n * (cc + fl) * s;
+    l.kept_fp8 = l.kept + fp8_attention + n * (cc + fl) + (weight_copies ? 0 : cc * (fc1 + fl)) -
+                 n * (cc + fl) * s;
+    l.fp8_weights = attention_weights + cc * (fc1 + fl);
     // Backward's extra inside the MLP: dy, da, d(fc1 out), dx (and dropout's copy of dy);
     // an FP8 layer's fc1 backward also holds d(fc1 out) quantized and its transpose, one
     // byte an element each (nn::Linear::backward).
@@ -311,7 +322,7 @@ double GptModel::activation_bytes(const CostQuery& query) const {
   // FP8 run), and its top layer's bytes.
   std::optional<LayerBytes> sparse, dense;
   const bool full = query.recompute == RecomputePolicy::kFull;
-  double saved = 0, top_kept = 0, top_mlp = 0, top_attention = 0;
+  double saved = 0, top_kept = 0, top_mlp = 0, top_attention = 0, kept_weights = 0;
   for (int64_t i = c.layer_begin; i < c.layer_end; ++i) {
     const bool moe_node = c.moe_layers[static_cast<size_t>(i)];
     std::optional<LayerBytes>& l = moe_node ? sparse : dense;
@@ -323,6 +334,7 @@ double GptModel::activation_bytes(const CostQuery& query) const {
     top_mlp = fp8 ? l->top_mlp_fp8 : l->top_mlp;
     top_attention = fp8 ? l->attention_fp8 : l->attention;
     saved += full ? edge : top_kept;
+    if (fp8 && weight_copies) kept_weights += 2 * l->fp8_weights;  // W and W^T, one byte each
   }
   // The top layer's backward, beside the other layers' saves: all it holds inside its MLP's
   // backward or at the end of its attention core's (the larger), in place of what it keeps
@@ -332,7 +344,7 @@ double GptModel::activation_bytes(const CostQuery& query) const {
   if (!c.last_stage()) {
     // The stage's output (kept until its gradient comes back) beside the saves; backward
     // starts with that gradient beside them.
-    return saved + edge + std::max(edge, top_layer);
+    return kept_weights + saved + edge + std::max(edge, top_layer);
   }
   // The final norm's input and statistics, the output layer's input, the logits and their
   // log-sum-exp: kept until the loss's, the output layer's and the final norm's backward.
@@ -342,7 +354,7 @@ double GptModel::activation_bytes(const CostQuery& query) const {
   // is in the logits' memory, and the peak comes in the output layer's backward: its input's
   // gradient beside it, the log-sum-exp dropped.
   const double loss_peak = fuses_loss() ? head + n * cc * s - 4 * n : head + n * vl * s;
-  return std::max(saved + loss_peak, saved + top_layer);
+  return kept_weights + std::max(saved + loss_peak, saved + top_layer);
 }
 
 bool GptModel::quantizes_swiglu_grad() const {

@@ -1262,6 +1262,54 @@ TEST_F(PipelineTest, ScheduleShowDrawsThePlanAndItsBubble) {
   EXPECT_THAT(r.err, HasSubstr("--pp and --micro-batches are required"));
 }
 
+// FP8 with a pipeline (delayed scaling, 4 micro-batches a step): each stage quantises its own
+// layers with quantisers of its own, whose amaxes are reduced over tp, cp and dp but not pp,
+// so pp 2 trains as one rank does (1f1b and zb_h1): the same curve, every parameter's
+// gradient of step 1 (1f1b), and
+// the FP8 state to the bit (a checkpoint holds the stages' quantisers side by side in the
+// whole model's order: the same tensors one rank saves). Checkpoints move between the
+// layouts: saved at pp 2 and resumed at pp 1, saved at pp 1 and resumed at pp 2, each
+// continuing with the uninterrupted run's losses (a scale restored to the wrong quantiser
+// would not). The FP8 weights are kept across the step's micro-batches in both layouts.
+// Virtual chunks are refused with the reason.
+TEST_F(PipelineTest, Fp8MatchesOneRankAndItsStateReshards) {
+  nlohmann::json s = pipeline_spec();
+  s["precision"] = {{"params", "bf16"}, {"fp8", {{"impl", "delayed"}, {"amax_history_len", 2}}}};
+  const std::string kept = "weights quantised once a step, kept for its 4 micro-batches";
+  Curve one = train("fp8_one", s, "");
+  EXPECT_THAT(last_out_, HasSubstr(kept));
+  Curve pp2 = train("fp8_pp2", s, "--nproc 2 --set parallel.pp=2");
+  EXPECT_THAT(last_out_, HasSubstr(kept));
+  EXPECT_LT(one.loss.back(), one.loss.front() - 0.02);  // it learns
+  expect_same_curve(one, pp2, "fp8 pp2");
+  // Zero-bubble: the weight gradients' GEMMs deferred, the kept W^T read by backward_input.
+  Curve zb = train("fp8_pp2zb", s,
+                   "--nproc 2 --set parallel.pp=2 --set parallel.pipeline_schedule.impl=zb_h1");
+  expect_same_curve(one, zb, "fp8 pp2 zb_h1");
+  loom_names_ = true;  // the f32 master weights
+  expect_same_gradients("fp8_one", "fp8_pp2", one.grad_norm[0], kBf16GradTolerance);
+  auto a = step_one_checkpoint("fp8_one"), b = step_one_checkpoint("fp8_pp2");
+  for (const char* state :
+       {"fp8.amax_history", "fp8.scale", "fp8.scale_inv", "fp8.history_position"}) {
+    ASSERT_TRUE(a.count(state) && b.count(state)) << state;
+    EXPECT_EQ(a[state], b[state]) << state << ": pp 2's against one rank's";
+  }
+  std::printf("fp8 pp2: %zu quantisers' amax histories and scales equal to one rank's\n",
+              a["fp8.scale"].size());
+  for (const auto& [from, to, args] :
+       {std::tuple{"fp8_pp2", "fp8_pp1", ""},
+        std::tuple{"fp8_one", "fp8_pp2_from_one", "--nproc 2 --set parallel.pp=2"}}) {
+    const fs::path ckpts = dir_ / from / "checkpoints";
+    fs::remove_all(ckpts / "iter_0000004");  // continue from step 3
+    fs::remove_all(ckpts / "iter_0000005");
+    expect_resumes_like(s, ckpts, to, args, one);
+  }
+  auto r = run_loom("train " + q(spec("fp8_vpp.json", s)) + " --run-dir " + q(dir_ / "fp8_vpp") +
+                    " --nproc 2 --set parallel.pp=2 --set parallel.vpp=2");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr("/precision/fp8: FP8 training with virtual pipeline chunks"));
+}
+
 // Checkpoints move across pipeline layouts: saved at pp 2 (the tied table written once, by
 // the first stage), resumed at pp 1, at pp 4, at pp 2 x tp 2 and at pp 2 x dp 2 with the
 // distributed optimizer (its states sharded again), each continuing with the uninterrupted

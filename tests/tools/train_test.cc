@@ -246,6 +246,77 @@ TEST_F(TrainTest, Fp8FusedQuantisationsGiveTheUnfusedKernelsBits) {
   }
 }
 
+// FP8 weights kept across micro-batches (/precision/fp8_weight_cache, on by default;
+// IForwardContext::param_version): with 4 micro-batches a step each FP8 weight is quantised
+// in the step's first forward and read from its copy by the rest. The parameters and the
+// scales do not change within a step, so the run is the run that quantises in every
+// micro-batch, to the last bit: every step's loss and gradient norm, the validation between
+// steps (which quantises the weights of the moment, keeping nothing) and the saved checkpoint
+// (parameters, moments, amax history). With delayed and current (tensorwise) scaling, and
+// under full recomputation (whose reruns in backward read the copies too). The module test
+// tests/plugins/transformer:fp8_weight_cache_test shows that the copies are read.
+TEST_F(TrainTest, Fp8WeightsKeptAcrossMicroBatchesGiveTheSameBits) {
+  struct Case {
+    std::string name;
+    nlohmann::json fp8;
+    std::string recompute;
+  };
+  const std::vector<Case> cases = {
+      {"delayed", {{"impl", "delayed"}, {"amax_history_len", 4}}, "none"},
+      {"delayed_full", {{"impl", "delayed"}, {"amax_history_len", 4}}, "full"},
+      {"tensorwise", {{"impl", "tensorwise"}}, "none"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    auto train = [&](bool cache, std::string* out) {
+      nlohmann::json s = tiny_spec();
+      s["model"]["layer"]["norm"] = {{"impl", "rmsnorm"}};
+      s["model"]["final_norm"] = {{"impl", "rmsnorm"}};
+      s["model"]["layer"]["mlp"] = {{"impl", "mlp"}, {"activation", "swiglu"}};
+      s["model"]["add_bias_linear"] = false;
+      s["model"]["position_embedding"] = "rope";
+      s["precision"] = {{"params", "bf16"}, {"fp8", c.fp8}, {"fp8_weight_cache", cache}};
+      s["train"]["micro_batch_size"] = 2;
+      s["train"]["global_batch_size"] = 8;
+      s["train"]["recompute"] = c.recompute;
+      s["train"]["steps"] = 6;
+      s["train"]["log_interval"] = 1;
+      s["train"]["eval_interval"] = 3;  // evaluation between steps reads no kept weight
+      const std::string name = c.name + (cache ? "_kept" : "_each");
+      fs::path run = dir_ / name;
+      auto r = run_loom("train " + q(spec(name + ".json", s)) + " --run-dir " + q(run));
+      EXPECT_EQ(r.exit_code, kOk) << name << "\n" << r.out << r.err;
+      *out = r.out;
+      std::vector<nlohmann::json> steps;
+      for (const auto& m : read_jsonl(run / "metrics.jsonl"))
+        if (m.contains("loss")) steps.push_back(m);
+      return steps;
+    };
+    std::string kept_out, each_out;
+    std::vector<nlohmann::json> kept = train(true, &kept_out);
+    std::vector<nlohmann::json> each = train(false, &each_out);
+    const std::string banner = "weights quantised once a step, kept for its 4 micro-batches";
+    EXPECT_THAT(kept_out, HasSubstr(banner));
+    EXPECT_THAT(each_out, Not(HasSubstr(banner)));
+    expect_same_steps(kept, each, 6);
+    auto valid_losses = [&](const std::string& name) {
+      std::vector<double> v;
+      for (const auto& m : read_jsonl(dir_ / name / "metrics.jsonl"))
+        if (m.contains("valid_loss")) v.push_back(m["valid_loss"].get<double>());
+      return v;
+    };
+    const std::vector<double> valid = valid_losses(c.name + "_kept");
+    EXPECT_EQ(valid.size(), 2u) << "validation at steps 3 and 6";
+    EXPECT_EQ(valid, valid_losses(c.name + "_each"));
+    const size_t compared =
+        expect_same_checkpoints(dir_ / (c.name + "_kept"), dir_ / (c.name + "_each"));
+    std::printf(
+        "fp8 %s, recompute %s: 6 steps of 4 micro-batches and %zu checkpoint files "
+        "bit-identical with the weights quantised in every micro-batch\n",
+        c.name.c_str(), c.recompute.c_str(), compared);
+  }
+}
+
 // The projections' and the MLP's weight gradients (kParamGradOverwrite) are overwritten by
 // their first write of a step (grad_first_write: a GEMM with beta 0) instead of added to the
 // zero fill. Over two micro-batches a step, a run gives the bits of the run where every write

@@ -30,11 +30,11 @@ ModuleHarness::~ModuleHarness() {
 }
 
 IModule& ModuleHarness::build(InterfaceInfo kind, const nlohmann::json& node,
-                              const nlohmann::json& inherited) {
+                              const nlohmann::json& inherited, IFp8Recipe* fp8) {
   context_.reset();
   params_.reset();
   object_.reset();
-  object_ = core::build_component(*plugins_, node, kind, "/test", inherited);
+  object_ = core::build_component(*plugins_, node, kind, "/test", inherited, fp8);
   // Every module kind derives from IModule right after IObject (single inheritance).
   auto* module = static_cast<IModule*>(object_.get());
   params_ = std::make_unique<core::ParameterSet>(plugins_->host(), *module, kCpu);

@@ -27,8 +27,10 @@ class ModuleHarness {
 
   /// Builds `kind` from `node` (with "impl") with `inherited` options, then allocates,
   /// binds and initialises its parameters. Replaces any module built before.
+  /// \param fp8  an FP8 recipe handed to the module (IBuildContext::fp8_recipe), or null
   IModule& build(InterfaceInfo kind, const nlohmann::json& node,
-                 const nlohmann::json& inherited = nlohmann::json::object());
+                 const nlohmann::json& inherited = nlohmann::json::object(),
+                 IFp8Recipe* fp8 = nullptr);
   /// The built object as an IObject (for kinds that are not modules: optimizers, ...).
   IObject& object() { return *object_; }
   /// Parameters of the module built last.

@@ -23,8 +23,12 @@ namespace loom::kinds {
 // forward_context 1.7 (ABI 1.12): loss_grad, the loss's gradient while the forward runs.
 // forward_context 1.8 (ABI 1.17): grad_first_write, the step's first write of a gradient
 // (kParamGradOverwrite), which may overwrite it.
+// forward_context 1.9 (ABI 1.18): param_version, the id of the parameter values a pass sees
+// (what a module derives from them may serve every pass with the same id).
 // fp8_recipe 1.1 (ABI 1.13): producer, a quantiser's scale and amax for a kernel that
 // quantises its own result.
+// fp8_recipe 1.2 (ABI 1.18): state_quantizer_dim, along which a checkpoint concatenates the
+// pipeline stages' state tensors.
 inline constexpr InterfaceInfo kModel{"model", 1, 1};                   ///< whole network
 inline constexpr InterfaceInfo kLayer{"layer", 1, 1};                   ///< one transformer layer
 inline constexpr InterfaceInfo kModule{"module", 1, 1};                 ///< any other module
@@ -35,7 +39,7 @@ inline constexpr InterfaceInfo kMixer{"mixer", 1, 1};                   ///< seq
 inline constexpr InterfaceInfo kRouter{"router", 1, 1};                 ///< MoE router
 inline constexpr InterfaceInfo kMoeDispatcher{"moe_dispatcher", 1, 0};  ///< MoE token moves
 // Numerics and training.
-inline constexpr InterfaceInfo kFp8Recipe{"fp8_recipe", 1, 1};
+inline constexpr InterfaceInfo kFp8Recipe{"fp8_recipe", 1, 2};
 /// 1.1: update_many (check has_update_many before calling it); 1.2: hyper (has_hyper).
 inline constexpr InterfaceInfo kOptimizer{"optimizer", 1, 4};
 inline constexpr InterfaceInfo kLrSchedule{"lr_schedule", 1, 0};
@@ -53,8 +57,9 @@ inline constexpr InterfaceInfo kRegistry{"registry", 1, 1};
 /// 1.1: fp8_recipe.
 inline constexpr InterfaceInfo kBuildContext{"build_context", 1, 1};
 /// 1.1: kv_cache; 1.2: grads_ready; 1.3: release, drop_saved; 1.4: defer_weight_grads,
-/// metric; 1.5: aux_loss_weight; 1.6: its kv_cache() has IKvCache::state; 1.7: loss_grad.
-inline constexpr InterfaceInfo kForwardContext{"forward_context", 1, 8};
+/// metric; 1.5: aux_loss_weight; 1.6: its kv_cache() has IKvCache::state; 1.7: loss_grad;
+/// 1.8: grad_first_write; 1.9: param_version.
+inline constexpr InterfaceInfo kForwardContext{"forward_context", 1, 9};
 /// 1.1: asynchronous collectives returning ICommWork (check the minor before calling them).
 inline constexpr InterfaceInfo kCommunicator{"communicator", 1, 1};
 inline constexpr InterfaceInfo kKernel{"kernel", 1, 0};       ///< op kernels, loom/kernel.h

@@ -19,7 +19,7 @@
 /// Plugin ABI major version: must be equal between core and plugin.
 #define LOOM_ABI_MAJOR 1
 /// Plugin ABI minor version: the core must provide at least the plugin's minor.
-#define LOOM_ABI_MINOR 17
+#define LOOM_ABI_MINOR 18
 /// SDK release (semantic version of the headers; informational).
 #define LOOM_SDK_VERSION "0.1.0"
 

@@ -243,6 +243,32 @@ TEST_F(RecipeTest, DelayedProducerGivesQuantizesScaleAndAmaxSlot) {
 
 // The state a checkpoint keeps: written into a fresh recipe, it continues exactly where the
 // first one was (history position included).
+// fp8_recipe 1.2: which dimension of each state tensor runs over the quantisers (a pipeline
+// stage's checkpoint slice), checked against the shapes the state has: delayed scaling's
+// amax_history (L, Q) along 1, scale and scale_inv (Q) along 0, history_position (1) none.
+TEST_F(RecipeTest, StateTensorsSayTheirQuantiserDimension) {
+  IFp8Recipe& r = build({{"impl", "delayed"}, {"amax_history_len", 3}});
+  ASSERT_GE(r.interface_info().minor, 2);
+  int owners[5] = {};
+  int32_t id = -1;
+  Fp8QuantizerInfo info{};
+  for (int& owner : owners)
+    ASSERT_EQ(r.quantizer(&owner, Fp8Role::kWeight, &id, &info).code, Code::kOk);
+  ASSERT_EQ(r.state_count(), 4);
+  const std::vector<std::pair<std::string, int32_t>> expected = {
+      {"amax_history", 1}, {"scale", 0}, {"scale_inv", 0}, {"history_position", -1}};
+  for (int32_t i = 0; i < r.state_count(); ++i) {
+    const char* name = nullptr;
+    TensorView view{};
+    ASSERT_EQ(r.state(i, kCpu, &name, &view).code, Code::kOk);
+    EXPECT_EQ(name, expected[static_cast<size_t>(i)].first);
+    const int32_t dim = r.state_quantizer_dim(i);
+    EXPECT_EQ(dim, expected[static_cast<size_t>(i)].second) << name;
+    if (dim >= 0) EXPECT_EQ(view.shape[dim], 5) << name << ": one entry per quantiser";
+  }
+  EXPECT_EQ(build({{"impl", "tensorwise"}}).state_count(), 0) << "current scaling keeps none";
+}
+
 TEST_F(RecipeTest, DelayedStateRoundTripsIntoAFreshRecipe) {
   auto run = [&](IFp8Recipe& r, int steps, const std::vector<float>& amaxes, int32_t id) {
     for (int s = 0; s < steps; ++s) {

@@ -39,8 +39,8 @@ nlohmann::json resolved(ModuleHarness& h, InterfaceInfo kind, nlohmann::json nod
 }
 
 IModule& build_resolved(ModuleHarness& h, InterfaceInfo kind, nlohmann::json node,
-                        const nlohmann::json& inherited) {
-  return h.build(kind, resolved(h, kind, std::move(node)), inherited);
+                        const nlohmann::json& inherited, IFp8Recipe* fp8) {
+  return h.build(kind, resolved(h, kind, std::move(node)), inherited, fp8);
 }
 
 void randomize_params(ModuleHarness& h, uint64_t seed, float scale) {

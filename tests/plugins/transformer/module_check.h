@@ -20,9 +20,11 @@ std::vector<std::string> transformer_plugins();
 /// `node` with its (and its children's) schema defaults filled in, as the spec loader does.
 nlohmann::json resolved(ModuleHarness& h, InterfaceInfo kind, nlohmann::json node);
 
-/// Builds `kind` from `node` after filling its (and its children's) schema defaults.
+/// Builds `kind` from `node` after filling its (and its children's) schema defaults, with
+/// the FP8 recipe `fp8` when not null.
 IModule& build_resolved(ModuleHarness& h, InterfaceInfo kind, nlohmann::json node,
-                        const nlohmann::json& inherited = nlohmann::json::object());
+                        const nlohmann::json& inherited = nlohmann::json::object(),
+                        IFp8Recipe* fp8 = nullptr);
 
 /// Sets every parameter to normal(0, scale) values (plus 1 for norm weights, so that
 /// norms stay near identity).

@@ -112,6 +112,15 @@ class IFp8Recipe : public IObject {
   virtual Status producer(int32_t id, Device device, uint32_t flags, TensorView* scale,
                           TensorView* amax, TensorView* scale_inv, void* stream) noexcept = 0;
 
+  /// 1.2 (check interface_info().minor first). The dimension of state tensor `index` that
+  /// runs over the quantisers, one entry each in the order `quantizer` handed out their ids;
+  /// -1 for a tensor that holds no per-quantiser entries (a history position, alike on every
+  /// rank). A pipeline stage holds the quantisers of its own layers, so a checkpoint keeps
+  /// the stages' tensors concatenated along this dimension, in stage order: the whole
+  /// model's quantisers in its build order, which reshards across pipeline layouts.
+  /// \param index  which state tensor, in [0, state_count())
+  virtual int32_t state_quantizer_dim(int32_t index) const noexcept = 0;
+
  protected:
   ~IFp8Recipe() = default;
 };

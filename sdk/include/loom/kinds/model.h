@@ -43,7 +43,12 @@ struct CostQuery {
   int64_t micro_batch;        ///< B
   int64_t seq_length;         ///< T, the whole sequence
   RecomputePolicy recompute;  ///< the policy of the training contexts
-  int32_t fp8;                ///< 1 when the run trains in FP8 (its recipe was handed over)
+  /// 1 when the run trains in FP8 (its recipe was handed over); 2 (from ABI 1.18) when, in
+  /// addition, the training contexts give a param_version (forward_context 1.9) under which
+  /// nn::Linear keeps its FP8 weights for the step's other micro-batches: held once, for the
+  /// whole run, instead of in each micro-batch's activations. A model that knows only 1
+  /// treats any nonzero value as 1.
+  int32_t fp8;
 };
 
 /// What a model costs (IModel::cost): how the core counts model FLOPs for MFU and

@@ -262,6 +262,21 @@ class IForwardContext {
   /// replayed from a device graph for several micro-batches, or LOOM_GRAD_FIRST_WRITE=off).
   /// Ask right before the write, once per write (the answer marks the gradient written).
   virtual int32_t grad_first_write(const TensorView* grad) noexcept = 0;
+
+  // ---- forward_context 1.9 (ABI 1.18): check interface_info().minor >= 9 first. ----
+
+  /// An id of the parameter values this pass computes with, for a module that keeps what it
+  /// derives from its parameters across the micro-batches of a step (nn::Linear's FP8
+  /// copies of its weights: Transformer Engine's weight caching, which Megatron asks for
+  /// with is_first_microbatch). Two passes with the same nonzero id see the same parameter
+  /// values, and the same FP8 scales: what the first derived serves the second. A
+  /// different id means the parameters may have changed: derive again. 0: keep nothing
+  /// across passes. The core gives each training step of several micro-batches a new id
+  /// (parameters change only between steps) and 0 outside training, to a step of one
+  /// micro-batch (nothing to share), to a pass captured into a device graph
+  /// (train.cuda_graph: a replay would skip the derivation the next step needs) and when
+  /// /precision/fp8_weight_cache is false.
+  virtual uint64_t param_version() const noexcept = 0;
 };
 
 /// Base of every trainable module. Inputs and outputs are positional; each kind's header

@@ -16,6 +16,17 @@
 // quantise it itself: fp8_producer hands out the buffers, scale and amax slot, and
 // forward_fp8 / backward_fp8 take the result (an MLP's swiglu_fp8_fwd / _bwd).
 //
+// FP8 weights kept across micro-batches (Transformer Engine's weight caching, which Megatron
+// asks for with is_first_microbatch): when the context gives a param_version (forward_context
+// 1.9: training, several micro-batches a step), a site quantises its weight once per version,
+// into a copy of its own (q, q^T and scale_inv in one block from the host, kept for the
+// Linear's life), and every pass of that version, forward and backward, reads the copy. The
+// parameters and the recipe's scales do not change within a version, so the copy holds the
+// bits each pass would have quantised (and amax records nothing new): one quantisation a step
+// instead of one a micro-batch, and one copy instead of one in each micro-batch in flight
+// (a pipeline's). Without a version the weight is quantised in every forward, into the
+// context's memory, and its transpose saved for backward.
+//
 // Weight gradients: the passes that take a context ask it whether the write into dw is the
 // step's first (grad_write_beta: a kParamGradOverwrite weight's, forward_context 1.8) and then
 // overwrite dw (beta 0: the GEMM does not read it, and what it held, zeros or, where the core
@@ -34,6 +45,7 @@
 
 #include <array>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 
@@ -165,16 +177,20 @@ class Linear {
     const Fp8Site& s = expect_fp8_site(site, "forward_fp8");
     const bool training = ctx.training();
     // w (out, in) -> wq for this GEMM, wq^T (in, out) for dx.
-    auto [wq, wt, ws] = quantize(ctx, s.weight, s.weight_dtype, w, true, training);
-    fp8_gemm(s.act_dtype)({x.q, wq, x.scale_inv, ws}, {y}, ops::Fp8GemmAttrs{1.f, 0.f, 1});
+    const Fp8Weight wq = quantized_weight(ctx, site, s, w);
+    fp8_gemm(s.act_dtype)({x.q, wq.q, x.scale_inv, wq.scale_inv}, {y},
+                          ops::Fp8GemmAttrs{1.f, 0.f, 1});
     if (present(bias)) bias_add_({bias}, {y});
     if (training) {
       save(ctx, site.owner, site.slot + kXt, x.t);
-      save(ctx, site.owner, site.slot + kWt, wt);
       save(ctx, site.owner, site.slot + kXScaleInv, x.scale_inv);
-      save(ctx, site.owner, site.slot + kWScaleInv, ws);
+      if (!wq.kept) {  // a kept copy is read from the copy in backward
+        save(ctx, site.owner, site.slot + kWt, wq.t);
+        save(ctx, site.owner, site.slot + kWScaleInv, wq.scale_inv);
+      }
     }
-    release_all(ctx, {x.q, wq, x.t, wt, x.scale_inv, ws});  // the saves keep what backward reads
+    release_all(ctx, {x.q, x.t, x.scale_inv});  // the saves keep what backward reads
+    if (!wq.kept) release_all(ctx, {wq.q, wq.t, wq.scale_inv});
   }
   /// dw (out, in) += dy^T @ x; dbias (out) += sum_n dy when present; dx (N, in) = dy @ w
   /// when present (overwritten). In FP8, x and w are not read (the saved quantised
@@ -336,9 +352,12 @@ class Linear {
                           const TensorView& dbias, const TensorView& dx,
                           const void* deferred) const {
     TensorView xt = load(ctx, site.owner, site.slot + kXt);  // (in, N)
-    TensorView wt = load(ctx, site.owner, site.slot + kWt);  // (in, out)
     TensorView xs = load(ctx, site.owner, site.slot + kXScaleInv);
-    TensorView ws = load(ctx, site.owner, site.slot + kWScaleInv);
+    // W^T (in, out): the kept copy the forward read, or what it saved.
+    const WeightCopy* kept = kept_weight(ctx, site);
+    TensorView wt = kept != nullptr ? kept->t : load(ctx, site.owner, site.slot + kWt);
+    TensorView ws =
+        kept != nullptr ? kept->scale_inv : load(ctx, site.owner, site.slot + kWScaleInv);
     if (deferred == nullptr) {
       fp8_weight_grad(s, dy.t, xt, dy.scale_inv, xs, dw, grad_write_beta(ctx, dw));
       if (present(dbias)) bias_grad_({dy_dtype}, {dbias});
@@ -362,6 +381,82 @@ class Linear {
                        const TensorView& gs, const TensorView& xs, const TensorView& dw,
                        float beta) const {
     fp8_gemm(s.grad_dtype)({dyt, xt, gs, xs}, {dw}, ops::Fp8GemmAttrs{1.f, beta, 0});
+  }
+  // The FP8 copy of one site's weight kept across the passes of one param_version (see the
+  // top of this file): q (out, in), t = q^T (in, out) and scale_inv (1), in one block.
+  struct WeightCopy {
+    IHost* host = nullptr;
+    Device device{};
+    void* block = nullptr;
+    uint64_t version = 0;  // the param_version it holds the weight of; 0: none yet
+    TensorView q{}, t{}, scale_inv{};
+    WeightCopy() = default;
+    WeightCopy(const WeightCopy&) = delete;
+    WeightCopy& operator=(const WeightCopy&) = delete;
+    ~WeightCopy() {
+      if (block != nullptr) host->deallocate(device, block);
+    }
+  };
+  // A site's quantised weight for one pass; `kept`: the site's WeightCopy (not the context's
+  // memory: neither saved nor released).
+  struct Fp8Weight {
+    TensorView q, t, scale_inv;
+    bool kept;
+  };
+  // The quantised `w` (out, in) of FP8 site `site` for a pass on `ctx`: from the site's copy
+  // under a param_version (quantised into it on the version's first pass), else quantised
+  // into the context's memory (q^T only when training).
+  Fp8Weight quantized_weight(IForwardContext& ctx, LinearSite site, const Fp8Site& s,
+                             const TensorView& w) const {
+    const uint64_t version = ctx.training() ? param_version_of(ctx) : 0;
+    if (version == 0) {
+      auto [q, t, scale_inv] = quantize(ctx, s.weight, s.weight_dtype, w, true, ctx.training());
+      return {q, t, scale_inv, false};
+    }
+    WeightCopy& copy = weight_copy(site, s.weight_dtype, w);
+    if (copy.version != version) {
+      const int64_t k = w.shape[w.ndim - 1], m = numel(w) / k;
+      TensorView rows_view = reshape(w, {m, k});
+      throw_if_error(recipe_->quantize(s.weight, &rows_view, &copy.q, &copy.t, &copy.scale_inv,
+                                       kFp8QuantizeDefault, nullptr),
+                     "linear: FP8 quantisation of a kept weight");
+      copy.version = version;
+    }
+    return {copy.q, copy.t, copy.scale_inv, true};
+  }
+  // The copy of `site` when it holds the weight of ctx's param_version, else null.
+  const WeightCopy* kept_weight(IForwardContext& ctx, LinearSite site) const {
+    const uint64_t version = ctx.training() ? param_version_of(ctx) : 0;
+    if (version == 0) return nullptr;
+    auto it = weight_copies_.find({site.owner, site.slot});
+    return it != weight_copies_.end() && it->second->version == version ? it->second.get()
+                                                                        : nullptr;
+  }
+  // The copy of `site` for a weight `w` (out, in) in `dtype`, allocated on first use.
+  WeightCopy& weight_copy(LinearSite site, DType dtype, const TensorView& w) const {
+    const int64_t k = w.shape[w.ndim - 1], m = numel(w) / k;
+    std::shared_ptr<WeightCopy>& copy = weight_copies_[{site.owner, site.slot}];
+    if (copy != nullptr) {
+      if (copy->q.shape[0] != m || copy->q.shape[1] != k)
+        fail(Code::kInvalidArgument,
+             "linear: an FP8 site's weight changed shape between passes; a site serves one "
+             "weight");
+      return *copy;
+    }
+    constexpr uint64_t kAlign = 256;  // each part at a GEMM operand's alignment and more
+    const uint64_t codes = (static_cast<uint64_t>(m * k) + kAlign - 1) / kAlign * kAlign;
+    auto fresh = std::make_shared<WeightCopy>();
+    throw_if_error(host_->allocate(device_, kAlign + 2 * codes, kAlign, &fresh->block),
+                   "linear: memory for an FP8 weight's kept copy (2 bytes a weight; "
+                   "/precision/fp8_weight_cache false quantises in every micro-batch instead)");
+    fresh->host = host_;
+    fresh->device = device_;
+    char* base = static_cast<char*>(fresh->block);
+    fresh->scale_inv = make_view(base, DType::kF32, {1}, device_);
+    fresh->q = make_view(base + kAlign, dtype, {m, k}, device_);
+    fresh->t = make_view(base + kAlign + codes, dtype, {k, m}, device_);
+    copy = std::move(fresh);
+    return *copy;
   }
   /// Quantises `x` (M, K) with quantiser `id` of `dtype` into (M, K) (when `rowwise`) and
   /// its (K, M) transpose (when `columnwise`); returns {q, q^T, scale_inv}, empty views for
@@ -389,6 +484,8 @@ class Linear {
   std::map<std::pair<const void*, int32_t>, Fp8Site> sites_;
   std::map<DType, Kernel> fp8_gemm_;
   mutable int producers_ = -1;  // recipe_gives_producers: -1 not asked yet, 0 no, 1 yes
+  // The sites' kept FP8 weights (quantized_weight), by site.
+  mutable std::map<std::pair<const void*, int32_t>, std::shared_ptr<WeightCopy>> weight_copies_;
 };
 
 }  // namespace loom::nn

@@ -66,6 +66,9 @@ class ContextForwarder : public IForwardContext {
   int32_t grad_first_write(const TensorView* grad) noexcept override {
     return context_has(inner_, 8) ? inner_.grad_first_write(grad) : 0;
   }
+  uint64_t param_version() const noexcept override {
+    return context_has(const_cast<IForwardContext&>(inner_), 9) ? inner_.param_version() : 0;
+  }
 
  protected:
   IForwardContext& inner_;

@@ -143,6 +143,12 @@ inline float grad_write_beta(IForwardContext& ctx, const TensorView& grad) {
   return context_has(ctx, 8) && ctx.grad_first_write(&grad) != 0 ? 0.f : 1.f;
 }
 
+/// ctx.param_version() (forward_context 1.9): the id of the parameter values the pass
+/// computes with, or 0 (keep nothing derived from them across passes) on an older core.
+inline uint64_t param_version_of(IForwardContext& ctx) {
+  return context_has(ctx, 9) ? ctx.param_version() : 0;
+}
+
 /// ctx.aux_loss_weight() (forward_context 1.5): the factor a module's own loss term's
 /// gradient is seeded with. Throws when training on an older core, which cannot say it (a
 /// term without its gradient would train silently wrong).
