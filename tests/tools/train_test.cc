@@ -50,10 +50,10 @@ class TrainTest : public ::testing::Test {
     return p;
   }
   static std::string q(const fs::path& p) { return "'" + p.string() + "'"; }
-  // Trains `s` into dir_/NAME with the plugins under `plugins` and returns the metrics
-  // lines that carry a loss.
+  // Trains `s` into dir_/NAME (with the plugins under `plugins` too, when given) and returns
+  // the metrics lines that carry a loss; its standard output into `out` when not null.
   std::vector<nlohmann::json> train_steps(const nlohmann::json& s, const std::string& name,
-                                          const fs::path& plugins);
+                                          const fs::path& plugins = {}, std::string* out = nullptr);
   fs::path dir_;
 };
 
@@ -67,11 +67,12 @@ std::vector<nlohmann::json> read_jsonl(const fs::path& path) {
 }
 
 std::vector<nlohmann::json> TrainTest::train_steps(const nlohmann::json& s, const std::string& name,
-                                                   const fs::path& plugins) {
+                                                   const fs::path& plugins, std::string* out) {
   fs::path run = dir_ / name;
   auto r = run_loom("train " + q(spec(name + ".json", s)) + " --run-dir " + q(run),
-                    "LOOM_PLUGIN_PATH=" + q(plugins));
-  EXPECT_EQ(r.exit_code, kOk) << r.out << r.err;
+                    plugins.empty() ? std::string() : "LOOM_PLUGIN_PATH=" + q(plugins));
+  EXPECT_EQ(r.exit_code, kOk) << name << "\n" << r.out << r.err;
+  if (out != nullptr) *out = r.out;
   std::vector<nlohmann::json> steps;
   if (fs::exists(run / "metrics.jsonl"))
     for (const auto& m : read_jsonl(run / "metrics.jsonl"))
@@ -199,35 +200,34 @@ size_t expect_same_checkpoints(const fs::path& a, const fs::path& b) {
   return compared;
 }
 
+// The tiny model as a LLaMA (rmsnorm, swiglu, rope, no biases) in bf16 with the FP8 recipe
+// `fp8`: 6 steps, each logged, validation at steps 3 and 6.
+nlohmann::json llama_fp8_spec(const nlohmann::json& fp8) {
+  nlohmann::json s = tiny_spec();
+  s["model"]["layer"]["norm"] = {{"impl", "rmsnorm"}};
+  s["model"]["final_norm"] = {{"impl", "rmsnorm"}};
+  s["model"]["layer"]["mlp"] = {{"impl", "mlp"}, {"activation", "swiglu"}};
+  s["model"]["add_bias_linear"] = false;
+  s["model"]["position_embedding"] = "rope";
+  s["precision"] = {{"params", "bf16"}, {"fp8", fp8}};
+  s["train"]["steps"] = 6;
+  s["train"]["log_interval"] = 1;
+  s["train"]["eval_interval"] = 3;
+  return s;
+}
+
 TEST_F(TrainTest, Fp8FusedQuantisationsGiveTheUnfusedKernelsBits) {
   for (int groups : {4, 2}) {
     SCOPED_TRACE("query groups " + std::to_string(groups));
     const std::string tag = "g" + std::to_string(groups) + "_";
     auto train = [&](const std::string& name, bool pinned, std::string* out) {
-      nlohmann::json s = tiny_spec();
-      s["model"]["layer"]["norm"] = {{"impl", "rmsnorm"}};
-      s["model"]["final_norm"] = {{"impl", "rmsnorm"}};
-      s["model"]["layer"]["mlp"] = {{"impl", "mlp"}, {"activation", "swiglu"}};
-      s["model"]["add_bias_linear"] = false;
-      s["model"]["position_embedding"] = "rope";
+      nlohmann::json s = llama_fp8_spec({{"impl", "delayed"}, {"amax_history_len", 4}});
       s["model"]["num_query_groups"] = groups;
-      s["precision"] = {{"params", "bf16"},
-                        {"fp8", {{"impl", "delayed"}, {"amax_history_len", 4}}}};
-      s["train"]["steps"] = 6;
-      s["train"]["log_interval"] = 1;
-      s["train"]["eval_interval"] = 3;
       if (pinned)
         s["kernels"] = {
             {"pin",
              {{"swiglu_fp8_fwd", "none"}, {"swiglu_fp8_bwd", "none"}, {"rope_fp8_bwd", "none"}}}};
-      fs::path run = dir_ / (tag + name);
-      auto r = run_loom("train " + q(spec(tag + name + ".json", s)) + " --run-dir " + q(run));
-      EXPECT_EQ(r.exit_code, kOk) << name << "\n" << r.out << r.err;
-      *out = r.out;
-      std::vector<nlohmann::json> steps;
-      for (const auto& m : read_jsonl(run / "metrics.jsonl"))
-        if (m.contains("loss")) steps.push_back(m);
-      return steps;
+      return train_steps(s, tag + name, {}, out);
     };
     std::string fused_out, pinned_out;
     std::vector<nlohmann::json> fused = train("fused", false, &fused_out);
@@ -269,28 +269,12 @@ TEST_F(TrainTest, Fp8WeightsKeptAcrossMicroBatchesGiveTheSameBits) {
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
     auto train = [&](bool cache, std::string* out) {
-      nlohmann::json s = tiny_spec();
-      s["model"]["layer"]["norm"] = {{"impl", "rmsnorm"}};
-      s["model"]["final_norm"] = {{"impl", "rmsnorm"}};
-      s["model"]["layer"]["mlp"] = {{"impl", "mlp"}, {"activation", "swiglu"}};
-      s["model"]["add_bias_linear"] = false;
-      s["model"]["position_embedding"] = "rope";
-      s["precision"] = {{"params", "bf16"}, {"fp8", c.fp8}, {"fp8_weight_cache", cache}};
+      nlohmann::json s = llama_fp8_spec(c.fp8);  // evaluation between steps reads no kept weight
+      s["precision"]["fp8_weight_cache"] = cache;
       s["train"]["micro_batch_size"] = 2;
       s["train"]["global_batch_size"] = 8;
       s["train"]["recompute"] = c.recompute;
-      s["train"]["steps"] = 6;
-      s["train"]["log_interval"] = 1;
-      s["train"]["eval_interval"] = 3;  // evaluation between steps reads no kept weight
-      const std::string name = c.name + (cache ? "_kept" : "_each");
-      fs::path run = dir_ / name;
-      auto r = run_loom("train " + q(spec(name + ".json", s)) + " --run-dir " + q(run));
-      EXPECT_EQ(r.exit_code, kOk) << name << "\n" << r.out << r.err;
-      *out = r.out;
-      std::vector<nlohmann::json> steps;
-      for (const auto& m : read_jsonl(run / "metrics.jsonl"))
-        if (m.contains("loss")) steps.push_back(m);
-      return steps;
+      return train_steps(s, c.name + (cache ? "_kept" : "_each"), {}, out);
     };
     std::string kept_out, each_out;
     std::vector<nlohmann::json> kept = train(true, &kept_out);
