@@ -37,7 +37,9 @@
 #      (LOOM_GEMM_ALGO, LOOM_CUDNN_PLANS: measured), the
 #      default spec with its f32 attention on the warp-per-row kernels (LOOM_ATTENTION_GENERIC
 #      =rows, against the tiled ones), GPT-2 and LLaMA 1.3B with q, k, v copied out of the
-#      QKV projection (LOOM_QKV_VIEWS=split, against the views), one table;
+#      QKV projection (LOOM_QKV_VIEWS=split, against the views), LLaMA 1.3B FP8 with 8
+#      micro-batches a step, its FP8 weights kept across them or quantised in each
+#      (ga8_kept, ga8_each: precision.fp8_weight_cache), one table;
 #   3. ncu: per-kernel GPU time of one GPT-2 124M step (CSV in $OUT, top 15 here), and, as the
 #      budget allows, of the same step unfused, of one default-spec step, of one LLaMA 1.3B
 #      step and of one LLaMA 1.3B FP8 step;
@@ -419,6 +421,7 @@ items=(
   "gpt_tiny|graph_step_tf32x3_one|15|40" "gpt_tiny|graph_step_tf32x3_two|15|40"
   "mixtral_h100|loom|25|60"
   "llama_1b3_h100|eager|25|60" "mixtral_h100|eager|30|60"
+  "llama_1b3_h100_fp8|ga8_kept|45|120" "llama_1b3_h100_fp8|ga8_each|45|120"
 )
 for item in "${items[@]}"; do
   IFS='|' read -r name kind least limit <<<"$item"
@@ -522,6 +525,15 @@ for item in "${items[@]}"; do
     bf16_moments) timeout "$limit" ./tools/loom bench "$spec" "${steps[@]}" --json \
       --set 'optimizer.exp_avg_dtype="bf16"' --set 'optimizer.exp_avg_sq_dtype="bf16"' \
       --set 'train.cuda_graph="step"' --set train.cuda_graph_warmup_steps=1 \
+      >"$bench/$name.$kind.json" 2>"$bench/$name.$kind.err" || rm -f "$bench/$name.$kind.json" ;;
+    # 8 micro-batches of 4 a step (global batch 32): the FP8 weights quantised in the step's
+    # first forward and kept for the other micro-batches (the default), or quantised in
+    # every micro-batch (precision.fp8_weight_cache false, the same bits).
+    ga8_kept | ga8_each)
+      cache=true
+      [[ $kind == ga8_each ]] && cache=false
+      timeout "$limit" ./tools/loom bench "$spec" "${steps[@]}" --json \
+      --set train.global_batch_size=32 --set "precision.fp8_weight_cache=$cache" \
       >"$bench/$name.$kind.json" 2>"$bench/$name.$kind.err" || rm -f "$bench/$name.$kind.json" ;;
     # The same without the fused ops (the unfused bias, GELU, bias-gradient, residual-add and
     # norm kernels, the two-pass loss).

@@ -250,6 +250,7 @@ struct ForwardContext final : IForwardContext {
   double aux_loss_weight() const noexcept override { return 0.0; }
   const TensorView* loss_grad() const noexcept override { return nullptr; }
   int32_t grad_first_write(const TensorView*) noexcept override { return 0; }
+  uint64_t param_version() const noexcept override { return 0; }
 };
 
 TensorView cpu_f32(float* data, int64_t b, int64_t c) {  // (B, C) contiguous

@@ -264,7 +264,9 @@ TEST_F(RecipeTest, StateTensorsSayTheirQuantiserDimension) {
     EXPECT_EQ(name, expected[static_cast<size_t>(i)].first);
     const int32_t dim = r.state_quantizer_dim(i);
     EXPECT_EQ(dim, expected[static_cast<size_t>(i)].second) << name;
-    if (dim >= 0) EXPECT_EQ(view.shape[dim], 5) << name << ": one entry per quantiser";
+    if (dim >= 0) {
+      EXPECT_EQ(view.shape[dim], 5) << name << ": one entry per quantiser";
+    }
   }
   EXPECT_EQ(build({{"impl", "tensorwise"}}).state_count(), 0) << "current scaling keeps none";
 }
