@@ -45,6 +45,7 @@ TEST(RunConfig, ReadsTheResolvedSectionsWithTheirDefaults) {
   EXPECT_TRUE(c.parallel.saves_together());
   EXPECT_EQ(c.precision.params, DType::kBF16);
   EXPECT_FALSE(c.precision.dynamic_loss_scaling());
+  EXPECT_TRUE(c.precision.fp8_weight_cache) << "FP8 weights kept across micro-batches by default";
   EXPECT_EQ(c.train.recompute, RecomputePolicy::kFull);
   EXPECT_EQ(c.micro_batches(), 4);      // 16 / (2 x dp 2)
   EXPECT_EQ(c.train.seq_length, 1024);  // the schema's default
@@ -69,8 +70,12 @@ TEST(RunConfig, EveryBrokenRuleNamesItsPlaceAndTheFix) {
                        {"train", {{"seq_length", 40}}}}),
               HasSubstr("20 tokens per context-parallel rank are not divisible by parallel.tp 3"));
   EXPECT_EQ(refusal({{"parallel", {{"pp", 2}}}}), "accepted");
-  // An FP8 recipe node (added after resolution: this test resolves no components).
+  // An FP8 recipe node (added after resolution: this test resolves no components): with a
+  // pipeline, accepted; with virtual chunks, refused.
   nlohmann::json fp8 = resolved({{"parallel", {{"pp", 2}}}});
+  fp8["precision"]["fp8"] = {{"impl", "delayed"}};
+  EXPECT_NO_THROW(RunConfig::from_spec(fp8));
+  fp8 = resolved({{"parallel", {{"pp", 2}, {"vpp", 2}}}});
   fp8["precision"]["fp8"] = {{"impl", "delayed"}};
   std::string message;
   try {
@@ -78,7 +83,9 @@ TEST(RunConfig, EveryBrokenRuleNamesItsPlaceAndTheFix) {
   } catch (const Error& e) {
     message = e.what();
   }
-  EXPECT_THAT(message, HasSubstr("spec /precision/fp8: FP8 training with pipeline parallelism"));
+  EXPECT_THAT(message,
+              HasSubstr("spec /precision/fp8: FP8 training with virtual pipeline chunks "
+                        "(parallel.vpp 2, given or implied by parallel.pipeline_layout)"));
   EXPECT_THAT(refusal({{"parallel", {{"vpp", 2}}}}),
               HasSubstr("spec /parallel/vpp: 2 virtual pipeline chunks need pipeline parallelism"));
   EXPECT_THAT(refusal({{"parallel", {{"tp", 2}, {"sequence_parallel", true}}},
