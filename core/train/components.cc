@@ -36,8 +36,11 @@ RunComponents build_components(const nlohmann::json& spec, const RunConfig& conf
         where.update({{"rank", pp_rank}, {"size", par.pp}, {"chunk", chunk}, {"chunks", chunks}});
         stage["pipeline"] = where;
       }
+      const bool count = c.fp8 != nullptr && c.fp8->interface_info().minor >= 2;
+      const int32_t before = count ? c.fp8->quantizer_count() : 0;
       c.model_objects.push_back(
           build_component(plugins, spec["model"], kinds::kModel, "/model", stage, c.fp8));
+      if (count) c.fp8_chunk_quantizers.push_back(c.fp8->quantizer_count() - before);
       c.chunks.push_back(interface_cast<IModel>(c.model_objects.back().get()));
       if (par.pp > 1 && c.chunks.back()->interface_info().minor < 1)
         throw SpecError("/model", fmt::format("'{}' was built against SDK 1.4 or older and "

@@ -28,6 +28,9 @@ struct RunComponents {
   std::vector<ObjectPtr> model_objects;
   std::vector<IModel*> chunks;
   IModel* model = nullptr;  ///< chunks[0], or null without /model
+  /// With FP8 (fp8_recipe 1.2): the quantisers each chunk's modules registered, in chunk
+  /// order (their ids follow one another: chunk 0's first); empty for an older recipe.
+  std::vector<int32_t> fp8_chunk_quantizers;
   ObjectPtr optimizer_object;
   IOptimizer* optimizer = nullptr;  ///< null without /optimizer
   ObjectPtr schedule_object;

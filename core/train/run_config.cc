@@ -43,14 +43,6 @@ void check(const RunConfig& c) {
                     "every rank saves its slices; use the sharded format (and `loom checkpoint "
                     "convert` for a {} copy)",
                     format, format));
-  if (par.vpp > 1 && !c.precision.fp8.is_null())
-    throw Error(Code::kUnimplemented,
-                fmt::format("spec /precision/fp8: FP8 training with virtual pipeline chunks "
-                            "(parallel.vpp {}, given or implied by parallel.pipeline_layout) is "
-                            "not available in this loom yet (a rank's FP8 state would be several "
-                            "slices of the checkpoint's); use one chunk per stage (vpp 1: the "
-                            "1f1b or zb_h1 schedule), or train without /precision/fp8",
-                            par.vpp));
   if (par.vpp != 1 && par.pp == 1)
     throw SpecError("/parallel/vpp",
                     fmt::format("{} virtual pipeline chunks need pipeline parallelism "

@@ -165,18 +165,28 @@ class Trainer {
   double sum_over(ParallelRole role, double value);
   // The FP8 recipe's state tensor `index` as ("fp8.<name>", its view on the device).
   std::pair<std::string, TensorView> fp8_state(int32_t index) const;
-  // Where this rank's FP8 state sits in the checkpoint's: a pipeline stage holds its own
-  // layers' quantisers, so the checkpoint concatenates the stages' per-quantiser tensors
-  // along their quantiser dimension (fp8_recipe 1.2), in stage order.
+  // Where this rank's FP8 state sits in the checkpoint's: each virtual pipeline stage holds
+  // its own layers' quantisers, so the checkpoint concatenates the stages' per-quantiser
+  // tensors along their quantiser dimension (fp8_recipe 1.2) in virtual-stage order (chunk
+  // c of stage r is virtual stage c x pp + r): the whole model's build order.
   struct Fp8StateLayout {
     std::vector<int32_t> dims;  ///< each state tensor's quantiser dimension, or -1
-    int64_t local = 0;          ///< this stage's quantisers
-    int64_t offset = 0;         ///< the stages' before it
+    int64_t local = 0;          ///< this rank's quantisers (every chunk's)
     int64_t total = 0;          ///< every stage's
+    struct Chunk {
+      int64_t first = 0;   ///< its first quantiser among this rank's
+      int64_t count = 0;   ///< its quantisers
+      int64_t offset = 0;  ///< its first among the checkpoint's
+    };
+    std::vector<Chunk> chunks;  ///< this rank's chunks, in chunk order
   };
   // Collective over the pipeline group on its first call (every rank calls it: checkpoint
   // saves and restores are collective).
   const Fp8StateLayout& fp8_state_layout();
+  // The FP8 state as checkpoint slices in host memory (kept in checkpoint_bytes_): what this
+  // rank writes of it (fp8_state_layout; tp and dp rank 0 of each stage, and stage 0 alone
+  // for a tensor that is not per quantiser).
+  void append_fp8_state(std::vector<SaveTensor>& out);
   // Reads the FP8 recipe's state from a checkpoint (a warning when it holds none).
   void restore_fp8(CheckpointReader& reader);
   /// Collective over the amax group: throws when a rank's FP8 state differs from rank 0's.

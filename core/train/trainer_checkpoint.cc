@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 
 #include "core/checkpoint/checkpoint_files.h"
@@ -43,6 +44,7 @@ std::vector<SaveTensor> Trainer::checkpoint_tensors() {
   // The optimizer's tensors first (collective with the distributed optimizer).
   optim_->prepare_checkpoint();
   std::vector<SaveTensor> out;
+  checkpoint_bytes_.clear();  // the host copies of the last save
   // Data-parallel replicas hold the same; an expert's parameters are written by the first
   // of its expert-data replicas (a rank of any data coordinate may own experts).
   const int expert_dp_rank =
@@ -60,33 +62,8 @@ std::vector<SaveTensor> Trainer::checkpoint_tensors() {
     append_save_tensor(out, "model." + p.name, p, split_ranks_, p.value.data, p.info.dtype);
     optim_->append_checkpoint_tensors(p, out);
   }
-  // The FP8 recipe's state (amax histories, scales): the same on every rank of a stage after
-  // a step (the amaxes are reduced over tp, cp and dp), so its rank 0 writes it (the ranks
-  // have shown that their copies agree: check_fp8_state_agrees, before the save). With a
-  // pipeline each stage writes its quantisers' slice (fp8_state_layout), and stage 0 the
-  // tensors that are not per quantiser.
-  if (fp8_ != nullptr) {
-    const Fp8StateLayout& layout = fp8_state_layout();
-    if (tp_rank_ == 0 && data_rank_ == 0)
-      for (int32_t i = 0; i < fp8_->state_count(); ++i) {
-        auto [name, view] = fp8_state(i);
-        std::vector<int64_t> shape(view.shape, view.shape + view.ndim);
-        const int32_t dim = layout.dims[static_cast<size_t>(i)];
-        if (dim < 0 || layout.total == layout.local) {
-          if (dim >= 0 || pp_rank_ == 0) out.push_back({name, DType::kF32, shape, view.data});
-          continue;
-        }
-        if (layout.local == 0) continue;  // a stage without FP8 layers
-        SaveTensor t{name, DType::kF32, shape, view.data, std::vector<int64_t>(shape.size(), 0),
-                     shape};
-        t.shape[static_cast<size_t>(dim)] = layout.total;
-        t.offset[static_cast<size_t>(dim)] = layout.offset;
-        out.push_back(std::move(t));
-      }
-  }
   if (device_.type != DeviceType::kCpu) {
     // The writers read host memory: copy what still lives on the device.
-    checkpoint_bytes_.clear();
     checkpoint_bytes_.reserve(out.size());
     for (SaveTensor& t : out) {
       // The distributed optimizer's gathered states are host memory already.
@@ -101,7 +78,67 @@ std::vector<SaveTensor> Trainer::checkpoint_tensors() {
       t.data = checkpoint_bytes_.back().data();
     }
   }
+  // The FP8 recipe's state (amax histories, scales), already in host memory.
+  if (fp8_ != nullptr) append_fp8_state(out);
   return out;
+}
+
+namespace {
+
+// A tensor of `shape` as (outer, the dimension `dim`, inner) blocks: the elements of entries
+// [first, first + count) along `dim` are `outer` runs of count x inner, `q` x inner apart.
+struct Columns {
+  int64_t outer = 1, q = 1, inner = 1;
+  Columns(const std::vector<int64_t>& shape, int32_t dim) {
+    for (int32_t d = 0; d < static_cast<int32_t>(shape.size()); ++d)
+      (d < dim ? outer : d == dim ? q : inner) *= shape[static_cast<size_t>(d)];
+  }
+  // Copies entries [first, first + count) of `whole` into `part` (gather), or back (scatter).
+  void copy(float* whole, float* part, int64_t first, int64_t count, bool gather) const {
+    for (int64_t o = 0; o < outer; ++o) {
+      float* w = whole + (o * q + first) * inner;
+      float* p = part + o * count * inner;
+      const size_t bytes = static_cast<size_t>(count * inner) * sizeof(float);
+      if (gather)
+        std::memcpy(p, w, bytes);
+      else
+        std::memcpy(w, p, bytes);
+    }
+  }
+};
+
+}  // namespace
+
+void Trainer::append_fp8_state(std::vector<SaveTensor>& out) {
+  const Fp8StateLayout& layout = fp8_state_layout();
+  if (tp_rank_ != 0 || data_rank_ != 0) return;
+  for (int32_t i = 0; i < fp8_->state_count(); ++i) {
+    auto [name, view] = fp8_state(i);
+    const std::vector<int64_t> shape(view.shape, view.shape + view.ndim);
+    const int32_t dim = layout.dims[static_cast<size_t>(i)];
+    if (dim < 0 && pp_rank_ != 0) continue;  // alike on every stage: stage 0 writes it
+    std::vector<uint64_t> whole((nbytes(view) + 7) / 8);
+    throw_if_error(plugins_.host().copy(kCpu, whole.data(), device_, view.data, nbytes(view)),
+                   fmt::format("checkpoint: copying {} from the device", name));
+    if (dim < 0 || layout.total == layout.local) {  // the whole tensor
+      checkpoint_bytes_.push_back(std::move(whole));
+      out.push_back({name, DType::kF32, shape, checkpoint_bytes_.back().data()});
+      continue;
+    }
+    const Columns columns(shape, dim);
+    for (const Fp8StateLayout::Chunk& c : layout.chunks) {
+      if (c.count == 0) continue;  // a chunk without FP8 layers
+      std::vector<int64_t> local = shape, offset(shape.size(), 0), global = shape;
+      local[static_cast<size_t>(dim)] = c.count;
+      offset[static_cast<size_t>(dim)] = c.offset;
+      global[static_cast<size_t>(dim)] = layout.total;
+      std::vector<uint64_t> part((columns.outer * c.count * columns.inner * 4 + 7) / 8);
+      columns.copy(reinterpret_cast<float*>(whole.data()), reinterpret_cast<float*>(part.data()),
+                   c.first, c.count, true);
+      checkpoint_bytes_.push_back(std::move(part));
+      out.push_back({name, DType::kF32, global, checkpoint_bytes_.back().data(), offset, local});
+    }
+  }
 }
 
 nlohmann::json Trainer::checkpoint_metadata() const {
@@ -169,17 +206,47 @@ const Trainer::Fp8StateLayout& Trainer::fp8_state_layout() {
     layout.dims.push_back(dim);
   }
   layout.local = std::max<int64_t>(layout.local, 0);
-  layout.total = layout.local;
+  // This rank's chunks (one without a pipeline or an older recipe: all its quantisers).
+  std::vector<int64_t> counts(components_.fp8_chunk_quantizers.begin(),
+                              components_.fp8_chunk_quantizers.end());
+  if (counts.empty()) counts.push_back(layout.local);
+  int64_t sum = 0;
+  for (int64_t q : counts) sum += q;
+  if (sum != layout.local)
+    throw Error(Code::kInternal,
+                fmt::format("the FP8 recipe holds state for {} quantisers, but the model's chunks "
+                            "registered {}",
+                            layout.local, sum));
+  // Every stage's chunk counts, then the virtual stages in order: chunk c of stage r is
+  // virtual stage c x pp + r.
+  std::vector<std::vector<int64_t>> all = {counts};
   if (config_.parallel.pp > 1) {
-    // Each stage's count, in stage order: this stage's slice starts after the earlier ones.
-    std::vector<std::string> counts = all_gather_text(
-        group(ParallelRole::kPipeline), std::to_string(layout.local), "the FP8 state's layout");
-    layout.total = 0;
-    for (size_t r = 0; r < counts.size(); ++r) {
-      if (static_cast<int>(r) == pp_rank_) layout.offset = layout.total;
-      layout.total += std::stoll(counts[r]);
+    std::string mine;
+    for (int64_t q : counts) mine += (mine.empty() ? "" : ",") + std::to_string(q);
+    all.clear();
+    for (const std::string& text :
+         all_gather_text(group(ParallelRole::kPipeline), mine, "the FP8 state's layout")) {
+      std::vector<int64_t> theirs;
+      for (size_t at = 0; at <= text.size();) {
+        size_t comma = std::min(text.find(',', at), text.size());
+        theirs.push_back(std::stoll(text.substr(at, comma - at)));
+        at = comma + 1;
+      }
+      if (theirs.size() != counts.size())
+        throw Error(Code::kInternal, "pipeline stages with different numbers of virtual chunks");
+      all.push_back(std::move(theirs));
     }
   }
+  const int64_t stages = static_cast<int64_t>(all.size());
+  int64_t first = 0;
+  for (size_t c = 0; c < counts.size(); ++c) {
+    Fp8StateLayout::Chunk chunk{first, counts[c], 0};
+    for (size_t v = 0; v < c * stages + pp_rank_; ++v) chunk.offset += all[v % stages][v / stages];
+    layout.chunks.push_back(chunk);
+    first += counts[c];
+  }
+  for (const std::vector<int64_t>& stage : all)
+    for (int64_t q : stage) layout.total += q;
   fp8_layout_ = std::move(layout);
   return *fp8_layout_;
 }
@@ -216,11 +283,8 @@ void Trainer::check_fp8_state_agrees() {
 void Trainer::restore_fp8(CheckpointReader& reader) {
   if (fp8_ == nullptr || fp8_->state_count() == 0) return;
   const Fp8StateLayout& layout = fp8_state_layout();
-  std::vector<std::string> names;
-  std::vector<CheckpointTensor> requests;
   for (int32_t i = 0; i < fp8_->state_count(); ++i) {
     auto [name, view] = fp8_state(i);
-    const int32_t dim = layout.dims[static_cast<size_t>(i)];
     if (!reader.has(name)) {
       log_warning("checkpoint",
                   fmt::format("{} holds no FP8 recipe state ('{}'; saved without "
@@ -229,21 +293,38 @@ void Trainer::restore_fp8(CheckpointReader& reader) {
                               reader.dir().string(), name));
       return;
     }
-    if (dim >= 0 && layout.local == 0) continue;  // a stage without FP8 layers
-    names.push_back(name);
-    CheckpointTensor t{};
-    t.struct_size = sizeof(CheckpointTensor);
-    t.ndim = view.ndim;
-    for (int32_t d = 0; d < view.ndim; ++d) t.global_shape[d] = view.shape[d];
-    if (dim >= 0) {  // this stage's quantisers among every stage's
-      t.global_shape[dim] = layout.total;
-      t.offset[dim] = layout.offset;
-    }
-    t.data = view;
-    requests.push_back(t);
   }
-  for (size_t i = 0; i < requests.size(); ++i) requests[i].name = names[i].c_str();
-  reader.read(requests);
+  for (int32_t i = 0; i < fp8_->state_count(); ++i) {
+    auto [name, view] = fp8_state(i);
+    const int32_t dim = layout.dims[static_cast<size_t>(i)];
+    if (dim < 0) {  // whole, alike on every stage
+      reader.read(name, view);
+      continue;
+    }
+    // Each chunk's entries among the checkpoint's, into a host image of this rank's tensor.
+    const std::vector<int64_t> shape(view.shape, view.shape + view.ndim);
+    const Columns columns(shape, dim);
+    std::vector<float> whole(static_cast<size_t>(numel(view)));
+    for (const Fp8StateLayout::Chunk& c : layout.chunks) {
+      if (c.count == 0) continue;
+      std::vector<int64_t> local = shape;
+      local[static_cast<size_t>(dim)] = c.count;
+      std::vector<float> part(static_cast<size_t>(columns.outer * c.count * columns.inner));
+      CheckpointTensor t{};
+      t.struct_size = sizeof(CheckpointTensor);
+      t.name = name.c_str();
+      t.ndim = view.ndim;
+      for (int32_t d = 0; d < view.ndim; ++d) t.global_shape[d] = view.shape[d];
+      t.global_shape[dim] = layout.total;
+      t.offset[dim] = c.offset;
+      t.data = make_view(part.data(), DType::kF32, local.data(), view.ndim);
+      std::vector<CheckpointTensor> one{t};
+      reader.read(one);
+      columns.copy(whole.data(), part.data(), c.first, c.count, false);
+    }
+    throw_if_error(plugins_.host().copy(device_, view.data, kCpu, whole.data(), nbytes(view)),
+                   fmt::format("checkpoint: copying {} to the device", name));
+  }
 }
 
 void Trainer::load_weights(CheckpointReader& reader) {

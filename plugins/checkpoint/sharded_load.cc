@@ -94,7 +94,11 @@ ShardedReader::ShardedReader(fs::path dir) : dir_(std::move(dir)) {
       const ShardEntry& e = index.entries[i];
       auto& refs = by_name_[e.name];
       if (!refs.empty()) {
-        const ShardEntry& first = entry(refs.front());
+        // The first piece may be this rank's own (a rank that saved several slices of one
+        // tensor), whose index is not among shards_ yet.
+        const ShardEntry& first = refs.front().first == r
+                                      ? index.entries[static_cast<size_t>(refs.front().second)]
+                                      : entry(refs.front());
         bool same = first.ndim == e.ndim && first.dtype == e.dtype;
         for (int32_t d = 0; same && d < e.ndim; ++d)
           same = first.global_shape[d] == e.global_shape[d];

@@ -45,7 +45,7 @@ class ScalingRecipe : public Object<IFp8Recipe> {
   int32_t state_quantizer_dim(int32_t index) const noexcept override { return -1; }
 
   /// Number of quantisers registered.
-  int32_t quantizer_count() const { return static_cast<int32_t>(dtypes_.size()); }
+  int32_t quantizer_count() const noexcept override { return static_cast<int32_t>(dtypes_.size()); }
 
  protected:
   /// Quantises x into y / yt (either may be empty) with quantiser `id`'s scale and writes

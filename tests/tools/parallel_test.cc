@@ -1264,50 +1264,61 @@ TEST_F(PipelineTest, ScheduleShowDrawsThePlanAndItsBubble) {
 
 // FP8 with a pipeline (delayed scaling, 4 micro-batches a step): each stage quantises its own
 // layers with quantisers of its own, whose amaxes are reduced over tp, cp and dp but not pp,
-// so pp 2 trains as one rank does (1f1b and zb_h1): the same curve, every parameter's
-// gradient of step 1 (1f1b), and
-// the FP8 state to the bit (a checkpoint holds the stages' quantisers side by side in the
-// whole model's order: the same tensors one rank saves). Checkpoints move between the
-// layouts: saved at pp 2 and resumed at pp 1, saved at pp 1 and resumed at pp 2, each
-// continuing with the uninterrupted run's losses (a scale restored to the wrong quantiser
-// would not). The FP8 weights are kept across the step's micro-batches in both layouts.
-// Virtual chunks are refused with the reason.
+// so pp 2 trains as one rank does, with 1f1b, zb_h1 and interleaved 1f1b (two virtual chunks
+// a stage, whose quantisers are two runs of the checkpoint's): the same curve, every
+// parameter's gradient of step 1 (1f1b), and the FP8 state to the bit (a checkpoint holds
+// the virtual stages' quantisers side by side in the whole model's order: the tensors one
+// rank saves). Checkpoints move between the layouts: saved at pp 2 or pp 2 x vpp 2 and
+// resumed at pp 1, saved at pp 1 and resumed at pp 2 x vpp 2, each continuing with the
+// uninterrupted run's losses (a scale restored to the wrong quantiser would not). The FP8
+// weights are kept across the step's micro-batches in every layout.
 TEST_F(PipelineTest, Fp8MatchesOneRankAndItsStateReshards) {
   nlohmann::json s = pipeline_spec();
   s["precision"] = {{"params", "bf16"}, {"fp8", {{"impl", "delayed"}, {"amax_history_len", 2}}}};
   const std::string kept = "weights quantised once a step, kept for its 4 micro-batches";
   Curve one = train("fp8_one", s, "");
   EXPECT_THAT(last_out_, HasSubstr(kept));
-  Curve pp2 = train("fp8_pp2", s, "--nproc 2 --set parallel.pp=2");
-  EXPECT_THAT(last_out_, HasSubstr(kept));
   EXPECT_LT(one.loss.back(), one.loss.front() - 0.02);  // it learns
-  expect_same_curve(one, pp2, "fp8 pp2");
-  // Zero-bubble: the weight gradients' GEMMs deferred, the kept W^T read by backward_input.
-  Curve zb = train("fp8_pp2zb", s,
-                   "--nproc 2 --set parallel.pp=2 --set parallel.pipeline_schedule.impl=zb_h1");
-  expect_same_curve(one, zb, "fp8 pp2 zb_h1");
+  struct Layout {
+    std::string name, args, banner;
+  };
+  const std::vector<Layout> layouts = {
+      {"fp8_pp2", "--nproc 2 --set parallel.pp=2", "pipeline: 1f1b"},
+      // Zero-bubble: the weight gradients' GEMMs deferred, the kept W^T read by
+      // backward_input.
+      {"fp8_pp2zb", "--nproc 2 --set parallel.pp=2 --set parallel.pipeline_schedule.impl=zb_h1",
+       "pipeline: zb_h1"},
+      {"fp8_pp2vpp2", "--nproc 2 --set parallel.pp=2 --set parallel.vpp=2",
+       "pipeline: interleaved"},
+  };
+  for (const Layout& layout : layouts) {
+    Curve c = train(layout.name, s, layout.args);
+    EXPECT_THAT(last_out_, HasSubstr(layout.banner)) << layout.name;
+    EXPECT_THAT(last_out_, HasSubstr(kept)) << layout.name;
+    expect_same_curve(one, c, layout.name);
+  }
   loom_names_ = true;  // the f32 master weights
   expect_same_gradients("fp8_one", "fp8_pp2", one.grad_norm[0], kBf16GradTolerance);
-  auto a = step_one_checkpoint("fp8_one"), b = step_one_checkpoint("fp8_pp2");
-  for (const char* state :
-       {"fp8.amax_history", "fp8.scale", "fp8.scale_inv", "fp8.history_position"}) {
-    ASSERT_TRUE(a.count(state) && b.count(state)) << state;
-    EXPECT_EQ(a[state], b[state]) << state << ": pp 2's against one rank's";
+  auto a = step_one_checkpoint("fp8_one");
+  for (const char* layout : {"fp8_pp2", "fp8_pp2vpp2"}) {
+    auto b = step_one_checkpoint(layout);
+    for (const char* state :
+         {"fp8.amax_history", "fp8.scale", "fp8.scale_inv", "fp8.history_position"}) {
+      ASSERT_TRUE(a.count(state) && b.count(state)) << layout << ": " << state;
+      EXPECT_EQ(a[state], b[state]) << layout << ": " << state << " against one rank's";
+    }
+    std::printf("%s: %zu quantisers' amax histories and scales equal to one rank's\n", layout,
+                a["fp8.scale"].size());
   }
-  std::printf("fp8 pp2: %zu quantisers' amax histories and scales equal to one rank's\n",
-              a["fp8.scale"].size());
   for (const auto& [from, to, args] :
-       {std::tuple{"fp8_pp2", "fp8_pp1", ""},
-        std::tuple{"fp8_one", "fp8_pp2_from_one", "--nproc 2 --set parallel.pp=2"}}) {
+       {std::tuple{"fp8_pp2", "fp8_pp1", ""}, std::tuple{"fp8_pp2vpp2", "fp8_pp1_from_vpp", ""},
+        std::tuple{"fp8_one", "fp8_pp2vpp2_from_one",
+                   "--nproc 2 --set parallel.pp=2 --set parallel.vpp=2"}}) {
     const fs::path ckpts = dir_ / from / "checkpoints";
     fs::remove_all(ckpts / "iter_0000004");  // continue from step 3
     fs::remove_all(ckpts / "iter_0000005");
     expect_resumes_like(s, ckpts, to, args, one);
   }
-  auto r = run_loom("train " + q(spec("fp8_vpp.json", s)) + " --run-dir " + q(dir_ / "fp8_vpp") +
-                    " --nproc 2 --set parallel.pp=2 --set parallel.vpp=2");
-  EXPECT_NE(r.exit_code, 0);
-  EXPECT_THAT(r.err, HasSubstr("/precision/fp8: FP8 training with virtual pipeline chunks"));
 }
 
 // Checkpoints move across pipeline layouts: saved at pp 2 (the tied table written once, by

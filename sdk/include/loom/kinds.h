@@ -28,7 +28,7 @@ namespace loom::kinds {
 // fp8_recipe 1.1 (ABI 1.13): producer, a quantiser's scale and amax for a kernel that
 // quantises its own result.
 // fp8_recipe 1.2 (ABI 1.18): state_quantizer_dim, along which a checkpoint concatenates the
-// pipeline stages' state tensors.
+// pipeline stages' state tensors, and quantizer_count, which ids each virtual chunk's are.
 inline constexpr InterfaceInfo kModel{"model", 1, 1};                   ///< whole network
 inline constexpr InterfaceInfo kLayer{"layer", 1, 1};                   ///< one transformer layer
 inline constexpr InterfaceInfo kModule{"module", 1, 1};                 ///< any other module

@@ -1,7 +1,8 @@
 // The "sharded" format through the plugin boundary: byte-exact round trips of every dtype
 // and rank, dtype conversion on load, strided input, the file layout (64-byte alignment,
 // atomic names), and resharding: slices saved by 2 or 3 ranks (row, column and replicated
-// layouts) loaded as other slices and as whole tensors.
+// layouts; several slices of one tensor from one rank) loaded as other slices and as whole
+// tensors.
 #include <gtest/gtest.h>
 #include <loom/cpp/half.h>
 
@@ -148,6 +149,29 @@ TEST_F(Sharded, ReshardsAcrossLayouts) {
   nlohmann::json meta;
   ASSERT_EQ(metadata(format, dir, &meta).code, Code::kOk);
   EXPECT_EQ(meta, metadata_for(all));
+}
+
+// A rank may save several slices of one tensor (a pipeline stage with two virtual chunks
+// writes two column runs of the FP8 state): interleaved columns of two ranks, two runs each,
+// load back whole and across the runs.
+TEST_F(Sharded, ARankSavesSeveralSlicesOfOneTensor) {
+  fs::path dir = fresh_dir("sharded_runs");
+  OwnedTensor w = random_tensor("fp8.amax_history", DType::kF32, {2, 8}, rng);
+  for (int rank = 0; rank < 2; ++rank) {
+    // Rank r: columns [2r, 2r + 2) and [4 + 2r, 6 + 2r).
+    std::vector<OwnedTensor> mine = {slice_of(w, {0, 2 * rank}, {2, 2}),
+                                     slice_of(w, {0, 4 + 2 * rank}, {2, 2})};
+    Outcome o = save(format, dir, mine, metadata_for({w}), rank, 2);
+    ASSERT_EQ(o.code, Code::kOk) << "rank " << rank << ": " << o.message;
+  }
+  std::vector<OwnedTensor> want = {
+      request("fp8.amax_history", DType::kF32, {2, 8}, {0, 0}, {2, 8}),
+      request("fp8.amax_history", DType::kF32, {2, 8}, {0, 3}, {2, 3}),  // 3 runs, 2 ranks
+  };
+  Outcome o = load(format, dir, want);
+  ASSERT_EQ(o.code, Code::kOk) << o.message;
+  EXPECT_EQ(want[0].bytes, w.bytes);
+  EXPECT_EQ(want[1].bytes, slice_of(w, {0, 3}, {2, 3}).bytes);
 }
 
 TEST_F(Sharded, DetectsSlicesThatDoNotCoverTheRequest) {

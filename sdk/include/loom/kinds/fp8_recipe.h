@@ -120,6 +120,10 @@ class IFp8Recipe : public IObject {
   /// model's quantisers in its build order, which reshards across pipeline layouts.
   /// \param index  which state tensor, in [0, state_count())
   virtual int32_t state_quantizer_dim(int32_t index) const noexcept = 0;
+  /// 1.2. Quantisers handed out so far (ids 0 .. count - 1). The core asks it after building
+  /// each virtual pipeline chunk of a rank: which ids (and so which state entries) are that
+  /// chunk's.
+  virtual int32_t quantizer_count() const noexcept = 0;
 
  protected:
   ~IFp8Recipe() = default;
