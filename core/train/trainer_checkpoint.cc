@@ -205,7 +205,11 @@ const Trainer::Fp8StateLayout& Trainer::fp8_state_layout() {
     }
     layout.dims.push_back(dim);
   }
-  layout.local = std::max<int64_t>(layout.local, 0);
+  if (layout.local < 0) {  // no per-quantiser state (current scaling keeps none): no slices
+    layout.local = 0;
+    fp8_layout_ = std::move(layout);
+    return *fp8_layout_;
+  }
   // This rank's chunks (one without a pipeline or an older recipe: all its quantisers).
   std::vector<int64_t> counts(components_.fp8_chunk_quantizers.begin(),
                               components_.fp8_chunk_quantizers.end());

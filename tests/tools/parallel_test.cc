@@ -1271,7 +1271,8 @@ TEST_F(PipelineTest, ScheduleShowDrawsThePlanAndItsBubble) {
 // rank saves). Checkpoints move between the layouts: saved at pp 2 or pp 2 x vpp 2 and
 // resumed at pp 1, saved at pp 1 and resumed at pp 2 x vpp 2, each continuing with the
 // uninterrupted run's losses (a scale restored to the wrong quantiser would not). The FP8
-// weights are kept across the step's micro-batches in every layout.
+// weights are kept across the step's micro-batches in every layout. Current scaling (no state
+// in its checkpoints) at pp 2 x vpp 2 too.
 TEST_F(PipelineTest, Fp8MatchesOneRankAndItsStateReshards) {
   nlohmann::json s = pipeline_spec();
   s["precision"] = {{"params", "bf16"}, {"fp8", {{"impl", "delayed"}, {"amax_history_len", 2}}}};
@@ -1319,6 +1320,13 @@ TEST_F(PipelineTest, Fp8MatchesOneRankAndItsStateReshards) {
     fs::remove_all(ckpts / "iter_0000005");
     expect_resumes_like(s, ckpts, to, args, one);
   }
+  // Current scaling keeps no state across steps: its checkpoints hold none to slice.
+  nlohmann::json current = s;
+  current["precision"]["fp8"] = {{"impl", "tensorwise"}};
+  Curve current_one = train("fp8_tensorwise_one", current, "");
+  Curve current_vpp = train("fp8_tensorwise_pp2vpp2", current,
+                            "--nproc 2 --set parallel.pp=2 --set parallel.vpp=2");
+  expect_same_curve(current_one, current_vpp, "tensorwise pp2 vpp2");
 }
 
 // Checkpoints move across pipeline layouts: saved at pp 2 (the tied table written once, by
